@@ -1,0 +1,448 @@
+//! Frames exchanged between the maitred lobby and its workers (docs/PROTOCOL.md).
+//!
+//! Pure encoding and decoding: no sockets, no file descriptors. Callers move bytes and
+//! pass descriptors themselves; this crate only says what the bytes mean.
+
+use std::fmt;
+
+/// Every frame starts with this many bytes of header.
+pub const HEADER_LEN: usize = 8;
+
+/// Flag: this frame is the last of a response.
+pub const FLAG_END: u8 = 1;
+/// Flag: one file descriptor travels with this frame.
+pub const FLAG_FD: u8 = 2;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Ready = 1,
+    BootFailed = 2,
+    ResponseHead = 3,
+    ResponseBody = 4,
+    ResponseFile = 5,
+    ResponseAbort = 6,
+    Request = 16,
+}
+
+impl Kind {
+    fn from_u8(value: u8) -> Option<Kind> {
+        Some(match value {
+            1 => Kind::Ready,
+            2 => Kind::BootFailed,
+            3 => Kind::ResponseHead,
+            4 => Kind::ResponseBody,
+            5 => Kind::ResponseFile,
+            6 => Kind::ResponseAbort,
+            16 => Kind::Request,
+            _ => return None,
+        })
+    }
+}
+
+/// The fixed 8-byte start of every frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: Kind,
+    pub flags: u8,
+    pub len: u32,
+}
+
+impl FrameHeader {
+    pub fn new(kind: Kind, flags: u8, len: usize) -> Result<FrameHeader, WireError> {
+        let len = u32::try_from(len).map_err(|_| WireError::TooLarge(len))?;
+        Ok(FrameHeader { kind, flags, len })
+    }
+
+    pub fn is_end(&self) -> bool {
+        self.flags & FLAG_END != 0
+    }
+
+    pub fn has_fd(&self) -> bool {
+        self.flags & FLAG_FD != 0
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0] = self.kind as u8;
+        out[1] = self.flags;
+        out[4..8].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
+        let kind = Kind::from_u8(bytes[0]).ok_or(WireError::UnknownKind(bytes[0]))?;
+        let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        Ok(FrameHeader { kind, flags: bytes[1], len })
+    }
+}
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WireError {
+    UnknownKind(u8),
+    /// The payload ended before the named field.
+    Truncated(&'static str),
+    /// A field is longer than its length prefix can say.
+    FieldTooLong(&'static str, usize),
+    /// A payload is longer than a frame can carry.
+    TooLarge(usize),
+    /// The payload had bytes left after its last field.
+    TrailingBytes(usize),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::UnknownKind(kind) => write!(f, "unknown frame kind {kind}"),
+            WireError::Truncated(field) => write!(f, "frame ends inside field '{field}'"),
+            WireError::FieldTooLong(field, len) => {
+                write!(f, "field '{field}' is {len} bytes, more than its length prefix allows")
+            }
+            WireError::TooLarge(len) => write!(f, "payload of {len} bytes does not fit in a frame"),
+            WireError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the last field"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Appends one whole frame (header and payload) to `out`.
+pub fn encode_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, payload: &[u8]) -> Result<(), WireError> {
+    out.extend_from_slice(&FrameHeader::new(kind, flags, payload.len())?.encode());
+    out.extend_from_slice(payload);
+    Ok(())
+}
+
+/// Writes payload fields in the protocol's encodings.
+pub struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'a> Writer<'a> {
+    pub fn new(out: &'a mut Vec<u8>) -> Writer<'a> {
+        Writer { out }
+    }
+
+    pub fn u8(&mut self, value: u8) {
+        self.out.push(value);
+    }
+
+    pub fn u16(&mut self, value: u16) {
+        self.out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    pub fn u32(&mut self, value: u32) {
+        self.out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    pub fn u64(&mut self, value: u64) {
+        self.out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    pub fn str16(&mut self, field: &'static str, value: &[u8]) -> Result<(), WireError> {
+        let len = u16::try_from(value.len()).map_err(|_| WireError::FieldTooLong(field, value.len()))?;
+        self.u16(len);
+        self.out.extend_from_slice(value);
+        Ok(())
+    }
+
+    pub fn bytes32(&mut self, field: &'static str, value: &[u8]) -> Result<(), WireError> {
+        let len = u32::try_from(value.len()).map_err(|_| WireError::FieldTooLong(field, value.len()))?;
+        self.u32(len);
+        self.out.extend_from_slice(value);
+        Ok(())
+    }
+
+    pub fn raw(&mut self, value: &[u8]) {
+        self.out.extend_from_slice(value);
+    }
+}
+
+/// Reads payload fields in the protocol's encodings, borrowing from the payload.
+pub struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(payload: &'a [u8]) -> Reader<'a> {
+        Reader { rest: payload }
+    }
+
+    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], WireError> {
+        if self.rest.len() < n {
+            return Err(WireError::Truncated(field));
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+
+    pub fn u8(&mut self, field: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(field, 1)?[0])
+    }
+
+    pub fn u16(&mut self, field: &'static str) -> Result<u16, WireError> {
+        let b = self.take(field, 2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
+        let b = self.take(field, 4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub fn u64(&mut self, field: &'static str) -> Result<u64, WireError> {
+        let b = self.take(field, 8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub fn str16(&mut self, field: &'static str) -> Result<&'a [u8], WireError> {
+        let len = self.u16(field)? as usize;
+        self.take(field, len)
+    }
+
+    pub fn bytes32(&mut self, field: &'static str) -> Result<&'a [u8], WireError> {
+        let len = self.u32(field)? as usize;
+        self.take(field, len)
+    }
+
+    /// Everything not read yet.
+    pub fn rest(self) -> &'a [u8] {
+        self.rest
+    }
+}
+
+/// The head of a `REQUEST` frame, borrowing from the payload it was decoded from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub http_minor: u8,
+    pub method: &'a [u8],
+    pub target: &'a [u8],
+    pub peer_addr: &'a [u8],
+    pub peer_port: u16,
+    pub server_name: &'a [u8],
+    pub server_port: u16,
+    pub headers: Vec<(&'a [u8], &'a [u8])>,
+    pub body_len: u64,
+    /// The body when it travels inline; empty when it comes as a file descriptor.
+    pub inline_body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    /// Appends the payload of a `REQUEST` frame (without its frame header).
+    pub fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let mut w = Writer::new(out);
+        w.u8(self.http_minor);
+        w.str16("method", self.method)?;
+        w.str16("target", self.target)?;
+        w.str16("peer address", self.peer_addr)?;
+        w.u16(self.peer_port);
+        w.str16("server name", self.server_name)?;
+        w.u16(self.server_port);
+        let count = u16::try_from(self.headers.len())
+            .map_err(|_| WireError::FieldTooLong("header count", self.headers.len()))?;
+        w.u16(count);
+        for (name, value) in &self.headers {
+            w.str16("header name", name)?;
+            w.bytes32("header value", value)?;
+        }
+        w.u64(self.body_len);
+        w.raw(self.inline_body);
+        Ok(())
+    }
+
+    /// Decodes a `REQUEST` payload. `body_in_file` is the frame's `FD` flag.
+    pub fn decode_payload(payload: &'a [u8], body_in_file: bool) -> Result<Request<'a>, WireError> {
+        let mut r = Reader::new(payload);
+        let http_minor = r.u8("http minor version")?;
+        let method = r.str16("method")?;
+        let target = r.str16("target")?;
+        let peer_addr = r.str16("peer address")?;
+        let peer_port = r.u16("peer port")?;
+        let server_name = r.str16("server name")?;
+        let server_port = r.u16("server port")?;
+        let count = r.u16("header count")? as usize;
+        let mut headers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = r.str16("header name")?;
+            let value = r.bytes32("header value")?;
+            headers.push((name, value));
+        }
+        let body_len = r.u64("body length")?;
+        let inline_body = r.rest();
+        let expected_inline = if body_in_file { 0 } else { body_len };
+        if inline_body.len() as u64 != expected_inline {
+            return if (inline_body.len() as u64) < expected_inline {
+                Err(WireError::Truncated("body"))
+            } else {
+                Err(WireError::TrailingBytes(inline_body.len() - expected_inline as usize))
+            };
+        }
+        Ok(Request {
+            http_minor,
+            method,
+            target,
+            peer_addr,
+            peer_port,
+            server_name,
+            server_port,
+            headers,
+            body_len,
+            inline_body,
+        })
+    }
+}
+
+/// The head of a `RESPONSE_HEAD` frame; the rest of the payload is the first body bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResponseHead<'a> {
+    pub status: u16,
+    pub reason: &'a [u8],
+    pub headers: Vec<(&'a [u8], &'a [u8])>,
+}
+
+impl<'a> ResponseHead<'a> {
+    /// Appends the head fields; the caller appends the first body bytes after them.
+    pub fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let mut w = Writer::new(out);
+        w.u16(self.status);
+        w.str16("reason", self.reason)?;
+        let count = u16::try_from(self.headers.len())
+            .map_err(|_| WireError::FieldTooLong("header count", self.headers.len()))?;
+        w.u16(count);
+        for (name, value) in &self.headers {
+            w.str16("header name", name)?;
+            w.bytes32("header value", value)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the head fields and returns them with the body bytes that follow.
+    pub fn decode_payload(payload: &'a [u8]) -> Result<(ResponseHead<'a>, &'a [u8]), WireError> {
+        let mut r = Reader::new(payload);
+        let status = r.u16("status")?;
+        let reason = r.str16("reason")?;
+        let count = r.u16("header count")? as usize;
+        let mut headers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = r.str16("header name")?;
+            let value = r.bytes32("header value")?;
+            headers.push((name, value));
+        }
+        Ok((ResponseHead { status, reason, headers }, r.rest()))
+    }
+}
+
+/// The payload of a `RESPONSE_FILE` frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileRange {
+    pub offset: u64,
+    pub count: u64,
+}
+
+impl FileRange {
+    pub const PAYLOAD_LEN: usize = 16;
+
+    pub fn encode_payload(&self) -> [u8; Self::PAYLOAD_LEN] {
+        let mut out = [0u8; Self::PAYLOAD_LEN];
+        out[..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..].copy_from_slice(&self.count.to_le_bytes());
+        out
+    }
+
+    pub fn decode_payload(payload: &[u8]) -> Result<FileRange, WireError> {
+        let mut r = Reader::new(payload);
+        let range = FileRange { offset: r.u64("file offset")?, count: r.u64("file count")? };
+        match r.rest().len() {
+            0 => Ok(range),
+            n => Err(WireError::TrailingBytes(n)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_request(inline_body: &[u8]) -> Request<'_> {
+        Request {
+            http_minor: 1,
+            method: b"POST",
+            target: b"/a%20b?x=1",
+            peer_addr: b"127.0.0.1",
+            peer_port: 40000,
+            server_name: b"localhost",
+            server_port: 8000,
+            headers: vec![(b"Host", b"example.org"), (b"X-Empty", b"")],
+            body_len: 5,
+            inline_body,
+        }
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let header = FrameHeader::new(Kind::ResponseBody, FLAG_END | FLAG_FD, 70000).unwrap();
+        let decoded = FrameHeader::decode(&header.encode()).unwrap();
+        assert_eq!(decoded, header);
+        assert!(decoded.is_end() && decoded.has_fd());
+    }
+
+    #[test]
+    fn unknown_kind_is_an_error() {
+        assert_eq!(FrameHeader::decode(&[99, 0, 0, 0, 0, 0, 0, 0]), Err(WireError::UnknownKind(99)));
+    }
+
+    #[test]
+    fn request_round_trips_with_inline_body() {
+        let request = sample_request(b"hello");
+        let mut payload = Vec::new();
+        request.encode_payload(&mut payload).unwrap();
+        assert_eq!(Request::decode_payload(&payload, false).unwrap(), request);
+    }
+
+    #[test]
+    fn request_with_body_in_file_has_no_inline_bytes() {
+        let request = sample_request(b"");
+        let mut payload = Vec::new();
+        request.encode_payload(&mut payload).unwrap();
+        let decoded = Request::decode_payload(&payload, true).unwrap();
+        assert_eq!(decoded.body_len, 5);
+        assert!(decoded.inline_body.is_empty());
+        assert_eq!(Request::decode_payload(&payload, false), Err(WireError::Truncated("body")));
+    }
+
+    #[test]
+    fn truncated_request_names_the_missing_field() {
+        let mut payload = Vec::new();
+        sample_request(b"hello").encode_payload(&mut payload).unwrap();
+        assert_eq!(Request::decode_payload(&payload[..3], false), Err(WireError::Truncated("method")));
+    }
+
+    #[test]
+    fn response_head_round_trips_with_first_body_bytes() {
+        let head = ResponseHead { status: 404, reason: b"Not Found", headers: vec![(b"Content-Type", b"text/plain")] };
+        let mut payload = Vec::new();
+        head.encode_payload(&mut payload).unwrap();
+        payload.extend_from_slice(b"missing");
+        let (decoded, body) = ResponseHead::decode_payload(&payload).unwrap();
+        assert_eq!(decoded, head);
+        assert_eq!(body, b"missing");
+    }
+
+    #[test]
+    fn overlong_field_is_refused() {
+        let long = vec![b'a'; 70000];
+        let head = ResponseHead { status: 200, reason: &long, headers: vec![] };
+        assert_eq!(head.encode_payload(&mut Vec::new()), Err(WireError::FieldTooLong("reason", 70000)));
+    }
+
+    #[test]
+    fn file_range_round_trips() {
+        let range = FileRange { offset: 10, count: 1 << 40 };
+        assert_eq!(FileRange::decode_payload(&range.encode_payload()).unwrap(), range);
+    }
+}
