@@ -1,0 +1,32 @@
+# maitred's two commands:
+#   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
+#   make test   build it, then run the Rust and the Python test suites
+#
+# Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test install
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The build backend, for --no-build-isolation (the same requirement as pyproject.toml's
+# [build-system]); redone when pyproject.toml changes.
+$(VENV)/.build-tools: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip "maturin>=1.9,<2"
+	touch $@
+
+install: $(VENV)/.build-tools
+	@echo "Building maitred into $(VENV) (the first build takes a few minutes)"
+	$(BIN)/pip install --quiet --no-build-isolation ".[test]"
+
+run: install
+	@echo "Serving examples/hello.py at http://127.0.0.1:8000/ (Ctrl-C stops it)"
+	$(BIN)/maitred --chdir examples --bind 127.0.0.1:8000 hello:app
+
+test: install
+	cargo test --workspace
+	$(BIN)/python -m pytest tests -q

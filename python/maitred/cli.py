@@ -1,0 +1,139 @@
+"""The `maitred` command.
+
+It reads the settings, prepares the process (directory, environment, error log, pid file),
+forks the zygote while the process has a single thread, and then becomes the lobby by calling
+into the native module, which returns only when the server has stopped.
+
+Every failure before the server runs is one line, ``maitred: error: <message>``: exit code 2
+for a bad command line or config file, 1 for anything else that stops it from starting.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import traceback
+from typing import Mapping, NoReturn, Sequence
+
+from maitred import _native, config, log, zygote
+from maitred.app import load_app
+
+EXIT_USAGE = 2
+EXIT_STARTUP = 1
+
+
+class _StartupFailure(Exception):
+    """The process could not be prepared; str(error) is one line for the operator."""
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    sys.exit(run(sys.argv[1:] if argv is None else argv))
+
+
+def run(argv: Sequence[str]) -> int:
+    try:
+        settings = config.resolve(argv)
+    except config.UsageError as error:
+        _print_error(str(error))
+        return EXIT_USAGE
+    try:
+        _prepare_process(settings)
+    except _StartupFailure as error:
+        _print_error(str(error))
+        return EXIT_STARTUP
+    pid_file = settings["pid"]
+    try:
+        if isinstance(pid_file, str):
+            _write_pid_file(pid_file)
+        return _serve(settings)
+    except _StartupFailure as error:
+        _print_error(str(error))
+        return EXIT_STARTUP
+    finally:
+        if isinstance(pid_file, str):
+            _remove_pid_file(pid_file)
+
+
+def _print_error(message: str) -> None:
+    sys.stderr.write(f"maitred: error: {message}\n")
+    sys.stderr.flush()
+
+
+def _prepare_process(settings: Mapping[str, object]) -> None:
+    directory = settings["chdir"]
+    if isinstance(directory, str):
+        try:
+            os.chdir(directory)
+        except OSError as error:
+            raise _StartupFailure(f"cannot change to directory {directory}: {error.strerror}")
+    for pair in settings["env"]:  # type: ignore[attr-defined]
+        key, _, value = pair.partition("=")
+        os.environ[key] = value
+    error_log = settings["error_logfile"]
+    if error_log != "-":
+        assert isinstance(error_log, str)
+        # On file descriptor 2 it is inherited by the zygote and the workers, and the lobby
+        # writes there too: one file holds the whole server's log.
+        try:
+            fd = os.open(error_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise _StartupFailure(f"cannot open error log {error_log}: {error.strerror}")
+        os.dup2(fd, 2)
+        os.close(fd)
+    level = settings["log_level"]
+    assert isinstance(level, str)
+    log.configure(level)
+
+
+def _write_pid_file(path: str) -> None:
+    try:
+        with open(path, "w") as file:
+            file.write(f"{os.getpid()}\n")
+    except OSError as error:
+        raise _StartupFailure(f"cannot write pid file {path}: {error.strerror}")
+
+
+def _remove_pid_file(path: str) -> None:
+    """Removes the pid file if it is still ours (another instance may have taken it over)."""
+    try:
+        with open(path) as file:
+            if file.read().strip() != str(os.getpid()):
+                return
+        os.unlink(path)
+    except OSError:
+        pass  # already gone, or unreadable: nothing of ours left to remove
+
+
+def _serve(settings: Mapping[str, object]) -> int:
+    lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        zygote_pid = os.fork()
+    except OSError as error:
+        raise _StartupFailure(f"cannot fork the zygote: {error.strerror}") from None
+    if zygote_pid == 0:
+        lobby_end.close()
+        _run_zygote(zygote_end, settings)
+    zygote_end.close()
+    try:
+        # The lobby takes ownership of the control channel's descriptor.
+        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid)
+    except _native.StartupError as error:
+        raise _StartupFailure(str(error)) from None
+
+
+def _run_zygote(control: socket.socket, settings: Mapping[str, object]) -> NoReturn:
+    code = 1
+    try:
+        spec = settings["app"]
+        assert isinstance(spec, str)
+        code = zygote.run(control, settings, functools.partial(load_app, spec))
+    except BaseException:
+        log.log("critical", f"zygote crashed:\n{traceback.format_exc().rstrip()}")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,600 @@
+"""maitred's settings: one table, read from the command line and from a config file.
+
+Every setting is one row of `SETTINGS`. The row gives the name (used in config files and as the
+key of the resolved settings), the command-line flags, the parser that turns text into a value
+(and rejects bad text with a specific message), the default and the help. The argument parser,
+the config-file reader, ``--help`` and the README's flag table are all made from these rows, so
+they cannot disagree.
+
+Precedence: built-in default < config file (``-c``) < command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import ipaddress
+import math
+import os
+import re
+import stat
+import types
+from dataclasses import dataclass
+from typing import Callable, Mapping, NoReturn, Sequence
+
+from maitred import __version__
+from maitred.app import AppLoadError, parse_spec
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# The worker channel carries the request-target and header names as `str16` and the header
+# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535.
+WIRE_LIMIT = 65535
+
+# Longest path that fits in `sockaddr_un.sun_path` (108 bytes with the terminating NUL).
+UNIX_PATH_MAX = 107
+
+DEFAULT_PORT = 8000
+
+
+class UsageError(Exception):
+    """A setting is missing or malformed; str(error) is one line for the operator."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers: text -> value, raising ValueError with a message that names what was expected.
+
+
+def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    expected = (
+        f"a whole number from {minimum} to {maximum}"
+        if maximum is not None
+        else f"a whole number of at least {minimum}"
+    )
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[0-9]+", text):
+            raise ValueError(f"expected {expected}, got {text!r}")
+        value = int(text)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    expected = "a number of seconds" + (" (0 or more)" if allow_zero else " greater than 0")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise ValueError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _existing_parent(path: str) -> str:
+    """Makes `path` absolute (relative to the directory maitred was started in) and checks
+    that the directory that will hold it exists and that it is not itself a directory."""
+    absolute = os.path.abspath(path)
+    parent = os.path.dirname(absolute)
+    if not os.path.isdir(parent):
+        raise ValueError(f"directory {parent!r} does not exist (for {path!r})")
+    if os.path.isdir(absolute):
+        raise ValueError(f"{path!r} is a directory")
+    return absolute
+
+
+def _file_path(text: str) -> str:
+    if not text:
+        raise ValueError("expected a file path, got ''")
+    return _existing_parent(text)
+
+
+def _log_destination(text: str) -> str:
+    """'-' for the process's own standard stream, or a file path."""
+    return text if text == "-" else _file_path(text)
+
+
+def _existing_directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise ValueError(f"no such directory: {text!r}")
+    return os.path.abspath(text)
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise ValueError(f"no such file: {text!r}")
+    return os.path.abspath(text)
+
+
+def _log_level(text: str) -> str:
+    level = text.lower()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
+def _environment_pair(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    if "\0" in text:
+        raise ValueError(f"an environment variable cannot contain a NUL byte: {text!r}")
+    return text
+
+
+_HOSTNAME_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _port(text: str, address: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,5}", text) or int(text) > 65535:
+        raise ValueError(f"bad port in {address!r}: expected 0 to 65535, got {text!r}")
+    return int(text)
+
+
+def _bind_address(text: str) -> str:
+    """Checks one listen address and returns it in canonical form: ``HOST:PORT``,
+    ``[IPV6]:PORT``, ``unix:/ABSOLUTE/PATH`` or ``fd://N``. A missing port means 8000, a
+    missing host 0.0.0.0."""
+    if not text:
+        raise ValueError("expected HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N, got ''")
+    if text.startswith("unix:"):
+        path = text[len("unix:"):]
+        if not path:
+            raise ValueError(f"expected unix:PATH, got {text!r}")
+        absolute = _existing_parent(path)
+        if len(os.fsencode(absolute)) > UNIX_PATH_MAX:
+            raise ValueError(
+                f"unix socket path {absolute!r} is longer than {UNIX_PATH_MAX} bytes"
+            )
+        return f"unix:{absolute}"
+    if text.startswith("fd://"):
+        digits = text[len("fd://"):]
+        if not re.fullmatch(r"[0-9]+", digits):
+            raise ValueError(f"expected fd://N with N a file descriptor number, got {text!r}")
+        fd = int(digits)
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            raise ValueError(f"{text!r}: file descriptor {fd} is not open") from None
+        if not stat.S_ISSOCK(mode):
+            raise ValueError(f"{text!r}: file descriptor {fd} is not a socket")
+        return f"fd://{fd}"
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket:
+            raise ValueError(f"missing ']' in {text!r}")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} in {text!r} is not an IPv6 address") from None
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"expected [IPV6]:PORT, got {text!r}")
+        port = _port(rest[1:], text) if rest else DEFAULT_PORT
+        return f"[{host}]:{port}"
+    host, colon, port_text = text.rpartition(":")
+    if not colon:
+        host, port_text = text, str(DEFAULT_PORT)
+    if ":" in host:
+        raise ValueError(f"an IPv6 address needs brackets, as in [::1]:8000; got {text!r}")
+    if not host:
+        host = "0.0.0.0"  # ":PORT" means every IPv4 interface, as in gunicorn
+    if not all(_HOSTNAME_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+        raise ValueError(f"{host!r} in {text!r} is neither an IPv4 address nor a host name")
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} in {text!r} is not an IPv4 address") from None
+    return f"{host}:{_port(port_text, text)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The table.
+
+
+@dataclass(frozen=True)
+class Setting:
+    section: str
+    """The heading it is listed under in --help."""
+    name: str
+    """The config-file name and the key in the resolved settings."""
+    flags: tuple[str, ...]
+    metavar: str | None
+    """None for an on/off flag, which takes no value."""
+    parse: Callable[[str], object] | None
+    default: object
+    help: str
+    default_text: str | None = None
+    """How the default reads in --help and the README, when str(default) would not say it."""
+    repeatable: bool = False
+    """Each use of the flag adds a value; the setting is a list."""
+    for_lobby: bool = True
+    """The lobby (maitred._native.serve) receives this setting."""
+    file_settable: bool = True
+
+    @property
+    def is_flag(self) -> bool:
+        return self.metavar is None
+
+    @property
+    def shown_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if isinstance(self.default, tuple):
+            return " ".join(self.default)
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        return str(self.default)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "listening", "bind", ("-b", "--bind"), "ADDRESS", _bind_address, ("127.0.0.1:8000",),
+        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
+        "listening socket). Repeat the flag to listen on several.",
+        repeatable=True,
+    ),
+    Setting(
+        "listening", "backlog", ("--backlog",), "INT", _whole_number(1, 2**31 - 1), None,
+        "Length of the listen queue. The kernel caps it at net.core.somaxconn; the log says "
+        "what was granted.",
+        default_text="net.core.somaxconn",
+    ),
+    Setting(
+        "listening", "max_connections", ("--max-connections",), "INT", _whole_number(1), None,
+        "Most client connections held open at once.",
+        default_text="as many as the file-descriptor limit allows",
+    ),
+    Setting(
+        "workers", "workers", ("-w", "--workers"), "INT", _whole_number(1), 1,
+        "Number of worker processes running the application.",
+    ),
+    Setting(
+        "workers", "timeout", ("-t", "--timeout"), "SECONDS", _seconds(allow_zero=False),
+        30.0,
+        "A worker busy with one request for longer than this is killed and replaced.",
+    ),
+    Setting(
+        "workers", "graceful_timeout", ("--graceful-timeout",), "SECONDS",
+        _seconds(allow_zero=True), 30.0,
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers "
+        "are killed.",
+    ),
+    Setting(
+        "workers", "max_requests", ("--max-requests",), "INT", _whole_number(0), 0,
+        "Replace a worker after it has served this many requests (0: never).",
+    ),
+    Setting(
+        "workers", "max_requests_jitter", ("--max-requests-jitter",), "INT",
+        _whole_number(0), 0,
+        "Add a random 0 to N to each worker's --max-requests, so that workers do not all "
+        "restart at once.",
+    ),
+    Setting(
+        "workers", "preload", ("--preload",), None, None, False,
+        "Import the application once, before forking the workers.",
+        default_text="off", for_lobby=False,
+    ),
+    Setting(
+        "requests", "keep_alive", ("--keep-alive",), "SECONDS", _seconds(allow_zero=True),
+        75.0,
+        "How long an idle keep-alive connection is held open (0: close after each response). "
+        "An idle connection costs no worker; keep this above your proxy's idle timeout.",
+    ),
+    Setting(
+        "requests", "header_timeout", ("--header-timeout",), "SECONDS",
+        _seconds(allow_zero=False), 10.0,
+        "Time allowed for a request's head, and for each gap in its body, to arrive; "
+        "the client gets 408 after that.",
+    ),
+    Setting(
+        "requests", "queue_timeout", ("--queue-timeout",), "SECONDS",
+        _seconds(allow_zero=False), None,
+        "A request that has waited longer than this for a free worker gets 503 with "
+        "Retry-After.",
+        default_text="off",
+    ),
+    Setting(
+        "requests", "max_body", ("--max-body",), "BYTES", _whole_number(0), None,
+        "Largest request body accepted.",
+        default_text="unlimited",
+    ),
+    Setting(
+        "requests", "limit_request_line", ("--limit-request-line",), "BYTES",
+        _whole_number(1, WIRE_LIMIT), 4094,
+        "Longest request line (method, target and version) accepted.",
+    ),
+    Setting(
+        "requests", "limit_request_fields", ("--limit-request-fields",), "INT",
+        _whole_number(1, WIRE_LIMIT), 100,
+        "Most header fields accepted in one request.",
+    ),
+    Setting(
+        "requests", "limit_request_field_size", ("--limit-request-field_size",), "BYTES",
+        _whole_number(1, WIRE_LIMIT), 8190,
+        "Longest header field (name and value) accepted.",
+    ),
+    Setting(
+        "logging", "access_logfile", ("--access-logfile",), "FILE", _log_destination, None,
+        "Where to write one line per request ('-': standard output).",
+        default_text="off",
+    ),
+    Setting(
+        "logging", "error_logfile", ("--error-logfile",), "FILE", _log_destination, "-",
+        "Where every process of maitred writes its log ('-': standard error).",
+        for_lobby=False,
+    ),
+    Setting(
+        "logging", "log_level", ("--log-level",), "LEVEL", _log_level, "info",
+        f"Lowest level written to the error log: {', '.join(LOG_LEVELS)}.",
+    ),
+    Setting(
+        "process", "chdir", ("--chdir",), "DIR", _existing_directory, None,
+        "Change to this directory before loading the application, and look for its module "
+        "there first.",
+        default_text="the current directory", for_lobby=False,
+    ),
+    Setting(
+        "process", "env", ("-e", "--env"), "KEY=VALUE", _environment_pair, (),
+        "Set an environment variable for the application. Repeatable.",
+        default_text="none", repeatable=True, for_lobby=False,
+    ),
+    Setting(
+        "process", "pid", ("-p", "--pid"), "FILE", _file_path, None,
+        "Write the server's process id to this file, and remove it at exit.",
+        default_text="none", for_lobby=False,
+    ),
+    Setting(
+        "process", "config", ("-c", "--config"), "FILE", _existing_file, None,
+        "Python file of settings: its module-level names are setting names (the Setting "
+        "column of the README's table). The command line overrides it.",
+        default_text="none", for_lobby=False, file_settable=False,
+    ),
+)
+
+BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
+
+# gunicorn's config-file names for the settings that maitred names after their flags; used only
+# to point someone bringing a gunicorn config file at the right name.
+_GUNICORN_NAMES = {
+    "keepalive": "keep_alive",
+    "accesslog": "access_logfile",
+    "errorlog": "error_logfile",
+    "loglevel": "log_level",
+    "raw_env": "env",
+    "pidfile": "pid",
+    "preload_app": "preload",
+    "wsgi_app": None,
+}
+
+APP_METAVAR = "MODULE[:CALLABLE]"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line.
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are exceptions, so that the CLI prints one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _argparse_type(setting: Setting) -> Callable[[str], object]:
+    def convert(text: str) -> object:
+        assert setting.parse is not None
+        try:
+            return setting.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = setting.name
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="maitred",
+        usage=f"maitred [OPTIONS] {APP_METAVAR}",
+        description="Serve a WSGI application. The application is the callable CALLABLE "
+        "(default: application) of the Python module MODULE, e.g. myproject.wsgi:application.",
+        epilog="Signals: SIGTERM or SIGINT stops gracefully (requests in progress finish, up to "
+        "--graceful-timeout); SIGQUIT stops at once.",
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=36),
+    )
+    parser.add_argument("app", nargs="?", metavar=APP_METAVAR, help=argparse.SUPPRESS)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for setting in SETTINGS:
+        if setting.section not in groups:
+            groups[setting.section] = parser.add_argument_group(setting.section)
+        group = groups[setting.section]
+        text = f"{setting.help} (default: {setting.shown_default})"
+        if setting.is_flag:
+            group.add_argument(*setting.flags, dest=setting.name, action="store_true", help=text)
+        else:
+            group.add_argument(
+                *setting.flags, dest=setting.name, metavar=setting.metavar,
+                type=_argparse_type(setting),
+                action="append" if setting.repeatable else "store", help=text,
+            )
+    parser.add_argument(
+        "--version", action="version", version=f"maitred {__version__}",
+        help="Print the version and exit.",
+    )
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# The config file.
+
+
+def _from_python(setting: Setting, value: object) -> object:
+    """Checks a value given in a config file, with the same parser as the command line."""
+    if setting.is_flag:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected True or False, got {value!r}")
+        return value
+    assert setting.parse is not None
+    if value is None:
+        if setting.default is None:
+            return None
+        raise ValueError("cannot be None")
+    if setting.repeatable:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"expected a string or a list of strings, got {value!r}")
+        return [setting.parse(item) for item in items]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected {setting.metavar}, got a {type(value).__name__}: {value!r}")
+    return setting.parse(str(value))
+
+
+def _unknown_setting_message(path: str, name: str) -> str:
+    message = f"config file {path}: unknown setting {name!r}"
+    if name in _GUNICORN_NAMES:
+        ours = _GUNICORN_NAMES[name]
+        if ours is None:
+            return message + " (give the application on the command line)"
+        return message + f" (maitred calls it {ours!r})"
+    close = difflib.get_close_matches(
+        name, [s.name for s in SETTINGS if s.file_settable], n=1, cutoff=0.75
+    )
+    if close:
+        return message + f" (did you mean {close[0]!r}?)"
+    return message
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    """Runs a config file and returns the settings it sets, checked and converted."""
+    try:
+        with open(path, "rb") as file:
+            source = file.read()
+    except OSError as error:
+        raise UsageError(f"cannot read config file {path}: {error.strerror}") from None
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError as error:
+        raise UsageError(f"config file {path}, line {error.lineno}: {error.msg}") from None
+    namespace: dict[str, object] = {"__file__": path, "__name__": "__config__"}
+    try:
+        exec(code, namespace)
+    except Exception as error:  # the operator's code: report any failure as one line
+        raise UsageError(
+            f"config file {path} raised {_exception_summary(error)}"
+        ) from None
+    values: dict[str, object] = {}
+    for name, value in namespace.items():
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        setting = BY_NAME.get(name)
+        if setting is None or not setting.file_settable:
+            raise UsageError(_unknown_setting_message(path, name))
+        try:
+            values[name] = _from_python(setting, value)
+        except ValueError as error:
+            raise UsageError(f"config file {path}: {name}: {error}") from None
+    return values
+
+
+def _exception_summary(error: BaseException) -> str:
+    """'Type: message (line N)' on one line, N being the config file's line that raised."""
+    summary = type(error).__name__
+    message = " ".join(str(error).split())
+    if message:
+        summary += f": {message}"
+    traceback = error.__traceback__
+    line = None
+    while traceback is not None:
+        if traceback.tb_frame.f_code.co_name == "<module>":
+            line = traceback.tb_lineno
+        traceback = traceback.tb_next
+    return summary + (f" (line {line})" if line is not None else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution.
+
+
+def resolve(argv: Sequence[str]) -> dict[str, object]:
+    """Every setting's value, by name, plus "app": defaults, then the config file, then the
+    command line. Raises UsageError; --help and --version print and exit."""
+    parser = build_parser()
+    parsed, extra = parser.parse_known_args(list(argv))
+    if extra:
+        raise UsageError(_unexpected_argument_message(parser, extra))
+    namespace = vars(parsed)
+    app = namespace.pop("app", None)
+    if app is None:
+        raise UsageError(f"no application given: maitred [OPTIONS] {APP_METAVAR}")
+    try:
+        parse_spec(app)
+    except AppLoadError as error:
+        raise UsageError(str(error)) from None
+    from_file = read_config_file(namespace["config"]) if "config" in namespace else {}
+    settings: dict[str, object] = {}
+    for setting in SETTINGS:
+        if setting.name in namespace:
+            value = namespace[setting.name]
+        elif setting.name in from_file:
+            value = from_file[setting.name]
+        else:
+            value = setting.default
+        settings[setting.name] = list(value) if setting.repeatable else value
+    duplicates = sorted({b for b in settings["bind"] if settings["bind"].count(b) > 1})
+    if duplicates:
+        raise UsageError(f"address given twice: {', '.join(duplicates)}")
+    settings["app"] = app
+    return settings
+
+
+def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """Names the first unknown option, or else the first surplus argument. (argparse lists
+    them all, including the value that followed an unknown option.)"""
+    for argument in extra:
+        if argument.startswith("-") and argument != "-":
+            option = argument.partition("=")[0]
+            known = [flag for action in parser._actions for flag in action.option_strings]
+            close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"unknown option {option!r}{hint}"
+    return f"unexpected argument {extra[0]!r}: give one application, MODULE[:CALLABLE]"
+
+
+def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:
+    """The dict that maitred._native.serve takes: the lobby's settings and the app spec."""
+    chosen = {s.name: settings[s.name] for s in SETTINGS if s.for_lobby}
+    chosen["app"] = settings["app"]
+    return chosen
+
+
+def markdown_table() -> str:
+    """The README's table of flags, made from SETTINGS."""
+    rows = [
+        "| Flag | Setting | Default | Meaning |",
+        "|---|---|---|---|",
+    ]
+    for setting in SETTINGS:
+        flags = ", ".join(
+            f"`{flag}`" if setting.is_flag else f"`{flag} {setting.metavar}`"
+            for flag in setting.flags
+        )
+        name = f"`{setting.name}`" if setting.file_settable else ""
+        default = (
+            setting.default_text if setting.default_text is not None
+            else f"`{setting.shown_default}`"
+        )
+        help_text = setting.help.replace("|", "\\|")
+        rows.append(f"| {flags} | {name} | {default} | {help_text} |")
+    return "\n".join(rows)
+
+

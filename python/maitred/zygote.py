@@ -1,0 +1,235 @@
+"""The zygote: the process that forks the workers when the lobby asks for them.
+
+The CLI forks it before the lobby starts any thread, so every worker is forked from a
+single-threaded process. It speaks the control channel of docs/PROTOCOL.md section 1: one
+datagram per message over a SOCK_SEQPACKET socketpair. It runs nothing but this loop (and,
+with --preload, the application's import), so that it stays small and hard to break.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Callable, Mapping
+
+from maitred import log, worker
+from maitred.app import AppLoadError
+
+LoadApp = Callable[[], Callable[..., object]]
+
+# Messages from the lobby are a few dozen bytes; anything longer is malformed anyway.
+_MAX_MESSAGE = 512
+
+
+class _LobbyGone(Exception):
+    """The control channel is closed: the lobby has exited or is shutting down."""
+
+
+class _SpawnFailed(Exception):
+    """The zygote could not make a worker; str(error) says why."""
+
+
+def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadApp) -> int:
+    """Serves the control channel until the lobby closes it; returns the exit code.
+
+    `load_app` loads the application (raising AppLoadError); with settings["preload"] it is
+    called once here, otherwise once in each worker.
+    """
+    # Ctrl-C and `systemctl stop` signal the whole process group; only the lobby decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker_load_app = load_app
+    if settings["preload"]:
+        try:
+            application = load_app()
+        except AppLoadError as error:
+            _log_cause(error)
+            try:
+                control.send(f"failed {error}".encode())
+            except OSError:
+                pass  # the lobby is gone; there is nobody left to tell
+            return 1
+        worker_load_app = lambda: application  # noqa: E731
+    grace = settings["graceful_timeout"]
+    assert isinstance(grace, float)
+    return _Zygote(control, worker_load_app, grace).serve()
+
+
+def _log_cause(error: AppLoadError) -> None:
+    """The one-line message goes to the operator via the lobby; the traceback behind it is
+    only for someone who asked for --log-level debug."""
+    if error.__cause__ is not None:
+        lines = traceback.format_exception(error.__cause__)
+        log.log("debug", "".join(lines).rstrip())
+
+
+class _Zygote:
+    def __init__(self, control: socket.socket, load_app: LoadApp, grace: float) -> None:
+        self._control = control
+        self._load_app = load_app
+        self._grace = grace
+        self._children: set[int] = set()
+        # SIGCHLD wakes the selector through the wakeup fd; the Python-level handler has
+        # nothing to do (reaping happens in the loop), but without one no byte is written.
+        self._wakeup_read, self._wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wakeup_write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wakeup_read, selectors.EVENT_READ)
+        self._selector.register(self._control, selectors.EVENT_READ)
+
+    def serve(self) -> int:
+        log.log("debug", "zygote ready")
+        try:
+            while True:
+                for key, _ in self._selector.select():
+                    if key.fileobj is self._control:
+                        self._receive()
+                    else:
+                        self._drain_wakeups()
+                self._reap(report=True)
+        except _LobbyGone:
+            self._wait_for_children()
+            return 0
+        except _SpawnFailed as error:
+            # The protocol has one way to say "I cannot make workers": `failed`, then exit.
+            # Workers already running go on until the lobby closes their channels.
+            try:
+                self._control.send(f"failed {error}".encode())
+            except OSError:
+                pass
+            return 1
+
+    def _receive(self) -> None:
+        try:
+            message = self._control.recv(_MAX_MESSAGE)
+        except ConnectionError:
+            raise _LobbyGone() from None
+        if not message:
+            raise _LobbyGone()
+        try:
+            fields = message.decode("ascii").split(" ")
+        except UnicodeDecodeError:
+            fields = []
+        match fields:
+            case ["spawn", slot] if slot.isdigit():
+                self._spawn(int(slot))
+            case ["kill", pid, number] if pid.isdigit() and number.isdigit():
+                self._kill(int(pid), int(number))
+            case _:
+                log.log("error", f"zygote: ignoring a malformed control message {message!r}")
+
+    def _send(self, message: str, fds: list[int] | None = None) -> None:
+        try:
+            if fds:
+                socket.send_fds(self._control, [message.encode()], fds)
+            else:
+                self._control.send(message.encode())
+        except OSError:
+            raise _LobbyGone() from None
+
+    def _spawn(self, slot: int) -> None:
+        try:
+            lobby_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as error:
+            raise _SpawnFailed(f"cannot create a channel for worker {slot}: {error}") from None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as error:
+            lobby_end.close()
+            worker_end.close()
+            raise _SpawnFailed(f"cannot fork worker {slot}: {error}") from None
+        if pid == 0:
+            self._become_worker(lobby_end, worker_end)
+        worker_end.close()
+        # Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
+        self._children.add(pid)
+        try:
+            self._send(f"spawned {slot} {pid}", [lobby_end.fileno()])
+        finally:
+            # The zygote keeps no channel end: a worker must hold only its own, so that
+            # end-of-file reaches it when the lobby lets go.
+            lobby_end.close()
+        log.log("debug", f"zygote: forked worker {pid} for slot {slot}")
+
+    def _become_worker(self, lobby_end: socket.socket, worker_end: socket.socket) -> None:
+        """In the forked child: drop the zygote's state and serve; never returns."""
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self._selector.close()
+            os.close(self._wakeup_read)
+            os.close(self._wakeup_write)
+            self._control.close()
+            lobby_end.close()
+            code = worker.serve(worker_end.detach(), self._load_app)
+        except BaseException:
+            log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _kill(self, pid: int, number: int) -> None:
+        if pid not in self._children:
+            log.log("debug", f"zygote: not signalling {pid}, which is not a live worker")
+            return
+        if number not in signal.valid_signals():
+            log.log("error", f"zygote: ignoring kill {pid} with unknown signal {number}")
+            return
+        # A child is only forgotten once reaped, so `pid` cannot have been reused yet.
+        os.kill(pid, number)
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wakeup_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap(self, *, report: bool) -> None:
+        while self._children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            self._children.discard(pid)
+            if os.WIFSIGNALED(status):
+                how = f"signal {os.WTERMSIG(status)}"
+            else:
+                how = f"code {os.WEXITSTATUS(status)}"
+            log.log("debug", f"zygote: worker {pid} exited, {how}")
+            if report:
+                self._send(f"exited {pid} {how}")
+
+    def _wait_for_children(self) -> None:
+        """After the lobby has gone: workers exit on end-of-file of their channels. One still
+        running after --graceful-timeout is stuck in the application and is killed, so that
+        nothing outlives the server."""
+        self._selector.unregister(self._control)
+        self._reap(report=False)
+        deadline = time.monotonic() + self._grace
+        while self._children:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.log(
+                    "warning",
+                    f"zygote: killing {len(self._children)} worker(s) still running "
+                    f"{self._grace:g} s after the lobby left",
+                )
+                for pid in self._children:
+                    os.kill(pid, signal.SIGKILL)
+                for pid in list(self._children):
+                    os.waitpid(pid, 0)
+                self._children.clear()
+                return
+            self._selector.select(remaining)
+            self._drain_wakeups()
+            self._reap(report=False)

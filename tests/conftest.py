@@ -1,0 +1,234 @@
+"""Fixtures shared by maitred's tests.
+
+Everything here runs the real `maitred` command (the console script installed beside the
+Python running pytest) as a subprocess in its own process group, on 127.0.0.1 and a free port,
+and kills that whole group -- lobby, zygote and workers -- when the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+import pytest
+
+MAITRED = Path(sys.executable).with_name("maitred")
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+def accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def processes_in_group(group: int) -> list[int]:
+    """Live (not zombie) processes whose process group is `group`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ')'.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == group:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for_empty_group(group: int, timeout: float) -> list[int]:
+    """Waits until no process of `group` is left; returns those still there at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = processes_in_group(group)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _environment(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the application's directory comes from cwd / --chdir
+    if extra:
+        env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def maitred_command() -> list[str]:
+    if not MAITRED.exists():
+        pytest.fail(f"{MAITRED} is missing: install maitred into this environment (make test)")
+    return [str(MAITRED)]
+
+
+@dataclass
+class Server:
+    """A running `maitred`. Its process group holds the lobby, the zygote and the workers."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        """Waits for the lobby to exit and returns its exit code."""
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then waits for the lobby's exit code."""
+        self.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group, then reaps the lobby."""
+        kill_group(self.pid)
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def maitred_server(
+    tmp_path: Path, maitred_command: list[str]
+) -> Iterator[Callable[..., Server]]:
+    """Starts servers: ``maitred_server("hello:app", "-w", "2", cwd=app_dir)``.
+
+    The server listens on 127.0.0.1 and a free port (``bind=False`` leaves --bind to the
+    arguments); the call returns once that port accepts connections, and fails the test with
+    the server's stderr if it exits first or does not listen within `ready_timeout` seconds.
+    Every server started is killed, with its whole process group, when the test ends.
+    """
+    started: list[Server] = []
+
+    def start(
+        *args: str,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        bind: bool = True,
+        port: int | None = None,
+        ready_timeout: float = 30.0,
+    ) -> Server:
+        port = port if port is not None else free_port()
+        command = [*maitred_command, *(["--bind", f"{HOST}:{port}"] if bind else []), *args]
+        number = len(started)
+        stdout_path = tmp_path / f"maitred-{number}.stdout"
+        stderr_path = tmp_path / f"maitred-{number}.stderr"
+        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+            process = subprocess.Popen(
+                command, cwd=cwd or tmp_path, env=_environment(env), stdin=subprocess.DEVNULL,
+                stdout=stdout, stderr=stderr, start_new_session=True,
+            )
+        server = Server(process, port, stdout_path, stderr_path)
+        started.append(server)
+        deadline = time.monotonic() + ready_timeout
+        while not accepts_connections(port):
+            if process.poll() is not None:
+                pytest.fail(
+                    f"maitred exited with {process.returncode} before listening:\n"
+                    f"{server.stderr()}"
+                )
+            if time.monotonic() >= deadline:
+                pytest.fail(f"maitred did not listen within {ready_timeout} s:\n{server.stderr()}")
+            time.sleep(0.05)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@dataclass
+class Finished:
+    """A `maitred` run that ended by itself."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    leftovers: list[int]
+    """Processes of its group still alive a few seconds after it exited (then killed)."""
+
+
+@pytest.fixture
+def run_maitred(tmp_path: Path, maitred_command: list[str]) -> Callable[..., Finished]:
+    """Runs ``maitred ARGS...`` to completion (it is expected to exit by itself, e.g. on a
+    bad setting), in its own process group; reports what it printed and whether anything of
+    its process group outlived it. Fails the test if it is still running after `timeout`."""
+
+    def run(
+        *args: str,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        linger: float = 5.0,
+    ) -> Finished:
+        process = subprocess.Popen(
+            [*maitred_command, *args], cwd=cwd or tmp_path, env=_environment(env),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process.pid)
+            stdout, stderr = process.communicate()
+            pytest.fail(
+                f"maitred {' '.join(args)} still running after {timeout} s:\n"
+                f"{stderr.decode(errors='replace')}"
+            )
+        leftovers = wait_for_empty_group(process.pid, linger)
+        kill_group(process.pid)
+        return Finished(
+            process.returncode, stdout.decode(errors="replace"),
+            stderr.decode(errors="replace"), leftovers,
+        )
+
+    return run
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    """An empty directory for a test's application modules (run maitred with cwd=app_dir)."""
+    directory = tmp_path / "app"
+    directory.mkdir()
+    return directory
