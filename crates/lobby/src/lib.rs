@@ -1,1 +1,469 @@
+//! The maitred lobby: the one process that owns the listen sockets, accepts connections,
+//! reads requests completely, queues them in one FIFO and seats each at an idle worker.
+//! See docs/DESIGN.md for why it is shaped this way.
 
+mod config;
+mod connection;
+mod fdpass;
+mod listen;
+mod log;
+mod seating;
+mod worker;
+mod zygote;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use maitred_protocol::Limits;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::{JoinHandle, LocalSet};
+
+pub use config::{BindAddress, Config};
+pub use log::Level;
+
+use crate::connection::{Peer, Site};
+use crate::listen::{AsyncListener, Listener};
+use crate::log::{debug, error, info, warning};
+use crate::seating::Seating;
+use crate::worker::{Channel, Gone};
+use crate::zygote::{Control, Report};
+
+/// Why the server could not start: one line for the operator.
+#[derive(Debug)]
+pub struct StartupError(pub String);
+
+impl std::fmt::Display for StartupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Descriptors kept back from `--max-connections`' default for listeners, workers, logs and
+/// spilled bodies.
+const RESERVED_FDS: u64 = 64;
+/// How long the zygote gets to exit once its control channel is closed.
+const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
+/// First pause before re-spawning a worker whose application failed to load, doubled each time.
+const REBOOT_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_REBOOT_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What the connection and worker tasks share.
+pub(crate) struct Lobby {
+    pub config: Config,
+    pub limits: Limits,
+    pub seating: Seating,
+    pub control: Control,
+    /// Turns true once a shutdown has begun.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What the supervisor hears from the worker tasks and the zygote.
+enum Event {
+    Report(Report),
+    ZygoteGone(String),
+    Ready { slot: usize, pid: i32 },
+    Gone { slot: usize, pid: i32, gone: Gone },
+}
+
+/// Runs the lobby until a shutdown completes. Returns the process exit code.
+pub fn run(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, StartupError> {
+    log::set_level(config.log_level);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
+    let local = LocalSet::new();
+    let result = local.block_on(&runtime, supervise(config, control, zygote_pid));
+    // Tasks still holding connections are dropped here, after every worker was stopped.
+    drop(local);
+    result
+}
+
+async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, StartupError> {
+    let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(config.workers));
+    let listeners = config
+        .binds
+        .iter()
+        .map(|bind| listen::bind(bind, config.backlog))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StartupError)?;
+    if let Some(target) = &config.access_logfile {
+        log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
+    }
+    let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let limits = Limits {
+        max_request_line: config.limit_request_line,
+        max_headers: config.limit_request_fields,
+        max_header_size: config.limit_request_field_size,
+        max_body: config.max_body,
+    };
+    let lobby = Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown });
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
+    let mut supervisor = Supervisor { lobby: lobby.clone(), events_tx, workers: HashMap::new(), boot_failures: 0 };
+
+    if let Err(e) = supervisor.boot(&mut events).await {
+        supervisor.stop_workers(false).await;
+        control_reader.abort();
+        drop(supervisor);
+        close_control_and_reap(lobby, zygote_pid).await;
+        return Err(e);
+    }
+
+    let connections = Arc::new(Semaphore::new(max_connections));
+    let accepting: Vec<JoinHandle<()>> = listeners
+        .iter()
+        .map(|listener| {
+            announce(listener);
+            let accept = AsyncListener::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
+            let site = Rc::new(Site { server_name: listener.server_name.clone(), server_port: listener.server_port });
+            Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site, connections.clone())))
+        })
+        .collect::<Result<_, StartupError>>()?;
+    info!(
+        "serving {} with {} workers (pids {}); at most {max_connections} connections",
+        lobby.config.app,
+        lobby.config.workers,
+        supervisor.pids()
+    );
+
+    let mut exit_code = 0;
+    let graceful = supervisor.run(&mut events).await;
+    let graceful = match graceful {
+        Ok(graceful) => graceful,
+        Err(reason) => {
+            error!("{reason}; shutting down");
+            exit_code = 1;
+            true
+        }
+    };
+
+    let _ = shutdown_tx.send(true);
+    for task in accepting {
+        task.abort();
+    }
+    drop(listeners.iter().filter_map(|l| l.unix_path.as_ref()).map(std::fs::remove_file).collect::<Vec<_>>());
+    let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
+    let in_use = max_connections - connections.available_permits();
+    info!(
+        "shutting down: no new connections; {in_use} open, {} requests queued; waiting up to {} s",
+        lobby.seating.queued(),
+        deadline.as_secs_f64()
+    );
+    let drained = supervisor.drain(&mut events, &connections, max_connections, deadline).await;
+    if !drained {
+        warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
+    }
+    supervisor.stop_workers(!drained).await;
+    lobby.seating.clear();
+    control_reader.abort();
+    drop(supervisor);
+    close_control_and_reap(lobby, zygote_pid).await;
+    info!("shutdown complete");
+    Ok(exit_code)
+}
+
+/// Logs a listen address with the backlog the kernel granted (S2).
+fn announce(listener: &Listener) {
+    info!("listening at {} (backlog {})", listener.display, listener.backlog_granted);
+    if listener.backlog_granted < listener.backlog_requested {
+        warning!(
+            "--backlog {} is capped by net.core.somaxconn to {}; raise it with `sysctl -w net.core.somaxconn={}`",
+            listener.backlog_requested,
+            listener.backlog_granted,
+            listener.backlog_requested
+        );
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one and leaves room for everything else.
+fn default_max_connections(workers: usize) -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    let reserved = RESERVED_FDS + 2 * workers as u64;
+    (limit.rlim_cur as u64).saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
+}
+
+async fn accept_loop(lobby: Rc<Lobby>, listener: AsyncListener, site: Rc<Site>, connections: Arc<Semaphore>) {
+    loop {
+        // At the cap the lobby stops accepting; the kernel's queue holds the rest.
+        let Ok(permit) = connections.clone().acquire_owned().await else { return };
+        let accepted = match &listener {
+            AsyncListener::Tcp(tcp) => tcp.accept().await.map(|(stream, addr)| {
+                let _ = stream.set_nodelay(true);
+                let peer = Peer { addr: addr.ip().to_string(), port: addr.port() };
+                tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+            }),
+            AsyncListener::Unix(unix) => unix.accept().await.map(|(stream, _)| {
+                let peer = Peer { addr: String::new(), port: 0 };
+                tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+            }),
+        };
+        if let Err(e) = accepted {
+            // EMFILE and friends: the pending connection stays queued; try again shortly.
+            error!("accept failed: {e}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn with_permit(permit: tokio::sync::OwnedSemaphorePermit, connection: impl std::future::Future<Output = ()>) {
+    connection.await;
+    drop(permit);
+}
+
+async fn read_control(lobby: Rc<Lobby>, events: mpsc::UnboundedSender<Event>) {
+    loop {
+        let event = match lobby.control.receive().await {
+            Ok(Some(report)) => Event::Report(report),
+            Ok(None) => Event::ZygoteGone("the zygote exited".into()),
+            Err(e) => Event::ZygoteGone(format!("the control channel failed: {e}")),
+        };
+        let last = matches!(event, Event::ZygoteGone(_));
+        if events.send(event).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// The running workers, by slot.
+struct WorkerEntry {
+    pid: i32,
+    task: JoinHandle<()>,
+}
+
+struct Supervisor {
+    lobby: Rc<Lobby>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    workers: HashMap<usize, WorkerEntry>,
+    /// Consecutive application load failures since the last worker became ready.
+    boot_failures: u32,
+}
+
+impl Supervisor {
+    fn pids(&self) -> String {
+        let mut pids: Vec<i32> = self.workers.values().map(|w| w.pid).collect();
+        pids.sort();
+        pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Starts every worker and waits until all are ready; the first failure ends the start.
+    async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), StartupError> {
+        for slot in 0..self.lobby.config.workers {
+            self.lobby.control.spawn(slot).await.map_err(|e| StartupError(format!("cannot reach the zygote: {e}")))?;
+        }
+        let mut ready = 0;
+        let deadline = tokio::time::Instant::now() + self.lobby.config.timeout;
+        while ready < self.lobby.config.workers {
+            let event = tokio::time::timeout_at(deadline, events.recv()).await.map_err(|_| {
+                StartupError(format!(
+                    "workers did not finish loading {} within --timeout ({} s)",
+                    self.lobby.config.app,
+                    self.lobby.config.timeout.as_secs_f64()
+                ))
+            })?;
+            match event {
+                Some(Event::Report(Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
+                Some(Event::Report(Report::PreloadFailed(message))) => return Err(StartupError(message)),
+                Some(Event::Report(Report::Exited { .. })) => {}
+                Some(Event::Ready { .. }) => ready += 1,
+                Some(Event::Gone { gone: Gone::BootFailed(message), .. }) => return Err(StartupError(message)),
+                Some(Event::Gone { pid, gone, .. }) => {
+                    return Err(StartupError(format!("worker {pid} failed to start: {gone:?}")))
+                }
+                Some(Event::ZygoteGone(reason)) => {
+                    return Err(StartupError(format!("{reason} before the workers were ready")))
+                }
+                None => return Err(StartupError("the supervisor lost its event channel".into())),
+            }
+        }
+        Ok(())
+    }
+
+    fn start_worker(&mut self, slot: usize, pid: i32, channel: OwnedFd) {
+        let lobby = self.lobby.clone();
+        let events = self.events_tx.clone();
+        let retire_after = retire_after(&lobby.config);
+        let task = tokio::task::spawn_local(async move {
+            let gone = match Channel::new(channel) {
+                Err(e) => Gone::Lost(format!("unusable channel: {e}")),
+                Ok(mut channel) => match worker::await_ready(&mut channel).await {
+                    Err(gone) => gone,
+                    Ok(()) => {
+                        let _ = events.send(Event::Ready { slot, pid });
+                        worker::serve(lobby, pid, channel, retire_after).await
+                    }
+                },
+            };
+            let _ = events.send(Event::Gone { slot, pid, gone });
+        });
+        if let Some(old) = self.workers.insert(slot, WorkerEntry { pid, task }) {
+            old.task.abort();
+        }
+    }
+
+    /// Serves until a signal asks to stop. Ok(graceful?) for a signal, Err for a fatal loss.
+    async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<bool, String> {
+        let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+        let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+        let mut quit = signal(SignalKind::quit()).map_err(|e| e.to_string())?;
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => { info!("SIGTERM: graceful shutdown"); return Ok(true) }
+                _ = interrupt.recv() => { info!("SIGINT: graceful shutdown"); return Ok(true) }
+                _ = quit.recv() => { info!("SIGQUIT: immediate shutdown"); return Ok(false) }
+                event = events.recv() => match event {
+                    Some(event) => self.handle(event).await?,
+                    None => return Err("the supervisor lost its event channel".into()),
+                }
+            }
+        }
+    }
+
+    /// Waits until every connection has closed or `deadline` passes, still replacing lost
+    /// workers so that queued requests get served. Returns whether everything finished.
+    async fn drain(
+        &mut self,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+        connections: &Arc<Semaphore>,
+        max_connections: usize,
+        deadline: Duration,
+    ) -> bool {
+        let all_closed = connections.acquire_many(max_connections as u32);
+        tokio::pin!(all_closed);
+        let timer = tokio::time::sleep(deadline);
+        tokio::pin!(timer);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut all_closed => return true,
+                _ = &mut timer => return false,
+                event = events.recv() => match event {
+                    Some(event) => {
+                        if let Err(reason) = self.handle(event).await {
+                            error!("{reason}");
+                            return false;
+                        }
+                    }
+                    None => return false,
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, event: Event) -> Result<(), String> {
+        match event {
+            Event::Report(Report::Spawned { slot, pid, channel }) => {
+                info!("booting worker {pid} (slot {slot})");
+                self.start_worker(slot, pid, channel);
+            }
+            Event::Report(Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
+            Event::Report(Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
+            Event::ZygoteGone(reason) => {
+                return Err(format!("{reason}; no worker can be replaced"))
+            }
+            Event::Ready { slot, pid } => {
+                debug!("worker {pid} (slot {slot}) is ready");
+                self.boot_failures = 0;
+            }
+            Event::Gone { slot, pid, gone } => {
+                if self.workers.get(&slot).is_some_and(|w| w.pid == pid) {
+                    self.workers.remove(&slot);
+                }
+                let pause = match gone {
+                    Gone::Retired => {
+                        info!("worker {pid} retired after --max-requests; starting a replacement");
+                        Duration::ZERO
+                    }
+                    Gone::Lost(reason) => {
+                        error!("worker {pid} lost: {reason}; starting a replacement");
+                        Duration::ZERO
+                    }
+                    Gone::BootFailed(message) => {
+                        self.boot_failures += 1;
+                        let pause = REBOOT_BACKOFF
+                            .saturating_mul(1 << self.boot_failures.min(8))
+                            .min(MAX_REBOOT_BACKOFF);
+                        error!("a new worker could not load the application: {message}; retrying in {} s", pause.as_secs_f64());
+                        pause
+                    }
+                };
+                if !*self.lobby.shutdown.borrow() {
+                    self.respawn(slot, pause);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn respawn(&self, slot: usize, pause: Duration) {
+        let lobby = self.lobby.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(pause).await;
+            if let Err(e) = lobby.control.spawn(slot).await {
+                error!("cannot ask the zygote for a worker: {e}");
+            }
+        });
+    }
+
+    /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,
+    /// workers still busy are killed first.
+    async fn stop_workers(&mut self, kill: bool) {
+        for (_, worker) in self.workers.drain() {
+            if kill {
+                let _ = self.lobby.control.kill(worker.pid, libc::SIGKILL).await;
+            }
+            worker.task.abort();
+        }
+    }
+}
+
+/// A worker's request budget under `--max-requests` and `--max-requests-jitter`.
+fn retire_after(config: &Config) -> Option<u64> {
+    if config.max_requests == 0 {
+        return None;
+    }
+    let jitter = match config.max_requests_jitter {
+        0 => 0,
+        spread => std::collections::hash_map::RandomState::new().build_hasher().finish() % (spread + 1),
+    };
+    Some(config.max_requests + jitter)
+}
+
+/// Closes the control channel (the zygote then exits once its workers have) and reaps it.
+async fn close_control_and_reap(lobby: Rc<Lobby>, zygote_pid: i32) {
+    // Tasks not yet dropped may still hold the Lobby, so shut the socket rather than wait
+    // for the last reference to close it.
+    lobby.control.close();
+    drop(lobby);
+    let deadline = tokio::time::Instant::now() + ZYGOTE_EXIT_WAIT;
+    loop {
+        let mut status = 0;
+        let reaped = unsafe { libc::waitpid(zygote_pid, &mut status, libc::WNOHANG) };
+        if reaped != 0 {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warning!("the zygote {zygote_pid} did not exit; killing it");
+            unsafe {
+                libc::kill(zygote_pid, libc::SIGKILL);
+                libc::waitpid(zygote_pid, &mut status, 0);
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -115,6 +115,20 @@ pub fn encode_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, payload: &[u8]) ->
     Ok(())
 }
 
+/// Builds one whole frame whose payload `write` appends in place, so the payload is never
+/// copied to get its length into the header.
+pub fn build_frame(
+    kind: Kind,
+    flags: u8,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), WireError>,
+) -> Result<Vec<u8>, WireError> {
+    let mut frame = vec![0u8; HEADER_LEN];
+    write(&mut frame)?;
+    let header = FrameHeader::new(kind, flags, frame.len() - HEADER_LEN)?;
+    frame[..HEADER_LEN].copy_from_slice(&header.encode());
+    Ok(frame)
+}
+
 /// Writes payload fields in the protocol's encodings.
 pub struct Writer<'a> {
     out: &'a mut Vec<u8>,
@@ -413,6 +427,18 @@ mod tests {
         assert_eq!(decoded.body_len, 5);
         assert!(decoded.inline_body.is_empty());
         assert_eq!(Request::decode_payload(&payload, false), Err(WireError::Truncated("body")));
+    }
+
+    #[test]
+    fn built_frame_announces_its_payload_length() {
+        let frame = build_frame(Kind::ResponseBody, FLAG_END, |out| {
+            out.extend_from_slice(b"abc");
+            Ok(())
+        })
+        .unwrap();
+        let header = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(header, FrameHeader { kind: Kind::ResponseBody, flags: FLAG_END, len: 3 });
+        assert_eq!(&frame[HEADER_LEN..], b"abc");
     }
 
     #[test]

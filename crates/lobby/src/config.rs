@@ -1,0 +1,104 @@
+//! What the lobby is told to do. The CLI (Python) validates every value; this is its typed form.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::log::Level;
+
+/// One address to listen on, as given to `--bind`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindAddress {
+    /// `HOST:PORT` or `[V6]:PORT`; the host is resolved when binding.
+    Tcp { host: String, port: u16 },
+    /// `unix:PATH`.
+    Unix(PathBuf),
+    /// `fd://N`: a socket inherited already listening (systemd socket activation and the like).
+    Fd(i32),
+}
+
+impl BindAddress {
+    /// Parses the forms the CLI accepts; the CLI reports errors to the user first.
+    pub fn parse(text: &str) -> Result<BindAddress, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(format!("bind '{text}': empty Unix socket path"));
+            }
+            return Ok(BindAddress::Unix(PathBuf::from(path)));
+        }
+        if let Some(fd) = text.strip_prefix("fd://") {
+            return fd
+                .parse::<i32>()
+                .ok()
+                .filter(|fd| *fd >= 0)
+                .map(BindAddress::Fd)
+                .ok_or_else(|| format!("bind '{text}': fd:// needs a file descriptor number"));
+        }
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| format!("bind '{text}': expected HOST:PORT, [::1]:PORT, unix:PATH or fd://N"))?;
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| format!("bind '{text}': '{port}' is not a port number"))?;
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        let host = if host.is_empty() { "0.0.0.0" } else { host };
+        Ok(BindAddress::Tcp { host: host.to_string(), port })
+    }
+}
+
+/// Every setting the lobby acts on.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub binds: Vec<BindAddress>,
+    pub workers: usize,
+    /// None: the kernel's maximum (`net.core.somaxconn`).
+    pub backlog: Option<u32>,
+    /// How long one request may keep a worker before the worker is killed.
+    pub timeout: Duration,
+    /// How long a shutdown waits for queued and running requests.
+    pub graceful_timeout: Duration,
+    /// How long an idle keep-alive connection is held open.
+    pub keep_alive: Duration,
+    /// How long a request head, and each gap inside a body, may take to arrive.
+    pub header_timeout: Duration,
+    pub limit_request_line: usize,
+    pub limit_request_fields: usize,
+    pub limit_request_field_size: usize,
+    /// Retire a worker after this many requests; 0 never.
+    pub max_requests: u64,
+    pub max_requests_jitter: u64,
+    /// None: no access log. `-`: standard output.
+    pub access_logfile: Option<String>,
+    pub log_level: Level,
+    pub max_body: Option<u64>,
+    /// None: a request waits for a worker as long as it takes.
+    pub queue_timeout: Option<Duration>,
+    /// None: as many as the file-descriptor limit allows.
+    pub max_connections: Option<usize>,
+    /// The application spec, for log lines.
+    pub app: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_bind_form() {
+        assert_eq!(
+            BindAddress::parse("127.0.0.1:8000"),
+            Ok(BindAddress::Tcp { host: "127.0.0.1".into(), port: 8000 })
+        );
+        assert_eq!(BindAddress::parse("[::1]:80"), Ok(BindAddress::Tcp { host: "::1".into(), port: 80 }));
+        assert_eq!(BindAddress::parse(":80"), Ok(BindAddress::Tcp { host: "0.0.0.0".into(), port: 80 }));
+        assert_eq!(BindAddress::parse("unix:/tmp/s"), Ok(BindAddress::Unix("/tmp/s".into())));
+        assert_eq!(BindAddress::parse("fd://3"), Ok(BindAddress::Fd(3)));
+    }
+
+    #[test]
+    fn names_what_is_wrong_with_a_bind() {
+        assert!(BindAddress::parse("localhost").unwrap_err().contains("expected HOST:PORT"));
+        assert!(BindAddress::parse("h:99999").unwrap_err().contains("not a port number"));
+        assert!(BindAddress::parse("fd://x").unwrap_err().contains("file descriptor"));
+        assert!(BindAddress::parse("unix:").unwrap_err().contains("empty"));
+    }
+}

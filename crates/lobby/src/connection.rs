@@ -1,0 +1,617 @@
+//! One client connection: read each request completely, queue it, write its answer.
+//!
+//! A connection costs no worker at any point: while idle it holds no buffer and waits for
+//! readability (S4, S5); a request reaches the queue only when its body is complete (S1);
+//! the answer is taken from the worker as fast as it comes and written here at the client's
+//! pace.
+
+use std::cell::{Cell, RefCell};
+use std::fs::File;
+use std::future::poll_fn;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::{Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use maitred_protocol::{
+    write_chunk, write_error_response, write_response_head, BodyLength, Event, Framing, RequestDecoder, RequestError,
+    RequestHead, ResponseContext, Version, LAST_CHUNK,
+};
+use maitred_wire::{build_frame, Kind, FLAG_FD};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::sync::mpsc;
+use tokio::time::sleep_until;
+
+use crate::log::{self, debug, info, warning};
+use crate::seating::{Job, JobState, ResponsePart};
+use crate::Lobby;
+
+/// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
+/// unlinked temporary file whose descriptor the worker reads.
+const BODY_MEMORY_LIMIT: usize = 256 * 1024;
+/// Below this much free room the read buffer grows before a read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A client stream: TCP or Unix.
+pub trait ClientStream: AsyncRead + AsyncWrite + AsRawFd + Unpin {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+}
+
+macro_rules! client_stream {
+    ($t:ty) => {
+        impl ClientStream for $t {
+            fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_read_ready(self, cx)
+            }
+            fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_write_ready(self, cx)
+            }
+            fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+                <$t>::try_io(self, interest, f)
+            }
+        }
+    };
+}
+client_stream!(tokio::net::TcpStream);
+client_stream!(tokio::net::UnixStream);
+
+/// Who is on the other end, for the environ and the logs.
+pub struct Peer {
+    /// Empty for a Unix socket.
+    pub addr: String,
+    pub port: u16,
+}
+
+impl Peer {
+    fn display(&self) -> String {
+        if self.addr.is_empty() {
+            "unix socket".into()
+        } else {
+            format!("{}:{}", self.addr, self.port)
+        }
+    }
+}
+
+/// The listener a connection came through.
+pub struct Site {
+    pub server_name: String,
+    pub server_port: u16,
+}
+
+/// Why a connection stops reading requests.
+enum Stop {
+    /// The client closed, the connection idled out, or the lobby is shutting down.
+    Quietly,
+    /// The request is refused with this status and reason; the connection closes after it.
+    Refuse(u16, String),
+}
+
+impl From<RequestError> for Stop {
+    fn from(e: RequestError) -> Stop {
+        Stop::Refuse(e.status(), e.to_string())
+    }
+}
+
+/// A complete request body.
+enum Body {
+    Memory(Vec<u8>),
+    File { file: File, len: u64 },
+}
+
+impl Body {
+    fn for_length(expected: Option<u64>) -> io::Result<Body> {
+        match expected {
+            Some(len) if len > BODY_MEMORY_LIMIT as u64 => Ok(Body::File { file: tempfile::tempfile()?, len: 0 }),
+            Some(len) => Ok(Body::Memory(Vec::with_capacity(len as usize))),
+            None => Ok(Body::Memory(Vec::new())),
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) -> io::Result<()> {
+        if let Body::Memory(bytes) = self {
+            if bytes.len() + data.len() <= BODY_MEMORY_LIMIT {
+                bytes.extend_from_slice(data);
+                return Ok(());
+            }
+            let mut file = tempfile::tempfile()?;
+            file.write_all(bytes)?;
+            *self = Body::File { file, len: bytes.len() as u64 };
+        }
+        if let Body::File { file, len } = self {
+            file.write_all(data)?;
+            *len += data.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Body::Memory(bytes) => bytes.len() as u64,
+            Body::File { len, .. } => *len,
+        }
+    }
+}
+
+pub async fn serve<S: ClientStream>(lobby: Rc<Lobby>, stream: S, peer: Peer, site: Rc<Site>) {
+    let decoder = RequestDecoder::new(lobby.limits.clone());
+    let mut connection = Connection { lobby, stream, peer, site, buf: BytesMut::new(), decoder };
+    connection.run().await;
+}
+
+struct Connection<S> {
+    lobby: Rc<Lobby>,
+    stream: S,
+    peer: Peer,
+    site: Rc<Site>,
+    buf: BytesMut,
+    decoder: RequestDecoder,
+}
+
+impl<S: ClientStream> Connection<S> {
+    async fn run(&mut self) {
+        let (respond, mut responses) = mpsc::unbounded_channel();
+        loop {
+            let stop = match self.next_request().await {
+                Ok((head, body)) => match self.seat(&head, body, &respond, &mut responses).await {
+                    Ok(true) => continue,
+                    Ok(false) => return,
+                    Err(e) => {
+                        debug!("connection from {} ended while answering: {e}", self.peer.display());
+                        return;
+                    }
+                },
+                Err(stop) => stop,
+            };
+            if let Stop::Refuse(status, reason) = stop {
+                info!("{status} to {}: {reason}", self.peer.display());
+                let mut out = Vec::new();
+                write_error_response(&mut out, status, &reason, &http_date(), false);
+                let _ = self.write_all(&out).await;
+            }
+            return;
+        }
+    }
+
+    /// Reads one whole request: its head, then its body to the end.
+    async fn next_request(&mut self) -> Result<(RequestHead, Body), Stop> {
+        let head = self.read_head().await?;
+        if head.expect_continue && !matches!(head.body, BodyLength::Empty) {
+            self.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| Stop::Quietly)?;
+        }
+        let expected = match head.body {
+            BodyLength::Length(n) => Some(n),
+            BodyLength::Empty => Some(0),
+            BodyLength::Chunked => None,
+        };
+        let mut body = Body::for_length(expected).map_err(|e| spill_failed(&e))?;
+        let mut gap_started = Instant::now();
+        loop {
+            match self.decoder.decode(&mut self.buf)? {
+                Some(Event::Data(data)) => body.push(&data).map_err(|e| spill_failed(&e))?,
+                Some(Event::End { .. }) => return Ok((head, body)),
+                Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
+                None => {
+                    let deadline = gap_started + self.lobby.config.header_timeout;
+                    tokio::select! {
+                        read = self.read_more() => match read {
+                            Ok(0) | Err(_) => return Err(Stop::Quietly),
+                            Ok(_) => gap_started = Instant::now(),
+                        },
+                        _ = sleep_until(deadline.into()) => {
+                            return Err(Stop::Refuse(408, "the request body stalled for longer than --header-timeout".into()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads up to a request head. While no byte of the next request has arrived, the
+    /// connection holds no buffer and counts against `--keep-alive`, not `--header-timeout`.
+    async fn read_head(&mut self) -> Result<RequestHead, Stop> {
+        let idle_since = Instant::now();
+        let mut head_started = (!self.buf.is_empty()).then(Instant::now);
+        loop {
+            match self.decoder.decode(&mut self.buf)? {
+                Some(Event::Head(head)) => return Ok(head),
+                Some(_) => unreachable!("the decoder yields a Head first"),
+                None => {}
+            }
+            if self.decoder.is_idle() && self.buf.is_empty() {
+                self.buf = BytesMut::new();
+                let mut shutdown = self.lobby.shutdown.clone();
+                let deadline = idle_since + self.lobby.config.keep_alive;
+                tokio::select! {
+                    ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => ready.map_err(|_| Stop::Quietly)?,
+                    _ = sleep_until(deadline.into()) => return Err(Stop::Quietly),
+                    _ = shutdown.wait_for(|stopping| *stopping) => return Err(Stop::Quietly),
+                }
+                match self.read_more().await {
+                    Ok(0) | Err(_) => return Err(Stop::Quietly),
+                    Ok(_) => {}
+                }
+            } else {
+                let started = *head_started.get_or_insert_with(Instant::now);
+                let deadline = started + self.lobby.config.header_timeout;
+                tokio::select! {
+                    read = self.read_more() => match read {
+                        Ok(0) | Err(_) => return Err(Stop::Quietly),
+                        Ok(_) => {}
+                    },
+                    _ = sleep_until(deadline.into()) => {
+                        return Err(Stop::Refuse(408, "the request head did not arrive within --header-timeout".into()));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_more(&mut self) -> io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Queues the request, then writes its answer. Returns whether the connection stays open.
+    async fn seat(
+        &mut self,
+        head: &RequestHead,
+        body: Body,
+        respond: &mpsc::UnboundedSender<ResponsePart>,
+        responses: &mut mpsc::UnboundedReceiver<ResponsePart>,
+    ) -> io::Result<bool> {
+        let summary: Rc<str> = format!(
+            "{} {} {}",
+            String::from_utf8_lossy(&head.method),
+            String::from_utf8_lossy(&head.target),
+            version_text(head.version)
+        )
+        .into();
+        let job = match self.job(head, body, respond, summary.clone()) {
+            Ok(job) => job,
+            Err(detail) => {
+                info!("431 to {}: {detail}", self.peer.display());
+                let mut out = Vec::new();
+                write_error_response(&mut out, 431, &detail, &http_date(), false);
+                self.write_all(&out).await?;
+                return Ok(false);
+            }
+        };
+        let state = job.state.clone();
+        let enqueued_at = job.enqueued_at;
+        self.lobby.seating.submit(job);
+        let context = ResponseContext {
+            head_request: head.method.as_ref() == b"HEAD",
+            version: head.version,
+            keep_alive: head.keep_alive && !*self.lobby.shutdown.borrow(),
+        };
+        let mut answer = Answer::new(&context);
+        loop {
+            let part = match self.next_part(responses, &state, enqueued_at).await {
+                Some(part) => part,
+                // The lobby dropped the job: it is shutting down past --graceful-timeout.
+                None => return Ok(false),
+            };
+            let last = part.is_last();
+            let keep_open = self.write_part(&mut answer, part).await?;
+            if last {
+                self.log_access(head, &answer);
+                return Ok(keep_open && !*self.lobby.shutdown.borrow());
+            }
+        }
+    }
+
+    fn job(
+        &self,
+        head: &RequestHead,
+        body: Body,
+        respond: &mpsc::UnboundedSender<ResponsePart>,
+        summary: Rc<str>,
+    ) -> Result<Job, String> {
+        let body_len = body.len();
+        let (inline, body_file) = match body {
+            Body::Memory(bytes) => (bytes, None),
+            Body::File { file, .. } => (Vec::new(), Some(file)),
+        };
+        let request = maitred_wire::Request {
+            http_minor: match head.version {
+                Version::Http10 => 0,
+                Version::Http11 => 1,
+            },
+            method: &head.method,
+            target: &head.target,
+            peer_addr: self.peer.addr.as_bytes(),
+            peer_port: self.peer.port,
+            server_name: self.site.server_name.as_bytes(),
+            server_port: self.site.server_port,
+            headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
+            body_len,
+            inline_body: &inline,
+        };
+        let flags = if body_file.is_some() { FLAG_FD } else { 0 };
+        let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
+        Ok(Job {
+            frame,
+            body_file,
+            state: Rc::new(Cell::new(JobState::Queued)),
+            respond: respond.clone(),
+            enqueued_at: Instant::now(),
+            summary,
+        })
+    }
+
+    /// The next part of the answer. Before the first part, a request still waiting for a
+    /// worker after `--queue-timeout` is withdrawn and answered 503.
+    async fn next_part(
+        &mut self,
+        responses: &mut mpsc::UnboundedReceiver<ResponsePart>,
+        state: &Rc<Cell<JobState>>,
+        enqueued_at: Instant,
+    ) -> Option<ResponsePart> {
+        let Some(limit) = self.lobby.config.queue_timeout.filter(|_| state.get() == JobState::Queued) else {
+            return responses.recv().await;
+        };
+        tokio::select! {
+            part = responses.recv() => part,
+            _ = sleep_until((enqueued_at + limit).into()) => {
+                if state.get() != JobState::Queued {
+                    return responses.recv().await;
+                }
+                state.set(JobState::Cancelled);
+                Some(ResponsePart::Refused {
+                    status: 503,
+                    detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
+                })
+            }
+        }
+    }
+
+    /// Writes one part; returns whether the connection may stay open after this answer.
+    async fn write_part(&mut self, answer: &mut Answer, part: ResponsePart) -> io::Result<bool> {
+        let mut out = Vec::new();
+        match part {
+            ResponsePart::Head { status, reason, headers, body, end } => {
+                let headers: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
+                let known = end.then_some(body.len() as u64);
+                let (framing, keep_alive) =
+                    write_response_head(&mut out, &answer.context, status, &reason, &headers, known, &http_date());
+                answer.started(status, framing, keep_alive);
+                answer.body(&mut out, &body);
+                if end {
+                    answer.finish(&mut out);
+                }
+                self.write_all(&out).await?;
+            }
+            ResponsePart::Body { data, end } => {
+                answer.body(&mut out, &data);
+                if end {
+                    answer.finish(&mut out);
+                }
+                self.write_all(&out).await?;
+            }
+            ResponsePart::File { file, offset, count, end } => {
+                let count = answer.file_part(&mut out, count);
+                self.write_all(&out).await?;
+                out.clear();
+                if count > 0 {
+                    self.send_file(&file, offset, count).await?;
+                    if answer.framing == Framing::Chunked {
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+                if end {
+                    answer.finish(&mut out);
+                }
+                self.write_all(&out).await?;
+            }
+            ResponsePart::Abort => return Ok(false),
+            ResponsePart::Refused { status, detail } => {
+                let keep_alive = answer.context.keep_alive && status == 503;
+                write_error_response(&mut out, status, &detail, &http_date(), keep_alive);
+                answer.status = status;
+                answer.keep_alive = keep_alive;
+                self.write_all(&out).await?;
+            }
+        }
+        Ok(answer.keep_alive && !answer.broken)
+    }
+
+    /// Writes everything, giving up on a client that takes nothing for `--timeout`.
+    async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match tokio::time::timeout(self.lobby.config.timeout, self.stream.write_all(data)).await {
+            Ok(result) => result,
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout")),
+        }
+    }
+
+    /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
+    async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
+        let (out_fd, in_fd): (RawFd, RawFd) = (self.stream.as_raw_fd(), file.as_raw_fd());
+        while count > 0 {
+            let ready = tokio::time::timeout(self.lobby.config.timeout, poll_fn(|cx| self.stream.poll_write_ready(cx)));
+            ready.await.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))??;
+            let sent = self.stream.try_io(Interest::WRITABLE, || {
+                let mut off = offset as libc::off_t;
+                let chunk = count.min(1 << 30) as usize;
+                match unsafe { libc::sendfile(out_fd, in_fd, &mut off, chunk) } {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    n => Ok(n as u64),
+                }
+            });
+            match sent {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced")),
+                Ok(n) => {
+                    offset += n;
+                    count -= n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn log_access(&self, head: &RequestHead, answer: &Answer) {
+        if !log::access_log_enabled() {
+            return;
+        }
+        let header = |name: &[u8]| {
+            head.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone()).unwrap_or_default()
+        };
+        let request_line = format!(
+            "{} {} {}",
+            String::from_utf8_lossy(&head.method),
+            String::from_utf8_lossy(&head.target),
+            version_text(head.version)
+        );
+        log::access(&log::AccessRecord {
+            peer: &self.peer.addr,
+            request_line: request_line.as_bytes(),
+            status: answer.status,
+            body_bytes: answer.body_bytes,
+            referer: &header(b"referer"),
+            user_agent: &header(b"user-agent"),
+        });
+    }
+}
+
+/// The state of one answer being written: its framing and how much of the body went out.
+struct Answer {
+    context: ResponseContext,
+    status: u16,
+    framing: Framing,
+    keep_alive: bool,
+    /// Body bytes still owed under a Content-Length.
+    remaining: u64,
+    body_bytes: u64,
+    /// The application sent more or fewer bytes than it announced: the framing is broken
+    /// and the connection must close after this answer.
+    broken: bool,
+}
+
+impl Answer {
+    fn new(context: &ResponseContext) -> Answer {
+        Answer {
+            context: context.clone(),
+            status: 0,
+            framing: Framing::NoBody,
+            keep_alive: false,
+            remaining: 0,
+            body_bytes: 0,
+            broken: false,
+        }
+    }
+
+    fn started(&mut self, status: u16, framing: Framing, keep_alive: bool) {
+        self.status = status;
+        self.framing = framing;
+        self.keep_alive = keep_alive;
+        if let Framing::Length(n) = framing {
+            self.remaining = n;
+        }
+    }
+
+    fn body(&mut self, out: &mut Vec<u8>, data: &[u8]) {
+        match self.framing {
+            Framing::NoBody => {}
+            Framing::Length(_) => {
+                let take = data.len().min(self.remaining as usize);
+                out.extend_from_slice(&data[..take]);
+                self.remaining -= take as u64;
+                self.body_bytes += take as u64;
+                if take < data.len() {
+                    self.overrun();
+                }
+            }
+            Framing::Chunked => {
+                write_chunk(out, data);
+                self.body_bytes += data.len() as u64;
+            }
+            Framing::UntilClose => {
+                out.extend_from_slice(data);
+                self.body_bytes += data.len() as u64;
+            }
+        }
+    }
+
+    /// Writes what precedes `count` file bytes and returns how many of them to send.
+    fn file_part(&mut self, out: &mut Vec<u8>, count: u64) -> u64 {
+        let count = match self.framing {
+            Framing::NoBody => 0,
+            Framing::Length(_) => {
+                let take = count.min(self.remaining);
+                self.remaining -= take;
+                if take < count {
+                    self.overrun();
+                }
+                take
+            }
+            Framing::Chunked => {
+                if count > 0 {
+                    out.extend_from_slice(format!("{count:x}\r\n").as_bytes());
+                }
+                count
+            }
+            Framing::UntilClose => count,
+        };
+        self.body_bytes += count;
+        count
+    }
+
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        match self.framing {
+            Framing::Chunked => out.extend_from_slice(LAST_CHUNK),
+            Framing::Length(_) if self.remaining > 0 => {
+                warning!(
+                    "the application sent {} bytes fewer than its Content-Length; closing the connection",
+                    self.remaining
+                );
+                self.broken = true;
+            }
+            _ => {}
+        }
+    }
+
+    fn overrun(&mut self) {
+        if !self.broken {
+            warning!("the application sent more bytes than its Content-Length; the excess was dropped");
+        }
+        self.broken = true;
+    }
+}
+
+fn spill_failed(e: &io::Error) -> Stop {
+    Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
+}
+
+fn version_text(version: Version) -> &'static str {
+    match version {
+        Version::Http10 => "HTTP/1.0",
+        Version::Http11 => "HTTP/1.1",
+    }
+}
+
+thread_local! {
+    static DATE: RefCell<(u64, Bytes)> = RefCell::new((u64::MAX, Bytes::new()));
+}
+
+/// The `Date` header value, formatted at most once a second.
+fn http_date() -> Bytes {
+    let now = SystemTime::now();
+    let second = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    DATE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.0 != second {
+            *cache = (second, Bytes::from(httpdate::fmt_http_date(now)));
+        }
+        cache.1.clone()
+    })
+}

@@ -1,0 +1,190 @@
+//! Listen sockets: made with socket2 so the backlog is ours to choose (std hard-codes 128),
+//! and reported with what the kernel actually grants (SCENARIOS.md, S2).
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::path::PathBuf;
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use crate::config::BindAddress;
+
+const SOMAXCONN_PATH: &str = "/proc/sys/net/core/somaxconn";
+/// Linux's compiled-in default, for a kernel that does not expose the sysctl.
+const FALLBACK_SOMAXCONN: u32 = 4096;
+
+/// The kernel's cap on any listen backlog.
+pub fn somaxconn() -> u32 {
+    std::fs::read_to_string(SOMAXCONN_PATH)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(FALLBACK_SOMAXCONN)
+}
+
+/// A bound, listening socket and what it is, for logs and for the environ.
+#[derive(Debug)]
+pub struct Listener {
+    pub socket: Socket,
+    /// `http://127.0.0.1:8000`, `unix:/run/app.sock`, ...
+    pub display: String,
+    /// SERVER_NAME and SERVER_PORT for requests that arrive here.
+    pub server_name: String,
+    pub server_port: u16,
+    pub backlog_requested: u32,
+    pub backlog_granted: u32,
+    /// The socket file to remove at shutdown.
+    pub unix_path: Option<PathBuf>,
+}
+
+impl Listener {
+    pub fn is_unix(&self) -> bool {
+        self.socket.local_addr().map(|a| a.is_unix()).unwrap_or(false)
+    }
+}
+
+/// Binds and listens; the error names the address and the reason.
+pub fn bind(address: &BindAddress, backlog: Option<u32>) -> Result<Listener, String> {
+    let cap = somaxconn();
+    let requested = backlog.unwrap_or(cap);
+    let granted = requested.min(cap);
+    let describe = |e: io::Error, what: &str| format!("cannot {what} {}: {e}", describe_bind(address));
+    let (socket, display, server_name, server_port, unix_path) = match address {
+        BindAddress::Tcp { host, port } => {
+            let addr = resolve(host, *port).map_err(|e| describe(e, "resolve"))?;
+            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
+            socket.set_reuse_address(true).map_err(|e| describe(e, "bind"))?;
+            if addr.is_ipv6() {
+                socket.set_only_v6(true).map_err(|e| describe(e, "bind"))?;
+            }
+            socket.bind(&addr.into()).map_err(|e| describe(e, "bind"))?;
+            let bound = socket.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(addr);
+            let display = match bound {
+                SocketAddr::V6(v6) => format!("http://[{}]:{}", v6.ip(), v6.port()),
+                SocketAddr::V4(v4) => format!("http://{v4}"),
+            };
+            (socket, display, host.clone(), bound.port(), None)
+        }
+        BindAddress::Unix(path) => {
+            remove_stale_socket(path).map_err(|e| describe(e, "bind"))?;
+            let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
+            let addr = SockAddr::unix(path).map_err(|e| describe(e, "bind"))?;
+            socket.bind(&addr).map_err(|e| describe(e, "bind"))?;
+            let name = path.display().to_string();
+            (socket, format!("unix:{name}"), name, 0, Some(path.clone()))
+        }
+        BindAddress::Fd(fd) => {
+            // SAFETY: the operator handed us this descriptor to own (fd://N).
+            let socket = unsafe { Socket::from_raw_fd(*fd) };
+            let local = socket.local_addr().map_err(|e| describe(e, "use"))?;
+            match socket.r#type() {
+                Ok(Type::STREAM) => {}
+                _ => return Err(format!("cannot use {}: not a stream socket", describe_bind(address))),
+            }
+            let (display, name, port) = match local.as_socket() {
+                Some(addr) => (format!("http://{addr} (fd {fd})"), addr.ip().to_string(), addr.port()),
+                None => {
+                    let path = local.as_pathname().map(|p| p.display().to_string()).unwrap_or_default();
+                    (format!("unix:{path} (fd {fd})"), path, 0)
+                }
+            };
+            (socket, display, name, port, None)
+        }
+    };
+    socket.set_nonblocking(true).map_err(|e| describe(e, "bind"))?;
+    socket.set_cloexec(true).map_err(|e| describe(e, "bind"))?;
+    // listen() on an already listening socket (fd://) just sets the new backlog.
+    socket.listen(requested.min(i32::MAX as u32) as i32).map_err(|e| describe(e, "listen on"))?;
+    Ok(Listener {
+        socket,
+        display,
+        server_name,
+        server_port,
+        backlog_requested: requested,
+        backlog_granted: granted,
+        unix_path,
+    })
+}
+
+fn describe_bind(address: &BindAddress) -> String {
+    match address {
+        BindAddress::Tcp { host, port } if host.contains(':') => format!("[{host}]:{port}"),
+        BindAddress::Tcp { host, port } => format!("{host}:{port}"),
+        BindAddress::Unix(path) => format!("unix:{}", path.display()),
+        BindAddress::Fd(fd) => format!("fd://{fd}"),
+    }
+}
+
+fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host has no address"))
+}
+
+/// A socket file left by a previous run blocks bind(); anything else at that path is kept.
+fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::new(io::ErrorKind::AlreadyExists, "a file that is not a socket is in the way")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Turns a listener into tokio's types.
+pub enum AsyncListener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+impl AsyncListener {
+    pub fn new(listener: &Listener) -> io::Result<AsyncListener> {
+        let socket = listener.socket.try_clone()?;
+        let fd = socket.into_raw_fd();
+        // SAFETY: `fd` is a fresh duplicate that we own from here on.
+        if listener.is_unix() {
+            let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+            Ok(AsyncListener::Unix(tokio::net::UnixListener::from_std(std)?))
+        } else {
+            let std = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+            Ok(AsyncListener::Tcp(tokio::net::TcpListener::from_std(std)?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_at_most_somaxconn() {
+        let cap = somaxconn();
+        let listener = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(cap + 1000)).unwrap();
+        assert_eq!(listener.backlog_requested, cap + 1000);
+        assert_eq!(listener.backlog_granted, cap);
+        assert!(listener.display.starts_with("http://127.0.0.1:"));
+        let default = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, None).unwrap();
+        assert_eq!(default.backlog_granted, cap);
+    }
+
+    #[test]
+    fn a_busy_port_is_a_clear_error() {
+        let first = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16)).unwrap();
+        let port = first.server_port;
+        let err = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port }, Some(16)).unwrap_err();
+        assert!(err.starts_with(&format!("cannot bind 127.0.0.1:{port}:")), "{err}");
+    }
+
+    #[test]
+    fn replaces_a_stale_unix_socket_but_not_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        drop(bind(&BindAddress::Unix(path.clone()), Some(16)).unwrap());
+        assert!(bind(&BindAddress::Unix(path.clone()), Some(16)).is_ok());
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(bind(&BindAddress::Unix(file), Some(16)).unwrap_err().contains("not a socket"));
+    }
+}

@@ -1,0 +1,206 @@
+//! The one FIFO queue of complete requests, and the idle workers waiting for them.
+//!
+//! A request is only queued once it is complete, so a worker that takes one never waits on a
+//! client (SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
+//! connection to be closed: it waits here, in arrival order (S4).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+/// Where a request is in its life, shared by its connection and the worker that takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Queued,
+    Seated,
+    /// The connection gave up waiting (`--queue-timeout`); a worker skips it.
+    Cancelled,
+}
+
+/// One complete request, ready for a worker.
+pub struct Job {
+    /// The whole `REQUEST` frame, header included.
+    pub frame: Vec<u8>,
+    /// The body, when it is too large to travel inline; sent with the frame's `FD` flag.
+    pub body_file: Option<File>,
+    pub state: Rc<Cell<JobState>>,
+    pub respond: mpsc::UnboundedSender<ResponsePart>,
+    pub enqueued_at: Instant,
+    /// `GET /path HTTP/1.1`, for log lines about this request.
+    pub summary: Rc<str>,
+}
+
+/// What a worker's answer (or the lobby's own, on its behalf) becomes for the connection.
+#[derive(Debug)]
+pub enum ResponsePart {
+    Head { status: u16, reason: Bytes, headers: Vec<(Bytes, Bytes)>, body: Bytes, end: bool },
+    Body { data: Bytes, end: bool },
+    File { file: File, offset: u64, count: u64, end: bool },
+    /// The response broke after its head was sent: the connection must be cut.
+    Abort,
+    /// The lobby answers instead of the application (502, 504, ...).
+    Refused { status: u16, detail: String },
+}
+
+impl ResponsePart {
+    pub fn is_last(&self) -> bool {
+        match self {
+            ResponsePart::Head { end, .. } | ResponsePart::Body { end, .. } | ResponsePart::File { end, .. } => *end,
+            ResponsePart::Abort | ResponsePart::Refused { .. } => true,
+        }
+    }
+}
+
+/// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
+#[derive(Default)]
+pub struct Seating {
+    queue: RefCell<VecDeque<Job>>,
+    idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
+}
+
+/// What a worker gets when it asks for work.
+pub enum Next {
+    Now(Job),
+    Later(oneshot::Receiver<Job>),
+}
+
+impl Seating {
+    /// Seats `job` at the longest-idle worker, or queues it behind the others.
+    pub fn submit(&self, job: Job) {
+        let mut job = job;
+        loop {
+            let seat = self.idle.borrow_mut().pop_front();
+            match seat {
+                Some(seat) => match seat.send(job) {
+                    Ok(()) => return,
+                    // That worker went away while idle; try the next one.
+                    Err(returned) => job = returned,
+                },
+                None => break,
+            }
+        }
+        self.queue.borrow_mut().push_back(job);
+    }
+
+    /// Puts back a job a worker took but never started, ahead of everything else.
+    pub fn return_unstarted(&self, job: Job) {
+        job.state.set(JobState::Queued);
+        match self.idle.borrow_mut().pop_front() {
+            Some(seat) => {
+                if let Err(job) = seat.send(job) {
+                    self.queue.borrow_mut().push_front(job);
+                }
+            }
+            None => self.queue.borrow_mut().push_front(job),
+        }
+    }
+
+    /// The oldest live job, or a seat to wait on.
+    pub fn next(&self) -> Next {
+        let mut queue = self.queue.borrow_mut();
+        while let Some(job) = queue.pop_front() {
+            if job.state.get() == JobState::Queued {
+                return Next::Now(job);
+            }
+        }
+        let (seat, wait) = oneshot::channel();
+        self.idle.borrow_mut().push_back(seat);
+        Next::Later(wait)
+    }
+
+    /// Requests waiting for a worker (cancelled ones not yet swept included).
+    pub fn queued(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
+    /// Drops every waiting job; their connections see their response channel close.
+    pub fn clear(&self) {
+        self.queue.borrow_mut().clear();
+        self.idle.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> (Job, mpsc::UnboundedReceiver<ResponsePart>) {
+        let (respond, receive) = mpsc::unbounded_channel();
+        let job = Job {
+            frame: name.as_bytes().to_vec(),
+            body_file: None,
+            state: Rc::new(Cell::new(JobState::Queued)),
+            respond,
+            enqueued_at: Instant::now(),
+            summary: name.into(),
+        };
+        (job, receive)
+    }
+
+    fn take_now(seating: &Seating) -> Job {
+        match seating.next() {
+            Next::Now(job) => job,
+            Next::Later(_) => panic!("expected a queued job"),
+        }
+    }
+
+    #[test]
+    fn jobs_are_served_in_arrival_order() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        seating.submit(a);
+        seating.submit(b);
+        assert_eq!(seating.queued(), 2);
+        assert_eq!(take_now(&seating).frame, b"a");
+        assert_eq!(take_now(&seating).frame, b"b");
+    }
+
+    #[test]
+    fn an_idle_worker_gets_the_next_job_directly() {
+        let seating = Seating::default();
+        let Next::Later(mut wait) = seating.next() else { panic!("queue should be empty") };
+        let (a, _ra) = job("a");
+        seating.submit(a);
+        assert_eq!(wait.try_recv().unwrap().frame, b"a");
+        assert_eq!(seating.queued(), 0);
+    }
+
+    #[test]
+    fn a_vanished_idle_worker_does_not_lose_the_job() {
+        let seating = Seating::default();
+        let Next::Later(gone) = seating.next() else { panic!() };
+        drop(gone);
+        let Next::Later(mut alive) = seating.next() else { panic!() };
+        let (a, _ra) = job("a");
+        seating.submit(a);
+        assert_eq!(alive.try_recv().unwrap().frame, b"a");
+    }
+
+    #[test]
+    fn cancelled_jobs_are_skipped() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        a.state.set(JobState::Cancelled);
+        seating.submit(a);
+        seating.submit(b);
+        assert_eq!(take_now(&seating).frame, b"b");
+    }
+
+    #[test]
+    fn an_unstarted_job_goes_back_to_the_front() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        seating.submit(b);
+        a.state.set(JobState::Seated);
+        seating.return_unstarted(a);
+        assert_eq!(take_now(&seating).frame, b"a");
+    }
+}

@@ -1,0 +1,261 @@
+//! One worker, seen from the lobby: its channel (docs/PROTOCOL.md, section 2) and the loop
+//! that seats requests at it and relays its answers.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, HEADER_LEN};
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+
+use crate::fdpass;
+use crate::log::{debug, error, warning};
+use crate::seating::{Job, JobState, Next, ResponsePart};
+use crate::Lobby;
+
+/// A received frame: its header, its payload, and its descriptor if it carried one.
+pub struct Frame {
+    pub header: FrameHeader,
+    pub payload: Bytes,
+    pub fd: Option<OwnedFd>,
+}
+
+/// The lobby's end of a worker channel.
+pub struct Channel {
+    stream: UnixStream,
+    buf: BytesMut,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Channel {
+    pub fn new(fd: OwnedFd) -> io::Result<Channel> {
+        crate::zygote::set_nonblocking(&fd)?;
+        let stream = UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))?;
+        Ok(Channel { stream, buf: BytesMut::new(), fds: VecDeque::new() })
+    }
+
+    /// The next whole frame; None at a clean end-of-file between frames.
+    pub async fn read_frame(&mut self) -> io::Result<Option<Frame>> {
+        loop {
+            if self.buf.len() >= HEADER_LEN {
+                let mut head = [0u8; HEADER_LEN];
+                head.copy_from_slice(&self.buf[..HEADER_LEN]);
+                let header = FrameHeader::decode(&head).map_err(invalid)?;
+                let total = HEADER_LEN + header.len as usize;
+                if self.buf.len() >= total {
+                    let mut frame = self.buf.split_to(total);
+                    let payload = frame.split_off(HEADER_LEN).freeze();
+                    let fd = if header.has_fd() {
+                        Some(self.fds.pop_front().ok_or_else(|| invalid("a frame announced a descriptor that did not come"))?)
+                    } else {
+                        None
+                    };
+                    return Ok(Some(Frame { header, payload, fd }));
+                }
+                self.buf.reserve(total - self.buf.len());
+            } else {
+                self.buf.reserve(16 * 1024);
+            }
+            if self.fill().await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the worker closed its channel inside a frame"))
+                };
+            }
+        }
+    }
+
+    async fn fill(&mut self) -> io::Result<usize> {
+        let Channel { stream, buf, fds } = self;
+        stream
+            .async_io(Interest::READABLE, || {
+                let spare = buf.spare_capacity_mut();
+                // SAFETY: recvmsg writes at most spare.len() bytes and we only expose what it wrote.
+                let spare = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len()) };
+                let n = fdpass::recv_with_fds(stream.as_raw_fd(), spare, fds)?;
+                unsafe { buf.set_len(buf.len() + n) };
+                Ok(n)
+            })
+            .await
+    }
+
+    /// Sends a whole frame, with `fd` attached to its first byte when given.
+    pub async fn send(&mut self, frame: &[u8], fd: Option<&File>) -> io::Result<()> {
+        let mut sent = 0;
+        if let Some(file) = fd {
+            let raw = self.stream.as_raw_fd();
+            sent = self
+                .stream
+                .async_io(Interest::WRITABLE, || fdpass::send_with_fd(raw, frame, file.as_raw_fd()))
+                .await?;
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut self.stream, &frame[sent..]).await
+    }
+
+    /// Waits until the worker writes or closes while it should be idle.
+    async fn closed_while_idle(&self) -> io::Result<()> {
+        self.stream.readable().await
+    }
+}
+
+fn invalid(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// How a worker's time with the lobby ended.
+#[derive(Debug)]
+pub enum Gone {
+    /// The app could not be loaded; the message is one line for the operator.
+    BootFailed(String),
+    /// Closed by the lobby after `--max-requests`, or at shutdown.
+    Retired,
+    /// The process or its channel failed.
+    Lost(String),
+}
+
+/// Waits for the worker's `READY`. Errors say what went wrong, for a start-up failure line.
+pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
+    match channel.read_frame().await {
+        Ok(Some(frame)) if frame.header.kind == Kind::Ready => Ok(()),
+        Ok(Some(frame)) if frame.header.kind == Kind::BootFailed => {
+            Err(Gone::BootFailed(String::from_utf8_lossy(&frame.payload).trim().to_string()))
+        }
+        Ok(Some(frame)) => Err(Gone::Lost(format!("sent {:?} before READY", frame.header.kind))),
+        Ok(None) => Err(Gone::Lost("exited before it was ready".into())),
+        Err(e) => Err(Gone::Lost(format!("channel failed before READY: {e}"))),
+    }
+}
+
+/// Seats jobs at this worker until it goes away or is retired.
+pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, retire_after: Option<u64>) -> Gone {
+    let mut served: u64 = 0;
+    loop {
+        if retire_after.is_some_and(|limit| served >= limit) {
+            return Gone::Retired;
+        }
+        let job = match lobby.seating.next() {
+            Next::Now(job) => job,
+            Next::Later(mut wait) => {
+                tokio::select! {
+                    biased;
+                    job = &mut wait => match job {
+                        Ok(job) => job,
+                        Err(_) => return Gone::Retired,
+                    },
+                    _ = channel.closed_while_idle() => {
+                        // Take back a job that may have been handed over at the same moment.
+                        wait.close();
+                        if let Ok(job) = wait.try_recv() {
+                            lobby.seating.return_unstarted(job);
+                        }
+                        return Gone::Lost(idle_loss(&mut channel).await);
+                    }
+                }
+            }
+        };
+        if job.state.get() != JobState::Queued {
+            continue;
+        }
+        job.state.set(JobState::Seated);
+        let waited = job.enqueued_at.elapsed();
+        debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
+        if let Err(e) = channel.send(&job.frame, job.body_file.as_ref()).await {
+            lobby.seating.return_unstarted(job);
+            return Gone::Lost(format!("could not send a request: {e}"));
+        }
+        served += 1;
+        if let Err(reason) = relay_response(&lobby, pid, &mut channel, &job).await {
+            return Gone::Lost(reason);
+        }
+    }
+}
+
+/// Why an idle worker's channel became readable: it has exited, or it broke the protocol.
+async fn idle_loss(channel: &mut Channel) -> String {
+    match channel.read_frame().await {
+        Ok(None) => "exited while idle".into(),
+        Ok(Some(frame)) => format!("sent {:?} while idle", frame.header.kind),
+        Err(e) => format!("channel failed while idle: {e}"),
+    }
+}
+
+/// Reads the worker's answer to `job` and hands it to the job's connection.
+/// Errors mean the worker is lost; the job has been answered (502/504) or cut.
+async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Job) -> Result<(), String> {
+    let deadline = tokio::time::Instant::from_std(Instant::now() + lobby.config.timeout);
+    let mut head_sent = false;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, channel.read_frame()).await {
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => return Err(fail(job, head_sent, 502, "the worker exited while handling this request")),
+            Ok(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
+            Err(_) => {
+                error!(
+                    "worker {pid} timed out after {} s on {}; killing it (--timeout)",
+                    lobby.config.timeout.as_secs_f64(),
+                    job.summary
+                );
+                if let Err(e) = lobby.control.kill(pid, libc::SIGKILL).await {
+                    error!("could not ask the zygote to kill worker {pid}: {e}");
+                }
+                return Err(fail(job, head_sent, 504, "the application did not answer within --timeout"));
+            }
+        };
+        let part = match decode_part(frame) {
+            Ok(part) => part,
+            Err(e) => {
+                let _ = lobby.control.kill(pid, libc::SIGKILL).await;
+                return Err(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")));
+            }
+        };
+        if let ResponsePart::Abort = part {
+            warning!("the application failed while sending the response to {}; connection cut", job.summary);
+        }
+        head_sent = true;
+        let last = part.is_last();
+        // A connection that has gone away no longer listens; the worker is still in step.
+        let _ = job.respond.send(part);
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// Answers `job` for a lost worker and returns the reason for the log.
+fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> String {
+    error!("{status} for {}: {detail}", job.summary);
+    let part = if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
+    let _ = job.respond.send(part);
+    detail.to_string()
+}
+
+fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
+    let end = frame.header.is_end();
+    match frame.header.kind {
+        Kind::ResponseHead => {
+            let (head, body) = ResponseHead::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            let slice = |s: &[u8]| frame.payload.slice_ref(s);
+            Ok(ResponsePart::Head {
+                status: head.status,
+                reason: slice(head.reason),
+                headers: head.headers.iter().map(|(n, v)| (slice(n), slice(v))).collect(),
+                body: slice(body),
+                end,
+            })
+        }
+        Kind::ResponseBody => Ok(ResponsePart::Body { data: frame.payload, end }),
+        Kind::ResponseFile => {
+            let range = FileRange::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            let fd = frame.fd.ok_or("RESPONSE_FILE without a descriptor")?;
+            Ok(ResponsePart::File { file: File::from(fd), offset: range.offset, count: range.count, end })
+        }
+        Kind::ResponseAbort => Ok(ResponsePart::Abort),
+        other => Err(format!("unexpected {other:?} frame during a response")),
+    }
+}

@@ -1,0 +1,168 @@
+//! The lobby's side of the control channel to the zygote (docs/PROTOCOL.md, section 1).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::fdpass;
+
+/// A message from the zygote.
+#[derive(Debug)]
+pub enum Report {
+    Spawned { slot: usize, pid: i32, channel: OwnedFd },
+    Exited { pid: i32, how: Exit },
+    PreloadFailed(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit code {code}"),
+            Exit::Signal(signal) => write!(f, "signal {signal}"),
+        }
+    }
+}
+
+/// The SOCK_SEQPACKET control channel: one datagram per message.
+pub struct Control {
+    socket: AsyncFd<OwnedFd>,
+}
+
+impl Control {
+    pub fn new(socket: OwnedFd) -> io::Result<Control> {
+        set_nonblocking(&socket)?;
+        // SAFETY: the descriptor is owned by the AsyncFd and closed only when it is dropped.
+        let socket = unsafe { AsyncFd::register(socket) }.map_err(|e| e.into_parts().1)?;
+        Ok(Control { socket })
+    }
+
+    pub async fn spawn(&self, slot: usize) -> io::Result<()> {
+        self.send(format!("spawn {slot}")).await
+    }
+
+    pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
+        self.send(format!("kill {pid} {signal}")).await
+    }
+
+    /// Tells the zygote to finish: it exits once its workers have.
+    pub fn close(&self) {
+        unsafe { libc::shutdown(self.socket.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    async fn send(&self, message: String) -> io::Result<()> {
+        self.socket
+            .async_io(Interest::WRITABLE, |socket| {
+                let sent = unsafe {
+                    libc::send(socket.as_raw_fd(), message.as_ptr().cast(), message.len(), libc::MSG_NOSIGNAL)
+                };
+                if sent < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+    }
+
+    /// The next report, or None when the zygote has gone away.
+    pub async fn receive(&self) -> io::Result<Option<Report>> {
+        let mut buf = [0u8; 4096];
+        let mut fds = VecDeque::new();
+        let len = self
+            .socket
+            .async_io(Interest::READABLE, |socket| fdpass::recv_with_fds(socket.as_raw_fd(), &mut buf, &mut fds))
+            .await?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let text = String::from_utf8_lossy(&buf[..len]);
+        parse_report(&text, fds.pop_front()).map(Some)
+    }
+}
+
+fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("unexpected message from the zygote: {text:?}"));
+    let mut fields = text.splitn(2, ' ');
+    let verb = fields.next().unwrap_or("");
+    let rest = fields.next().unwrap_or("");
+    let numbers = |count: usize| -> io::Result<Vec<i64>> {
+        let values: Vec<i64> = rest.split(' ').filter_map(|f| f.parse().ok()).collect();
+        if values.len() == count { Ok(values) } else { Err(bad()) }
+    };
+    match verb {
+        "spawned" => {
+            let values = numbers(2)?;
+            let channel = fd.ok_or_else(bad)?;
+            Ok(Report::Spawned { slot: values[0] as usize, pid: values[1] as i32, channel })
+        }
+        "exited" => {
+            let parts: Vec<&str> = rest.split(' ').collect();
+            match parts.as_slice() {
+                [pid, kind, value] => {
+                    let pid = pid.parse().map_err(|_| bad())?;
+                    let value = value.parse().map_err(|_| bad())?;
+                    let how = match *kind {
+                        "code" => Exit::Code(value),
+                        "signal" => Exit::Signal(value),
+                        _ => return Err(bad()),
+                    };
+                    Ok(Report::Exited { pid, how })
+                }
+                _ => Err(bad()),
+            }
+        }
+        "failed" => Ok(Report::PreloadFailed(rest.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+pub fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_reports() {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        assert!(matches!(
+            parse_report("spawned 2 4321", Some(fd)).unwrap(),
+            Report::Spawned { slot: 2, pid: 4321, .. }
+        ));
+        assert!(matches!(
+            parse_report("exited 4321 signal 9", None).unwrap(),
+            Report::Exited { pid: 4321, how: Exit::Signal(9) }
+        ));
+        assert!(matches!(
+            parse_report("exited 4321 code 0", None).unwrap(),
+            Report::Exited { pid: 4321, how: Exit::Code(0) }
+        ));
+        match parse_report("failed cannot import 'x': No module named 'x'", None).unwrap() {
+            Report::PreloadFailed(message) => assert_eq!(message, "cannot import 'x': No module named 'x'"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_reports() {
+        assert!(parse_report("spawned 2 4321", None).is_err());
+        assert!(parse_report("exited 1 dumped 3", None).is_err());
+        assert!(parse_report("hello", None).is_err());
+    }
+}

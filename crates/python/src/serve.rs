@@ -1,0 +1,86 @@
+//! The lobby's entry point for the CLI: `maitred._native.serve(settings, control_fd, zygote_pid)`.
+//!
+//! The CLI has validated every setting and forked the zygote; from here this process is the
+//! lobby. The GIL is released for the whole run: no Python code runs in the lobby.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use maitred_lobby::{BindAddress, Config, Level};
+use pyo3::exceptions::PyValueError;
+use pyo3::conversion::FromPyObjectOwned;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
+
+/// Runs the lobby until it shuts down and returns the exit code. Takes ownership of
+/// `control_fd`. Raises StartupError with one line for the operator when it cannot start.
+#[pyfunction]
+fn serve(py: Python<'_>, settings: &Bound<'_, PyDict>, control_fd: i32, zygote_pid: i32) -> PyResult<i32> {
+    let config = config_from(settings)?;
+    // SAFETY: the CLI hands this descriptor over and no longer uses it.
+    let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
+    // Python's SIGINT handler only sets a flag for the interpreter, which will not run
+    // until the lobby returns; the lobby handles SIGINT itself.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+    py.detach(move || maitred_lobby::run(config, control, zygote_pid)).map_err(|e| StartupError::new_err(e.0))
+}
+
+fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
+    let binds: Vec<String> = required(settings, "bind")?;
+    let binds = binds
+        .iter()
+        .map(|b| BindAddress::parse(b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(PyValueError::new_err)?;
+    let log_level: String = required(settings, "log_level")?;
+    Ok(Config {
+        binds,
+        workers: required(settings, "workers")?,
+        backlog: optional(settings, "backlog")?,
+        timeout: seconds(settings, "timeout")?,
+        graceful_timeout: seconds(settings, "graceful_timeout")?,
+        keep_alive: seconds(settings, "keep_alive")?,
+        header_timeout: seconds(settings, "header_timeout")?,
+        limit_request_line: required(settings, "limit_request_line")?,
+        limit_request_fields: required(settings, "limit_request_fields")?,
+        limit_request_field_size: required(settings, "limit_request_field_size")?,
+        max_requests: required(settings, "max_requests")?,
+        max_requests_jitter: required(settings, "max_requests_jitter")?,
+        access_logfile: optional(settings, "access_logfile")?,
+        log_level: Level::parse(&log_level)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown log level '{log_level}'")))?,
+        max_body: optional(settings, "max_body")?,
+        queue_timeout: optional::<f64>(settings, "queue_timeout")?.map(Duration::from_secs_f64),
+        max_connections: optional(settings, "max_connections")?,
+        app: required(settings, "app")?,
+    })
+}
+
+fn required<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
+    match settings.get_item(key)? {
+        Some(value) => value.extract().map_err(|e| Into::<PyErr>::into(e)).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
+        None => Err(PyValueError::new_err(format!("setting '{key}' is missing"))),
+    }
+}
+
+fn optional<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+    match settings.get_item(key)? {
+        Some(value) if !value.is_none() => {
+            value.extract().map(Some).map_err(|e| Into::<PyErr>::into(e)).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn seconds(settings: &Bound<'_, PyDict>, key: &str) -> PyResult<Duration> {
+    let value: f64 = required(settings, key)?;
+    Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("StartupError", m.py().get_type::<StartupError>())?;
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    Ok(())
+}
