@@ -108,6 +108,9 @@ BAD_CONFIG_FILES = {
     "raises": ("import os\nworkers = int(os.environ['NO_SUCH_VARIABLE'])\n",
                ["KeyError", "NO_SUCH_VARIABLE", "line 2"]),
     "config inside config": ("config = 'other.py'\n", ["unknown setting 'config'"]),
+    "a gunicorn server hook": ("def post_fork(server, worker):\n    pass\n",
+                               ["unknown setting 'post_fork'"]),
+    "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
 
@@ -267,6 +270,7 @@ def test_command_line_overrides_config_file_overrides_default(monkeypatch, tmp_p
     monkeypatch.chdir(tmp_path)
     (tmp_path / "conf.py").write_text(textwrap.dedent("""\
         import multiprocessing
+        from os import cpu_count
         workers = 3
         timeout = 5
         bind = "0.0.0.0:9000"

@@ -48,12 +48,12 @@ def parse_spec(spec: str) -> AppSpec:
     factory = attribute.endswith("()")
     if factory:
         attribute = attribute[: -len("()")]
-    if module.endswith(".py") and os.path.isfile(module) or "/" in module:
+    if "/" in module or (module.endswith(".py") and os.path.isfile(module)):
         directory = os.path.dirname(module) or "."
         name = os.path.basename(module).removesuffix(".py")
         raise AppLoadError(
             f"{spec!r} is a file path; name its module instead: "
-            f"--chdir {directory} {name}{colon}{spec.partition(':')[2]}"
+            f"--chdir {directory} {name}{spec[len(module):]}"
         )
     if not _DOTTED_NAME.fullmatch(module):
         raise AppLoadError(
@@ -80,13 +80,14 @@ def load_app(spec: str) -> Callable[..., object]:
         try:
             target = getattr(target, name)
         except AttributeError as error:
-            raise AppLoadError(_missing_attribute_message(target, walked, name, module)) from error
+            message = _missing_attribute_message(target, walked, name, module)
+            raise AppLoadError(message) from error
         except Exception as error:  # a property or a module __getattr__ of the application
             raise AppLoadError(f"getting {walked}.{name} raised {_describe(error)}") from error
         walked = f"{walked}.{name}"
     if parsed.factory:
         if not callable(target):
-            raise AppLoadError(f"{parsed} calls {walked}, which is a {_kind(target)}")
+            raise AppLoadError(f"{parsed} calls {walked}, which is a {type(target).__name__}")
         try:
             target = target()
         except Exception as error:
@@ -94,7 +95,7 @@ def load_app(spec: str) -> Callable[..., object]:
         walked = f"{walked}()"
     if not callable(target):
         raise AppLoadError(
-            f"{walked} is a {_kind(target)}, not a WSGI application (which is callable)"
+            f"{walked} is a {type(target).__name__}, not a WSGI application (which is callable)"
         )
     return target
 
@@ -121,7 +122,9 @@ def _is_same_or_parent(found: str, wanted: str) -> bool:
     return wanted == found or wanted.startswith(found + ".")
 
 
-def _missing_attribute_message(target: object, walked: str, name: str, module: ModuleType) -> str:
+def _missing_attribute_message(
+    target: object, walked: str, name: str, module: ModuleType
+) -> str:
     where = f"module {walked}" if target is module else walked
     location = getattr(module, "__file__", None)
     message = f"{where} has no attribute {name!r}"
@@ -134,10 +137,6 @@ def _missing_attribute_message(target: object, walked: str, name: str, module: M
     if close:
         message += f"; did you mean {close[0]!r}?"
     return message
-
-
-def _kind(value: object) -> str:
-    return type(value).__name__
 
 
 def _describe(error: BaseException) -> str:

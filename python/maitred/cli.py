@@ -68,7 +68,9 @@ def _prepare_process(settings: Mapping[str, object]) -> None:
             os.chdir(directory)
         except OSError as error:
             raise _StartupFailure(f"cannot change to directory {directory}: {error.strerror}")
-    for pair in settings["env"]:  # type: ignore[attr-defined]
+    environment = settings["env"]
+    assert isinstance(environment, list)
+    for pair in environment:
         key, _, value = pair.partition("=")
         os.environ[key] = value
     error_log = settings["error_logfile"]
@@ -116,6 +118,7 @@ def _serve(settings: Mapping[str, object]) -> int:
         raise _StartupFailure(f"cannot fork the zygote: {error.strerror}") from None
     if zygote_pid == 0:
         lobby_end.close()
+        _close_inherited_listeners(settings)
         _run_zygote(zygote_end, settings)
     zygote_end.close()
     try:
@@ -123,6 +126,17 @@ def _serve(settings: Mapping[str, object]) -> int:
         return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
+
+
+def _close_inherited_listeners(settings: Mapping[str, object]) -> None:
+    """In the zygote: listening sockets handed to maitred (fd://N) belong to the lobby. A
+    worker holding one would keep it open, and clients queueing on it, after the lobby has
+    gone."""
+    binds = settings["bind"]
+    assert isinstance(binds, list)
+    for bind in binds:
+        if bind.startswith("fd://"):
+            os.close(int(bind[len("fd://"):]))
 
 
 def _run_zygote(control: socket.socket, settings: Mapping[str, object]) -> NoReturn:

@@ -376,6 +376,9 @@ _GUNICORN_NAMES = {
 
 APP_METAVAR = "MODULE[:CALLABLE]"
 
+# The module name a config file runs as.
+_CONFIG_MODULE = "__maitred_config__"
+
 
 # ---------------------------------------------------------------------------------------------
 # The command line.
@@ -485,16 +488,16 @@ def read_config_file(path: str) -> dict[str, object]:
         code = compile(source, path, "exec")
     except SyntaxError as error:
         raise UsageError(f"config file {path}, line {error.lineno}: {error.msg}") from None
-    namespace: dict[str, object] = {"__file__": path, "__name__": "__config__"}
+    namespace: dict[str, object] = {"__file__": path, "__name__": _CONFIG_MODULE}
     try:
         exec(code, namespace)
-    except Exception as error:  # the operator's code: report any failure as one line
+    except (Exception, SystemExit) as error:  # the operator's code: any failure is one line
         raise UsageError(
             f"config file {path} raised {_exception_summary(error)}"
         ) from None
     values: dict[str, object] = {}
     for name, value in namespace.items():
-        if name.startswith("_") or isinstance(value, types.ModuleType):
+        if name.startswith("_") or _is_imported(value):
             continue
         setting = BY_NAME.get(name)
         if setting is None or not setting.file_settable:
@@ -504,6 +507,15 @@ def read_config_file(path: str) -> dict[str, object]:
         except ValueError as error:
             raise UsageError(f"config file {path}: {name}: {error}") from None
     return values
+
+
+def _is_imported(value: object) -> bool:
+    """A module, or a function or class imported by the config file (``from multiprocessing
+    import cpu_count``), is not a setting. One defined in the file is checked like any other
+    name, so that a gunicorn server hook is reported instead of silently never called."""
+    if isinstance(value, types.ModuleType):
+        return True
+    return callable(value) and getattr(value, "__module__", None) != _CONFIG_MODULE
 
 
 def _exception_summary(error: BaseException) -> str:
