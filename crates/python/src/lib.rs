@@ -1,1 +1,21 @@
+//! `maitred._native`: the lobby's entry point (`serve`) and the worker's per-request path
+//! (`WorkerChannel`, whose `receive` returns each request's environ and `start_response`).
 
+use pyo3::prelude::*;
+
+mod body;
+mod channel;
+mod environ;
+mod response;
+mod serve;
+mod sys;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    serve::register(m)?;
+    m.add_class::<channel::WorkerChannel>()?;
+    m.add_class::<channel::StartResponse>()?;
+    m.add_class::<body::RequestBody>()?;
+    m.add("ChannelError", m.py().get_type::<channel::ChannelError>())?;
+    Ok(())
+}

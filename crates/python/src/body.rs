@@ -1,0 +1,192 @@
+//! `wsgi.input`: the request body, from the frame's bytes or from the file the lobby passed.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::sys;
+
+/// How much of a body file one refill reads ahead for `readline`.
+const READ_AHEAD: usize = 64 * 1024;
+
+/// The request body as PEP 3333's input stream: `read`, `readline`, `readlines`, iteration.
+/// Every method returns `b""` once the body is exhausted.
+///
+/// Bytes are served from `buf[pos..end]` first, then from the body file (if any) at
+/// `file_pos`; `readline` refills `buf` from the file. The channel releases the body when the
+/// next request arrives, so a reference the application kept cannot pin a spilled file.
+#[pyclass(module = "maitred._native")]
+pub struct RequestBody {
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    file: Option<OwnedFd>,
+    file_pos: u64,
+    file_len: u64,
+    released: bool,
+}
+
+impl RequestBody {
+    /// A body that travelled in the frame: `buf[start..end]`. Taking the whole buffer lets the
+    /// channel hand over its receive buffer instead of copying a large body.
+    pub fn inline(buf: Vec<u8>, start: usize, end: usize) -> RequestBody {
+        RequestBody { buf, pos: start, end, file: None, file_pos: 0, file_len: 0, released: false }
+    }
+
+    /// A body of `len` bytes in `file`, read with `pread` from offset 0.
+    pub fn in_file(file: OwnedFd, len: u64) -> RequestBody {
+        RequestBody { buf: Vec::new(), pos: 0, end: 0, file: Some(file), file_pos: 0, file_len: len, released: false }
+    }
+
+    /// Frees the memory and closes the file; later reads raise `ValueError`.
+    pub fn release(&mut self) {
+        self.buf = Vec::new();
+        self.pos = 0;
+        self.end = 0;
+        self.file = None;
+        self.released = true;
+    }
+
+    fn check_open(&self) -> PyResult<()> {
+        if self.released {
+            return Err(PyValueError::new_err("wsgi.input of a finished request was read"));
+        }
+        Ok(())
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.pos
+    }
+
+    fn remaining(&self) -> u64 {
+        self.buffered() as u64 + (self.file_len - self.file_pos)
+    }
+
+    /// The number of bytes a read of `size` returns: all that is left when `size` is negative
+    /// or absent, as io streams do.
+    fn clamp(&self, size: Option<i64>) -> usize {
+        let remaining = self.remaining();
+        let wanted = match size {
+            Some(size) if size >= 0 => remaining.min(size as u64),
+            _ => remaining,
+        };
+        usize::try_from(wanted).unwrap_or(usize::MAX)
+    }
+
+    /// Fills `dst` from the file at `file_pos`, detached from the interpreter.
+    fn read_file_into(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<()> {
+        let file = self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
+        let mut filled = 0;
+        while filled < dst.len() {
+            let offset = self.file_pos + filled as u64;
+            let rest = &mut dst[filled..];
+            match py.detach(|| sys::pread(file, rest, offset)) {
+                Ok(0) => {
+                    return Err(PyOSError::new_err(format!(
+                        "the request body file ended at byte {offset} of {}",
+                        self.file_len
+                    )))
+                }
+                Ok(n) => filled += n,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.file_pos += filled as u64;
+        Ok(())
+    }
+
+    /// Reads more of the file into `buf` after the unread bytes; false when the file is done.
+    fn refill(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let from_file = (self.file_len - self.file_pos).min(READ_AHEAD as u64) as usize;
+        if from_file == 0 {
+            return Ok(false);
+        }
+        self.buf.drain(..self.pos);
+        self.buf.truncate(self.end - self.pos);
+        self.pos = 0;
+        let start = self.buf.len();
+        self.buf.resize(start + from_file, 0);
+        let mut buf = std::mem::take(&mut self.buf);
+        let result = self.read_file_into(py, &mut buf[start..]);
+        if result.is_err() {
+            buf.truncate(start);
+        }
+        self.buf = buf;
+        self.end = self.buf.len();
+        result.map(|()| true)
+    }
+
+    fn take<'py>(&mut self, py: Python<'py>, count: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let from_buf = count.min(self.buffered());
+        let bytes = PyBytes::new_with(py, count, |dst| {
+            dst[..from_buf].copy_from_slice(&self.buf[self.pos..self.pos + from_buf]);
+            self.pos += from_buf;
+            if count > from_buf {
+                self.read_file_into(py, &mut dst[from_buf..])?;
+            }
+            Ok(())
+        })?;
+        Ok(bytes)
+    }
+}
+
+#[pymethods]
+impl RequestBody {
+    /// Up to `size` bytes; all the rest when `size` is negative, None or absent.
+    #[pyo3(signature = (size = None))]
+    fn read<'py>(&mut self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_open()?;
+        let count = self.clamp(size);
+        self.take(py, count)
+    }
+
+    /// One line including its `\n`, at most `size` bytes of it.
+    #[pyo3(signature = (size = None))]
+    fn readline<'py>(&mut self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_open()?;
+        let limit = self.clamp(size);
+        let mut searched = 0;
+        loop {
+            let window = self.buffered().min(limit);
+            if let Some(at) = self.buf[self.pos + searched..self.pos + window].iter().position(|&b| b == b'\n') {
+                return self.take(py, searched + at + 1);
+            }
+            searched = window;
+            if window == limit || !self.refill(py)? {
+                return self.take(py, window);
+            }
+        }
+    }
+
+    /// The remaining lines; stops after the line that brings the total to `hint` bytes.
+    #[pyo3(signature = (hint = None))]
+    fn readlines<'py>(&mut self, py: Python<'py>, hint: Option<i64>) -> PyResult<Bound<'py, PyList>> {
+        let lines = PyList::empty(py);
+        let mut total = 0usize;
+        loop {
+            let line = self.readline(py, None)?;
+            let len = line.as_bytes().len();
+            if len == 0 {
+                return Ok(lines);
+            }
+            lines.append(line)?;
+            total += len;
+            if matches!(hint, Some(hint) if hint > 0 && total >= hint as usize) {
+                return Ok(lines);
+            }
+        }
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let line = self.readline(py, None)?;
+        Ok((!line.as_bytes().is_empty()).then_some(line))
+    }
+}

@@ -1,0 +1,297 @@
+//! One request's response as the worker builds it: what `start_response` accepts (PEP 3333 and
+//! RFC 9110), where the response stands, and how its head is encoded for the lobby.
+
+use std::borrow::Cow;
+use std::mem;
+
+use maitred_wire::{FrameHeader, Kind, WireError, Writer, HEADER_LEN};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+/// Where the current response stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The request was received; `start_response` has not been called.
+    AwaitingStart,
+    /// `start_response` was called; its head waits for the first body bytes (PEP 3333 defers
+    /// the head until the application produces a non-empty chunk or calls `write`).
+    HeadPending,
+    /// The head went to the lobby; body frames may follow.
+    HeadSent,
+    /// The frame with `END` (or a `RESPONSE_ABORT`) was sent, or no request is in progress.
+    Complete,
+}
+
+/// Headers the application may not send: they describe one connection, which is the
+/// lobby's (PEP 3333, "Other HTTP Features"; RFC 9110, section 7.6.1).
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+
+/// RFC 9110's field-name characters.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A field value or reason phrase may hold any latin-1 byte but the control characters
+/// (tab excepted): CR and LF would split the head, NUL and the rest confuse clients.
+fn is_text_byte(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
+
+/// The latin-1 bytes of a `str`, or None if it holds a code point above U+00FF.
+fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a, [u8]>>> {
+    let utf8 = text.to_str()?;
+    if utf8.is_ascii() {
+        return Ok(Some(Cow::Borrowed(utf8.as_bytes())));
+    }
+    Ok(utf8.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Cow::Owned))
+}
+
+fn text_arg<'a, 'py>(value: &'a Bound<'py, PyAny>, what: &dyn Fn() -> String) -> PyResult<&'a Bound<'py, PyString>> {
+    value.cast::<PyString>().map_err(|_| {
+        let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
+        PyTypeError::new_err(format!("{} must be a str, not {kind}", what()))
+    })
+}
+
+/// The response of the request in progress.
+pub struct Response {
+    pub phase: Phase,
+    /// The request's method is HEAD: the head goes out, body bytes do not.
+    head_request: bool,
+    status: u16,
+    reason: Vec<u8>,
+    /// The validated headers, already encoded as the frame carries them.
+    headers: Vec<u8>,
+    header_count: u16,
+    declared_length: Option<u64>,
+    /// Body bytes the application produced so far (sent, or dropped for a body-less response).
+    produced: u64,
+    /// Where `start_response` validates a new head before it replaces the current one.
+    scratch: Vec<u8>,
+}
+
+/// The body of the worker's own 500 response.
+pub const ERROR_BODY: &[u8] = b"500 Internal Server Error\n";
+
+impl Response {
+    pub fn new() -> Response {
+        Response {
+            phase: Phase::Complete,
+            head_request: false,
+            status: 0,
+            reason: Vec::new(),
+            headers: Vec::new(),
+            header_count: 0,
+            declared_length: None,
+            produced: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Resets for a new request.
+    pub fn begin(&mut self, head_request: bool) {
+        self.phase = Phase::AwaitingStart;
+        self.head_request = head_request;
+        self.declared_length = None;
+        self.produced = 0;
+    }
+
+    pub fn head_sent(&self) -> bool {
+        matches!(self.phase, Phase::HeadSent | Phase::Complete)
+    }
+
+    /// HEAD responses and 204 and 304 have no body: what the application yields is dropped.
+    pub fn has_body(&self) -> bool {
+        !(self.head_request || self.status == 204 || self.status == 304)
+    }
+
+    /// The Content-Length the application declared, when the body must match it.
+    pub fn length_to_match(&self) -> Option<u64> {
+        self.declared_length.filter(|_| self.has_body())
+    }
+
+    pub fn produced(&self) -> u64 {
+        self.produced
+    }
+
+    pub fn add_produced(&mut self, count: u64) {
+        self.produced += count;
+    }
+
+    /// The Content-Length header the worker adds when the whole body of `total` bytes goes out
+    /// with the head: only when the application gave none, the status allows one, and (for
+    /// HEAD) the application actually produced the body whose length it would be.
+    pub fn added_length(&self, total: u64) -> Option<u64> {
+        let add = self.declared_length.is_none()
+            && self.status != 204
+            && self.status != 304
+            && !(self.head_request && total == 0);
+        add.then_some(total)
+    }
+
+    /// Validates `start_response`'s status and headers and makes them the pending head. On an
+    /// error the response is left as it was.
+    pub fn start(&mut self, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (code, status_bytes, reason_start) = parse_status(status)?;
+        let mut encoded = mem::take(&mut self.scratch);
+        encoded.clear();
+        let result = encode_headers(headers, &mut encoded);
+        match result {
+            Ok((count, declared_length)) => {
+                self.status = code;
+                self.reason.clear();
+                self.reason.extend_from_slice(&status_bytes[reason_start..]);
+                self.scratch = mem::replace(&mut self.headers, encoded);
+                self.header_count = count;
+                self.declared_length = declared_length;
+                self.phase = Phase::HeadPending;
+                Ok(())
+            }
+            Err(error) => {
+                self.scratch = encoded;
+                Err(error)
+            }
+        }
+    }
+
+    /// Replaces whatever head the application chose with the worker's own 500.
+    pub fn set_error_head(&mut self) {
+        self.status = 500;
+        self.reason.clear();
+        self.reason.extend_from_slice(b"Internal Server Error");
+        self.headers.clear();
+        let mut w = Writer::new(&mut self.headers);
+        let fields: [(&[u8], &[u8]); 2] =
+            [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", b"26")];
+        for (name, value) in fields {
+            w.str16("header name", name).expect("a short constant name");
+            w.bytes32("header value", value).expect("a short constant value");
+        }
+        debug_assert_eq!(ERROR_BODY.len(), 26);
+        self.header_count = 2;
+        self.declared_length = Some(ERROR_BODY.len() as u64);
+        self.phase = Phase::HeadPending;
+    }
+
+    /// Encodes the `RESPONSE_HEAD` frame into `out`, all but its body bytes, of which there
+    /// will be `body_len`.
+    pub fn encode_head(&self, out: &mut Vec<u8>, flags: u8, added_length: Option<u64>, body_len: usize) -> Result<(), WireError> {
+        out.clear();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        let mut w = Writer::new(out);
+        w.u16(self.status);
+        w.str16("reason", &self.reason)?;
+        // start_response leaves room for this one header (see encode_headers).
+        w.u16(self.header_count + u16::from(added_length.is_some()));
+        w.raw(&self.headers);
+        if let Some(length) = added_length {
+            w.str16("header name", b"Content-Length")?;
+            w.bytes32("header value", length.to_string().as_bytes())?;
+        }
+        let header = FrameHeader::new(Kind::ResponseHead, flags, out.len() - HEADER_LEN + body_len)?;
+        out[..HEADER_LEN].copy_from_slice(&header.encode());
+        Ok(())
+    }
+}
+
+/// `"200 OK"` into 200 and the status's latin-1 bytes, of which the reason phrase starts at
+/// the returned offset. A status without a reason (`"200"`) is accepted; the code must be
+/// that of a final response, 200 to 599.
+fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]>, usize)> {
+    let text = text_arg(status, &|| "the status".to_owned())?;
+    let invalid = |why: &str| PyValueError::new_err(format!("invalid status {:?}: {why}", text.to_string_lossy()));
+    let bytes = latin1_bytes(text)?.ok_or_else(|| invalid("it is not latin-1"))?;
+    let reason_start = match bytes.len() {
+        3 => 3,
+        n if n > 3 && bytes[3] == b' ' => 4,
+        _ => return Err(invalid("it must be a three-digit code, then a space and a reason phrase")),
+    };
+    if !bytes[..3].iter().all(u8::is_ascii_digit) {
+        return Err(invalid("it must start with a three-digit code"));
+    }
+    let code = bytes[..3].iter().fold(0u16, |code, d| code * 10 + u16::from(d - b'0'));
+    if !(200..=599).contains(&code) {
+        return Err(invalid("the code of a final response is 200 to 599"));
+    }
+    if !bytes[reason_start..].iter().all(|&b| is_text_byte(b)) {
+        return Err(invalid("the reason phrase holds a control character"));
+    }
+    Ok((code, bytes, reason_start))
+}
+
+/// Checks the application's header list and appends each `(name, value)` to `out` in the
+/// frame's encoding. Returns the count and the Content-Length the application declared.
+fn encode_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<(u16, Option<u64>)> {
+    if let Ok(list) = headers.cast::<PyList>() {
+        encode_header_items(list.len(), list.iter(), out)
+    } else if let Ok(tuple) = headers.cast::<PyTuple>() {
+        encode_header_items(tuple.len(), tuple.iter(), out)
+    } else {
+        let kind = headers.get_type().name()?;
+        Err(PyTypeError::new_err(format!("the response headers must be a list of (name, value) tuples, not {kind}")))
+    }
+}
+
+fn encode_header_items<'py>(
+    len: usize,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    out: &mut Vec<u8>,
+) -> PyResult<(u16, Option<u64>)> {
+    // One place stays free for the Content-Length the worker may add.
+    let count = u16::try_from(len)
+        .ok()
+        .filter(|&count| count < u16::MAX)
+        .ok_or_else(|| PyValueError::new_err(format!("{len} response headers are too many")))?;
+    let mut declared_length = None;
+    let mut w = Writer::new(out);
+    for (index, item) in items.enumerate() {
+        let pair = item
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|pair| pair.len() == 2)
+            .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple")))?;
+        let name = pair.get_item(0)?;
+        let value = pair.get_item(1)?;
+        let name = text_arg(&name, &|| format!("the name of response header {index}"))?;
+        let name_text = name.to_str()?;
+        if name_text.is_empty() || !name_text.bytes().all(is_token_byte) {
+            return Err(PyValueError::new_err(format!("invalid response header name {name_text:?}")));
+        }
+        if HOP_BY_HOP.iter().any(|hop| name_text.eq_ignore_ascii_case(hop)) {
+            return Err(PyValueError::new_err(format!(
+                "response header {name_text:?} is hop-by-hop; the server manages the connection (PEP 3333)"
+            )));
+        }
+        let value = text_arg(&value, &|| format!("the value of response header {name_text:?}"))?;
+        let bytes = latin1_bytes(value)?.ok_or_else(|| {
+            PyValueError::new_err(format!("the value of response header {name_text:?} is not latin-1"))
+        })?;
+        if !bytes.iter().all(|&b| is_text_byte(b)) {
+            return Err(PyValueError::new_err(format!(
+                "the value of response header {name_text:?} holds a control character (CR, LF or another)"
+            )));
+        }
+        if name_text.eq_ignore_ascii_case("content-length") {
+            if declared_length.is_some() {
+                return Err(PyValueError::new_err("the response has two Content-Length headers"));
+            }
+            declared_length = Some(parse_length(&bytes).ok_or_else(|| {
+                PyValueError::new_err(format!("invalid Content-Length {:?}", String::from_utf8_lossy(&bytes)))
+            })?);
+        }
+        let too_long = |e: WireError| PyValueError::new_err(format!("response header {name_text:?}: {e}"));
+        w.str16("header name", name_text.as_bytes()).map_err(too_long)?;
+        w.bytes32("header value", &bytes).map_err(too_long)?;
+    }
+    Ok((count, declared_length))
+}
+
+/// A Content-Length value: decimal digits only.
+fn parse_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}

@@ -1,0 +1,133 @@
+"""A worker: runs the WSGI application for one request at a time, as the lobby sends them
+over the worker channel (docs/PROTOCOL.md, section 2).
+
+The native `WorkerChannel` does all the per-request work that does not involve the
+application: it decodes the request, builds the environ, checks what ``start_response`` is
+given and frames the response. What is left here is PEP 3333's part that must run as Python:
+calling the application, iterating what it returns, and always calling its ``close()``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import stat
+import traceback
+from typing import Any, Callable
+
+from maitred import __version__
+from maitred._native import ChannelError, WorkerChannel
+from maitred.app import AppLoadError
+from maitred.log import log
+from maitred.wsgi import ErrorStream, FileWrapper
+
+Application = Callable[..., Any]
+
+
+def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
+    """Loads the application with `load_app`, then serves the requests that arrive on
+    `channel_fd` (the worker's end of its channel, which this takes over) until the lobby
+    closes it. Returns the exit code: 0 at end-of-file, 1 if the application did not load or
+    the channel failed."""
+    # Ctrl-C and `systemctl stop` reach the whole process group; only the lobby decides when
+    # a request may be abandoned, and it retires a worker by closing its channel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    channel = WorkerChannel(channel_fd, base_environ())
+    try:
+        application = load_app()
+    except AppLoadError as error:
+        if error.__cause__ is not None:
+            log("debug", "".join(traceback.format_exception(error.__cause__)).rstrip())
+        channel.boot_failed(str(error))
+        return 1
+    try:
+        channel.ready()
+        _serve_requests(channel, application)
+    except ChannelError as error:
+        log("error", f"worker {os.getpid()}: {error}")
+        return 1
+    return 0
+
+
+def base_environ() -> dict[str, Any]:
+    """The environ keys that are the same for every request; the channel copies this dict
+    for each request and adds the request's own keys."""
+    return {
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": ErrorStream(),
+        "wsgi.multithread": False,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        # The lobby de-chunks bodies: reading wsgi.input to its end is always safe.
+        "wsgi.input_terminated": True,
+        "wsgi.file_wrapper": FileWrapper,
+        "SERVER_SOFTWARE": f"maitred/{__version__}",
+        "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", "").rstrip("/"),
+    }
+
+
+def _serve_requests(channel: WorkerChannel, application: Application) -> None:
+    receive = channel.receive
+    while True:
+        request = receive()
+        if request is None:
+            return
+        environ, start_response = request
+        try:
+            result = application(environ, start_response)
+            try:
+                _send(channel, result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except ChannelError:
+            raise
+        except BaseException as error:
+            _fail(channel, error)
+            if not isinstance(error, Exception):
+                raise  # SystemExit and the like end the worker once the client has its answer
+
+
+def _send(channel: WorkerChannel, result: Any) -> None:
+    result_type = type(result)
+    if result_type is list or result_type is tuple:
+        # The whole body is here: the response goes out as one frame.
+        channel.respond(result)
+        return
+    if result_type is FileWrapper:
+        file_range = _regular_file_range(result.filelike)
+        if file_range is not None:
+            channel.send_file(*file_range)
+            return
+    send_body = channel.send_body
+    for chunk in result:
+        send_body(chunk)
+    channel.finish()
+
+
+def _regular_file_range(filelike: Any) -> tuple[int, int, int] | None:
+    """(descriptor, position, bytes after it) when `filelike` is a binary regular file the
+    lobby can read itself; None when it must be read through Python."""
+    if isinstance(filelike, io.TextIOBase):
+        return None  # its tell() is not a byte offset
+    try:
+        fd = filelike.fileno()
+        position = filelike.tell()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of these
+        return None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    return fd, position, max(status.st_size - position, 0)
+
+
+def _fail(channel: WorkerChannel, error: BaseException) -> None:
+    """Logs the application's error, then answers 500 if the head has not gone out yet, or
+    cuts the response off if it has."""
+    trace = "".join(traceback.format_exception(error)).rstrip()
+    log("error", f"Error handling request {channel.request_line}\n{trace}")
+    channel.fail(f"{type(error).__name__}: {error}")

@@ -1,0 +1,996 @@
+"""The worker's side of the worker channel (docs/PROTOCOL.md, section 2), driven by hand.
+
+Each test starts a real worker process (`maitred.worker.serve` on one end of a socketpair) and
+plays the lobby on the other end with frames built here with `struct`, independently of the
+Rust encoder, so that a mistake shared by both sides cannot hide.
+
+The applications live in this module too: the worker process imports it by name.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from wsgiref.validate import validator
+
+import pytest
+
+# Frame kinds and flags (docs/PROTOCOL.md, section 2).
+READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
+REQUEST = 16
+END, FD = 1, 2
+
+TIMEOUT = 10.0
+
+
+# --- Applications, run inside the worker process -------------------------------------------
+
+
+def app_environ(environ: dict, start_response: Callable) -> list[bytes]:
+    """Reports every str value of the environ, the types of the wsgi.* values and the body."""
+    report: dict[str, Any] = {key: value for key, value in environ.items() if isinstance(value, str)}
+    report["wsgi"] = {
+        "version": list(environ["wsgi.version"]),
+        "multithread": environ["wsgi.multithread"],
+        "multiprocess": environ["wsgi.multiprocess"],
+        "run_once": environ["wsgi.run_once"],
+        "input_terminated": environ["wsgi.input_terminated"],
+        "file_wrapper": environ["wsgi.file_wrapper"].__name__,
+        "errors": all(hasattr(environ["wsgi.errors"], m) for m in ("write", "writelines", "flush")),
+    }
+    report["body"] = environ["wsgi.input"].read().decode("latin-1")
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps(report).encode()]
+
+
+def app_input(environ: dict, start_response: Callable) -> list[bytes]:
+    """Runs the wsgi.input calls named in the query, e.g. ``read:3,readline,iter``, and
+    reports each result (bytes as latin-1 text)."""
+    stream = environ["wsgi.input"]
+    results: list[Any] = []
+    for operation in environ["QUERY_STRING"].split(","):
+        name, _, argument = operation.partition(":")
+        if name == "iter":
+            value: Any = list(stream)
+        else:
+            value = getattr(stream, name)(*([int(argument)] if argument else []))
+        if isinstance(value, list):
+            results.append([line.decode("latin-1") for line in value])
+        else:
+            results.append(value.decode("latin-1"))
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps(results).encode()]
+
+
+_kept_inputs: list[Any] = []
+
+
+def app_keep_input(environ: dict, start_response: Callable) -> list[bytes]:
+    """Keeps each request's wsgi.input and tries to read the previous one."""
+    outcome = "nothing kept"
+    if _kept_inputs:
+        try:
+            outcome = "read " + repr(_kept_inputs[0].read())
+        except ValueError as error:
+            outcome = f"ValueError: {error}"
+    _kept_inputs[:] = [environ["wsgi.input"]]
+    environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [outcome.encode()]
+
+
+class Closing:
+    """An iterable whose close() leaves a mark in wsgi.errors (the worker's stderr)."""
+
+    def __init__(self, environ: dict, chunks: list[Any], fail_at: int | None = None) -> None:
+        self.errors = environ["wsgi.errors"]
+        self.path = environ["PATH_INFO"]
+        self.chunks = chunks
+        self.fail_at = fail_at
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, chunk in enumerate(self.chunks):
+            if index == self.fail_at:
+                raise RuntimeError(f"failing at chunk {index}")
+            yield chunk
+
+    def close(self) -> None:
+        self.errors.write(f"closed {self.path}\n")
+
+
+def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
+    text = [("Content-Type", "text/plain")]
+
+    def generator(environ: dict, start_response: Callable) -> Iterator[bytes]:
+        yield b""  # before start_response: allowed, sends nothing
+        start_response("200 OK", text)
+        yield b"one"
+        yield b""
+        yield b"two"
+
+    def generator_declared(environ: dict, start_response: Callable) -> Iterator[bytes]:
+        start_response("200 OK", [*text, ("Content-Length", "6")])
+        yield b"abc"
+        yield b"def"
+        environ["wsgi.errors"].write("generator ran to its end\n")
+
+    def write(environ: dict, start_response: Callable) -> list[bytes]:
+        write = start_response("200 OK", text)
+        write(b"")
+        write(b"ab")
+        return [b"cd"]
+
+    def file(environ: dict, start_response: Callable) -> Any:
+        handle = open(environ["QUERY_STRING"], "rb")
+        handle.seek(3)
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return environ["wsgi.file_wrapper"](handle)
+
+    def file_declared(environ: dict, start_response: Callable) -> Any:
+        handle = open(environ["QUERY_STRING"], "rb")
+        start_response("200 OK", [("Content-Length", "4")])
+        return environ["wsgi.file_wrapper"](handle)
+
+    def file_too_short(environ: dict, start_response: Callable) -> Any:
+        handle = open(environ["QUERY_STRING"], "rb")
+        start_response("200 OK", [("Content-Length", "1000000")])
+        return environ["wsgi.file_wrapper"](handle)
+
+    def file_in_memory(environ: dict, start_response: Callable) -> Any:
+        start_response("200 OK", text)
+        return environ["wsgi.file_wrapper"](io.BytesIO(b"x" * 20000), 8192)
+
+    def raise_before(environ: dict, start_response: Callable) -> Any:
+        raise RuntimeError("boom before the head")
+
+    def raise_after(environ: dict, start_response: Callable) -> Any:
+        start_response("200 OK", text)
+        return Closing(environ, [b"part", b"never"], fail_at=1)
+
+    def raise_at_first_chunk(environ: dict, start_response: Callable) -> Any:
+        start_response("200 OK", text)
+        return Closing(environ, [b"never"], fail_at=0)
+
+    def closing(environ: dict, start_response: Callable) -> Any:
+        start_response("200 OK", text)
+        return Closing(environ, [b"x", b"y"])
+
+    def header(name: Any, value: Any) -> Callable[[dict, Callable], list[bytes]]:
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            start_response("200 OK", [(name, value)])
+            return [b"unreachable"]
+
+        return app
+
+    def status(line: Any) -> Callable[[dict, Callable], list[bytes]]:
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            start_response(line, text)
+            return [b"unreachable"]
+
+        return app
+
+    def latin1(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 Très bien", [("X-Name", "café")])
+        return [b"ok"]
+
+    def exc_info_replaces(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", text)
+        try:
+            raise ValueError("changed my mind")
+        except ValueError:
+            start_response("503 Service Unavailable", [("Retry-After", "1")], sys.exc_info())
+        return [b"later"]
+
+    def exc_info_after_head(environ: dict, start_response: Callable) -> list[bytes]:
+        write = start_response("200 OK", text)
+        write(b"partial")
+        try:
+            raise ValueError("too late to change")
+        except ValueError:
+            start_response("500 Internal Server Error", text, sys.exc_info())
+        return [b"unreachable"]
+
+    def twice(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", text)
+        start_response("201 Created", text)
+        return [b"unreachable"]
+
+    def declared(length: str, chunks: list[bytes], *, stream: bool) -> Callable[[dict, Callable], Any]:
+        def app(environ: dict, start_response: Callable) -> Any:
+            start_response("200 OK", [*text, ("Content-Length", length)])
+            return Closing(environ, chunks) if stream else chunks
+
+        return app
+
+    def str_chunk(environ: dict, start_response: Callable) -> Any:
+        start_response("200 OK", text)
+        return iter(["text"])
+
+    def no_start(environ: dict, start_response: Callable) -> list[bytes]:
+        return [b"x"]
+
+    def big(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", text)
+        return [bytes(range(256)) * 4096]  # 1 MiB, more than the socket buffer holds
+
+    def exit_worker(environ: dict, start_response: Callable) -> list[bytes]:
+        raise SystemExit(3)
+
+    def pid(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", text)
+        return [str(os.getpid()).encode()]
+
+    return {
+        "/list": lambda e, s: (s("200 OK", text), [b"hello"])[1],
+        "/list-declared": lambda e, s: (s("200 OK", [*text, ("Content-Length", "5")]), [b"hello"])[1],
+        "/list-many": lambda e, s: (s("200 OK", text), [b"a", b"bc", b"def"])[1],
+        "/tuple": lambda e, s: (s("200 OK", text), (b"x",))[1],
+        "/empty": lambda e, s: (s("200 OK", text), [])[1],
+        "/empty-head": lambda e, s: (s("200 OK", text), [b""])[1],
+        "/no-content": lambda e, s: (s("204 No Content", []), [])[1],
+        "/not-modified": lambda e, s: (s("304 Not Modified", [("Content-Length", "99")]), [])[1],
+        "/generator": generator,
+        "/generator-declared": generator_declared,
+        "/write": write,
+        "/file": file,
+        "/file-declared": file_declared,
+        "/file-too-short": file_too_short,
+        "/file-in-memory": file_in_memory,
+        "/raise-before": raise_before,
+        "/raise-after": raise_after,
+        "/raise-at-first-chunk": raise_at_first_chunk,
+        "/closing": closing,
+        "/header-crlf": header("X-Bad", "a\r\nSet-Cookie: evil=1"),
+        "/header-nul": header("X-Bad", "a\x00b"),
+        "/header-hop-by-hop": header("Connection", "close"),
+        "/header-transfer-encoding": header("Transfer-Encoding", "chunked"),
+        "/header-not-latin1": header("X-Name", "\u0101"),
+        "/header-bytes": header("X-Bytes", b"value"),
+        "/header-bad-name": header("X Name", "v"),
+        "/header-bad-length": header("Content-Length", "12abc"),
+        "/status-long-code": status("2000 OK"),
+        "/status-informational": status("100 Continue"),
+        "/status-bytes": status(b"200 OK"),
+        "/status-no-reason": lambda e, s: (s("200", text), [b"ok"])[1],
+        "/latin1": latin1,
+        "/exc-info-replaces": exc_info_replaces,
+        "/exc-info-after-head": exc_info_after_head,
+        "/twice": twice,
+        "/short": declared("10", [b"12345"], stream=False),
+        "/short-stream": declared("10", [b"12345"], stream=True),
+        "/long": declared("2", [b"12345"], stream=False),
+        "/long-stream": declared("4", [b"12", b"3456"], stream=True),
+        "/str-chunk": str_chunk,
+        "/no-start": no_start,
+        "/big": big,
+        "/exit": exit_worker,
+        "/pid": pid,
+    }
+
+
+ROUTES = _routes()
+
+
+def app_routes(environ: dict, start_response: Callable) -> Any:
+    return ROUTES[environ["PATH_INFO"]](environ, start_response)
+
+
+def app_validated_inner(environ: dict, start_response: Callable) -> Any:
+    """Exercises every part of the interface under wsgiref's validator."""
+    stream = environ["wsgi.input"]
+    first = stream.readline(100)
+    rest = b"".join(stream.readlines(1000)) if environ["PATH_INFO"] == "/lines" else stream.read(1 << 20)
+    tail = b"".join(iter(stream))
+    environ["wsgi.errors"].write("validated request\n")
+    environ["wsgi.errors"].writelines(["two\n", "lines\n"])
+    environ["wsgi.errors"].flush()
+    body = first + rest + tail
+    headers = [("Content-Type", "text/plain")]
+    if environ["PATH_INFO"] == "/write":
+        write = start_response("200 OK", headers)
+        write(b"written:")
+        return [body]
+    if environ["PATH_INFO"] == "/stream":
+        start_response("200 OK", headers)
+        return iter([b"streamed:", body])
+    start_response("200 OK", [*headers, ("Content-Length", str(len(body)))])
+    return [body]
+
+
+app_validated = validator(app_validated_inner)
+
+
+# --- The lobby's side, in the test process -------------------------------------------------
+
+CHILD = """
+import sys, warnings
+warnings.simplefilter("error")
+sys.path.insert(0, sys.argv[3])
+import test_worker_protocol as tests
+from maitred.app import AppLoadError
+from maitred.worker import serve
+def load_app():
+    if sys.argv[2] == "!fail":
+        raise AppLoadError("no module named 'missing' (looked in /srv first, then sys.path)")
+    return getattr(tests, sys.argv[2])
+sys.exit(serve(int(sys.argv[1]), load_app))
+"""
+
+
+def str16(value: bytes) -> bytes:
+    return struct.pack("<H", len(value)) + value
+
+
+def bytes32(value: bytes) -> bytes:
+    return struct.pack("<I", len(value)) + value
+
+
+def frame(kind: int, flags: int, payload: bytes) -> bytes:
+    return struct.pack("<BBHI", kind, flags, 0, len(payload)) + payload
+
+
+def request_frame(
+    method: str = "GET",
+    target: str | bytes = "/",
+    headers: list[tuple[str, bytes | str]] | None = None,
+    body: bytes = b"",
+    *,
+    http_minor: int = 1,
+    peer: tuple[str, int] = ("127.0.0.1", 40000),
+    server: tuple[str, int] = ("localhost", 8000),
+    body_in_file: bool = False,
+) -> bytes:
+    """A REQUEST frame; with `body_in_file` the body is not inline (the FD flag is set)."""
+    target_bytes = target if isinstance(target, bytes) else target.encode("latin-1")
+    fields = [
+        struct.pack("<B", http_minor),
+        str16(method.encode()),
+        str16(target_bytes),
+        str16(peer[0].encode()),
+        struct.pack("<H", peer[1]),
+        str16(server[0].encode()),
+        struct.pack("<H", server[1]),
+    ]
+    headers = [("Host", b"localhost:8000")] if headers is None else headers
+    fields.append(struct.pack("<H", len(headers)))
+    for name, value in headers:
+        fields.append(str16(name.encode()))
+        fields.append(bytes32(value if isinstance(value, bytes) else value.encode("latin-1")))
+    fields.append(struct.pack("<Q", len(body)))
+    if not body_in_file:
+        fields.append(body)
+    return frame(REQUEST, FD if body_in_file else 0, b"".join(fields))
+
+
+@dataclass
+class Frame:
+    kind: int
+    flags: int
+    payload: bytes
+    fd: int | None = None
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    frames: list[Frame]
+    aborted: str | None = None
+    file: tuple[int, int, int] | None = None
+    """(descriptor, offset, count) of a RESPONSE_FILE frame."""
+
+    def header(self, name: str) -> str | None:
+        values = [value for key, value in self.headers if key.lower() == name.lower()]
+        assert len(values) <= 1, f"{name} appears {len(values)} times"
+        return values[0] if values else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def parse_head(payload: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    status, reason_len = struct.unpack_from("<HH", payload)
+    at = 4
+    reason = payload[at:at + reason_len].decode("latin-1")
+    at += reason_len
+    (count,) = struct.unpack_from("<H", payload, at)
+    at += 2
+    headers = []
+    for _ in range(count):
+        (name_len,) = struct.unpack_from("<H", payload, at)
+        name = payload[at + 2:at + 2 + name_len].decode("latin-1")
+        at += 2 + name_len
+        (value_len,) = struct.unpack_from("<I", payload, at)
+        value = payload[at + 4:at + 4 + value_len].decode("latin-1")
+        at += 4 + value_len
+        headers.append((name, value))
+    return status, reason, headers, payload[at:]
+
+
+class Worker:
+    """A worker process and the lobby's end of its channel."""
+
+    def __init__(self, app: str, stderr_path: Path, env: dict[str, str] | None = None) -> None:
+        self.socket, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.settimeout(TIMEOUT)
+        self.stderr_path = stderr_path
+        tests_dir = str(Path(__file__).resolve().parent)
+        with open(stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(child_end.fileno()), app, tests_dir],
+                pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stderr=stderr,
+                env={**os.environ, **(env or {})},
+            )
+        child_end.close()
+        self._buffer = bytearray()
+        self._fds: deque[int] = deque()
+        self.received_fds: list[int] = []
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def send(self, data: bytes, fd: int | None = None) -> None:
+        if fd is None:
+            self.socket.sendall(data)
+        else:
+            sent = socket.send_fds(self.socket, [data], [fd])
+            self.socket.sendall(data[sent:])
+
+    def _fill(self, count: int) -> bytes:
+        while len(self._buffer) < count:
+            data, fds, _, _ = socket.recv_fds(self.socket, 1 << 20, 4)
+            self._fds.extend(fds)
+            self.received_fds.extend(fds)
+            if not data:
+                raise EOFError(f"the worker closed the channel; its stderr:\n{self.stderr()}")
+            self._buffer += data
+        taken = bytes(self._buffer[:count])
+        del self._buffer[:count]
+        return taken
+
+    def read_frame(self) -> Frame:
+        kind, flags, reserved, length = struct.unpack("<BBHI", self._fill(8))
+        assert reserved == 0
+        payload = self._fill(length)
+        fd = self._fds.popleft() if flags & FD else None
+        return Frame(kind, flags, payload, fd)
+
+    def ready(self) -> int:
+        first = self.read_frame()
+        assert first.kind == READY, f"expected READY, got {first}; stderr:\n{self.stderr()}"
+        (pid,) = struct.unpack("<I", first.payload)
+        return pid
+
+    def read_response(self) -> Response:
+        head = self.read_frame()
+        assert head.kind == RESPONSE_HEAD, f"expected a head, got {head}; stderr:\n{self.stderr()}"
+        status, reason, headers, body = parse_head(head.payload)
+        response = Response(status, reason, headers, body, [head])
+        last = head
+        while not last.flags & END:
+            last = self.read_frame()
+            response.frames.append(last)
+            if last.kind == RESPONSE_BODY:
+                response.body += last.payload
+            elif last.kind == RESPONSE_FILE:
+                assert last.flags & FD and last.fd is not None
+                offset, count = struct.unpack("<QQ", last.payload)
+                response.file = (last.fd, offset, count)
+            elif last.kind == RESPONSE_ABORT:
+                response.aborted = last.payload.decode()
+                break
+            else:
+                raise AssertionError(f"unexpected frame in a response: {last}")
+        return response
+
+    def request(self, *args: Any, body_file: int | None = None, **kwargs: Any) -> Response:
+        self.send(request_frame(*args, body_in_file=body_file is not None, **kwargs), body_file)
+        return self.read_response()
+
+    def close_and_wait(self) -> int:
+        self.socket.close()
+        return self.process.wait(timeout=TIMEOUT)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=TIMEOUT)
+        self.socket.close()
+        for fd in self.received_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """``start_worker("app_routes")`` starts a worker serving that application of this module
+    and waits for its READY; every worker is killed when the test ends."""
+    started: list[Worker] = []
+
+    def start(app: str = "app_routes", *, env: dict[str, str] | None = None, wait_ready: bool = True) -> Worker:
+        worker = Worker(app, tmp_path / f"worker-{len(started)}.stderr", env)
+        started.append(worker)
+        if wait_ready:
+            assert worker.ready() == worker.process.pid
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def body_file(content: bytes) -> int:
+    """An unlinked temporary file holding `content`, positioned at its end (the worker must
+    read it from offset 0 regardless)."""
+    handle = tempfile.TemporaryFile()
+    handle.write(content)
+    handle.flush()
+    fd = os.dup(handle.fileno())
+    handle.close()
+    return fd
+
+
+# --- Lifecycle -----------------------------------------------------------------------------
+
+
+def test_ready_then_end_of_file_exits_0(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    assert worker.request(target="/list").status == 200
+    assert worker.close_and_wait() == 0
+    assert worker.stderr() == ""
+
+
+def test_boot_failure_sends_boot_failed_and_exits_1(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("!fail", wait_ready=False)
+    failed = worker.read_frame()
+    assert failed.kind == BOOT_FAILED
+    assert failed.payload.decode() == "no module named 'missing' (looked in /srv first, then sys.path)"
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+
+
+def test_sigterm_and_sigint_are_ignored(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.process.send_signal(signal.SIGTERM)
+    worker.process.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    assert worker.process.poll() is None
+    assert worker.request(target="/list").body == b"hello"
+
+
+def test_requests_in_one_write_and_frames_split_across_writes(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(request_frame(target="/list") + request_frame(target="/tuple") + request_frame(target="/list"))
+    assert [worker.read_response().body for _ in range(3)] == [b"hello", b"x", b"hello"]
+    reader = start_worker("app_input")
+    data = request_frame("POST", "/?read", body=b"slow body")
+    for piece in (data[:3], data[3:9], data[9:20], data[20:]):
+        reader.send(piece)
+        time.sleep(0.05)
+    assert reader.read_response().json() == ["slow body"]
+
+
+def test_unknown_frame_kind_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(frame(99, 0, b""))
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert "the lobby sent a bad frame: unknown frame kind 99" in worker.stderr()
+
+
+def test_response_frame_from_the_lobby_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(frame(RESPONSE_BODY, 0, b"x"))
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert "a worker only receives REQUEST frames" in worker.stderr()
+
+
+def test_end_of_file_inside_a_frame_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(request_frame(target="/list")[:12])
+    assert worker.close_and_wait() == 1
+    assert "the lobby closed the channel inside a frame" in worker.stderr()
+
+
+def test_system_exit_in_the_application_answers_then_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    assert worker.request(target="/exit").status == 500
+    assert worker.process.wait(timeout=TIMEOUT) == 3
+
+
+# --- The environ ---------------------------------------------------------------------------
+
+
+def test_environ_of_a_simple_get(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request(target="/a/b?x=1&y=2", headers=[("Host", "example.org")]).json()
+    assert {key: environ[key] for key in environ if key not in ("wsgi", "SERVER_SOFTWARE")} == {
+        "REQUEST_METHOD": "GET",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": "/a/b",
+        "QUERY_STRING": "x=1&y=2",
+        "RAW_URI": "/a/b?x=1&y=2",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "8000",
+        "REMOTE_ADDR": "127.0.0.1",
+        "REMOTE_PORT": "40000",
+        "HTTP_HOST": "example.org",
+        "wsgi.url_scheme": "http",
+        "body": "",
+    }
+    assert environ["SERVER_SOFTWARE"].startswith("maitred/")
+    assert environ["wsgi"] == {
+        "version": [1, 0], "multithread": False, "multiprocess": True, "run_once": False,
+        "input_terminated": True, "file_wrapper": "FileWrapper", "errors": True,
+    }
+
+
+def test_path_is_percent_decoded_as_latin1_and_query_stays_raw(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request(target="/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y").json()
+    assert environ["PATH_INFO"] == "/caf\u00c3\u00a9/a/b/%zz%4"
+    assert environ["QUERY_STRING"] == "q=%20x+y"
+    assert environ["RAW_URI"] == "/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y"
+
+
+def test_headers_become_http_variables(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request("POST", "/", headers=[
+        ("Host", "example.org"),
+        ("Accept", "text/html"),
+        ("X-Forwarded-For", "10.0.0.1"),
+        ("accept", "text/plain"),
+        ("X_Forwarded_For", "6.6.6.6"),
+        ("Content-Type", "text/plain; charset=latin-1"),
+        ("Content-Length", "4"),
+        ("X-Latin", b"caf\xe9"),
+        ("X-Empty", b""),
+    ], body=b"data").json()
+    assert environ["HTTP_ACCEPT"] == "text/html, text/plain"
+    assert environ["HTTP_X_FORWARDED_FOR"] == "10.0.0.1"  # the underscore spoof is dropped
+    assert environ["CONTENT_TYPE"] == "text/plain; charset=latin-1"
+    assert environ["CONTENT_LENGTH"] == "4"
+    assert environ["HTTP_X_LATIN"] == "caf\u00e9"
+    assert environ["HTTP_X_EMPTY"] == ""
+    assert "HTTP_CONTENT_TYPE" not in environ and "HTTP_CONTENT_LENGTH" not in environ
+    assert environ["body"] == "data"
+
+
+def test_content_length_is_the_body_length(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    # A de-chunked body arrives without a Content-Length header.
+    chunked = worker.request("POST", "/", headers=[("Transfer-Encoding", "chunked")], body=b"12345").json()
+    assert chunked["CONTENT_LENGTH"] == "5"
+    assert chunked["HTTP_TRANSFER_ENCODING"] == "chunked"
+    empty_declared = worker.request("POST", "/", headers=[("Content-Length", "0")]).json()
+    assert empty_declared["CONTENT_LENGTH"] == "0"
+    no_body = worker.request("GET", "/").json()
+    assert "CONTENT_LENGTH" not in no_body and "CONTENT_TYPE" not in no_body
+
+
+def test_http_1_0(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    assert worker.request(target="/", http_minor=0, headers=[]).json()["SERVER_PROTOCOL"] == "HTTP/1.0"
+
+
+def test_absolute_form_target_takes_the_place_of_host(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request(target="http://example.org:8080/p/q?x=1", headers=[("Host", "other")]).json()
+    assert (environ["PATH_INFO"], environ["QUERY_STRING"], environ["HTTP_HOST"]) == ("/p/q", "x=1", "example.org:8080")
+    assert environ["RAW_URI"] == "http://example.org:8080/p/q?x=1"
+    bare = worker.request(target="https://example.org", headers=[]).json()
+    assert (bare["PATH_INFO"], bare["QUERY_STRING"], bare["HTTP_HOST"]) == ("/", "", "example.org")
+
+
+def test_asterisk_target(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request("OPTIONS", "*").json()
+    assert (environ["REQUEST_METHOD"], environ["PATH_INFO"], environ["QUERY_STRING"], environ["RAW_URI"]) == (
+        "OPTIONS", "*", "", "*",
+    )
+
+
+def test_script_name_is_stripped_at_a_segment_boundary(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ", env={"SCRIPT_NAME": "/app/"})
+    paths = {}
+    for target in ("/app/x/y", "/app", "/application", "/other", "/app%2Fz"):
+        environ = worker.request(target=target).json()
+        assert environ["SCRIPT_NAME"] == "/app"
+        paths[target] = environ["PATH_INFO"]
+    assert paths == {"/app/x/y": "/x/y", "/app": "", "/application": "/application", "/other": "/other", "/app%2Fz": "/z"}
+
+
+def test_unix_socket_peer_has_no_port(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    environ = worker.request(peer=("", 0), server=("/run/app.sock", 0)).json()
+    assert environ["REMOTE_ADDR"] == "" and "REMOTE_PORT" not in environ
+    assert (environ["SERVER_NAME"], environ["SERVER_PORT"]) == ("/run/app.sock", "0")
+
+
+# --- wsgi.input ----------------------------------------------------------------------------
+
+BODY = b"first line\nsecond\n\nlast without newline"
+INPUT_CASES = {
+    "read": ["first line\nsecond\n\nlast without newline"],
+    "read:6,read:0,read:-1,read": ["first ", "", "line\nsecond\n\nlast without newline", ""],
+    "readline,readline:3,readline,readline,readline,readline": [
+        "first line\n", "sec", "ond\n", "\n", "last without newline", "",
+    ],
+    "readlines": [["first line\n", "second\n", "\n", "last without newline"]],
+    "readlines:12,readlines": [["first line\n", "second\n"], ["\n", "last without newline"]],
+    "iter,read,readline,readlines": [["first line\n", "second\n", "\n", "last without newline"], "", "", []],
+}
+
+
+@pytest.mark.parametrize("in_file", [False, True], ids=["inline", "file"])
+@pytest.mark.parametrize("operations", list(INPUT_CASES))
+def test_input_methods(start_worker: Callable[..., Worker], operations: str, in_file: bool) -> None:
+    worker = start_worker("app_input")
+    if in_file:
+        response = worker.request("POST", f"/?{operations}", body=BODY, body_file=body_file(BODY))
+    else:
+        response = worker.request("POST", f"/?{operations}", body=BODY)
+    assert response.json() == INPUT_CASES[operations]
+
+
+@pytest.mark.parametrize("in_file", [False, True], ids=["inline", "file"])
+def test_large_bodies_line_by_line(start_worker: Callable[..., Worker], in_file: bool) -> None:
+    # Long lines cross the worker's 64 KiB read-ahead; a large inline body takes the path
+    # where the receive buffer is handed over rather than copied.
+    lines = [b"%06d:" % n + b"x" * (n * 37 % 50000) + b"\n" for n in range(40)]
+    body = b"".join(lines)
+    worker = start_worker("app_input")
+    if in_file:
+        response = worker.request("POST", "/?readlines", body=body, body_file=body_file(body))
+    else:
+        response = worker.request("POST", "/?readlines", body=body)
+    assert response.json() == [[line.decode() for line in lines]]
+    after = worker.request("POST", "/?read:5,read", body=b"next request")
+    assert after.json() == ["next ", "request"]
+
+
+def test_input_of_a_finished_request_is_released(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_keep_input")
+    assert worker.request("POST", "/", body=b"one", body_file=body_file(b"one")).body == b"nothing kept"
+    assert worker.request("POST", "/", body=b"two").body == b"ValueError: wsgi.input of a finished request was read"
+
+
+# --- Responses -----------------------------------------------------------------------------
+
+
+def test_single_chunk_is_one_frame_with_content_length(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/list")
+    assert len(response.frames) == 1 and response.frames[0].flags == END
+    assert (response.status, response.reason, response.body) == (200, "OK", b"hello")
+    assert response.headers == [("Content-Type", "text/plain"), ("Content-Length", "5")]
+
+
+@pytest.mark.parametrize(("path", "body", "length"), [
+    ("/list-declared", b"hello", "5"),
+    ("/list-many", b"abcdef", "6"),
+    ("/tuple", b"x", "1"),
+    ("/empty", b"", "0"),
+])
+def test_whole_bodies_are_one_frame(start_worker: Callable[..., Worker], path: str, body: bytes, length: str) -> None:
+    response = start_worker().request(target=path)
+    assert len(response.frames) == 1 and response.frames[0].flags == END
+    assert (response.body, response.header("Content-Length")) == (body, length)
+
+
+def test_head_requests_send_no_body(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    whole = worker.request("HEAD", "/list")
+    assert (whole.body, whole.header("Content-Length"), len(whole.frames)) == (b"", "5", 1)
+    declared = worker.request("HEAD", "/list-declared")
+    assert (declared.body, declared.header("Content-Length")) == (b"", "5")
+    empty = worker.request("HEAD", "/empty-head")
+    assert (empty.body, empty.header("Content-Length")) == (b"", None)
+    streamed = worker.request("HEAD", "/generator")
+    assert streamed.body == b"" and streamed.header("Content-Length") is None
+    assert all(frame.payload == b"" for frame in streamed.frames[1:])
+
+
+def test_no_content_and_not_modified_get_no_content_length(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    no_content = worker.request(target="/no-content")
+    assert (no_content.status, no_content.headers, no_content.body) == (204, [], b"")
+    not_modified = worker.request(target="/not-modified")
+    assert (not_modified.status, not_modified.header("Content-Length"), not_modified.body) == (304, "99", b"")
+
+
+def test_streamed_response(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/generator")
+    assert [(f.kind, f.flags, f.payload[-3:]) for f in response.frames] == [
+        (RESPONSE_HEAD, 0, b"one"), (RESPONSE_BODY, 0, b"two"), (RESPONSE_BODY, END, b""),
+    ]
+    assert response.body == b"onetwo" and response.header("Content-Length") is None
+
+
+def test_streamed_response_ends_with_its_content_length(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/generator-declared")
+    assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_BODY, END)]
+    assert response.body == b"abcdef"
+    # The generator still runs to its end.
+    assert worker.request(target="/list").status == 200
+    assert "generator ran to its end" in worker.stderr()
+
+
+def test_write_sends_the_head_at_once(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/write")
+    assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_BODY, 0), (RESPONSE_BODY, END)]
+    first_bytes = parse_head(response.frames[0].payload)[3]
+    assert [first_bytes, response.frames[1].payload, response.frames[2].payload] == [b"", b"ab", b"cd"]
+    assert response.header("Content-Length") is None
+
+
+def test_big_response_arrives_whole(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/big")
+    assert response.body == bytes(range(256)) * 4096
+    assert response.header("Content-Length") == str(1 << 20)
+
+
+def test_latin1_status_and_headers(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/latin1")
+    head = response.frames[0].payload
+    assert b"Tr\xe8s bien" in head and b"caf\xe9" in head
+    assert (response.reason, response.header("X-Name")) == ("Très bien", "café")
+
+
+def test_status_without_reason(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/status-no-reason")
+    assert (response.status, response.reason) == (200, "")
+
+
+def test_file_wrapper_passes_the_file_descriptor(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    path = tmp_path / "served.bin"
+    path.write_bytes(b"0123456789")
+    worker = start_worker()
+    response = worker.request(target=f"/file?{path}")
+    assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_FILE, END | FD)]
+    assert response.file is not None
+    fd, offset, count = response.file
+    assert (offset, count) == (3, 7)
+    assert os.pread(fd, count, offset) == b"3456789"
+    assert response.header("Content-Length") == "7"
+
+    declared = worker.request(target=f"/file-declared?{path}")
+    assert declared.file is not None and declared.file[1:] == (0, 4)
+    assert declared.header("Content-Length") == "4"
+    headed = worker.request("HEAD", f"/file?{path}")
+    assert (len(headed.frames), headed.header("Content-Length"), headed.file) == (1, "7", None)
+
+
+def test_file_wrapper_shorter_than_its_content_length_is_an_error(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"0123456789")
+    worker = start_worker()
+    assert worker.request(target=f"/file-too-short?{path}").status == 500
+    assert "Content-Length 1000000 needs 1000000 more bytes, but its file has 10 after offset 0" in worker.stderr()
+
+
+def test_file_wrapper_around_a_non_file_is_iterated(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/file-in-memory")
+    assert response.body == b"x" * 20000
+    assert [len(f.payload) for f in response.frames[1:]] == [8192, 3616, 0]
+
+
+# --- Application errors --------------------------------------------------------------------
+
+
+def test_exception_before_the_head_is_a_500(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/raise-before?q=1")
+    assert (response.status, response.body) == (500, b"500 Internal Server Error\n")
+    assert response.header("Content-Type") == "text/plain; charset=utf-8"
+    assert response.header("Content-Length") == "26"
+    log = worker.stderr()
+    assert "[ERROR] Error handling request GET /raise-before?q=1 HTTP/1.1" in log
+    assert "RuntimeError: boom before the head" in log and "Traceback" in log
+    assert worker.request(target="/list").status == 200  # the worker goes on
+
+
+def test_exception_after_the_head_aborts(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/raise-after")
+    assert response.body == b"part"
+    assert response.aborted == "RuntimeError: failing at chunk 1"
+    assert "closed /raise-after" in worker.stderr()
+    assert worker.request(target="/list").status == 200
+
+
+def test_close_is_always_called(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    assert worker.request(target="/closing").body == b"xy"
+    assert worker.request(target="/raise-at-first-chunk").status == 500
+    log = worker.stderr()
+    assert "closed /closing" in log and "closed /raise-at-first-chunk" in log
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/header-crlf", "ValueError: the value of response header \"X-Bad\" holds a control character"),
+    ("/header-nul", "ValueError: the value of response header \"X-Bad\" holds a control character"),
+    ("/header-hop-by-hop", "ValueError: response header \"Connection\" is hop-by-hop"),
+    ("/header-transfer-encoding", "ValueError: response header \"Transfer-Encoding\" is hop-by-hop"),
+    ("/header-not-latin1", "ValueError: the value of response header \"X-Name\" is not latin-1"),
+    ("/header-bytes", "TypeError: the value of response header \"X-Bytes\" must be a str, not bytes"),
+    ("/header-bad-name", "ValueError: invalid response header name \"X Name\""),
+    ("/header-bad-length", "ValueError: invalid Content-Length \"12abc\""),
+    ("/status-long-code", "ValueError: invalid status \"2000 OK\": it must be a three-digit code"),
+    ("/status-informational", "ValueError: invalid status \"100 Continue\": the code of a final response is 200 to 599"),
+    ("/status-bytes", "TypeError: the status must be a str, not bytes"),
+    ("/twice", "RuntimeError: start_response() was called twice; a second call must pass exc_info"),
+    ("/short", "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10"),
+    ("/long", "ValueError: the application's body is longer than its Content-Length 2"),
+    ("/str-chunk", "TypeError: the response body must be bytes, and the application gave str"),
+    ("/no-start", "RuntimeError: the application returned without calling start_response()"),
+])
+def test_bad_responses_become_500s_with_a_clear_error(start_worker: Callable[..., Worker], path: str, message: str) -> None:
+    worker = start_worker()
+    response = worker.request(target=path)
+    assert (response.status, response.body) == (500, b"500 Internal Server Error\n")
+    assert message in worker.stderr()
+
+
+def test_exc_info_replaces_a_head_not_yet_sent(start_worker: Callable[..., Worker]) -> None:
+    response = start_worker().request(target="/exc-info-replaces")
+    assert (response.status, response.header("Retry-After"), response.body) == (503, "1", b"later")
+
+
+def test_exc_info_after_the_head_reraises(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/exc-info-after-head")
+    assert (response.status, response.body, response.aborted) == (200, b"partial", "ValueError: too late to change")
+    assert "ValueError: too late to change" in worker.stderr()
+
+
+def test_content_length_mismatch_after_the_head(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    short = worker.request(target="/short-stream")
+    assert (short.body, short.aborted) == (
+        b"12345", "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10",
+    )
+    # Too long: the client gets exactly Content-Length bytes; the rest is dropped and logged.
+    long = worker.request(target="/long-stream")
+    assert (long.body, long.aborted, long.frames[-1].flags) == (b"1234", None, END)
+    assert worker.request(target="/list").status == 200
+    assert "ValueError: the application produced 2 more bytes than its Content-Length 4; they were dropped" in worker.stderr()
+
+
+# --- PEP 3333 conformance, checked by wsgiref's validator ----------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/lines", "/write", "/stream"])
+def test_wsgiref_validator_finds_nothing(start_worker: Callable[..., Worker], path: str) -> None:
+    worker = start_worker("app_validated")  # warnings are errors in the worker
+    content = b"line one\nline two\n" + b"z" * 3000
+    cases = [
+        worker.request("POST", path, headers=[("Content-Type", "text/plain")], body=content),
+        worker.request("POST", path, headers=[("Content-Type", "text/plain")], body=content, body_file=body_file(content)),
+        worker.request("GET", path + "?x=1"),
+        worker.request("HEAD", path),
+    ]
+    prefix = {"/write": b"written:", "/stream": b"streamed:"}.get(path, b"")
+    assert [(r.status, r.body) for r in cases] == [
+        (200, prefix + content), (200, prefix + content), (200, prefix), (200, b""),
+    ]
+    assert worker.close_and_wait() == 0
+    log = worker.stderr()
+    assert log.count("validated request\ntwo\nlines\n") == 4
+    assert "Error" not in log and "Warning" not in log and "Exception" not in log
