@@ -145,8 +145,12 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     };
 
     let _ = shutdown_tx.send(true);
-    for task in accepting {
+    for task in &accepting {
         task.abort();
+    }
+    for task in accepting {
+        // Aborted accept loops give back the connection permit they were holding.
+        let _ = task.await;
     }
     drop(listeners.iter().filter_map(|l| l.unix_path.as_ref()).map(std::fs::remove_file).collect::<Vec<_>>());
     let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };

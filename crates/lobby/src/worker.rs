@@ -100,7 +100,25 @@ impl Channel {
 
     /// Waits until the worker writes or closes while it should be idle.
     async fn closed_while_idle(&self) -> io::Result<()> {
-        self.stream.readable().await
+        if !self.buf.is_empty() {
+            return Ok(());
+        }
+        loop {
+            self.stream.readable().await?;
+            // Readiness can be stale (left over from the last frame); a peek tells.
+            let peeked = self.stream.try_io(Interest::READABLE, || {
+                let mut byte = 0u8;
+                let fd = self.stream.as_raw_fd();
+                match unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    _ => Ok(()),
+                }
+            });
+            match peeked {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other,
+            }
+        }
     }
 }
 
