@@ -46,3 +46,6 @@ pub const MAX_HEAD_SIZE: usize = 64 * 1024;
 /// extensions carry nothing this server uses, and without a bound a client could keep one
 /// line open forever.
 pub const MAX_CHUNK_LINE: usize = 4096;
+
+#[cfg(test)]
+mod tests;
