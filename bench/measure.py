@@ -1,0 +1,185 @@
+"""Load tools (ab, wrk): their command lines and how to read their output, plus the kernel's
+TCP counters read around each run.
+
+Every tool's output is reduced to the same dict, a "measurement":
+    requests       completed requests
+    rps            completed requests per second of the run
+    duration_s     length of the run
+    failed         requests that got no complete response (the tool's own count, detail below)
+    failed_detail  the tool's breakdown of `failed`
+    non2xx         responses with a status the tool counts as an error
+    keepalive      requests the tool sent on a reused connection (ab -k only, else None)
+    latency_ms     {percentile: milliseconds}, percentile as a string ("50", "99.9")
+    max_ms, mean_ms
+    connect_max_ms the slowest TCP connect (ab only: shows SYN retransmits, 1 s / 3 s / 7 s steps)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+class ParseError(Exception):
+    """The tool's output holds no result; str(error) quotes the end of it."""
+
+
+@dataclass(frozen=True)
+class Ab:
+    """ApacheBench: HTTP/1.0, a fixed number of requests. The seed measurements used it.
+
+    Quirks: ab counts a response whose length differs from the first one as a failed request
+    ("Length"), which is how closed keep-alive connections show up in S4; and it aborts on the
+    first socket error unless given -r, so overload scenarios need ignore_errors."""
+
+    concurrency: int
+    requests: int
+    keepalive: bool = False
+    ignore_errors: bool = False
+
+    tool = "ab"
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        flags = ["-k"] if self.keepalive else []
+        flags += ["-r"] if self.ignore_errors else []
+        return ["ab", *flags, "-c", str(self.concurrency), "-n", str(self.requests),
+                "-e", str(workdir / "percentiles.csv"), url]
+
+    def describe(self) -> str:
+        flags = " -k" if self.keepalive else ""
+        flags += " -r" if self.ignore_errors else ""
+        return f"ab{flags} -c {self.concurrency} -n {self.requests} -e percentiles.csv http://127.0.0.1:PORT/"
+
+    def shortened(self) -> Ab:
+        return replace(self, requests=max(self.concurrency, min(self.requests, 2000)))
+
+    def default_time_limit(self) -> float:
+        return 120.0
+
+    def parse(self, output: str, workdir: Path) -> dict:
+        def number(label: str, default: float | None = None) -> float:
+            found = re.search(rf"^{re.escape(label)}:\s+([\d.]+)", output, re.MULTILINE)
+            if found:
+                return float(found.group(1))
+            if default is None:
+                raise ParseError(f"no '{label}' in ab's output:\n{_tail(output)}")
+            return default
+
+        detail = re.search(r"\(Connect: (\d+), Receive: (\d+), Length: (\d+), Exceptions: (\d+)\)", output)
+        totals = re.search(r"^Total:\s+([\d.]+)\s+([\d.]+)\s+\[?[\d.]+\]?\s+([\d.]+)\s+([\d.]+)", output, re.MULTILINE)
+        connect = re.search(r"^Connect:\s+(?:[\d.]+\s+){4}([\d.]+)", output, re.MULTILINE)
+        return {
+            "requests": int(number("Complete requests")),
+            "rps": number("Requests per second"),
+            "duration_s": number("Time taken for tests"),
+            "failed": int(number("Failed requests")),
+            "failed_detail": dict(zip(("connect", "receive", "length", "exceptions"),
+                                      map(int, detail.groups()))) if detail else {},
+            "non2xx": int(number("Non-2xx responses", 0)),
+            "keepalive": int(number("Keep-Alive requests", 0)) if self.keepalive else None,
+            "latency_ms": _ab_percentiles(workdir / "percentiles.csv"),
+            "max_ms": float(totals.group(4)) if totals else None,
+            "mean_ms": float(totals.group(2)) if totals else None,
+            "connect_max_ms": float(connect.group(1)) if connect else None,
+        }
+
+
+def _ab_percentiles(path: Path) -> dict[str, float]:
+    """ab -e writes "percent served,time in ms" for 0..100; 100 is the longest request."""
+    if not path.exists():
+        return {}
+    points = {}
+    for line in path.read_text().splitlines()[1:]:
+        percent, milliseconds = line.split(",")
+        if 0 < float(percent) < 100:
+            points[f"{float(percent):g}"] = float(milliseconds)
+    return points
+
+
+@dataclass(frozen=True)
+class Wrk:
+    """wrk: HTTP/1.1 keep-alive, a fixed duration, latency from wrk's own histogram (via
+    wrk_report.lua, which prints it as JSON). close=True sends "Connection: close" so that every
+    request opens a new connection."""
+
+    threads: int
+    connections: int
+    seconds: int
+    close: bool = False
+
+    tool = "wrk"
+    # wrk's default is 2 s, after which a slow response counts as a timeout and its latency is
+    # lost; 30 s matches ab's default, so both tools see the same stalls.
+    timeout = "30s"
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        header = ["-H", "Connection: close"] if self.close else []
+        return ["wrk", f"-t{self.threads}", f"-c{self.connections}", f"-d{self.seconds}s",
+                f"--timeout={self.timeout}", *header, "-s", str(HERE / "wrk_report.lua"), url]
+
+    def describe(self) -> str:
+        header = " -H 'Connection: close'" if self.close else ""
+        return (f"wrk -t{self.threads} -c{self.connections} -d{self.seconds}s --timeout={self.timeout}"
+                f"{header} -s wrk_report.lua http://127.0.0.1:PORT/")
+
+    def shortened(self) -> Wrk:
+        return replace(self, seconds=min(self.seconds, 3))
+
+    def default_time_limit(self) -> float:
+        return self.seconds + 40.0
+
+    def parse(self, output: str, workdir: Path) -> dict:
+        found = re.search(r"^BENCH-JSON (.*)$", output, re.MULTILINE)
+        if not found:
+            raise ParseError(f"no report from wrk_report.lua in wrk's output:\n{_tail(output)}")
+        report = json.loads(found.group(1))
+        errors = report["errors"]
+        latency = report["latency_us"]
+        duration = report["duration_us"] / 1e6
+        return {
+            "requests": report["requests"],
+            "rps": report["requests"] / duration,
+            "duration_s": duration,
+            "failed": errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
+            "failed_detail": {k: errors[k] for k in ("connect", "read", "write", "timeout")},
+            # wrk counts a status of 400 or more as an error.
+            "non2xx": errors["status"],
+            "keepalive": None,
+            "latency_ms": {p: us / 1000 for p, us in latency["percentiles"].items()},
+            "max_ms": latency["max"] / 1000,
+            "mean_ms": latency["mean"] / 1000,
+            "connect_max_ms": None,
+        }
+
+
+Load = Ab | Wrk
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# Kernel counters that show connections lost or delayed before any server code sees them.
+# They are counted for the whole network namespace: other traffic on the machine adds to them.
+KERNEL_COUNTERS = {
+    "ListenOverflows": "TcpExt",  # a SYN or final ACK arrived while the accept queue was full
+    "ListenDrops": "TcpExt",      # every SYN dropped by a listener, overflows included
+    "TCPSynRetrans": "TcpExt",    # SYNs the clients had to send again
+}
+
+
+def kernel_counters() -> dict[str, int]:
+    """Reads KERNEL_COUNTERS from /proc/net/netstat and /proc/net/snmp (pairs of lines: a header
+    line of names and a line of values, both starting with the section's name)."""
+    values: dict[tuple[str, str], int] = {}
+    for path in ("/proc/net/netstat", "/proc/net/snmp"):
+        lines = Path(path).read_text().splitlines()
+        for names, numbers in zip(lines[::2], lines[1::2]):
+            section, *keys = names.split()
+            _, *counts = numbers.split()
+            values.update({(section.rstrip(":"), key): int(count) for key, count in zip(keys, counts)})
+    return {name: values.get((section, name), 0) for name, section in KERNEL_COUNTERS.items()}

@@ -1,0 +1,163 @@
+"""Starting and stopping the processes a benchmark run needs, leaving nothing behind.
+
+Every child is started in a session of its own, so its process id is also its process group id
+and everything it forks (workers, zygotes, threads' helpers) can be signalled at once. A group
+is only forgotten once /proc shows no live member of it, and `stop_all` stops whatever is still
+known, whatever interrupted the harness.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+_live_groups: dict[int, subprocess.Popen] = {}
+
+
+class StartError(Exception):
+    """A server did not become ready; str(error) says why, including the end of its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Starts argv as the leader of a new process group, with stdout and stderr going to log."""
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        cwd=cwd, env=env, start_new_session=True,
+    )
+    _live_groups[process.pid] = process
+    return process
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in group pgid, read from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        # Fields after the command name, which is in parentheses and may itself contain spaces.
+        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+        if int(group) == pgid and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def stop(process: subprocess.Popen, *, grace: float = 5.0) -> None:
+    """Stops process and its whole group: SIGTERM to the leader, then after up to grace seconds
+    SIGKILL to whatever is left of the group; returns only when no member of it is alive."""
+    pgid = process.pid
+    if process.poll() is None:
+        _signal_leader(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    deadline = time.monotonic() + 10.0
+    while members := group_members(pgid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process group {pgid} survives SIGKILL: {members}")
+        _signal_group(pgid, signal.SIGKILL)
+        time.sleep(0.05)
+    process.wait()
+    _live_groups.pop(pgid, None)
+
+
+def interrupt(process: subprocess.Popen) -> None:
+    """Sends SIGINT to the whole group: what a person pressing Ctrl-C on the tool would do."""
+    _signal_group(process.pid, signal.SIGINT)
+
+
+def stop_all() -> None:
+    """Stops every group this module started and has not stopped yet."""
+    for process in list(_live_groups.values()):
+        stop(process, grace=2.0)
+
+
+def _signal_leader(process: subprocess.Popen, number: signal.Signals) -> None:
+    try:
+        process.send_signal(number)
+    except ProcessLookupError:
+        pass
+
+
+def _signal_group(pgid: int, number: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, number)
+    except ProcessLookupError:
+        pass
+
+
+def wait_ready(
+    process: subprocess.Popen, *, port: int, log_path: Path, log_pattern: re.Pattern[str] | None,
+    log_count: int, timeout: float = 30.0,
+) -> None:
+    """Waits until the log shows log_pattern log_count times (e.g. one line per booted worker) and
+    GET / answers 200. Raises StartError if the server exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise StartError(f"exited with status {process.returncode}:\n{_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise StartError(f"not ready after {timeout:.0f} s:\n{_tail(log_path)}")
+        log_ready = log_pattern is None or len(log_pattern.findall(_read(log_path))) >= log_count
+        if log_ready and _answers_200(port):
+            return
+        time.sleep(0.1)
+
+
+def _answers_200(port: int) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+    try:
+        connection.request("GET", "/")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])
+
+
+def run_tool(
+    argv: Sequence[str], *, output: Path, cwd: Path, env: dict[str, str], time_limit: float,
+) -> tuple[int, bool]:
+    """Runs a load tool with stdout and stderr in output. After time_limit seconds the tool gets
+    SIGINT (ab then prints what it has measured so far), and SIGKILL 10 s later.
+    Returns (exit status, whether the time limit cut the run short)."""
+    with output.open("wb") as log:
+        process = start(argv, log=log, cwd=cwd, env=env)
+        try:
+            process.wait(timeout=time_limit)
+            return process.returncode, False
+        except subprocess.TimeoutExpired:
+            interrupt(process)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            return process.returncode if process.returncode is not None else -9, True
+        finally:
+            stop(process, grace=1.0)

@@ -1,0 +1,276 @@
+"""Turns the runs into bench/results: latest.json (every run's raw numbers), latest.md (medians,
+ratios to maitred, targets, commands, versions, per-run tables) and charts/<scenario>.png.
+
+A run of some scenarios replaces those scenarios in latest.json and keeps the others, each with
+its own date, commit and environment, so `make bench S=S1` refreshes S1 without losing the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import matplotlib.ticker  # noqa: E402
+
+from measure import KERNEL_COUNTERS  # noqa: E402
+
+REFERENCE = "maitred"
+TABLE_PERCENTILES = ("50", "90", "99")
+
+
+def write(out: Path, environment: dict, records: list[dict], scenarios: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "charts").mkdir(exist_ok=True)
+    data_path = out / "latest.json"
+    kept = json.loads(data_path.read_text())["scenarios"] if data_path.exists() else {}
+    for record in records:
+        kept[record["id"]] = dict(record, environment=environment)
+    # In the registry's order; scenarios no longer in the registry are dropped.
+    merged = {name: kept[name] for name in scenarios if name in kept}
+    data_path.write_text(json.dumps({"environment": environment, "scenarios": merged}, indent=1) + "\n")
+
+    written = [data_path]
+    for record in records:
+        written.append(_chart(out / "charts" / f"{record['id']}.png", record, scenarios[record["id"]]))
+    markdown_path = out / "latest.md"
+    markdown_path.write_text(_markdown(environment, merged, scenarios))
+    written.append(markdown_path)
+    return written
+
+
+def summarize(runs: list[dict]) -> dict | None:
+    """Medians over one server's successful runs; None when no run succeeded."""
+    good = [run for run in runs if run["measurement"] is not None]
+    if not good:
+        return None
+    measurements = [run["measurement"] for run in good]
+
+    def median(values: list) -> float | None:
+        present = [value for value in values if value is not None]
+        return statistics.median(present) if present else None
+
+    percentiles = sorted({p for m in measurements for p in m["latency_ms"]}, key=float)
+    summary = {
+        "runs": len(good),
+        "errors": [run["error"] for run in runs if run["error"]],
+        "cut_short": sum(run["cut_short"] for run in good),
+        "latency_ms": {p: median([m["latency_ms"].get(p) for m in measurements]) for p in percentiles},
+    }
+    for key in ("rps", "requests", "failed", "non2xx", "keepalive", "max_ms", "connect_max_ms"):
+        summary[key] = median([m[key] for m in measurements])
+    for name in KERNEL_COUNTERS:
+        summary[name] = median([run["kernel"][name] for run in good])
+    return summary
+
+
+def _summaries(record: dict) -> dict[str, dict | None]:
+    labels = list(dict.fromkeys(run["server"] for run in record["runs"]))
+    return {label: summarize([run for run in record["runs"] if run["server"] == label]) for label in labels}
+
+
+def _peers(summaries: dict[str, dict | None]) -> list[dict]:
+    return [s for label, s in summaries.items() if label != REFERENCE and s is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> str:
+    machine = environment["machine"]
+    lines = [
+        "# maitred benchmark results",
+        "",
+        f"Written {environment['date']} at commit {environment['commit']} by `bench/run.py` "
+        "(see bench/README.md for the method and how to read this).",
+        "",
+        "Machine: " + ", ".join(f"{key} {value}" for key, value in machine.items()) + ".",
+        "",
+        "Versions: " + "; ".join(f"{name}: {version}" for name, version in environment["versions"].items()) + ".",
+        "",
+    ]
+    if environment["peers not installed"]:
+        lines += ["Peers that could not be installed: " + "; ".join(
+            f"{name}: {why}" for name, why in environment["peers not installed"].items()) + ".", ""]
+    lines += [
+        "Every run starts a fresh server on a free port of 127.0.0.1 and stops its whole process "
+        "group afterwards; servers take turns (A B C A B C ...). Tables show medians over the "
+        "runs; `x maitred` is a server's req/s divided by maitred's. Latencies are in ms. The "
+        "kernel counters are the change during the run, for the whole machine.",
+        "",
+        "## Summary",
+        "",
+        "| scenario | maitred req/s | best peer | its req/s | maitred / best peer | maitred's targets |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for name, record in records.items():
+        summaries = _summaries(record)
+        ours = summaries.get(REFERENCE)
+        peers = [(label, s) for label, s in summaries.items() if label != REFERENCE and s is not None]
+        best_label, best = max(peers, key=lambda pair: pair[1]["rps"]) if peers else ("-", None)
+        targets = scenarios[name].targets
+        met = (f"{sum(t.holds(ours, _peers(summaries)) for t in targets)} of {len(targets)} met"
+               if ours and targets else "-")
+        lines.append(f"| [{name}](#{name.lower()}) | {_number(ours and ours['rps'])} | {best_label} | "
+                     f"{_number(best and best['rps'])} | {_ratio(ours, best)} | {met} |")
+    lines.append("")
+    for name, record in records.items():
+        lines += _section(record, scenarios[name], environment)
+    return "\n".join(lines) + "\n"
+
+
+def _section(record: dict, scenario, environment: dict) -> list[str]:
+    summaries = _summaries(record)
+    ours = summaries.get(REFERENCE)
+    ab = record["load"].startswith("ab")
+    lines = [
+        f"## {scenario.id}",
+        "",
+        f"**{scenario.title}.** {scenario.workers} workers, app `{scenario.app}` (bench/apps.py), "
+        f"backlog {scenario.backlog if scenario.backlog is not None else 'each server’s default'}. "
+        f"Measured {record['started']} at commit {record['commit']}, "
+        f"{max((s['runs'] for s in summaries.values() if s), default=0)} run(s) per server, "
+        f"each bounded to {record['time_limit_s']:.0f} s.",
+        "",
+    ]
+    if record["environment"]["versions"] != environment["versions"]:
+        lines += ["Versions then: " + "; ".join(
+            f"{k}: {v}" for k, v in record["environment"]["versions"].items()) + ".", ""]
+    if scenario.note:
+        lines += [scenario.note, ""]
+    lines += [f"Load: `{record['load']}`", "", "Servers:", ""]
+    lines += [f"- {label}: `{command}`" for label, command in record["commands"].items()]
+    if record["left_out"]:
+        lines.append(f"- left out of this run: {', '.join(record['left_out'])}")
+    lines.append("")
+
+    header = ["server", "req/s", "x maitred", "failed", "non-2xx"]
+    header += [f"p{p}" for p in TABLE_PERCENTILES] + ["max"]
+    header += ["connect max"] if ab else []
+    header += ["keep-alive"] if "-k" in record["load"].split() else []
+    header += list(KERNEL_COUNTERS)
+    lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for label, s in summaries.items():
+        if s is None:
+            errors = [run["error"] for run in record["runs"] if run["server"] == label]
+            lines.append(f"| {label} | no run succeeded: {_cell(errors[0])} |" + " |" * (len(header) - 2))
+            continue
+        row = [label + (f" ({s['cut_short']} run(s) stopped at the time limit)" if s["cut_short"] else ""),
+               _number(s["rps"]), _ratio(s, ours), _number(s["failed"]), _number(s["non2xx"])]
+        row += [_ms(s["latency_ms"].get(p)) for p in TABLE_PERCENTILES] + [_ms(s["max_ms"])]
+        row += [_ms(s["connect_max_ms"])] if ab else []
+        row += [_number(s["keepalive"])] if "-k" in record["load"].split() else []
+        row += [_number(s[name]) for name in KERNEL_COUNTERS]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
+    if scenario.targets:
+        lines += ["Targets for maitred (issue 3):", ""]
+        for target in scenario.targets:
+            verdict = ("no maitred figures" if ours is None
+                       else "met" if target.holds(ours, _peers(summaries)) else "**not met**")
+            lines.append(f"- {target.text}: {verdict}")
+        lines.append("")
+    lines += [f"![{scenario.id}: req/s and latency percentiles](charts/{scenario.id}.png)", ""]
+
+    lines += ["<details><summary>Per-run numbers</summary>", "",
+              "| server | run | req/s | requests | failed | non-2xx | p50 | p99 | max | "
+              + " | ".join(KERNEL_COUNTERS) + " | note |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * len(KERNEL_COUNTERS) + "---|"]
+    for run in record["runs"]:
+        m = run["measurement"]
+        note = _cell(run["error"] or "") + (" stopped at the time limit" if run["cut_short"] else "")
+        if m is None:
+            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (8 + len(KERNEL_COUNTERS)) + f" {note} |")
+            continue
+        detail = ", ".join(f"{k} {v}" for k, v in m["failed_detail"].items() if v)
+        lines.append(
+            f"| {run['server']} | {run['run']} | {_number(m['rps'])} | {m['requests']} | "
+            f"{m['failed']}{f' ({detail})' if detail else ''} | {m['non2xx']} | "
+            f"{_ms(m['latency_ms'].get('50'))} | {_ms(m['latency_ms'].get('99'))} | {_ms(m['max_ms'])} | "
+            + " | ".join(str(run["kernel"][name]) for name in KERNEL_COUNTERS) + f" | {note} |")
+    lines += ["", "</details>", ""]
+    return lines
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _ratio(summary: dict | None, reference: dict | None) -> str:
+    if not summary or not reference or not reference["rps"]:
+        return "-"
+    return f"{summary['rps'] / reference['rps']:.2f}"
+
+
+def _cell(text: str) -> str:
+    return text.splitlines()[0].replace("|", "\\|") if text else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts
+
+def _chart(path: Path, record: dict, scenario) -> Path:
+    """Left: median req/s per server, whiskers from the slowest to the fastest run. Right: median
+    latency per percentile on a scale that spreads the tail (50, 90, 99, 99.9 ...), max at the end."""
+    summaries = {label: s for label, s in _summaries(record).items() if s is not None}
+    figure, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure.suptitle(f"{scenario.id}: {scenario.title}\n{record['load']}", fontsize=10)
+
+    labels = list(summaries)
+    medians = [summaries[label]["rps"] for label in labels]
+    spans = [[run["measurement"]["rps"] for run in record["runs"]
+              if run["server"] == label and run["measurement"]] for label in labels]
+    below = [median - min(span) for median, span in zip(medians, spans)]
+    above = [max(span) - median for median, span in zip(medians, spans)]
+    colors = ["tab:red" if label == REFERENCE else "tab:gray" for label in labels]
+    bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
+    bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
+    bars.set_ylabel("requests per second (median of runs)")
+    for x, value in enumerate(medians):
+        bars.annotate(f"{value:,.0f}", (x, value), ha="center", va="bottom", fontsize=8,
+                      xytext=(0, 2), textcoords="offset points")
+
+    def nines(percentile: float) -> float:
+        return -math.log10(1 - percentile / 100)
+
+    curve_points = {}
+    for label, summary in summaries.items():
+        points = sorted((float(p), ms) for p, ms in summary["latency_ms"].items() if ms is not None)
+        curve_points[label] = [(nines(p), ms) for p, ms in points if p >= 50]
+    last = max((points[-1][0] for points in curve_points.values() if points), default=0.0)
+    for label, points in curve_points.items():
+        if not points:
+            continue
+        style = {"color": "tab:red", "linewidth": 2.5} if label == REFERENCE else {}
+        line, = curves.plot([x for x, _ in points], [ms for _, ms in points], marker=".", label=label, **style)
+        if summaries[label]["max_ms"] is not None:
+            curves.plot([points[-1][0], last + 0.5], [points[-1][1], summaries[label]["max_ms"]],
+                        linestyle=":", marker="x", markevery=[1], color=line.get_color())
+    ticks = [p for p in (50, 90, 99, 99.9, 99.99) if nines(p) <= last]
+    curves.set_xticks([nines(p) for p in ticks] + [last + 0.5], [f"{p:g}" for p in ticks] + ["max"])
+    curves.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _position: f"{value:g}")
+    curves.yaxis.set_major_formatter(plain)
+    curves.yaxis.set_minor_formatter(plain)
+    curves.set_xlabel("percentile")
+    curves.set_ylabel("latency, ms (median of runs)")
+    curves.grid(True, which="both", alpha=0.3)
+    curves.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,323 @@
+"""maitred's benchmark: every scenario against maitred and its peers, side by side.
+
+    python3 bench/run.py                 # every scenario, 3 runs each, into bench/results/
+    python3 bench/run.py -s S1,T1        # some scenarios
+    python3 bench/run.py --quick         # short loads, 1 run, into bench/.work/quick/ (for trying out)
+    python3 bench/run.py --list          # the scenarios and servers
+
+The harness installs the peers itself into bench/.peers (a venv, pinned versions) and runs from
+there, since it needs matplotlib too. maitred comes from the project's .venv, built by `make`.
+See bench/README.md for what is measured and how to read the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PEERS_VENV = BENCH / ".peers"
+WORK = BENCH / ".work"
+HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
+DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk"}
+# A pause after a server is ready (so its start-up does not share the CPU with the load) and
+# between runs (so that one run's closing connections do not overlap the next).
+SETTLE_SECONDS = 0.5
+
+
+def main(argv: list[str]) -> int:
+    args = _parse_args(argv)
+    if not _inside_peers_venv():
+        _install_debian_tools()
+        _create_peers_venv()
+        venv_python = str(PEERS_VENV / "bin" / "python")
+        os.execv(venv_python, [venv_python, str(Path(__file__).resolve()), *argv])
+
+    # Only from here on are the harness's own modules and matplotlib importable.
+    import procs
+    from scenarios import SCENARIOS
+    from servers import MAITRED, SERVERS
+
+    if args.list:
+        _print_registry(SCENARIOS, SERVERS)
+        return 0
+    try:
+        scenarios = [SCENARIOS[name] for name in args.scenarios] if args.scenarios else list(SCENARIOS.values())
+    except KeyError as error:
+        return _fail(f"unknown scenario {error}; known: {', '.join(SCENARIOS)}")
+    wanted = set(args.servers) if args.servers else {e.server for s in scenarios for e in s.lineup}
+    if unknown := wanted - set(SERVERS):
+        return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
+    if "maitred" in wanted and not MAITRED.exists():
+        return _fail(f"{MAITRED.relative_to(REPO)} is missing: run `make` first to build it "
+                     "(or leave maitred out with --servers)")
+
+    installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
+    available = {name for name in wanted if installs.get(name, "ok") == "ok"}
+    out = Path(args.out) if args.out else (WORK / "quick" if args.quick else BENCH / "results")
+    runs = args.runs if args.runs is not None else (1 if args.quick else 3)
+
+    _raise_open_files_limit()
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, _interrupt)
+    try:
+        records = [_run_scenario(scenario, runs, args.quick, available, SERVERS)
+                   for scenario in scenarios]
+    except KeyboardInterrupt:
+        print("\ninterrupted: nothing written", file=sys.stderr)
+        return 130
+    finally:
+        # A second Ctrl-C must not cut the clean-up short.
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)
+        procs.stop_all()
+
+    import report
+    environment = _environment(SERVERS, available, installs)
+    paths = report.write(out, environment, records, SCENARIOS)
+    print("\n".join(f"wrote {path}" for path in paths))
+    return 0
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/run.py", description="maitred's benchmark harness.")
+    parser.add_argument("-s", "--scenarios", type=_names, help="comma-separated scenario ids (default: all)")
+    parser.add_argument("--servers", type=_names, help="comma-separated server names (default: every one in the line-ups)")
+    parser.add_argument("-n", "--runs", type=int, help="runs per server and scenario (default: 3; --quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="short loads for trying the harness out; "
+                        "writes to bench/.work/quick unless --out says otherwise")
+    parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
+    return parser.parse_args(argv)
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _fail(message: str) -> int:
+    print(f"bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _interrupt(number: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _inside_peers_venv() -> bool:
+    return Path(sys.prefix).resolve() == PEERS_VENV.resolve()
+
+
+def _install_debian_tools() -> None:
+    missing = sorted({package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None})
+    if missing:
+        print(f"bench: installing {' '.join(missing)} from Debian", file=sys.stderr)
+        subprocess.run(["apt-get", "update", "-q"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True)
+
+
+def _create_peers_venv() -> None:
+    if not (PEERS_VENV / "bin" / "python").exists():
+        print(f"bench: creating {PEERS_VENV.relative_to(REPO)}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    subprocess.run([str(PEERS_VENV / "bin" / "pip"), "install", "-q", *HARNESS_REQUIREMENTS], check=True)
+
+
+def _install_peers(servers: list) -> dict[str, str]:
+    """Installs each server's pinned requirements; returns {server name: "ok" or why not}.
+    A peer that does not build is reported, not fatal."""
+    outcome = {}
+    for server in servers:
+        if not server.pip:
+            continue
+        result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *server.pip],
+                                capture_output=True, text=True)
+        if result.returncode == 0:
+            outcome[server.name] = "ok"
+        else:
+            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            outcome[server.name] = f"pip install {' '.join(server.pip)} failed: {last}"
+            print(f"bench: {server.name} left out: {outcome[server.name]}", file=sys.stderr)
+    return outcome
+
+
+def _raise_open_files_limit() -> None:
+    # ab -c 1000 needs over 1000 descriptors, and so does a server holding 1000 connections.
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _run_scenario(scenario, runs: int, quick: bool, available: set[str], servers: dict) -> dict:
+    """Runs scenario `runs` times for every available server of its line-up, interleaved
+    (A B C A B C ...) so that drift in the machine's speed hits every server alike."""
+    from servers import Launch
+
+    load = scenario.load.shortened() if quick else scenario.load
+    entries = [entry for entry in scenario.lineup if entry.server in available]
+    labels = {entry: servers[entry.server].label(entry.threads) for entry in scenario.lineup}
+    commands = {}
+    for entry in entries:
+        launch = Launch(scenario.app, 0, scenario.workers, entry.threads, scenario.backlog)
+        argv = servers[entry.server].argv(launch)
+        commands[labels[entry]] = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
+    record = {
+        "id": scenario.id,
+        "started": _now(),
+        "commit": _git_commit(),
+        "load": load.describe(),
+        "time_limit_s": scenario.limit(),
+        "commands": commands,
+        "left_out": [labels[entry] for entry in scenario.lineup if entry not in entries],
+        "runs": [],
+    }
+    print(f"\n{scenario.id}: {scenario.title}\n  load: {load.describe()}", file=sys.stderr)
+    for repetition in range(1, runs + 1):
+        for entry in entries:
+            result = _run_once(scenario, load, entry, labels[entry], servers[entry.server], repetition)
+            record["runs"].append(result)
+            print(f"  run {repetition}/{runs} {labels[entry]:<28} {_brief(result)}", file=sys.stderr)
+            time.sleep(SETTLE_SECONDS)
+    return record
+
+
+def _run_once(scenario, load, entry, label: str, server, repetition: int) -> dict:
+    import procs
+    from measure import ParseError, kernel_counters
+    from servers import Launch
+
+    workdir = WORK / "runs" / scenario.id / "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-") / str(repetition)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    port = procs.free_port()
+    launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
+    env = dict(os.environ, PYTHONPATH=str(BENCH))
+    result = {"server": label, "run": repetition, "measurement": None, "error": None,
+              "cut_short": False, "kernel": None}
+    log_path = workdir / "server.log"
+    with log_path.open("wb") as log:
+        process = procs.start(server.argv(launch), log=log, cwd=workdir, env=env)
+        try:
+            procs.wait_ready(process, port=port, log_path=log_path,
+                             log_pattern=server.ready_line(launch) if server.ready_line else None,
+                             log_count=server.ready_count(launch))
+            time.sleep(SETTLE_SECONDS)
+            before = kernel_counters()
+            status, cut_short = procs.run_tool(
+                load.argv(f"http://127.0.0.1:{port}/", workdir), output=workdir / "tool.out",
+                cwd=workdir, env=env, time_limit=scenario.limit())
+            after = kernel_counters()
+            result["kernel"] = {name: after[name] - before[name] for name in after}
+            result["cut_short"] = cut_short
+            result["measurement"] = load.parse((workdir / "tool.out").read_text(errors="replace"), workdir)
+            if process.poll() is not None:
+                result["error"] = f"the server exited during the run with status {process.returncode}"
+        except procs.StartError as error:
+            result["error"] = f"did not start: {error}"
+        except ParseError as error:
+            result["error"] = f"{load.tool} exited with status {status}; {error}"
+        finally:
+            procs.stop(process)
+    return result
+
+
+def _brief(result: dict) -> str:
+    m = result["measurement"]
+    if m is None:
+        return "ERROR " + result["error"].splitlines()[0]
+    p99 = m["latency_ms"].get("99")
+    text = (f"{m['rps']:9.0f} req/s  failed {m['failed']}  non-2xx {m['non2xx']}  "
+            f"p99 {p99 if p99 is not None else '-'} ms  max {m['max_ms']} ms  "
+            f"overflows {result['kernel']['ListenOverflows']}")
+    if result["cut_short"]:
+        text += f"  (stopped at the time limit after {m['requests']} requests)"
+    return text + (f"  [{result['error']}]" if result["error"] else "")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unavailable ({error})"
+    return (result.stdout + result.stderr).strip()
+
+
+def _git_commit() -> str:
+    commit = _run(["git", "rev-parse", "--short=12", "HEAD"])
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return commit + (" with uncommitted changes" if dirty else "")
+
+
+def _environment(servers: dict, available: set[str], installs: dict[str, str]) -> dict:
+    """What a reader needs to reproduce the figures: machine, kernel settings, versions."""
+    def first_line(text: str) -> str:
+        return text.splitlines()[0] if text else ""
+
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return "unavailable"
+
+    cpu = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), "unknown")
+    memory = next((line.split(":", 1)[1].strip() for line in read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal")), "unknown")
+    versions = {
+        "ab": first_line(_run(["ab", "-V"])).replace("This is ApacheBench, Version", "ApacheBench").split(" <")[0],
+        "wrk": first_line(_run(["wrk", "-v"])).split(" Copyright")[0],
+        "python (peers)": platform.python_version(),
+    }
+    maitred_python = REPO / ".venv" / "bin" / "python"
+    if maitred_python.exists():
+        versions["python (maitred)"] = _run([str(maitred_python), "-c", "import platform; print(platform.python_version())"])
+    for name in sorted(available):
+        server = servers[name]
+        if server.version_command:
+            versions[name] = first_line(_run(list(server.version_command)))
+        else:
+            versions[name] = ", ".join(server.pip)
+    return {
+        "date": _now(),
+        "commit": _git_commit(),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "cpu": cpu,
+            "memory": memory,
+            "kernel": platform.release(),
+            "net.core.somaxconn": read("/proc/sys/net/core/somaxconn"),
+            "net.ipv4.tcp_max_syn_backlog": read("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
+            "net.ipv4.tcp_syncookies": read("/proc/sys/net/ipv4/tcp_syncookies"),
+            "open files limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        },
+        "versions": versions,
+        "peers not installed": {name: why for name, why in installs.items() if why != "ok"},
+        "peers venv": _run([sys.executable, "-m", "pip", "freeze"]).splitlines(),
+    }
+
+
+def _print_registry(scenarios: dict, servers: dict) -> None:
+    print("scenarios:")
+    for scenario in scenarios.values():
+        print(f"  {scenario.id:<8} {scenario.title}\n           {scenario.load.describe()}; "
+              f"{scenario.workers} workers; {', '.join(servers[e.server].label(e.threads) for e in scenario.lineup)}")
+    print("servers:")
+    for server in servers.values():
+        print(f"  {server.name:<18} {', '.join(server.pip) or 'the project .venv'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
