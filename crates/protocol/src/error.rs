@@ -159,12 +159,6 @@ impl RequestError {
     }
 }
 
-impl From<ErrorKind> for RequestError {
-    fn from(kind: ErrorKind) -> RequestError {
-        RequestError::new(kind)
-    }
-}
-
 /// Shows a request byte in a reason: printable ASCII as itself, anything else in hex.
 struct ShownByte(u8);
 
