@@ -240,8 +240,9 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
     bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
     bars.set_ylabel("requests per second (median of runs)")
-    for x, value in enumerate(medians):
-        bars.annotate(f"{value:,.0f}", (x, value), ha="center", va="bottom", fontsize=8,
+    for x, (label, value) in enumerate(zip(labels, medians)):
+        cut = " (stopped at\nthe time limit)" if summaries[label]["cut_short"] else ""
+        bars.annotate(f"{value:,.0f}{cut}", (x, value), ha="center", va="bottom", fontsize=8,
                       xytext=(0, 2), textcoords="offset points")
 
     def nines(percentile: float) -> float:
@@ -263,9 +264,9 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     ticks = [p for p in (50, 90, 99, 99.9, 99.99) if nines(p) <= last]
     curves.set_xticks([nines(p) for p in ticks] + [last + 0.5], [f"{p:g}" for p in ticks] + ["max"])
     curves.set_yscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda value, _position: f"{value:g}")
-    curves.yaxis.set_major_formatter(plain)
-    curves.yaxis.set_minor_formatter(plain)
+    curves.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    curves.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    curves.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     curves.set_xlabel("percentile")
     curves.set_ylabel("latency, ms (median of runs)")
     curves.grid(True, which="both", alpha=0.3)

@@ -24,9 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-PEERS_VENV = BENCH / ".peers"
+import procs
+from measure import Load, ParseError, kernel_counters
+from scenarios import SCENARIOS, Entry, Scenario
+from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Launch, Server
+
 WORK = BENCH / ".work"
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
 DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk"}
@@ -43,13 +45,8 @@ def main(argv: list[str]) -> int:
         venv_python = str(PEERS_VENV / "bin" / "python")
         os.execv(venv_python, [venv_python, str(Path(__file__).resolve()), *argv])
 
-    # Only from here on are the harness's own modules and matplotlib importable.
-    import procs
-    from scenarios import SCENARIOS
-    from servers import MAITRED, SERVERS
-
     if args.list:
-        _print_registry(SCENARIOS, SERVERS)
+        _print_registry()
         return 0
     try:
         scenarios = [SCENARIOS[name] for name in args.scenarios] if args.scenarios else list(SCENARIOS.values())
@@ -59,7 +56,7 @@ def main(argv: list[str]) -> int:
     if unknown := wanted - set(SERVERS):
         return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
     if "maitred" in wanted and not MAITRED.exists():
-        return _fail(f"{MAITRED.relative_to(REPO)} is missing: run `make` first to build it "
+        return _fail(f"{MAITRED} is missing: run `make` first to build it "
                      "(or leave maitred out with --servers)")
 
     installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
@@ -71,8 +68,7 @@ def main(argv: list[str]) -> int:
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, _interrupt)
     try:
-        records = [_run_scenario(scenario, runs, args.quick, available, SERVERS)
-                   for scenario in scenarios]
+        records = [_run_scenario(scenario, runs, args.quick, available) for scenario in scenarios]
     except KeyboardInterrupt:
         print("\ninterrupted: nothing written", file=sys.stderr)
         return 130
@@ -82,8 +78,8 @@ def main(argv: list[str]) -> int:
             signal.signal(number, signal.SIG_IGN)
         procs.stop_all()
 
-    import report
-    environment = _environment(SERVERS, available, installs)
+    import report  # needs matplotlib, which only the peers' venv has
+    environment = _environment(available, installs)
     paths = report.write(out, environment, records, SCENARIOS)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
@@ -133,7 +129,7 @@ def _create_peers_venv() -> None:
     subprocess.run([str(PEERS_VENV / "bin" / "pip"), "install", "-q", *HARNESS_REQUIREMENTS], check=True)
 
 
-def _install_peers(servers: list) -> dict[str, str]:
+def _install_peers(servers: list[Server]) -> dict[str, str]:
     """Installs each server's pinned requirements; returns {server name: "ok" or why not}.
     A peer that does not build is reported, not fatal."""
     outcome = {}
@@ -157,18 +153,16 @@ def _raise_open_files_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _run_scenario(scenario, runs: int, quick: bool, available: set[str], servers: dict) -> dict:
+def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str]) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
     (A B C A B C ...) so that drift in the machine's speed hits every server alike."""
-    from servers import Launch
-
     load = scenario.load.shortened() if quick else scenario.load
     entries = [entry for entry in scenario.lineup if entry.server in available]
-    labels = {entry: servers[entry.server].label(entry.threads) for entry in scenario.lineup}
+    labels = {entry: SERVERS[entry.server].label(entry.threads) for entry in scenario.lineup}
     commands = {}
     for entry in entries:
         launch = Launch(scenario.app, 0, scenario.workers, entry.threads, scenario.backlog)
-        argv = servers[entry.server].argv(launch)
+        argv = SERVERS[entry.server].argv(launch)
         commands[labels[entry]] = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
     record = {
         "id": scenario.id,
@@ -183,18 +177,15 @@ def _run_scenario(scenario, runs: int, quick: bool, available: set[str], servers
     print(f"\n{scenario.id}: {scenario.title}\n  load: {load.describe()}", file=sys.stderr)
     for repetition in range(1, runs + 1):
         for entry in entries:
-            result = _run_once(scenario, load, entry, labels[entry], servers[entry.server], repetition)
+            result = _run_once(scenario, load, entry, labels[entry], repetition)
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {_brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
     return record
 
 
-def _run_once(scenario, load, entry, label: str, server, repetition: int) -> dict:
-    import procs
-    from measure import ParseError, kernel_counters
-    from servers import Launch
-
+def _run_once(scenario: Scenario, load: Load, entry: Entry, label: str, repetition: int) -> dict:
+    server = SERVERS[entry.server]
     workdir = WORK / "runs" / scenario.id / "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-") / str(repetition)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -234,9 +225,11 @@ def _brief(result: dict) -> str:
     m = result["measurement"]
     if m is None:
         return "ERROR " + result["error"].splitlines()[0]
-    p99 = m["latency_ms"].get("99")
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
     text = (f"{m['rps']:9.0f} req/s  failed {m['failed']}  non-2xx {m['non2xx']}  "
-            f"p99 {p99 if p99 is not None else '-'} ms  max {m['max_ms']} ms  "
+            f"p99 {ms(m['latency_ms'].get('99'))}  max {ms(m['max_ms'])}  "
             f"overflows {result['kernel']['ListenOverflows']}")
     if result["cut_short"]:
         text += f"  (stopped at the time limit after {m['requests']} requests)"
@@ -261,7 +254,7 @@ def _git_commit() -> str:
     return commit + (" with uncommitted changes" if dirty else "")
 
 
-def _environment(servers: dict, available: set[str], installs: dict[str, str]) -> dict:
+def _environment(available: set[str], installs: dict[str, str]) -> dict:
     """What a reader needs to reproduce the figures: machine, kernel settings, versions."""
     def first_line(text: str) -> str:
         return text.splitlines()[0] if text else ""
@@ -285,9 +278,9 @@ def _environment(servers: dict, available: set[str], installs: dict[str, str]) -
     if maitred_python.exists():
         versions["python (maitred)"] = _run([str(maitred_python), "-c", "import platform; print(platform.python_version())"])
     for name in sorted(available):
-        server = servers[name]
+        server = SERVERS[name]
         if server.version_command:
-            versions[name] = first_line(_run(list(server.version_command)))
+            versions[name] = f"{first_line(_run(list(server.version_command)))} ({server.version_command[0]})"
         else:
             versions[name] = ", ".join(server.pip)
     return {
@@ -309,13 +302,13 @@ def _environment(servers: dict, available: set[str], installs: dict[str, str]) -
     }
 
 
-def _print_registry(scenarios: dict, servers: dict) -> None:
+def _print_registry() -> None:
     print("scenarios:")
-    for scenario in scenarios.values():
+    for scenario in SCENARIOS.values():
         print(f"  {scenario.id:<8} {scenario.title}\n           {scenario.load.describe()}; "
-              f"{scenario.workers} workers; {', '.join(servers[e.server].label(e.threads) for e in scenario.lineup)}")
+              f"{scenario.workers} workers; {', '.join(SERVERS[e.server].label(e.threads) for e in scenario.lineup)}")
     print("servers:")
-    for server in servers.values():
+    for server in SERVERS.values():
         print(f"  {server.name:<18} {', '.join(server.pip) or 'the project .venv'}")
 
 

@@ -7,6 +7,7 @@ a server only has to run in the foreground and not leave its session.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Callable
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-MAITRED = REPO / ".venv" / "bin" / "maitred"
+# The project's build (`make`); MAITRED=/path/to/maitred measures another build instead.
+MAITRED = Path(os.environ.get("MAITRED", REPO / ".venv" / "bin" / "maitred"))
 PEERS_VENV = BENCH / ".peers"
 
 
