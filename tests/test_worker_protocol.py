@@ -228,9 +228,22 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
     def exit_worker(environ: dict, start_response: Callable) -> list[bytes]:
         raise SystemExit(3)
 
-    def pid(environ: dict, start_response: Callable) -> list[bytes]:
+    kept_start_response: list[Callable] = []
+
+    def keep_start_response(environ: dict, start_response: Callable) -> list[bytes]:
+        kept_start_response[:] = [start_response]
         start_response("200 OK", text)
-        return [str(os.getpid()).encode()]
+        return [b"kept"]
+
+    def stale_start_response(environ: dict, start_response: Callable) -> list[bytes]:
+        kept_start_response[0]("200 OK", text)
+        return [b"unreachable"]
+
+    def inherited_fds(environ: dict, start_response: Callable) -> list[bytes]:
+        # What a program the application runs would inherit, with nothing closed on its behalf.
+        listing = subprocess.run(["ls", "/proc/self/fd"], close_fds=False, capture_output=True, check=True)
+        start_response("200 OK", text)
+        return [b" ".join(sorted(listing.stdout.split()))]
 
     return {
         "/list": lambda e, s: (s("200 OK", text), [b"hello"])[1],
@@ -255,6 +268,7 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/header-crlf": header("X-Bad", "a\r\nSet-Cookie: evil=1"),
         "/header-nul": header("X-Bad", "a\x00b"),
         "/header-hop-by-hop": header("Connection", "close"),
+        "/header-keep-alive": header("Keep-Alive", "timeout=5"),
         "/header-transfer-encoding": header("Transfer-Encoding", "chunked"),
         "/header-not-latin1": header("X-Name", "\u0101"),
         "/header-bytes": header("X-Bytes", b"value"),
@@ -276,7 +290,9 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/no-start": no_start,
         "/big": big,
         "/exit": exit_worker,
-        "/pid": pid,
+        "/keep-start-response": keep_start_response,
+        "/stale-start-response": stale_start_response,
+        "/inherited-fds": inherited_fds,
     }
 
 
@@ -927,6 +943,7 @@ def test_close_is_always_called(start_worker: Callable[..., Worker]) -> None:
     ("/header-crlf", "ValueError: the value of response header \"X-Bad\" holds a control character"),
     ("/header-nul", "ValueError: the value of response header \"X-Bad\" holds a control character"),
     ("/header-hop-by-hop", "ValueError: response header \"Connection\" is hop-by-hop"),
+    ("/header-keep-alive", "ValueError: response header \"Keep-Alive\" is hop-by-hop"),
     ("/header-transfer-encoding", "ValueError: response header \"Transfer-Encoding\" is hop-by-hop"),
     ("/header-not-latin1", "ValueError: the value of response header \"X-Name\" is not latin-1"),
     ("/header-bytes", "TypeError: the value of response header \"X-Bytes\" must be a str, not bytes"),
@@ -946,6 +963,20 @@ def test_bad_responses_become_500s_with_a_clear_error(start_worker: Callable[...
     response = worker.request(target=path)
     assert (response.status, response.body) == (500, b"500 Internal Server Error\n")
     assert message in worker.stderr()
+
+
+def test_start_response_of_an_earlier_request_is_refused(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    assert worker.request(target="/keep-start-response").body == b"kept"
+    assert worker.request(target="/stale-start-response").status == 500
+    assert "RuntimeError: start_response() or write() of a finished request was called" in worker.stderr()
+
+
+def test_channel_and_body_file_are_not_inherited(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request("POST", "/inherited-fds", body=b"body", body_file=body_file(b"body"))
+    # 0-2 are the standard streams, 3 is ls's own listing of the directory.
+    assert response.body == b"0 1 2 3"
 
 
 def test_exc_info_replaces_a_head_not_yet_sent(start_worker: Callable[..., Worker]) -> None:

@@ -38,7 +38,15 @@ impl RequestBody {
 
     /// A body of `len` bytes in `file`, read with `pread` from offset 0.
     pub fn in_file(file: OwnedFd, len: u64) -> RequestBody {
-        RequestBody { buf: Vec::new(), pos: 0, end: 0, file: Some(file), file_pos: 0, file_len: len, released: false }
+        RequestBody {
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+            file: Some(file),
+            file_pos: 0,
+            file_len: len,
+            released: false,
+        }
     }
 
     /// Frees the memory and closes the file; later reads raise `ValueError`.
@@ -47,6 +55,7 @@ impl RequestBody {
         self.pos = 0;
         self.end = 0;
         self.file = None;
+        self.file_len = self.file_pos;
         self.released = true;
     }
 
@@ -78,7 +87,8 @@ impl RequestBody {
 
     /// Fills `dst` from the file at `file_pos`, detached from the interpreter.
     fn read_file_into(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<()> {
-        let file = self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
+        let file =
+            self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
         let mut filled = 0;
         while filled < dst.len() {
             let offset = self.file_pos + filled as u64;
@@ -122,15 +132,14 @@ impl RequestBody {
 
     fn take<'py>(&mut self, py: Python<'py>, count: usize) -> PyResult<Bound<'py, PyBytes>> {
         let from_buf = count.min(self.buffered());
-        let bytes = PyBytes::new_with(py, count, |dst| {
+        PyBytes::new_with(py, count, |dst| {
             dst[..from_buf].copy_from_slice(&self.buf[self.pos..self.pos + from_buf]);
-            self.pos += from_buf;
             if count > from_buf {
                 self.read_file_into(py, &mut dst[from_buf..])?;
             }
+            self.pos += from_buf;
             Ok(())
-        })?;
-        Ok(bytes)
+        })
     }
 }
 
@@ -152,7 +161,9 @@ impl RequestBody {
         let mut searched = 0;
         loop {
             let window = self.buffered().min(limit);
-            if let Some(at) = self.buf[self.pos + searched..self.pos + window].iter().position(|&b| b == b'\n') {
+            if let Some(at) =
+                self.buf[self.pos + searched..self.pos + window].iter().position(|&b| b == b'\n')
+            {
                 return self.take(py, searched + at + 1);
             }
             searched = window;

@@ -20,7 +20,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::body::RequestBody;
 use crate::environ::{self, latin1};
-use crate::response::{Phase, Response, ERROR_BODY};
+use crate::response::{latin1_bytes, Phase, Response, ERROR_BODY};
 use crate::sys::{self, RecvError};
 
 create_exception!(
@@ -54,7 +54,8 @@ fn wire_error(error: WireError) -> PyErr {
 
 /// `message` on one line, cut (at a character boundary) to `MAX_MESSAGE` bytes.
 fn one_line(message: &str) -> String {
-    let mut line: String = message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
+    let mut line: String =
+        message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
     if line.len() > MAX_MESSAGE {
         let mut cut = MAX_MESSAGE;
         while !line.is_char_boundary(cut) {
@@ -65,12 +66,20 @@ fn one_line(message: &str) -> String {
     line
 }
 
+fn excess_error(excess: usize, declared: u64) -> PyErr {
+    PyValueError::new_err(format!(
+        "the application produced {excess} more bytes than its Content-Length {declared}; they were dropped"
+    ))
+}
+
 fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     match data.cast::<PyBytes>() {
         Ok(bytes) => Ok(bytes.as_bytes()),
         Err(_) => {
             let kind = data.get_type().name()?;
-            Err(PyTypeError::new_err(format!("the response body must be bytes, and the application gave {kind}")))
+            Err(PyTypeError::new_err(format!(
+                "the response body must be bytes, and the application gave {kind}"
+            )))
         }
     }
 }
@@ -90,7 +99,8 @@ impl Link {
             return Err(ChannelError::new_err("an earlier write to the lobby failed"));
         }
         let fd = self.fd.as_raw_fd();
-        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut left = total;
         let mut wait = false;
         while left > 0 {
             let result = if wait {
@@ -106,7 +116,13 @@ impl Link {
                     wait = true;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => wait = true,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {
+                    // A signal handler that raises leaves the frame unfinished.
+                    if let Err(raised) = py.check_signals() {
+                        self.broken = left < total;
+                        return Err(raised);
+                    }
+                }
                 Err(error) => {
                     self.broken = true;
                     return Err(channel_error("writing to the lobby failed", error));
@@ -173,7 +189,13 @@ impl WorkerChannel {
     }
 
     /// Sends the pending head with the first `body` bytes.
-    fn send_head(&mut self, py: Python<'_>, end: bool, added_length: Option<u64>, body: &[u8]) -> PyResult<()> {
+    fn send_head(
+        &mut self,
+        py: Python<'_>,
+        end: bool,
+        added_length: Option<u64>,
+        body: &[u8],
+    ) -> PyResult<()> {
         if body.len() > MAX_FRAME_BODY {
             self.send_head(py, false, added_length, b"")?;
             return self.send_body_frames(py, end, body);
@@ -202,7 +224,8 @@ impl WorkerChannel {
             let available = &self.inbox[self.inbox_start..];
             let mut missing = HEADER_LEN.saturating_sub(available.len());
             if missing == 0 {
-                let header_bytes: &[u8; HEADER_LEN] = available[..HEADER_LEN].try_into().expect("eight bytes");
+                let header_bytes: &[u8; HEADER_LEN] =
+                    available[..HEADER_LEN].try_into().expect("eight bytes");
                 let header = FrameHeader::decode(header_bytes)
                     .map_err(|error| channel_error("the lobby sent a bad frame", error))?;
                 let len = HEADER_LEN + header.len as usize;
@@ -223,8 +246,12 @@ impl WorkerChannel {
                 Ok(0) if self.inbox.is_empty() => return Ok(None),
                 Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                 Ok(_) => {}
-                Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
-                Err(RecvError::Os(error)) => return Err(channel_error("reading from the lobby failed", error)),
+                Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => {
+                    py.check_signals()?
+                }
+                Err(RecvError::Os(error)) => {
+                    return Err(channel_error("reading from the lobby failed", error))
+                }
                 Err(RecvError::DescriptorsTruncated) => {
                     return Err(ChannelError::new_err("more file descriptors arrived than a frame can carry"))
                 }
@@ -251,7 +278,10 @@ impl WorkerChannel {
         let request = Request::decode_payload(payload, body_file.is_some())
             .map_err(|error| channel_error("the lobby sent a bad REQUEST frame", error))?;
         if request.http_minor > 1 {
-            return Err(ChannelError::new_err(format!("a REQUEST frame has HTTP minor version {}", request.http_minor)));
+            return Err(ChannelError::new_err(format!(
+                "a REQUEST frame has HTTP minor version {}",
+                request.http_minor
+            )));
         }
         self.method.clear();
         self.method.extend_from_slice(request.method);
@@ -268,7 +298,9 @@ impl WorkerChannel {
             None if inline_len >= HAND_OVER_BODY && frame.end == self.inbox.len() => {
                 RequestBody::inline(mem::take(&mut self.inbox), frame.end - inline_len, frame.end)
             }
-            None => RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len),
+            None => {
+                RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len)
+            }
         };
         self.inbox_start = frame.end;
         if self.inbox_start >= self.inbox.len() {
@@ -298,18 +330,14 @@ impl WorkerChannel {
             }
             Phase::Complete => {
                 return match self.response.length_to_match() {
-                    Some(declared) if !data.is_empty() => Err(PyValueError::new_err(format!(
-                        "the application produced {} more bytes after the {declared} of its Content-Length",
-                        data.len()
-                    ))),
+                    Some(declared) if !data.is_empty() => Err(excess_error(data.len(), declared)),
                     _ => Ok(()),
                 };
             }
             Phase::HeadPending | Phase::HeadSent => {}
         }
         let mut data = data;
-        let mut excess = 0;
-        let mut dropped_past = 0;
+        let mut excess = None;
         let mut complete = last;
         if let Some(declared) = self.response.length_to_match() {
             let room = declared - self.response.produced();
@@ -319,8 +347,7 @@ impl WorkerChannel {
                         "the application's body is longer than its Content-Length {declared}"
                     )));
                 }
-                excess = data.len() - room as usize;
-                dropped_past = declared;
+                excess = Some(excess_error(data.len() - room as usize, declared));
                 data = &data[..room as usize];
             }
             let total = self.response.produced() + data.len() as u64;
@@ -343,12 +370,8 @@ impl WorkerChannel {
         }
         self.response.add_produced(data.len() as u64);
         self.response.phase = if complete { Phase::Complete } else { Phase::HeadSent };
-        if excess > 0 {
-            return Err(PyValueError::new_err(format!(
-                "the application produced {excess} more bytes than its Content-Length {dropped_past}; they were dropped"
-            )));
-        }
-        Ok(())
+        // The client has its Content-Length worth; the application still hears of its error.
+        excess.map_or(Ok(()), Err)
     }
 
     fn respond_with<'py>(
@@ -370,7 +393,9 @@ impl WorkerChannel {
 
     fn check_generation(&self, generation: u64) -> PyResult<()> {
         if generation != self.generation {
-            return Err(PyRuntimeError::new_err("start_response() or write() of a finished request was called"));
+            return Err(PyRuntimeError::new_err(
+                "start_response() or write() of a finished request was called",
+            ));
         }
         Ok(())
     }
@@ -399,14 +424,14 @@ impl WorkerChannel {
                 let text = value
                     .cast::<PyString>()
                     .map_err(|_| PyTypeError::new_err("SCRIPT_NAME in the base environ must be a str"))?;
-                let text = text.to_str()?;
-                let bytes: Option<Vec<u8>> = text.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect();
-                bytes.ok_or_else(|| PyValueError::new_err(format!("SCRIPT_NAME {text:?} is not latin-1")))?
+                latin1_bytes(text)?
+                    .ok_or_else(|| PyValueError::new_err(format!("SCRIPT_NAME {text} is not latin-1")))?
+                    .into_owned()
             }
         };
         // SAFETY: the caller hands the descriptor over; from here on the channel owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        sys::set_cloexec(fd.as_raw_fd())?;
+        sys::prepare_channel(fd.as_raw_fd())?;
         Ok(WorkerChannel {
             link: Link { fd, broken: false },
             base_environ: base_environ.unbind(),
@@ -443,7 +468,9 @@ impl WorkerChannel {
         let mut guard = slf.borrow_mut();
         let this = &mut *guard;
         if this.response.phase != Phase::Complete {
-            return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
+            return Err(PyRuntimeError::new_err(
+                "receive() was called before the current response was complete",
+            ));
         }
         this.release_body(py);
         let Some(frame) = this.read_frame(py)? else {
@@ -484,6 +511,9 @@ impl WorkerChannel {
     /// itself. The count is the application's Content-Length (less what `write` sent), or all
     /// that remains.
     fn send_file(&mut self, py: Python<'_>, fd: RawFd, offset: u64, available: u64) -> PyResult<()> {
+        // A bad descriptor must fail here, as the application's error, not in sendmsg, where
+        // it would look like the channel's.
+        sys::check_open(fd)?;
         let count = match self.response.length_to_match() {
             Some(declared) => {
                 let wanted = declared.saturating_sub(self.response.produced());
@@ -498,10 +528,14 @@ impl WorkerChannel {
         };
         match self.response.phase {
             Phase::AwaitingStart => {
-                return Err(PyRuntimeError::new_err("the application returned without calling start_response()"))
+                return Err(PyRuntimeError::new_err(
+                    "the application returned without calling start_response()",
+                ))
             }
             Phase::Complete if count > 0 => {
-                return Err(PyValueError::new_err("the application returned a file after its body was complete"))
+                return Err(PyValueError::new_err(
+                    "the application returned a file after its body was complete",
+                ))
             }
             Phase::Complete => return Ok(()),
             Phase::HeadPending => {
@@ -509,12 +543,15 @@ impl WorkerChannel {
                 let added = self.response.added_length(count);
                 self.send_head(py, end, added, b"")?;
             }
-            Phase::HeadSent if count == 0 || !self.response.has_body() => self.send_body_frames(py, true, b"")?,
+            Phase::HeadSent if count == 0 || !self.response.has_body() => {
+                self.send_body_frames(py, true, b"")?
+            }
             Phase::HeadSent => {}
         }
         if count > 0 && self.response.has_body() {
             let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
-            let header = FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN).map_err(wire_error)?;
+            let header = FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN)
+                .map_err(wire_error)?;
             frame[..HEADER_LEN].copy_from_slice(&header.encode());
             frame[HEADER_LEN..].copy_from_slice(&FileRange { offset, count }.encode_payload());
             self.link.write_with_fd(py, &frame, fd)?;
@@ -554,7 +591,6 @@ impl WorkerChannel {
         line.extend_from_slice(if self.http_minor == 0 { b" HTTP/1.0" } else { b" HTTP/1.1" });
         latin1(py, &line)
     }
-
 }
 
 /// The `start_response` of one request (PEP 3333). Calling it checks the status and headers
@@ -585,7 +621,11 @@ impl StartResponse {
                 Some(info) if channel.response.head_sent() => {
                     let error = info.get_item(1)?;
                     let traceback = info.get_item(2)?;
-                    let error = if traceback.is_none() { error } else { error.call_method1("with_traceback", (traceback,))? };
+                    let error = if traceback.is_none() {
+                        error
+                    } else {
+                        error.call_method1("with_traceback", (traceback,))?
+                    };
                     return Err(PyErr::from_value(error));
                 }
                 Some(_) => {}
@@ -609,5 +649,19 @@ impl StartResponse {
             return Err(PyRuntimeError::new_err("write() was called before start_response()"));
         }
         channel.send_chunk(py, bytes_arg(data)?, false, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_become_one_bounded_line() {
+        assert_eq!(one_line("ValueError: bad\r\nsecond line\n"), "ValueError: bad second line");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = one_line(&long);
+        assert!(cut.len() <= MAX_MESSAGE && cut.len() > MAX_MESSAGE - 2);
+        assert!(cut.chars().all(|c| c == 'é'));
     }
 }

@@ -99,7 +99,11 @@ pub fn strip_script_name<'a>(path: &'a [u8], script_name: &[u8]) -> &'a [u8] {
 pub fn latin1<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyString>> {
     // SAFETY: the pointer and length describe a live slice; the result is a new reference.
     unsafe {
-        let ptr = ffi::PyUnicode_DecodeLatin1(bytes.as_ptr().cast(), bytes.len() as ffi::Py_ssize_t, std::ptr::null());
+        let ptr = ffi::PyUnicode_DecodeLatin1(
+            bytes.as_ptr().cast(),
+            bytes.len() as ffi::Py_ssize_t,
+            std::ptr::null(),
+        );
         Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
     }
 }
@@ -174,4 +178,60 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
         environ.set_item(intern!(py, "CONTENT_LENGTH"), request.body_len.to_string())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts<'a>(path: &'a [u8], query: &'a [u8], authority: Option<&'a [u8]>) -> TargetParts<'a> {
+        TargetParts { path, query, authority }
+    }
+
+    #[test]
+    fn origin_form() {
+        assert_eq!(split_target(b"/a/b?x=1&y"), parts(b"/a/b", b"x=1&y", None));
+        assert_eq!(split_target(b"/"), parts(b"/", b"", None));
+        assert_eq!(split_target(b"/?"), parts(b"/", b"", None));
+        assert_eq!(split_target(b"/a?b?c"), parts(b"/a", b"b?c", None));
+        // A colon and slashes later in an origin-form path are not a scheme.
+        assert_eq!(split_target(b"//x:y//z"), parts(b"//x:y//z", b"", None));
+        assert_eq!(split_target(b"/p:q//r"), parts(b"/p:q//r", b"", None));
+    }
+
+    #[test]
+    fn absolute_form() {
+        assert_eq!(
+            split_target(b"http://example.org:8080/a?b"),
+            parts(b"/a", b"b", Some(b"example.org:8080"))
+        );
+        assert_eq!(split_target(b"https://example.org"), parts(b"/", b"", Some(b"example.org")));
+        assert_eq!(split_target(b"http://h?q"), parts(b"/", b"q", Some(b"h")));
+        assert_eq!(split_target(b"http://user:pw@h/x"), parts(b"/x", b"", Some(b"h")));
+    }
+
+    #[test]
+    fn asterisk_and_authority_forms() {
+        assert_eq!(split_target(b"*"), parts(b"*", b"", None));
+        assert_eq!(split_target(b"example.org:443"), parts(b"", b"", None));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(&*percent_decode(b"/plain"), b"/plain");
+        assert!(matches!(percent_decode(b"/plain"), Cow::Borrowed(_)));
+        assert_eq!(&*percent_decode(b"/a%20b%2F%c3%A9"), b"/a b/\xc3\xa9");
+        assert_eq!(&*percent_decode(b"%zz%4%"), b"%zz%4%");
+        assert_eq!(&*percent_decode(b"%41%"), b"A%");
+        assert_eq!(&*percent_decode(b"+"), b"+");
+    }
+
+    #[test]
+    fn script_name_is_stripped_at_segment_boundaries() {
+        assert_eq!(strip_script_name(b"/app/x", b"/app"), b"/x");
+        assert_eq!(strip_script_name(b"/app", b"/app"), b"");
+        assert_eq!(strip_script_name(b"/application", b"/app"), b"/application");
+        assert_eq!(strip_script_name(b"/other", b"/app"), b"/other");
+        assert_eq!(strip_script_name(b"/x", b""), b"/x");
+    }
 }

@@ -24,9 +24,19 @@ pub enum Phase {
 }
 
 /// Headers the application may not send: they describe one connection, which is the
-/// lobby's (PEP 3333, "Other HTTP Features"; RFC 9110, section 7.6.1).
-const HOP_BY_HOP: [&str; 8] =
-    ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+/// lobby's (PEP 3333, "Other HTTP Features", after RFC 2616 section 13.5.1; RFC 9110 section
+/// 7.6.1 adds Proxy-Connection).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// RFC 9110's field-name characters.
 fn is_token_byte(b: u8) -> bool {
@@ -40,7 +50,7 @@ fn is_text_byte(b: u8) -> bool {
 }
 
 /// The latin-1 bytes of a `str`, or None if it holds a code point above U+00FF.
-fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a, [u8]>>> {
+pub fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a, [u8]>>> {
     let utf8 = text.to_str()?;
     if utf8.is_ascii() {
         return Ok(Some(Cow::Borrowed(utf8.as_bytes())));
@@ -48,7 +58,10 @@ fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a, [u
     Ok(utf8.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Cow::Owned))
 }
 
-fn text_arg<'a, 'py>(value: &'a Bound<'py, PyAny>, what: &dyn Fn() -> String) -> PyResult<&'a Bound<'py, PyString>> {
+fn text_arg<'a, 'py>(
+    value: &'a Bound<'py, PyAny>,
+    what: &dyn Fn() -> String,
+) -> PyResult<&'a Bound<'py, PyString>> {
     value.cast::<PyString>().map_err(|_| {
         let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
         PyTypeError::new_err(format!("{} must be a str, not {kind}", what()))
@@ -162,22 +175,28 @@ impl Response {
         self.reason.clear();
         self.reason.extend_from_slice(b"Internal Server Error");
         self.headers.clear();
-        let mut w = Writer::new(&mut self.headers);
+        let length = ERROR_BODY.len().to_string();
         let fields: [(&[u8], &[u8]); 2] =
-            [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", b"26")];
+            [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", length.as_bytes())];
+        let mut w = Writer::new(&mut self.headers);
         for (name, value) in fields {
             w.str16("header name", name).expect("a short constant name");
             w.bytes32("header value", value).expect("a short constant value");
         }
-        debug_assert_eq!(ERROR_BODY.len(), 26);
-        self.header_count = 2;
+        self.header_count = fields.len() as u16;
         self.declared_length = Some(ERROR_BODY.len() as u64);
         self.phase = Phase::HeadPending;
     }
 
     /// Encodes the `RESPONSE_HEAD` frame into `out`, all but its body bytes, of which there
     /// will be `body_len`.
-    pub fn encode_head(&self, out: &mut Vec<u8>, flags: u8, added_length: Option<u64>, body_len: usize) -> Result<(), WireError> {
+    pub fn encode_head(
+        &self,
+        out: &mut Vec<u8>,
+        flags: u8,
+        added_length: Option<u64>,
+        body_len: usize,
+    ) -> Result<(), WireError> {
         out.clear();
         out.extend_from_slice(&[0; HEADER_LEN]);
         let mut w = Writer::new(out);
@@ -201,7 +220,8 @@ impl Response {
 /// that of a final response, 200 to 599.
 fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]>, usize)> {
     let text = text_arg(status, &|| "the status".to_owned())?;
-    let invalid = |why: &str| PyValueError::new_err(format!("invalid status {:?}: {why}", text.to_string_lossy()));
+    let invalid =
+        |why: &str| PyValueError::new_err(format!("invalid status {:?}: {why}", text.to_string_lossy()));
     let bytes = latin1_bytes(text)?.ok_or_else(|| invalid("it is not latin-1"))?;
     let reason_start = match bytes.len() {
         3 => 3,
@@ -218,6 +238,9 @@ fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]
     if !bytes[reason_start..].iter().all(|&b| is_text_byte(b)) {
         return Err(invalid("the reason phrase holds a control character"));
     }
+    if bytes.len() - reason_start > usize::from(u16::MAX) {
+        return Err(invalid("the reason phrase is longer than 65535 bytes"));
+    }
     Ok((code, bytes, reason_start))
 }
 
@@ -230,7 +253,9 @@ fn encode_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<(u1
         encode_header_items(tuple.len(), tuple.iter(), out)
     } else {
         let kind = headers.get_type().name()?;
-        Err(PyTypeError::new_err(format!("the response headers must be a list of (name, value) tuples, not {kind}")))
+        Err(PyTypeError::new_err(format!(
+            "the response headers must be a list of (name, value) tuples, not {kind}"
+        )))
     }
 }
 
@@ -247,11 +272,9 @@ fn encode_header_items<'py>(
     let mut declared_length = None;
     let mut w = Writer::new(out);
     for (index, item) in items.enumerate() {
-        let pair = item
-            .cast::<PyTuple>()
-            .ok()
-            .filter(|pair| pair.len() == 2)
-            .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple")))?;
+        let pair = item.cast::<PyTuple>().ok().filter(|pair| pair.len() == 2).ok_or_else(|| {
+            PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple"))
+        })?;
         let name = pair.get_item(0)?;
         let value = pair.get_item(1)?;
         let name = text_arg(&name, &|| format!("the name of response header {index}"))?;
@@ -294,4 +317,24 @@ fn parse_length(value: &[u8]) -> Option<u64> {
         return None;
     }
     std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_values() {
+        assert_eq!(parse_length(b"0"), Some(0));
+        assert_eq!(parse_length(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [&b""[..], b"-1", b"+1", b" 1", b"1 ", b"1e3", b"18446744073709551616"] {
+            assert_eq!(parse_length(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn text_bytes() {
+        assert!(b"a b\tc\x80\xff".iter().all(|&b| is_text_byte(b)));
+        assert!(b"\r\n\0\x7f\x1b".iter().all(|&b| !is_text_byte(b)));
+    }
 }

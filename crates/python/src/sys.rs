@@ -97,7 +97,8 @@ pub fn recv_with_fds(fd: RawFd, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg);
-                let count = ((*cmsg).cmsg_len as usize - (data as usize - cmsg as usize)) / mem::size_of::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len as usize - (data as usize - cmsg as usize)) / mem::size_of::<RawFd>();
                 for i in 0..count {
                     let received = ptr::read_unaligned(data.cast::<RawFd>().add(i));
                     fds.push_back(OwnedFd::from_raw_fd(received));
@@ -123,11 +124,27 @@ pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     }
 }
 
-/// Marks `fd` close-on-exec, so that programs the application runs do not inherit it.
-pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+/// Makes `fd` blocking and close-on-exec: the channel waits in blocking calls (detached
+/// from the interpreter), and programs the application runs must not inherit it.
+pub fn prepare_channel(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor number has no memory effects.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } < 0 {
+    unsafe {
+        let status = libc::fcntl(fd, libc::F_GETFL);
+        if status < 0 || libc::fcntl(fd, libc::F_SETFL, status & !libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Fails with `EBADF` unless `fd` is an open descriptor.
+pub fn check_open(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor number has no memory effects.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
