@@ -22,7 +22,7 @@ _live_groups: dict[int, subprocess.Popen] = {}
 
 
 class StartError(Exception):
-    """A server did not become ready; str(error) says why, including the end of its log."""
+    """A server did not become ready; str(error) says why, with the last line of its log."""
 
 
 def free_port() -> int:
@@ -113,9 +113,9 @@ def wait_ready(
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
-            raise StartError(f"exited with status {process.returncode}:\n{_tail(log_path)}")
+            raise StartError(f"exited with status {process.returncode}; its log ends: {_last_line(log_path)}")
         if time.monotonic() > deadline:
-            raise StartError(f"not ready after {timeout:.0f} s:\n{_tail(log_path)}")
+            raise StartError(f"not ready after {timeout:.0f} s; its log ends: {_last_line(log_path)}")
         log_ready = log_pattern is None or len(log_pattern.findall(_read(log_path))) >= log_count
         if log_ready and _answers_200(port):
             return
@@ -137,8 +137,9 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace")
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(_read(path).splitlines()[-lines:])
+def _last_line(path: Path) -> str:
+    lines = _read(path).strip().splitlines()
+    return lines[-1] if lines else "(nothing)"
 
 
 def run_tool(

@@ -186,7 +186,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         m = run["measurement"]
         note = _cell(run["error"] or "") + (" stopped at the time limit" if run["cut_short"] else "")
         if m is None:
-            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (8 + len(KERNEL_COUNTERS)) + f" {note} |")
+            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (7 + len(KERNEL_COUNTERS)) + f" {note} |")
             continue
         detail = ", ".join(f"{k} {v}" for k, v in m["failed_detail"].items() if v)
         lines.append(

@@ -40,8 +40,12 @@ SETTLE_SECONDS = 0.5
 def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     if not _inside_peers_venv():
-        _install_debian_tools()
-        _create_peers_venv()
+        try:
+            _install_debian_tools()
+            _create_peers_venv()
+        except subprocess.CalledProcessError as error:
+            return _fail(f"setting up the load tools and bench/.peers failed: {' '.join(error.cmd)} "
+                         f"exited with status {error.returncode}")
         venv_python = str(PEERS_VENV / "bin" / "python")
         os.execv(venv_python, [venv_python, str(Path(__file__).resolve()), *argv])
 
@@ -186,7 +190,8 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
 
 def _run_once(scenario: Scenario, load: Load, entry: Entry, label: str, repetition: int) -> dict:
     server = SERVERS[entry.server]
-    workdir = WORK / "runs" / scenario.id / "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-") / str(repetition)
+    slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
+    workdir = WORK / "runs" / scenario.id / slug / str(repetition)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     port = procs.free_port()
