@@ -30,3 +30,9 @@ run: install
 test: install
 	cargo test --workspace
 	$(BIN)/python -m pytest tests -q
+
+# The benchmark against the peers (bench/README.md): every scenario, or some with S=S1,T1.
+# Results go to bench/results/; it takes about 20 minutes.
+.PHONY: bench
+bench: install
+	$(PYTHON) bench/run.py $(if $(S),--scenarios $(S))
