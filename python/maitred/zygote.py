@@ -49,15 +49,28 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             application = load_app()
         except AppLoadError as error:
             _log_cause(error)
-            try:
-                control.send(f"failed {error}".encode())
-            except OSError:
-                pass  # the lobby is gone; there is nobody left to tell
+            _fail(control, str(error))
             return 1
         worker_load_app = lambda: application  # noqa: E731
     grace = settings["graceful_timeout"]
     assert isinstance(grace, float)
     return _Zygote(control, worker_load_app, grace).serve()
+
+
+def _fail(control: socket.socket, message: str) -> None:
+    """Sends `failed MESSAGE` before the zygote exits."""
+    try:
+        control.send(f"failed {message}".encode())
+    except OSError:
+        return  # the lobby is gone; there is nobody left to tell
+    # Closing a Unix socket with unread messages (the lobby's `spawn`s) makes the lobby's next
+    # read fail with ECONNRESET ahead of the `failed` still queued for it; read them first.
+    control.setblocking(False)
+    try:
+        while control.recv(_MAX_MESSAGE):
+            pass
+    except OSError:
+        pass  # BlockingIOError: nothing left unread
 
 
 def _log_cause(error: AppLoadError) -> None:
@@ -99,10 +112,7 @@ class _Zygote:
         except _SpawnFailed as error:
             # The protocol has one way to say "I cannot make workers": `failed`, then exit.
             # Workers already running go on until the lobby closes their channels.
-            try:
-                self._control.send(f"failed {error}".encode())
-            except OSError:
-                pass
+            _fail(self._control, str(error))
             return 1
 
     def _receive(self) -> None:
