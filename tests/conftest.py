@@ -128,20 +128,16 @@ class Server:
         self.process.wait(timeout=10)
 
 
-@pytest.fixture
-def maitred_server(
-    tmp_path: Path, maitred_command: list[str]
-) -> Iterator[Callable[..., Server]]:
-    """Starts servers: ``maitred_server("hello:app", "-w", "2", cwd=app_dir)``.
+class _Launcher:
+    """Starts `maitred` servers whose logs go to `log_dir`, and kills them all at the end."""
 
-    The server listens on 127.0.0.1 and a free port (``bind=False`` leaves --bind to the
-    arguments); the call returns once that port accepts connections, and fails the test with
-    the server's stderr if it exits first or does not listen within `ready_timeout` seconds.
-    Every server started is killed, with its whole process group, when the test ends.
-    """
-    started: list[Server] = []
+    def __init__(self, command: list[str], log_dir: Path) -> None:
+        self.command = command
+        self.log_dir = log_dir
+        self.started: list[Server] = []
 
-    def start(
+    def __call__(
+        self,
         *args: str,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
@@ -150,17 +146,17 @@ def maitred_server(
         ready_timeout: float = 30.0,
     ) -> Server:
         port = port if port is not None else free_port()
-        command = [*maitred_command, *(["--bind", f"{HOST}:{port}"] if bind else []), *args]
-        number = len(started)
-        stdout_path = tmp_path / f"maitred-{number}.stdout"
-        stderr_path = tmp_path / f"maitred-{number}.stderr"
+        command = [*self.command, *(["--bind", f"{HOST}:{port}"] if bind else []), *args]
+        number = len(self.started)
+        stdout_path = self.log_dir / f"maitred-{number}.stdout"
+        stderr_path = self.log_dir / f"maitred-{number}.stderr"
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
-                command, cwd=cwd or tmp_path, env=_environment(env), stdin=subprocess.DEVNULL,
+                command, cwd=cwd or self.log_dir, env=_environment(env), stdin=subprocess.DEVNULL,
                 stdout=stdout, stderr=stderr, start_new_session=True,
             )
         server = Server(process, port, stdout_path, stderr_path)
-        started.append(server)
+        self.started.append(server)
         deadline = time.monotonic() + ready_timeout
         while not accepts_connections(port):
             if process.poll() is not None:
@@ -173,9 +169,34 @@ def maitred_server(
             time.sleep(0.05)
         return server
 
-    yield start
-    for server in started:
-        server.kill()
+    def kill_all(self) -> None:
+        for server in self.started:
+            server.kill()
+
+
+@pytest.fixture
+def maitred_server(tmp_path: Path, maitred_command: list[str]) -> Iterator[_Launcher]:
+    """Starts servers: ``maitred_server("hello:app", "-w", "2", cwd=app_dir)``.
+
+    The server listens on 127.0.0.1 and a free port (``bind=False`` leaves --bind to the
+    arguments); the call returns once that port accepts connections, and fails the test with
+    the server's stderr if it exits first or does not listen within `ready_timeout` seconds.
+    Every server started is killed, with its whole process group, when the test ends.
+    """
+    launcher = _Launcher(maitred_command, tmp_path)
+    yield launcher
+    launcher.kill_all()
+
+
+@pytest.fixture(scope="module")
+def maitred_module_server(
+    tmp_path_factory: pytest.TempPathFactory, maitred_command: list[str]
+) -> Iterator[_Launcher]:
+    """``maitred_server`` for servers shared by the tests of one module: each is killed, with
+    its whole process group, when the module's last test is done."""
+    launcher = _Launcher(maitred_command, tmp_path_factory.mktemp("maitred"))
+    yield launcher
+    launcher.kill_all()
 
 
 @dataclass
