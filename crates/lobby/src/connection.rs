@@ -31,6 +31,9 @@ use crate::Lobby;
 /// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
 /// unlinked temporary file whose descriptor the worker reads.
 const BODY_MEMORY_LIMIT: usize = 256 * 1024;
+/// How long, and how much input, a refused connection is drained before it is closed.
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
 /// Below this much free room the read buffer grows before a read.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -170,9 +173,29 @@ impl<S: ClientStream> Connection<S> {
                 info!("{status} to {}: {reason}", self.peer.display());
                 let mut out = Vec::new();
                 write_error_response(&mut out, status, &reason, &http_date(), false);
-                let _ = self.write_all(&out).await;
+                if self.write_all(&out).await.is_ok() {
+                    self.linger().await;
+                }
             }
             return;
+        }
+    }
+
+    /// Closing a socket with unread input makes the kernel send a reset, which can destroy
+    /// the refusal just written before the client reads it. So: stop writing, then read and
+    /// discard what the client is still sending, within bounds, before closing.
+    async fn linger(&mut self) {
+        if self.stream.shutdown().await.is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + LINGER_TIME;
+        let mut discarded = 0;
+        let mut sink = vec![0u8; 4096];
+        while discarded < LINGER_BYTES {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => discarded += n,
+                _ => return,
+            }
         }
     }
 
