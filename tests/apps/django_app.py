@@ -1,0 +1,65 @@
+"""A Django application for tests/test_frameworks.py, configured in code (no settings
+module, no database): a form post, a JSON API, a file download and a streamed response."""
+
+from __future__ import annotations
+
+import json
+
+import django
+from django.conf import settings
+
+settings.configure(
+    DEBUG=False,
+    SECRET_KEY="maitred-tests-only",
+    ALLOWED_HOSTS=["127.0.0.1"],
+    ROOT_URLCONF=__name__,
+    MIDDLEWARE=[],
+    INSTALLED_APPS=[],
+    DATABASES={},
+    USE_TZ=True,
+)
+django.setup()
+
+from django.core.handlers.wsgi import WSGIHandler  # noqa: E402  (needs the settings above)
+from django.http import (  # noqa: E402
+    FileResponse, HttpRequest, HttpResponseNotAllowed, JsonResponse, StreamingHttpResponse,
+)
+from django.urls import path  # noqa: E402
+
+from framework_support import DOWNLOAD, describe_upload, order_summary, reporting_result_type, stream_lines  # noqa: E402
+
+
+def form(request: HttpRequest) -> JsonResponse | HttpResponseNotAllowed:
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    files = {
+        field: describe_upload(upload.name, upload.content_type, upload.read())
+        for field, upload in request.FILES.items()
+    }
+    return JsonResponse({"fields": dict(request.POST.lists()), "files": files})
+
+
+def orders(request: HttpRequest) -> JsonResponse | HttpResponseNotAllowed:
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    return JsonResponse(order_summary(json.loads(request.body)), status=201)
+
+
+def download(request: HttpRequest) -> FileResponse:
+    return FileResponse(open(DOWNLOAD, "rb"), as_attachment=True, filename="report.bin",
+                        content_type="application/octet-stream")
+
+
+def stream(request: HttpRequest) -> StreamingHttpResponse:
+    lines = stream_lines(request.GET["word"], int(request.GET["n"]))
+    return StreamingHttpResponse(lines, content_type="text/plain")
+
+
+urlpatterns = [
+    path("form", form),
+    path("api/orders", orders),
+    path("download", download),
+    path("stream", stream),
+]
+
+application = reporting_result_type(WSGIHandler())
