@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from wsgiref.validate import validator
@@ -228,6 +228,12 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
     def exit_worker(environ: dict, start_response: Callable) -> list[bytes]:
         raise SystemExit(3)
 
+    def install_usr1_handler(environ: dict, start_response: Callable) -> list[bytes]:
+        errors = environ["wsgi.errors"]
+        signal.signal(signal.SIGUSR1, lambda signum, frame: errors.write("SIGUSR1 handled\n"))
+        start_response("200 OK", text)
+        return [b"installed"]
+
     kept_start_response: list[Callable] = []
 
     def keep_start_response(environ: dict, start_response: Callable) -> list[bytes]:
@@ -290,6 +296,7 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/no-start": no_start,
         "/big": big,
         "/exit": exit_worker,
+        "/install-usr1-handler": install_usr1_handler,
         "/keep-start-response": keep_start_response,
         "/stale-start-response": stale_start_response,
         "/inherited-fds": inherited_fds,
@@ -580,12 +587,38 @@ def test_boot_failure_sends_boot_failed_and_exits_1(start_worker: Callable[..., 
     assert worker.process.wait(timeout=TIMEOUT) == 1
 
 
+def test_lobby_gone_before_boot_failed_is_quiet(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("!fail", wait_ready=False)
+    worker.socket.close()  # long before the worker has imported anything
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert worker.stderr() == ""
+
+
+def test_lobby_closing_during_a_response_ends_the_worker_quietly(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(request_frame(target="/big"))
+    worker.socket.close()
+    assert worker.process.wait(timeout=TIMEOUT) == 0
+    assert worker.stderr() == ""
+
+
 def test_sigterm_and_sigint_are_ignored(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
     worker.process.send_signal(signal.SIGTERM)
     worker.process.send_signal(signal.SIGINT)
     time.sleep(0.2)
     assert worker.process.poll() is None
+    assert worker.request(target="/list").body == b"hello"
+
+
+def test_application_signal_handlers_run_while_the_worker_waits(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    assert worker.request(target="/install-usr1-handler").body == b"installed"
+    worker.process.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + TIMEOUT
+    while "SIGUSR1 handled" not in worker.stderr():
+        assert time.monotonic() < deadline, worker.stderr()
+        time.sleep(0.05)
     assert worker.request(target="/list").body == b"hello"
 
 
@@ -656,12 +689,12 @@ def test_environ_of_a_simple_get(start_worker: Callable[..., Worker]) -> None:
     }
 
 
-def test_path_is_percent_decoded_as_latin1_and_query_stays_raw(start_worker: Callable[..., Worker]) -> None:
+def test_path_is_percent_decoded_as_latin1_query_stays_raw_fragment_is_dropped(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker("app_environ")
-    environ = worker.request(target="/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y").json()
+    environ = worker.request(target="/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y#frag").json()
     assert environ["PATH_INFO"] == "/caf\u00c3\u00a9/a/b/%zz%4"
     assert environ["QUERY_STRING"] == "q=%20x+y"
-    assert environ["RAW_URI"] == "/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y"
+    assert environ["RAW_URI"] == "/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y#frag"
 
 
 def test_headers_become_http_variables(start_worker: Callable[..., Worker]) -> None:

@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from maitred import __version__
-from maitred._native import ChannelError, WorkerChannel
+from maitred._native import ChannelClosed, ChannelError, WorkerChannel
 from maitred.app import AppLoadError
 from maitred.log import log
 from maitred.wsgi import ErrorStream, FileWrapper
@@ -28,8 +28,9 @@ Application = Callable[..., Any]
 def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
     """Loads the application with `load_app`, then serves the requests that arrive on
     `channel_fd` (the worker's end of its channel, which this takes over) until the lobby
-    closes it. Returns the exit code: 0 at end-of-file, 1 if the application did not load or
-    the channel failed."""
+    closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
+    application did not load or the channel broke (an I/O error, a frame against the
+    protocol)."""
     # Ctrl-C and `systemctl stop` reach the whole process group; only the lobby decides when
     # a request may be abandoned, and it retires a worker by closing its channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -40,11 +41,18 @@ def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
     except AppLoadError as error:
         if error.__cause__ is not None:
             log("debug", "".join(traceback.format_exception(error.__cause__)).rstrip())
-        channel.boot_failed(str(error))
+        try:
+            channel.boot_failed(str(error))
+        except ChannelClosed:
+            pass  # the lobby is already gone (another worker's failure may have stopped it)
         return 1
     try:
         channel.ready()
         _serve_requests(channel, application)
+    except ChannelClosed as error:
+        # The lobby let go in the middle of an exchange: it is shutting down or went away,
+        # and it is the one to say so.
+        log("debug", f"worker {os.getpid()}: {error}")
     except ChannelError as error:
         log("error", f"worker {os.getpid()}: {error}")
         return 1

@@ -44,8 +44,25 @@ const MAX_FRAME_BODY: usize = 1 << 30;
 /// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
 const MAX_MESSAGE: usize = 4096;
 
+create_exception!(
+    maitred._native,
+    ChannelClosed,
+    ChannelError,
+    "The lobby closed its end of the channel while the worker was writing: it has retired this worker or gone away."
+);
+
 fn channel_error(what: &str, error: impl std::fmt::Display) -> PyErr {
     ChannelError::new_err(format!("{what}: {error}"))
+}
+
+/// A failed socket call: `ChannelClosed` when the lobby has let go of the channel.
+fn socket_error(what: &str, error: io::Error) -> PyErr {
+    match error.kind() {
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+            ChannelClosed::new_err(format!("{what}: {error}"))
+        }
+        _ => channel_error(what, error),
+    }
 }
 
 fn wire_error(error: WireError) -> PyErr {
@@ -125,7 +142,7 @@ impl Link {
                 }
                 Err(error) => {
                     self.broken = true;
-                    return Err(channel_error("writing to the lobby failed", error));
+                    return Err(socket_error("writing to the lobby failed", error));
                 }
             }
         }
@@ -144,7 +161,7 @@ impl Link {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
                 Err(error) => {
                     self.broken = true;
-                    return Err(channel_error("passing a file to the lobby failed", error));
+                    return Err(socket_error("passing a file to the lobby failed", error));
                 }
             }
         }
@@ -250,7 +267,7 @@ impl WorkerChannel {
                     py.check_signals()?
                 }
                 Err(RecvError::Os(error)) => {
-                    return Err(channel_error("reading from the lobby failed", error))
+                    return Err(socket_error("reading from the lobby failed", error))
                 }
                 Err(RecvError::DescriptorsTruncated) => {
                     return Err(ChannelError::new_err("more file descriptors arrived than a frame can carry"))

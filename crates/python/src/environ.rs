@@ -21,8 +21,13 @@ pub struct TargetParts<'a> {
 }
 
 /// Splits a request-target in any of its forms: origin (`/a?b`), absolute (`http://h/a?b`),
-/// asterisk (`*`, whose path is `*`) and authority (`host:port`, which has no path).
+/// asterisk (`*`, whose path is `*`) and authority (`host:port`, which has no path). A
+/// fragment (`#f`, which clients should not send) belongs to neither path nor query.
 pub fn split_target(target: &[u8]) -> TargetParts<'_> {
+    let target = match target.iter().position(|&b| b == b'#') {
+        Some(at) => &target[..at],
+        None => target,
+    };
     let (authority, rest) = match absolute_form_rest(target) {
         Some((authority, rest)) => (Some(authority), rest),
         None if target.first() == Some(&b'/') || target == b"*" => (None, target),
@@ -208,6 +213,13 @@ mod tests {
         assert_eq!(split_target(b"https://example.org"), parts(b"/", b"", Some(b"example.org")));
         assert_eq!(split_target(b"http://h?q"), parts(b"/", b"q", Some(b"h")));
         assert_eq!(split_target(b"http://user:pw@h/x"), parts(b"/x", b"", Some(b"h")));
+    }
+
+    #[test]
+    fn fragments_are_dropped() {
+        assert_eq!(split_target(b"/a?page=1#posts"), parts(b"/a", b"page=1", None));
+        assert_eq!(split_target(b"/a#b?c"), parts(b"/a", b"", None));
+        assert_eq!(split_target(b"http://h#x"), parts(b"/", b"", Some(b"h")));
     }
 
     #[test]
