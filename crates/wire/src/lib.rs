@@ -24,6 +24,7 @@ pub enum Kind {
     ResponseFile = 5,
     ResponseAbort = 6,
     Request = 16,
+    Cancel = 17,
 }
 
 impl Kind {
@@ -36,6 +37,7 @@ impl Kind {
             5 => Kind::ResponseFile,
             6 => Kind::ResponseAbort,
             16 => Kind::Request,
+            17 => Kind::Cancel,
             _ => return None,
         })
     }
