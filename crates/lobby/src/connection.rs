@@ -141,7 +141,7 @@ impl Body {
 
 pub async fn serve<S: ClientStream>(lobby: Rc<Lobby>, stream: S, peer: Peer, site: Rc<Site>) {
     let decoder = RequestDecoder::new(lobby.limits.clone());
-    let mut connection = Connection { lobby, stream, peer, site, buf: BytesMut::new(), decoder };
+    let mut connection = Connection { lobby, stream, peer, site, buf: BytesMut::new(), decoder, answered: 0 };
     connection.run().await;
 }
 
@@ -152,6 +152,9 @@ struct Connection<S> {
     site: Rc<Site>,
     buf: BytesMut,
     decoder: RequestDecoder,
+    /// Requests answered so far: a shutdown closes idle connections that have had one, but
+    /// lets a new connection send its first request.
+    answered: u64,
 }
 
 impl<S: ClientStream> Connection<S> {
@@ -234,7 +237,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Reads up to a request head. While no byte of the next request has arrived, the
-    /// connection holds no buffer and counts against `--keep-alive`, not `--header-timeout`.
+    /// connection holds no buffer and, between requests, counts against `--keep-alive`.
     async fn read_head(&mut self) -> Result<RequestHead, Stop> {
         let idle_since = Instant::now();
         let mut head_started = (!self.buf.is_empty()).then(Instant::now);
@@ -247,11 +250,14 @@ impl<S: ClientStream> Connection<S> {
             if self.decoder.is_idle() && self.buf.is_empty() {
                 self.buf = BytesMut::new();
                 let mut shutdown = self.lobby.shutdown.clone();
-                let deadline = idle_since + self.lobby.config.keep_alive;
+                // A new connection gets --header-timeout to start its first request.
+                let patience =
+                    if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
+                let deadline = idle_since + patience;
                 tokio::select! {
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => ready.map_err(|_| Stop::Quietly)?,
                     _ = sleep_until(deadline.into()) => return Err(Stop::Quietly),
-                    _ = shutdown.wait_for(|stopping| *stopping) => return Err(Stop::Quietly),
+                    _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Err(Stop::Quietly),
                 }
                 match self.read_more().await {
                     Ok(0) | Err(_) => return Err(Stop::Quietly),
@@ -323,6 +329,7 @@ impl<S: ClientStream> Connection<S> {
             let last = part.is_last();
             let keep_open = self.write_part(&mut answer, part).await?;
             if last {
+                self.answered += 1;
                 self.log_access(head, &answer);
                 return Ok(keep_open && !*self.lobby.shutdown.borrow());
             }

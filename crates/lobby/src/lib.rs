@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use maitred_protocol::Limits;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, LocalSet};
 
 pub use config::{BindAddress, Config};
@@ -117,13 +117,17 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     }
 
     let connections = Arc::new(Semaphore::new(max_connections));
+    let sites: Vec<Rc<Site>> = listeners
+        .iter()
+        .map(|l| Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port }))
+        .collect();
     let accepting: Vec<JoinHandle<()>> = listeners
         .iter()
-        .map(|listener| {
+        .zip(&sites)
+        .map(|(listener, site)| {
             announce(listener);
             let accept = AsyncListener::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
-            let site = Rc::new(Site { server_name: listener.server_name.clone(), server_port: listener.server_port });
-            Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site, connections.clone())))
+            Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site.clone(), connections.clone())))
         })
         .collect::<Result<_, StartupError>>()?;
     info!(
@@ -152,7 +156,18 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         // Aborted accept loops give back the connection permit they were holding.
         let _ = task.await;
     }
-    drop(listeners.iter().filter_map(|l| l.unix_path.as_ref()).map(std::fs::remove_file).collect::<Vec<_>>());
+    if graceful {
+        let taken: usize =
+            listeners.iter().zip(&sites).map(|(l, site)| accept_backlog(&lobby, l, site, &connections)).sum();
+        if taken > 0 {
+            info!("accepted {taken} connections still waiting in the listen queue");
+        }
+    }
+    for listener in listeners {
+        if let Some(path) = &listener.unix_path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
     let in_use = max_connections - connections.available_permits();
     info!(
@@ -206,25 +221,68 @@ async fn accept_loop(lobby: Rc<Lobby>, listener: AsyncListener, site: Rc<Site>, 
         // At the cap the lobby stops accepting; the kernel's queue holds the rest.
         let Ok(permit) = connections.clone().acquire_owned().await else { return };
         let accepted = match &listener {
-            AsyncListener::Tcp(tcp) => tcp.accept().await.map(|(stream, addr)| {
-                let _ = stream.set_nodelay(true);
-                let peer = Peer { addr: addr.ip().to_string(), port: addr.port() };
-                tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
-            }),
-            AsyncListener::Unix(unix) => unix.accept().await.map(|(stream, _)| {
-                let peer = Peer { addr: String::new(), port: 0 };
-                tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
-            }),
+            AsyncListener::Tcp(tcp) => tcp.accept().await.map(|(stream, _)| Accepted::Tcp(stream)),
+            AsyncListener::Unix(unix) => unix.accept().await.map(|(stream, _)| Accepted::Unix(stream)),
         };
-        if let Err(e) = accepted {
-            // EMFILE and friends: the pending connection stays queued; try again shortly.
-            error!("accept failed: {e}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        match accepted {
+            Ok(stream) => start_connection(&lobby, &site, permit, stream),
+            Err(e) => {
+                // EMFILE and friends: the pending connection stays queued; try again shortly.
+                error!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }
 
-async fn with_permit(permit: tokio::sync::OwnedSemaphorePermit, connection: impl std::future::Future<Output = ()>) {
+/// Takes the connections that finished their handshake but were not accepted yet, so that
+/// a shutdown resets none of them: the kernel would reset them when the socket closes.
+fn accept_backlog(lobby: &Rc<Lobby>, listener: &Listener, site: &Rc<Site>, connections: &Arc<Semaphore>) -> usize {
+    let mut taken = 0;
+    while let Ok(permit) = connections.clone().try_acquire_owned() {
+        let Ok((socket, _)) = listener.socket.accept() else { break };
+        let stream = socket.set_nonblocking(true).and_then(|()| {
+            let fd = OwnedFd::from(socket);
+            if listener.is_unix() {
+                tokio::net::UnixStream::from_std(fd.into()).map(Accepted::Unix)
+            } else {
+                tokio::net::TcpStream::from_std(fd.into()).map(Accepted::Tcp)
+            }
+        });
+        match stream {
+            Ok(stream) => {
+                start_connection(lobby, site, permit, stream);
+                taken += 1;
+            }
+            Err(e) => error!("cannot take a queued connection: {e}"),
+        }
+    }
+    taken
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, stream: Accepted) {
+    match stream {
+        Accepted::Tcp(stream) => {
+            let _ = stream.set_nodelay(true);
+            let peer = match stream.peer_addr() {
+                Ok(addr) => Peer { addr: addr.ip().to_string(), port: addr.port() },
+                Err(_) => Peer { addr: String::new(), port: 0 },
+            };
+            tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+        }
+        Accepted::Unix(stream) => {
+            let peer = Peer { addr: String::new(), port: 0 };
+            tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+        }
+    }
+}
+
+async fn with_permit(permit: OwnedSemaphorePermit, connection: impl std::future::Future<Output = ()>) {
     connection.await;
     drop(permit);
 }
@@ -267,7 +325,11 @@ impl Supervisor {
     /// Starts every worker and waits until all are ready; the first failure ends the start.
     async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), StartupError> {
         for slot in 0..self.lobby.config.workers {
-            self.lobby.control.spawn(slot).await.map_err(|e| StartupError(format!("cannot reach the zygote: {e}")))?;
+            if let Err(e) = self.lobby.control.spawn(slot).await {
+                // The zygote is gone; its last report (a preload failure) says why.
+                debug!("cannot ask the zygote for worker {slot}: {e}");
+                break;
+            }
         }
         let mut ready = 0;
         let deadline = tokio::time::Instant::now() + self.lobby.config.timeout;

@@ -203,17 +203,43 @@ async fn idle_loss(channel: &mut Channel) -> String {
     }
 }
 
-/// Reads the worker's answer to `job` and hands it to the job's connection.
+/// Reads the worker's answer to `job` and hands it to the job's connection. If the client
+/// goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the answer.
 /// Errors mean the worker is lost; the job has been answered (502/504) or cut.
 async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Job) -> Result<(), String> {
+    enum Next {
+        Frame(io::Result<Option<Frame>>),
+        TimedOut,
+        ClientGone,
+    }
     let deadline = tokio::time::Instant::from_std(Instant::now() + lobby.config.timeout);
     let mut head_sent = false;
+    let mut cancelled = false;
     loop {
-        let frame = match tokio::time::timeout_at(deadline, channel.read_frame()).await {
-            Ok(Ok(Some(frame))) => frame,
-            Ok(Ok(None)) => return Err(fail(job, head_sent, 502, "the worker exited while handling this request")),
-            Ok(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
-            Err(_) => {
+        let next = tokio::select! {
+            biased;
+            read = tokio::time::timeout_at(deadline, channel.read_frame()) => match read {
+                Ok(read) => Next::Frame(read),
+                Err(_) => Next::TimedOut,
+            },
+            _ = job.respond.closed(), if !cancelled => Next::ClientGone,
+        };
+        let frame = match next {
+            Next::Frame(Ok(Some(frame))) => frame,
+            Next::Frame(Ok(None)) => {
+                return Err(fail(job, head_sent, 502, "the worker exited while handling this request"))
+            }
+            Next::Frame(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
+            Next::ClientGone => {
+                cancelled = true;
+                debug!("the client of {} went away; telling worker {pid}", job.summary);
+                let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
+                if let Err(e) = channel.send(&cancel, None).await {
+                    return Err(format!("could not send CANCEL: {e}"));
+                }
+                continue;
+            }
+            Next::TimedOut => {
                 error!(
                     "worker {pid} timed out after {} s on {}; killing it (--timeout)",
                     lobby.config.timeout.as_secs_f64(),
@@ -222,7 +248,12 @@ async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Jo
                 if let Err(e) = lobby.control.kill(pid, libc::SIGKILL).await {
                     error!("could not ask the zygote to kill worker {pid}: {e}");
                 }
-                return Err(fail(job, head_sent, 504, "the application did not answer within --timeout"));
+                let detail = if head_sent {
+                    "the application did not finish its response within --timeout"
+                } else {
+                    "the application did not answer within --timeout"
+                };
+                return Err(fail(job, head_sent, 504, detail));
             }
         };
         let part = match decode_part(frame) {
@@ -232,7 +263,7 @@ async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Jo
                 return Err(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")));
             }
         };
-        if let ResponsePart::Abort = part {
+        if matches!(part, ResponsePart::Abort) && !cancelled {
             warning!("the application failed while sending the response to {}; connection cut", job.summary);
         }
         head_sent = true;
@@ -247,7 +278,11 @@ async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Jo
 
 /// Answers `job` for a lost worker and returns the reason for the log.
 fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> String {
-    error!("{status} for {}: {detail}", job.summary);
+    if head_sent {
+        error!("{} cut off: {detail}", job.summary);
+    } else {
+        error!("{status} for {}: {detail}", job.summary);
+    }
     let part = if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
     let _ = job.respond.send(part);
     detail.to_string()
