@@ -406,6 +406,8 @@ impl<S: ClientStream> Connection<S> {
         let mut out = Vec::new();
         match part {
             ResponsePart::Head { status, reason, headers, body, end } => {
+                // A shutdown that began while the request waited closes the connection after it.
+                answer.context.keep_alive &= !*self.lobby.shutdown.borrow();
                 let headers: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 let known = end.then_some(body.len() as u64);
                 let (framing, keep_alive) =
@@ -441,7 +443,7 @@ impl<S: ClientStream> Connection<S> {
             }
             ResponsePart::Abort => return Ok(false),
             ResponsePart::Refused { status, detail } => {
-                let keep_alive = answer.context.keep_alive && status == 503;
+                let keep_alive = answer.context.keep_alive && status == 503 && !*self.lobby.shutdown.borrow();
                 write_error_response(&mut out, status, &detail, &http_date(), keep_alive);
                 answer.status = status;
                 answer.keep_alive = keep_alive;
