@@ -54,6 +54,9 @@ BAD_COMMAND_LINES = {
     "limit beyond the wire": (
         ["--limit-request-line", "70000", "hello:app"], ["--limit-request-line", "65535"],
     ),
+    "no header fields at all": (
+        ["--limit-request-fields", "0", "hello:app"], ["--limit-request-fields", "from 1 to 65535"],
+    ),
     "bad log level": (["--log-level", "loud", "hello:app"], ["--log-level", "'loud'"]),
     "env without =": (["-e", "DEBUG", "hello:app"], ["-e/--env", "KEY=VALUE"]),
     "missing chdir": (["--chdir", "/nonexistent/dir", "hello:app"], ["--chdir", "/nonexistent"]),
@@ -264,6 +267,32 @@ def test_every_value_converted_for_the_lobby(monkeypatch, tmp_path):
     assert lobby["access_logfile"] == str(tmp_path / "access.log")
     assert lobby["log_level"] == "debug"
     assert lobby["app"] == "hello:create_app()"
+
+
+def test_zero_line_and_field_size_limits_mean_no_limit(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    settings = config.resolve(
+        ["--limit-request-line", "0", "--limit-request-field_size", "0", "hello:app"]
+    )
+    lobby = config.lobby_settings(settings)
+    assert (lobby["limit_request_line"], lobby["limit_request_field_size"]) == (0, 0)
+    (tmp_path / "conf.py").write_text("limit_request_line = 0\nlimit_request_field_size = 0\n")
+    from_file = config.resolve(["-c", "conf.py", "hello:app"])
+    assert (from_file["limit_request_line"], from_file["limit_request_field_size"]) == (0, 0)
+
+
+def test_zero_limits_leave_only_the_head_ceiling(maitred_server, app_dir):
+    (app_dir / "hello.py").write_text(HELLO)
+    server = maitred_server(
+        "--limit-request-line", "0", "--limit-request-field_size", "0", "hello:app", cwd=app_dir,
+    )
+    # Far beyond the default limits, inside the 64 KiB head ceiling, which still holds.
+    long_target = "/" + "a" * 20000
+    response = requests.get(server.url + long_target, headers={"X-Long": "b" * 40000}, timeout=20)
+    assert (response.status_code, response.text) == (200, "hello\n")
+    assert requests.get(server.url + "/" + "a" * 70000, timeout=20).status_code == 414
+    too_big = requests.get(server.url, headers={"X-Long": "b" * 70000}, timeout=20)
+    assert too_big.status_code == 431
 
 
 def test_command_line_overrides_config_file_overrides_default(monkeypatch, tmp_path):

@@ -22,14 +22,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from wsgiref.validate import validator
 
 import pytest
 
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
-REQUEST = 16
+REQUEST, CANCEL = 16, 17
 END, FD = 1, 2
 
 TIMEOUT = 10.0
@@ -94,7 +94,7 @@ def app_keep_input(environ: dict, start_response: Callable) -> list[bytes]:
 class Closing:
     """An iterable whose close() leaves a mark in wsgi.errors (the worker's stderr)."""
 
-    def __init__(self, environ: dict, chunks: list[Any], fail_at: int | None = None) -> None:
+    def __init__(self, environ: dict, chunks: Iterable[Any], fail_at: int | None = None) -> None:
         self.errors = environ["wsgi.errors"]
         self.path = environ["PATH_INFO"]
         self.chunks = chunks
@@ -108,6 +108,16 @@ class Closing:
 
     def close(self) -> None:
         self.errors.write(f"closed {self.path}\n")
+
+
+def wait_for_file(path: str) -> None:
+    """Waits until the test creates `path`. The test sends its CANCEL first, so the worker's
+    next body frame finds it without any race."""
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
 
 
 def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
@@ -166,6 +176,40 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
     def closing(environ: dict, start_response: Callable) -> Any:
         start_response("200 OK", text)
         return Closing(environ, [b"x", b"y"])
+
+    # The QUERY_STRING of the next four is the path of the file the test creates to let the
+    # application go on (see wait_for_file).
+
+    def stream_past_cancel(environ: dict, start_response: Callable) -> Any:
+        def chunks() -> Iterator[bytes]:
+            yield b"first"
+            wait_for_file(environ["QUERY_STRING"])
+            yield b"second"
+            yield b"third"
+
+        start_response("200 OK", text)
+        return Closing(environ, chunks())
+
+    def write_past_cancel(environ: dict, start_response: Callable) -> list[bytes]:
+        write = start_response("200 OK", text)
+        write(b"first")
+        wait_for_file(environ["QUERY_STRING"])
+        try:
+            write(b"second")
+        except OSError as error:  # what applications catch around write()
+            environ["wsgi.errors"].write(f"write raised {type(error).__name__}, errno {error.errno}: {error}\n")
+        return [b"after the error"]
+
+    def file_past_cancel(environ: dict, start_response: Callable) -> Any:
+        write = start_response("200 OK", text)
+        write(b"first")
+        wait_for_file(environ["QUERY_STRING"])
+        return environ["wsgi.file_wrapper"](open(__file__, "rb"))
+
+    def whole_after_wait(environ: dict, start_response: Callable) -> list[bytes]:
+        wait_for_file(environ["QUERY_STRING"])
+        start_response("200 OK", text)
+        return [b"whole"]
 
     def header(name: Any, value: Any) -> Callable[[dict, Callable], list[bytes]]:
         def app(environ: dict, start_response: Callable) -> list[bytes]:
@@ -271,6 +315,10 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/raise-after": raise_after,
         "/raise-at-first-chunk": raise_at_first_chunk,
         "/closing": closing,
+        "/stream-past-cancel": stream_past_cancel,
+        "/write-past-cancel": write_past_cancel,
+        "/file-past-cancel": file_past_cancel,
+        "/whole-after-wait": whole_after_wait,
         "/header-crlf": header("X-Bad", "a\r\nSet-Cookie: evil=1"),
         "/header-nul": header("X-Bad", "a\x00b"),
         "/header-hop-by-hop": header("Connection", "close"),
@@ -1035,6 +1083,92 @@ def test_content_length_mismatch_after_the_head(start_worker: Callable[..., Work
     assert (long.body, long.aborted, long.frames[-1].flags) == (b"1234", None, END)
     assert worker.request(target="/list").status == 200
     assert "ValueError: the application produced 2 more bytes than its Content-Length 4; they were dropped" in worker.stderr()
+
+
+# --- CANCEL: the client went away ----------------------------------------------------------
+
+
+def cancel_frame() -> bytes:
+    return frame(CANCEL, 0, b"")
+
+
+@pytest.mark.parametrize("path", ["/stream-past-cancel", "/write-past-cancel", "/file-past-cancel"])
+def test_cancel_mid_response_aborts_it(start_worker: Callable[..., Worker], tmp_path: Path, path: str) -> None:
+    worker = start_worker()
+    go = tmp_path / "go"
+    worker.send(request_frame(target=f"{path}?{go}"))
+    head = worker.read_frame()
+    assert (head.kind, head.flags, parse_head(head.payload)[3]) == (RESPONSE_HEAD, 0, b"first")
+    worker.send(cancel_frame())
+    go.touch()
+    # Nothing more of the body: the next frame the worker sends ends the response.
+    assert worker.read_frame() == Frame(RESPONSE_ABORT, 0, b"the client went away")
+    assert worker.request(target="/generator").body == b"onetwo"  # the worker goes on
+    assert worker.close_and_wait() == 0
+    log = worker.stderr()
+    assert f"[INFO] client went away during GET {path}?{go} HTTP/1.1; response abandoned\n" in log
+    assert log.count("client went away") == 1
+    assert "Traceback" not in log and "[ERROR]" not in log
+    if path == "/stream-past-cancel":
+        assert "closed /stream-past-cancel" in log  # close() was called
+    if path == "/write-past-cancel":
+        assert "write raised ClientDisconnected, errno 32: [Errno 32] the client has gone away" in log
+
+
+def test_cancel_after_the_response_ended_is_ignored(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    worker = start_worker()
+    assert worker.request(target="/generator").body == b"onetwo"
+    worker.send(cancel_frame())
+    time.sleep(0.05)  # usually the worker reads the CANCEL alone, then waits again
+    streamed = worker.request(target="/generator")
+    assert (streamed.body, streamed.aborted, streamed.frames[-1].flags) == (b"onetwo", None, END)
+
+    # A CANCEL that arrives before the head: a response in one frame goes out whole, and the
+    # CANCEL, read after it, is skipped like any other that came too late.
+    go = tmp_path / "go"
+    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
+    worker.send(cancel_frame())
+    go.touch()
+    whole = worker.read_response()
+    assert (whole.body, len(whole.frames), whole.frames[0].flags) == (b"whole", 1, END)
+    assert worker.request(target="/generator").body == b"onetwo"
+    assert worker.close_and_wait() == 0
+    assert worker.stderr() == ""
+
+
+def test_cancel_and_a_request_in_one_write(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(cancel_frame() + cancel_frame() + request_frame(target="/generator"))
+    response = worker.read_response()
+    assert (response.body, response.aborted, response.frames[-1].flags) == (b"onetwo", None, END)
+
+    # A large inline body is handed over with the receive buffer it arrived in, behind the CANCEL.
+    reader = start_worker("app_input")
+    body = bytes(range(256)) * 100
+    reader.send(cancel_frame() + request_frame("POST", "/?read", body=body))
+    assert reader.read_response().json() == [body.decode("latin-1")]
+    assert worker.close_and_wait() == 0 and reader.close_and_wait() == 0
+    assert worker.stderr() == "" and reader.stderr() == ""
+
+
+def test_a_cancel_with_a_payload_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.send(frame(CANCEL, 0, b"x") + request_frame(target="/list"))
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert "the lobby sent a CANCEL frame with flags 0 and a 1-byte payload; it has neither" in worker.stderr()
+
+
+def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    worker = start_worker()
+    go = tmp_path / "go"
+    worker.send(request_frame(target=f"/stream-past-cancel?{go}"))
+    assert worker.read_frame().kind == RESPONSE_HEAD
+    worker.send(request_frame(target="/list"))
+    go.touch()
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    log = worker.stderr()
+    assert "the lobby sent a Request frame while a response was in progress; only CANCEL may come then" in log
+    assert "closed /stream-past-cancel" in log
 
 
 # --- PEP 3333 conformance, checked by wsgiref's validator ----------------------------------

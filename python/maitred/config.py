@@ -28,7 +28,9 @@ from maitred.app import AppLoadError, parse_spec
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 # The worker channel carries the request-target and header names as `str16` and the header
-# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535.
+# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of
+# 0 (none of its own) is safe too: the lobby never takes a head larger than 64 KiB
+# (crates/protocol MAX_HEAD_SIZE), and no target or name that fits in one reaches 65535 bytes.
 WIRE_LIMIT = 65535
 
 # Longest path that fits in `sockaddr_un.sun_path` (108 bytes with the terminating NUL).
@@ -308,8 +310,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "requests", "limit_request_line", ("--limit-request-line",), "BYTES",
-        _whole_number(1, WIRE_LIMIT), 4094,
-        "Longest request line (method, target and version) accepted.",
+        _whole_number(0, WIRE_LIMIT), 4094,
+        "Longest request line (method, target and version) accepted (0: no limit beyond the "
+        "64 KiB head ceiling).",
     ),
     Setting(
         "requests", "limit_request_fields", ("--limit-request-fields",), "INT",
@@ -318,8 +321,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "requests", "limit_request_field_size", ("--limit-request-field_size",), "BYTES",
-        _whole_number(1, WIRE_LIMIT), 8190,
-        "Longest header field (name and value) accepted.",
+        _whole_number(0, WIRE_LIMIT), 8190,
+        "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head "
+        "ceiling).",
     ),
     Setting(
         "logging", "access_logfile", ("--access-logfile",), "FILE", _log_destination, None,

@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from maitred import __version__
-from maitred._native import ChannelClosed, ChannelError, WorkerChannel
+from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
 from maitred.log import log
 from maitred.wsgi import ErrorStream, FileWrapper
@@ -94,6 +94,11 @@ def _serve_requests(channel: WorkerChannel, application: Application) -> None:
                     close()
         except ChannelError:
             raise
+        except ClientDisconnected:
+            # The lobby cancelled the response (docs/PROTOCOL.md, section 2): nothing is wrong
+            # with the application, and nobody is left to receive the rest.
+            log("info", f"client went away during {channel.request_line}; response abandoned")
+            channel.fail("the client went away")
         except BaseException as error:
             _fail(channel, error)
             if not isinstance(error, Exception):

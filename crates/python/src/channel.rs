@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use maitred_wire::{FileRange, FrameHeader, Kind, Request, WireError, FLAG_END, FLAG_FD, HEADER_LEN};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -51,6 +51,17 @@ create_exception!(
     "The lobby closed its end of the channel while the worker was writing: it has retired this worker or gone away."
 );
 
+create_exception!(
+    maitred._native,
+    ClientDisconnected,
+    PyOSError,
+    "The client of the response being sent has gone away (the lobby sent CANCEL), so the body cannot be delivered. Raised by the body write that found it out, and by every later one; errno is EPIPE, as for a write to a closed connection."
+);
+
+fn client_disconnected() -> PyErr {
+    ClientDisconnected::new_err((libc::EPIPE, "the client has gone away"))
+}
+
 fn channel_error(what: &str, error: impl std::fmt::Display) -> PyErr {
     ChannelError::new_err(format!("{what}: {error}"))
 }
@@ -63,6 +74,27 @@ fn socket_error(what: &str, error: io::Error) -> PyErr {
         }
         _ => channel_error(what, error),
     }
+}
+
+fn recv_error(error: RecvError) -> PyErr {
+    match error {
+        RecvError::Os(error) => socket_error("reading from the lobby failed", error),
+        RecvError::DescriptorsTruncated => {
+            ChannelError::new_err("more file descriptors arrived than a frame can carry")
+        }
+    }
+}
+
+/// A `CANCEL` is its header alone: a payload or a descriptor would be out of step with
+/// everything after it.
+fn check_cancel_frame(header: &FrameHeader) -> PyResult<()> {
+    if header.len != 0 || header.flags != 0 {
+        return Err(ChannelError::new_err(format!(
+            "the lobby sent a CANCEL frame with flags {} and a {}-byte payload; it has neither",
+            header.flags, header.len
+        )));
+    }
+    Ok(())
 }
 
 fn wire_error(error: WireError) -> PyErr {
@@ -235,45 +267,95 @@ impl WorkerChannel {
         }
     }
 
+    /// The header of the first unconsumed frame, once all of it has arrived.
+    fn buffered_header(&self) -> PyResult<Option<FrameHeader>> {
+        let Some(bytes) = self.inbox[self.inbox_start..].first_chunk::<HEADER_LEN>() else {
+            return Ok(None);
+        };
+        let header =
+            FrameHeader::decode(bytes).map_err(|error| channel_error("the lobby sent a bad frame", error))?;
+        Ok(Some(header))
+    }
+
+    /// Moves the unconsumed bytes to the front of the receive buffer, before reading more.
+    fn compact(&mut self) {
+        if self.inbox_start > 0 {
+            self.inbox.drain(..self.inbox_start);
+            self.inbox_start = 0;
+        }
+    }
+
+    /// Marks the received bytes before `end` as consumed.
+    fn consume_through(&mut self, end: usize) {
+        self.inbox_start = end;
+        if self.inbox_start >= self.inbox.len() {
+            self.inbox.clear();
+            self.inbox_start = 0;
+        }
+    }
+
     /// Reads until the buffer holds a whole frame; None at end-of-file between frames.
     fn read_frame(&mut self, py: Python<'_>) -> PyResult<Option<FrameAt>> {
         loop {
-            let available = &self.inbox[self.inbox_start..];
-            let mut missing = HEADER_LEN.saturating_sub(available.len());
-            if missing == 0 {
-                let header_bytes: &[u8; HEADER_LEN] =
-                    available[..HEADER_LEN].try_into().expect("eight bytes");
-                let header = FrameHeader::decode(header_bytes)
-                    .map_err(|error| channel_error("the lobby sent a bad frame", error))?;
+            let available = self.inbox.len() - self.inbox_start;
+            let mut missing = HEADER_LEN.saturating_sub(available);
+            if let Some(header) = self.buffered_header()? {
                 let len = HEADER_LEN + header.len as usize;
-                if available.len() >= len {
+                if available >= len {
                     let start = self.inbox_start;
                     return Ok(Some(FrameAt { header, start, end: start + len }));
                 }
-                missing = len - available.len();
+                missing = len - available;
             }
-            if self.inbox_start > 0 {
-                self.inbox.drain(..self.inbox_start);
-                self.inbox_start = 0;
-            }
+            self.compact();
             self.inbox.reserve(missing.max(READ_SIZE));
             let fd = self.link.fd.as_raw_fd();
             let (inbox, fds) = (&mut self.inbox, &mut self.fds);
-            match py.detach(|| sys::recv_with_fds(fd, inbox, fds)) {
+            match py.detach(|| sys::recv_with_fds(fd, inbox, fds, 0)) {
                 Ok(0) if self.inbox.is_empty() => return Ok(None),
                 Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                 Ok(_) => {}
                 Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => {
                     py.check_signals()?
                 }
-                Err(RecvError::Os(error)) => {
-                    return Err(socket_error("reading from the lobby failed", error))
-                }
-                Err(RecvError::DescriptorsTruncated) => {
-                    return Err(ChannelError::new_err("more file descriptors arrived than a frame can carry"))
-                }
+                Err(error) => return Err(recv_error(error)),
             }
         }
+    }
+
+    /// Before a body frame of a response whose head is out: if the lobby has sent `CANCEL`,
+    /// consumes it, marks the response cancelled and fails with `ClientDisconnected`. Never
+    /// waits, and costs at most one nonblocking `recvmsg` (none when a header is buffered).
+    /// Nothing but a `CANCEL` may arrive while a response is in progress.
+    fn check_cancel(&mut self) -> PyResult<()> {
+        if self.inbox.len() - self.inbox_start < HEADER_LEN {
+            self.compact();
+            self.inbox.reserve(HEADER_LEN);
+            let fd = self.link.fd.as_raw_fd();
+            match sys::recv_with_fds(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+                // At end-of-file too: a lobby retiring this worker lets it finish the response.
+                Ok(_) => {}
+                Err(RecvError::Os(error))
+                    if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
+                {
+                    return Ok(())
+                }
+                Err(error) => return Err(recv_error(error)),
+            }
+        }
+        let Some(header) = self.buffered_header()? else {
+            return Ok(());
+        };
+        if header.kind != Kind::Cancel {
+            return Err(ChannelError::new_err(format!(
+                "the lobby sent a {:?} frame while a response was in progress; only CANCEL may come then",
+                header.kind
+            )));
+        }
+        check_cancel_frame(&header)?;
+        self.consume_through(self.inbox_start + HEADER_LEN);
+        self.response.phase = Phase::Cancelled;
+        Err(client_disconnected())
     }
 
     /// Turns the `REQUEST` frame at `frame` into a new environ and consumes it.
@@ -319,11 +401,7 @@ impl WorkerChannel {
                 RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len)
             }
         };
-        self.inbox_start = frame.end;
-        if self.inbox_start >= self.inbox.len() {
-            self.inbox.clear();
-            self.inbox_start = 0;
-        }
+        self.consume_through(frame.end);
         let body = Py::new(py, body)?;
         environ.set_item(intern!(py, "wsgi.input"), &body)?;
         self.body = Some(body);
@@ -345,6 +423,7 @@ impl WorkerChannel {
                     "the application produced body bytes before calling start_response()"
                 }))
             }
+            Phase::Cancelled => return Err(client_disconnected()),
             Phase::Complete => {
                 return match self.response.length_to_match() {
                     Some(declared) if !data.is_empty() => Err(excess_error(data.len(), declared)),
@@ -383,7 +462,10 @@ impl WorkerChannel {
                 self.send_head(py, complete, added, payload)?;
             }
             _ if payload.is_empty() && !complete => {}
-            _ => self.send_body_frames(py, complete, payload)?,
+            _ => {
+                self.check_cancel()?;
+                self.send_body_frames(py, complete, payload)?
+            }
         }
         self.response.add_produced(data.len() as u64);
         self.response.phase = if complete { Phase::Complete } else { Phase::HeadSent };
@@ -490,8 +572,16 @@ impl WorkerChannel {
             ));
         }
         this.release_body(py);
-        let Some(frame) = this.read_frame(py)? else {
-            return Ok(None);
+        let frame = loop {
+            let Some(frame) = this.read_frame(py)? else {
+                return Ok(None);
+            };
+            if frame.header.kind != Kind::Cancel {
+                break frame;
+            }
+            // It crossed the end of the response it was about, which had nothing left to stop.
+            check_cancel_frame(&frame.header)?;
+            this.consume_through(frame.end);
         };
         let environ = this.take_request(py, frame)?;
         this.generation += 1;
@@ -501,7 +591,8 @@ impl WorkerChannel {
         Ok(Some(PyTuple::new(py, [environ.into_any(), start_response.into_any()])?))
     }
 
-    /// Sends one chunk the application's iterable yielded. An empty chunk sends nothing.
+    /// Sends one chunk the application's iterable yielded. An empty chunk sends nothing. Raises
+    /// `ClientDisconnected` once the lobby has cancelled the response.
     fn send_body(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         self.send_chunk(py, bytes_arg(data)?, false, false)
     }
@@ -555,15 +646,17 @@ impl WorkerChannel {
                 ))
             }
             Phase::Complete => return Ok(()),
+            Phase::Cancelled => return Err(client_disconnected()),
             Phase::HeadPending => {
                 let end = count == 0 || !self.response.has_body();
                 let added = self.response.added_length(count);
                 self.send_head(py, end, added, b"")?;
             }
             Phase::HeadSent if count == 0 || !self.response.has_body() => {
+                self.check_cancel()?;
                 self.send_body_frames(py, true, b"")?
             }
-            Phase::HeadSent => {}
+            Phase::HeadSent => self.check_cancel()?,
         }
         if count > 0 && self.response.has_body() {
             let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
@@ -578,9 +671,9 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// The application failed. Before the head went out, the client gets a 500 instead; after,
-    /// `RESPONSE_ABORT` with `message` cuts its connection; after the response was complete,
-    /// nothing is sent.
+    /// The application failed, or its client went away. Before the head went out, the client
+    /// gets a 500 instead; after, `RESPONSE_ABORT` with `message` cuts its connection; after
+    /// the response was complete, nothing is sent.
     fn fail(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
         match self.response.phase {
             Phase::AwaitingStart | Phase::HeadPending => {
@@ -590,7 +683,7 @@ impl WorkerChannel {
                 self.response.phase = Phase::Complete;
                 Ok(())
             }
-            Phase::HeadSent => {
+            Phase::HeadSent | Phase::Cancelled => {
                 self.response.phase = Phase::Complete;
                 self.send_frame(py, Kind::ResponseAbort, 0, one_line(message).as_bytes())
             }
@@ -659,6 +752,7 @@ impl StartResponse {
     }
 
     /// PEP 3333's `write()`: sends `data` (and the head, the first time) before returning.
+    /// Raises `ClientDisconnected` (an `OSError`) once the client has gone away.
     fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let mut channel = self.channel.bind(py).borrow_mut();
         channel.check_generation(self.generation)?;

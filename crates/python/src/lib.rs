@@ -18,5 +18,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<body::RequestBody>()?;
     m.add("ChannelError", m.py().get_type::<channel::ChannelError>())?;
     m.add("ChannelClosed", m.py().get_type::<channel::ChannelClosed>())?;
+    m.add("ClientDisconnected", m.py().get_type::<channel::ClientDisconnected>())?;
     Ok(())
 }

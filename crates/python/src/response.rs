@@ -19,6 +19,10 @@ pub enum Phase {
     HeadPending,
     /// The head went to the lobby; body frames may follow.
     HeadSent,
+    /// The head went out, then the lobby sent `CANCEL`: the client has gone. Every body write
+    /// fails with `ClientDisconnected` until the worker ends the response with
+    /// `RESPONSE_ABORT`.
+    Cancelled,
     /// The frame with `END` (or a `RESPONSE_ABORT`) was sent, or no request is in progress.
     Complete,
 }
@@ -112,7 +116,7 @@ impl Response {
     }
 
     pub fn head_sent(&self) -> bool {
-        matches!(self.phase, Phase::HeadSent | Phase::Complete)
+        matches!(self.phase, Phase::HeadSent | Phase::Cancelled | Phase::Complete)
     }
 
     /// HEAD responses and 204 and 304 have no body: what the application yields is dropped.

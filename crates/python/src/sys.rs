@@ -68,9 +68,15 @@ pub enum RecvError {
     DescriptorsTruncated,
 }
 
-/// One blocking `recvmsg` into the spare capacity of `buf`, appending what arrived to `buf` and
-/// any descriptors, in arrival order and close-on-exec, to `fds`. `Ok(0)` is end-of-file.
-pub fn recv_with_fds(fd: RawFd, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) -> Result<usize, RecvError> {
+/// One `recvmsg` into the spare capacity of `buf`, appending what arrived to `buf` and any
+/// descriptors, in arrival order and close-on-exec, to `fds`. `Ok(0)` is end-of-file. `flags`
+/// adds e.g. `MSG_DONTWAIT`.
+pub fn recv_with_fds(
+    fd: RawFd,
+    buf: &mut Vec<u8>,
+    fds: &mut VecDeque<OwnedFd>,
+    flags: libc::c_int,
+) -> Result<usize, RecvError> {
     let fd_len = (MAX_FDS_PER_READ * mem::size_of::<RawFd>()) as u32;
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
@@ -85,7 +91,7 @@ pub fn recv_with_fds(fd: RawFd, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) 
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
     // SAFETY: iov covers the vector's spare capacity; the kernel writes at most iov_len bytes.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(RecvError::Os(io::Error::last_os_error()));
     }
