@@ -34,8 +34,8 @@ const BODY_MEMORY_LIMIT: usize = 256 * 1024;
 /// How long, and how much input, a refused connection is drained before it is closed.
 const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 const LINGER_BYTES: usize = 1 << 20;
-/// Below this much free room the read buffer grows before a read.
-const READ_CHUNK: usize = 16 * 1024;
+/// Reads take at least this much free room; most request heads fit in one.
+const READ_CHUNK: usize = 4 * 1024;
 
 /// A client stream: TCP or Unix.
 pub trait ClientStream: AsyncRead + AsyncWrite + AsRawFd + Unpin {
@@ -158,11 +158,16 @@ struct Connection<S> {
 }
 
 impl<S: ClientStream> Connection<S> {
+    /// Only the wait between requests runs inline: everything that holds buffers while a
+    /// request is read or answered runs in a boxed future that exists only meanwhile, so an
+    /// idle keep-alive connection costs a few hundred bytes.
     async fn run(&mut self) {
-        let (respond, mut responses) = mpsc::unbounded_channel();
         loop {
-            let stop = match self.next_request().await {
-                Ok((head, body)) => match self.seat(&head, body, &respond, &mut responses).await {
+            if self.buf.is_empty() && self.decoder.is_idle() && !self.wait_for_request().await {
+                return;
+            }
+            let stop = match Box::pin(self.next_request()).await {
+                Ok((head, body)) => match Box::pin(self.seat(&head, body)).await {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) => {
@@ -173,14 +178,49 @@ impl<S: ClientStream> Connection<S> {
                 Err(stop) => stop,
             };
             if let Stop::Refuse(status, reason) = stop {
-                info!("{status} to {}: {reason}", self.peer.display());
-                let mut out = Vec::new();
-                write_error_response(&mut out, status, &reason, &http_date(), false);
-                if self.write_all(&out).await.is_ok() {
-                    self.linger().await;
-                }
+                Box::pin(self.refuse(status, &reason)).await;
             }
             return;
+        }
+    }
+
+    /// Waits, holding no buffer, until the client sends something. False when the
+    /// connection should close instead: the client closed it, it idled past `--keep-alive`
+    /// (`--header-timeout` for a first request), or a shutdown began after it was answered.
+    async fn wait_for_request(&mut self) -> bool {
+        self.buf = BytesMut::new();
+        let patience = if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut shutdown = self.lobby.shutdown.clone();
+        loop {
+            tokio::select! {
+                ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return false },
+                _ = sleep_until(deadline) => return false,
+                _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return false,
+            }
+            // Readiness can be stale; a peek tells whether bytes (or end-of-file) are there.
+            let fd = self.stream.as_raw_fd();
+            let peeked = self.stream.try_io(Interest::READABLE, || {
+                let mut byte = 0u8;
+                match unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    n => Ok(n),
+                }
+            });
+            match peeked {
+                Ok(n) => return n > 0,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    async fn refuse(&mut self, status: u16, reason: &str) {
+        info!("{status} to {}: {reason}", self.peer.display());
+        let mut out = Vec::new();
+        write_error_response(&mut out, status, reason, &http_date(), false);
+        if self.write_all(&out).await.is_ok() {
+            self.linger().await;
         }
     }
 
@@ -236,64 +276,39 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Reads up to a request head. While no byte of the next request has arrived, the
-    /// connection holds no buffer and, between requests, counts against `--keep-alive`.
+    /// Reads up to a request head, which must arrive within `--header-timeout`.
     async fn read_head(&mut self) -> Result<RequestHead, Stop> {
-        let idle_since = Instant::now();
-        let mut head_started = (!self.buf.is_empty()).then(Instant::now);
+        let started = Instant::now();
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Head(head)) => return Ok(head),
                 Some(_) => unreachable!("the decoder yields a Head first"),
                 None => {}
             }
-            if self.decoder.is_idle() && self.buf.is_empty() {
-                self.buf = BytesMut::new();
-                let mut shutdown = self.lobby.shutdown.clone();
-                // A new connection gets --header-timeout to start its first request.
-                let patience =
-                    if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
-                let deadline = idle_since + patience;
-                tokio::select! {
-                    ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => ready.map_err(|_| Stop::Quietly)?,
-                    _ = sleep_until(deadline.into()) => return Err(Stop::Quietly),
-                    _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Err(Stop::Quietly),
-                }
-                match self.read_more().await {
+            let deadline = started + self.lobby.config.header_timeout;
+            tokio::select! {
+                read = self.read_more() => match read {
                     Ok(0) | Err(_) => return Err(Stop::Quietly),
                     Ok(_) => {}
-                }
-            } else {
-                let started = *head_started.get_or_insert_with(Instant::now);
-                let deadline = started + self.lobby.config.header_timeout;
-                tokio::select! {
-                    read = self.read_more() => match read {
-                        Ok(0) | Err(_) => return Err(Stop::Quietly),
-                        Ok(_) => {}
-                    },
-                    _ = sleep_until(deadline.into()) => {
-                        return Err(Stop::Refuse(408, "the request head did not arrive within --header-timeout".into()));
-                    }
+                },
+                _ = sleep_until(deadline.into()) => {
+                    return Err(Stop::Refuse(408, "the request head did not arrive within --header-timeout".into()));
                 }
             }
         }
     }
 
     async fn read_more(&mut self) -> io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
-            self.buf.reserve(READ_CHUNK);
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            // Grows geometrically for a large head or body.
+            self.buf.reserve(READ_CHUNK.max(self.buf.len()));
         }
         self.stream.read_buf(&mut self.buf).await
     }
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
-    async fn seat(
-        &mut self,
-        head: &RequestHead,
-        body: Body,
-        respond: &mpsc::UnboundedSender<ResponsePart>,
-        responses: &mut mpsc::UnboundedReceiver<ResponsePart>,
-    ) -> io::Result<bool> {
+    async fn seat(&mut self, head: &RequestHead, body: Body) -> io::Result<bool> {
+        let (respond, mut responses) = mpsc::unbounded_channel();
         let summary: Rc<str> = format!(
             "{} {} {}",
             String::from_utf8_lossy(&head.method),
@@ -321,7 +336,7 @@ impl<S: ClientStream> Connection<S> {
         };
         let mut answer = Answer::new(&context);
         loop {
-            let part = match self.next_part(responses, &state, enqueued_at).await {
+            let part = match self.next_part(&mut responses, &state, enqueued_at).await {
                 Some(part) => part,
                 // The lobby dropped the job: it is shutting down past --graceful-timeout.
                 None => return Ok(false),
@@ -340,7 +355,7 @@ impl<S: ClientStream> Connection<S> {
         &self,
         head: &RequestHead,
         body: Body,
-        respond: &mpsc::UnboundedSender<ResponsePart>,
+        respond: mpsc::UnboundedSender<ResponsePart>,
         summary: Rc<str>,
     ) -> Result<Job, String> {
         let body_len = body.len();
@@ -369,7 +384,7 @@ impl<S: ClientStream> Connection<S> {
             frame,
             body_file,
             state: Rc::new(Cell::new(JobState::Queued)),
-            respond: respond.clone(),
+            respond,
             enqueued_at: Instant::now(),
             summary,
         })
@@ -647,3 +662,4 @@ fn http_date() -> Bytes {
         cache.1.clone()
     })
 }
+
