@@ -36,9 +36,7 @@ impl BindAddress {
         let (host, port) = text
             .rsplit_once(':')
             .ok_or_else(|| format!("bind '{text}': expected HOST:PORT, [::1]:PORT, unix:PATH or fd://N"))?;
-        let port = port
-            .parse::<u16>()
-            .map_err(|_| format!("bind '{text}': '{port}' is not a port number"))?;
+        let port = port.parse::<u16>().map_err(|_| format!("bind '{text}': '{port}' is not a port number"))?;
         let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
         let host = if host.is_empty() { "0.0.0.0" } else { host };
         Ok(BindAddress::Tcp { host: host.to_string(), port })
@@ -84,10 +82,7 @@ mod tests {
 
     #[test]
     fn parses_every_bind_form() {
-        assert_eq!(
-            BindAddress::parse("127.0.0.1:8000"),
-            Ok(BindAddress::Tcp { host: "127.0.0.1".into(), port: 8000 })
-        );
+        assert_eq!(BindAddress::parse("127.0.0.1:8000"), Ok(BindAddress::Tcp { host: "127.0.0.1".into(), port: 8000 }));
         assert_eq!(BindAddress::parse("[::1]:80"), Ok(BindAddress::Tcp { host: "::1".into(), port: 80 }));
         assert_eq!(BindAddress::parse(":80"), Ok(BindAddress::Tcp { host: "0.0.0.0".into(), port: 80 }));
         assert_eq!(BindAddress::parse("unix:/tmp/s"), Ok(BindAddress::Unix("/tmp/s".into())));

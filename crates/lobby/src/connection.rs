@@ -218,7 +218,7 @@ impl<S: ClientStream> Connection<S> {
     async fn refuse(&mut self, status: u16, reason: &str) {
         info!("{status} to {}: {reason}", self.peer.display());
         let mut out = Vec::new();
-        write_error_response(&mut out, status, reason, &http_date(), false);
+        write_error_response(&mut out, status, reason, &http_date(), false, None);
         if self.write_all(&out).await.is_ok() {
             self.linger().await;
         }
@@ -321,7 +321,7 @@ impl<S: ClientStream> Connection<S> {
             Err(detail) => {
                 info!("431 to {}: {detail}", self.peer.display());
                 let mut out = Vec::new();
-                write_error_response(&mut out, 431, &detail, &http_date(), false);
+                write_error_response(&mut out, 431, &detail, &http_date(), false, None);
                 self.write_all(&out).await?;
                 return Ok(false);
             }
@@ -458,8 +458,17 @@ impl<S: ClientStream> Connection<S> {
             }
             ResponsePart::Abort => return Ok(false),
             ResponsePart::Refused { status, detail } => {
-                let keep_alive = answer.context.keep_alive && status == 503 && !*self.lobby.shutdown.borrow();
-                write_error_response(&mut out, status, &detail, &http_date(), keep_alive);
+                // A 503 comes from --queue-timeout: the connection is healthy, and the client
+                // may try again after about as long as this request waited.
+                let overloaded = status == 503;
+                let keep_alive = answer.context.keep_alive && overloaded && !*self.lobby.shutdown.borrow();
+                let retry_after = self
+                    .lobby
+                    .config
+                    .queue_timeout
+                    .filter(|_| overloaded)
+                    .map(|t| t.as_secs_f64().ceil().max(1.0) as u64);
+                write_error_response(&mut out, status, &detail, &http_date(), keep_alive, retry_after);
                 answer.status = status;
                 answer.keep_alive = keep_alive;
                 self.write_all(&out).await?;
@@ -484,7 +493,9 @@ impl<S: ClientStream> Connection<S> {
         let (out_fd, in_fd): (RawFd, RawFd) = (self.stream.as_raw_fd(), file.as_raw_fd());
         while count > 0 {
             let ready = tokio::time::timeout(self.lobby.config.timeout, poll_fn(|cx| self.stream.poll_write_ready(cx)));
-            ready.await.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))??;
+            ready
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))??;
             let sent = self.stream.try_io(Interest::WRITABLE, || {
                 let mut off = offset as libc::off_t;
                 let chunk = count.min(1 << 30) as usize;
@@ -494,7 +505,9 @@ impl<S: ClientStream> Connection<S> {
                 }
             });
             match sent {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced")),
+                Ok(0) => {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced"))
+                }
                 Ok(n) => {
                     offset += n;
                     count -= n;
@@ -662,4 +675,3 @@ fn http_date() -> Bytes {
         cache.1.clone()
     })
 }
-

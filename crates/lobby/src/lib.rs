@@ -126,7 +126,8 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         .zip(&sites)
         .map(|(listener, site)| {
             announce(listener);
-            let accept = AsyncListener::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
+            let accept =
+                AsyncListener::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
             Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site.clone(), connections.clone())))
         })
         .collect::<Result<_, StartupError>>()?;
@@ -438,9 +439,7 @@ impl Supervisor {
             }
             Event::Report(Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
             Event::Report(Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
-            Event::ZygoteGone(reason) => {
-                return Err(format!("{reason}; no worker can be replaced"))
-            }
+            Event::ZygoteGone(reason) => return Err(format!("{reason}; no worker can be replaced")),
             Event::Ready { slot, pid } => {
                 debug!("worker {pid} (slot {slot}) is ready");
                 self.boot_failures = 0;
@@ -460,10 +459,12 @@ impl Supervisor {
                     }
                     Gone::BootFailed(message) => {
                         self.boot_failures += 1;
-                        let pause = REBOOT_BACKOFF
-                            .saturating_mul(1 << self.boot_failures.min(8))
-                            .min(MAX_REBOOT_BACKOFF);
-                        error!("a new worker could not load the application: {message}; retrying in {} s", pause.as_secs_f64());
+                        let pause =
+                            REBOOT_BACKOFF.saturating_mul(1 << self.boot_failures.min(8)).min(MAX_REBOOT_BACKOFF);
+                        error!(
+                            "a new worker could not load the application: {message}; retrying in {} s",
+                            pause.as_secs_f64()
+                        );
                         pause
                     }
                 };

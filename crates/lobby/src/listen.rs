@@ -16,10 +16,7 @@ const FALLBACK_SOMAXCONN: u32 = 4096;
 
 /// The kernel's cap on any listen backlog.
 pub fn somaxconn() -> u32 {
-    std::fs::read_to_string(SOMAXCONN_PATH)
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
-        .unwrap_or(FALLBACK_SOMAXCONN)
+    std::fs::read_to_string(SOMAXCONN_PATH).ok().and_then(|text| text.trim().parse().ok()).unwrap_or(FALLBACK_SOMAXCONN)
 }
 
 /// A bound, listening socket and what it is, for logs and for the environ.
@@ -116,10 +113,7 @@ fn describe_bind(address: &BindAddress) -> String {
 }
 
 fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
-    (host, port)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host has no address"))
+    (host, port).to_socket_addrs()?.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "host has no address"))
 }
 
 /// A socket file left by a previous run blocks bind(); anything else at that path is kept.

@@ -38,13 +38,30 @@ pub struct Job {
 /// What a worker's answer (or the lobby's own, on its behalf) becomes for the connection.
 #[derive(Debug)]
 pub enum ResponsePart {
-    Head { status: u16, reason: Bytes, headers: Vec<(Bytes, Bytes)>, body: Bytes, end: bool },
-    Body { data: Bytes, end: bool },
-    File { file: File, offset: u64, count: u64, end: bool },
+    Head {
+        status: u16,
+        reason: Bytes,
+        headers: Vec<(Bytes, Bytes)>,
+        body: Bytes,
+        end: bool,
+    },
+    Body {
+        data: Bytes,
+        end: bool,
+    },
+    File {
+        file: File,
+        offset: u64,
+        count: u64,
+        end: bool,
+    },
     /// The response broke after its head was sent: the connection must be cut.
     Abort,
     /// The lobby answers instead of the application (502, 504, ...).
-    Refused { status: u16, detail: String },
+    Refused {
+        status: u16,
+        detail: String,
+    },
 }
 
 impl ResponsePart {

@@ -51,7 +51,11 @@ impl Channel {
                     let mut frame = self.buf.split_to(total);
                     let payload = frame.split_off(HEADER_LEN).freeze();
                     let fd = if header.has_fd() {
-                        Some(self.fds.pop_front().ok_or_else(|| invalid("a frame announced a descriptor that did not come"))?)
+                        Some(
+                            self.fds
+                                .pop_front()
+                                .ok_or_else(|| invalid("a frame announced a descriptor that did not come"))?,
+                        )
                     } else {
                         None
                     };
@@ -90,10 +94,8 @@ impl Channel {
         let mut sent = 0;
         if let Some(file) = fd {
             let raw = self.stream.as_raw_fd();
-            sent = self
-                .stream
-                .async_io(Interest::WRITABLE, || fdpass::send_with_fd(raw, frame, file.as_raw_fd()))
-                .await?;
+            sent =
+                self.stream.async_io(Interest::WRITABLE, || fdpass::send_with_fd(raw, frame, file.as_raw_fd())).await?;
         }
         tokio::io::AsyncWriteExt::write_all(&mut self.stream, &frame[sent..]).await
     }
@@ -283,7 +285,8 @@ fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> String {
     } else {
         error!("{status} for {}: {detail}", job.summary);
     }
-    let part = if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
+    let part =
+        if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
     let _ = job.respond.send(part);
     detail.to_string()
 }

@@ -96,7 +96,11 @@ fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
     let rest = fields.next().unwrap_or("");
     let numbers = |count: usize| -> io::Result<Vec<i64>> {
         let values: Vec<i64> = rest.split(' ').filter_map(|f| f.parse().ok()).collect();
-        if values.len() == count { Ok(values) } else { Err(bad()) }
+        if values.len() == count {
+            Ok(values)
+        } else {
+            Err(bad())
+        }
     };
     match verb {
         "spawned" => {

@@ -184,8 +184,16 @@ pub fn write_chunk(out: &mut Vec<u8>, data: &[u8]) {
 /// `Connection: close` (or `keep-alive` when `keep_alive` is set, for refusals that leave a
 /// healthy connection usable, such as a 503 after a queue timeout), and a one-line body
 /// `<status> <Reason>: <detail>`. Control characters in `detail` become spaces, so the body
-/// stays one line whatever the detail quotes.
-pub fn write_error_response(out: &mut Vec<u8>, status: u16, detail: &str, date: &[u8], keep_alive: bool) {
+/// stays one line whatever the detail quotes. `retry_after` (seconds) adds `Retry-After`, for
+/// a 503 that tells the client when the server expects to have room again.
+pub fn write_error_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    detail: &str,
+    date: &[u8],
+    keep_alive: bool,
+    retry_after: Option<u64>,
+) {
     let reason = reason_phrase(status);
     let mut body = format!("{status}");
     if !reason.is_empty() {
@@ -201,6 +209,9 @@ pub fn write_error_response(out: &mut Vec<u8>, status: u16, detail: &str, date: 
     write_field(out, b"Date", date);
     out.extend_from_slice(b"Server: maitred\r\nContent-Type: text/plain; charset=utf-8\r\n");
     let _ = write!(out, "Content-Length: {}\r\n", body.len());
+    if let Some(seconds) = retry_after {
+        let _ = write!(out, "Retry-After: {seconds}\r\n");
+    }
     let connection: &[u8] = if keep_alive { b"keep-alive" } else { b"close" };
     write_field(out, b"Connection", connection);
     out.extend_from_slice(b"\r\n");

@@ -199,7 +199,7 @@ fn chunks() {
 #[test]
 fn error_responses() {
     let mut out = Vec::new();
-    write_error_response(&mut out, 400, "invalid chunk size", DATE, false);
+    write_error_response(&mut out, 400, "invalid chunk size", DATE, false, None);
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "HTTP/1.1 400 Bad Request\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nServer: maitred\r\n\
@@ -208,7 +208,7 @@ Content-Type: text/plain; charset=utf-8\r\nContent-Length: 36\r\nConnection: clo
     );
 
     let mut out = Vec::new();
-    write_error_response(&mut out, 503, "no worker was free within 30 s — try later", DATE, true);
+    write_error_response(&mut out, 503, "no worker was free within 30 s — try later", DATE, true, Some(30));
     let text = String::from_utf8(out).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     assert!(head.ends_with("Connection: keep-alive"));
@@ -217,12 +217,12 @@ Content-Type: text/plain; charset=utf-8\r\nContent-Length: 36\r\nConnection: clo
 
     // A detail that quotes request bytes cannot break the body's single line.
     let mut out = Vec::new();
-    write_error_response(&mut out, 400, "bad\r\nX-Injected: 1\0", DATE, false);
+    write_error_response(&mut out, 400, "bad\r\nX-Injected: 1\0", DATE, false, None);
     let text = String::from_utf8(out).unwrap();
     assert!(text.ends_with("\r\n\r\n400 Bad Request: bad  X-Injected: 1 \n"), "{text:?}");
 
     let mut out = Vec::new();
-    write_error_response(&mut out, 599, "", DATE, false);
+    write_error_response(&mut out, 599, "", DATE, false, None);
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("HTTP/1.1 599 \r\n") && text.ends_with("\r\n\r\n599\n"), "{text:?}");
 }
