@@ -12,6 +12,8 @@ Every tool's output is reduced to the same dict, a "measurement":
     latency_ms     {percentile: milliseconds}, percentile as a string ("50", "99.9")
     max_ms, mean_ms
     connect_max_ms the slowest TCP connect (ab only: shows SYN retransmits, 1 s / 3 s / 7 s steps)
+    gave_up        None, or why the tool stopped before the end of its load (then the requests it
+                   never got an answer for count as failed, and latencies are unknown)
 """
 
 from __future__ import annotations
@@ -60,7 +62,21 @@ class Ab:
     def default_time_limit(self) -> float:
         return 120.0
 
-    def parse(self, output: str, workdir: Path) -> dict:
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        gave_up = re.search(r"^(.*)\nTotal of (\d+) requests completed", output, re.MULTILINE)
+        if gave_up and "Complete requests:" not in output:
+            # Even with -r, ab stops when no socket makes progress for its -s timeout (30 s) and
+            # then prints only this count: the server stalled every connection ab had open.
+            completed = int(gave_up.group(2))
+            return {
+                "requests": completed, "rps": completed / seconds, "duration_s": seconds,
+                "failed": self.requests - completed,
+                "failed_detail": {"unanswered": self.requests - completed},
+                "non2xx": None, "keepalive": None, "latency_ms": {}, "max_ms": None,
+                "mean_ms": None, "connect_max_ms": None,
+                "gave_up": f"ab gave up after {completed} requests: {gave_up.group(1).strip()}",
+            }
+
         def number(label: str, default: float | None = None) -> float:
             found = re.search(rf"^{re.escape(label)}:\s+([\d.]+)", output, re.MULTILINE)
             if found:
@@ -85,6 +101,7 @@ class Ab:
             "max_ms": float(totals.group(4)) if totals else None,
             "mean_ms": float(totals.group(2)) if totals else None,
             "connect_max_ms": float(connect.group(1)) if connect else None,
+            "gave_up": None,
         }
 
 
@@ -132,7 +149,7 @@ class Wrk:
     def default_time_limit(self) -> float:
         return self.seconds + 40.0
 
-    def parse(self, output: str, workdir: Path) -> dict:
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
         found = re.search(r"^BENCH-JSON (.*)$", output, re.MULTILINE)
         if not found:
             raise ParseError(f"no report from wrk_report.lua in wrk's output:\n{_tail(output)}")
@@ -153,6 +170,7 @@ class Wrk:
             "max_ms": latency["max"] / 1000,
             "mean_ms": latency["mean"] / 1000,
             "connect_max_ms": None,
+            "gave_up": None,
         }
 
 

@@ -59,7 +59,7 @@ def summarize(runs: list[dict]) -> dict | None:
     summary = {
         "runs": len(good),
         "errors": [run["error"] for run in runs if run["error"]],
-        "cut_short": sum(run["cut_short"] for run in good),
+        "incomplete": sum(_incomplete(run) for run in good),
         "latency_ms": {p: median([m["latency_ms"].get(p) for m in measurements]) for p in percentiles},
     }
     for key in ("rps", "requests", "failed", "non2xx", "keepalive", "max_ms", "connect_max_ms"):
@@ -67,6 +67,12 @@ def summarize(runs: list[dict]) -> dict | None:
     for name in KERNEL_COUNTERS:
         summary[name] = median([run["kernel"][name] for run in good])
     return summary
+
+
+def _incomplete(run: dict) -> bool:
+    """The load did not run to its end: the harness stopped it at the time limit, or the tool
+    itself gave up on a stalled server."""
+    return run["cut_short"] or bool(run["measurement"] and run["measurement"].get("gave_up"))
 
 
 def _summaries(record: dict) -> dict[str, dict | None]:
@@ -160,7 +166,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             errors = [run["error"] for run in record["runs"] if run["server"] == label]
             lines.append(f"| {label} | no run succeeded: {_cell(errors[0])} |" + " |" * (len(header) - 2))
             continue
-        row = [label + (f" ({s['cut_short']} run(s) stopped at the time limit)" if s["cut_short"] else ""),
+        row = [label + (f" ({s['incomplete']} of {s['runs']} runs incomplete)" if s["incomplete"] else ""),
                _number(s["rps"]), _ratio(s, ours), _number(s["failed"]), _number(s["non2xx"])]
         row += [_ms(s["latency_ms"].get(p)) for p in TABLE_PERCENTILES] + [_ms(s["max_ms"])]
         row += [_ms(s["connect_max_ms"])] if ab else []
@@ -184,14 +190,16 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
               "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * len(KERNEL_COUNTERS) + "---|"]
     for run in record["runs"]:
         m = run["measurement"]
-        note = _cell(run["error"] or "") + (" stopped at the time limit" if run["cut_short"] else "")
+        notes = [run["error"] or "", "stopped at the time limit" if run["cut_short"] else "",
+                 (m or {}).get("gave_up") or ""]
+        note = "; ".join(_cell(text) for text in notes if text)
         if m is None:
             lines.append(f"| {run['server']} | {run['run']} |" + " |" * (7 + len(KERNEL_COUNTERS)) + f" {note} |")
             continue
         detail = ", ".join(f"{k} {v}" for k, v in m["failed_detail"].items() if v)
         lines.append(
             f"| {run['server']} | {run['run']} | {_number(m['rps'])} | {m['requests']} | "
-            f"{m['failed']}{f' ({detail})' if detail else ''} | {m['non2xx']} | "
+            f"{m['failed']}{f' ({detail})' if detail else ''} | {_number(m['non2xx'])} | "
             f"{_ms(m['latency_ms'].get('50'))} | {_ms(m['latency_ms'].get('99'))} | {_ms(m['max_ms'])} | "
             + " | ".join(str(run["kernel"][name]) for name in KERNEL_COUNTERS) + f" | {note} |")
     lines += ["", "</details>", ""]
@@ -241,7 +249,7 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
     bars.set_ylabel("requests per second (median of runs)")
     for x, (label, value) in enumerate(zip(labels, medians)):
-        cut = " (stopped at\nthe time limit)" if summaries[label]["cut_short"] else ""
+        cut = " (incomplete\nruns)" if summaries[label]["incomplete"] else ""
         bars.annotate(f"{value:,.0f}{cut}", (x, value), ha="center", va="bottom", fontsize=8,
                       xytext=(0, 2), textcoords="offset points")
 

@@ -208,13 +208,16 @@ def _run_once(scenario: Scenario, load: Load, entry: Entry, label: str, repetiti
                              log_count=server.ready_count(launch))
             time.sleep(SETTLE_SECONDS)
             before = kernel_counters()
+            started = time.monotonic()
             status, cut_short = procs.run_tool(
                 load.argv(f"http://127.0.0.1:{port}/", workdir), output=workdir / "tool.out",
                 cwd=workdir, env=env, time_limit=scenario.limit())
+            seconds = time.monotonic() - started
             after = kernel_counters()
             result["kernel"] = {name: after[name] - before[name] for name in after}
             result["cut_short"] = cut_short
-            result["measurement"] = load.parse((workdir / "tool.out").read_text(errors="replace"), workdir)
+            output = (workdir / "tool.out").read_text(errors="replace")
+            result["measurement"] = load.parse(output, workdir, seconds)
             if process.poll() is not None:
                 result["error"] = f"the server exited during the run with status {process.returncode}"
         except procs.StartError as error:
@@ -230,6 +233,7 @@ def _brief(result: dict) -> str:
     m = result["measurement"]
     if m is None:
         return "ERROR " + result["error"].splitlines()[0]
+
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f} ms"
 
@@ -238,6 +242,8 @@ def _brief(result: dict) -> str:
             f"overflows {result['kernel']['ListenOverflows']}")
     if result["cut_short"]:
         text += f"  (stopped at the time limit after {m['requests']} requests)"
+    if m.get("gave_up"):
+        text += f"  ({m['gave_up']})"
     return text + (f"  [{result['error']}]" if result["error"] else "")
 
 
