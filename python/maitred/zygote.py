@@ -26,6 +26,13 @@ LoadApp = Callable[[], Callable[..., object]]
 _MAX_MESSAGE = 512
 
 
+def _fields(message: bytes) -> list[str]:
+    try:
+        return message.decode("ascii").split(" ")
+    except UnicodeDecodeError:
+        return []
+
+
 class _LobbyGone(Exception):
     """The control channel is closed: the lobby has exited or is shutting down."""
 
@@ -107,6 +114,7 @@ class _Zygote:
                         self._drain_wakeups()
                 self._reap(report=True)
         except _LobbyGone:
+            self._obey_last_kills()
             self._wait_for_children()
             return 0
         except _SpawnFailed as error:
@@ -122,17 +130,27 @@ class _Zygote:
             raise _LobbyGone() from None
         if not message:
             raise _LobbyGone()
-        try:
-            fields = message.decode("ascii").split(" ")
-        except UnicodeDecodeError:
-            fields = []
-        match fields:
+        match _fields(message):
             case ["spawn", slot] if slot.isdigit():
                 self._spawn(int(slot))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
             case _:
                 log.log("error", f"zygote: ignoring a malformed control message {message!r}")
+
+    def _obey_last_kills(self) -> None:
+        """The lobby kills busy workers just before it leaves (SIGQUIT, --graceful-timeout);
+        those orders may still be queued when the zygote notices it has gone."""
+        while True:
+            try:
+                message = self._control.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
+            except OSError:
+                return
+            if not message:
+                return
+            match _fields(message):
+                case ["kill", pid, number] if pid.isdigit() and number.isdigit():
+                    self._kill(int(pid), int(number))
 
     def _send(self, message: str, fds: list[int] | None = None) -> None:
         try:

@@ -109,10 +109,10 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     let mut supervisor = Supervisor { lobby: lobby.clone(), events_tx, workers: HashMap::new(), boot_failures: 0 };
 
     if let Err(e) = supervisor.boot(&mut events).await {
-        supervisor.stop_workers(false).await;
+        let workers = supervisor.stop_workers(false).await;
         control_reader.abort();
         drop(supervisor);
-        close_control_and_reap(lobby, zygote_pid).await;
+        close_control_and_reap(lobby, zygote_pid, &workers).await;
         return Err(e);
     }
 
@@ -180,11 +180,11 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     if !drained {
         warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
     }
-    supervisor.stop_workers(!drained).await;
+    let workers = supervisor.stop_workers(!drained).await;
     lobby.seating.clear();
     control_reader.abort();
     drop(supervisor);
-    close_control_and_reap(lobby, zygote_pid).await;
+    close_control_and_reap(lobby, zygote_pid, &workers).await;
     info!("shutdown complete");
     Ok(exit_code)
 }
@@ -488,13 +488,17 @@ impl Supervisor {
 
     /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,
     /// workers still busy are killed first.
-    async fn stop_workers(&mut self, kill: bool) {
+    /// Returns the pids of the workers stopped.
+    async fn stop_workers(&mut self, kill: bool) -> Vec<i32> {
+        let mut pids = Vec::new();
         for (_, worker) in self.workers.drain() {
             if kill {
                 let _ = self.lobby.control.kill(worker.pid, libc::SIGKILL).await;
             }
             worker.task.abort();
+            pids.push(worker.pid);
         }
+        pids
     }
 }
 
@@ -511,7 +515,9 @@ fn retire_after(config: &Config) -> Option<u64> {
 }
 
 /// Closes the control channel (the zygote then exits once its workers have) and reaps it.
-async fn close_control_and_reap(lobby: Rc<Lobby>, zygote_pid: i32) {
+/// If the zygote is stuck, it and the workers it was asked to stop are killed, so that
+/// nothing outlives the server.
+async fn close_control_and_reap(lobby: Rc<Lobby>, zygote_pid: i32, workers: &[i32]) {
     // Tasks not yet dropped may still hold the Lobby, so shut the socket rather than wait
     // for the last reference to close it.
     lobby.control.close();
@@ -524,9 +530,12 @@ async fn close_control_and_reap(lobby: Rc<Lobby>, zygote_pid: i32) {
             return;
         }
         if tokio::time::Instant::now() >= deadline {
-            warning!("the zygote {zygote_pid} did not exit; killing it");
+            warning!("the zygote {zygote_pid} did not exit; killing it and its workers");
             unsafe {
                 libc::kill(zygote_pid, libc::SIGKILL);
+                for &pid in workers {
+                    libc::kill(pid, libc::SIGKILL);
+                }
                 libc::waitpid(zygote_pid, &mut status, 0);
             }
             return;
