@@ -351,3 +351,13 @@ def test_backlog_above_somaxconn_is_capped_with_a_warning(maitred_server):
     warning = [line for line in log.splitlines() if "[WARNING]" in line]
     assert len(warning) == 1, log
     assert re.search(rf"--backlog {cap + 1} .*net\.core\.somaxconn.* {cap}\b", warning[0]), warning
+
+
+def test_keep_alive_zero_closes_after_each_answer_and_says_so(maitred_server):
+    server = maitred_server("--keep-alive", "0", APP, cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        reply = read_reply(sock)
+        assert reply.status == 200
+        assert reply.headers["Connection"] == "close"
+        assert sock.recv(1) == b""

@@ -332,7 +332,8 @@ impl<S: ClientStream> Connection<S> {
         let context = ResponseContext {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
-            keep_alive: head.keep_alive && !*self.lobby.shutdown.borrow(),
+            // --keep-alive 0 closes after each answer, and says so.
+            keep_alive: head.keep_alive && !self.lobby.config.keep_alive.is_zero() && !*self.lobby.shutdown.borrow(),
         };
         let mut answer = Answer::new(&context);
         loop {
