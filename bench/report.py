@@ -248,9 +248,9 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
     bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
     bars.set_ylabel("requests per second (median of runs)")
-    for x, (label, value) in enumerate(zip(labels, medians)):
-        cut = " (incomplete\nruns)" if summaries[label]["incomplete"] else ""
-        bars.annotate(f"{value:,.0f}{cut}", (x, value), ha="center", va="bottom", fontsize=8,
+    for x, (label, value, span) in enumerate(zip(labels, medians, spans)):
+        cut = "\n(incomplete runs)" if summaries[label]["incomplete"] else ""
+        bars.annotate(f"{value:,.0f}{cut}", (x, max(span)), ha="center", va="bottom", fontsize=8,
                       xytext=(0, 2), textcoords="offset points")
 
     def nines(percentile: float) -> float:

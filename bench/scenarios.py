@@ -121,7 +121,8 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
         id="S1-b10", title="the worker that waits for nothing: 1 ms app, 1000 clients, --backlog 10",
         app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
         lineup=SAME_SLOTS, backlog=10, time_limit=60.0, targets=S1_TARGETS,
-        note="A run still going after 60 s is stopped (ab then reports what completed): "
-             "such a server has stalled, and its figures cover only the requests it finished.",
+        note="A run still going after 60 s is stopped (ab then reports what completed), and ab gives "
+             "up by itself when no connection moves for 30 s: either way the run is incomplete, "
+             "the server stalled, and its latencies cover only the requests it finished.",
     ),
 )}
