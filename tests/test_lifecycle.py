@@ -16,53 +16,16 @@ import socket
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from client import Reply, eventually, get, read_reply
 from conftest import HOST, Server, processes_in_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "crashy:app"  # tests/apps/crashy.py: every answer is the serving worker's pid
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    @property
-    def pid(self) -> int:
-        return int(self.body)
-
-
-def read_reply(sock: socket.socket) -> Reply:
-    """Reads one response from `sock`, leaving the socket open for the next."""
-    response = http.client.HTTPResponse(sock, method="GET")
-    response.begin()
-    reply = Reply(response.status, response.headers, response.read())
-    response.close()
-    return reply
-
-
-def get(port: int, path: str, timeout: float = 20.0) -> Reply:
-    """One GET on a connection of its own."""
-    with socket.create_connection((HOST, port), timeout=timeout) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-        return read_reply(sock)
-
-
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    """Whether `condition` comes true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

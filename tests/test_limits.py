@@ -7,59 +7,21 @@ worker. Then --queue-timeout, --max-connections, and each form of --bind and --b
 
 from __future__ import annotations
 
-import http.client
 import re
 import signal
 import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
+from client import eventually, get, read_reply
 from conftest import HOST, Server, free_port, kill_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "echo:app"  # tests/apps/echo.py answers "PID BODY-LENGTH"
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    @property
-    def pid(self) -> int:
-        return int(self.body.split()[0])
-
-
-def read_reply(sock: socket.socket, method: str = "GET") -> Reply:
-    """Reads one response from `sock`, leaving the socket open for the next."""
-    response = http.client.HTTPResponse(sock, method=method)
-    response.begin()
-    reply = Reply(response.status, response.headers, response.read())
-    response.close()
-    return reply
-
-
-def get(port: int, path: str = "/", timeout: float = 20.0) -> Reply:
-    """One GET on a connection of its own."""
-    with socket.create_connection((HOST, port), timeout=timeout) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-        return read_reply(sock)
-
-
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------

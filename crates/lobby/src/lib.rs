@@ -4,7 +4,6 @@
 
 mod config;
 mod connection;
-mod fdpass;
 mod listen;
 mod log;
 mod seating;

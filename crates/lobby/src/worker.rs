@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
@@ -13,7 +13,6 @@ use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, HEADER_LEN};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
-use crate::fdpass;
 use crate::log::{debug, error, warning};
 use crate::seating::{Job, JobState, Next, ResponsePart};
 use crate::Lobby;
@@ -79,10 +78,8 @@ impl Channel {
         let Channel { stream, buf, fds } = self;
         stream
             .async_io(Interest::READABLE, || {
-                let spare = buf.spare_capacity_mut();
-                // SAFETY: recvmsg writes at most spare.len() bytes and we only expose what it wrote.
-                let spare = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<u8>(), spare.len()) };
-                let n = fdpass::recv_with_fds(stream.as_raw_fd(), spare, fds)?;
+                let n = maitred_fdpass::recv_with_fds(stream.as_raw_fd(), buf.spare_capacity_mut(), fds, 0)?;
+                // SAFETY: the kernel wrote the first n bytes of the spare capacity.
                 unsafe { buf.set_len(buf.len() + n) };
                 Ok(n)
             })
@@ -94,8 +91,11 @@ impl Channel {
         let mut sent = 0;
         if let Some(file) = fd {
             let raw = self.stream.as_raw_fd();
-            sent =
-                self.stream.async_io(Interest::WRITABLE, || fdpass::send_with_fd(raw, frame, file.as_raw_fd())).await?;
+            let bufs = [IoSlice::new(frame)];
+            sent = self
+                .stream
+                .async_io(Interest::WRITABLE, || maitred_fdpass::send_with_fd(raw, &bufs, file.as_raw_fd(), 0))
+                .await?;
         }
         tokio::io::AsyncWriteExt::write_all(&mut self.stream, &frame[sent..]).await
     }

@@ -7,7 +7,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::fdpass;
+
+/// The longest report the zygote sends (`failed` with its message) fits in this.
+const MAX_REPORT: usize = 4096;
 
 /// A message from the zygote.
 #[derive(Debug)]
@@ -75,16 +77,20 @@ impl Control {
 
     /// The next report, or None when the zygote has gone away.
     pub async fn receive(&self) -> io::Result<Option<Report>> {
-        let mut buf = [0u8; 4096];
+        let mut buf = Vec::with_capacity(MAX_REPORT);
         let mut fds = VecDeque::new();
         let len = self
             .socket
-            .async_io(Interest::READABLE, |socket| fdpass::recv_with_fds(socket.as_raw_fd(), &mut buf, &mut fds))
+            .async_io(Interest::READABLE, |socket| {
+                Ok(maitred_fdpass::recv_with_fds(socket.as_raw_fd(), buf.spare_capacity_mut(), &mut fds, 0)?)
+            })
             .await?;
         if len == 0 {
             return Ok(None);
         }
-        let text = String::from_utf8_lossy(&buf[..len]);
+        // SAFETY: the kernel wrote the first `len` bytes.
+        unsafe { buf.set_len(len) };
+        let text = String::from_utf8_lossy(&buf);
         parse_report(&text, fds.pop_front()).map(Some)
     }
 }

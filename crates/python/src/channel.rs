@@ -188,7 +188,7 @@ impl Link {
         }
         let fd = self.fd.as_raw_fd();
         loop {
-            match py.detach(|| sys::send_with_fd(fd, &[IoSlice::new(frame)], passed)) {
+            match py.detach(|| sys::send_with_fd(fd, &[IoSlice::new(frame)], passed, 0)) {
                 Ok(n) => return self.write_all(py, &mut [IoSlice::new(&frame[n..])]),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
                 Err(error) => {
@@ -311,7 +311,7 @@ impl WorkerChannel {
             self.inbox.reserve(missing.max(READ_SIZE));
             let fd = self.link.fd.as_raw_fd();
             let (inbox, fds) = (&mut self.inbox, &mut self.fds);
-            match py.detach(|| sys::recv_with_fds(fd, inbox, fds, 0)) {
+            match py.detach(|| sys::recv_into(fd, inbox, fds, 0)) {
                 Ok(0) if self.inbox.is_empty() => return Ok(None),
                 Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                 Ok(_) => {}
@@ -332,7 +332,7 @@ impl WorkerChannel {
             self.compact();
             self.inbox.reserve(HEADER_LEN);
             let fd = self.link.fd.as_raw_fd();
-            match sys::recv_with_fds(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+            match sys::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
                 // At end-of-file too: a lobby retiring this worker lets it finish the response.
                 Ok(_) => {}
                 Err(RecvError::Os(error))

@@ -1,0 +1,169 @@
+//! Unix-socket messages that carry file descriptors (`SCM_RIGHTS`).
+//!
+//! maitred passes descriptors in three places: the zygote hands the lobby each new worker's
+//! channel, the lobby hands a worker a request body spilled to a file, and a worker hands the
+//! lobby the file behind `wsgi.file_wrapper`. Both sides use these two calls. They are single
+//! system calls over raw descriptors: callers decide how to wait (an event loop's readiness, a
+//! blocking call outside the Python interpreter) and what to do with `EINTR`.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::mem::{self, MaybeUninit};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+
+/// Room for this many descriptors in one received message. Every sender here attaches at most
+/// one per message; the margin only keeps a surplus from being silently truncated.
+const MAX_FDS_PER_RECV: usize = 8;
+
+/// Why a `recvmsg` could not be taken as is.
+#[derive(Debug)]
+pub enum RecvError {
+    Os(io::Error),
+    /// The kernel dropped descriptors that did not fit the control buffer.
+    DescriptorsTruncated,
+}
+
+impl std::fmt::Display for RecvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecvError::Os(e) => e.fmt(f),
+            RecvError::DescriptorsTruncated => f.write_str("more file descriptors arrived than expected"),
+        }
+    }
+}
+
+impl std::error::Error for RecvError {}
+
+impl From<RecvError> for io::Error {
+    fn from(e: RecvError) -> io::Error {
+        match e {
+            RecvError::Os(e) => e,
+            RecvError::DescriptorsTruncated => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+        }
+    }
+}
+
+/// One `sendmsg` of `bufs` carrying `passed`, never raising `SIGPIPE`; `flags` adds e.g.
+/// `MSG_DONTWAIT`. When it returns `Ok(n)` with `n > 0` the descriptor went with the first
+/// byte; the caller sends the rest as plain bytes.
+pub fn send_with_fd(socket: RawFd, bufs: &[IoSlice<'_>], passed: RawFd, flags: libc::c_int) -> io::Result<usize> {
+    let fd_len = mem::size_of::<RawFd>() as u32;
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 4];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
+    debug_assert!(space <= mem::size_of_val(&control));
+    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer has room for one cmsghdr with one descriptor, as sized above.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(fd_len) as _;
+        ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), passed);
+    }
+    // SAFETY: msg points at live buffers for the duration of the call.
+    let sent = unsafe { libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
+/// One `recvmsg` into `buf` (typically a buffer's spare capacity), appending any descriptors
+/// that came along, in arrival order and close-on-exec, to `fds`. Returns how many bytes of
+/// `buf` the kernel wrote; `Ok(0)` is end-of-file. `flags` adds e.g. `MSG_DONTWAIT`.
+pub fn recv_with_fds(
+    socket: RawFd,
+    buf: &mut [MaybeUninit<u8>],
+    fds: &mut VecDeque<OwnedFd>,
+    flags: libc::c_int,
+) -> Result<usize, RecvError> {
+    let fd_len = (MAX_FDS_PER_RECV * mem::size_of::<RawFd>()) as u32;
+    let mut control = [0u64; 16];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
+    debug_assert!(space <= mem::size_of_val(&control));
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: an all-zero msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: iov covers `buf`; the kernel writes at most iov_len bytes.
+    let received = unsafe { libc::recvmsg(socket, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+    if received < 0 {
+        return Err(RecvError::Os(io::Error::last_os_error()));
+    }
+    // SAFETY: walking the control messages the kernel wrote, with the libc accessors.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let count = ((*cmsg).cmsg_len as usize - (data as usize - cmsg as usize)) / mem::size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push_back(OwnedFd::from_raw_fd(ptr::read_unaligned(data.cast::<RawFd>().add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(RecvError::DescriptorsTruncated);
+    }
+    Ok(received as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_descriptor_travels_with_its_bytes() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"payload").unwrap();
+        let sent = send_with_fd(a.as_raw_fd(), &[IoSlice::new(b"fr"), IoSlice::new(b"ame")], file.as_raw_fd(), 0);
+        assert_eq!(sent.unwrap(), 5);
+        let mut buf = [MaybeUninit::<u8>::uninit(); 16];
+        let mut fds = VecDeque::new();
+        let n = recv_with_fds(b.as_raw_fd(), &mut buf, &mut fds, 0).unwrap();
+        let bytes: Vec<u8> = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
+        assert_eq!(bytes, b"frame");
+        let mut received = std::fs::File::from(fds.pop_front().unwrap());
+        received.rewind().unwrap();
+        let mut text = String::new();
+        received.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "payload");
+    }
+
+    #[test]
+    fn nothing_to_read_is_would_block_with_dontwait() {
+        let (_a, b) = UnixStream::pair().unwrap();
+        let mut buf = [MaybeUninit::<u8>::uninit(); 4];
+        match recv_with_fds(b.as_raw_fd(), &mut buf, &mut VecDeque::new(), libc::MSG_DONTWAIT) {
+            Err(RecvError::Os(e)) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn end_of_file_is_zero() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(a);
+        let mut buf = [MaybeUninit::<u8>::uninit(); 4];
+        assert_eq!(recv_with_fds(b.as_raw_fd(), &mut buf, &mut VecDeque::new(), 0).unwrap(), 0);
+    }
+}
