@@ -10,7 +10,11 @@ BIN := $(VENV)/bin
 
 .PHONY: run test install
 
+# Debian's python3 comes without venv; as root, install it rather than fail.
 $(BIN)/python:
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+		echo "python3-venv is missing: installing it with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 
 # The build backend, for --no-build-isolation (the same requirement as pyproject.toml's
