@@ -110,13 +110,6 @@ impl fmt::Display for WireError {
 
 impl std::error::Error for WireError {}
 
-/// Appends one whole frame (header and payload) to `out`.
-pub fn encode_frame(out: &mut Vec<u8>, kind: Kind, flags: u8, payload: &[u8]) -> Result<(), WireError> {
-    out.extend_from_slice(&FrameHeader::new(kind, flags, payload.len())?.encode());
-    out.extend_from_slice(payload);
-    Ok(())
-}
-
 /// Builds one whole frame whose payload `write` appends in place, so the payload is never
 /// copied to get its length into the header.
 pub fn build_frame(
