@@ -167,6 +167,17 @@ impl<'a> Writer<'a> {
     pub fn raw(&mut self, value: &[u8]) {
         self.out.extend_from_slice(value);
     }
+
+    /// A `u16` count, then each header as `str16` name and `bytes32` value.
+    pub fn headers(&mut self, headers: &[(&[u8], &[u8])]) -> Result<(), WireError> {
+        let count = u16::try_from(headers.len()).map_err(|_| WireError::FieldTooLong("header count", headers.len()))?;
+        self.u16(count);
+        for (name, value) in headers {
+            self.str16("header name", name)?;
+            self.bytes32("header value", value)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads payload fields in the protocol's encodings, borrowing from the payload.
@@ -219,6 +230,18 @@ impl<'a> Reader<'a> {
         self.take(field, len)
     }
 
+    /// What [`Writer::headers`] wrote.
+    pub fn headers(&mut self) -> Result<Vec<(&'a [u8], &'a [u8])>, WireError> {
+        let count = self.u16("header count")? as usize;
+        let mut headers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = self.str16("header name")?;
+            let value = self.bytes32("header value")?;
+            headers.push((name, value));
+        }
+        Ok(headers)
+    }
+
     /// Everything not read yet.
     pub fn rest(self) -> &'a [u8] {
         self.rest
@@ -252,13 +275,7 @@ impl<'a> Request<'a> {
         w.u16(self.peer_port);
         w.str16("server name", self.server_name)?;
         w.u16(self.server_port);
-        let count = u16::try_from(self.headers.len())
-            .map_err(|_| WireError::FieldTooLong("header count", self.headers.len()))?;
-        w.u16(count);
-        for (name, value) in &self.headers {
-            w.str16("header name", name)?;
-            w.bytes32("header value", value)?;
-        }
+        w.headers(&self.headers)?;
         w.u64(self.body_len);
         w.raw(self.inline_body);
         Ok(())
@@ -274,13 +291,7 @@ impl<'a> Request<'a> {
         let peer_port = r.u16("peer port")?;
         let server_name = r.str16("server name")?;
         let server_port = r.u16("server port")?;
-        let count = r.u16("header count")? as usize;
-        let mut headers = Vec::with_capacity(count);
-        for _ in 0..count {
-            let name = r.str16("header name")?;
-            let value = r.bytes32("header value")?;
-            headers.push((name, value));
-        }
+        let headers = r.headers()?;
         let body_len = r.u64("body length")?;
         let inline_body = r.rest();
         let expected_inline = if body_in_file { 0 } else { body_len };
@@ -320,13 +331,7 @@ impl<'a> ResponseHead<'a> {
         let mut w = Writer::new(out);
         w.u16(self.status);
         w.str16("reason", self.reason)?;
-        let count = u16::try_from(self.headers.len())
-            .map_err(|_| WireError::FieldTooLong("header count", self.headers.len()))?;
-        w.u16(count);
-        for (name, value) in &self.headers {
-            w.str16("header name", name)?;
-            w.bytes32("header value", value)?;
-        }
+        w.headers(&self.headers)?;
         Ok(())
     }
 
@@ -335,13 +340,7 @@ impl<'a> ResponseHead<'a> {
         let mut r = Reader::new(payload);
         let status = r.u16("status")?;
         let reason = r.str16("reason")?;
-        let count = r.u16("header count")? as usize;
-        let mut headers = Vec::with_capacity(count);
-        for _ in 0..count {
-            let name = r.str16("header name")?;
-            let value = r.bytes32("header value")?;
-            headers.push((name, value));
-        }
+        let headers = r.headers()?;
         Ok((ResponseHead { status, reason, headers }, r.rest()))
     }
 }
