@@ -243,20 +243,27 @@ def test_graceful_shutdown_stops_listening_and_closes_idle_connections_at_once(
     assert refused, "a new connection was accepted during the shutdown"
 
 
-def test_graceful_timeout_cuts_requests_that_run_longer(maitred_server):
-    server = maitred_server("-w", "4", "--graceful-timeout", "1", APP, cwd=APPS)
-    wait_for_workers(server, 4)
+def stop_with_every_worker_busy(server: Server, signum: int) -> float:
+    """Keeps four workers busy with endless requests and one more queued, sends `signum`,
+    and checks that the server exits 0 and every one of those requests is cut. Returns how
+    long the server took to exit."""
     with ThreadPoolExecutor(5) as pool:
-        # Four busy workers, each of which must be killed, and one request queued.
         endless = [pool.submit(get, server.port, "/sleep?seconds=60") for _ in range(5)]
         time.sleep(0.3)
-        server.send_signal(signal.SIGTERM)
+        server.send_signal(signum)
         signalled = time.monotonic()
         assert server.wait(timeout=15) == 0
         stopped_after = time.monotonic() - signalled
         for future in endless:
             with pytest.raises((ConnectionError, http.client.HTTPException)):
                 future.result(timeout=10)
+    return stopped_after
+
+
+def test_graceful_timeout_cuts_requests_that_run_longer(maitred_server):
+    server = maitred_server("-w", "4", "--graceful-timeout", "1", APP, cwd=APPS)
+    wait_for_workers(server, 4)
+    stopped_after = stop_with_every_worker_busy(server, signal.SIGTERM)
     assert wait_for_empty_group(server.pid, 10) == []
     assert 0.9 < stopped_after < 3.5, stopped_after
     assert "--graceful-timeout passed with requests unfinished" in server.stderr()
@@ -267,17 +274,7 @@ def test_sigquit_stops_at_once(maitred_server, tmp_path):
     server = maitred_server("-w", "4", "-p", str(pid_file), APP, cwd=APPS)
     wait_for_workers(server, 4)
     assert pid_file.read_text() == f"{server.pid}\n"
-    with ThreadPoolExecutor(5) as pool:
-        # Four busy workers, each of which must be killed, and one request queued.
-        endless = [pool.submit(get, server.port, "/sleep?seconds=60") for _ in range(5)]
-        time.sleep(0.3)
-        server.send_signal(signal.SIGQUIT)
-        signalled = time.monotonic()
-        assert server.wait(timeout=15) == 0
-        stopped_after = time.monotonic() - signalled
-        for future in endless:
-            with pytest.raises((ConnectionError, http.client.HTTPException)):
-                future.result(timeout=10)
+    stopped_after = stop_with_every_worker_busy(server, signal.SIGQUIT)
     assert wait_for_empty_group(server.pid, 10) == []
     assert not pid_file.exists()
     assert stopped_after < 1.5, stopped_after
