@@ -122,8 +122,24 @@ def _install_debian_tools() -> None:
     missing = sorted({package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None})
     if missing:
         print(f"bench: installing {' '.join(missing)} from Debian", file=sys.stderr)
-        subprocess.run(["apt-get", "update", "-q"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True)
+        for argv in _apt_get_install(missing):
+            subprocess.run(argv, check=True, env=_INSTALL_ENV)
+
+
+# For installing: apt-get must not stop to ask a question, nobody is there to answer it.
+_INSTALL_ENV = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+
+
+def _apt_get_install(packages: list[str]) -> list[list[str]]:
+    return [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]]
+
+
+def _debian_installed(package: str) -> str | None:
+    """The installed version of a Debian package, or None when it is not installed."""
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package],
+                            capture_output=True, text=True)
+    status, _, version = result.stdout.partition("\t")
+    return version if result.returncode == 0 and status == "install ok installed" else None
 
 
 def _create_peers_venv() -> None:
@@ -134,21 +150,36 @@ def _create_peers_venv() -> None:
 
 
 def _install_peers(servers: list[Server]) -> dict[str, str]:
-    """Installs each server's pinned requirements; returns {server name: "ok" or why not}.
-    A peer that does not build is reported, not fatal."""
+    """Installs what each server needs, its Debian packages (when missing) and then its pinned
+    PyPI requirements; returns {server name: "ok" or why not}. A peer that does not install is
+    reported, not fatal."""
     outcome = {}
     for server in servers:
-        if not server.pip:
-            continue
-        result = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *server.pip],
-                                capture_output=True, text=True)
-        if result.returncode == 0:
-            outcome[server.name] = "ok"
-        else:
-            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-            outcome[server.name] = f"pip install {' '.join(server.pip)} failed: {last}"
-            print(f"bench: {server.name} left out: {outcome[server.name]}", file=sys.stderr)
+        if server.debian or server.pip or server.pip_no_deps:
+            outcome[server.name] = _install_peer(server)
+            if outcome[server.name] != "ok":
+                print(f"bench: {server.name} left out: {outcome[server.name]}", file=sys.stderr)
     return outcome
+
+
+def _install_peer(server: Server) -> str:
+    """"ok", or what failed and the last line it printed."""
+    steps = []
+    if missing := [package for package in server.debian if _debian_installed(package) is None]:
+        print(f"bench: installing {' '.join(missing)} from Debian for {server.name}", file=sys.stderr)
+        steps += _apt_get_install(missing)
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    if server.pip:
+        steps.append([*pip, *server.pip])
+    if server.pip_no_deps:
+        steps.append([*pip, "--no-deps", *server.pip_no_deps])
+    for argv in steps:
+        result = subprocess.run(argv, capture_output=True, text=True, env=_INSTALL_ENV)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            command = " ".join(argv[2:] if argv[0] == sys.executable else argv)
+            return f"{command} failed: {last}"
+    return "ok"
 
 
 def _raise_open_files_limit() -> None:
@@ -293,7 +324,9 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
         if server.version_command:
             versions[name] = f"{first_line(_run(list(server.version_command)))} ({server.version_command[0]})"
         else:
-            versions[name] = ", ".join(server.pip)
+            debian = [f"{package} {_debian_installed(package) or 'not installed'} (Debian)"
+                      for package in server.debian]
+            versions[name] = ", ".join([*server.pip, *server.pip_no_deps, *debian])
     return {
         "date": _now(),
         "commit": _git_commit(),

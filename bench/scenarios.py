@@ -52,11 +52,18 @@ class Scenario:
         return self.time_limit if self.time_limit is not None else self.load.default_time_limit()
 
 
-# Equal worker processes; each server with its production threading.
-SAME_WORKERS = (Entry("maitred"), Entry("gunicorn-sync"), Entry("gunicorn-gthread"))
-# Equal application slots (processes x threads), with the threaded default beside it.
+# Equal worker processes; each server with its production threading. nginx runs no app: it
+# answers with hello's body itself, the ceiling of what this machine serves over HTTP.
+SAME_WORKERS = (Entry("maitred"), Entry("gunicorn-sync"), Entry("gunicorn-gthread"), Entry("uwsgi"),
+                Entry("granian"), Entry("waitress"), Entry("meinheld"), Entry("bjoern"), Entry("nginx"))
+# Equal application slots (processes x threads), with the threaded defaults beside them. waitress
+# is one process: threads=1 gives it as many threads as the others have processes.
 SAME_SLOTS = (Entry("maitred"), Entry("gunicorn-sync"), Entry("gunicorn-gthread", threads=1),
-              Entry("gunicorn-gthread"))
+              Entry("gunicorn-gthread"), Entry("uwsgi"), Entry("granian", threads=1), Entry("granian"),
+              Entry("waitress", threads=1), Entry("bjoern"))
+# Apache httpd with mod_wsgi under its event and worker MPMs, 3 threads per process by default
+# (S4: MaxRequestWorkers 6 = 2 workers x ThreadsPerChild 3).
+S4_LINEUP_APACHE = (Entry("apache-event"), Entry("apache-worker"))
 
 
 def _no_failures(summary: Summary, peers: list[Summary]) -> bool:

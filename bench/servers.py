@@ -2,7 +2,9 @@
 has threads) on a given port, and know that it is ready.
 
 Adding a peer is adding one Server here. Processes are stopped by process group (procs.stop), so
-a server only has to run in the foreground and not leave its session.
+a server only has to run in the foreground and not leave its session. Servers configured by a
+file (nginx, Apache httpd) start through peers/from_template.py, which writes the file into the
+run's work directory and then execs the server.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+PEERS = BENCH / "peers"
 # The project's build (`make`); MAITRED=/path/to/maitred measures another build instead.
 MAITRED = Path(os.environ.get("MAITRED", REPO / ".venv" / "bin" / "maitred"))
 PEERS_VENV = BENCH / ".peers"
@@ -31,6 +34,10 @@ class Launch:
     backlog: int | None   # None: the server's default
 
 
+# Server.default_threads for a server that picks its own thread count from other settings.
+AUTO: Literal["auto"] = "auto"
+
+
 @dataclass(frozen=True)
 class Server:
     name: str
@@ -43,21 +50,34 @@ class Server:
     ready_count: Callable[[Launch], int] = lambda launch: 1
     # Pinned PyPI requirements, installed into bench/.peers; empty for maitred (the project's .venv).
     pip: tuple[str, ...] = ()
-    # How many threads each worker runs when the scenario does not fix it; None: no threads.
-    default_threads: int | None = None
+    # Pinned PyPI requirements installed after those without their declared dependencies: only for
+    # a package whose own pins cannot install on this Python (its entry says why).
+    pip_no_deps: tuple[str, ...] = ()
+    # Debian packages the server needs, to run or to build its PyPI package: installed with apt-get
+    # when missing, and their versions recorded in the results.
+    debian: tuple[str, ...] = ()
+    # How many threads each worker runs when the scenario does not fix it: a number; AUTO where the
+    # server derives it from other settings (the command then leaves its thread flag out); None
+    # where the server has no threads.
+    default_threads: int | Literal["auto"] | None = None
     # Where the version comes from: a PyPI distribution in bench/.peers, or a command.
     version_command: tuple[str, ...] = ()
 
     def threads_for(self, launch: Launch) -> int | None:
+        """The thread count to pass, or None to pass none (no threads, or the server's own default)."""
         if self.default_threads is None:
             return None
-        return launch.threads if launch.threads is not None else self.default_threads
+        if launch.threads is not None:
+            return launch.threads
+        return None if self.default_threads == AUTO else self.default_threads
 
     def label(self, threads: int | None) -> str:
         """The server's name, with its thread count where it has threads."""
         if self.default_threads is None:
             return self.name
         count = threads if threads is not None else self.default_threads
+        if count == AUTO:
+            return f"{self.name} (default threads)"
         return f"{self.name} ({count} thread{'s' if count > 1 else ''})"
 
     def argv(self, launch: Launch) -> list[str]:
@@ -72,12 +92,87 @@ def _peer(executable: str) -> str:
     return str(PEERS_VENV / "bin" / executable)
 
 
+def _address(launch: Launch) -> str:
+    return f"127.0.0.1:{launch.port}"
+
+
+def _from_template(template: str, output: str, values: dict[str, object], server: list[str]) -> list[str]:
+    """The argv that writes output from bench/peers/template with values, then execs server."""
+    return [_peer("python"), str(PEERS / "from_template.py"), template, output,
+            *(f"{name}={value}" for name, value in values.items()), "--", *server]
+
+
+# nginx's keepalive_requests and Apache's MaxKeepAliveRequests: high enough that no benchmark
+# connection is closed for having carried too many requests (see peers/nginx.conf.template).
+KEEPALIVE_REQUESTS = 1_000_000
+# What nginx and Apache httpd use when not told (both document 511 on Linux): their templates
+# always name a backlog, so that every command line says what the server was given.
+NGINX_DEFAULT_BACKLOG = 511
+APACHE_DEFAULT_BACKLOG = 511
+# granian refuses a backlog below 128 (its --backlog is range-checked), so S1-b10 gets 128 there.
+GRANIAN_MIN_BACKLOG = 128
+
+
 def _gunicorn(worker_class: str) -> Callable[[Launch, int | None], list[str]]:
     def command(launch: Launch, threads: int | None) -> list[str]:
         thread_flags = [] if threads is None else ["--threads", str(threads)]
         return [_peer("gunicorn"), "-k", worker_class, "-w", str(launch.workers), *thread_flags,
                 "-b", f"127.0.0.1:{launch.port}", *_backlog(launch), launch.app]
     return command
+
+
+def _uwsgi(launch: Launch) -> list[str]:
+    # The workers speak HTTP themselves (--http-socket, no router process in front), one
+    # single-threaded process each, under a master; what uWSGI's "things to know" advise for
+    # production: --die-on-term (uWSGI 2.0 reloads on SIGTERM otherwise), --need-app (fail if the
+    # app does not load), --strict (reject unknown options). --disable-logging turns off the
+    # per-request log line, as no other server here writes an access log.
+    # --thunder-lock: uWSGI's workers wait for the shared listen socket in epoll, which wakes every
+    # process for each connection; uWSGI's article "Serializing accept()" gives the lock as the
+    # fix (one process at a time waits to accept) and robust pthread mutexes, which Linux has, as
+    # the safe way to hold it. That herd is S3's subject, so uWSGI runs with its documented fix.
+    # Keep-alive: an --http-socket worker answers HTTP/1.1 and then closes the connection without
+    # a "Connection: close" header, so a keep-alive client (wrk, ab -k, a proxy) only learns of
+    # the close when its next request on it fails; wrk counts those as read errors.
+    backlog = [] if launch.backlog is None else ["--listen", str(launch.backlog)]
+    return [_peer("uwsgi"), "--master", "--processes", str(launch.workers),
+            "--http-socket", _address(launch), "--module", launch.app, "--need-app", "--strict",
+            "--die-on-term", "--thunder-lock", "--disable-logging", *backlog]
+
+
+def _granian(launch: Launch, threads: int | None) -> list[str]:
+    # On Linux each granian worker listens on a socket of its own (SO_REUSEPORT), so --backlog is
+    # per worker: the kernel queues up to backlog x workers connections in all.
+    thread_flags = [] if threads is None else ["--blocking-threads", str(threads)]
+    backlog = [] if launch.backlog is None else ["--backlog", str(max(GRANIAN_MIN_BACKLOG, launch.backlog))]
+    return [_peer("granian"), "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(launch.port),
+            "--workers", str(launch.workers), *thread_flags, *backlog, launch.app]
+
+
+def _waitress(launch: Launch, threads: int | None) -> list[str]:
+    assert threads is not None, "waitress has a numeric default_threads"
+    return [_peer("waitress-serve"), f"--listen={_address(launch)}", f"--threads={launch.workers * threads}",
+            *([] if launch.backlog is None else [f"--backlog={launch.backlog}"]), launch.app]
+
+
+# libpython3.11 is the Python mod_wsgi runs the app on (Debian's, not bench/.peers'): named so
+# that its version is in the results.
+APACHE_DEBIAN = ("apache2", "libapache2-mod-wsgi-py3", "libpython3.11")
+
+
+def _apache(mpm: str, launch: Launch, threads: int | None) -> list[str]:
+    # launch.workers processes of `threads` threads each, in httpd's MPM and in mod_wsgi's daemon
+    # processes alike: S4's MaxRequestWorkers 6 with ThreadsPerChild 3 is workers=2, threads=3.
+    assert threads is not None, "apache has a numeric default_threads"
+    module, _, callable_name = launch.app.partition(":")
+    return _from_template("apache.conf.template", "apache.conf", {
+        "mpm": mpm, "address": _address(launch),
+        "backlog": APACHE_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog,
+        "processes": launch.workers, "threads": threads, "max_workers": launch.workers * threads,
+        "keepalive_requests": KEEPALIVE_REQUESTS,
+        # The app's module is a file in bench/, which mod_wsgi loads as a script.
+        "bench": BENCH, "module": module, "callable": callable_name,
+    }, ["/usr/sbin/apache2", "-d", ".", "-f", "apache.conf", "-DFOREGROUND"])
 
 
 SERVERS: dict[str, Server] = {server.name: server for server in (
@@ -104,5 +199,82 @@ SERVERS: dict[str, Server] = {server.name: server for server in (
         pip=("gunicorn==27.0.1",),
         # gunicorn's docs advise 2-4 threads per core for gthread; issue 3 fixes 4.
         default_threads=4,
+    ),
+    Server(
+        name="uwsgi",
+        command=lambda launch, _threads: _uwsgi(launch),
+        ready_line=lambda launch: re.compile(r"spawned uWSGI worker \d+ \(pid: \d+, cores: 1\)"),
+        ready_count=lambda launch: launch.workers,
+        pip=("uWSGI==2.0.31",),
+    ),
+    Server(
+        name="granian",
+        command=lambda launch, threads: _granian(launch, threads),
+        ready_line=lambda launch: re.compile(r"Started worker-\d+"),
+        ready_count=lambda launch: launch.workers,
+        pip=("granian==2.8.7",),
+        # granian's docs advise leaving --blocking-threads alone for WSGI; it then runs
+        # backlog / workers / 2 threads per worker (256 with 2 workers and its backlog of 1024).
+        default_threads=AUTO,
+    ),
+    Server(
+        name="waitress",
+        command=lambda launch, threads: _waitress(launch, threads),
+        ready_line=lambda launch: re.compile(rf"Serving on http://127\.0\.0\.1:{launch.port}\b"),
+        pip=("waitress==3.0.2",),
+        # waitress is one process of threads, so a worker here is a share of its threads:
+        # --threads is workers x threads. Its default, 4 threads, is one worker's share, as for
+        # gunicorn's gthread; with threads=1 it runs as many apps at once as a prefork server.
+        default_threads=4,
+    ),
+    Server(
+        name="bjoern",
+        command=lambda launch, _threads: [
+            _peer("python"), str(PEERS / "bjoern_serve.py"), "-w", str(launch.workers),
+            "-b", _address(launch), *_backlog(launch), launch.app],
+        ready_line=lambda launch: re.compile(r"bjoern_serve: process \d+ serving"),
+        ready_count=lambda launch: launch.workers,
+        pip=("bjoern==3.2.2",),
+        debian=("libev-dev",),  # bjoern builds against libev
+    ),
+    Server(
+        name="meinheld",
+        # meinheld's docs run it under gunicorn for more than one process, with its own worker.
+        command=_gunicorn("egg:meinheld#gunicorn_worker"),
+        ready_line=lambda launch: re.compile(r"Booting worker with pid"),
+        ready_count=lambda launch: launch.workers,
+        pip=("gunicorn==27.0.1", "greenlet==3.2.4"),
+        # meinheld 1.0.2 (its last release) pins greenlet<0.5, which does not build on Python
+        # 3.11; it works with greenlet 3.
+        pip_no_deps=("meinheld==1.0.2",),
+    ),
+    Server(
+        name="nginx",
+        # Not an app server: it runs no app and serves hello's 12-byte body itself, whatever
+        # launch.app says: the most this machine can answer over HTTP, as a ceiling for the rest.
+        command=lambda launch, _threads: _from_template(
+            "nginx.conf.template", "nginx.conf",
+            {"address": _address(launch), "workers": launch.workers,
+             "backlog": NGINX_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog},
+            ["/usr/sbin/nginx", "-p", ".", "-c", "nginx.conf", "-e", "stderr"]),
+        ready_line=lambda launch: re.compile(r"start worker process \d+"),
+        ready_count=lambda launch: launch.workers,
+        debian=("nginx",),
+    ),
+    Server(
+        name="apache-event",
+        command=lambda launch, threads: _apache("event", launch, threads),
+        ready_line=lambda launch: re.compile(r"Loading Python script file"),
+        ready_count=lambda launch: launch.workers,
+        debian=APACHE_DEBIAN,
+        default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
+    ),
+    Server(
+        name="apache-worker",
+        command=lambda launch, threads: _apache("worker", launch, threads),
+        ready_line=lambda launch: re.compile(r"Loading Python script file"),
+        ready_count=lambda launch: launch.workers,
+        debian=APACHE_DEBIAN,
+        default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
     ),
 )}
