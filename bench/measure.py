@@ -157,6 +157,7 @@ class Wrk:
         errors = report["errors"]
         latency = report["latency_us"]
         duration = report["duration_us"] / 1e6
+        answered = report["requests"] > 0  # with no response, wrk's histogram holds only zeros
         return {
             "requests": report["requests"],
             "rps": report["requests"] / duration,
@@ -166,9 +167,9 @@ class Wrk:
             # wrk counts a status of 400 or more as an error.
             "non2xx": errors["status"],
             "keepalive": None,
-            "latency_ms": {p: us / 1000 for p, us in latency["percentiles"].items()},
-            "max_ms": latency["max"] / 1000,
-            "mean_ms": latency["mean"] / 1000,
+            "latency_ms": {p: us / 1000 for p, us in latency["percentiles"].items()} if answered else {},
+            "max_ms": latency["max"] / 1000 if answered else None,
+            "mean_ms": latency["mean"] / 1000 if answered else None,
             "connect_max_ms": None,
             "gave_up": None,
         }
@@ -201,3 +202,55 @@ def kernel_counters() -> dict[str, int]:
             _, *counts = numbers.split()
             values.update({(section.rstrip(":"), key): int(count) for key, count in zip(keys, counts)})
     return {name: values.get((section, name), 0) for name, section in KERNEL_COUNTERS.items()}
+
+
+# S3: how many accept calls a server makes per connection, counted by strace around the whole
+# server. --seccomp-bpf stops the traced processes only at the calls counted, so everything else
+# they do runs at full speed: the timing that decides how many processes wake up for a connection
+# (and so how many accept calls lose the race) stays what it is without strace. -f follows every
+# process and thread the server starts, workers forked later included.
+ACCEPT_SYSCALLS = ("accept", "accept4")
+
+
+def strace_argv(summary: Path) -> list[str]:
+    """The prefix that runs a server under strace, writing the call counts to summary when the
+    last traced process exits."""
+    return ["strace", "-f", "-c", "-q", "--seccomp-bpf", "-e", f"trace={','.join(ACCEPT_SYSCALLS)}",
+            "-U", "name,calls,errors", "-o", str(summary), "--"]
+
+
+def strace_counts(text: str) -> dict[str, tuple[int, int]]:
+    """{syscall: (calls, failed calls)} from the table `strace -c -U name,calls,errors` writes."""
+    counts = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) in (2, 3) and fields[1].isdigit() and fields[0] != "total":
+            counts[fields[0]] = (int(fields[1]), int(fields[2]) if len(fields) == 3 else 0)
+    return counts
+
+
+# C1, M1: bench/connections.py prints its counts as "CONNECTIONS-JSON {...}" lines, one when it
+# holds its connections ("holding") and one when it ends ("end").
+def crowd_reports(output: str) -> dict[str, dict]:
+    return {report["event"]: report for report in (
+        json.loads(line.split(" ", 1)[1]) for line in output.splitlines()
+        if line.startswith("CONNECTIONS-JSON "))}
+
+
+def crowd_measurement(holding: dict, seconds: float) -> dict:
+    """M1's measurement, where the crowd is the whole load: each idle connection made one request.
+    Connections that never got their answer count as failed."""
+    unanswered = holding["count"] - holding["answered"]
+    return {
+        "requests": holding["answered"], "rps": None, "duration_s": seconds,
+        "failed": unanswered,
+        "failed_detail": {
+            "not started": holding["count"] - holding["started"],
+            "refused": holding["refused"],
+            "pending": holding["pending"],
+            "closed unanswered": (holding["started"] - holding["refused"] - holding["pending"]
+                                  - holding["answered"]),
+        },
+        "non2xx": holding["non2xx"], "keepalive": None, "latency_ms": {}, "max_ms": None,
+        "mean_ms": None, "connect_max_ms": None, "gave_up": None,
+    }

@@ -59,6 +59,28 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_rss_kb(pgid: int) -> int:
+    """The resident memory of every live process in group pgid, summed, in KB (VmRSS from /proc).
+    Pages that forked processes share are counted once per process; differences between two
+    readings of the same processes are what the sum is good for."""
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is pid."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
 def stop(process: subprocess.Popen, *, grace: float = 5.0) -> None:
     """Stops process and its whole group: SIGTERM to the leader, then after up to grace seconds
     SIGKILL to whatever is left of the group; returns only when no member of it is alive."""
@@ -79,6 +101,23 @@ def stop(process: subprocess.Popen, *, grace: float = 5.0) -> None:
     _live_groups.pop(pgid, None)
 
 
+def stop_wrapped(process: subprocess.Popen, *, grace: float = 15.0) -> None:
+    """Stops a process started through a wrapper that exits when its child does and ignores
+    SIGTERM meanwhile (strace running a server): SIGTERM to the wrapper's children first, so
+    that they shut down as they would on their own and the wrapper then writes what it collected;
+    after up to grace seconds, as stop()."""
+    try:
+        for child in children(process.pid):
+            _signal_pid(child, signal.SIGTERM)
+    except OSError:  # the wrapper ended meanwhile
+        pass
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    stop(process)
+
+
 def interrupt(process: subprocess.Popen) -> None:
     """Sends SIGINT to the whole group: what a person pressing Ctrl-C on the tool would do."""
     _signal_group(process.pid, signal.SIGINT)
@@ -97,6 +136,13 @@ def _signal_leader(process: subprocess.Popen, number: signal.Signals) -> None:
         pass
 
 
+def _signal_pid(pid: int, number: signal.Signals) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
 def _signal_group(pgid: int, number: signal.Signals) -> None:
     try:
         os.killpg(pgid, number)
@@ -107,30 +153,57 @@ def _signal_group(pgid: int, number: signal.Signals) -> None:
 def wait_ready(
     process: subprocess.Popen, *, port: int, log_path: Path, log_pattern: re.Pattern[str] | None,
     log_count: int, timeout: float = 30.0,
-) -> None:
+) -> int:
     """Waits until the log shows log_pattern log_count times (e.g. one line per booted worker) and
-    GET / answers 200. Raises StartError if the server exits or the time runs out."""
+    GET / answers 200. Returns how many TCP connections the checks opened to the server (S3 counts
+    the server's accept calls per connection). Raises StartError if the server exits or the time
+    runs out."""
     deadline = time.monotonic() + timeout
+    connections = 0
     while True:
         if process.poll() is not None:
             raise StartError(f"exited with status {process.returncode}; its log ends: {_last_line(log_path)}")
         if time.monotonic() > deadline:
             raise StartError(f"not ready after {timeout:.0f} s; its log ends: {_last_line(log_path)}")
         log_ready = log_pattern is None or len(log_pattern.findall(_read(log_path))) >= log_count
-        if log_ready and _answers_200(port):
-            return
+        if log_ready:
+            connected, ok = _get(port)
+            connections += connected
+            if ok:
+                return connections
         time.sleep(0.1)
 
 
-def _answers_200(port: int) -> bool:
+def _get(port: int) -> tuple[bool, bool]:
+    """GET / once: (whether a connection was made, whether it answered 200)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
     try:
-        connection.request("GET", "/")
-        return connection.getresponse().status == 200
+        connection.connect()
     except OSError:
-        return False
+        return False, False
+    try:
+        connection.request("GET", "/")
+        return True, connection.getresponse().status == 200
+    except OSError:
+        return True, False
     finally:
         connection.close()
+
+
+def wait_for_line(process: subprocess.Popen, path: Path, marker: str, timeout: float) -> str | None:
+    """Waits until the file path has a whole line starting with marker and returns it; None if
+    the process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = _read(path)
+        whole = text[:text.rfind("\n") + 1]  # a line still being written is not read yet
+        found = next((line for line in whole.splitlines() if line.startswith(marker)), None)
+        if found is not None:
+            return found
+        if process.poll() is not None:
+            return None
+        time.sleep(0.05)
+    return None
 
 
 def _read(path: Path) -> str:

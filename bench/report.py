@@ -66,6 +66,8 @@ def summarize(runs: list[dict]) -> dict | None:
         summary[key] = median([m[key] for m in measurements])
     for name in KERNEL_COUNTERS:
         summary[name] = median([run["kernel"][name] for run in good])
+    for key in dict.fromkeys(key for run in good for key in run.get("extra", {})):
+        summary[key] = median([run["extra"].get(key) for run in good])
     return summary
 
 
@@ -82,6 +84,25 @@ def _summaries(record: dict) -> dict[str, dict | None]:
 
 def _peers(summaries: dict[str, dict | None]) -> list[dict]:
     return [s for label, s in summaries.items() if label != REFERENCE and s is not None]
+
+
+def _headline(scenario) -> tuple[str, str, int, bool]:
+    """The figure a scenario's summary line and bars compare: (summary key, name, decimals,
+    whether lower is better). req/s unless the scenario names another."""
+    if scenario.headline is None:
+        return "rps", "req/s", 0, False
+    return (scenario.headline.key, scenario.headline.header, scenario.headline.digits,
+            scenario.headline_lower_is_better)
+
+
+def _best_peer(summaries: dict[str, dict | None], scenario) -> tuple[str, dict | None]:
+    key, _name, _digits, lower = _headline(scenario)
+    peers = [(label, s) for label, s in summaries.items()
+             if label != REFERENCE and s is not None and s.get(key) is not None]
+    if not peers:
+        return "-", None
+    pick = min if lower else max
+    return pick(peers, key=lambda pair: pair[1][key])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,19 +132,21 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
         "",
         "## Summary",
         "",
-        "| scenario | maitred req/s | best peer | its req/s | maitred / best peer | maitred's targets |",
-        "|---|---:|---|---:|---:|---|",
+        "| scenario | figure | maitred | best peer | its figure | maitred / best peer | maitred's targets |",
+        "|---|---|---:|---|---:|---:|---|",
     ]
     for name, record in records.items():
+        scenario = scenarios[name]
         summaries = _summaries(record)
         ours = summaries.get(REFERENCE)
-        peers = [(label, s) for label, s in summaries.items() if label != REFERENCE and s is not None]
-        best_label, best = max(peers, key=lambda pair: pair[1]["rps"]) if peers else ("-", None)
-        targets = scenarios[name].targets
+        key, figure, digits, lower = _headline(scenario)
+        best_label, best = _best_peer(summaries, scenario)
+        targets = scenario.targets
         met = (f"{sum(t.holds(ours, _peers(summaries)) for t in targets)} of {len(targets)} met"
                if ours and targets else "-")
-        lines.append(f"| [{name}](#{name.lower()}) | {_number(ours and ours['rps'])} | {best_label} | "
-                     f"{_number(best and best['rps'])} | {_ratio(ours, best)} | {met} |")
+        lines.append(f"| [{name}](#{name.lower()}) | {figure}{' (lower is better)' if lower else ''} | "
+                     f"{_figure(ours and ours.get(key), digits)} | {best_label} | "
+                     f"{_figure(best and best.get(key), digits)} | {_ratio(ours, best, key)} | {met} |")
     lines.append("")
     for name, record in records.items():
         lines += _section(record, scenarios[name], environment)
@@ -133,7 +156,11 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
 def _section(record: dict, scenario, environment: dict) -> list[str]:
     summaries = _summaries(record)
     ours = summaries.get(REFERENCE)
-    ab = record["load"].startswith("ab")
+    load = record["load"] or ""
+    ab = load.startswith("ab")
+    keepalive = "-k" in load.split()
+    # M1 has no request rate and no latencies: only the crowd's own figures.
+    rate = any(s is not None and s["rps"] is not None for s in summaries.values())
     lines = [
         f"## {scenario.id}",
         "",
@@ -149,16 +176,27 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             f"{k}: {v}" for k, v in record["environment"]["versions"].items()) + ".", ""]
     if scenario.note:
         lines += [scenario.note, ""]
-    lines += [f"Load: `{record['load']}`", "", "Servers:", ""]
+    lines += [f"**Warning:** {warning}" for warning in record.get("warnings", [])]
+    lines += [""] if record.get("warnings") else []
+    if record.get("crowd"):
+        lines += [f"Connections held: `{record['crowd']}`", ""]
+    if load:
+        twice = " (on each server twice: alone, then with the connections held)" if scenario.alone_first else ""
+        lines += [f"Load: `{load}`{twice}", ""]
+    if record.get("front"):
+        lines += ["Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):", "",
+                  "```nginx", record["front"].rstrip(), "```", ""]
+    lines += ["Servers:", ""]
     lines += [f"- {label}: `{command}`" for label, command in record["commands"].items()]
     if record["left_out"]:
         lines.append(f"- left out of this run: {', '.join(record['left_out'])}")
     lines.append("")
 
-    header = ["server", "req/s", "x maitred", "failed", "non-2xx"]
-    header += [f"p{p}" for p in TABLE_PERCENTILES] + ["max"]
+    header = ["server"] + (["req/s", "x maitred"] if rate else []) + ["failed", "non-2xx"]
+    header += [f"p{p}" for p in TABLE_PERCENTILES] + ["max"] if rate else []
     header += ["connect max"] if ab else []
-    header += ["keep-alive"] if "-k" in record["load"].split() else []
+    header += ["keep-alive"] if keepalive else []
+    header += [column.header for column in scenario.columns]
     header += list(KERNEL_COUNTERS)
     lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for label, s in summaries.items():
@@ -166,11 +204,13 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             errors = [run["error"] for run in record["runs"] if run["server"] == label]
             lines.append(f"| {label} | no run succeeded: {_cell(errors[0])} |" + " |" * (len(header) - 2))
             continue
-        row = [label + (f" ({s['incomplete']} of {s['runs']} runs incomplete)" if s["incomplete"] else ""),
-               _number(s["rps"]), _ratio(s, ours), _number(s["failed"]), _number(s["non2xx"])]
-        row += [_ms(s["latency_ms"].get(p)) for p in TABLE_PERCENTILES] + [_ms(s["max_ms"])]
+        row = [label + (f" ({s['incomplete']} of {s['runs']} runs incomplete)" if s["incomplete"] else "")]
+        row += [_number(s["rps"]), _ratio(s, ours)] if rate else []
+        row += [_number(s["failed"]), _number(s["non2xx"])]
+        row += [_ms(s["latency_ms"].get(p)) for p in TABLE_PERCENTILES] + [_ms(s["max_ms"])] if rate else []
         row += [_ms(s["connect_max_ms"])] if ab else []
-        row += [_number(s["keepalive"])] if "-k" in record["load"].split() else []
+        row += [_number(s["keepalive"])] if keepalive else []
+        row += [column.format(s.get(column.key)) for column in scenario.columns]
         row += [_number(s[name]) for name in KERNEL_COUNTERS]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
@@ -182,25 +222,32 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
                        else "met" if target.holds(ours, _peers(summaries)) else "**not met**")
             lines.append(f"- {target.text}: {verdict}")
         lines.append("")
-    lines += [f"![{scenario.id}: req/s and latency percentiles](charts/{scenario.id}.png)", ""]
+    lines += [f"![{scenario.id}: {_headline(scenario)[1]}"
+              f"{' and latency percentiles' if rate else ''}](charts/{scenario.id}.png)", ""]
 
+    columns = scenario.columns
     lines += ["<details><summary>Per-run numbers</summary>", "",
               "| server | run | req/s | requests | failed | non-2xx | p50 | p99 | max | "
+              + "".join(f"{column.header} | " for column in columns)
               + " | ".join(KERNEL_COUNTERS) + " | note |",
-              "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * len(KERNEL_COUNTERS) + "---|"]
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * (len(columns) + len(KERNEL_COUNTERS))
+              + "---|"]
     for run in record["runs"]:
         m = run["measurement"]
         notes = [run["error"] or "", "stopped at the time limit" if run["cut_short"] else "",
                  (m or {}).get("gave_up") or ""]
         note = "; ".join(_cell(text) for text in notes if text)
         if m is None:
-            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (7 + len(KERNEL_COUNTERS)) + f" {note} |")
+            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (7 + len(columns) + len(KERNEL_COUNTERS))
+                         + f" {note} |")
             continue
         detail = ", ".join(f"{k} {v}" for k, v in m["failed_detail"].items() if v)
+        extra = run.get("extra", {})
         lines.append(
             f"| {run['server']} | {run['run']} | {_number(m['rps'])} | {m['requests']} | "
             f"{m['failed']}{f' ({detail})' if detail else ''} | {_number(m['non2xx'])} | "
             f"{_ms(m['latency_ms'].get('50'))} | {_ms(m['latency_ms'].get('99'))} | {_ms(m['max_ms'])} | "
+            + "".join(f"{column.format(extra.get(column.key))} | " for column in columns)
             + " | ".join(str(run["kernel"][name]) for name in KERNEL_COUNTERS) + f" | {note} |")
     lines += ["", "</details>", ""]
     return lines
@@ -218,10 +265,14 @@ def _ms(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def _ratio(summary: dict | None, reference: dict | None) -> str:
-    if not summary or not reference or not reference["rps"]:
+def _figure(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(summary: dict | None, reference: dict | None, key: str = "rps") -> str:
+    if not summary or not reference or summary.get(key) is None or not reference.get(key):
         return "-"
-    return f"{summary['rps'] / reference['rps']:.2f}"
+    return f"{summary[key] / reference[key]:.2f}"
 
 
 def _cell(text: str) -> str:
@@ -232,26 +283,42 @@ def _cell(text: str) -> str:
 # Charts
 
 def _chart(path: Path, record: dict, scenario) -> Path:
-    """Left: median req/s per server, whiskers from the slowest to the fastest run. Right: median
+    """Left: the median of the scenario's headline figure (req/s unless it names another) per
+    server, whiskers from the lowest to the highest run. Right, where there are latencies: median
     latency per percentile on a scale that spreads the tail (50, 90, 99, 99.9 ...), max at the end."""
+    key, name, digits, lower = _headline(scenario)
     summaries = {label: s for label, s in _summaries(record).items() if s is not None}
-    figure, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
-    figure.suptitle(f"{scenario.id}: {scenario.title}\n{record['load']}", fontsize=10)
+    with_latencies = any(s["latency_ms"] for s in summaries.values())
+    figure, panels = plt.subplots(1, 2 if with_latencies else 1, figsize=(12 if with_latencies else 7, 4.5),
+                                  squeeze=False)
+    bars = panels[0][0]
+    figure.suptitle(f"{scenario.id}: {scenario.title}\n"
+                    + " + ".join(part for part in (record.get("crowd"), record["load"]) if part), fontsize=10)
 
-    labels = list(summaries)
-    medians = [summaries[label]["rps"] for label in labels]
-    spans = [[run["measurement"]["rps"] for run in record["runs"]
-              if run["server"] == label and run["measurement"]] for label in labels]
+    def per_run(run: dict) -> float | None:
+        return run["measurement"]["rps"] if key == "rps" else run.get("extra", {}).get(key)
+
+    labels = [label for label, s in summaries.items() if s.get(key) is not None]
+    medians = [summaries[label][key] for label in labels]
+    spans = [[value for run in record["runs"] if run["server"] == label and run["measurement"]
+              and (value := per_run(run)) is not None] for label in labels]
     below = [median - min(span) for median, span in zip(medians, spans)]
     above = [max(span) - median for median, span in zip(medians, spans)]
     colors = ["tab:red" if label == REFERENCE else "tab:gray" for label in labels]
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
     bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
-    bars.set_ylabel("requests per second (median of runs)")
+    bars.set_ylabel(("requests per second" if key == "rps" else name)
+                    + " (median of runs)" + (", lower is better" if lower else ""))
     for x, (label, value, span) in enumerate(zip(labels, medians, spans)):
         cut = "\n(incomplete runs)" if summaries[label]["incomplete"] else ""
-        bars.annotate(f"{value:,.0f}{cut}", (x, max(span)), ha="center", va="bottom", fontsize=8,
+        bars.annotate(f"{value:,.{digits}f}{cut}", (x, max(span)), ha="center", va="bottom", fontsize=8,
                       xytext=(0, 2), textcoords="offset points")
+    if not with_latencies:
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        return path
+    curves = panels[0][1]
 
     def nines(percentile: float) -> float:
         return -math.log10(1 - percentile / 100)

@@ -25,16 +25,14 @@ import time
 from pathlib import Path
 
 import procs
-from measure import Load, ParseError, kernel_counters
-from scenarios import SCENARIOS, Entry, Scenario
+from measure import strace_argv
+from runner import SETTLE_SECONDS, WORK, brief, run_once
+from scenarios import SCENARIOS, Scenario
 from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Launch, Server
 
-WORK = BENCH / ".work"
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
-DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk"}
-# A pause after a server is ready (so its start-up does not share the CPU with the load) and
-# between runs (so that one run's closing connections do not overlap the next).
-SETTLE_SECONDS = 0.5
+# strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5.
+DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk", "strace": "strace", "nginx": "nginx"}
 
 
 def main(argv: list[str]) -> int:
@@ -191,91 +189,50 @@ def _raise_open_files_limit() -> None:
 def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str]) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
     (A B C A B C ...) so that drift in the machine's speed hits every server alike."""
-    load = scenario.load.shortened() if quick else scenario.load
+    load = scenario.load and (scenario.load.shortened() if quick else scenario.load)
+    crowd = scenario.crowd and (scenario.crowd.shortened() if quick else scenario.crowd)
     entries = [entry for entry in scenario.lineup if entry.server in available]
     labels = {entry: SERVERS[entry.server].label(entry.threads) for entry in scenario.lineup}
     commands = {}
     for entry in entries:
         launch = Launch(scenario.app, 0, scenario.workers, entry.threads, scenario.backlog)
         argv = SERVERS[entry.server].argv(launch)
-        commands[labels[entry]] = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
+        command = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
+        if scenario.trace_accepts:
+            prefix = strace_argv(Path("strace.txt"))
+            command = " ".join(prefix) + " " + command
+        commands[labels[entry]] = command
+    soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    warnings = []
+    if soft_limit < scenario.open_files:
+        warnings.append(f"The open-files limit here is {soft_limit}, below the {scenario.open_files} "
+                        "this scenario needs: failures may be the load tool's or the server's "
+                        "'Too many open files' rather than the server's doing.")
+    if scenario.front and not scenario.front.available():
+        warnings.append("nginx (the front proxy) is not installed: every run fails.")
     record = {
         "id": scenario.id,
         "started": _now(),
         "commit": _git_commit(),
-        "load": load.describe(),
+        "load": load.describe() if load else None,
+        "crowd": crowd.describe() if crowd else None,
+        "front": scenario.front.describe() if scenario.front else None,
         "time_limit_s": scenario.limit(),
         "commands": commands,
         "left_out": [labels[entry] for entry in scenario.lineup if entry not in entries],
+        "warnings": warnings,
         "runs": [],
     }
-    print(f"\n{scenario.id}: {scenario.title}\n  load: {load.describe()}", file=sys.stderr)
+    print(f"\n{scenario.id}: {scenario.title}\n  load: {record['load'] or record['crowd']}", file=sys.stderr)
+    for warning in warnings:
+        print(f"  warning: {warning}", file=sys.stderr)
     for repetition in range(1, runs + 1):
         for entry in entries:
-            result = _run_once(scenario, load, entry, labels[entry], repetition)
+            result = run_once(scenario, load, crowd, entry, labels[entry], repetition)
             record["runs"].append(result)
-            print(f"  run {repetition}/{runs} {labels[entry]:<28} {_brief(result)}", file=sys.stderr)
+            print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
     return record
-
-
-def _run_once(scenario: Scenario, load: Load, entry: Entry, label: str, repetition: int) -> dict:
-    server = SERVERS[entry.server]
-    slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
-    workdir = WORK / "runs" / scenario.id / slug / str(repetition)
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    port = procs.free_port()
-    launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
-    env = dict(os.environ, PYTHONPATH=str(BENCH))
-    result = {"server": label, "run": repetition, "measurement": None, "error": None,
-              "cut_short": False, "kernel": None}
-    log_path = workdir / "server.log"
-    with log_path.open("wb") as log:
-        process = procs.start(server.argv(launch), log=log, cwd=workdir, env=env)
-        try:
-            procs.wait_ready(process, port=port, log_path=log_path,
-                             log_pattern=server.ready_line(launch) if server.ready_line else None,
-                             log_count=server.ready_count(launch))
-            time.sleep(SETTLE_SECONDS)
-            before = kernel_counters()
-            started = time.monotonic()
-            status, cut_short = procs.run_tool(
-                load.argv(f"http://127.0.0.1:{port}/", workdir), output=workdir / "tool.out",
-                cwd=workdir, env=env, time_limit=scenario.limit())
-            seconds = time.monotonic() - started
-            after = kernel_counters()
-            result["kernel"] = {name: after[name] - before[name] for name in after}
-            result["cut_short"] = cut_short
-            output = (workdir / "tool.out").read_text(errors="replace")
-            result["measurement"] = load.parse(output, workdir, seconds)
-            if process.poll() is not None:
-                result["error"] = f"the server exited during the run with status {process.returncode}"
-        except procs.StartError as error:
-            result["error"] = f"did not start: {error}"
-        except ParseError as error:
-            result["error"] = f"{load.tool} exited with status {status}; {error}"
-        finally:
-            procs.stop(process)
-    return result
-
-
-def _brief(result: dict) -> str:
-    m = result["measurement"]
-    if m is None:
-        return "ERROR " + result["error"].splitlines()[0]
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f} ms"
-
-    text = (f"{m['rps']:9.0f} req/s  failed {m['failed']}  non-2xx {m['non2xx']}  "
-            f"p99 {ms(m['latency_ms'].get('99'))}  max {ms(m['max_ms'])}  "
-            f"overflows {result['kernel']['ListenOverflows']}")
-    if result["cut_short"]:
-        text += f"  (stopped at the time limit after {m['requests']} requests)"
-    if m.get("gave_up"):
-        text += f"  ({m['gave_up']})"
-    return text + (f"  [{result['error']}]" if result["error"] else "")
 
 
 def _now() -> str:
@@ -349,7 +306,8 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
 def _print_registry() -> None:
     print("scenarios:")
     for scenario in SCENARIOS.values():
-        print(f"  {scenario.id:<8} {scenario.title}\n           {scenario.load.describe()}; "
+        loads = [part.describe() for part in (scenario.crowd, scenario.load) if part]
+        print(f"  {scenario.id:<8} {scenario.title}\n           {' + '.join(loads)}; "
               f"{scenario.workers} workers; {', '.join(SERVERS[e.server].label(e.threads) for e in scenario.lineup)}")
     print("servers:")
     for server in SERVERS.values():

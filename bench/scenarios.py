@@ -1,16 +1,20 @@
 """The scenarios: which app, how many workers, which load, which servers, and what maitred must show.
 
 Adding a scenario is adding one Scenario to SCENARIOS. The ids follow issue 3 (S1-S5 from
-shared/SCENARIOS.md, T1, L1, T2, C1, M1); T1-ab and T2-wrk complete the first comparison that
-issue 2 asks for: hello world with and without keep-alive, with both wrk and ab.
+shared/SCENARIOS.md, T1, L1, T2, C1, M1); where issue 3 asks for two measurements, each is a
+scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
+from front import NginxFront
 from measure import Ab, Load, Wrk
+
+HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -36,20 +40,81 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A figure a scenario adds to its table: a key of the summary (and of each run's "extra"),
+    its header, and how to print it."""
+
+    key: str
+    header: str
+    digits: int = 0  # decimals shown
+    suffix: str = ""
+
+    def format(self, value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,.{self.digits}f}{self.suffix}"
+
+
+@dataclass(frozen=True)
+class Crowd:
+    """Connections held open by bench/connections.py while the run lasts: "slow" ones whose request
+    head never ends (C1), or "idle" keep-alive ones after one request each (M1)."""
+
+    kind: str            # "slow" or "idle"
+    count: int
+    interval: float = 5.0       # slow: seconds between the bytes of the endless head
+    open_seconds: float = 15.0  # how long opening them may take before the run goes on regardless
+
+    def argv(self, python: str, port: int, seconds: float) -> list[str]:
+        interval = ["--interval", f"{self.interval:g}"] if self.kind == "slow" else []
+        return [python, str(HERE / "connections.py"), self.kind, "--port", str(port),
+                "--count", str(self.count), *interval, "--open-seconds", f"{self.open_seconds:g}",
+                "--seconds", f"{seconds:g}"]
+
+    def describe(self) -> str:
+        argv = self.argv("python3", 0, 0)
+        argv[1] = "bench/connections.py"
+        return " ".join(argv[:-2]).replace("--port 0", "--port PORT")
+
+    def shortened(self) -> Crowd:
+        # C1's point is its 2,000 slow clients, which cost little to open; M1's 10,000 take longer.
+        return replace(self, count=min(self.count, 2000), open_seconds=min(self.open_seconds, 5.0))
+
+
+@dataclass(frozen=True)
 class Scenario:
     id: str
     title: str
     app: str
     workers: int
-    load: Load
+    load: Load | None  # None: the crowd is the whole load (M1)
     lineup: tuple[Entry, ...]
     backlog: int | None = None  # None: each server's default
     time_limit: float | None = None  # None: the load tool's default bound
     targets: tuple[Target, ...] = ()
     note: str = ""
+    # S3's second half: the server runs under `strace -f -c` counting accept calls.
+    trace_accepts: bool = False
+    # S5: a proxy the load goes through, started for each run after the server is ready.
+    front: NginxFront | None = None
+    # C1, M1: connections held open while the load runs (C1) or as the load (M1).
+    crowd: Crowd | None = None
+    # C1: the load also runs once before the crowd arrives, on the same server instance, as the
+    # figure the crowd's effect is measured against.
+    alone_first: bool = False
+    # The open-files limit the scenario needs (the load tool's and the server's own descriptors);
+    # the results say so when the limit is lower.
+    open_files: int = 0
+    # Figures beyond the load tool's, added to the table (keys of each run's "extra").
+    columns: tuple[Column, ...] = ()
+    # The figure the summary and the bar chart compare (None: req/s, higher is better).
+    headline: Column | None = None
+    headline_lower_is_better: bool = False
 
     def limit(self) -> float:
-        return self.time_limit if self.time_limit is not None else self.load.default_time_limit()
+        if self.time_limit is not None:
+            return self.time_limit
+        return self.load.default_time_limit() if self.load else 60.0
 
 
 # Equal worker processes; each server with its production threading. nginx runs no app: it
@@ -81,15 +146,37 @@ def _leads(summary: Summary, peers: list[Summary]) -> bool:
 LEADS = Target("req/s >= every peer", _leads)
 NO_FAILURES = Target("0 failed, 0 non-2xx", _no_failures)
 
+
+def _max_latency_within(rounds: float) -> Target:
+    """Nobody waits more than `rounds` times what serving every client once takes at the
+    measured rate: the tail of a fair queue."""
+    return Target(f"max latency <= {rounds:g} x (1000 / req/s) s",
+                  lambda summary, peers: summary["max_ms"] is not None
+                  and summary["max_ms"] <= rounds * 1000 / summary["rps"] * 1000)
+
+
 # S1: 3 slots x 1 ms allow 3000 req/s; 1000 clients then wait 1000/rps seconds each round.
 S1_TARGETS = (
     NO_FAILURES,
     Target("0 listen overflows", _no_overflows),
-    Target("max latency <= 1.5 x (1000 / req/s) s",
-           lambda summary, peers: summary["max_ms"] is not None
-           and summary["max_ms"] <= 1.5 * 1000 / summary["rps"] * 1000),
+    _max_latency_within(1.5),
     Target("req/s >= 2700 (90% of 3 slots x 1 ms)", lambda summary, peers: summary["rps"] >= 2700),
 )
+
+S2_TARGETS = (Target("0 listen overflows", _no_overflows), NO_FAILURES)
+S2_NOTE = ("Each server keeps its own listen backlog; the kernel grants min(backlog, "
+           "net.core.somaxconn) (see the machine line). ab runs with -r so that a refused or reset "
+           "connection is counted as failed instead of ending the run. A run still going after 40 s "
+           "is stopped.")
+
+S5_TARGETS = (NO_FAILURES,
+              Target("no request over 100 ms (max latency)",
+                     lambda summary, peers: summary["max_ms"] is not None and summary["max_ms"] <= 100),
+              LEADS)
+S5_NOTE = ("The load goes to nginx (Debian's, started per run once the server is ready, stopped "
+           "after it), which keeps up to 32 idle HTTP/1.1 connections per nginx worker process to "
+           "the server (configuration below). Threaded servers run 5 app slots like the others, "
+           "with their default threading beside them.")
 
 SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
     Scenario(
@@ -98,19 +185,8 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
         lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
-        id="T1-ab", title="hello world, keep-alive, ab",
-        app="apps:hello", workers=2, load=Ab(concurrency=100, requests=50000, keepalive=True),
-        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
-        note="gunicorn's sync worker does not keep connections alive: ab reconnects for it.",
-    ),
-    Scenario(
         id="T2", title="hello world, no keep-alive, ab",
         app="apps:hello", workers=2, load=Ab(concurrency=50, requests=50000),
-        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
-    ),
-    Scenario(
-        id="T2-wrk", title="hello world, no keep-alive, wrk",
-        app="apps:hello", workers=2, load=Wrk(threads=2, connections=50, seconds=10, close=True),
         lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
@@ -127,9 +203,119 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
     Scenario(
         id="S1-b10", title="the worker that waits for nothing: 1 ms app, 1000 clients, --backlog 10",
         app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
-        lineup=SAME_SLOTS, backlog=10, time_limit=60.0, targets=S1_TARGETS,
-        note="A run still going after 60 s is stopped (ab then reports what completed), and ab gives "
-             "up by itself when no connection moves for 30 s: either way the run is incomplete, "
-             "the server stalled, and its latencies cover only the requests it finished.",
+        lineup=SAME_SLOTS, backlog=10, time_limit=20.0, targets=S1_TARGETS,
+        note="A run still going after 20 s is stopped (ab then reports what completed): by then it "
+             "has run at under 500 req/s where 3 slots allow 3000, and a server that does not stall "
+             "finishes in under 7 s, so the stall is plain without spending a minute on it. Such a "
+             "run is incomplete, and its latencies cover only the requests the server finished.",
+    ),
+    Scenario(
+        id="S2-c1000", title="SYNs dropped on the floor: hello, 1000 clients, default backlogs",
+        app="apps:hello", workers=2, load=Ab(concurrency=1000, requests=20000, ignore_errors=True),
+        lineup=SAME_WORKERS, time_limit=40.0, targets=S2_TARGETS, open_files=2100,
+        note=S2_NOTE,
+    ),
+    Scenario(
+        id="S2-c5000", title="SYNs dropped on the floor: hello, 5000 clients, default backlogs",
+        app="apps:hello", workers=2, load=Ab(concurrency=5000, requests=20000, ignore_errors=True),
+        lineup=SAME_WORKERS, time_limit=40.0, targets=S2_TARGETS, open_files=11000,
+        note=S2_NOTE,
+    ),
+    Scenario(
+        id="S3", title="the thundering herd: hello, 4 workers, no keep-alive, 4 clients",
+        app="apps:hello", workers=4, load=Ab(concurrency=4, requests=20000),
+        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
+    ),
+    Scenario(
+        id="S3-accept", title="the thundering herd: accept calls per connection, 4 workers, one client",
+        app="apps:hello", workers=4, load=Ab(concurrency=1, requests=1000),
+        lineup=SAME_WORKERS, trace_accepts=True,
+        targets=(Target("<= 1.1 accept calls per connection",
+                        lambda summary, peers: summary["accepts_per_conn"] is not None
+                        and summary["accepts_per_conn"] <= 1.1),),
+        columns=(Column("accept_calls", "accept calls"), Column("accept_failed", "of them failed"),
+                 Column("connections", "connections"),
+                 Column("accepts_per_conn", "accept calls / connection", digits=2)),
+        headline=Column("accepts_per_conn", "accept calls per connection", digits=2),
+        headline_lower_is_better=True,
+        note="Each server runs under `strace -f -c --seccomp-bpf -e trace=accept,accept4`, from its "
+             "start to its end: -f follows every process and thread it starts (workers forked later "
+             "too), and --seccomp-bpf stops them only at the accept calls counted, so the rest runs "
+             "at full speed and the wake-ups strace counts are the ones that happen without it. "
+             "Connections: ab's 1,000 plus the harness's readiness checks (usually 1). A failed "
+             "accept is a process woken for a connection another process took (EAGAIN). Its req/s "
+             "is under strace and only for reference: S3 measures the throughput.",
+    ),
+    Scenario(
+        id="S4", title="keep-alive against busy workers: hello, 6 app slots, 1000 keep-alive clients",
+        app="apps:hello", workers=6, load=Ab(concurrency=1000, requests=100000, keepalive=True,
+                                             ignore_errors=True),
+        lineup=SAME_SLOTS + S4_LINEUP_APACHE, time_limit=60.0,
+        targets=(NO_FAILURES,
+                 Target("every request on keep-alive (ab's Keep-Alive requests = completed)",
+                        lambda summary, peers: summary["keepalive"] == summary["requests"]),
+                 _max_latency_within(2.0), LEADS),
+        note="Threaded servers run as many app slots as the others (processes x threads = 6), with "
+             "their default threading beside them. ab counts a response on a connection the server "
+             "closed as failed (\"Length\"): that is how a dropped keep-alive connection shows. "
+             "A run still going after 60 s is stopped (a server that holds each idle keep-alive "
+             "connection in a worker makes the rest wait).",
+    ),
+    Scenario(
+        id="S5-c5", title="the proxy that hoards backend connections: nginx in front, 5 clients",
+        app="apps:hello", workers=5, load=Ab(concurrency=5, requests=2000),
+        lineup=SAME_SLOTS, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
+        note=S5_NOTE,
+    ),
+    Scenario(
+        id="S5-c50", title="the proxy that hoards backend connections: nginx in front, 50 clients",
+        app="apps:hello", workers=5, load=Ab(concurrency=50, requests=5000),
+        lineup=SAME_SLOTS, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
+        note=S5_NOTE,
+    ),
+    Scenario(
+        id="C1", title="slow clients: 2,000 request heads that never end, plus T1's load",
+        app="apps:hello", workers=2, load=Wrk(threads=2, connections=100, seconds=10),
+        lineup=SAME_WORKERS, crowd=Crowd("slow", 2000, interval=5.0, open_seconds=10.0),
+        alone_first=True, open_files=2200,
+        targets=(Target("req/s with the slow clients >= 90% of req/s without them",
+                        lambda summary, peers: summary["pct_alone"] is not None
+                        and summary["pct_alone"] >= 90),),
+        columns=(Column("alone_rps", "req/s without them"),
+                 Column("pct_alone", "with / without", suffix="%"),
+                 Column("crowd_opened", "slow clients connected"),
+                 Column("crowd_open_end", "still open at the end"),
+                 Column("crowd_closed_end", "closed by the server")),
+        note="Each run starts one server and runs T1's load on it twice: first alone (\"req/s "
+             "without them\"), then after bench/connections.py has connected 2,000 slow clients, "
+             "each of which sends a request line and a Host header, then one byte of a header every "
+             "5 s and never the blank line that ends the head. The req/s column is the second "
+             "figure; \"with / without\" is their ratio, run by run. Slow clients the server "
+             "closes (a header timeout, answered with 408 or not) are counted, not held against "
+             "it: what matters is whether everyone else is still served.",
+    ),
+    Scenario(
+        id="M1", title="memory: 10,000 idle keep-alive connections",
+        app="apps:hello", workers=2, load=None,
+        lineup=SAME_WORKERS, crowd=Crowd("idle", 10000, open_seconds=20.0), time_limit=30.0,
+        open_files=10100,
+        targets=(Target("all 10,000 connections answered and held open",
+                        lambda summary, peers: summary["crowd_held"] == summary["crowd_count"]),
+                 Target("RSS growth <= 5 MB (0.5 KB per connection)",
+                        lambda summary, peers: summary["rss_growth_mb"] <= 5)),
+        columns=(Column("crowd_held", "held"), Column("crowd_closed", "closed by the server"),
+                 Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
+                 Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
+                 Column("kb_per_held", "KB per held connection", digits=2)),
+        headline=Column("kb_per_held", "KB per held idle connection", digits=2),
+        headline_lower_is_better=True,
+        note="bench/connections.py opens 10,000 connections (at most 500 opening at once), sends one "
+             "GET on each, reads the whole response, and then keeps them open without a word. The "
+             "server's RSS (the sum of VmRSS over every process of its process group, from /proc) "
+             "is read once it is ready and again as soon as every connection is answered (or 20 s "
+             "have passed): the growth is what holding them costs. \"Held\" counts the answered "
+             "connections still open at that moment; a server that closes idle connections (no "
+             "keep-alive, or a short keep-alive timeout) or stops accepting holds fewer, and its "
+             "KB per connection is left out when it held under 1% of them.",
     ),
 )}

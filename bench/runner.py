@@ -1,0 +1,216 @@
+"""One run: one server, one scenario. Start the server (under strace for S3's accept count), wait
+until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
+compares against that (C1), open the crowd of held connections (C1, M1) and read the server's
+memory while they are held (M1), run the load, read the kernel's counters around it, and stop
+everything that was started, in reverse order.
+
+A run's result is a dict: server, run, measurement (measure.py's dict, None when the run failed),
+error, cut_short, kernel (counter changes) and extra (the scenario's own figures, named by the
+keys of its Columns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import procs
+from measure import (ACCEPT_SYSCALLS, Load, ParseError, crowd_measurement, crowd_reports,
+                     kernel_counters, strace_argv, strace_counts)
+from scenarios import Crowd, Entry, Scenario
+from servers import BENCH, SERVERS, Launch
+
+WORK = BENCH / ".work"
+# A pause after a server is ready (so its start-up does not share the CPU with the load) and
+# between runs (so that one run's closing connections do not overlap the next).
+SETTLE_SECONDS = 0.5
+CROWD_MARKER = "CONNECTIONS-JSON "
+
+
+class RunError(Exception):
+    """The run measured nothing; str(error) says why."""
+
+
+def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: Entry, label: str,
+             repetition: int) -> dict:
+    server = SERVERS[entry.server]
+    slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
+    workdir = WORK / "runs" / scenario.id / slug / str(repetition)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    port = procs.free_port()
+    launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
+    env = dict(os.environ, PYTHONPATH=str(BENCH))
+    result = {"server": label, "run": repetition, "measurement": None, "error": None,
+              "cut_short": False, "kernel": None, "extra": {}}
+    argv = server.argv(launch)
+    if scenario.trace_accepts:
+        argv = strace_argv(workdir / "strace.txt") + argv
+    started: list[subprocess.Popen] = []  # stopped in reverse order
+    ready_connections = 0
+    try:
+        process = _start(argv, workdir / "server.log", workdir, env)
+        started.append(process)
+        ready_connections = procs.wait_ready(
+            process, port=port, log_path=workdir / "server.log",
+            log_pattern=server.ready_line(launch) if server.ready_line else None,
+            log_count=server.ready_count(launch))
+        target = port
+        if scenario.front:
+            target = procs.free_port()
+            front = _start(scenario.front.prepare(port=target, backend=port, workdir=workdir),
+                           workdir / "front.log", workdir, env)
+            started.append(front)
+            try:
+                procs.wait_ready(front, port=target, log_path=workdir / "front.log", log_pattern=None,
+                                 log_count=1)
+            except procs.StartError as error:
+                raise RunError(f"the front nginx did not start: {error}") from None
+        time.sleep(SETTLE_SECONDS)
+        url = f"http://127.0.0.1:{target}/"
+
+        if scenario.alone_first:
+            alone, alone_cut = _load(load, url, workdir / "alone", env, scenario.limit())
+            result["alone"] = {"measurement": alone, "cut_short": alone_cut}
+            result["extra"]["alone_rps"] = alone["rps"]
+            time.sleep(SETTLE_SECONDS)
+
+        before = kernel_counters()
+        began = time.monotonic()
+        if crowd:
+            rss_before = procs.group_rss_kb(process.pid)
+            crowd_process = _start(crowd.argv(sys.executable, target, crowd.open_seconds + scenario.limit() + 10),
+                                   workdir / "crowd.out", workdir, env)
+            started.append(crowd_process)
+            line = procs.wait_for_line(crowd_process, workdir / "crowd.out", CROWD_MARKER,
+                                       crowd.open_seconds + 10)
+            if line is None:
+                raise RunError(f"connections.py held nothing; its output ends: {_last_line(workdir / 'crowd.out')}")
+            holding = json.loads(line[len(CROWD_MARKER):])
+            rss_holding = procs.group_rss_kb(process.pid)
+
+        if load:
+            measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
+        else:
+            measurement = crowd_measurement(holding, time.monotonic() - began)
+        after = kernel_counters()
+        result["kernel"] = {name: after[name] - before[name] for name in after}
+
+        if crowd:
+            procs.stop(crowd_process)
+            started.remove(crowd_process)
+            end = crowd_reports((workdir / "crowd.out").read_text(errors="replace")).get("end")
+            if end is None:
+                raise RunError("connections.py did not report its end; see crowd.out")
+            result["extra"].update(_crowd_figures(crowd, holding, end, rss_before, rss_holding))
+        if scenario.alone_first:
+            alone_rps = result["extra"]["alone_rps"]
+            result["extra"]["pct_alone"] = 100 * measurement["rps"] / alone_rps if alone_rps else None
+        if process.poll() is not None:
+            result["error"] = f"the server exited during the run with status {process.returncode}"
+        result["measurement"] = measurement
+    except procs.StartError as error:
+        result["error"] = f"did not start: {error}"
+    except RunError as error:
+        result["error"] = str(error)
+    finally:
+        for each in reversed(started):
+            if each is started[0] and scenario.trace_accepts:
+                procs.stop_wrapped(each)
+            else:
+                procs.stop(each)
+
+    if scenario.trace_accepts and result["measurement"]:
+        # ab without -k opens one connection per request; the readiness checks opened the rest.
+        connections = result["measurement"]["requests"] + ready_connections
+        figures = _accept_figures(workdir / "strace.txt", connections)
+        if figures is None:
+            result["error"] = "strace wrote no summary (strace.txt); no accept count"
+        else:
+            result["extra"].update(figures)
+    return result
+
+
+def _start(argv: list[str], log_path: Path, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
+        return procs.start(argv, log=log, cwd=workdir, env=env)
+
+
+def _load(load: Load, url: str, workdir: Path, env: dict[str, str], limit: float) -> tuple[dict, bool]:
+    """Runs the load tool once against url; returns its measurement and whether the time limit
+    cut it short."""
+    workdir.mkdir(exist_ok=True)
+    began = time.monotonic()
+    status, cut_short = procs.run_tool(load.argv(url, workdir), output=workdir / "tool.out",
+                                       cwd=workdir, env=env, time_limit=limit)
+    seconds = time.monotonic() - began
+    output = (workdir / "tool.out").read_text(errors="replace")
+    try:
+        return load.parse(output, workdir, seconds), cut_short
+    except ParseError as error:
+        raise RunError(f"{load.tool} exited with status {status}; {error}") from None
+
+
+def _crowd_figures(crowd: Crowd, holding: dict, end: dict, rss_before: int, rss_holding: int) -> dict:
+    """The crowd's figures: how many connections it opened and held, what the server closed, and
+    (read while they were held) how much the server's memory grew."""
+    growth = rss_holding - rss_before
+    held = holding["held"]
+    return {
+        "crowd_count": holding["count"],
+        "crowd_opened": holding["opened"],
+        "crowd_held": held,
+        "crowd_closed": holding["closed"],
+        "crowd_open_end": end["open"],
+        "crowd_closed_end": end["closed"],
+        "crowd_answered_end": end["answered"],
+        "rss_before_mb": rss_before / 1024,
+        "rss_growth_mb": growth / 1024,
+        # Per connection only where the server held enough of them for the figure to mean
+        # something (a server that closed them all grew by nothing per connection it held).
+        "kb_per_held": growth / held if held >= crowd.count / 100 else None,
+    }
+
+
+def _accept_figures(summary: Path, connections: int) -> dict | None:
+    if not summary.exists() or not summary.read_text().strip():
+        return None
+    counts = strace_counts(summary.read_text())
+    calls = sum(counts.get(name, (0, 0))[0] for name in ACCEPT_SYSCALLS)
+    failed = sum(counts.get(name, (0, 0))[1] for name in ACCEPT_SYSCALLS)
+    return {"accept_calls": calls, "accept_failed": failed, "connections": connections,
+            "accepts_per_conn": calls / connections if connections else None}
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return lines[-1] if lines else "(nothing)"
+
+
+def brief(result: dict) -> str:
+    """One line for the console."""
+    m = result["measurement"]
+    if m is None:
+        return "ERROR " + result["error"].splitlines()[0]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    text = ("" if m["rps"] is None else f"{m['rps']:9.0f} req/s  ") + (
+        f"failed {m['failed']}  non-2xx {m['non2xx']}  "
+        f"p99 {ms(m['latency_ms'].get('99'))}  max {ms(m['max_ms'])}  "
+        f"overflows {result['kernel']['ListenOverflows']}")
+    if m["keepalive"] is not None:
+        text += f"  keep-alive {m['keepalive']}"
+    for key, value in result["extra"].items():
+        text += f"  {key} {'-' if value is None else f'{value:.4g}'}"
+    if result["cut_short"]:
+        text += f"  (stopped at the time limit after {m['requests']} requests)"
+    if m.get("gave_up"):
+        text += f"  ({m['gave_up']})"
+    return text + (f"  [{result['error']}]" if result["error"] else "")
