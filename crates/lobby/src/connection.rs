@@ -184,8 +184,8 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Waits, holding no buffer, until the client sends something. False when the
-    /// connection should close instead: the client closed it, it idled past `--keep-alive`
+    /// Waits, holding no buffer, until the client sends something, and reads it. False when
+    /// the connection should close instead: the client closed it, it idled past `--keep-alive`
     /// (`--header-timeout` for a first request), or a shutdown began after it was answered.
     async fn wait_for_request(&mut self) -> bool {
         self.buf = BytesMut::new();
@@ -198,19 +198,13 @@ impl<S: ClientStream> Connection<S> {
                 _ = sleep_until(deadline) => return false,
                 _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return false,
             }
-            // Readiness can be stale; a peek tells whether bytes (or end-of-file) are there.
-            let fd = self.stream.as_raw_fd();
-            let peeked = self.stream.try_io(Interest::READABLE, || {
-                let mut byte = 0u8;
-                match unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
-                    n if n < 0 => Err(io::Error::last_os_error()),
-                    n => Ok(n),
-                }
-            });
-            match peeked {
-                Ok(n) => return n > 0,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(_) => return false,
+            // Readiness can be stale (left from the last request): then the read finds nothing,
+            // and the buffer goes again until the client really sends.
+            self.buf.reserve(READ_CHUNK);
+            match poll_fn(|cx| Poll::Ready(read_now(&mut self.stream, cx, &mut self.buf))).await {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return false,
+                Poll::Ready(Ok(_)) => return true,
+                Poll::Pending => self.buf = BytesMut::new(),
             }
         }
     }
@@ -651,6 +645,22 @@ impl Answer {
 
 fn spill_failed(e: &io::Error) -> Stop {
     Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
+}
+
+/// One read attempt that does not wait: Pending when nothing is there, and then the stream
+/// is registered to wake `cx` when there is.
+fn read_now<S: AsyncRead + Unpin>(stream: &mut S, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+    let mut read_buf = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
+    match std::pin::Pin::new(stream).poll_read(cx, &mut read_buf) {
+        Poll::Ready(Ok(())) => {
+            let n = read_buf.filled().len();
+            // SAFETY: poll_read initialised the first n bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            Poll::Ready(Ok(n))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
 }
 
 fn version_text(version: Version) -> &'static str {

@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, HEADER_LEN};
-use tokio::io::Interest;
-use tokio::net::UnixStream;
+use tokio::io::unix::AsyncFd;
 
 use crate::log::{debug, error, warning};
 use crate::seating::{Job, JobState, Next, ResponsePart};
@@ -26,7 +25,7 @@ pub struct Frame {
 
 /// The lobby's end of a worker channel.
 pub struct Channel {
-    stream: UnixStream,
+    socket: AsyncFd<OwnedFd>,
     buf: BytesMut,
     fds: VecDeque<OwnedFd>,
 }
@@ -34,8 +33,9 @@ pub struct Channel {
 impl Channel {
     pub fn new(fd: OwnedFd) -> io::Result<Channel> {
         crate::zygote::set_nonblocking(&fd)?;
-        let stream = UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))?;
-        Ok(Channel { stream, buf: BytesMut::new(), fds: VecDeque::new() })
+        // SAFETY: an OwnedFd stays open and keeps its descriptor for as long as it is owned.
+        let socket = unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?;
+        Ok(Channel { socket, buf: BytesMut::new(), fds: VecDeque::new() })
     }
 
     /// The next whole frame; None at a clean end-of-file between frames.
@@ -75,29 +75,49 @@ impl Channel {
     }
 
     async fn fill(&mut self) -> io::Result<usize> {
-        let Channel { stream, buf, fds } = self;
-        stream
-            .async_io(Interest::READABLE, || {
-                let n = maitred_fdpass::recv_with_fds(stream.as_raw_fd(), buf.spare_capacity_mut(), fds, 0)?;
-                // SAFETY: the kernel wrote the first n bytes of the spare capacity.
-                unsafe { buf.set_len(buf.len() + n) };
-                Ok(n)
-            })
-            .await
+        loop {
+            let mut ready = self.socket.readable().await?;
+            let room = self.buf.spare_capacity_mut().len();
+            let fds_before = self.fds.len();
+            let read = ready.try_io(|socket| {
+                Ok(maitred_fdpass::recv_with_fds(socket.as_raw_fd(), self.buf.spare_capacity_mut(), &mut self.fds, 0)?)
+            });
+            match read {
+                Ok(Ok(n)) => {
+                    // SAFETY: the kernel wrote the first n bytes of the spare capacity.
+                    unsafe { self.buf.set_len(self.buf.len() + n) };
+                    // A Unix stream read stops short only when the socket is empty (or at a
+                    // message carrying descriptors). Knowing it is empty saves the read that
+                    // would otherwise find out, once per request, when the worker goes idle.
+                    if n > 0 && n < room && self.fds.len() == fds_before {
+                        ready.clear_ready();
+                    }
+                    return Ok(n);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
     }
 
     /// Sends a whole frame, with `fd` attached to its first byte when given.
     pub async fn send(&mut self, frame: &[u8], fd: Option<&File>) -> io::Result<()> {
         let mut sent = 0;
-        if let Some(file) = fd {
-            let raw = self.stream.as_raw_fd();
-            let bufs = [IoSlice::new(frame)];
-            sent = self
-                .stream
-                .async_io(Interest::WRITABLE, || maitred_fdpass::send_with_fd(raw, &bufs, file.as_raw_fd(), 0))
-                .await?;
+        while sent < frame.len() {
+            let mut ready = self.socket.writable().await?;
+            let bufs = [IoSlice::new(&frame[sent..])];
+            let attached = if sent == 0 { fd } else { None };
+            let result = ready.try_io(|socket| match attached {
+                Some(file) => Ok(maitred_fdpass::send_with_fd(socket.as_raw_fd(), &bufs, file.as_raw_fd(), 0)?),
+                None => send_plain(socket.as_raw_fd(), &frame[sent..]),
+            });
+            match result {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
         }
-        tokio::io::AsyncWriteExt::write_all(&mut self.stream, &frame[sent..]).await
+        Ok(())
     }
 
     /// Waits until the worker writes or closes while it should be idle.
@@ -106,21 +126,29 @@ impl Channel {
             return Ok(());
         }
         loop {
-            self.stream.readable().await?;
+            let mut ready = self.socket.readable().await?;
             // Readiness can be stale (left over from the last frame); a peek tells.
-            let peeked = self.stream.try_io(Interest::READABLE, || {
+            let peeked = ready.try_io(|socket| {
                 let mut byte = 0u8;
-                let fd = self.stream.as_raw_fd();
-                match unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
+                match unsafe { libc::recv(socket.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
                     n if n < 0 => Err(io::Error::last_os_error()),
                     _ => Ok(()),
                 }
             });
             match peeked {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return other,
+                Ok(result) => return result,
+                Err(_would_block) => continue,
             }
         }
+    }
+}
+
+/// One `send`, never raising `SIGPIPE` (a worker that exited is reported as an error).
+fn send_plain(socket: std::os::fd::RawFd, data: &[u8]) -> io::Result<usize> {
+    // SAFETY: data is a live buffer of data.len() bytes.
+    match unsafe { libc::send(socket, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL) } {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        n => Ok(n as usize),
     }
 }
 
