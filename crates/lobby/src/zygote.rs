@@ -7,7 +7,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-
 /// The longest report the zygote sends (`failed` with its message) fits in this.
 const MAX_REPORT: usize = 4096;
 

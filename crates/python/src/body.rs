@@ -38,15 +38,7 @@ impl RequestBody {
 
     /// A body of `len` bytes in `file`, read with `pread` from offset 0.
     pub fn in_file(file: OwnedFd, len: u64) -> RequestBody {
-        RequestBody {
-            buf: Vec::new(),
-            pos: 0,
-            end: 0,
-            file: Some(file),
-            file_pos: 0,
-            file_len: len,
-            released: false,
-        }
+        RequestBody { buf: Vec::new(), pos: 0, end: 0, file: Some(file), file_pos: 0, file_len: len, released: false }
     }
 
     /// Frees the memory and closes the file; later reads raise `ValueError`.
@@ -87,8 +79,7 @@ impl RequestBody {
 
     /// Fills `dst` from the file at `file_pos`, detached from the interpreter.
     fn read_file_into(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<()> {
-        let file =
-            self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
+        let file = self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
         let mut filled = 0;
         while filled < dst.len() {
             let offset = self.file_pos + filled as u64;
@@ -161,9 +152,7 @@ impl RequestBody {
         let mut searched = 0;
         loop {
             let window = self.buffered().min(limit);
-            if let Some(at) =
-                self.buf[self.pos + searched..self.pos + window].iter().position(|&b| b == b'\n')
-            {
+            if let Some(at) = self.buf[self.pos + searched..self.pos + window].iter().position(|&b| b == b'\n') {
                 return self.take(py, searched + at + 1);
             }
             searched = window;

@@ -103,8 +103,7 @@ fn wire_error(error: WireError) -> PyErr {
 
 /// `message` on one line, cut (at a character boundary) to `MAX_MESSAGE` bytes.
 fn one_line(message: &str) -> String {
-    let mut line: String =
-        message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
+    let mut line: String = message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
     if line.len() > MAX_MESSAGE {
         let mut cut = MAX_MESSAGE;
         while !line.is_char_boundary(cut) {
@@ -126,9 +125,7 @@ fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
         Ok(bytes) => Ok(bytes.as_bytes()),
         Err(_) => {
             let kind = data.get_type().name()?;
-            Err(PyTypeError::new_err(format!(
-                "the response body must be bytes, and the application gave {kind}"
-            )))
+            Err(PyTypeError::new_err(format!("the response body must be bytes, and the application gave {kind}")))
         }
     }
 }
@@ -238,13 +235,7 @@ impl WorkerChannel {
     }
 
     /// Sends the pending head with the first `body` bytes.
-    fn send_head(
-        &mut self,
-        py: Python<'_>,
-        end: bool,
-        added_length: Option<u64>,
-        body: &[u8],
-    ) -> PyResult<()> {
+    fn send_head(&mut self, py: Python<'_>, end: bool, added_length: Option<u64>, body: &[u8]) -> PyResult<()> {
         if body.len() > MAX_FRAME_BODY {
             self.send_head(py, false, added_length, b"")?;
             return self.send_body_frames(py, end, body);
@@ -272,8 +263,7 @@ impl WorkerChannel {
         let Some(bytes) = self.inbox[self.inbox_start..].first_chunk::<HEADER_LEN>() else {
             return Ok(None);
         };
-        let header =
-            FrameHeader::decode(bytes).map_err(|error| channel_error("the lobby sent a bad frame", error))?;
+        let header = FrameHeader::decode(bytes).map_err(|error| channel_error("the lobby sent a bad frame", error))?;
         Ok(Some(header))
     }
 
@@ -315,9 +305,7 @@ impl WorkerChannel {
                 Ok(0) if self.inbox.is_empty() => return Ok(None),
                 Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                 Ok(_) => {}
-                Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => {
-                    py.check_signals()?
-                }
+                Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
                 Err(error) => return Err(recv_error(error)),
             }
         }
@@ -397,9 +385,7 @@ impl WorkerChannel {
             None if inline_len >= HAND_OVER_BODY && frame.end == self.inbox.len() => {
                 RequestBody::inline(mem::take(&mut self.inbox), frame.end - inline_len, frame.end)
             }
-            None => {
-                RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len)
-            }
+            None => RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len),
         };
         self.consume_through(frame.end);
         let body = Py::new(py, body)?;
@@ -492,9 +478,7 @@ impl WorkerChannel {
 
     fn check_generation(&self, generation: u64) -> PyResult<()> {
         if generation != self.generation {
-            return Err(PyRuntimeError::new_err(
-                "start_response() or write() of a finished request was called",
-            ));
+            return Err(PyRuntimeError::new_err("start_response() or write() of a finished request was called"));
         }
         Ok(())
     }
@@ -567,9 +551,7 @@ impl WorkerChannel {
         let mut guard = slf.borrow_mut();
         let this = &mut *guard;
         if this.response.phase != Phase::Complete {
-            return Err(PyRuntimeError::new_err(
-                "receive() was called before the current response was complete",
-            ));
+            return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
         }
         this.release_body(py);
         let frame = loop {
@@ -636,14 +618,10 @@ impl WorkerChannel {
         };
         match self.response.phase {
             Phase::AwaitingStart => {
-                return Err(PyRuntimeError::new_err(
-                    "the application returned without calling start_response()",
-                ))
+                return Err(PyRuntimeError::new_err("the application returned without calling start_response()"))
             }
             Phase::Complete if count > 0 => {
-                return Err(PyValueError::new_err(
-                    "the application returned a file after its body was complete",
-                ))
+                return Err(PyValueError::new_err("the application returned a file after its body was complete"))
             }
             Phase::Complete => return Ok(()),
             Phase::Cancelled => return Err(client_disconnected()),
@@ -660,8 +638,8 @@ impl WorkerChannel {
         }
         if count > 0 && self.response.has_body() {
             let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
-            let header = FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN)
-                .map_err(wire_error)?;
+            let header =
+                FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN).map_err(wire_error)?;
             frame[..HEADER_LEN].copy_from_slice(&header.encode());
             frame[HEADER_LEN..].copy_from_slice(&FileRange { offset, count }.encode_payload());
             self.link.write_with_fd(py, &frame, fd)?;
@@ -731,11 +709,8 @@ impl StartResponse {
                 Some(info) if channel.response.head_sent() => {
                     let error = info.get_item(1)?;
                     let traceback = info.get_item(2)?;
-                    let error = if traceback.is_none() {
-                        error
-                    } else {
-                        error.call_method1("with_traceback", (traceback,))?
-                    };
+                    let error =
+                        if traceback.is_none() { error } else { error.call_method1("with_traceback", (traceback,))? };
                     return Err(PyErr::from_value(error));
                 }
                 Some(_) => {}

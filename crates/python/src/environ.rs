@@ -104,11 +104,7 @@ pub fn strip_script_name<'a>(path: &'a [u8], script_name: &[u8]) -> &'a [u8] {
 pub fn latin1<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyString>> {
     // SAFETY: the pointer and length describe a live slice; the result is a new reference.
     unsafe {
-        let ptr = ffi::PyUnicode_DecodeLatin1(
-            bytes.as_ptr().cast(),
-            bytes.len() as ffi::Py_ssize_t,
-            std::ptr::null(),
-        );
+        let ptr = ffi::PyUnicode_DecodeLatin1(bytes.as_ptr().cast(), bytes.len() as ffi::Py_ssize_t, std::ptr::null());
         Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
     }
 }
@@ -206,10 +202,7 @@ mod tests {
 
     #[test]
     fn absolute_form() {
-        assert_eq!(
-            split_target(b"http://example.org:8080/a?b"),
-            parts(b"/a", b"b", Some(b"example.org:8080"))
-        );
+        assert_eq!(split_target(b"http://example.org:8080/a?b"), parts(b"/a", b"b", Some(b"example.org:8080")));
         assert_eq!(split_target(b"https://example.org"), parts(b"/", b"", Some(b"example.org")));
         assert_eq!(split_target(b"http://h?q"), parts(b"/", b"q", Some(b"h")));
         assert_eq!(split_target(b"http://user:pw@h/x"), parts(b"/x", b"", Some(b"h")));

@@ -62,10 +62,7 @@ pub fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a
     Ok(utf8.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Cow::Owned))
 }
 
-fn text_arg<'a, 'py>(
-    value: &'a Bound<'py, PyAny>,
-    what: &dyn Fn() -> String,
-) -> PyResult<&'a Bound<'py, PyString>> {
+fn text_arg<'a, 'py>(value: &'a Bound<'py, PyAny>, what: &dyn Fn() -> String) -> PyResult<&'a Bound<'py, PyString>> {
     value.cast::<PyString>().map_err(|_| {
         let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
         PyTypeError::new_err(format!("{} must be a str, not {kind}", what()))
@@ -224,8 +221,7 @@ impl Response {
 /// that of a final response, 200 to 599.
 fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]>, usize)> {
     let text = text_arg(status, &|| "the status".to_owned())?;
-    let invalid =
-        |why: &str| PyValueError::new_err(format!("invalid status {:?}: {why}", text.to_string_lossy()));
+    let invalid = |why: &str| PyValueError::new_err(format!("invalid status {:?}: {why}", text.to_string_lossy()));
     let bytes = latin1_bytes(text)?.ok_or_else(|| invalid("it is not latin-1"))?;
     let reason_start = match bytes.len() {
         3 => 3,
@@ -257,9 +253,7 @@ fn encode_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<(u1
         encode_header_items(tuple.len(), tuple.iter(), out)
     } else {
         let kind = headers.get_type().name()?;
-        Err(PyTypeError::new_err(format!(
-            "the response headers must be a list of (name, value) tuples, not {kind}"
-        )))
+        Err(PyTypeError::new_err(format!("the response headers must be a list of (name, value) tuples, not {kind}")))
     }
 }
 
@@ -276,9 +270,11 @@ fn encode_header_items<'py>(
     let mut declared_length = None;
     let mut w = Writer::new(out);
     for (index, item) in items.enumerate() {
-        let pair = item.cast::<PyTuple>().ok().filter(|pair| pair.len() == 2).ok_or_else(|| {
-            PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple"))
-        })?;
+        let pair = item
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|pair| pair.len() == 2)
+            .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple")))?;
         let name = pair.get_item(0)?;
         let value = pair.get_item(1)?;
         let name = text_arg(&name, &|| format!("the name of response header {index}"))?;

@@ -7,8 +7,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use maitred_lobby::{BindAddress, Config, Level};
-use pyo3::exceptions::PyValueError;
 use pyo3::conversion::FromPyObjectOwned;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -29,11 +29,8 @@ fn serve(py: Python<'_>, settings: &Bound<'_, PyDict>, control_fd: i32, zygote_p
 
 fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
     let binds: Vec<String> = required(settings, "bind")?;
-    let binds = binds
-        .iter()
-        .map(|b| BindAddress::parse(b))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(PyValueError::new_err)?;
+    let binds =
+        binds.iter().map(|b| BindAddress::parse(b)).collect::<Result<Vec<_>, _>>().map_err(PyValueError::new_err)?;
     let log_level: String = required(settings, "log_level")?;
     Ok(Config {
         binds,
@@ -60,16 +57,21 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
 
 fn required<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
     match settings.get_item(key)? {
-        Some(value) => value.extract().map_err(|e| Into::<PyErr>::into(e)).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
+        Some(value) => value
+            .extract()
+            .map_err(|e| Into::<PyErr>::into(e))
+            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
         None => Err(PyValueError::new_err(format!("setting '{key}' is missing"))),
     }
 }
 
 fn optional<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
     match settings.get_item(key)? {
-        Some(value) if !value.is_none() => {
-            value.extract().map(Some).map_err(|e| Into::<PyErr>::into(e)).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
-        }
+        Some(value) if !value.is_none() => value
+            .extract()
+            .map(Some)
+            .map_err(|e| Into::<PyErr>::into(e))
+            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
         _ => Ok(None),
     }
 }
