@@ -168,7 +168,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         f"backlog {scenario.backlog if scenario.backlog is not None else 'each server’s default'}. "
         f"Measured {record['started']} at commit {record['commit']}, "
         f"{max((s['runs'] for s in summaries.values() if s), default=0)} run(s) per server, "
-        f"each bounded to {record['time_limit_s']:.0f} s.",
+        f"each bounded to {record['time_limit_s']:.0f} s"
+        + (f"; the whole scenario took {record['wall_s']} s." if record.get("wall_s") else "."),
         "",
     ]
     if record["environment"]["versions"] != environment["versions"]:

@@ -226,12 +226,15 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     print(f"\n{scenario.id}: {scenario.title}\n  load: {record['load'] or record['crowd']}", file=sys.stderr)
     for warning in warnings:
         print(f"  warning: {warning}", file=sys.stderr)
+    began = time.monotonic()
     for repetition in range(1, runs + 1):
         for entry in entries:
             result = run_once(scenario, load, crowd, entry, labels[entry], repetition)
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
+    record["wall_s"] = round(time.monotonic() - began)
+    print(f"  {scenario.id} took {record['wall_s']} s", file=sys.stderr)
     return record
 
 

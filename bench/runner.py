@@ -47,7 +47,8 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
     launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
     result = {"server": label, "run": repetition, "measurement": None, "error": None,
-              "cut_short": False, "kernel": None, "extra": {}}
+              "cut_short": False, "kernel": None, "extra": {}, "wall_s": None}
+    run_began = time.monotonic()
     argv = server.argv(launch)
     if scenario.trace_accepts:
         argv = strace_argv(workdir / "strace.txt") + argv
@@ -125,6 +126,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             else:
                 procs.stop(each)
 
+    result["wall_s"] = round(time.monotonic() - run_began, 1)
     if scenario.trace_accepts and result["measurement"]:
         # ab without -k opens one connection per request; the readiness checks opened the rest.
         connections = result["measurement"]["requests"] + ready_connections
@@ -196,7 +198,7 @@ def brief(result: dict) -> str:
     """One line for the console."""
     m = result["measurement"]
     if m is None:
-        return "ERROR " + result["error"].splitlines()[0]
+        return f"ERROR {result['error'].splitlines()[0]}  [{result['wall_s']} s]"
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f} ms"
@@ -208,9 +210,11 @@ def brief(result: dict) -> str:
     if m["keepalive"] is not None:
         text += f"  keep-alive {m['keepalive']}"
     for key, value in result["extra"].items():
-        text += f"  {key} {'-' if value is None else f'{value:.4g}'}"
+        shown = "-" if value is None else f"{value:.0f}" if value == int(value) else f"{value:.2f}"
+        text += f"  {key} {shown}"
     if result["cut_short"]:
         text += f"  (stopped at the time limit after {m['requests']} requests)"
     if m.get("gave_up"):
         text += f"  ({m['gave_up']})"
+    text += f"  [{result['wall_s']} s]"
     return text + (f"  [{result['error']}]" if result["error"] else "")
