@@ -204,6 +204,31 @@ def test_max_connections_holds_the_rest_in_the_kernel_queue(maitred_server):
     assert statuses == [200] * 8
 
 
+def test_a_filling_listen_queue_is_logged_before_it_overflows(maitred_server):
+    # --max-connections 1 makes the queue fill behind one held connection: 4 of its 4 places.
+    server = maitred_server("--max-connections", "1", "--backlog", "4", APP, cwd=APPS)
+    held = socket.create_connection((HOST, server.port), timeout=10)
+    held.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert read_reply(held).status == 200
+    queued = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(4)]
+    try:
+        for sock in queued:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        time.sleep(0.2)
+        assert "listen queue" not in server.stderr()
+        held.close()
+        # Each queued connection is served in turn, once the one before it has closed.
+        assert [read_reply(sock).status for sock in queued] == [200] * 4
+        assert eventually(lambda: "listen queue" in server.stderr(), timeout=5)
+        line = next(line for line in server.stderr().splitlines() if "listen queue" in line)
+        assert "[WARNING]" in line
+        assert f"the listen queue of http://{HOST}:{server.port} held 3 of its 4 connections" in line
+        assert "raise --backlog" in line
+    finally:
+        for sock in queued:
+            sock.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Listen addresses and the backlog.
 

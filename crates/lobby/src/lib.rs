@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_protocol::Limits;
+use socket2::{SockAddr, Socket};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, LocalSet};
@@ -26,7 +27,7 @@ pub use config::{BindAddress, Config};
 pub use log::Level;
 
 use crate::connection::{Peer, Site};
-use crate::listen::{AsyncListener, Listener};
+use crate::listen::{Acceptor, Listener};
 use crate::log::{debug, error, info, warning};
 use crate::seating::Seating;
 use crate::worker::{Channel, Gone};
@@ -129,8 +130,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         .zip(&sites)
         .map(|(listener, site)| {
             announce(listener);
-            let accept =
-                AsyncListener::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
+            let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
             Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site.clone(), connections.clone())))
         })
         .collect::<Result<_, StartupError>>()?;
@@ -221,16 +221,12 @@ fn default_max_connections(workers: usize) -> usize {
     (limit.rlim_cur as u64).saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
 }
 
-async fn accept_loop(lobby: Rc<Lobby>, listener: AsyncListener, site: Rc<Site>, connections: Arc<Semaphore>) {
+async fn accept_loop(lobby: Rc<Lobby>, listener: Acceptor, site: Rc<Site>, connections: Arc<Semaphore>) {
     loop {
         // At the cap the lobby stops accepting; the kernel's queue holds the rest.
         let Ok(permit) = connections.clone().acquire_owned().await else { return };
-        let accepted = match &listener {
-            AsyncListener::Tcp(tcp) => tcp.accept().await.map(|(stream, _)| Accepted::Tcp(stream)),
-            AsyncListener::Unix(unix) => unix.accept().await.map(|(stream, _)| Accepted::Unix(stream)),
-        };
-        match accepted {
-            Ok(stream) => start_connection(&lobby, &site, permit, stream),
+        match listener.accept().await {
+            Ok((socket, peer)) => start_connection(&lobby, &site, permit, socket, &peer),
             Err(e) => {
                 // EMFILE and friends: the pending connection stays queued; try again shortly.
                 error!("accept failed: {e}");
@@ -245,45 +241,30 @@ async fn accept_loop(lobby: Rc<Lobby>, listener: AsyncListener, site: Rc<Site>, 
 fn accept_backlog(lobby: &Rc<Lobby>, listener: &Listener, site: &Rc<Site>, connections: &Arc<Semaphore>) -> usize {
     let mut taken = 0;
     while let Ok(permit) = connections.clone().try_acquire_owned() {
-        let Ok((socket, _)) = listener.socket.accept() else { break };
-        let stream = socket.set_nonblocking(true).and_then(|()| {
-            let fd = OwnedFd::from(socket);
-            if listener.is_unix() {
-                tokio::net::UnixStream::from_std(fd.into()).map(Accepted::Unix)
-            } else {
-                tokio::net::TcpStream::from_std(fd.into()).map(Accepted::Tcp)
-            }
-        });
-        match stream {
-            Ok(stream) => {
-                start_connection(lobby, site, permit, stream);
-                taken += 1;
-            }
-            Err(e) => error!("cannot take a queued connection: {e}"),
-        }
+        let Ok((socket, peer)) = listener.socket.accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) else { break };
+        start_connection(lobby, site, permit, socket, &peer);
+        taken += 1;
     }
     taken
 }
 
-enum Accepted {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
-fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, stream: Accepted) {
-    match stream {
-        Accepted::Tcp(stream) => {
+/// Gives an accepted, non-blocking socket its connection task.
+fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
+    let fd = OwnedFd::from(socket);
+    let started = match peer.as_socket() {
+        Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
+            // Small answers go out at once rather than waiting for an ACK (Nagle).
             let _ = stream.set_nodelay(true);
-            let peer = match stream.peer_addr() {
-                Ok(addr) => Peer { addr: addr.ip().to_string(), port: addr.port() },
-                Err(_) => Peer { addr: String::new(), port: 0 },
-            };
+            let peer = Peer { addr: addr.ip().to_string(), port: addr.port() };
             tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
-        }
-        Accepted::Unix(stream) => {
+        }),
+        None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
             let peer = Peer { addr: String::new(), port: 0 };
             tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
-        }
+        }),
+    };
+    if let Err(e) = started {
+        error!("cannot take an accepted connection: {e}");
     }
 }
 

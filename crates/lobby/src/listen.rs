@@ -1,14 +1,18 @@
 //! Listen sockets: made with socket2 so the backlog is ours to choose (std hard-codes 128),
 //! and reported with what the kernel actually grants (SCENARIOS.md, S2).
 
+use std::cell::Cell;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
+use tokio::io::unix::AsyncFd;
 
 use crate::config::BindAddress;
+use crate::log::warning;
 
 const SOMAXCONN_PATH: &str = "/proc/sys/net/core/somaxconn";
 /// Linux's compiled-in default, for a kernel that does not expose the sysctl.
@@ -32,12 +36,6 @@ pub struct Listener {
     pub backlog_granted: u32,
     /// The socket file to remove at shutdown.
     pub unix_path: Option<PathBuf>,
-}
-
-impl Listener {
-    pub fn is_unix(&self) -> bool {
-        self.socket.local_addr().map(|a| a.is_unix()).unwrap_or(false)
-    }
 }
 
 /// Binds and listens; the error names the address and the reason.
@@ -127,25 +125,115 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
     }
 }
 
-/// Turns a listener into tokio's types.
-pub enum AsyncListener {
-    Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener),
+/// A listen socket on the event loop: accepts one connection per accept(2) call.
+///
+/// tokio's readiness is edge-triggered, so a plain accept loop calls accept(2) until it fails
+/// with EAGAIN: two calls per connection at low load, the pattern S3 counts. For TCP the
+/// lobby instead reads the accept queue's depth (TCP_INFO on a listener) after each accept
+/// and stops when it is empty, and the depth is worth having: it warns, in the log, before
+/// the queue overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
+pub struct Acceptor {
+    socket: AsyncFd<Socket>,
+    /// Connections known to be queued behind the last one taken; no need to look again yet.
+    known_queued: Cell<u32>,
+    depth: Option<QueueDepth>,
 }
 
-impl AsyncListener {
-    pub fn new(listener: &Listener) -> io::Result<AsyncListener> {
+/// What the depth reading needs: the queue's size, and when the log last said it was filling.
+struct QueueDepth {
+    backlog: u32,
+    display: String,
+    last_warning: Cell<Option<Instant>>,
+}
+
+/// A queue at least this full (in quarters of the backlog) gets a warning in the log.
+const FILLING_QUARTERS: u32 = 3;
+/// At most one such warning per listener in this long.
+const WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+impl Acceptor {
+    pub fn new(listener: &Listener) -> io::Result<Acceptor> {
         let socket = listener.socket.try_clone()?;
-        let fd = socket.into_raw_fd();
-        // SAFETY: `fd` is a fresh duplicate that we own from here on.
-        if listener.is_unix() {
-            let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-            Ok(AsyncListener::Unix(tokio::net::UnixListener::from_std(std)?))
-        } else {
-            let std = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-            Ok(AsyncListener::Tcp(tokio::net::TcpListener::from_std(std)?))
+        let is_tcp = socket.local_addr()?.as_socket().is_some();
+        let depth = is_tcp.then(|| QueueDepth {
+            backlog: listener.backlog_granted,
+            display: listener.display.clone(),
+            last_warning: Cell::new(None),
+        });
+        // SAFETY: `socket` is a fresh duplicate that this Acceptor alone owns.
+        let socket = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
+        Ok(Acceptor { socket, known_queued: Cell::new(0), depth })
+    }
+
+    /// The next connection, non-blocking and close-on-exec, with the peer's address.
+    pub async fn accept(&self) -> io::Result<(Socket, SockAddr)> {
+        loop {
+            let mut ready = self.socket.readable().await?;
+            match ready.try_io(|socket| socket.get_ref().accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)) {
+                Ok(Ok(accepted)) => {
+                    if let Some(depth) = &self.depth {
+                        let known = self.known_queued.get();
+                        if known > 0 {
+                            self.known_queued.set(known - 1);
+                        } else {
+                            match queue_depth(self.socket.get_ref()) {
+                                Ok(0) => ready.clear_ready(),
+                                Ok(queued) => {
+                                    self.known_queued.set(queued - 1);
+                                    depth.observe(queued);
+                                }
+                                // Not knowing, look again with accept(2) as a plain loop would.
+                                Err(_) => {}
+                            }
+                        }
+                    }
+                    return Ok(accepted);
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => self.known_queued.set(0),
+            }
         }
     }
+}
+
+impl QueueDepth {
+    fn observe(&self, queued: u32) {
+        if queued * 4 < self.backlog * FILLING_QUARTERS {
+            return;
+        }
+        let now = Instant::now();
+        if self.last_warning.get().is_some_and(|last| now - last < WARNING_INTERVAL) {
+            return;
+        }
+        self.last_warning.set(Some(now));
+        warning!(
+            "the listen queue of {} held {queued} of its {} connections: when it is full the kernel drops \
+             connects (clients retry after 1 s, 3 s, ...); raise --backlog",
+            self.display,
+            self.backlog
+        );
+    }
+}
+
+/// How many connections wait in a TCP listener's accept queue (what `ss -l` shows as Recv-Q).
+fn queue_depth(socket: &Socket) -> io::Result<u32> {
+    // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most `len` bytes into it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // For a listener the kernel reports the accept queue's length in tcpi_unacked.
+    Ok(info.tcpi_unacked)
 }
 
 #[cfg(test)]
