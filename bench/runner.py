@@ -47,8 +47,9 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
     launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
     result = {"server": label, "run": repetition, "measurement": None, "error": None,
-              "cut_short": False, "kernel": None, "extra": {}, "wall_s": None}
+              "cut_short": False, "kernel": None, "extra": {}, "wall_s": None, "phases_s": {}}
     run_began = time.monotonic()
+    phases = _Phases(result["phases_s"])
     argv = server.argv(launch)
     if scenario.trace_accepts:
         argv = strace_argv(workdir / "strace.txt") + argv
@@ -61,6 +62,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             process, port=port, log_path=workdir / "server.log",
             log_pattern=server.ready_line(launch) if server.ready_line else None,
             log_count=server.ready_count(launch))
+        phases.end("ready")
         target = port
         if scenario.front:
             target = procs.free_port()
@@ -73,6 +75,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             except procs.StartError as error:
                 raise RunError(f"the front nginx did not start: {error}") from None
         time.sleep(SETTLE_SECONDS)
+        phases.end("settle")
         url = f"http://127.0.0.1:{target}/"
 
         if scenario.alone_first:
@@ -99,6 +102,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
         else:
             measurement = crowd_measurement(holding, time.monotonic() - began)
+        phases.end("load")
         after = kernel_counters()
         result["kernel"] = {name: after[name] - before[name] for name in after}
 
@@ -120,11 +124,13 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
     except RunError as error:
         result["error"] = str(error)
     finally:
+        phases.end("measured")
         for each in reversed(started):
             if each is started[0] and scenario.trace_accepts:
                 procs.stop_wrapped(each)
             else:
                 procs.stop(each)
+        phases.end("stop")
 
     result["wall_s"] = round(time.monotonic() - run_began, 1)
     if scenario.trace_accepts and result["measurement"]:
@@ -136,6 +142,20 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
         else:
             result["extra"].update(figures)
     return result
+
+
+class _Phases:
+    """Where a run's time goes, for keeping the suite's own cost in view: seconds from the end of
+    the previous phase to the end of each named one, written into the dict given."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.last = time.monotonic()
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.into[name] = round(now - self.last, 3)
+        self.last = now
 
 
 def _start(argv: list[str], log_path: Path, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
