@@ -182,7 +182,12 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     if record.get("crowd"):
         lines += [f"Connections held: `{record['crowd']}`", ""]
     if load:
-        twice = " (on each server twice: alone, then with the connections held)" if scenario.alone_first else ""
+        twice = ""
+        if record.get("alone_from"):
+            twice = (f" (with the connections held; the figure without them is {record['alone_from']}'s run "
+                     "of the same number on the same server in this invocation: same load, app and workers)")
+        elif scenario.alone_first:
+            twice = " (on each server twice: alone, then with the connections held)"
         lines += [f"Load: `{load}`{twice}", ""]
     if record.get("front"):
         lines += ["Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):", "",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import platform
 import resource
@@ -27,8 +28,8 @@ from pathlib import Path
 import procs
 from measure import strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
-from scenarios import SCENARIOS, Scenario
-from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Launch, Server
+from scenarios import SCENARIOS, Entry, Scenario
+from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server
 
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
 # strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5.
@@ -50,10 +51,11 @@ def main(argv: list[str]) -> int:
     if args.list:
         _print_registry()
         return 0
-    try:
-        scenarios = [SCENARIOS[name] for name in args.scenarios] if args.scenarios else list(SCENARIOS.values())
-    except KeyError as error:
-        return _fail(f"unknown scenario {error}; known: {', '.join(SCENARIOS)}")
+    if unknown := set(args.scenarios or ()) - set(SCENARIOS):
+        return _fail(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
+    # In the registry's order whatever the command line's, so that T1 runs before C1, which takes
+    # its figure without the slow clients from T1's runs.
+    scenarios = [s for s in SCENARIOS.values() if not args.scenarios or s.id in args.scenarios]
     wanted = set(args.servers) if args.servers else {e.server for s in scenarios for e in s.lineup}
     if unknown := wanted - set(SERVERS):
         return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
@@ -69,8 +71,10 @@ def main(argv: list[str]) -> int:
     _raise_open_files_limit()
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, _interrupt)
+    records: list[dict] = []
     try:
-        records = [_run_scenario(scenario, runs, args.quick, available) for scenario in scenarios]
+        for scenario in scenarios:
+            records.append(_run_scenario(scenario, runs, args.quick, available, records))
     except KeyboardInterrupt:
         print("\ninterrupted: nothing written", file=sys.stderr)
         return 130
@@ -167,9 +171,9 @@ def _install_peer(server: Server) -> str:
         print(f"bench: installing {' '.join(missing)} from Debian for {server.name}", file=sys.stderr)
         steps += _apt_get_install(missing)
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    if server.pip:
+    if server.pip and not _pinned_installed(server.pip):
         steps.append([*pip, *server.pip])
-    if server.pip_no_deps:
+    if server.pip_no_deps and not _pinned_installed(server.pip_no_deps):
         steps.append([*pip, "--no-deps", *server.pip_no_deps])
     for argv in steps:
         result = subprocess.run(argv, capture_output=True, text=True, env=_INSTALL_ENV)
@@ -180,23 +184,38 @@ def _install_peer(server: Server) -> str:
     return "ok"
 
 
+def _pinned_installed(requirements: tuple[str, ...]) -> bool:
+    """Whether every "name==version" is installed at that version here (pip takes a second per
+    call to find that out for itself)."""
+    for requirement in requirements:
+        name, _, version = requirement.partition("==")
+        try:
+            if importlib.metadata.version(name) != version:
+                return False
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
+
+
 def _raise_open_files_limit() -> None:
     # ab -c 1000 needs over 1000 descriptors, and so does a server holding 1000 connections.
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str]) -> dict:
+def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str],
+                  earlier: list[dict]) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
-    (A B C A B C ...) so that drift in the machine's speed hits every server alike."""
+    (A B C A B C ...) so that drift in the machine's speed hits every server alike. earlier: the
+    records of the scenarios this invocation has run so far."""
     load = scenario.load and (scenario.load.shortened() if quick else scenario.load)
     crowd = scenario.crowd and (scenario.crowd.shortened() if quick else scenario.crowd)
     entries = [entry for entry in scenario.lineup if entry.server in available]
-    labels = {entry: SERVERS[entry.server].label(entry.threads) for entry in scenario.lineup}
+    labels = {entry: _label(entry) for entry in scenario.lineup}
+    alone = _alone_figures(scenario, earlier)
     commands = {}
     for entry in entries:
-        launch = Launch(scenario.app, 0, scenario.workers, entry.threads, scenario.backlog)
-        argv = SERVERS[entry.server].argv(launch)
+        argv = SERVERS[entry.server].argv(scenario.launch(entry, 0))
         command = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
         if scenario.trace_accepts:
             prefix = strace_argv(Path("strace.txt"))
@@ -218,6 +237,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         "crowd": crowd.describe() if crowd else None,
         "front": scenario.front.describe() if scenario.front else None,
         "time_limit_s": scenario.limit(),
+        "alone_from": scenario.alone_from if alone else None,
         "commands": commands,
         "left_out": [labels[entry] for entry in scenario.lineup if entry not in entries],
         "warnings": warnings,
@@ -229,13 +249,33 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     began = time.monotonic()
     for repetition in range(1, runs + 1):
         for entry in entries:
-            result = run_once(scenario, load, crowd, entry, labels[entry], repetition)
+            result = run_once(scenario, load, crowd, entry, labels[entry], repetition,
+                              alone=alone.get((labels[entry], repetition)))
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
     record["wall_s"] = round(time.monotonic() - began)
     print(f"  {scenario.id} took {record['wall_s']} s", file=sys.stderr)
     return record
+
+
+def _label(entry: Entry) -> str:
+    return SERVERS[entry.server].label(entry.threads, entry.workers)
+
+
+def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], dict]:
+    """C1: {(server label, run number): {"measurement", "source"}} from the runs of
+    scenario.alone_from in this invocation, where it ran the same app, workers, backlog and load,
+    and the run measured its whole load; empty otherwise (each run then measures it itself)."""
+    donor = SCENARIOS.get(scenario.alone_from) if scenario.alone_from else None
+    record = next((r for r in earlier if donor and r["id"] == donor.id), None)
+    if record is None or (donor.app, donor.workers, donor.backlog, donor.load) != (
+            scenario.app, scenario.workers, scenario.backlog, scenario.load):
+        return {}
+    return {(run["server"], run["run"]): {"measurement": run["measurement"],
+                                          "source": f"{donor.id} run {run['run']}"}
+            for run in record["runs"]
+            if run["measurement"] is not None and not run["cut_short"] and not run["error"]}
 
 
 def _now() -> str:
@@ -311,10 +351,13 @@ def _print_registry() -> None:
     for scenario in SCENARIOS.values():
         loads = [part.describe() for part in (scenario.crowd, scenario.load) if part]
         print(f"  {scenario.id:<8} {scenario.title}\n           {' + '.join(loads)}; "
-              f"{scenario.workers} workers; {', '.join(SERVERS[e.server].label(e.threads) for e in scenario.lineup)}")
+              f"{scenario.workers} workers; {', '.join(_label(e) for e in scenario.lineup)}")
     print("servers:")
     for server in SERVERS.values():
-        print(f"  {server.name:<18} {', '.join(server.pip) or 'the project .venv'}")
+        packages = [*server.pip, *(f"{requirement} (pip --no-deps)" for requirement in server.pip_no_deps),
+                    *(f"{package} (Debian)" for package in server.debian)]
+        # Only maitred installs nothing: it is the project's own build.
+        print(f"  {server.name:<18} {', '.join(packages) or f'{MAITRED} (make install)'}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One run: one server, one scenario. Start the server (under strace for S3's accept count), wait
 until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
-compares against that (C1), open the crowd of held connections (C1, M1) and read the server's
+compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
 memory while they are held (M1), run the load, read the kernel's counters around it, and stop
 everything that was started, in reverse order.
 
@@ -23,12 +23,18 @@ import procs
 from measure import (ACCEPT_SYSCALLS, Load, ParseError, crowd_measurement, crowd_reports,
                      kernel_counters, strace_argv, strace_counts)
 from scenarios import Crowd, Entry, Scenario
-from servers import BENCH, SERVERS, Launch
+from servers import BENCH, SERVERS
 
 WORK = BENCH / ".work"
 # A pause after a server is ready (so its start-up does not share the CPU with the load) and
-# between runs (so that one run's closing connections do not overlap the next).
-SETTLE_SECONDS = 0.5
+# between runs (so that one run's closing connections do not overlap the next). Servers here
+# finish starting within a few ms of their ready line, and a run's connections are closed by
+# the time its server has stopped, so a short pause does; it is paid ~2 x 300 times per suite.
+SETTLE_SECONDS = 0.2
+# How long a server (or the front proxy) gets to exit on SIGTERM before what is left
+# of its process group gets SIGKILL. The measurement is over by then and a clean shutdown is not
+# measured; most servers exit within 0.3 s, uWSGI takes 1 s.
+STOP_GRACE_SECONDS = 0.5
 CROWD_MARKER = "CONNECTIONS-JSON "
 
 
@@ -37,14 +43,17 @@ class RunError(Exception):
 
 
 def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: Entry, label: str,
-             repetition: int) -> dict:
+             repetition: int, alone: dict | None = None) -> dict:
+    """alone (C1): the figure without the crowd, from a run of the same server under the same load
+    in another scenario of this invocation ({"measurement", "source"}); None: measure it here,
+    on this server instance, before the crowd arrives."""
     server = SERVERS[entry.server]
     slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
     workdir = WORK / "runs" / scenario.id / slug / str(repetition)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     port = procs.free_port()
-    launch = Launch(scenario.app, port, scenario.workers, entry.threads, scenario.backlog)
+    launch = scenario.launch(entry, port)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
     result = {"server": label, "run": repetition, "measurement": None, "error": None,
               "cut_short": False, "kernel": None, "extra": {}, "wall_s": None, "phases_s": {}}
@@ -78,10 +87,15 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
         phases.end("settle")
         url = f"http://127.0.0.1:{target}/"
 
-        if scenario.alone_first:
-            alone, alone_cut = _load(load, url, workdir / "alone", env, scenario.limit())
-            result["alone"] = {"measurement": alone, "cut_short": alone_cut}
-            result["extra"]["alone_rps"] = alone["rps"]
+        if scenario.alone_first and alone is not None:
+            result["alone"] = {"measurement": alone["measurement"], "cut_short": False,
+                               "source": alone["source"]}
+            result["extra"]["alone_rps"] = alone["measurement"]["rps"]
+        elif scenario.alone_first:
+            alone_measured, alone_cut = _load(load, url, workdir / "alone", env, scenario.limit())
+            result["alone"] = {"measurement": alone_measured, "cut_short": alone_cut,
+                               "source": "this run, before the crowd"}
+            result["extra"]["alone_rps"] = alone_measured["rps"]
             time.sleep(SETTLE_SECONDS)
 
         before = kernel_counters()
@@ -129,7 +143,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             if each is started[0] and scenario.trace_accepts:
                 procs.stop_wrapped(each)
             else:
-                procs.stop(each)
+                procs.stop(each, grace=STOP_GRACE_SECONDS)
         phases.end("stop")
 
     result["wall_s"] = round(time.monotonic() - run_began, 1)

@@ -13,17 +13,20 @@ from typing import Callable
 
 from front import NginxFront
 from measure import Ab, Load, Wrk
+from servers import Launch
 
 HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One server in a scenario's line-up; threads=None leaves the server's production default.
-    Its label in the results comes from Server.label."""
+    """One server in a scenario's line-up; threads=None leaves the server's production default,
+    workers=None runs the scenario's worker count (Apache in S4 runs fewer processes of several
+    threads each). Its label in the results comes from Server.label."""
 
     server: str
     threads: int | None = None
+    workers: int | None = None
 
 
 # A summary is a dict of medians over a server's runs (see report.summarize): rps, failed,
@@ -99,9 +102,11 @@ class Scenario:
     front: NginxFront | None = None
     # C1, M1: connections held open while the load runs (C1) or as the load (M1).
     crowd: Crowd | None = None
-    # C1: the load also runs once before the crowd arrives, on the same server instance, as the
-    # figure the crowd's effect is measured against.
+    # C1: the figure the crowd's effect is measured against, the load without the crowd: taken
+    # from the runs of scenario `alone_from` in the same invocation where it ran (same app,
+    # workers and load: the same measurement), else measured on the same server instance first.
     alone_first: bool = False
+    alone_from: str | None = None
     # The open-files limit the scenario needs (the load tool's and the server's own descriptors);
     # the results say so when the limit is lower.
     open_files: int = 0
@@ -111,24 +116,72 @@ class Scenario:
     headline: Column | None = None
     headline_lower_is_better: bool = False
 
+    def launch(self, entry: Entry, port: int) -> Launch:
+        workers = self.workers if entry.workers is None else entry.workers
+        return Launch(self.app, port, workers, entry.threads, self.backlog)
+
     def limit(self) -> float:
         if self.time_limit is not None:
             return self.time_limit
         return self.load.default_time_limit() if self.load else 60.0
 
 
-# Equal worker processes; each server with its production threading. nginx runs no app: it
-# answers with hello's body itself, the ceiling of what this machine serves over HTTP.
-SAME_WORKERS = (Entry("maitred"), Entry("gunicorn-sync"), Entry("gunicorn-gthread"), Entry("uwsgi"),
-                Entry("granian"), Entry("waitress"), Entry("meinheld"), Entry("bjoern"), Entry("nginx"))
-# Equal application slots (processes x threads), with the threaded defaults beside them. waitress
-# is one process: threads=1 gives it as many threads as the others have processes.
-SAME_SLOTS = (Entry("maitred"), Entry("gunicorn-sync"), Entry("gunicorn-gthread", threads=1),
-              Entry("gunicorn-gthread"), Entry("uwsgi"), Entry("granian", threads=1), Entry("granian"),
-              Entry("waitress", threads=1), Entry("bjoern"))
-# Apache httpd with mod_wsgi under its event and worker MPMs, 3 threads per process by default
-# (S4: MaxRequestWorkers 6 = 2 workers x ThreadsPerChild 3).
-S4_LINEUP_APACHE = (Entry("apache-event"), Entry("apache-worker"))
+# The line-ups: which servers each scenario measures, chosen so that the suite fits in issue 3's
+# 30 minutes. Every server that runs an app is in the headline (T1); elsewhere a server is in a
+# line-up where the scenario has something to say about it. nginx runs no app: it answers with
+# hello's body itself, the ceiling of what this machine serves over HTTP, so it is in the
+# throughput scenarios only. Equal worker processes unless a line-up says otherwise; each server
+# with its production threading unless an entry names threads.
+MAITRED = Entry("maitred")
+GUNICORN_SYNC = Entry("gunicorn-sync")
+GTHREAD = Entry("gunicorn-gthread")              # 4 threads per worker, as issue 3 sets it
+GTHREAD_1 = Entry("gunicorn-gthread", threads=1)  # as many apps at once as a prefork server
+UWSGI = Entry("uwsgi")
+GRANIAN = Entry("granian")                        # its own blocking-thread count
+GRANIAN_1 = Entry("granian", threads=1)
+WAITRESS = Entry("waitress")
+# waitress is one process of threads: threads=1 per worker gives it as many threads in all as the
+# others have processes.
+WAITRESS_1 = Entry("waitress", threads=1)
+MEINHELD = Entry("meinheld")
+BJOERN = Entry("bjoern")
+NGINX = Entry("nginx")
+
+# T1, the headline: every server that runs an app, and nginx's ceiling.
+HEADLINE = (MAITRED, GUNICORN_SYNC, GTHREAD, UWSGI, GRANIAN, WAITRESS, MEINHELD, BJOERN, NGINX)
+# T2, connection set-up per request: waitress, the slowest in T1, would only add time.
+NO_KEEPALIVE = (MAITRED, GUNICORN_SYNC, GTHREAD, UWSGI, GRANIAN, MEINHELD, BJOERN, NGINX)
+# L1, one client's latency: the servers issue 3 quotes (granian, bjoern, gthread) and the other
+# fast ones (uWSGI, meinheld); gunicorn's sync worker, waitress and nginx are left out for time.
+ONE_CLIENT = (MAITRED, GTHREAD, UWSGI, GRANIAN, MEINHELD, BJOERN)
+# S1 at backlog 10: equal app slots (3 workers x 1), so that the queueing in front of the apps is
+# compared, not how many apps run at once.
+EQUAL_SLOTS = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, WAITRESS_1, BJOERN)
+# S1 at the default backlog: the same, with the threaded peers' default threading beside them
+# (issue 3: "report the peers' default-threads figures beside them where they differ").
+EQUAL_SLOTS_AND_DEFAULTS = EQUAL_SLOTS + (GTHREAD, GRANIAN)
+# S2, the accept queue under 1,000 and 5,000 clients: T1's servers but waitress and meinheld,
+# left out for time; nginx's listen queue as the reference.
+ACCEPT_QUEUE = (MAITRED, GUNICORN_SYNC, GTHREAD, UWSGI, GRANIAN, BJOERN, NGINX)
+# S3, processes woken for one connection: the prefork servers (gunicorn's sync worker, meinheld
+# under gunicorn, uWSGI, bjoern, nginx) and granian's per-worker sockets; gunicorn's gthread and
+# waitress are left out for time.
+SHARED_SOCKET = (MAITRED, GUNICORN_SYNC, UWSGI, GRANIAN, MEINHELD, BJOERN, NGINX)
+# S4, 6 app slots against 1,000 keep-alive clients: each threaded server at 1 thread per worker,
+# and Apache httpd with mod_wsgi under its event and worker MPMs, 2 processes x 3 threads
+# (ThreadsPerChild 3, MaxRequestWorkers 6, as shared/SCENARIOS.md sets S4).
+KEEPALIVE_SLOTS = (MAITRED, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN,
+                   Entry("apache-event", workers=2), Entry("apache-worker", workers=2))
+# S5, 5 app slots behind nginx: the prefork servers and the threaded ones at 1 thread per worker.
+BEHIND_PROXY = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN)
+# C1, slow clients: the servers issue 3 measured (bjoern, granian, gthread, sync) and uWSGI.
+SLOW_CLIENTS = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN, BJOERN, UWSGI)
+# M1, memory per idle connection: the servers issue 3 measured (granian, gthread, bjoern), uWSGI,
+# and nginx as the reference.
+IDLE_CONNECTIONS = (MAITRED, GTHREAD, GRANIAN, BJOERN, UWSGI, NGINX)
+# T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
+# T1's runs.
+T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
 
 
 def _no_failures(summary: Summary, peers: list[Summary]) -> bool:
@@ -175,61 +228,62 @@ S5_TARGETS = (NO_FAILURES,
               LEADS)
 S5_NOTE = ("The load goes to nginx (Debian's, started per run once the server is ready, stopped "
            "after it), which keeps up to 32 idle HTTP/1.1 connections per nginx worker process to "
-           "the server (configuration below). Threaded servers run 5 app slots like the others, "
-           "with their default threading beside them.")
+           "the server (configuration below). Threaded servers run 5 app slots like the others "
+           "(1 thread per worker).")
 
 SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
     Scenario(
         id="T1", title="hello world, keep-alive, wrk (throughput)",
-        app="apps:hello", workers=2, load=Wrk(threads=2, connections=100, seconds=10),
-        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
+        app="apps:hello", workers=2, load=T1_LOAD,
+        lineup=HEADLINE, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
         id="T2", title="hello world, no keep-alive, ab",
         app="apps:hello", workers=2, load=Ab(concurrency=50, requests=50000),
-        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
+        lineup=NO_KEEPALIVE, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
         id="L1", title="hello world, keep-alive, one client (latency-bound)",
         app="apps:hello", workers=2, load=Wrk(threads=1, connections=1, seconds=10),
-        lineup=SAME_WORKERS, targets=(NO_FAILURES, LEADS),
+        lineup=ONE_CLIENT, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
         id="S1", title="the worker that waits for nothing: 1 ms app, 1000 clients, default backlog",
         app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
-        lineup=SAME_SLOTS, targets=S1_TARGETS,
+        lineup=EQUAL_SLOTS_AND_DEFAULTS, targets=S1_TARGETS,
         note="3 slots x 1 ms allow 3000 req/s; each of 1000 clients then waits about 0.33 s.",
     ),
     Scenario(
         id="S1-b10", title="the worker that waits for nothing: 1 ms app, 1000 clients, --backlog 10",
         app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
-        lineup=SAME_SLOTS, backlog=10, time_limit=20.0, targets=S1_TARGETS,
-        note="A run still going after 20 s is stopped (ab then reports what completed): by then it "
-             "has run at under 500 req/s where 3 slots allow 3000, and a server that does not stall "
-             "finishes in under 7 s, so the stall is plain without spending a minute on it. Such a "
-             "run is incomplete, and its latencies cover only the requests the server finished.",
+        lineup=EQUAL_SLOTS, backlog=10, time_limit=15.0, targets=S1_TARGETS,
+        note="A run still going after 15 s is stopped (ab then reports what completed): by then it "
+             "has run at under 670 req/s where 3 slots allow 3000, and maitred finishes in about "
+             "4 s, so the stall is plain without spending a minute on it. Such a run is "
+             "incomplete, and its latencies cover only the requests the server finished. The "
+             "threaded peers' default threading is in S1, at the default backlog.",
     ),
     Scenario(
         id="S2-c1000", title="SYNs dropped on the floor: hello, 1000 clients, default backlogs",
         app="apps:hello", workers=2, load=Ab(concurrency=1000, requests=20000, ignore_errors=True),
-        lineup=SAME_WORKERS, time_limit=20.0, targets=S2_TARGETS, open_files=2100,
+        lineup=ACCEPT_QUEUE, time_limit=20.0, targets=S2_TARGETS, open_files=2100,
         note=S2_NOTE,
     ),
     Scenario(
         id="S2-c5000", title="SYNs dropped on the floor: hello, 5000 clients, default backlogs",
         app="apps:hello", workers=2, load=Ab(concurrency=5000, requests=20000, ignore_errors=True),
-        lineup=SAME_WORKERS, time_limit=20.0, targets=S2_TARGETS, open_files=11000,
+        lineup=ACCEPT_QUEUE, time_limit=20.0, targets=S2_TARGETS, open_files=11000,
         note=S2_NOTE,
     ),
     Scenario(
         id="S3", title="the thundering herd: hello, 4 workers, no keep-alive, 4 clients",
         app="apps:hello", workers=4, load=Ab(concurrency=4, requests=20000),
-        lineup=SAME_WORKERS, time_limit=30.0, targets=(NO_FAILURES, LEADS),
+        lineup=SHARED_SOCKET, time_limit=30.0, targets=(NO_FAILURES, LEADS),
     ),
     Scenario(
         id="S3-accept", title="the thundering herd: accept calls per connection, 4 workers, one client",
         app="apps:hello", workers=4, load=Ab(concurrency=1, requests=1000),
-        lineup=SAME_WORKERS, trace_accepts=True, time_limit=30.0,
+        lineup=SHARED_SOCKET, trace_accepts=True, time_limit=30.0,
         targets=(Target("<= 1.1 accept calls per connection",
                         lambda summary, peers: summary["accepts_per_conn"] is not None
                         and summary["accepts_per_conn"] <= 1.1),),
@@ -250,36 +304,37 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
         id="S4", title="keep-alive against busy workers: hello, 6 app slots, 1000 keep-alive clients",
         app="apps:hello", workers=6, load=Ab(concurrency=1000, requests=100000, keepalive=True,
                                              ignore_errors=True),
-        lineup=SAME_SLOTS + S4_LINEUP_APACHE, time_limit=30.0,
+        lineup=KEEPALIVE_SLOTS, time_limit=20.0,
         targets=(NO_FAILURES,
                  Target("every request on keep-alive (ab's Keep-Alive requests = completed)",
                         lambda summary, peers: summary["keepalive"] == summary["requests"]),
                  _max_latency_within(2.0), LEADS),
-        note="Threaded servers run as many app slots as the others (processes x threads = 6), with "
-             "their default threading beside them. ab counts a response on a connection the server "
-             "closed as failed (\"Length\"): that is how a dropped keep-alive connection shows. "
-             "A run still going after 30 s is stopped, to keep the suite within its time: that cuts "
-             "short a server serving under 3,300 req/s (its figures then cover what it served "
-             "by then), and a server that pins a worker to each idle keep-alive connection, whose "
-             "other clients wait.",
+        note="Threaded servers run as many app slots as the others (processes x threads = 6): "
+             "gunicorn's gthread and granian with 1 thread per worker, Apache httpd with 2 "
+             "processes x 3 threads (ThreadsPerChild 3, MaxRequestWorkers 6). ab counts a response "
+             "on a connection the server closed as failed (\"Length\"): that is how a dropped "
+             "keep-alive connection shows. A run still going after 20 s is stopped, to keep the "
+             "suite within its time: that cuts short a server serving under 5,000 req/s (its "
+             "figures then cover what it served by then), and a server that pins a worker to each "
+             "idle keep-alive connection, whose other clients wait.",
     ),
     Scenario(
         id="S5-c5", title="the proxy that hoards backend connections: nginx in front, 5 clients",
         app="apps:hello", workers=5, load=Ab(concurrency=5, requests=2000),
-        lineup=SAME_SLOTS, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
+        lineup=BEHIND_PROXY, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
         note=S5_NOTE,
     ),
     Scenario(
         id="S5-c50", title="the proxy that hoards backend connections: nginx in front, 50 clients",
         app="apps:hello", workers=5, load=Ab(concurrency=50, requests=5000),
-        lineup=SAME_SLOTS, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
+        lineup=BEHIND_PROXY, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
         note=S5_NOTE,
     ),
     Scenario(
         id="C1", title="slow clients: 2,000 request heads that never end, plus T1's load",
-        app="apps:hello", workers=2, load=Wrk(threads=2, connections=100, seconds=10),
-        lineup=SAME_WORKERS, crowd=Crowd("slow", 2000, interval=5.0, open_seconds=10.0),
-        alone_first=True, open_files=2200,
+        app="apps:hello", workers=2, load=T1_LOAD,
+        lineup=SLOW_CLIENTS, crowd=Crowd("slow", 2000, interval=5.0, open_seconds=10.0),
+        alone_first=True, alone_from="T1", open_files=2200,
         targets=(Target("req/s with the slow clients >= 90% of req/s without them",
                         lambda summary, peers: summary["pct_alone"] is not None
                         and summary["pct_alone"] >= 90),),
@@ -288,18 +343,20 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
                  Column("crowd_opened", "slow clients connected"),
                  Column("crowd_open_end", "still open at the end"),
                  Column("crowd_closed_end", "closed by the server")),
-        note="Each run starts one server and runs T1's load on it twice: first alone (\"req/s "
-             "without them\"), then after bench/connections.py has connected 2,000 slow clients, "
+        note="Each run runs T1's load after bench/connections.py has connected 2,000 slow clients, "
              "each of which sends a request line and a Host header, then one byte of a header every "
-             "5 s and never the blank line that ends the head. The req/s column is the second "
-             "figure; \"with / without\" is their ratio, run by run. Slow clients the server "
+             "5 s and never the blank line that ends the head. \"req/s without them\" is T1's: "
+             "when T1 ran in the same invocation, it is T1's run of the same number on the same "
+             "server (same load, app and workers: the same measurement); otherwise the run "
+             "measures it on its own server first, before the slow clients connect. The req/s "
+             "column is the figure with them; \"with / without\" is their ratio, run by run. Slow clients the server "
              "closes (a header timeout, answered with 408 or not) are counted, not held against "
              "it: what matters is whether everyone else is still served.",
     ),
     Scenario(
         id="M1", title="memory: 10,000 idle keep-alive connections",
         app="apps:hello", workers=2, load=None,
-        lineup=SAME_WORKERS, crowd=Crowd("idle", 10000, open_seconds=15.0), time_limit=30.0,
+        lineup=IDLE_CONNECTIONS, crowd=Crowd("idle", 10000, open_seconds=15.0), time_limit=30.0,
         open_files=10100,
         targets=(Target("all 10,000 connections answered and held open",
                         lambda summary, peers: summary["crowd_held"] == summary["crowd_count"]),

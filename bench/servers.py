@@ -71,14 +71,16 @@ class Server:
             return launch.threads
         return None if self.default_threads == AUTO else self.default_threads
 
-    def label(self, threads: int | None) -> str:
-        """The server's name, with its thread count where it has threads."""
+    def label(self, threads: int | None, processes: int | None = None) -> str:
+        """The server's name, with its thread count where it has threads, and its process count
+        where a line-up sets it apart from the scenario's workers."""
         if self.default_threads is None:
             return self.name
         count = threads if threads is not None else self.default_threads
         if count == AUTO:
             return f"{self.name} (default threads)"
-        return f"{self.name} ({count} thread{'s' if count > 1 else ''})"
+        per_process = "" if processes is None else f"{processes} x "
+        return f"{self.name} ({per_process}{count} thread{'s' if count > 1 else ''})"
 
     def argv(self, launch: Launch) -> list[str]:
         return self.command(launch, self.threads_for(launch))
