@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::future::poll_fn;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
@@ -21,9 +21,10 @@ use maitred_protocol::{
 };
 use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::sleep_until;
 
+use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
 use crate::log::{self, debug, info, warning};
 use crate::seating::{Job, JobState, ResponsePart};
 use crate::Lobby;
@@ -38,15 +39,22 @@ const LINGER_BYTES: usize = 1 << 20;
 const READ_CHUNK: usize = 4 * 1024;
 
 /// A client stream: TCP or Unix.
-pub trait ClientStream: AsyncRead + AsyncWrite + AsRawFd + Unpin {
+pub trait ClientStream: AsyncRead + AsyncWrite + AsRawFd + Unpin + 'static {
+    const KIND: StreamKind;
+    /// Leaves the event loop, keeping the connection open.
+    fn into_fd(self) -> io::Result<OwnedFd>;
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
 }
 
 macro_rules! client_stream {
-    ($t:ty) => {
+    ($t:ty, $kind:expr) => {
         impl ClientStream for $t {
+            const KIND: StreamKind = $kind;
+            fn into_fd(self) -> io::Result<OwnedFd> {
+                Ok(self.into_std()?.into())
+            }
             fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 <$t>::poll_read_ready(self, cx)
             }
@@ -59,22 +67,28 @@ macro_rules! client_stream {
         }
     };
 }
-client_stream!(tokio::net::TcpStream);
-client_stream!(tokio::net::UnixStream);
+client_stream!(tokio::net::TcpStream, StreamKind::Tcp);
+client_stream!(tokio::net::UnixStream, StreamKind::Unix);
 
-/// Who is on the other end, for the environ and the logs.
-pub struct Peer {
-    /// Empty for a Unix socket.
-    pub addr: String,
-    pub port: u16,
-}
+/// Who is on the other end, for the environ and the logs: an address for TCP, none for a
+/// Unix socket. Kept as the socket address, not as text, so that it costs a hibernating
+/// connection no allocation of its own.
+pub struct Peer(pub Option<std::net::SocketAddr>);
 
 impl Peer {
+    /// REMOTE_ADDR: the address without the port, empty for a Unix socket.
+    fn ip_text(&self) -> String {
+        self.0.map(|addr| addr.ip().to_string()).unwrap_or_default()
+    }
+
+    fn port(&self) -> u16 {
+        self.0.map_or(0, |addr| addr.port())
+    }
+
     fn display(&self) -> String {
-        if self.addr.is_empty() {
-            "unix socket".into()
-        } else {
-            format!("{}:{}", self.addr, self.port)
+        match self.0 {
+            Some(addr) => format!("{}:{}", addr.ip(), addr.port()),
+            None => "unix socket".into(),
         }
     }
 }
@@ -139,10 +153,33 @@ impl Body {
     }
 }
 
-pub async fn serve<S: ClientStream>(lobby: Rc<Lobby>, stream: S, peer: Peer, site: Rc<Site>) {
+/// Serves a connection from its first request (`answered` 0) or after hibernating.
+pub fn start<S: ClientStream>(
+    lobby: &Rc<Lobby>,
+    stream: S,
+    peer: Peer,
+    site: Rc<Site>,
+    permit: OwnedSemaphorePermit,
+    answered: u64,
+) {
     let decoder = RequestDecoder::new(lobby.limits.clone());
-    let mut connection = Connection { lobby, stream, peer, site, buf: BytesMut::new(), decoder, answered: 0 };
-    connection.run().await;
+    let connection =
+        Connection { lobby: lobby.clone(), stream, peer, site, permit, buf: BytesMut::new(), decoder, answered };
+    tokio::task::spawn_local(connection.run());
+}
+
+/// Wakes a hibernating connection whose client has spoken (or closed).
+pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
+    let Sleeper { socket, kind, peer, site, permit, answered, .. } = sleeper;
+    let started = match kind {
+        StreamKind::Tcp => tokio::net::TcpStream::from_std(socket.into())
+            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+        StreamKind::Unix => tokio::net::UnixStream::from_std(socket.into())
+            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+    };
+    if let Err(e) = started {
+        debug!("could not wake an idle connection: {e}");
+    }
 }
 
 struct Connection<S> {
@@ -150,6 +187,8 @@ struct Connection<S> {
     stream: S,
     peer: Peer,
     site: Rc<Site>,
+    /// Its place under --max-connections, given back when the connection closes.
+    permit: OwnedSemaphorePermit,
     buf: BytesMut,
     decoder: RequestDecoder,
     /// Requests answered so far: a shutdown closes idle connections that have had one, but
@@ -157,14 +196,27 @@ struct Connection<S> {
     answered: u64,
 }
 
+/// How the wait for a request ended.
+enum Wait {
+    /// Bytes arrived and are in the buffer.
+    Request,
+    /// Idle for `HIBERNATE_AFTER`: the connection leaves its task until the client speaks.
+    Hibernate { deadline: tokio::time::Instant },
+    /// The client closed, the patience ran out, or a shutdown began.
+    Close,
+}
+
 impl<S: ClientStream> Connection<S> {
     /// Only the wait between requests runs inline: everything that holds buffers while a
-    /// request is read or answered runs in a boxed future that exists only meanwhile, so an
-    /// idle keep-alive connection costs a few hundred bytes.
-    async fn run(&mut self) {
+    /// request is read or answered runs in a boxed future that exists only meanwhile.
+    async fn run(mut self) {
         loop {
-            if self.buf.is_empty() && self.decoder.is_idle() && !self.wait_for_request().await {
-                return;
+            if self.buf.is_empty() && self.decoder.is_idle() {
+                match self.wait_for_request().await {
+                    Wait::Request => {}
+                    Wait::Close => return,
+                    Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
+                }
             }
             let stop = match Box::pin(self.next_request()).await {
                 Ok((head, body)) => match Box::pin(self.seat(&head, body)).await {
@@ -184,26 +236,41 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Waits, holding no buffer, until the client sends something, and reads it. False when
-    /// the connection should close instead: the client closed it, it idled past `--keep-alive`
-    /// (`--header-timeout` for a first request), or a shutdown began after it was answered.
-    async fn wait_for_request(&mut self) -> bool {
+    fn hibernate(self, deadline: Instant) {
+        let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
+        match stream.into_fd() {
+            Ok(socket) => {
+                lobby.hibernation.put(Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline })
+            }
+            Err(e) => debug!("closing an idle connection that cannot hibernate: {e}"),
+        }
+    }
+
+    /// Waits, holding no buffer, until the client sends something, and reads it; or until
+    /// the connection should close: the client closed it, it idled past `--keep-alive`
+    /// (`--header-timeout` for a first request), or a shutdown began after it was answered;
+    /// or until it has idled long enough to hibernate.
+    async fn wait_for_request(&mut self) -> Wait {
         self.buf = BytesMut::new();
         let patience = if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
-        let deadline = tokio::time::Instant::now() + patience;
+        let now = tokio::time::Instant::now();
+        let deadline = now + patience;
+        let hibernate_at = now + HIBERNATE_AFTER;
         let mut shutdown = self.lobby.shutdown.clone();
         loop {
             tokio::select! {
-                ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return false },
-                _ = sleep_until(deadline) => return false,
-                _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return false,
+                ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
+                _ = sleep_until(deadline.min(hibernate_at)) => {
+                    return if hibernate_at < deadline { Wait::Hibernate { deadline } } else { Wait::Close };
+                }
+                _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Wait::Close,
             }
             // Readiness can be stale (left from the last request): then the read finds nothing,
             // and the buffer goes again until the client really sends.
             self.buf.reserve(READ_CHUNK);
             match poll_fn(|cx| Poll::Ready(read_now(&mut self.stream, cx, &mut self.buf))).await {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return false,
-                Poll::Ready(Ok(_)) => return true,
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Wait::Close,
+                Poll::Ready(Ok(_)) => return Wait::Request,
                 Poll::Pending => self.buf = BytesMut::new(),
             }
         }
@@ -358,6 +425,7 @@ impl<S: ClientStream> Connection<S> {
             Body::Memory(bytes) => (bytes, None),
             Body::File { file, .. } => (Vec::new(), Some(file)),
         };
+        let peer_addr = self.peer.ip_text();
         let request = maitred_wire::Request {
             http_minor: match head.version {
                 Version::Http10 => 0,
@@ -365,8 +433,8 @@ impl<S: ClientStream> Connection<S> {
             },
             method: &head.method,
             target: &head.target,
-            peer_addr: self.peer.addr.as_bytes(),
-            peer_port: self.peer.port,
+            peer_addr: peer_addr.as_bytes(),
+            peer_port: self.peer.port(),
             server_name: self.site.server_name.as_bytes(),
             server_port: self.site.server_port,
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
@@ -528,7 +596,7 @@ impl<S: ClientStream> Connection<S> {
             version_text(head.version)
         );
         log::access(&log::AccessRecord {
-            peer: &self.peer.addr,
+            peer: &self.peer.ip_text(),
             request_line: request_line.as_bytes(),
             status: answer.status,
             body_bytes: answer.body_bytes,

@@ -4,6 +4,7 @@
 
 mod config;
 mod connection;
+mod hibernation;
 mod listen;
 mod log;
 mod seating;
@@ -27,6 +28,7 @@ pub use config::{BindAddress, Config};
 pub use log::Level;
 
 use crate::connection::{Peer, Site};
+use crate::hibernation::Hibernation;
 use crate::listen::{Acceptor, Listener};
 use crate::log::{debug, error, info, warning};
 use crate::seating::Seating;
@@ -51,8 +53,6 @@ const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.
 const REBOOT_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_REBOOT_BACKOFF: Duration = Duration::from_secs(30);
-/// See `heartbeat`: shorter than any usual per-request deadline (`--keep-alive` is 2 s).
-const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// What the connection and worker tasks share.
 pub(crate) struct Lobby {
@@ -62,6 +62,8 @@ pub(crate) struct Lobby {
     pub control: Control,
     /// Turns true once a shutdown has begun.
     pub shutdown: watch::Receiver<bool>,
+    /// Keep-alive connections idle long enough to give up their tasks.
+    pub hibernation: Hibernation,
 }
 
 /// What the supervisor hears from the worker tasks and the zygote.
@@ -105,16 +107,17 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         max_header_size: config.limit_request_field_size,
         max_body: config.max_body,
     };
-    let lobby = Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown });
+    let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
+    let lobby = Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown, hibernation });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
-    let heartbeat = tokio::task::spawn_local(heartbeat());
+    let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
     let mut supervisor = Supervisor { lobby: lobby.clone(), events_tx, workers: HashMap::new(), boot_failures: 0 };
 
     if let Err(e) = supervisor.boot(&mut events).await {
         let workers = supervisor.stop_workers(false).await;
         control_reader.abort();
-        heartbeat.abort();
+        watcher.abort();
         drop(supervisor);
         close_control_and_reap(lobby, zygote_pid, &workers).await;
         return Err(e);
@@ -175,7 +178,9 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
     let in_use = max_connections - connections.available_permits();
     info!(
-        "shutting down: no new connections; {in_use} open, {} requests queued; waiting up to {} s",
+        "shutting down: no new connections; {in_use} open ({} of them idle long enough to hibernate), {} requests \
+         queued; waiting up to {} s",
+        lobby.hibernation.sleeping(),
         lobby.seating.queued(),
         deadline.as_secs_f64()
     );
@@ -186,7 +191,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     let workers = supervisor.stop_workers(!drained).await;
     lobby.seating.clear();
     control_reader.abort();
-    heartbeat.abort();
+    watcher.abort();
     drop(supervisor);
     close_control_and_reap(lobby, zygote_pid, &workers).await;
     info!("shutdown complete");
@@ -255,32 +260,14 @@ fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePe
         Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
             // Small answers go out at once rather than waiting for an ACK (Nagle).
             let _ = stream.set_nodelay(true);
-            let peer = Peer { addr: addr.ip().to_string(), port: addr.port() };
-            tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+            connection::start(lobby, stream, Peer(Some(addr)), site.clone(), permit, 0);
         }),
         None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
-            let peer = Peer { addr: String::new(), port: 0 };
-            tokio::task::spawn_local(with_permit(permit, connection::serve(lobby.clone(), stream, peer, site.clone())));
+            connection::start(lobby, stream, Peer(None), site.clone(), permit, 0);
         }),
     };
     if let Err(e) = started {
         error!("cannot take an accepted connection: {e}");
-    }
-}
-
-async fn with_permit(permit: OwnedSemaphorePermit, connection: impl std::future::Future<Output = ()>) {
-    connection.await;
-    drop(permit);
-}
-
-/// Keeps a timer due within `HEARTBEAT` at all times. tokio interrupts its event loop (a write
-/// to an eventfd) whenever a new timer is due sooner than every timer it already has; with
-/// a timer always due soon, the deadlines set for each request (keep-alive, --timeout) never
-/// are, and that system call per request goes away (docs/PERFORMANCE.md).
-async fn heartbeat() {
-    let mut beats = tokio::time::interval(HEARTBEAT);
-    loop {
-        beats.tick().await;
     }
 }
 

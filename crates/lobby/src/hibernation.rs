@@ -1,0 +1,262 @@
+//! Hibernation: a keep-alive connection that stays idle gives up its task and its place in the
+//! event loop, and waits as a descriptor and a few words of state until the client speaks.
+//!
+//! A connection task, with its futures and its registration in tokio, costs about 3 KB; a
+//! hibernating connection costs about a tenth of that (M1). Moving in and out costs four
+//! system calls (the two epoll registrations), so only a connection idle for `HIBERNATE_AFTER`
+//! moves: a busy keep-alive connection (T1) never does.
+//!
+//! The sleepers are watched by one epoll instance of their own, level-triggered, whose
+//! descriptor is registered with tokio like any socket. The watcher's tick also closes
+//! sleepers whose `--keep-alive` (or, before a first request, `--header-timeout`) has passed.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::connection::{self, Peer, Site};
+use crate::log::debug;
+use crate::Lobby;
+
+/// How long a connection waits in its task before it hibernates.
+pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
+/// How often the watcher looks for sleepers whose time is up. It is also the lobby's
+/// heartbeat: tokio interrupts its event loop (a write to an eventfd) whenever a new timer is
+/// due sooner than every timer it has, and with this one always due soon, the deadlines set
+/// for each request (keep-alive, --timeout) never are (docs/PERFORMANCE.md).
+const TICK: Duration = Duration::from_millis(250);
+/// Sleepers polled at once.
+const EVENTS_PER_WAIT: usize = 64;
+/// After many connections went to sleep, freed task memory is handed back to the system: a
+/// burst of connections that then idle would otherwise keep the burst's peak. That is done
+/// once this many went to sleep, or once a smaller wave of at least `TRIM_SETTLED` has
+/// settled (none went to sleep in the last tick).
+const TRIM_AFTER: usize = 1024;
+const TRIM_SETTLED: usize = 64;
+
+/// What kind of stream a sleeper is, to wake it as the same.
+#[derive(Clone, Copy)]
+pub enum StreamKind {
+    Tcp,
+    Unix,
+}
+
+/// A hibernating connection: everything its task would need to start again.
+pub struct Sleeper {
+    pub socket: OwnedFd,
+    pub kind: StreamKind,
+    pub peer: Peer,
+    pub site: Rc<Site>,
+    pub permit: OwnedSemaphorePermit,
+    pub answered: u64,
+    /// When it closes if the client says nothing.
+    pub deadline: Instant,
+}
+
+pub struct Hibernation {
+    epoll: AsyncFd<OwnedFd>,
+    sleepers: RefCell<Slots<Sleeper>>,
+    /// Connections put to sleep since memory was last handed back, and as of the last tick.
+    put_since_trim: Cell<usize>,
+    put_at_last_tick: Cell<usize>,
+}
+
+impl Hibernation {
+    pub fn new() -> io::Result<Hibernation> {
+        // SAFETY: epoll_create1 has no memory-safety preconditions.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: the OwnedFd stays open, with this descriptor, for as long as it is owned.
+        let epoll = unsafe { AsyncFd::register(epoll) }.map_err(io::Error::from)?;
+        Ok(Hibernation {
+            epoll,
+            sleepers: RefCell::new(Slots::default()),
+            put_since_trim: Cell::new(0),
+            put_at_last_tick: Cell::new(0),
+        })
+    }
+
+    /// Puts a connection to sleep. If the kernel will not watch it, it is closed.
+    pub fn put(&self, sleeper: Sleeper) {
+        let fd = sleeper.socket.as_raw_fd();
+        let key = self.sleepers.borrow_mut().insert(sleeper);
+        let mut event = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: key as u64 };
+        // SAFETY: `event` is a live epoll_event; both descriptors are open.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) } < 0 {
+            debug!("closing an idle connection that cannot hibernate: {}", io::Error::last_os_error());
+            self.sleepers.borrow_mut().remove(key);
+            return;
+        }
+        self.put_since_trim.set(self.put_since_trim.get() + 1);
+    }
+
+    pub fn sleeping(&self) -> usize {
+        self.sleepers.borrow().len()
+    }
+
+    /// Takes the sleepers the kernel reports readable (a request, or the client closing).
+    fn take_woken(&self, woken: &mut Vec<Sleeper>) -> io::Result<usize> {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
+        // SAFETY: `events` has room for EVENTS_PER_WAIT entries; a zero timeout never blocks.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), EVENTS_PER_WAIT as i32, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut sleepers = self.sleepers.borrow_mut();
+        for event in &events[..n as usize] {
+            let Some(sleeper) = sleepers.remove(event.u64 as usize) else { continue };
+            // SAFETY: a null event is allowed for EPOLL_CTL_DEL; the descriptor is open.
+            unsafe {
+                libc::epoll_ctl(
+                    self.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    sleeper.socket.as_raw_fd(),
+                    std::ptr::null_mut(),
+                )
+            };
+            woken.push(sleeper);
+        }
+        Ok(n as usize)
+    }
+
+    /// Closes the sleepers whose deadline has passed, and at a shutdown every sleeper that
+    /// has been answered (one that has not yet sent its first request may still send it).
+    fn close_expired(&self, now: Instant, shutting_down: bool) -> usize {
+        // Closing a descriptor also removes it from the epoll set.
+        self.sleepers
+            .borrow_mut()
+            .remove_where(|sleeper| sleeper.deadline <= now || (shutting_down && sleeper.answered > 0))
+    }
+
+    /// Hands freed memory back to the system after many connections went to sleep.
+    fn trim_memory(&self) {
+        let put = self.put_since_trim.get();
+        let settled = put == self.put_at_last_tick.get();
+        self.put_at_last_tick.set(put);
+        if put < TRIM_AFTER && !(settled && put >= TRIM_SETTLED) {
+            return;
+        }
+        self.put_since_trim.set(0);
+        self.put_at_last_tick.set(0);
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free memory.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
+/// The watcher: wakes sleepers when their client speaks, closes them when their time is up.
+pub async fn watch(lobby: Rc<Lobby>) {
+    let hibernation = &lobby.hibernation;
+    let mut ticks = tokio::time::interval(TICK);
+    let mut shutdown = lobby.shutdown.clone();
+    let mut woken = Vec::new();
+    loop {
+        tokio::select! {
+            ready = hibernation.epoll.readable() => {
+                let Ok(mut ready) = ready else { return };
+                match hibernation.take_woken(&mut woken) {
+                    Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
+                    Ok(_) => {}
+                    Err(e) => debug!("waiting for hibernating connections failed: {e}"),
+                }
+                for sleeper in woken.drain(..) {
+                    connection::resume(&lobby, sleeper);
+                }
+            }
+            _ = ticks.tick() => {
+                let closed = hibernation.close_expired(Instant::now(), *shutdown.borrow());
+                if closed > 0 {
+                    debug!("closed {closed} idle connections");
+                }
+                hibernation.trim_memory();
+            }
+            // Wake the tick at once when a shutdown begins, so idle connections close now.
+            _ = shutdown.changed() => ticks.reset_immediately(),
+        }
+    }
+}
+
+/// A vector of optional entries with a free list: stable keys for the epoll data word.
+struct Slots<T> {
+    entries: Vec<Option<T>>,
+    free: Vec<usize>,
+    len: usize,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Slots { entries: Vec::new(), free: Vec::new(), len: 0 }
+    }
+}
+
+impl<T> Slots<T> {
+    fn insert(&mut self, value: T) -> usize {
+        self.len += 1;
+        match self.free.pop() {
+            Some(key) => {
+                self.entries[key] = Some(value);
+                key
+            }
+            None => {
+                self.entries.push(Some(value));
+                self.entries.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, key: usize) -> Option<T> {
+        let value = self.entries.get_mut(key)?.take()?;
+        self.free.push(key);
+        self.len -= 1;
+        Some(value)
+    }
+
+    fn remove_where(&mut self, mut doomed: impl FnMut(&T) -> bool) -> usize {
+        let mut removed = 0;
+        for (key, entry) in self.entries.iter_mut().enumerate() {
+            if entry.as_ref().is_some_and(&mut doomed) {
+                *entry = None;
+                self.free.push(key);
+                removed += 1;
+            }
+        }
+        self.len -= removed;
+        removed
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slots;
+
+    #[test]
+    fn slots_reuse_keys_and_count() {
+        let mut slots = Slots::default();
+        let a = slots.insert("a");
+        let b = slots.insert("b");
+        assert_eq!(slots.remove(a), Some("a"));
+        assert_eq!(slots.remove(a), None);
+        let c = slots.insert("c");
+        assert_eq!(c, a);
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots.remove_where(|v| *v == "b"), 1);
+        assert_eq!(slots.remove(b), None);
+        assert_eq!(slots.len(), 1);
+        assert_eq!(slots.remove(99), None);
+    }
+}

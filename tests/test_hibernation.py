@@ -1,0 +1,82 @@
+"""Hibernation: a keep-alive connection idle for half a second gives up its task in the lobby
+and waits as a bare descriptor (docs/DESIGN.md). Nothing about it may be visible to a client:
+it is served when it speaks, closed when its --keep-alive runs out or a shutdown begins, and
+its --max-connections place is freed when its client goes."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+from client import read_reply
+from conftest import HOST, wait_for_empty_group
+
+APPS = Path(__file__).resolve().parent / "apps"
+APP = "echo:app"
+# Longer than the lobby's 0.5 s wait before a connection hibernates, with the watcher's tick.
+HIBERNATED = 1.0
+REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+def connect_and_ask(port: int) -> socket.socket:
+    sock = socket.create_connection((HOST, port), timeout=10)
+    sock.sendall(REQUEST)
+    assert read_reply(sock).status == 200
+    return sock
+
+
+def test_a_hibernating_connection_is_served_when_it_speaks_again(maitred_server):
+    server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
+    with connect_and_ask(server.port) as sock:
+        for _ in range(3):
+            time.sleep(HIBERNATED)
+            # Two pipelined requests in one write: both are answered, in order.
+            sock.sendall(REQUEST + b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc")
+            first, second = read_reply(sock), read_reply(sock)
+            assert (first.status, second.status) == (200, 200)
+            assert second.body.split()[1] == b"3"
+
+
+def test_a_first_request_may_come_after_hibernation(maitred_server):
+    server = maitred_server("--header-timeout", "10", APP, cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        time.sleep(HIBERNATED)
+        sock.sendall(REQUEST)
+        assert read_reply(sock).status == 200
+
+
+def test_keep_alive_runs_out_while_hibernating(maitred_server):
+    server = maitred_server("--keep-alive", "1.5", APP, cwd=APPS)
+    with connect_and_ask(server.port) as sock:
+        answered = time.monotonic()
+        assert sock.recv(1) == b""
+        closed_after = time.monotonic() - answered
+    # Checked on a 0.25 s tick.
+    assert 1.4 < closed_after < 2.5, closed_after
+
+
+def test_a_client_leaving_while_hibernating_frees_its_place(maitred_server):
+    server = maitred_server("--max-connections", "1", "--keep-alive", "30", APP, cwd=APPS)
+    first = connect_and_ask(server.port)
+    time.sleep(HIBERNATED)
+    first.close()
+    with socket.create_connection((HOST, server.port), timeout=10) as second:
+        second.sendall(REQUEST)
+        assert read_reply(second).status == 200
+
+
+def test_a_shutdown_closes_hibernating_connections_at_once(maitred_server):
+    server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
+    idle = [connect_and_ask(server.port) for _ in range(20)]
+    time.sleep(HIBERNATED)
+    server.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert [sock.recv(1) for sock in idle] == [b""] * 20
+    assert time.monotonic() - signalled < 1
+    for sock in idle:
+        sock.close()
+    assert server.wait(timeout=15) == 0
+    assert wait_for_empty_group(server.pid, 10) == []
+    assert "20 open (20 of them idle long enough to hibernate)" in server.stderr()
