@@ -301,7 +301,7 @@ impl WorkerChannel {
             self.inbox.reserve(missing.max(READ_SIZE));
             let fd = self.link.fd.as_raw_fd();
             let (inbox, fds) = (&mut self.inbox, &mut self.fds);
-            match py.detach(|| sys::recv_into(fd, inbox, fds, 0)) {
+            match py.detach(|| sys::recv_when_readable(fd, inbox, fds)) {
                 Ok(0) if self.inbox.is_empty() => return Ok(None),
                 Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                 Ok(_) => {}

@@ -39,6 +39,26 @@ pub fn recv_into(
     Ok(n)
 }
 
+/// Waits for input and reads it: `recv_into` that blocks in poll(2), not in recvmsg(2).
+///
+/// A thread blocked in recvmsg on a Unix socket sleeps on the socket's one wait queue, where
+/// the peer reading what this side sent earlier wakes it too (room to write again), for
+/// nothing: once per request, as the lobby reads each response while the worker waits for
+/// the next request. poll(2) waits for readable data only (docs/PERFORMANCE.md).
+pub fn recv_when_readable(fd: RawFd, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) -> Result<usize, RecvError> {
+    loop {
+        match recv_into(fd, buf, fds, libc::MSG_DONTWAIT) {
+            Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::WouldBlock => {}
+            other => return other,
+        }
+        let mut polled = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: `polled` is one live pollfd.
+        if unsafe { libc::poll(&mut polled, 1, -1) } < 0 {
+            return Err(RecvError::Os(io::Error::last_os_error()));
+        }
+    }
+}
+
 /// One `pread` into `buf` at `offset`; `Ok(0)` is end-of-file.
 pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     // SAFETY: buf is valid for writes of buf.len() bytes.
