@@ -36,7 +36,7 @@ test: install
 	$(BIN)/python -m pytest tests -q
 
 # The benchmark against the peers (bench/README.md): every scenario, or some with S=S1,T1.
-# Results go to bench/results/; it takes about 20 minutes.
+# Results go to bench/results/; it takes about 30 minutes (bench/README.md).
 .PHONY: bench
 bench: install
 	$(PYTHON) bench/run.py $(if $(S),--scenarios $(S))

@@ -110,6 +110,7 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
             if line is None:
                 raise RunError(f"connections.py held nothing; its output ends: {_last_line(workdir / 'crowd.out')}")
             holding = json.loads(line[len(CROWD_MARKER):])
+            time.sleep(crowd.idle_seconds)
             rss_holding = procs.group_rss_kb(process.pid)
 
         if load:
@@ -196,7 +197,8 @@ def _crowd_figures(crowd: Crowd, holding: dict, end: dict, rss_before: int, rss_
     """The crowd's figures: how many connections it opened and held, what the server closed, and
     (read while they were held) how much the server's memory grew."""
     growth = rss_holding - rss_before
-    held = holding["held"]
+    # After an idle period, what the server still holds at the end (it may have closed some).
+    held = min(holding["held"], end["held"]) if crowd.idle_seconds else holding["held"]
     return {
         "crowd_count": holding["count"],
         "crowd_opened": holding["opened"],
