@@ -205,7 +205,7 @@ def test_max_connections_holds_the_rest_in_the_kernel_queue(maitred_server):
 
 
 def test_a_filling_listen_queue_is_logged_before_it_overflows(maitred_server):
-    # --max-connections 1 makes the queue fill behind one held connection: 4 of its 4 places.
+    # --max-connections 1 makes the queue fill behind one held connection: all 4 of its places.
     server = maitred_server("--max-connections", "1", "--backlog", "4", APP, cwd=APPS)
     held = socket.create_connection((HOST, server.port), timeout=10)
     held.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -222,7 +222,7 @@ def test_a_filling_listen_queue_is_logged_before_it_overflows(maitred_server):
         assert eventually(lambda: "listen queue" in server.stderr(), timeout=5)
         line = next(line for line in server.stderr().splitlines() if "listen queue" in line)
         assert "[WARNING]" in line
-        assert f"the listen queue of http://{HOST}:{server.port} held 3 of its 4 connections" in line
+        assert f"the listen queue of http://{HOST}:{server.port} held 4 of its 4 connections" in line
         assert "raise --backlog" in line
     finally:
         for sock in queued:

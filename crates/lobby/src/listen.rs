@@ -134,8 +134,10 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
 /// the queue overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
 pub struct Acceptor {
     socket: AsyncFd<Socket>,
-    /// Connections known to be queued behind the last one taken; no need to look again yet.
+    /// Connections known to be queued; no need to look at the queue again until they are taken.
     known_queued: Cell<u32>,
+    /// TCP: read the queue's depth before the next accept(2), rather than find it empty that way.
+    look_first: Cell<bool>,
     depth: Option<QueueDepth>,
 }
 
@@ -162,31 +164,36 @@ impl Acceptor {
         });
         // SAFETY: `socket` is a fresh duplicate that this Acceptor alone owns.
         let socket = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
-        Ok(Acceptor { socket, known_queued: Cell::new(0), depth })
+        Ok(Acceptor { socket, known_queued: Cell::new(0), look_first: Cell::new(false), depth })
     }
 
     /// The next connection, non-blocking and close-on-exec, with the peer's address.
     pub async fn accept(&self) -> io::Result<(Socket, SockAddr)> {
         loop {
+            if let Some(depth) = self.depth.as_ref().filter(|_| self.look_first.replace(false)) {
+                // Let the connections just taken start first: under load, more have queued
+                // by then, and they are taken without waiting for the event loop to report them.
+                tokio::task::yield_now().await;
+                let mut ready = self.socket.readable().await?;
+                match queue_depth(self.socket.get_ref()) {
+                    Ok(0) => {
+                        ready.clear_ready();
+                        continue;
+                    }
+                    Ok(queued) => {
+                        self.known_queued.set(queued);
+                        depth.observe(queued);
+                    }
+                    // Not knowing, look with accept(2), as a plain loop would.
+                    Err(_) => {}
+                }
+            }
             let mut ready = self.socket.readable().await?;
             match ready.try_io(|socket| socket.get_ref().accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)) {
                 Ok(Ok(accepted)) => {
-                    if let Some(depth) = &self.depth {
-                        let known = self.known_queued.get();
-                        if known > 0 {
-                            self.known_queued.set(known - 1);
-                        } else {
-                            match queue_depth(self.socket.get_ref()) {
-                                Ok(0) => ready.clear_ready(),
-                                Ok(queued) => {
-                                    self.known_queued.set(queued - 1);
-                                    depth.observe(queued);
-                                }
-                                // Not knowing, look again with accept(2) as a plain loop would.
-                                Err(_) => {}
-                            }
-                        }
-                    }
+                    let known = self.known_queued.get().saturating_sub(1);
+                    self.known_queued.set(known);
+                    self.look_first.set(known == 0);
                     return Ok(accepted);
                 }
                 Ok(Err(e)) => return Err(e),
