@@ -19,8 +19,12 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import matplotlib.ticker  # noqa: E402
 
 from measure import KERNEL_COUNTERS  # noqa: E402
+from servers import SERVERS  # noqa: E402
 
 REFERENCE = "maitred"
+# Servers that are a ceiling, not a peer (nginx's fixed body): in the tables, never in "best peer"
+# nor in a target that compares maitred with its peers.
+CEILINGS = {server.name for server in SERVERS.values() if server.ceiling}
 TABLE_PERCENTILES = ("50", "90", "99")
 
 
@@ -82,8 +86,12 @@ def _summaries(record: dict) -> dict[str, dict | None]:
     return {label: summarize([run for run in record["runs"] if run["server"] == label]) for label in labels}
 
 
+def _is_peer(label: str) -> bool:
+    return label != REFERENCE and label not in CEILINGS
+
+
 def _peers(summaries: dict[str, dict | None]) -> list[dict]:
-    return [s for label, s in summaries.items() if label != REFERENCE and s is not None]
+    return [s for label, s in summaries.items() if _is_peer(label) and s is not None]
 
 
 def _headline(scenario) -> tuple[str, str, int, bool]:
@@ -98,7 +106,7 @@ def _headline(scenario) -> tuple[str, str, int, bool]:
 def _best_peer(summaries: dict[str, dict | None], scenario) -> tuple[str, dict | None]:
     key, _name, _digits, lower = _headline(scenario)
     peers = [(label, s) for label, s in summaries.items()
-             if label != REFERENCE and s is not None and s.get(key) is not None]
+             if _is_peer(label) and s is not None and s.get(key) is not None]
     if not peers:
         return "-", None
     pick = min if lower else max

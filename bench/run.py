@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import resource
@@ -50,6 +51,13 @@ def main(argv: list[str]) -> int:
 
     if args.list:
         _print_registry()
+        return 0
+    if args.report_only:
+        import report  # needs matplotlib, which only the peers' venv has
+        out = Path(args.out) if args.out else BENCH / "results"
+        data = json.loads((out / "latest.json").read_text())
+        paths = report.write(out, data["environment"], [], SCENARIOS)
+        print("\n".join(f"wrote {path}" for path in paths))
         return 0
     if unknown := set(args.scenarios or ()) - set(SCENARIOS):
         return _fail(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
@@ -100,6 +108,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         "writes to bench/.work/quick unless --out says otherwise")
     parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write latest.md again from latest.json (after a change to the report)")
     return parser.parse_args(argv)
 
 

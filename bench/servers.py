@@ -62,6 +62,8 @@ class Server:
     default_threads: int | Literal["auto"] | None = None
     # Where the version comes from: a PyPI distribution in bench/.peers, or a command.
     version_command: tuple[str, ...] = ()
+    # A ceiling, not a peer: it runs no app (nginx's fixed body). Shown, never led against.
+    ceiling: bool = False
 
     def threads_for(self, launch: Launch) -> int | None:
         """The thread count to pass, or None to pass none (no threads, or the server's own default)."""
@@ -262,6 +264,7 @@ SERVERS: dict[str, Server] = {server.name: server for server in (
         ready_line=lambda launch: re.compile(r"start worker process \d+"),
         ready_count=lambda launch: launch.workers,
         debian=("nginx",),
+        ceiling=True,
     ),
     Server(
         name="apache-event",
