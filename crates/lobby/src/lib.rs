@@ -257,9 +257,8 @@ fn accept_backlog(lobby: &Rc<Lobby>, listener: &Listener, site: &Rc<Site>, conne
 fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
     let fd = OwnedFd::from(socket);
     let started = match peer.as_socket() {
+        // TCP_NODELAY comes from the listener (listen::bind).
         Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
-            // Small answers go out at once rather than waiting for an ACK (Nagle).
-            let _ = stream.set_nodelay(true);
             connection::start(lobby, stream, Peer(Some(addr)), site.clone(), permit, 0);
         }),
         None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
