@@ -210,9 +210,12 @@ impl<S: ClientStream> Connection<S> {
     /// Only the wait between requests runs inline: everything that holds buffers while a
     /// request is read or answered runs in a boxed future that exists only meanwhile.
     async fn run(mut self) {
+        // A connection just accepted or woken from hibernation has, most often, its request
+        // waiting already: read it before asking the event loop.
+        let mut read_first = true;
         loop {
             if self.buf.is_empty() && self.decoder.is_idle() {
-                match self.wait_for_request().await {
+                match self.wait_for_request(std::mem::take(&mut read_first)).await {
                     Wait::Request => {}
                     Wait::Close => return,
                     Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
@@ -250,7 +253,7 @@ impl<S: ClientStream> Connection<S> {
     /// the connection should close: the client closed it, it idled past `--keep-alive`
     /// (`--header-timeout` for a first request), or a shutdown began after it was answered;
     /// or until it has idled long enough to hibernate.
-    async fn wait_for_request(&mut self) -> Wait {
+    async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
         self.buf = BytesMut::new();
         let patience = if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
         let now = tokio::time::Instant::now();
@@ -258,15 +261,17 @@ impl<S: ClientStream> Connection<S> {
         let hibernate_at = now + HIBERNATE_AFTER;
         let mut shutdown = self.lobby.shutdown.clone();
         loop {
-            tokio::select! {
-                ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
-                _ = sleep_until(deadline.min(hibernate_at)) => {
-                    return if hibernate_at < deadline { Wait::Hibernate { deadline } } else { Wait::Close };
+            if !std::mem::take(&mut read_first) {
+                tokio::select! {
+                    ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
+                    _ = sleep_until(deadline.min(hibernate_at)) => {
+                        return if hibernate_at < deadline { Wait::Hibernate { deadline } } else { Wait::Close };
+                    }
+                    _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Wait::Close,
                 }
-                _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Wait::Close,
             }
-            // Readiness can be stale (left from the last request): then the read finds nothing,
-            // and the buffer goes again until the client really sends.
+            // Nothing may be there yet (or readiness was stale, left from the last request):
+            // then the buffer goes again until the client really sends.
             self.buf.reserve(READ_CHUNK);
             match poll_fn(|cx| Poll::Ready(read_now(&mut self.stream, cx, &mut self.buf))).await {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Wait::Close,
