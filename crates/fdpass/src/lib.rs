@@ -2,7 +2,8 @@
 //!
 //! maitred passes descriptors in three places: the zygote hands the lobby each new worker's
 //! channel, the lobby hands a worker a request body spilled to a file, and a worker hands the
-//! lobby the file behind `wsgi.file_wrapper`. Both sides use these two calls. They are single
+//! lobby the file behind `wsgi.file_wrapper`. Both sides use these calls, and `send` for the
+//! messages that carry none. They are single
 //! system calls over raw descriptors: callers decide how to wait (an event loop's readiness, a
 //! blocking call outside the Python interpreter) and what to do with `EINTR`.
 
@@ -41,6 +42,22 @@ impl From<RecvError> for io::Error {
             RecvError::Os(e) => e,
             RecvError::DescriptorsTruncated => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
         }
+    }
+}
+
+/// One `sendmsg` of `bufs` with no descriptor, never raising `SIGPIPE` (a peer that is gone is
+/// an error); `flags` adds e.g. `MSG_DONTWAIT`.
+pub fn send(socket: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: msg points at live buffers for the duration of the call.
+    let sent = unsafe { libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
     }
 }
 

@@ -134,9 +134,10 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
 ///
 /// tokio's readiness is edge-triggered, so a plain accept loop calls accept(2) until it fails
 /// with EAGAIN: two calls per connection at low load, the pattern S3 counts. For TCP the
-/// lobby instead reads the accept queue's depth (TCP_INFO on a listener) after each accept
-/// and stops when it is empty, and the depth is worth having: it warns, in the log, before
-/// the queue overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
+/// lobby instead reads the accept queue's depth (TCP_INFO on a listener) once the connections
+/// it knew of are taken and other tasks have run, takes that many, and waits for readiness
+/// when it is empty. The depth is worth having: it warns, in the log, before the queue
+/// overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
 pub struct Acceptor {
     socket: AsyncFd<Socket>,
     /// Connections known to be queued; no need to look at the queue again until they are taken.

@@ -109,7 +109,7 @@ impl Channel {
             let attached = if sent == 0 { fd } else { None };
             let result = ready.try_io(|socket| match attached {
                 Some(file) => Ok(maitred_fdpass::send_with_fd(socket.as_raw_fd(), &bufs, file.as_raw_fd(), 0)?),
-                None => send_plain(socket.as_raw_fd(), &frame[sent..]),
+                None => Ok(maitred_fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
             });
             match result {
                 Ok(Ok(n)) => sent += n,
@@ -140,15 +140,6 @@ impl Channel {
                 Err(_would_block) => continue,
             }
         }
-    }
-}
-
-/// One `send`, never raising `SIGPIPE` (a worker that exited is reported as an error).
-fn send_plain(socket: std::os::fd::RawFd, data: &[u8]) -> io::Result<usize> {
-    // SAFETY: data is a live buffer of data.len() bytes.
-    match unsafe { libc::send(socket, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL) } {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n => Ok(n as usize),
     }
 }
 

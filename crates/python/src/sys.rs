@@ -4,26 +4,10 @@
 //! call that may block, and what to do with `EINTR` (they must run Python's signal handlers).
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
-use std::mem;
+use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
-pub use maitred_fdpass::{send_with_fd, RecvError};
-
-/// One `sendmsg` of `bufs`, never raising `SIGPIPE`. `flags` adds e.g. `MSG_DONTWAIT`.
-pub fn send(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
-    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(fd, &msg, flags | libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
+pub use maitred_fdpass::{send, send_with_fd, RecvError};
 
 /// One `recvmsg` appended to `buf`, with any descriptors that came along appended to `fds`
 /// (see `maitred_fdpass::recv_with_fds`). `Ok(0)` is end-of-file.
