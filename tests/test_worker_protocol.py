@@ -1,4 +1,5 @@
-"""The worker's side of the worker channel (docs/PROTOCOL.md, section 2), driven by hand.
+"""The worker's side of the worker channel and its offer sockets (docs/PROTOCOL.md, sections 2
+and 3), driven by hand.
 
 Each test starts a real worker process (`maitred.worker.serve` on one end of a socketpair) and
 plays the lobby on the other end with frames built here with `struct`, independently of the
@@ -29,7 +30,7 @@ import pytest
 
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
-REQUEST, CANCEL = 16, 17
+REQUEST, CANCEL, OFFERS = 16, 17, 18
 END, FD = 1, 2
 
 TIMEOUT = 10.0
@@ -1169,6 +1170,96 @@ def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[.
     log = worker.stderr()
     assert "the lobby sent a Request frame while a response was in progress; only CANCEL may come then" in log
     assert "closed /stream-past-cancel" in log
+
+
+# --- Offers (docs/PROTOCOL.md, section 3) ----------------------------------------------------
+
+
+def give_offer_sockets(worker: Worker) -> list[tuple[socket.socket, socket.socket]]:
+    """Sends the worker its two offer sockets; returns (lobby's end, copy of the worker's end)
+    of each, in turn order."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(2)]
+    for lobby_end, worker_end in pairs:
+        worker.send(frame(OFFERS, FD, b""), worker_end.fileno())
+        worker_end.setblocking(False)
+    return pairs
+
+
+def test_an_offer_is_taken_once_the_current_request_is_answered(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    worker = start_worker()
+    offers = give_offer_sockets(worker)
+    for turn, (lobby_end, _) in enumerate([*offers, *offers]):
+        go = tmp_path / f"go-{turn}"
+        worker.send(request_frame(target=f"/whole-after-wait?{go}"))
+        lobby_end.send(request_frame(target="/list"))
+        go.touch()
+        # Both answers, in order, with no other word from the lobby; the turn alternates.
+        assert worker.read_response().body == b"whole"
+        assert worker.read_response().body == b"hello"
+    assert worker.close_and_wait() == 0
+    assert worker.stderr() == ""
+
+
+def test_a_request_on_the_channel_comes_before_an_offer(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    worker = start_worker()
+    (lobby_end, _), _ = give_offer_sockets(worker)
+    go = tmp_path / "go"
+    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
+    worker.send(request_frame(target="/list-many"))
+    lobby_end.send(request_frame(target="/list"))
+    go.touch()
+    assert [worker.read_response().body for _ in range(3)] == [b"whole", b"abcdef", b"hello"]
+    assert worker.close_and_wait() == 0
+
+
+def test_an_offer_the_lobby_took_back_is_never_served(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+    worker = start_worker()
+    (lobby_end, worker_end), _ = give_offer_sockets(worker)
+    go = tmp_path / "go"
+    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
+    lobby_end.send(request_frame(target="/list"))
+    assert worker_end.recv(1 << 16) == request_frame(target="/list")
+    go.touch()
+    assert worker.read_response().body == b"whole"
+    # The next offer goes on the same socket: the one taken back did not count as a turn.
+    lobby_end.send(request_frame(target="/list-many"))
+    assert worker.read_response().body == b"abcdef"
+    assert worker.close_and_wait() == 0
+    assert worker.stderr() == ""
+
+
+def test_closed_offer_sockets_leave_the_channel_working(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    for lobby_end, worker_end in give_offer_sockets(worker):
+        lobby_end.close()
+        worker_end.close()
+    assert worker.request(target="/list").body == b"hello"
+    assert worker.request(target="/generator").body == b"onetwo"
+    assert worker.close_and_wait() == 0
+
+
+@pytest.mark.parametrize(
+    "offers, message",
+    [
+        (frame(OFFERS, 0, b""), "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others"),
+        (frame(OFFERS, FD, b"x"), "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others"),
+    ],
+)
+def test_a_bad_offers_frame_breaks_the_channel(start_worker: Callable[..., Worker], offers: bytes, message: str) -> None:
+    worker = start_worker()
+    spare = os.open(os.devnull, os.O_RDONLY)
+    worker.send(offers + request_frame(target="/list"), spare if offers[1] & FD else None)
+    os.close(spare)
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert message in worker.stderr()
+
+
+def test_an_offer_that_is_not_one_request_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    (lobby_end, _), _ = give_offer_sockets(worker)
+    lobby_end.send(cancel_frame())
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert "the lobby offered 8 bytes that are not one whole REQUEST frame" in worker.stderr()
 
 
 # --- PEP 3333 conformance, checked by wsgiref's validator ----------------------------------

@@ -7,6 +7,7 @@ mod connection;
 mod hibernation;
 mod listen;
 mod log;
+mod offer;
 mod seating;
 mod worker;
 mod zygote;

@@ -2,7 +2,8 @@
 //!
 //! A request is only queued once it is complete, so a worker that takes one never waits on a
 //! client (SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
-//! connection to be closed: it waits here, in arrival order (S4).
+//! connection to be closed: it waits here, in arrival order (S4). A request offered ahead to a
+//! busy worker (`offer.rs`) still counts as waiting: a worker that goes idle takes it back.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -12,6 +13,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::log::debug;
+use crate::offer::Offer;
 
 /// Where a request is in its life, shared by its connection and the worker that takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +82,8 @@ impl ResponsePart {
 pub struct Seating {
     queue: RefCell<VecDeque<Job>>,
     idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
+    /// Every worker's offer socket.
+    offers: RefCell<Vec<Rc<Offer>>>,
 }
 
 /// What a worker gets when it asks for work.
@@ -117,17 +123,47 @@ impl Seating {
         }
     }
 
-    /// The oldest live job, or a seat to wait on.
+    /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
+    /// offered to a busy worker that has not taken it yet is the oldest live job.
     pub fn next(&self) -> Next {
-        let mut queue = self.queue.borrow_mut();
-        while let Some(job) = queue.pop_front() {
-            if job.state.get() == JobState::Queued {
-                return Next::Now(job);
-            }
+        if let Some(job) = self.take_queued().or_else(|| self.recall_oldest_offer()) {
+            return Next::Now(job);
         }
         let (seat, wait) = oneshot::channel();
         self.idle.borrow_mut().push_back(seat);
         Next::Later(wait)
+    }
+
+    /// The oldest live job in the queue, if any.
+    pub fn take_queued(&self) -> Option<Job> {
+        let mut queue = self.queue.borrow_mut();
+        while let Some(job) = queue.pop_front() {
+            if job.state.get() == JobState::Queued {
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    fn recall_oldest_offer(&self) -> Option<Job> {
+        let mut offers: Vec<(Instant, Rc<Offer>)> = Vec::new();
+        for offer in self.offers.borrow().iter() {
+            if let Some(enqueued_at) = offer.enqueued_at() {
+                offers.push((enqueued_at, offer.clone()));
+            }
+        }
+        offers.sort_by_key(|(enqueued_at, _)| *enqueued_at);
+        let job = offers.into_iter().find_map(|(_, offer)| offer.recall())?;
+        debug!("{} was offered to a busy worker; an idle one takes it back", job.summary);
+        Some(job)
+    }
+
+    pub fn add_offer(&self, offer: Rc<Offer>) {
+        self.offers.borrow_mut().push(offer);
+    }
+
+    pub fn remove_offer(&self, offer: &Rc<Offer>) {
+        self.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, offer));
     }
 
     /// Requests waiting for a worker (cancelled ones not yet swept included).
@@ -143,10 +179,10 @@ impl Seating {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn job(name: &str) -> (Job, mpsc::UnboundedReceiver<ResponsePart>) {
+    pub(crate) fn job(name: &str) -> (Job, mpsc::UnboundedReceiver<ResponsePart>) {
         let (respond, receive) = mpsc::unbounded_channel();
         let job = Job {
             frame: name.as_bytes().to_vec(),
@@ -208,6 +244,35 @@ mod tests {
         seating.submit(a);
         seating.submit(b);
         assert_eq!(take_now(&seating).frame, b"b");
+    }
+
+    #[test]
+    fn an_idle_worker_takes_back_the_oldest_offer_not_yet_received() {
+        let seating = Seating::default();
+        let (older, newer) = (Rc::new(Offer::new().unwrap()), Rc::new(Offer::new().unwrap()));
+        seating.add_offer(newer.clone());
+        seating.add_offer(older.clone());
+        let (a, _ra) = job("a");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let (b, _rb) = job("b");
+        older.make(a).map_err(|_| ()).unwrap();
+        newer.make(b).map_err(|_| ()).unwrap();
+        assert_eq!(take_now(&seating).frame, b"a");
+        assert_eq!(take_now(&seating).frame, b"b");
+        assert!(matches!(seating.next(), Next::Later(_)));
+    }
+
+    #[test]
+    fn queued_jobs_come_before_offers() {
+        let seating = Seating::default();
+        let offer = Rc::new(Offer::new().unwrap());
+        seating.add_offer(offer.clone());
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        offer.make(a).map_err(|_| ()).unwrap();
+        seating.submit(b);
+        assert_eq!(take_now(&seating).frame, b"b");
+        assert!(!offer.is_empty());
     }
 
     #[test]

@@ -4,15 +4,16 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, HEADER_LEN};
+use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, FLAG_FD, HEADER_LEN};
 use tokio::io::unix::AsyncFd;
 
 use crate::log::{debug, error, warning};
+use crate::offer::Offer;
 use crate::seating::{Job, JobState, Next, ResponsePart};
 use crate::Lobby;
 
@@ -101,14 +102,14 @@ impl Channel {
     }
 
     /// Sends a whole frame, with `fd` attached to its first byte when given.
-    pub async fn send(&mut self, frame: &[u8], fd: Option<&File>) -> io::Result<()> {
+    pub async fn send(&mut self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let mut sent = 0;
         while sent < frame.len() {
             let mut ready = self.socket.writable().await?;
             let bufs = [IoSlice::new(&frame[sent..])];
             let attached = if sent == 0 { fd } else { None };
             let result = ready.try_io(|socket| match attached {
-                Some(file) => Ok(maitred_fdpass::send_with_fd(socket.as_raw_fd(), &bufs, file.as_raw_fd(), 0)?),
+                Some(fd) => Ok(maitred_fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
                 None => Ok(maitred_fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
             });
             match result {
@@ -173,44 +174,92 @@ pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
 
 /// Seats jobs at this worker until it goes away or is retired.
 pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, retire_after: Option<u64>) -> Gone {
+    let offer = match Offer::new() {
+        Ok(offer) => Rc::new(offer),
+        Err(e) => return Gone::Lost(format!("could not make its offer socket: {e}")),
+    };
+    let offers = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
+    for receiver in offer.receivers() {
+        if let Err(e) = channel.send(&offers, Some(receiver)).await {
+            return Gone::Lost(format!("could not send its offer sockets: {e}"));
+        }
+    }
+    lobby.seating.add_offer(offer.clone());
+    let gone = seat_jobs(&lobby, pid, &mut channel, &offer, retire_after).await;
+    lobby.seating.remove_offer(&offer);
+    gone
+}
+
+async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer, retire_after: Option<u64>) -> Gone {
     let mut served: u64 = 0;
     loop {
-        if retire_after.is_some_and(|limit| served >= limit) {
-            return Gone::Retired;
-        }
-        let job = match lobby.seating.next() {
-            Next::Now(job) => job,
-            Next::Later(mut wait) => {
-                tokio::select! {
-                    biased;
-                    job = &mut wait => match job {
-                        Ok(job) => job,
-                        Err(_) => return Gone::Retired,
-                    },
-                    _ = channel.closed_while_idle() => {
-                        // Take back a job that may have been handed over at the same moment.
-                        wait.close();
-                        if let Ok(job) = wait.try_recv() {
-                            lobby.seating.return_unstarted(job);
-                        }
-                        return Gone::Lost(idle_loss(&mut channel).await);
-                    }
+        let job = match offer.take_accepted() {
+            // The worker takes it from its offer socket now that it has finished the last one.
+            Some(job) => job,
+            None => {
+                if retire_after.is_some_and(|limit| served >= limit) {
+                    return Gone::Retired;
                 }
+                let job = match lobby.seating.next() {
+                    Next::Now(job) => job,
+                    Next::Later(mut wait) => {
+                        tokio::select! {
+                            biased;
+                            job = &mut wait => match job {
+                                Ok(job) => job,
+                                Err(_) => return Gone::Retired,
+                            },
+                            _ = channel.closed_while_idle() => {
+                                // Take back a job that may have been handed over at the same moment.
+                                wait.close();
+                                if let Ok(job) = wait.try_recv() {
+                                    lobby.seating.return_unstarted(job);
+                                }
+                                return Gone::Lost(idle_loss(channel).await);
+                            }
+                        }
+                    }
+                };
+                if job.state.get() != JobState::Queued {
+                    continue;
+                }
+                job.state.set(JobState::Seated);
+                let waited = job.enqueued_at.elapsed();
+                debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
+                if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
+                    lobby.seating.return_unstarted(job);
+                    return Gone::Lost(format!("could not send a request: {e}"));
+                }
+                served += 1;
+                job
             }
         };
-        if job.state.get() != JobState::Queued {
-            continue;
+        if !retire_after.is_some_and(|limit| served >= limit) && offer_next(lobby, offer) {
+            served += 1;
         }
-        job.state.set(JobState::Seated);
-        let waited = job.enqueued_at.elapsed();
-        debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
-        if let Err(e) = channel.send(&job.frame, job.body_file.as_ref()).await {
-            lobby.seating.return_unstarted(job);
-            return Gone::Lost(format!("could not send a request: {e}"));
-        }
-        served += 1;
-        if let Err(reason) = relay_response(&lobby, pid, &mut channel, &job).await {
+        if let Err(reason) = relay_response(lobby, pid, channel, offer, &job).await {
+            if let Some(offered) = offer.recall() {
+                lobby.seating.return_unstarted(offered);
+            } else if let Some(offered) = offer.take_accepted() {
+                fail(&offered, false, 502, "the worker exited while handling this request");
+            }
             return Gone::Lost(reason);
+        }
+    }
+}
+
+/// Offers the oldest queued job to this (busy) worker, if there is one. Returns whether it
+/// did.
+fn offer_next(lobby: &Lobby, offer: &Offer) -> bool {
+    let Some(next) = lobby.seating.take_queued() else {
+        return false;
+    };
+    next.state.set(JobState::Seated);
+    match offer.make(next) {
+        Ok(()) => true,
+        Err(next) => {
+            lobby.seating.return_unstarted(next);
+            false
         }
     }
 }
@@ -227,7 +276,13 @@ async fn idle_loss(channel: &mut Channel) -> String {
 /// Reads the worker's answer to `job` and hands it to the job's connection. If the client
 /// goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the answer.
 /// Errors mean the worker is lost; the job has been answered (502/504) or cut.
-async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Job) -> Result<(), String> {
+async fn relay_response(
+    lobby: &Lobby,
+    pid: i32,
+    channel: &mut Channel,
+    offer: &Offer,
+    job: &Job,
+) -> Result<(), String> {
     enum Next {
         Frame(io::Result<Option<Frame>>),
         TimedOut,
@@ -253,6 +308,15 @@ async fn relay_response(lobby: &Lobby, pid: i32, channel: &mut Channel, job: &Jo
             Next::Frame(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
             Next::ClientGone => {
                 cancelled = true;
+                // A CANCEL must not reach the worker after it has moved on to the offered
+                // request: it would stop that one. Either the offer comes back, and the worker
+                // has nothing after this response, or the worker has it and is past this one.
+                if !offer.is_empty() {
+                    match offer.recall() {
+                        Some(offered) => lobby.seating.return_unstarted(offered),
+                        None => continue,
+                    }
+                }
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
                 let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
                 if let Err(e) = channel.send(&cancel, None).await {

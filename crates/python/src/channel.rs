@@ -11,7 +11,7 @@ use std::io::{self, IoSlice};
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use maitred_wire::{FileRange, FrameHeader, Kind, Request, WireError, FLAG_END, FLAG_FD, HEADER_LEN};
+use maitred_wire::{FileRange, FrameHeader, Kind, Request, WireError, FLAG_END, FLAG_FD, HEADER_LEN, OFFER_MAX};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -217,6 +217,10 @@ pub struct WorkerChannel {
     inbox_start: usize,
     /// Received descriptors not yet given to a frame, oldest first.
     fds: VecDeque<OwnedFd>,
+    /// The worker's ends of its two offer sockets, once the lobby has sent them, and which
+    /// of the two the next offer comes on (they alternate).
+    offers: Vec<OwnedFd>,
+    offer_turn: usize,
     /// Where frame heads are encoded.
     out: Vec<u8>,
     response: Response,
@@ -284,30 +288,117 @@ impl WorkerChannel {
         }
     }
 
-    /// Reads until the buffer holds a whole frame; None at end-of-file between frames.
-    fn read_frame(&mut self, py: Python<'_>) -> PyResult<Option<FrameAt>> {
+    /// The next `REQUEST`: one on the channel first, then one offered on the offer socket,
+    /// then whichever of the two comes first (docs/PROTOCOL.md, section 3). None when the
+    /// lobby closed the channel.
+    fn next_request(&mut self, py: Python<'_>) -> PyResult<Option<FrameAt>> {
+        // The first look does not wait: under load the next request is usually there already.
+        let mut wait = false;
         loop {
             let available = self.inbox.len() - self.inbox_start;
             let mut missing = HEADER_LEN.saturating_sub(available);
             if let Some(header) = self.buffered_header()? {
                 let len = HEADER_LEN + header.len as usize;
                 if available >= len {
-                    let start = self.inbox_start;
-                    return Ok(Some(FrameAt { header, start, end: start + len }));
+                    let frame = FrameAt { header, start: self.inbox_start, end: self.inbox_start + len };
+                    match header.kind {
+                        // It crossed the end of the response it was about, which had nothing
+                        // left to stop.
+                        Kind::Cancel => check_cancel_frame(&header)?,
+                        Kind::Offers => self.take_offer_socket(&header)?,
+                        _ => return Ok(Some(frame)),
+                    }
+                    self.consume_through(frame.end);
+                    continue;
                 }
                 missing = len - available;
             }
-            self.compact();
-            self.inbox.reserve(missing.max(READ_SIZE));
-            let fd = self.link.fd.as_raw_fd();
-            let (inbox, fds) = (&mut self.inbox, &mut self.fds);
-            match py.detach(|| sys::recv_when_readable(fd, inbox, fds)) {
-                Ok(0) if self.inbox.is_empty() => return Ok(None),
-                Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
-                Ok(_) => {}
-                Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
-                Err(error) => return Err(recv_error(error)),
+            // An offer is a whole frame, never the rest of one already begun on the channel.
+            let between_frames = available == 0;
+            let channel = self.link.fd.as_raw_fd();
+            let offers = self.offers.get(self.offer_turn).filter(|_| between_frames).map(|fd| fd.as_raw_fd());
+            let (channel_ready, offer_ready) = match py.detach(|| sys::wait_readable(channel, offers, wait)) {
+                Ok(ready) => ready,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {
+                    py.check_signals()?;
+                    continue;
+                }
+                Err(error) => return Err(socket_error("waiting for a request failed", error)),
+            };
+            wait = true;
+            // The channel before the offer socket: the lobby offers a request only after
+            // sending the one before it, so when both are readable the channel's comes first.
+            if channel_ready {
+                self.compact();
+                self.inbox.reserve(missing.max(READ_SIZE));
+                match sys::recv_into(channel, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+                    Ok(0) if self.inbox.is_empty() => return Ok(None),
+                    Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
+                    Ok(_) => {}
+                    Err(RecvError::Os(error))
+                        if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
+                    {
+                        py.check_signals()?
+                    }
+                    Err(error) => return Err(recv_error(error)),
+                }
+            } else if offer_ready {
+                if let Some(frame) = self.receive_offer()? {
+                    return Ok(Some(frame));
+                }
             }
+        }
+    }
+
+    /// Each of the two `OFFERS` frames hands over the worker's end of an offer socket.
+    fn take_offer_socket(&mut self, header: &FrameHeader) -> PyResult<()> {
+        let fd = match (header.has_fd(), header.len, self.offers.len()) {
+            (true, 0, 0 | 1) => self.fds.pop_front(),
+            _ => None,
+        };
+        let fd = fd.ok_or_else(|| {
+            ChannelError::new_err(
+                "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others",
+            )
+        })?;
+        self.offers.push(fd);
+        Ok(())
+    }
+
+    /// A `REQUEST` offered on the offer socket, if one is waiting; it lands in the (empty)
+    /// receive buffer like one read from the channel.
+    fn receive_offer(&mut self) -> PyResult<Option<FrameAt>> {
+        let Some(offers) = self.offers.get(self.offer_turn) else {
+            return Ok(None);
+        };
+        let fd = offers.as_raw_fd();
+        self.compact();
+        self.inbox.reserve(OFFER_MAX);
+        let start = self.inbox.len();
+        match sys::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+            // The lobby let go of this worker's offers: it is retiring it or shutting down.
+            Ok(0) => {
+                self.offers.clear();
+                Ok(None)
+            }
+            Ok(n) => {
+                let header = self.buffered_header()?.filter(|header| HEADER_LEN + header.len as usize == n);
+                match header {
+                    Some(header) if header.kind == Kind::Request => {
+                        self.offer_turn = 1 - self.offer_turn;
+                        Ok(Some(FrameAt { header, start, end: start + n }))
+                    }
+                    _ => Err(ChannelError::new_err(format!(
+                        "the lobby offered {n} bytes that are not one whole REQUEST frame"
+                    ))),
+                }
+            }
+            Err(RecvError::Os(error))
+                if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(recv_error(error)),
         }
     }
 
@@ -522,6 +613,8 @@ impl WorkerChannel {
             inbox: Vec::new(),
             inbox_start: 0,
             fds: VecDeque::new(),
+            offers: Vec::new(),
+            offer_turn: 0,
             out: Vec::new(),
             response: Response::new(),
             generation: 0,
@@ -554,16 +647,8 @@ impl WorkerChannel {
             return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
         }
         this.release_body(py);
-        let frame = loop {
-            let Some(frame) = this.read_frame(py)? else {
-                return Ok(None);
-            };
-            if frame.header.kind != Kind::Cancel {
-                break frame;
-            }
-            // It crossed the end of the response it was about, which had nothing left to stop.
-            check_cancel_frame(&frame.header)?;
-            this.consume_through(frame.end);
+        let Some(frame) = this.next_request(py)? else {
+            return Ok(None);
         };
         let environ = this.take_request(py, frame)?;
         this.generation += 1;

@@ -23,24 +23,23 @@ pub fn recv_into(
     Ok(n)
 }
 
-/// Waits for input and reads it: `recv_into` that blocks in poll(2), not in recvmsg(2).
-///
-/// A thread blocked in recvmsg on a Unix socket sleeps on the socket's one wait queue, where
-/// the peer reading what this side sent earlier wakes it too (room to write again), for
-/// nothing: once per request, as the lobby reads each response while the worker waits for
-/// the next request. poll(2) waits for readable data only (docs/PERFORMANCE.md).
-pub fn recv_when_readable(fd: RawFd, buf: &mut Vec<u8>, fds: &mut VecDeque<OwnedFd>) -> Result<usize, RecvError> {
-    loop {
-        match recv_into(fd, buf, fds, libc::MSG_DONTWAIT) {
-            Err(RecvError::Os(error)) if error.kind() == io::ErrorKind::WouldBlock => {}
-            other => return other,
-        }
-        let mut polled = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: `polled` is one live pollfd.
-        if unsafe { libc::poll(&mut polled, 1, -1) } < 0 {
-            return Err(RecvError::Os(io::Error::last_os_error()));
-        }
+/// Waits until `channel`, or `offers` when given, has input (or has been closed), and says
+/// which of the two; with `wait` false, only looks. The worker waits in poll(2), not in recvmsg(2): a thread blocked in
+/// recvmsg on a Unix socket sleeps on the socket's one wait queue, where the peer reading what
+/// this side sent earlier wakes it too (room to write again), for nothing: once per request,
+/// as the lobby reads each response while the worker waits for the next request
+/// (docs/PERFORMANCE.md).
+pub fn wait_readable(channel: RawFd, offers: Option<RawFd>, wait: bool) -> io::Result<(bool, bool)> {
+    // poll(2) skips an entry whose descriptor is negative.
+    let mut polled = [
+        libc::pollfd { fd: channel, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: offers.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: `polled` is an array of two live pollfds.
+    if unsafe { libc::poll(polled.as_mut_ptr(), 2, if wait { -1 } else { 0 }) } < 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok((polled[0].revents != 0, polled[1].revents != 0))
 }
 
 /// One `pread` into `buf` at `offset`; `Ok(0)` is end-of-file.

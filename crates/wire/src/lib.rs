@@ -8,6 +8,10 @@ use std::fmt;
 /// Every frame starts with this many bytes of header.
 pub const HEADER_LEN: usize = 8;
 
+/// The largest `REQUEST` frame, header included, that the lobby offers ahead: an offer is one
+/// datagram on the offer socket (docs/PROTOCOL.md, section 3), which must fit its send buffer.
+pub const OFFER_MAX: usize = 64 * 1024;
+
 /// Flag: this frame is the last of a response.
 pub const FLAG_END: u8 = 1;
 /// Flag: one file descriptor travels with this frame.
@@ -25,6 +29,7 @@ pub enum Kind {
     ResponseAbort = 6,
     Request = 16,
     Cancel = 17,
+    Offers = 18,
 }
 
 impl Kind {
@@ -38,6 +43,7 @@ impl Kind {
             6 => Kind::ResponseAbort,
             16 => Kind::Request,
             17 => Kind::Cancel,
+            18 => Kind::Offers,
             _ => return None,
         })
     }
