@@ -49,6 +49,9 @@ impl std::fmt::Display for StartupError {
 /// Descriptors kept back from `--max-connections`' default for listeners, workers, logs and
 /// spilled bodies.
 const RESERVED_FDS: u64 = 64;
+/// Descriptors the lobby holds for each worker: its channel, both ends of its two offer
+/// sockets, and a file it may be passing.
+const FDS_PER_WORKER: u64 = 6;
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.
@@ -223,7 +226,7 @@ fn default_max_connections(workers: usize) -> usize {
             }
         }
     }
-    let reserved = RESERVED_FDS + 2 * workers as u64;
+    let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
     (limit.rlim_cur as u64).saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
 }
 
