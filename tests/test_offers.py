@@ -11,11 +11,13 @@ of the first worker to finish, and one more, which is offered to that same worke
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
 
 from client import Reply, get
+from conftest import HOST
 
 APPS = Path(__file__).resolve().parent / "apps"
 
@@ -84,3 +86,46 @@ def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_se
     refused = [line for line in server.stderr().splitlines() if "502" in line]
     assert refused and not any("/pid" in line for line in refused), refused
     assert server.process.poll() is None
+
+
+def test_a_client_leaving_while_its_worker_holds_an_offer_loses_nobody_else_their_answer(maitred_server):
+    server = maitred_server("-w", "1", "drip:app", cwd=APPS)
+    started = time.monotonic()
+    busy = send(server.port, "/drip?seconds=0.5", started)
+    time.sleep(0.1)
+    leaving = socket.create_connection((HOST, server.port), timeout=10)
+    leaving.sendall(b"GET /drip?seconds=5 HTTP/1.1\r\nHost: test\r\n\r\n")
+    time.sleep(0.1)
+    offered = send(server.port, "/pid", started)
+    # The worker takes the long drip when the first ends, and is offered /pid with it.
+    assert leaving.recv(1024).startswith(b"HTTP/1.1 200 OK")
+    leaving.close()
+    offered.join(30)
+    busy.join(30)
+
+    assert busy.reply is not None and busy.reply.status == 200
+    # The lobby took the offer back before telling the worker to stop the drip, so the stop
+    # reached the drip and /pid was answered, long before the drip would have ended.
+    assert offered.reply is not None and offered.reply.status == 200, offered.error
+    assert offered.finished_after < 3.0, f"/pid waited {offered.finished_after:.1f} s"
+    assert "client went away during GET /drip?seconds=5 HTTP/1.1; response abandoned" in server.stderr()
+    assert server.process.poll() is None
+
+
+def test_queue_timeout_withdraws_a_request_offered_to_a_busy_worker(maitred_server):
+    server = maitred_server("-w", "1", "--queue-timeout", "1", "drip:app", cwd=APPS)
+    started = time.monotonic()
+    first = send(server.port, "/drip?seconds=0.3", started)
+    time.sleep(0.1)
+    slow = send(server.port, "/drip?seconds=3", started)
+    time.sleep(0.1)
+    offered = send(server.port, "/pid", started)
+    for request in (first, slow, offered):
+        request.join(30)
+
+    assert [r.reply.status if r.reply else r.error for r in (first, slow)] == [200, 200]
+    # /pid was offered to the worker with the slow drip; at --queue-timeout it was still
+    # waiting, so the lobby took it back and answered 503 instead of letting it run late.
+    assert offered.reply is not None and offered.reply.status == 503, offered.error or offered.reply
+    assert 1.0 <= offered.finished_after < 2.0, f"503 after {offered.finished_after:.1f} s"
+    assert b"--queue-timeout" in offered.reply.body

@@ -459,7 +459,8 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// The next part of the answer. Before the first part, a request still waiting for a
-    /// worker after `--queue-timeout` is withdrawn and answered 503.
+    /// worker after `--queue-timeout` (in the queue, or offered to a busy worker that has not
+    /// taken it) is withdrawn and answered 503.
     async fn next_part(
         &mut self,
         responses: &mut mpsc::UnboundedReceiver<ResponsePart>,
@@ -472,10 +473,17 @@ impl<S: ClientStream> Connection<S> {
         tokio::select! {
             part = responses.recv() => part,
             _ = sleep_until((enqueued_at + limit).into()) => {
-                if state.get() != JobState::Queued {
+                let withdrawn = match state.get() {
+                    JobState::Queued => {
+                        state.set(JobState::Cancelled);
+                        true
+                    }
+                    JobState::Offered => self.lobby.seating.withdraw_offer(state),
+                    JobState::Seated | JobState::Cancelled => false,
+                };
+                if !withdrawn {
                     return responses.recv().await;
                 }
-                state.set(JobState::Cancelled);
                 Some(ResponsePart::Refused {
                     status: 503,
                     detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
 use std::time::Instant;
 
 use maitred_wire::OFFER_MAX;
@@ -82,6 +83,11 @@ impl Offer {
         self.job.borrow().is_none()
     }
 
+    /// Whether the offered request is the one whose state is `state`.
+    pub fn holds(&self, state: &Rc<Cell<JobState>>) -> bool {
+        self.job.borrow().as_ref().is_some_and(|job| Rc::ptr_eq(&job.state, state))
+    }
+
     /// When the offered request, if any, was queued: the oldest is recalled first.
     pub fn enqueued_at(&self) -> Option<Instant> {
         self.job.borrow().as_ref().map(|job| job.enqueued_at)
@@ -101,6 +107,7 @@ impl Offer {
         };
         match sent {
             Ok(n) if n == job.frame.len() => {
+                job.state.set(JobState::Offered);
                 *self.job.borrow_mut() = Some(job);
                 Ok(())
             }
@@ -133,6 +140,7 @@ impl Offer {
     /// the worker is taking it (or has), and it can no longer be recalled.
     pub fn take_accepted(&self) -> Option<Job> {
         let job = self.job.borrow_mut().take()?;
+        job.state.set(JobState::Seated);
         self.turn.set(1 - self.turn.get());
         Some(job)
     }
@@ -162,7 +170,8 @@ mod tests {
         assert!(offer.make(a).is_ok());
         assert!(!offer.is_empty());
         assert_eq!(worker_receives(&offer, 0).unwrap(), b"GET /a");
-        assert_eq!(offer.take_accepted().unwrap().frame, b"GET /a");
+        let accepted = offer.take_accepted().unwrap();
+        assert_eq!((accepted.frame.as_slice(), accepted.state.get()), (&b"GET /a"[..], JobState::Seated));
     }
 
     #[test]

@@ -21,6 +21,8 @@ use crate::offer::Offer;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobState {
     Queued,
+    /// Sent ahead to a busy worker (`offer.rs`); still the queue's until that worker takes it.
+    Offered,
     Seated,
     /// The connection gave up waiting (`--queue-timeout`); a worker skips it.
     Cancelled,
@@ -158,6 +160,22 @@ impl Seating {
         Some(job)
     }
 
+    /// Takes back the offer of the job whose state is `state`, unless its worker has taken
+    /// it; the job is dropped, cancelled. Returns whether it came back.
+    pub fn withdraw_offer(&self, state: &Rc<Cell<JobState>>) -> bool {
+        let offers = self.offers.borrow();
+        let Some(offer) = offers.iter().find(|offer| offer.holds(state)) else {
+            return false;
+        };
+        match offer.recall() {
+            Some(job) => {
+                job.state.set(JobState::Cancelled);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn add_offer(&self, offer: Rc<Offer>) {
         self.offers.borrow_mut().push(offer);
     }
@@ -260,6 +278,27 @@ pub(crate) mod tests {
         assert_eq!(take_now(&seating).frame, b"a");
         assert_eq!(take_now(&seating).frame, b"b");
         assert!(matches!(seating.next(), Next::Later(_)));
+    }
+
+    #[test]
+    fn a_connection_withdraws_its_offer_unless_the_worker_took_it() {
+        let seating = Seating::default();
+        let offer = Rc::new(Offer::new().unwrap());
+        seating.add_offer(offer.clone());
+        let (a, _ra) = job("a");
+        let state = a.state.clone();
+        offer.make(a).map_err(|_| ()).unwrap();
+        assert_eq!(state.get(), JobState::Offered);
+        assert!(seating.withdraw_offer(&state));
+        assert_eq!(state.get(), JobState::Cancelled);
+        assert!(offer.is_empty());
+
+        let (b, _rb) = job("b");
+        let state = b.state.clone();
+        offer.make(b).map_err(|_| ()).unwrap();
+        offer.take_accepted().unwrap();
+        assert!(!seating.withdraw_offer(&state));
+        assert_eq!(state.get(), JobState::Seated);
     }
 
     #[test]

@@ -195,7 +195,10 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer
     loop {
         let job = match offer.take_accepted() {
             // The worker takes it from its offer socket now that it has finished the last one.
-            Some(job) => job,
+            Some(job) => {
+                served += 1;
+                job
+            }
             None => {
                 if retire_after.is_some_and(|limit| served >= limit) {
                     return Gone::Retired;
@@ -234,8 +237,9 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer
                 job
             }
         };
-        if !retire_after.is_some_and(|limit| served >= limit) && offer_next(lobby, offer) {
-            served += 1;
+        // The worker is retired after `served` requests: none is offered past the last.
+        if !retire_after.is_some_and(|limit| served >= limit) {
+            offer_next(lobby, offer);
         }
         if let Err(reason) = relay_response(lobby, pid, channel, offer, &job).await {
             if let Some(offered) = offer.recall() {
@@ -248,18 +252,11 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer
     }
 }
 
-/// Offers the oldest queued job to this (busy) worker, if there is one. Returns whether it
-/// did.
-fn offer_next(lobby: &Lobby, offer: &Offer) -> bool {
-    let Some(next) = lobby.seating.take_queued() else {
-        return false;
-    };
-    next.state.set(JobState::Seated);
-    match offer.make(next) {
-        Ok(()) => true,
-        Err(next) => {
+/// Offers the oldest queued job to this (busy) worker, if there is one.
+fn offer_next(lobby: &Lobby, offer: &Offer) {
+    if let Some(next) = lobby.seating.take_queued() {
+        if let Err(next) = offer.make(next) {
             lobby.seating.return_unstarted(next);
-            false
         }
     }
 }
