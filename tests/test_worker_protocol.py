@@ -1175,10 +1175,13 @@ def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[.
 # --- Offers (docs/PROTOCOL.md, section 3) ----------------------------------------------------
 
 
+OFFER_SOCKETS = 3
+
+
 def give_offer_sockets(worker: Worker) -> list[tuple[socket.socket, socket.socket]]:
-    """Sends the worker its two offer sockets; returns (lobby's end, copy of the worker's end)
-    of each, in turn order."""
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(2)]
+    """Sends the worker its offer sockets, as the lobby does; returns (lobby's end, copy of the
+    worker's end) of each, in turn order."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(OFFER_SOCKETS)]
     for lobby_end, worker_end in pairs:
         worker.send(frame(OFFERS, FD, b""), worker_end.fileno())
         worker_end.setblocking(False)
@@ -1193,16 +1196,23 @@ def test_an_offer_is_taken_once_the_current_request_is_answered(start_worker: Ca
         worker.send(request_frame(target=f"/whole-after-wait?{go}"))
         lobby_end.send(request_frame(target="/list"))
         go.touch()
-        # Both answers, in order, with no other word from the lobby; the turn alternates.
+        # Both answers, in order, with no other word from the lobby; the sockets take turns.
         assert worker.read_response().body == b"whole"
         assert worker.read_response().body == b"hello"
+    # Offers on consecutive sockets while the worker is busy: taken one after the other.
+    go = tmp_path / "go-last"
+    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
+    offers[0][0].send(request_frame(target="/list-many"))
+    offers[1][0].send(request_frame(target="/generator"))
+    go.touch()
+    assert [worker.read_response().body for _ in range(3)] == [b"whole", b"abcdef", b"onetwo"]
     assert worker.close_and_wait() == 0
     assert worker.stderr() == ""
 
 
 def test_a_request_on_the_channel_comes_before_an_offer(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
-    (lobby_end, _), _ = give_offer_sockets(worker)
+    (lobby_end, _), *_ = give_offer_sockets(worker)
     go = tmp_path / "go"
     worker.send(request_frame(target=f"/whole-after-wait?{go}"))
     worker.send(request_frame(target="/list-many"))
@@ -1214,7 +1224,7 @@ def test_a_request_on_the_channel_comes_before_an_offer(start_worker: Callable[.
 
 def test_an_offer_the_lobby_took_back_is_never_served(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
-    (lobby_end, worker_end), _ = give_offer_sockets(worker)
+    (lobby_end, worker_end), *_ = give_offer_sockets(worker)
     go = tmp_path / "go"
     worker.send(request_frame(target=f"/whole-after-wait?{go}"))
     lobby_end.send(request_frame(target="/list"))
@@ -1241,8 +1251,8 @@ def test_closed_offer_sockets_leave_the_channel_working(start_worker: Callable[.
 @pytest.mark.parametrize(
     "offers, message",
     [
-        (frame(OFFERS, 0, b""), "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others"),
-        (frame(OFFERS, FD, b"x"), "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others"),
+        (frame(OFFERS, 0, b""), "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8"),
+        (frame(OFFERS, FD, b"x"), "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8"),
     ],
 )
 def test_a_bad_offers_frame_breaks_the_channel(start_worker: Callable[..., Worker], offers: bytes, message: str) -> None:
@@ -1256,7 +1266,7 @@ def test_a_bad_offers_frame_breaks_the_channel(start_worker: Callable[..., Worke
 
 def test_an_offer_that_is_not_one_request_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
-    (lobby_end, _), _ = give_offer_sockets(worker)
+    (lobby_end, _), *_ = give_offer_sockets(worker)
     lobby_end.send(cancel_frame())
     assert worker.process.wait(timeout=TIMEOUT) == 1
     assert "the lobby offered 8 bytes that are not one whole REQUEST frame" in worker.stderr()

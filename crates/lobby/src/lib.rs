@@ -49,9 +49,9 @@ impl std::fmt::Display for StartupError {
 /// Descriptors kept back from `--max-connections`' default for listeners, workers, logs and
 /// spilled bodies.
 const RESERVED_FDS: u64 = 64;
-/// Descriptors the lobby holds for each worker: its channel, both ends of its two offer
-/// sockets, and a file it may be passing.
-const FDS_PER_WORKER: u64 = 6;
+/// Descriptors the lobby holds for each worker: its channel, both ends of each offer socket,
+/// and a file it may be passing.
+const FDS_PER_WORKER: u64 = 2 + 2 * offer::SOCKETS as u64;
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.

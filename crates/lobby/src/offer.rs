@@ -2,12 +2,12 @@
 //!
 //! A worker that finishes a request while others wait would otherwise sleep until the lobby has
 //! read its answer and sent it the next one: two wake-ups across CPUs per request, with the
-//! worker idle in between. Instead, when a worker takes a request while the queue is not
-//! empty, the next queued request is offered to it at once, as one datagram on a socket of
-//! its own. The worker takes the offer when it finishes; if another worker goes idle first,
-//! the lobby takes the offer back and seats it there, so a request never waits behind a slow
-//! one while a worker is free. Both sides receive from the same socket, so the kernel decides
-//! who gets the datagram: exactly one of them does.
+//! worker idle in between. Instead, while the queue is not empty, a busy worker is offered the
+//! next queued requests at once, each as one datagram on a socket of its own. The worker takes
+//! an offer when it finishes; if another worker goes idle first, the lobby takes the offers
+//! back and seats them there, so a request never waits behind a slow one while a worker is
+//! free. Both sides receive from the same socket, so the kernel decides who gets a datagram:
+//! exactly one of them does.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -21,18 +21,28 @@ use maitred_wire::OFFER_MAX;
 
 use crate::seating::{Job, JobState};
 
-/// One worker's pair of offer sockets, and the request offered, if any.
+/// How many requests a busy worker may hold offered. One would do if the lobby always read a
+/// worker's answer before the worker had finished the request after it; under load it often
+/// has not, and a second keeps the worker from sleeping meanwhile.
+pub const DEPTH: usize = 2;
+
+/// Offer sockets per worker: one per offer it may hold, and one more for an offer the lobby
+/// counts as accepted (the worker has finished the request before it) that the worker has
+/// not received yet.
+pub const SOCKETS: usize = DEPTH + 1;
+
+/// One worker's offer sockets, and the requests offered on them, oldest first.
 ///
-/// Offers alternate between the two sockets. The worker may not yet have received an offer the
-/// lobby counts as accepted (the worker has finished the request before it) when the lobby
-/// offers the next one; on a socket of its own, that next one is the only datagram there, so a
-/// recall takes exactly the offer it means.
-pub struct Offer {
-    sockets: [OfferSocket; 2],
-    /// Which socket the next offer goes to: they alternate with each accepted offer, as the
-    /// worker's reading does, so that a recalled offer does not move the turn.
+/// Offers go to the sockets in turn, and the worker reads them in the same turn. A socket
+/// never holds more than one datagram, so a recall takes exactly the offer it means; the
+/// lobby recalls newest first, so the offers left are always the next ones in the worker's
+/// turn.
+pub struct Offers {
+    sockets: Vec<OfferSocket>,
+    /// The socket of the oldest offer, or of the next one when there is none: it moves on with
+    /// each accepted offer, as the worker's reading does, and not with a recalled one.
     turn: Cell<usize>,
-    job: RefCell<Option<Job>>,
+    jobs: RefCell<VecDeque<Job>>,
 }
 
 struct OfferSocket {
@@ -64,43 +74,55 @@ impl OfferSocket {
     }
 }
 
-impl Offer {
+impl Offers {
     /// New, empty offer sockets. The worker's ends are `receivers()`, to be passed to it in
     /// this order.
-    pub fn new() -> io::Result<Offer> {
-        Ok(Offer {
-            sockets: [OfferSocket::new()?, OfferSocket::new()?],
+    pub fn new() -> io::Result<Offers> {
+        Ok(Offers {
+            sockets: (0..SOCKETS).map(|_| OfferSocket::new()).collect::<io::Result<_>>()?,
             turn: Cell::new(0),
-            job: RefCell::new(None),
+            jobs: RefCell::new(VecDeque::new()),
         })
     }
 
-    pub fn receivers(&self) -> [BorrowedFd<'_>; 2] {
-        [self.sockets[0].receiver.as_fd(), self.sockets[1].receiver.as_fd()]
+    pub fn receivers(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.sockets.iter().map(|socket| socket.receiver.as_fd())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.job.borrow().is_none()
+        self.jobs.borrow().is_empty()
     }
 
-    /// Whether the offered request is the one whose state is `state`.
+    pub fn is_full(&self) -> bool {
+        self.jobs.borrow().len() >= DEPTH
+    }
+
+    pub fn len(&self) -> usize {
+        self.jobs.borrow().len()
+    }
+
+    /// When the oldest offered request was queued: an idle worker takes back the oldest first.
+    pub fn oldest_enqueued_at(&self) -> Option<Instant> {
+        self.jobs.borrow().front().map(|job| job.enqueued_at)
+    }
+
+    /// Whether the request whose state is `state` is offered here.
     pub fn holds(&self, state: &Rc<Cell<JobState>>) -> bool {
-        self.job.borrow().as_ref().is_some_and(|job| Rc::ptr_eq(&job.state, state))
+        self.jobs.borrow().iter().any(|job| Rc::ptr_eq(&job.state, state))
     }
 
-    /// When the offered request, if any, was queued: the oldest is recalled first.
-    pub fn enqueued_at(&self) -> Option<Instant> {
-        self.job.borrow().as_ref().map(|job| job.enqueued_at)
+    fn socket(&self, position: usize) -> &OfferSocket {
+        &self.sockets[(self.turn.get() + position) % SOCKETS]
     }
 
-    /// Offers `job` to the worker; gives it back if it cannot be offered: one is already, or
-    /// it is too large for one datagram.
+    /// Offers `job` to the worker; gives it back if it cannot be offered: the worker holds
+    /// `DEPTH` offers already, or it is too large for one datagram.
     pub fn make(&self, job: Job) -> Result<(), Job> {
-        if job.frame.len() > OFFER_MAX || !self.is_empty() {
+        if job.frame.len() > OFFER_MAX || self.is_full() {
             return Err(job);
         }
         let bufs = [IoSlice::new(&job.frame)];
-        let fd = self.sockets[self.turn.get()].sender.as_raw_fd();
+        let fd = self.socket(self.len()).sender.as_raw_fd();
         let sent = match &job.body_file {
             Some(file) => maitred_fdpass::send_with_fd(fd, &bufs, file.as_raw_fd(), libc::MSG_DONTWAIT),
             None => maitred_fdpass::send(fd, &bufs, libc::MSG_DONTWAIT),
@@ -108,40 +130,45 @@ impl Offer {
         match sent {
             Ok(n) if n == job.frame.len() => {
                 job.state.set(JobState::Offered);
-                *self.job.borrow_mut() = Some(job);
+                self.jobs.borrow_mut().push_back(job);
                 Ok(())
             }
             _ => Err(job),
         }
     }
 
-    /// Takes the offer back, unless the worker has already received it. The job is queued
-    /// again, to be seated like any other.
-    pub fn recall(&self) -> Option<Job> {
-        if self.is_empty() {
-            return None;
-        }
-        // A one-byte buffer: the rest of the datagram is discarded with it, and a descriptor
-        // that came along is closed; the job still holds its own.
-        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-        let mut fds = VecDeque::new();
-        let receiver = self.sockets[self.turn.get()].receiver.as_raw_fd();
-        match maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT) {
-            Ok(n) if n > 0 => {
-                let job = self.job.borrow_mut().take()?;
-                job.state.set(JobState::Queued);
-                Some(job)
+    /// Takes offers back, newest first, until `last(job)` says so or the worker turns out to
+    /// have received the next one. Returns them oldest first, queued again.
+    pub fn recall_until(&self, last: impl Fn(&Job) -> bool) -> Vec<Job> {
+        let mut recalled = Vec::new();
+        while !self.is_empty() {
+            // A one-byte buffer: the rest of the datagram is discarded with it, and a
+            // descriptor that came along is closed; the job still holds its own.
+            let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+            let mut fds = VecDeque::new();
+            let receiver = self.socket(self.len() - 1).receiver.as_raw_fd();
+            match maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT) {
+                Ok(n) if n > 0 => {}
+                _ => break,
             }
-            _ => None,
+            let Some(job) = self.jobs.borrow_mut().pop_back() else { break };
+            job.state.set(JobState::Queued);
+            let done = last(&job);
+            recalled.push(job);
+            if done {
+                break;
+            }
         }
+        recalled.reverse();
+        recalled
     }
 
-    /// The offered job, once the worker has finished the request before it: from then on
-    /// the worker is taking it (or has), and it can no longer be recalled.
+    /// The oldest offered job, once the worker has finished the request before it: from
+    /// then on the worker is taking it (or has), and it can no longer be recalled.
     pub fn take_accepted(&self) -> Option<Job> {
-        let job = self.job.borrow_mut().take()?;
+        let job = self.jobs.borrow_mut().pop_front()?;
         job.state.set(JobState::Seated);
-        self.turn.set(1 - self.turn.get());
+        self.turn.set((self.turn.get() + 1) % SOCKETS);
         Some(job)
     }
 }
@@ -152,10 +179,10 @@ mod tests {
     use crate::seating::tests::job;
 
     /// What the worker receives on its socket `which`, if anything is there.
-    fn worker_receives(offer: &Offer, which: usize) -> Option<Vec<u8>> {
+    fn worker_receives(offers: &Offers, which: usize) -> Option<Vec<u8>> {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); OFFER_MAX];
         let mut fds = VecDeque::new();
-        let fd = offer.receivers()[which].as_raw_fd();
+        let fd = offers.receivers().nth(which).unwrap().as_raw_fd();
         match maitred_fdpass::recv_with_fds(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
             // SAFETY: the kernel wrote the first n bytes.
             Ok(n) => Some(buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect()),
@@ -163,66 +190,86 @@ mod tests {
         }
     }
 
+    fn offer(offers: &Offers, name: &str) {
+        let (job, _) = job(name);
+        offers.make(job).map_err(|_| ()).unwrap();
+    }
+
+    fn frames(jobs: &[Job]) -> Vec<&[u8]> {
+        jobs.iter().map(|job| job.frame.as_slice()).collect()
+    }
+
     #[test]
-    fn an_offer_reaches_the_worker_as_one_datagram() {
-        let offer = Offer::new().unwrap();
-        let (a, _ra) = job("GET /a");
-        assert!(offer.make(a).is_ok());
-        assert!(!offer.is_empty());
-        assert_eq!(worker_receives(&offer, 0).unwrap(), b"GET /a");
-        let accepted = offer.take_accepted().unwrap();
+    fn offers_reach_the_worker_as_one_datagram_each_in_turn() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        assert!(offers.is_full());
+        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
+        assert_eq!(worker_receives(&offers, 1).unwrap(), b"GET /b");
+        let accepted = offers.take_accepted().unwrap();
         assert_eq!((accepted.frame.as_slice(), accepted.state.get()), (&b"GET /a"[..], JobState::Seated));
+        offer(&offers, "GET /c");
+        assert_eq!(worker_receives(&offers, 2).unwrap(), b"GET /c");
     }
 
     #[test]
-    fn an_offer_not_yet_received_can_be_recalled_once() {
-        let offer = Offer::new().unwrap();
-        let (a, _ra) = job("GET /a");
-        offer.make(a).map_err(|_| ()).unwrap();
-        let recalled = offer.recall().unwrap();
-        assert_eq!(recalled.frame, b"GET /a");
-        assert_eq!(recalled.state.get(), JobState::Queued);
-        assert!(offer.recall().is_none());
-        assert!(worker_receives(&offer, 0).is_none(), "the worker must not get a recalled offer");
+    fn offers_not_yet_received_are_recalled_newest_first_and_returned_oldest_first() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        let recalled = offers.recall_until(|_| false);
+        assert_eq!(frames(&recalled), [b"GET /a", b"GET /b"]);
+        assert!(recalled.iter().all(|job| job.state.get() == JobState::Queued));
+        assert!(offers.is_empty());
+        assert!(worker_receives(&offers, 0).is_none(), "the worker must not get a recalled offer");
+        assert!(worker_receives(&offers, 1).is_none());
     }
 
     #[test]
-    fn an_offer_the_worker_received_cannot_be_recalled() {
-        let offer = Offer::new().unwrap();
-        let (a, _ra) = job("GET /a");
-        offer.make(a).map_err(|_| ()).unwrap();
-        worker_receives(&offer, 0).unwrap();
-        assert!(offer.recall().is_none());
-        assert!(offer.take_accepted().is_some());
+    fn a_recall_stops_at_an_offer_the_worker_received() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        worker_receives(&offers, 0).unwrap();
+        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b"]);
+        assert_eq!(offers.take_accepted().unwrap().frame, b"GET /a");
     }
 
     #[test]
-    fn one_offer_at_a_time_and_none_too_large() {
-        let offer = Offer::new().unwrap();
-        let (a, _ra) = job("GET /a");
-        let (b, _rb) = job("GET /b");
-        offer.make(a).map_err(|_| ()).unwrap();
-        assert_eq!(offer.make(b).unwrap_err().frame, b"GET /b");
-        offer.recall().unwrap();
+    fn a_recall_can_stop_at_a_given_offer() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        assert_eq!(frames(&offers.recall_until(|job| job.frame == b"GET /b")), [b"GET /b"]);
+        assert_eq!(offers.len(), 1);
+    }
+
+    #[test]
+    fn no_more_than_depth_offers_and_none_too_large() {
+        let offers = Offers::new().unwrap();
         let (big, _rbig) = job(&"x".repeat(OFFER_MAX + 1));
-        assert!(offer.make(big).is_err());
-        assert!(offer.is_empty());
+        assert!(offers.make(big).is_err());
+        for name in ["GET /a", "GET /b"] {
+            offer(&offers, name);
+        }
+        let (c, _rc) = job("GET /c");
+        assert_eq!(offers.make(c).unwrap_err().frame, b"GET /c");
     }
 
     #[test]
-    fn offers_alternate_sockets_so_a_recall_never_takes_one_accepted_before() {
-        let offer = Offer::new().unwrap();
-        let (a, _ra) = job("GET /a");
-        let (b, _rb) = job("GET /b");
-        let (c, _rc) = job("GET /c");
-        offer.make(a).map_err(|_| ()).unwrap();
-        offer.take_accepted().unwrap();
-        // The worker has not received /a yet when /b is offered, and /b is recalled.
-        offer.make(b).map_err(|_| ()).unwrap();
-        assert_eq!(offer.recall().unwrap().frame, b"GET /b");
-        // A recall does not move the turn: /c goes where the worker looks after /a.
-        offer.make(c).map_err(|_| ()).unwrap();
-        assert_eq!(worker_receives(&offer, 0).unwrap(), b"GET /a");
-        assert_eq!(worker_receives(&offer, 1).unwrap(), b"GET /c");
+    fn a_recall_never_takes_an_offer_accepted_but_not_yet_received() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        // The worker has finished the request before /a but not yet received /a.
+        offers.take_accepted().unwrap();
+        offer(&offers, "GET /c");
+        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b", b"GET /c"]);
+        // The turn did not move with the recall: the next offers go where the worker looks
+        // after /a.
+        offer(&offers, "GET /d");
+        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
+        assert_eq!(worker_receives(&offers, 1).unwrap(), b"GET /d");
     }
 }

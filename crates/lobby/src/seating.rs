@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::log::debug;
-use crate::offer::Offer;
+use crate::offer::Offers;
 
 /// Where a request is in its life, shared by its connection and the worker that takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub struct Seating {
     queue: RefCell<VecDeque<Job>>,
     idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
     /// Every worker's offer socket.
-    offers: RefCell<Vec<Rc<Offer>>>,
+    offers: RefCell<Vec<Rc<Offers>>>,
 }
 
 /// What a worker gets when it asks for work.
@@ -147,41 +147,57 @@ impl Seating {
         None
     }
 
+    /// Takes back the offers of the busy worker holding the oldest one; keeps the oldest and
+    /// queues the rest again, at the front.
     fn recall_oldest_offer(&self) -> Option<Job> {
-        let mut offers: Vec<(Instant, Rc<Offer>)> = Vec::new();
-        for offer in self.offers.borrow().iter() {
-            if let Some(enqueued_at) = offer.enqueued_at() {
-                offers.push((enqueued_at, offer.clone()));
+        let mut holders: Vec<(Instant, Rc<Offers>)> = Vec::new();
+        for offers in self.offers.borrow().iter() {
+            if let Some(enqueued_at) = offers.oldest_enqueued_at() {
+                holders.push((enqueued_at, offers.clone()));
             }
         }
-        offers.sort_by_key(|(enqueued_at, _)| *enqueued_at);
-        let job = offers.into_iter().find_map(|(_, offer)| offer.recall())?;
-        debug!("{} was offered to a busy worker; an idle one takes it back", job.summary);
-        Some(job)
+        holders.sort_by_key(|(enqueued_at, _)| *enqueued_at);
+        for (_, offers) in holders {
+            let mut recalled = offers.recall_until(|_| false);
+            if !recalled.is_empty() {
+                let oldest = recalled.remove(0);
+                self.requeue_front(recalled);
+                debug!("{} was offered to a busy worker; an idle one takes it back", oldest.summary);
+                return Some(oldest);
+            }
+        }
+        None
     }
 
     /// Takes back the offer of the job whose state is `state`, unless its worker has taken
     /// it; the job is dropped, cancelled. Returns whether it came back.
     pub fn withdraw_offer(&self, state: &Rc<Cell<JobState>>) -> bool {
-        let offers = self.offers.borrow();
-        let Some(offer) = offers.iter().find(|offer| offer.holds(state)) else {
+        let holder = self.offers.borrow().iter().find(|offers| offers.holds(state)).cloned();
+        let Some(offers) = holder else {
             return false;
         };
-        match offer.recall() {
-            Some(job) => {
-                job.state.set(JobState::Cancelled);
-                true
-            }
-            None => false,
+        let (withdrawn, others): (Vec<Job>, Vec<Job>) =
+            offers.recall_until(|job| Rc::ptr_eq(&job.state, state)).into_iter().partition(|job| Rc::ptr_eq(&job.state, state));
+        self.requeue_front(others);
+        for job in &withdrawn {
+            job.state.set(JobState::Cancelled);
+        }
+        !withdrawn.is_empty()
+    }
+
+    /// Puts recalled jobs back at the front of the queue, oldest first.
+    pub fn requeue_front(&self, jobs: Vec<Job>) {
+        for job in jobs.into_iter().rev() {
+            self.return_unstarted(job);
         }
     }
 
-    pub fn add_offer(&self, offer: Rc<Offer>) {
-        self.offers.borrow_mut().push(offer);
+    pub fn add_offers(&self, offers: Rc<Offers>) {
+        self.offers.borrow_mut().push(offers);
     }
 
-    pub fn remove_offer(&self, offer: &Rc<Offer>) {
-        self.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, offer));
+    pub fn remove_offers(&self, offers: &Rc<Offers>) {
+        self.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, offers));
     }
 
     /// Requests waiting for a worker (cancelled ones not yet swept included).
@@ -264,54 +280,65 @@ pub(crate) mod tests {
         assert_eq!(take_now(&seating).frame, b"b");
     }
 
+    fn offers_of(seating: &Seating) -> Rc<Offers> {
+        let offers = Rc::new(Offers::new().unwrap());
+        seating.add_offers(offers.clone());
+        offers
+    }
+
     #[test]
-    fn an_idle_worker_takes_back_the_oldest_offer_not_yet_received() {
+    fn an_idle_worker_takes_back_the_oldest_offer_and_queues_the_rest_in_order() {
         let seating = Seating::default();
-        let (older, newer) = (Rc::new(Offer::new().unwrap()), Rc::new(Offer::new().unwrap()));
-        seating.add_offer(newer.clone());
-        seating.add_offer(older.clone());
+        let newer = offers_of(&seating);
+        let older = offers_of(&seating);
         let (a, _ra) = job("a");
         std::thread::sleep(std::time::Duration::from_millis(1));
         let (b, _rb) = job("b");
+        let (c, _rc) = job("c");
         older.make(a).map_err(|_| ()).unwrap();
-        newer.make(b).map_err(|_| ()).unwrap();
+        older.make(b).map_err(|_| ()).unwrap();
+        newer.make(c).map_err(|_| ()).unwrap();
         assert_eq!(take_now(&seating).frame, b"a");
+        assert!(older.is_empty());
         assert_eq!(take_now(&seating).frame, b"b");
+        assert_eq!(take_now(&seating).frame, b"c");
         assert!(matches!(seating.next(), Next::Later(_)));
     }
 
     #[test]
     fn a_connection_withdraws_its_offer_unless_the_worker_took_it() {
         let seating = Seating::default();
-        let offer = Rc::new(Offer::new().unwrap());
-        seating.add_offer(offer.clone());
+        let offers = offers_of(&seating);
         let (a, _ra) = job("a");
-        let state = a.state.clone();
-        offer.make(a).map_err(|_| ()).unwrap();
-        assert_eq!(state.get(), JobState::Offered);
-        assert!(seating.withdraw_offer(&state));
-        assert_eq!(state.get(), JobState::Cancelled);
-        assert!(offer.is_empty());
-
         let (b, _rb) = job("b");
-        let state = b.state.clone();
-        offer.make(b).map_err(|_| ()).unwrap();
-        offer.take_accepted().unwrap();
-        assert!(!seating.withdraw_offer(&state));
-        assert_eq!(state.get(), JobState::Seated);
+        let (state_a, state_b) = (a.state.clone(), b.state.clone());
+        offers.make(a).map_err(|_| ()).unwrap();
+        offers.make(b).map_err(|_| ()).unwrap();
+        assert_eq!(state_a.get(), JobState::Offered);
+        // Withdrawing the older takes the newer back on the way: it is queued again.
+        assert!(seating.withdraw_offer(&state_a));
+        assert_eq!((state_a.get(), state_b.get()), (JobState::Cancelled, JobState::Queued));
+        assert!(offers.is_empty());
+        assert_eq!(take_now(&seating).frame, b"b");
+
+        let (c, _rc) = job("c");
+        let state_c = c.state.clone();
+        offers.make(c).map_err(|_| ()).unwrap();
+        offers.take_accepted().unwrap();
+        assert!(!seating.withdraw_offer(&state_c));
+        assert_eq!(state_c.get(), JobState::Seated);
     }
 
     #[test]
     fn queued_jobs_come_before_offers() {
         let seating = Seating::default();
-        let offer = Rc::new(Offer::new().unwrap());
-        seating.add_offer(offer.clone());
+        let offers = offers_of(&seating);
         let (a, _ra) = job("a");
         let (b, _rb) = job("b");
-        offer.make(a).map_err(|_| ()).unwrap();
+        offers.make(a).map_err(|_| ()).unwrap();
         seating.submit(b);
         assert_eq!(take_now(&seating).frame, b"b");
-        assert!(!offer.is_empty());
+        assert!(!offers.is_empty());
     }
 
     #[test]

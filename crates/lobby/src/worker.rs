@@ -13,7 +13,7 @@ use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, FLAG_FD, HEADER_L
 use tokio::io::unix::AsyncFd;
 
 use crate::log::{debug, error, warning};
-use crate::offer::Offer;
+use crate::offer::Offers;
 use crate::seating::{Job, JobState, Next, ResponsePart};
 use crate::Lobby;
 
@@ -174,26 +174,26 @@ pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
 
 /// Seats jobs at this worker until it goes away or is retired.
 pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, retire_after: Option<u64>) -> Gone {
-    let offer = match Offer::new() {
-        Ok(offer) => Rc::new(offer),
-        Err(e) => return Gone::Lost(format!("could not make its offer socket: {e}")),
+    let offers = match Offers::new() {
+        Ok(offers) => Rc::new(offers),
+        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
     };
-    let offers = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
-    for receiver in offer.receivers() {
-        if let Err(e) = channel.send(&offers, Some(receiver)).await {
+    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
+    for receiver in offers.receivers() {
+        if let Err(e) = channel.send(&frame, Some(receiver)).await {
             return Gone::Lost(format!("could not send its offer sockets: {e}"));
         }
     }
-    lobby.seating.add_offer(offer.clone());
-    let gone = seat_jobs(&lobby, pid, &mut channel, &offer, retire_after).await;
-    lobby.seating.remove_offer(&offer);
+    lobby.seating.add_offers(offers.clone());
+    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, retire_after).await;
+    lobby.seating.remove_offers(&offers);
     gone
 }
 
-async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer, retire_after: Option<u64>) -> Gone {
+async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offers: &Offers, retire_after: Option<u64>) -> Gone {
     let mut served: u64 = 0;
     loop {
-        let job = match offer.take_accepted() {
+        let job = match offers.take_accepted() {
             // The worker takes it from its offer socket now that it has finished the last one.
             Some(job) => {
                 served += 1;
@@ -237,14 +237,12 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer
                 job
             }
         };
-        // The worker is retired after `served` requests: none is offered past the last.
-        if !retire_after.is_some_and(|limit| served >= limit) {
-            offer_next(lobby, offer);
-        }
-        if let Err(reason) = relay_response(lobby, pid, channel, offer, &job).await {
-            if let Some(offered) = offer.recall() {
-                lobby.seating.return_unstarted(offered);
-            } else if let Some(offered) = offer.take_accepted() {
+        offer_queued(lobby, offers, retire_after.map(|limit| limit.saturating_sub(served)));
+        if let Err(reason) = relay_response(lobby, pid, channel, offers, &job).await {
+            // What the worker never received goes back to the queue; what it did, it had
+            // started when it was lost.
+            lobby.seating.requeue_front(offers.recall_until(|_| false));
+            while let Some(offered) = offers.take_accepted() {
                 fail(&offered, false, 502, "the worker exited while handling this request");
             }
             return Gone::Lost(reason);
@@ -252,11 +250,14 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offer: &Offer
     }
 }
 
-/// Offers the oldest queued job to this (busy) worker, if there is one.
-fn offer_next(lobby: &Lobby, offer: &Offer) {
-    if let Some(next) = lobby.seating.take_queued() {
-        if let Err(next) = offer.make(next) {
+/// Offers this (busy) worker the oldest queued jobs, as many as it may hold and, when it is
+/// to be retired, no more than the `left` requests it will still take.
+fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
+    while !offers.is_full() && left.is_none_or(|left| (offers.len() as u64) < left) {
+        let Some(next) = lobby.seating.take_queued() else { return };
+        if let Err(next) = offers.make(next) {
             lobby.seating.return_unstarted(next);
+            return;
         }
     }
 }
@@ -277,7 +278,7 @@ async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
-    offer: &Offer,
+    offers: &Offers,
     job: &Job,
 ) -> Result<(), String> {
     enum Next {
@@ -305,14 +306,12 @@ async fn relay_response(
             Next::Frame(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
             Next::ClientGone => {
                 cancelled = true;
-                // A CANCEL must not reach the worker after it has moved on to the offered
-                // request: it would stop that one. Either the offer comes back, and the worker
-                // has nothing after this response, or the worker has it and is past this one.
-                if !offer.is_empty() {
-                    match offer.recall() {
-                        Some(offered) => lobby.seating.return_unstarted(offered),
-                        None => continue,
-                    }
+                // A CANCEL must not reach the worker after it has moved on to an offered
+                // request: it would stop that one. Either all offers come back, and the worker
+                // has nothing after this response, or it has received one and is past this one.
+                lobby.seating.requeue_front(offers.recall_until(|_| false));
+                if !offers.is_empty() {
+                    continue;
                 }
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
                 let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();

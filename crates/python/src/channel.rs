@@ -38,6 +38,9 @@ const READ_SIZE: usize = 64 * 1024;
 /// being copied out of it.
 const HAND_OVER_BODY: usize = 16 * 1024;
 
+/// The most offer sockets a worker takes (the lobby sends three).
+const MAX_OFFER_SOCKETS: usize = 8;
+
 /// The most body bytes one frame carries; a larger chunk is split.
 const MAX_FRAME_BODY: usize = 1 << 30;
 
@@ -217,8 +220,8 @@ pub struct WorkerChannel {
     inbox_start: usize,
     /// Received descriptors not yet given to a frame, oldest first.
     fds: VecDeque<OwnedFd>,
-    /// The worker's ends of its two offer sockets, once the lobby has sent them, and which
-    /// of the two the next offer comes on (they alternate).
+    /// The worker's ends of its offer sockets, once the lobby has sent them, and which of them
+    /// the next offer comes on (they take turns).
     offers: Vec<OwnedFd>,
     offer_turn: usize,
     /// Where frame heads are encoded.
@@ -350,16 +353,16 @@ impl WorkerChannel {
         }
     }
 
-    /// Each of the two `OFFERS` frames hands over the worker's end of an offer socket.
+    /// Each `OFFERS` frame hands over the worker's end of an offer socket.
     fn take_offer_socket(&mut self, header: &FrameHeader) -> PyResult<()> {
-        let fd = match (header.has_fd(), header.len, self.offers.len()) {
-            (true, 0, 0 | 1) => self.fds.pop_front(),
+        let fd = match (header.has_fd(), header.len) {
+            (true, 0) if self.offers.len() < MAX_OFFER_SOCKETS => self.fds.pop_front(),
             _ => None,
         };
         let fd = fd.ok_or_else(|| {
-            ChannelError::new_err(
-                "the lobby sent an OFFERS frame without a descriptor, with a payload, or after two others",
-            )
+            ChannelError::new_err(format!(
+                "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than {MAX_OFFER_SOCKETS}"
+            ))
         })?;
         self.offers.push(fd);
         Ok(())
@@ -385,7 +388,7 @@ impl WorkerChannel {
                 let header = self.buffered_header()?.filter(|header| HEADER_LEN + header.len as usize == n);
                 match header {
                     Some(header) if header.kind == Kind::Request => {
-                        self.offer_turn = 1 - self.offer_turn;
+                        self.offer_turn = (self.offer_turn + 1) % self.offers.len();
                         Ok(Some(FrameAt { header, start, end: start + n }))
                     }
                     _ => Err(ChannelError::new_err(format!(
