@@ -147,8 +147,9 @@ impl Seating {
         None
     }
 
-    /// Takes back the offers of the busy worker holding the oldest one; keeps the oldest and
-    /// queues the rest again, at the front.
+    /// Takes back the oldest offer, from the busy worker holding it. Offers come back newest
+    /// first, so the newer ones that come back with it are offered to that worker again: it
+    /// stays as busy as it was.
     fn recall_oldest_offer(&self) -> Option<Job> {
         let mut holders: Vec<(Instant, Rc<Offers>)> = Vec::new();
         for offers in self.offers.borrow().iter() {
@@ -161,7 +162,7 @@ impl Seating {
             let mut recalled = offers.recall_until(|_| false);
             if !recalled.is_empty() {
                 let oldest = recalled.remove(0);
-                self.requeue_front(recalled);
+                self.offer_again(&offers, recalled);
                 debug!("{} was offered to a busy worker; an idle one takes it back", oldest.summary);
                 return Some(oldest);
             }
@@ -170,7 +171,8 @@ impl Seating {
     }
 
     /// Takes back the offer of the job whose state is `state`, unless its worker has taken
-    /// it; the job is dropped, cancelled. Returns whether it came back.
+    /// it; the job is dropped, cancelled, and newer offers that came back with it are offered
+    /// again. Returns whether it came back.
     pub fn withdraw_offer(&self, state: &Rc<Cell<JobState>>) -> bool {
         let holder = self.offers.borrow().iter().find(|offers| offers.holds(state)).cloned();
         let Some(offers) = holder else {
@@ -178,11 +180,23 @@ impl Seating {
         };
         let (withdrawn, others): (Vec<Job>, Vec<Job>) =
             offers.recall_until(|job| Rc::ptr_eq(&job.state, state)).into_iter().partition(|job| Rc::ptr_eq(&job.state, state));
-        self.requeue_front(others);
+        self.offer_again(&offers, others);
         for job in &withdrawn {
             job.state.set(JobState::Cancelled);
         }
         !withdrawn.is_empty()
+    }
+
+    /// Offers recalled jobs to the same worker again, oldest first; any it cannot take go back
+    /// to the front of the queue.
+    fn offer_again(&self, offers: &Offers, jobs: Vec<Job>) {
+        let mut refused = Vec::new();
+        for job in jobs {
+            if let Err(job) = offers.make(job) {
+                refused.push(job);
+            }
+        }
+        self.requeue_front(refused);
     }
 
     /// Puts recalled jobs back at the front of the queue, oldest first.
@@ -287,7 +301,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn an_idle_worker_takes_back_the_oldest_offer_and_queues_the_rest_in_order() {
+    fn an_idle_worker_takes_back_the_oldest_offer_and_the_busy_one_keeps_the_rest() {
         let seating = Seating::default();
         let newer = offers_of(&seating);
         let older = offers_of(&seating);
@@ -299,7 +313,8 @@ pub(crate) mod tests {
         older.make(b).map_err(|_| ()).unwrap();
         newer.make(c).map_err(|_| ()).unwrap();
         assert_eq!(take_now(&seating).frame, b"a");
-        assert!(older.is_empty());
+        assert_eq!(older.len(), 1, "b is offered to its worker again");
+        assert_eq!(seating.queued(), 0);
         assert_eq!(take_now(&seating).frame, b"b");
         assert_eq!(take_now(&seating).frame, b"c");
         assert!(matches!(seating.next(), Next::Later(_)));
@@ -315,11 +330,11 @@ pub(crate) mod tests {
         offers.make(a).map_err(|_| ()).unwrap();
         offers.make(b).map_err(|_| ()).unwrap();
         assert_eq!(state_a.get(), JobState::Offered);
-        // Withdrawing the older takes the newer back on the way: it is queued again.
+        // Withdrawing the older takes the newer back on the way: it is offered again.
         assert!(seating.withdraw_offer(&state_a));
-        assert_eq!((state_a.get(), state_b.get()), (JobState::Cancelled, JobState::Queued));
-        assert!(offers.is_empty());
-        assert_eq!(take_now(&seating).frame, b"b");
+        assert_eq!((state_a.get(), state_b.get()), (JobState::Cancelled, JobState::Offered));
+        assert_eq!(offers.len(), 1);
+        assert_eq!(offers.take_accepted().unwrap().frame, b"b");
 
         let (c, _rc) = job("c");
         let state_c = c.state.clone();
