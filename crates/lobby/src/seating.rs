@@ -178,8 +178,10 @@ impl Seating {
         let Some(offers) = holder else {
             return false;
         };
-        let (withdrawn, others): (Vec<Job>, Vec<Job>) =
-            offers.recall_until(|job| Rc::ptr_eq(&job.state, state)).into_iter().partition(|job| Rc::ptr_eq(&job.state, state));
+        let (withdrawn, others): (Vec<Job>, Vec<Job>) = offers
+            .recall_until(|job| Rc::ptr_eq(&job.state, state))
+            .into_iter()
+            .partition(|job| Rc::ptr_eq(&job.state, state));
         self.offer_again(&offers, others);
         for job in &withdrawn {
             job.state.set(JobState::Cancelled);
