@@ -1,10 +1,10 @@
 //! Unix-socket messages that carry file descriptors (`SCM_RIGHTS`).
 //!
-//! maitred passes descriptors in three places: the zygote hands the lobby each new worker's
-//! channel, the lobby hands a worker a request body spilled to a file, and a worker hands the
-//! lobby the file behind `wsgi.file_wrapper`. Both sides use these calls, and `send` for the
-//! messages that carry none. They are single
-//! system calls over raw descriptors: callers decide how to wait (an event loop's readiness, a
+//! maitred passes descriptors in four places: the zygote hands the lobby each new worker's
+//! channel, the lobby hands a worker its offer sockets and a request body spilled to a file
+//! (on the channel or in an offer), and a worker hands the lobby the file behind
+//! `wsgi.file_wrapper`. Both sides use these calls, and `send` for the messages that carry
+//! none. They are single system calls over raw descriptors: callers decide how to wait (an event loop's readiness, a
 //! blocking call outside the Python interpreter) and what to do with `EINTR`.
 
 use std::collections::VecDeque;
