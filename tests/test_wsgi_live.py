@@ -574,6 +574,27 @@ def test_connection_close_is_honoured(client: Client) -> None:
     assert client.at_eof()
 
 
+# linux/tcp_states.h: the state of a socket that has received its peer's FIN.
+TCP_CLOSE_WAIT = 8
+
+
+@pytest.mark.parametrize("version, headers", [
+    ("HTTP/1.1", [("Connection", "close")]),
+    ("HTTP/1.0", []),
+], ids=["connection close", "HTTP/1.0"])
+def test_a_closing_answer_carries_the_fin(server: Server, version: str, headers: list) -> None:
+    """The last bytes before a close and the FIN travel in one segment: one packet and one
+    wake-up fewer per connection. So once the client can read the answer, its socket has
+    seen the FIN too; sent apart, the FIN would often come a moment later."""
+    for _ in range(20):
+        with socket.create_connection((HOST, server.port), timeout=TIMEOUT) as sock:
+            sock.sendall(request("GET", "/hello", headers=headers, version=version))
+            answer = sock.recv(65536)
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            assert answer.endswith(b"\r\n\r\nhello, world\n")
+            assert state == TCP_CLOSE_WAIT
+
+
 def test_keep_alive_by_default(client: Client) -> None:
     for _ in range(3):
         assert client.exchange("GET", "/hello").body == b"hello, world\n"

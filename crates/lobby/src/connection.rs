@@ -285,7 +285,7 @@ impl<S: ClientStream> Connection<S> {
         info!("{status} to {}: {reason}", self.peer.display());
         let mut out = Vec::new();
         write_error_response(&mut out, status, reason, &http_date(), false, None);
-        if self.write_all(&out).await.is_ok() {
+        if self.write_closing(&out).await.is_ok() {
             self.linger().await;
         }
     }
@@ -388,7 +388,7 @@ impl<S: ClientStream> Connection<S> {
                 info!("431 to {}: {detail}", self.peer.display());
                 let mut out = Vec::new();
                 write_error_response(&mut out, 431, &detail, &http_date(), false, None);
-                self.write_all(&out).await?;
+                self.write_closing(&out).await?;
                 return Ok(false);
             }
         };
@@ -495,7 +495,7 @@ impl<S: ClientStream> Connection<S> {
     /// Writes one part; returns whether the connection may stay open after this answer.
     async fn write_part(&mut self, answer: &mut Answer, part: ResponsePart) -> io::Result<bool> {
         let mut out = Vec::new();
-        match part {
+        let end = match part {
             ResponsePart::Head { status, reason, headers, body, end } => {
                 // A shutdown that began while the request waited closes the connection after it.
                 answer.context.keep_alive &= !*self.lobby.shutdown.borrow();
@@ -505,17 +505,11 @@ impl<S: ClientStream> Connection<S> {
                     write_response_head(&mut out, &answer.context, status, &reason, &headers, known, &http_date());
                 answer.started(status, framing, keep_alive);
                 answer.body(&mut out, &body);
-                if end {
-                    answer.finish(&mut out);
-                }
-                self.write_all(&out).await?;
+                end
             }
             ResponsePart::Body { data, end } => {
                 answer.body(&mut out, &data);
-                if end {
-                    answer.finish(&mut out);
-                }
-                self.write_all(&out).await?;
+                end
             }
             ResponsePart::File { file, offset, count, end } => {
                 let count = answer.file_part(&mut out, count);
@@ -527,10 +521,7 @@ impl<S: ClientStream> Connection<S> {
                         out.extend_from_slice(b"\r\n");
                     }
                 }
-                if end {
-                    answer.finish(&mut out);
-                }
-                self.write_all(&out).await?;
+                end
             }
             ResponsePart::Abort => return Ok(false),
             ResponsePart::Refused { status, detail } => {
@@ -547,10 +538,19 @@ impl<S: ClientStream> Connection<S> {
                 write_error_response(&mut out, status, &detail, &http_date(), keep_alive, retry_after);
                 answer.status = status;
                 answer.keep_alive = keep_alive;
-                self.write_all(&out).await?;
+                true
             }
+        };
+        if end {
+            answer.finish(&mut out);
         }
-        Ok(answer.keep_alive && !answer.broken)
+        let keep_open = answer.keep_alive && !answer.broken;
+        if end && !keep_open {
+            self.write_closing(&out).await?;
+        } else {
+            self.write_all(&out).await?;
+        }
+        Ok(keep_open)
     }
 
     /// Writes everything, giving up on a client that takes nothing for `--timeout`.
@@ -564,35 +564,66 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
+    /// Writes the last bytes before the connection closes (or shuts down writing). TCP holds
+    /// them back (MSG_MORE) and the close that follows sends them with its FIN, in one segment: per connection one
+    /// packet fewer for both kernels to process and one wake-up fewer for the client (T2).
+    async fn write_closing(&mut self, mut data: &[u8]) -> io::Result<()> {
+        if !matches!(S::KIND, StreamKind::Tcp) {
+            return self.write_all(data).await;
+        }
+        let fd = self.stream.as_raw_fd();
+        while !data.is_empty() {
+            let sent = self.write_when_ready(|| {
+                // SAFETY: `data` is a live slice of `data.len()` bytes.
+                match unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL) } {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    n => Ok(n as u64),
+                }
+            });
+            data = &data[sent.await? as usize..];
+        }
+        Ok(())
+    }
+
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
     async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
         let (out_fd, in_fd): (RawFd, RawFd) = (self.stream.as_raw_fd(), file.as_raw_fd());
         while count > 0 {
-            let ready = tokio::time::timeout(self.lobby.config.timeout, poll_fn(|cx| self.stream.poll_write_ready(cx)));
-            ready
-                .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))??;
-            let sent = self.stream.try_io(Interest::WRITABLE, || {
+            let sent = self.write_when_ready(|| {
                 let mut off = offset as libc::off_t;
                 let chunk = count.min(1 << 30) as usize;
+                // SAFETY: both descriptors are open for as long as this call.
                 match unsafe { libc::sendfile(out_fd, in_fd, &mut off, chunk) } {
                     n if n < 0 => Err(io::Error::last_os_error()),
                     n => Ok(n as u64),
                 }
             });
-            match sent {
-                Ok(0) => {
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced"))
-                }
-                Ok(n) => {
+            match sent.await? {
+                0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced")),
+                n => {
                     offset += n;
                     count -= n;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Runs one non-blocking write as soon as the client can take bytes, and returns how many
+    /// it took; gives up on a client that takes nothing for `--timeout`.
+    async fn write_when_ready(&self, mut write: impl FnMut() -> io::Result<u64>) -> io::Result<u64> {
+        let attempt = async {
+            loop {
+                poll_fn(|cx| self.stream.poll_write_ready(cx)).await?;
+                match self.stream.try_io(Interest::WRITABLE, &mut write) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    result => return result,
+                }
+            }
+        };
+        tokio::time::timeout(self.lobby.config.timeout, attempt)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))?
     }
 
     fn log_access(&self, head: &RequestHead, answer: &Answer) {
