@@ -311,9 +311,9 @@ pub(crate) mod tests {
         std::thread::sleep(std::time::Duration::from_millis(1));
         let (b, _rb) = job("b");
         let (c, _rc) = job("c");
-        older.make(a).map_err(|_| ()).unwrap();
-        older.make(b).map_err(|_| ()).unwrap();
-        newer.make(c).map_err(|_| ()).unwrap();
+        assert!(older.make(a).is_ok());
+        assert!(older.make(b).is_ok());
+        assert!(newer.make(c).is_ok());
         assert_eq!(take_now(&seating).frame, b"a");
         assert_eq!(older.len(), 1, "b is offered to its worker again");
         assert_eq!(seating.queued(), 0);
@@ -329,8 +329,8 @@ pub(crate) mod tests {
         let (a, _ra) = job("a");
         let (b, _rb) = job("b");
         let (state_a, state_b) = (a.state.clone(), b.state.clone());
-        offers.make(a).map_err(|_| ()).unwrap();
-        offers.make(b).map_err(|_| ()).unwrap();
+        assert!(offers.make(a).is_ok());
+        assert!(offers.make(b).is_ok());
         assert_eq!(state_a.get(), JobState::Offered);
         // Withdrawing the older takes the newer back on the way: it is offered again.
         assert!(seating.withdraw_offer(&state_a));
@@ -340,7 +340,7 @@ pub(crate) mod tests {
 
         let (c, _rc) = job("c");
         let state_c = c.state.clone();
-        offers.make(c).map_err(|_| ()).unwrap();
+        assert!(offers.make(c).is_ok());
         offers.take_accepted().unwrap();
         assert!(!seating.withdraw_offer(&state_c));
         assert_eq!(state_c.get(), JobState::Seated);
@@ -352,7 +352,7 @@ pub(crate) mod tests {
         let offers = offers_of(&seating);
         let (a, _ra) = job("a");
         let (b, _rb) = job("b");
-        offers.make(a).map_err(|_| ()).unwrap();
+        assert!(offers.make(a).is_ok());
         seating.submit(b);
         assert_eq!(take_now(&seating).frame, b"b");
         assert!(!offers.is_empty());
