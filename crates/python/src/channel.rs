@@ -320,7 +320,13 @@ impl WorkerChannel {
             let between_frames = available == 0;
             let channel = self.link.fd.as_raw_fd();
             let offers = self.offers.get(self.offer_turn).filter(|_| between_frames).map(|fd| fd.as_raw_fd());
-            let (channel_ready, offer_ready) = match py.detach(|| sys::wait_readable(channel, offers, wait)) {
+            // Only a wait that may block lets other Python threads run meanwhile.
+            let ready = if wait {
+                py.detach(|| sys::wait_readable(channel, offers, true))
+            } else {
+                sys::wait_readable(channel, offers, false)
+            };
+            let (channel_ready, offer_ready) = match ready {
                 Ok(ready) => ready,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {
                     py.check_signals()?;

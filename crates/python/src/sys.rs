@@ -24,11 +24,11 @@ pub fn recv_into(
 }
 
 /// Waits until `channel`, or `offers` when given, has input (or has been closed), and says
-/// which of the two; with `wait` false, only looks. The worker waits in poll(2), not in recvmsg(2): a thread blocked in
-/// recvmsg on a Unix socket sleeps on the socket's one wait queue, where the peer reading what
-/// this side sent earlier wakes it too (room to write again), for nothing: once per request,
-/// as the lobby reads each response while the worker waits for the next request
-/// (docs/PERFORMANCE.md).
+/// which of the two; with `wait` false, only looks. The worker waits in poll(2), not in
+/// recvmsg(2): a thread blocked in recvmsg on a Unix socket sleeps on the socket's one wait
+/// queue, where the peer reading what this side sent earlier wakes it too (room to write
+/// again), for nothing: once per request, as the lobby reads each response while the worker
+/// waits for the next request (docs/PERFORMANCE.md).
 pub fn wait_readable(channel: RawFd, offers: Option<RawFd>, wait: bool) -> io::Result<(bool, bool)> {
     // poll(2) skips an entry whose descriptor is negative.
     let mut polled = [
