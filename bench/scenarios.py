@@ -245,6 +245,10 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
         id="T2", title="hello world, no keep-alive, ab",
         app="apps:hello", workers=2, load=Ab(concurrency=50, requests=50000),
         lineup=NO_KEEPALIVE, targets=(NO_FAILURES, LEADS),
+        note="On loopback the server's side of each handshake and teardown runs inside ab's own "
+             "connect and close, and ab, single-threaded, takes a whole core: every server fast "
+             "enough stops at the rate ab can open connections (docs/PERFORMANCE.md, \"T2: ab's "
+             "ceiling\"). nginx's fixed answer shows where that is.",
     ),
     Scenario(
         id="L1", title="hello world, keep-alive, one client (latency-bound)",
@@ -267,7 +271,9 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
              "has run at under 1,000 req/s where 3 slots allow 3000, and maitred finishes in about "
              "4 s, so the stall is plain without spending a minute on it. Such a run is "
              "incomplete, and its latencies cover only the requests the server finished. The "
-             "threaded peers' default threading is in S1, at the default backlog.",
+             "threaded peers' default threading is in S1, at the default backlog. The 11 slots "
+             "hold 0.3-0.5 ms of ab's opening burst of connects: a server kept from accepting that "
+             "long, even by another process on its CPU, overflows the queue.",
     ),
     Scenario(
         id="S2-c1000", title="SYNs dropped on the floor: hello, 1000 clients, default backlogs",
@@ -322,7 +328,10 @@ SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
              "keep-alive connection shows. A run still going after 15 s is stopped, to keep the "
              "suite within its time: that cuts short a server serving under 6,700 req/s (its "
              "figures then cover what it served by then), and a server that pins a worker to each "
-             "idle keep-alive connection, whose other clients wait.",
+             "idle keep-alive connection, whose other clients wait. ab starts the clock of each "
+             "connection's first request before it connects, and writes the first requests only "
+             "once all 1,000 connects are made: those 1,000 latencies (1% of the requests, so p99 "
+             "and max) include ab's own connect loop, which \"connect max\" shows.",
     ),
     Scenario(
         id="S5-c5", title="the proxy that hoards backend connections: nginx in front, 5 clients",
