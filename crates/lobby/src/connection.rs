@@ -565,8 +565,9 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Writes the last bytes before the connection closes (or shuts down writing). TCP holds
-    /// them back (MSG_MORE) and the close that follows sends them with its FIN, in one segment: per connection one
-    /// packet fewer for both kernels to process and one wake-up fewer for the client (T2).
+    /// them back (MSG_MORE) and the close that follows sends them with its FIN, in one
+    /// segment: per connection one packet fewer for both kernels to process and one wake-up
+    /// fewer for the client (T2).
     async fn write_closing(&mut self, mut data: &[u8]) -> io::Result<()> {
         if !matches!(S::KIND, StreamKind::Tcp) {
             return self.write_all(data).await;
