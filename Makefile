@@ -1,6 +1,6 @@
 # maitred's two commands:
 #   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
-#   make test   build it, then run the Rust and the Python test suites
+#   make test   build it, run the lint gates (make lint), then the Rust and the Python test suites
 #
 # Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
 
@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install
+.PHONY: run test install lint
 
 # Debian's python3 comes without venv; as root, install it rather than fail.
 $(BIN)/python:
@@ -23,15 +23,27 @@ $(VENV)/.build-tools: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip "maturin>=1.9,<2"
 	touch $@
 
+# maturin's build backend starts the `maturin` executable by name, so the build runs with the
+# venv's bin first on PATH (the venv is not activated, and nothing outside it may be used).
 install: $(VENV)/.build-tools
 	@echo "Building maitred into $(VENV) (the first build takes a few minutes)"
-	$(BIN)/pip install --quiet --no-build-isolation ".[test]"
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation ".[test]"
 
 run: install
 	@echo "Serving examples/hello.py at http://127.0.0.1:8000/ (Ctrl-C stops it)"
 	$(BIN)/maitred --chdir examples --bind 127.0.0.1:8000 hello:app
 
-test: install
+# The lint gates: rustfmt, clippy with every warning an error, ruff's checks and its format.
+# rustup's minimal profile leaves out clippy and rustfmt; add them when they are missing.
+lint: install
+	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install lint
 	cargo test --workspace
 	$(BIN)/python -m pytest tests -q
 

@@ -52,13 +52,13 @@ CONNECTING, AWAITING, HOLDING, GONE = "connecting", "awaiting", "holding", "gone
 
 
 class Connection:
-    __slots__ = ("sock", "state", "received", "sent", "answered")
+    __slots__ = ("answered", "received", "sent", "sock", "state")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.state = CONNECTING
         self.received = b""
-        self.sent = 0          # slow: bytes of SLOW_TRICKLE sent so far
+        self.sent = 0  # slow: bytes of SLOW_TRICKLE sent so far
         self.answered = False
 
 
@@ -179,7 +179,7 @@ class Crowd:
             due, connection = self.trickle.popleft()
             if connection.state == GONE:
                 continue
-            byte = SLOW_TRICKLE[connection.sent % len(SLOW_TRICKLE):][:1]
+            byte = SLOW_TRICKLE[connection.sent % len(SLOW_TRICKLE) :][:1]
             try:
                 connection.sock.send(byte)
             except BlockingIOError:
@@ -220,10 +220,16 @@ class Crowd:
     def report(self, event: str) -> None:
         live = [c for c in self.connections if c.state != GONE]
         held = sum(c.state == HOLDING for c in live)
-        figures = dict(event=event, mode=self.args.mode, count=self.args.count, **self.counts,
-                       pending=sum(c.state in IN_FLIGHT for c in live),
-                       open=sum(c.state != CONNECTING for c in live), held=held,
-                       seconds=round(time.monotonic() - self.started_at, 3))
+        figures = dict(
+            event=event,
+            mode=self.args.mode,
+            count=self.args.count,
+            **self.counts,
+            pending=sum(c.state in IN_FLIGHT for c in live),
+            open=sum(c.state != CONNECTING for c in live),
+            held=held,
+            seconds=round(time.monotonic() - self.started_at, 3),
+        )
         print("CONNECTIONS-JSON " + json.dumps(figures), flush=True)
 
 
@@ -234,15 +240,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--interval", type=float, default=5.0, help="slow: seconds between bytes")
     parser.add_argument("--in-flight", type=int, default=500, help="connections opening at once")
-    parser.add_argument("--open-seconds", type=float, default=15.0,
-                        help="report 'holding' after this long even if some are still opening")
+    parser.add_argument(
+        "--open-seconds",
+        type=float,
+        default=15.0,
+        help="report 'holding' after this long even if some are still opening",
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="exit after this long in any case")
     args = parser.parse_args(argv)
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < args.count + 64:
-        print(f"connections.py: the open-files limit ({hard}) is below the {args.count + 64} that "
-              f"{args.count} connections need", file=sys.stderr)
+        print(
+            f"connections.py: the open-files limit ({hard}) is below the {args.count + 64} that "
+            f"{args.count} connections need",
+            file=sys.stderr,
+        )
         return 2
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 

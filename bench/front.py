@@ -65,11 +65,13 @@ class NginxFront:
         the foreground."""
         (workdir / "front-temp").mkdir(exist_ok=True)
         config = workdir / "front-nginx.conf"
-        config.write_text(_CONFIG.format(workers=self.workers, workdir=workdir, backend=backend,
-                                         keepalive=self.keepalive, port=port))
+        config.write_text(
+            _CONFIG.format(workers=self.workers, workdir=workdir, backend=backend, keepalive=self.keepalive, port=port)
+        )
         return [NGINX, "-p", str(workdir), "-e", str(workdir / "front-nginx-error.log"), "-c", str(config)]
 
     def describe(self) -> str:
         """The configuration as the results show it, with placeholders for the per-run parts."""
-        return _CONFIG.format(workers=self.workers, workdir="WORKDIR", backend="BACKEND_PORT",
-                              keepalive=self.keepalive, port="PORT")
+        return _CONFIG.format(
+            workers=self.workers, workdir="WORKDIR", backend="BACKEND_PORT", keepalive=self.keepalive, port="PORT"
+        )

@@ -48,8 +48,17 @@ class Ab:
     def argv(self, url: str, workdir: Path) -> list[str]:
         flags = ["-k"] if self.keepalive else []
         flags += ["-r"] if self.ignore_errors else []
-        return ["ab", *flags, "-c", str(self.concurrency), "-n", str(self.requests),
-                "-e", str(workdir / "percentiles.csv"), url]
+        return [
+            "ab",
+            *flags,
+            "-c",
+            str(self.concurrency),
+            "-n",
+            str(self.requests),
+            "-e",
+            str(workdir / "percentiles.csv"),
+            url,
+        ]
 
     def describe(self) -> str:
         flags = " -k" if self.keepalive else ""
@@ -69,11 +78,17 @@ class Ab:
             # then prints only this count: the server stalled every connection ab had open.
             completed = int(gave_up.group(2))
             return {
-                "requests": completed, "rps": completed / seconds, "duration_s": seconds,
+                "requests": completed,
+                "rps": completed / seconds,
+                "duration_s": seconds,
                 "failed": self.requests - completed,
                 "failed_detail": {"unanswered": self.requests - completed},
-                "non2xx": None, "keepalive": None, "latency_ms": {}, "max_ms": None,
-                "mean_ms": None, "connect_max_ms": None,
+                "non2xx": None,
+                "keepalive": None,
+                "latency_ms": {},
+                "max_ms": None,
+                "mean_ms": None,
+                "connect_max_ms": None,
                 "gave_up": f"ab gave up after {completed} requests: {gave_up.group(1).strip()}",
             }
 
@@ -93,8 +108,9 @@ class Ab:
             "rps": number("Requests per second"),
             "duration_s": number("Time taken for tests"),
             "failed": int(number("Failed requests")),
-            "failed_detail": dict(zip(("connect", "receive", "length", "exceptions"),
-                                      map(int, detail.groups()))) if detail else {},
+            "failed_detail": dict(zip(("connect", "receive", "length", "exceptions"), map(int, detail.groups())))
+            if detail
+            else {},
             "non2xx": int(number("Non-2xx responses", 0)),
             "keepalive": int(number("Keep-Alive requests", 0)) if self.keepalive else None,
             "latency_ms": _ab_percentiles(workdir / "percentiles.csv"),
@@ -135,13 +151,24 @@ class Wrk:
 
     def argv(self, url: str, workdir: Path) -> list[str]:
         header = ["-H", "Connection: close"] if self.close else []
-        return ["wrk", f"-t{self.threads}", f"-c{self.connections}", f"-d{self.seconds}s",
-                f"--timeout={self.timeout}", *header, "-s", str(HERE / "wrk_report.lua"), url]
+        return [
+            "wrk",
+            f"-t{self.threads}",
+            f"-c{self.connections}",
+            f"-d{self.seconds}s",
+            f"--timeout={self.timeout}",
+            *header,
+            "-s",
+            str(HERE / "wrk_report.lua"),
+            url,
+        ]
 
     def describe(self) -> str:
         header = " -H 'Connection: close'" if self.close else ""
-        return (f"wrk -t{self.threads} -c{self.connections} -d{self.seconds}s --timeout={self.timeout}"
-                f"{header} -s wrk_report.lua http://127.0.0.1:PORT/")
+        return (
+            f"wrk -t{self.threads} -c{self.connections} -d{self.seconds}s --timeout={self.timeout}"
+            f"{header} -s wrk_report.lua http://127.0.0.1:PORT/"
+        )
 
     def shortened(self) -> Wrk:
         return replace(self, seconds=min(self.seconds, 3))
@@ -186,8 +213,8 @@ def _tail(text: str, lines: int = 15) -> str:
 # They are counted for the whole network namespace: other traffic on the machine adds to them.
 KERNEL_COUNTERS = {
     "ListenOverflows": "TcpExt",  # a SYN or final ACK arrived while the accept queue was full
-    "ListenDrops": "TcpExt",      # every SYN dropped by a listener, overflows included
-    "TCPSynRetrans": "TcpExt",    # SYNs the clients had to send again
+    "ListenDrops": "TcpExt",  # every SYN dropped by a listener, overflows included
+    "TCPSynRetrans": "TcpExt",  # SYNs the clients had to send again
 }
 
 
@@ -215,8 +242,20 @@ ACCEPT_SYSCALLS = ("accept", "accept4")
 def strace_argv(summary: Path) -> list[str]:
     """The prefix that runs a server under strace, writing the call counts to summary when the
     last traced process exits."""
-    return ["strace", "-f", "-c", "-q", "--seccomp-bpf", "-e", f"trace={','.join(ACCEPT_SYSCALLS)}",
-            "-U", "name,calls,errors", "-o", str(summary), "--"]
+    return [
+        "strace",
+        "-f",
+        "-c",
+        "-q",
+        "--seccomp-bpf",
+        "-e",
+        f"trace={','.join(ACCEPT_SYSCALLS)}",
+        "-U",
+        "name,calls,errors",
+        "-o",
+        str(summary),
+        "--",
+    ]
 
 
 def strace_counts(text: str) -> dict[str, tuple[int, int]]:
@@ -232,9 +271,12 @@ def strace_counts(text: str) -> dict[str, tuple[int, int]]:
 # C1, M1: bench/connections.py prints its counts as "CONNECTIONS-JSON {...}" lines, one when it
 # holds its connections ("holding") and one when it ends ("end").
 def crowd_reports(output: str) -> dict[str, dict]:
-    return {report["event"]: report for report in (
-        json.loads(line.split(" ", 1)[1]) for line in output.splitlines()
-        if line.startswith("CONNECTIONS-JSON "))}
+    return {
+        report["event"]: report
+        for report in (
+            json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("CONNECTIONS-JSON ")
+        )
+    }
 
 
 def crowd_measurement(holding: dict, seconds: float) -> dict:
@@ -242,15 +284,21 @@ def crowd_measurement(holding: dict, seconds: float) -> dict:
     Connections that never got their answer count as failed."""
     unanswered = holding["count"] - holding["answered"]
     return {
-        "requests": holding["answered"], "rps": None, "duration_s": seconds,
+        "requests": holding["answered"],
+        "rps": None,
+        "duration_s": seconds,
         "failed": unanswered,
         "failed_detail": {
             "not started": holding["count"] - holding["started"],
             "refused": holding["refused"],
             "pending": holding["pending"],
-            "closed unanswered": (holding["started"] - holding["refused"] - holding["pending"]
-                                  - holding["answered"]),
+            "closed unanswered": (holding["started"] - holding["refused"] - holding["pending"] - holding["answered"]),
         },
-        "non2xx": holding["non2xx"], "keepalive": None, "latency_ms": {}, "max_ms": None,
-        "mean_ms": None, "connect_max_ms": None, "gave_up": None,
+        "non2xx": holding["non2xx"],
+        "keepalive": None,
+        "latency_ms": {},
+        "max_ms": None,
+        "mean_ms": None,
+        "connect_max_ms": None,
+        "gave_up": None,
     }

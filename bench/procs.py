@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 _live_groups: dict[int, subprocess.Popen] = {}
 # How often readiness is checked: a server is usually up within 0.1-0.3 s, and every poll the
@@ -38,8 +39,13 @@ def free_port() -> int:
 def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """Starts argv as the leader of a new process group, with stdout and stderr going to log."""
     process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        cwd=cwd, env=env, start_new_session=True,
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
     )
     _live_groups[process.pid] = process
     return process
@@ -56,7 +62,7 @@ def group_members(pgid: int) -> list[int]:
         except OSError:  # the process ended while we looked
             continue
         # Fields after the command name, which is in parentheses and may itself contain spaces.
-        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]
+        state, _ppid, group = stat[stat.rindex(")") + 2 :].split()[:3]
         if int(group) == pgid and state not in ("Z", "X"):
             members.append(int(entry.name))
     return members
@@ -155,8 +161,13 @@ def _signal_group(pgid: int, number: signal.Signals) -> None:
 
 
 def wait_ready(
-    process: subprocess.Popen, *, port: int, log_path: Path, log_pattern: re.Pattern[str] | None,
-    log_count: int, timeout: float = 30.0,
+    process: subprocess.Popen,
+    *,
+    port: int,
+    log_path: Path,
+    log_pattern: re.Pattern[str] | None,
+    log_count: int,
+    timeout: float = 30.0,
 ) -> int:
     """Waits until the log shows log_pattern log_count times (e.g. one line per booted worker) and
     GET / answers 200. Returns how many TCP connections the checks opened to the server (S3 counts
@@ -200,7 +211,7 @@ def wait_for_line(process: subprocess.Popen, path: Path, marker: str, timeout: f
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = _read(path)
-        whole = text[:text.rfind("\n") + 1]  # a line still being written is not read yet
+        whole = text[: text.rfind("\n") + 1]  # a line still being written is not read yet
         found = next((line for line in whole.splitlines() if line.startswith(marker)), None)
         if found is not None:
             return found
@@ -220,7 +231,12 @@ def _last_line(path: Path) -> str:
 
 
 def run_tool(
-    argv: Sequence[str], *, output: Path, cwd: Path, env: dict[str, str], time_limit: float,
+    argv: Sequence[str],
+    *,
+    output: Path,
+    cwd: Path,
+    env: dict[str, str],
+    time_limit: float,
 ) -> tuple[int, bool]:
     """Runs a load tool with stdout and stderr in output. After time_limit seconds the tool gets
     SIGINT (ab then prints what it has measured so far), and SIGKILL 10 s later.

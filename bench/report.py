@@ -15,11 +15,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import matplotlib.ticker  # noqa: E402
-
-from measure import KERNEL_COUNTERS  # noqa: E402
-from servers import SERVERS  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+from measure import KERNEL_COUNTERS
+from servers import SERVERS
 
 REFERENCE = "maitred"
 # Servers that are a ceiling, not a peer (nginx's fixed body): in the tables, never in "best peer"
@@ -99,14 +98,19 @@ def _headline(scenario) -> tuple[str, str, int, bool]:
     whether lower is better). req/s unless the scenario names another."""
     if scenario.headline is None:
         return "rps", "req/s", 0, False
-    return (scenario.headline.key, scenario.headline.header, scenario.headline.digits,
-            scenario.headline_lower_is_better)
+    return (
+        scenario.headline.key,
+        scenario.headline.header,
+        scenario.headline.digits,
+        scenario.headline_lower_is_better,
+    )
 
 
 def _best_peer(summaries: dict[str, dict | None], scenario) -> tuple[str, dict | None]:
     key, _name, _digits, lower = _headline(scenario)
-    peers = [(label, s) for label, s in summaries.items()
-             if _is_peer(label) and s is not None and s.get(key) is not None]
+    peers = [
+        (label, s) for label, s in summaries.items() if _is_peer(label) and s is not None and s.get(key) is not None
+    ]
     if not peers:
         return "-", None
     pick = min if lower else max
@@ -116,13 +120,16 @@ def _best_peer(summaries: dict[str, dict | None], scenario) -> tuple[str, dict |
 # ---------------------------------------------------------------------------------------------
 # Markdown
 
+
 def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> str:
     machine = environment["machine"]
     lines = [
         "# maitred benchmark results",
         "",
-        f"Written {environment['date']} at commit {environment['commit']} by `bench/run.py` "
-        "(see bench/README.md for the method and how to read this).",
+        (
+            f"Written {environment['date']} at commit {environment['commit']} by `bench/run.py` "
+            "(see bench/README.md for the method and how to read this)."
+        ),
         "",
         "Machine: " + ", ".join(f"{key} {value}" for key, value in machine.items()) + ".",
         "",
@@ -130,13 +137,19 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
         "",
     ]
     if environment["peers not installed"]:
-        lines += ["Peers that could not be installed: " + "; ".join(
-            f"{name}: {why}" for name, why in environment["peers not installed"].items()) + ".", ""]
+        lines += [
+            "Peers that could not be installed: "
+            + "; ".join(f"{name}: {why}" for name, why in environment["peers not installed"].items())
+            + ".",
+            "",
+        ]
     lines += [
-        "Every run starts a fresh server on a free port of 127.0.0.1 and stops its whole process "
-        "group afterwards; servers take turns (A B C A B C ...). Tables show medians over the "
-        "runs; `x maitred` is a server's req/s divided by maitred's. Latencies are in ms. The "
-        "kernel counters are the change during the run, for the whole machine.",
+        (
+            "Every run starts a fresh server on a free port of 127.0.0.1 and stops its whole process "
+            "group afterwards; servers take turns (A B C A B C ...). Tables show medians over the "
+            "runs; `x maitred` is a server's req/s divided by maitred's. Latencies are in ms. The "
+            "kernel counters are the change during the run, for the whole machine."
+        ),
         "",
         "## Summary",
         "",
@@ -150,11 +163,16 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
         key, figure, digits, lower = _headline(scenario)
         best_label, best = _best_peer(summaries, scenario)
         targets = scenario.targets
-        met = (f"{sum(t.holds(ours, _peers(summaries)) for t in targets)} of {len(targets)} met"
-               if ours and targets else "-")
-        lines.append(f"| [{name}](#{name.lower()}) | {figure}{' (lower is better)' if lower else ''} | "
-                     f"{_figure(ours and ours.get(key), digits)} | {best_label} | "
-                     f"{_figure(best and best.get(key), digits)} | {_ratio(ours, best, key)} | {met} |")
+        met = (
+            f"{sum(t.holds(ours, _peers(summaries)) for t in targets)} of {len(targets)} met"
+            if ours and targets
+            else "-"
+        )
+        lines.append(
+            f"| [{name}](#{name.lower()}) | {figure}{' (lower is better)' if lower else ''} | "
+            f"{_figure(ours and ours.get(key), digits)} | {best_label} | "
+            f"{_figure(best and best.get(key), digits)} | {_ratio(ours, best, key)} | {met} |"
+        )
     lines.append("")
     for name, record in records.items():
         lines += _section(record, scenarios[name], environment)
@@ -181,8 +199,10 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         "",
     ]
     if record["environment"]["versions"] != environment["versions"]:
-        lines += ["Versions then: " + "; ".join(
-            f"{k}: {v}" for k, v in record["environment"]["versions"].items()) + ".", ""]
+        lines += [
+            "Versions then: " + "; ".join(f"{k}: {v}" for k, v in record["environment"]["versions"].items()) + ".",
+            "",
+        ]
     if scenario.note:
         lines += [scenario.note, ""]
     lines += [f"**Warning:** {warning}" for warning in record.get("warnings", [])]
@@ -192,14 +212,22 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     if load:
         twice = ""
         if record.get("alone_from"):
-            twice = (f" (with the connections held; the figure without them is {record['alone_from']}'s run "
-                     "of the same number on the same server in this invocation: same load, app and workers)")
+            twice = (
+                f" (with the connections held; the figure without them is {record['alone_from']}'s run "
+                "of the same number on the same server in this invocation: same load, app and workers)"
+            )
         elif scenario.alone_first:
             twice = " (on each server twice: alone, then with the connections held)"
         lines += [f"Load: `{load}`{twice}", ""]
     if record.get("front"):
-        lines += ["Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):", "",
-                  "```nginx", record["front"].rstrip(), "```", ""]
+        lines += [
+            "Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):",
+            "",
+            "```nginx",
+            record["front"].rstrip(),
+            "```",
+            "",
+        ]
     lines += ["Servers:", ""]
     lines += [f"- {label}: `{command}`" for label, command in record["commands"].items()]
     if record["left_out"]:
@@ -232,28 +260,45 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     if scenario.targets:
         lines += ["Targets for maitred (issue 3):", ""]
         for target in scenario.targets:
-            verdict = ("no maitred figures" if ours is None
-                       else "met" if target.holds(ours, _peers(summaries)) else "**not met**")
+            verdict = (
+                "no maitred figures"
+                if ours is None
+                else "met"
+                if target.holds(ours, _peers(summaries))
+                else "**not met**"
+            )
             lines.append(f"- {target.text}: {verdict}")
         lines.append("")
-    lines += [f"![{scenario.id}: {_headline(scenario)[1]}"
-              f"{' and latency percentiles' if rate else ''}](charts/{scenario.id}.png)", ""]
+    lines += [
+        (
+            f"![{scenario.id}: {_headline(scenario)[1]}"
+            f"{' and latency percentiles' if rate else ''}](charts/{scenario.id}.png)"
+        ),
+        "",
+    ]
 
     columns = scenario.columns
-    lines += ["<details><summary>Per-run numbers</summary>", "",
-              "| server | run | req/s | requests | failed | non-2xx | p50 | p99 | max | "
-              + "".join(f"{column.header} | " for column in columns)
-              + " | ".join(KERNEL_COUNTERS) + " | note |",
-              "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * (len(columns) + len(KERNEL_COUNTERS))
-              + "---|"]
+    lines += [
+        "<details><summary>Per-run numbers</summary>",
+        "",
+        "| server | run | req/s | requests | failed | non-2xx | p50 | p99 | max | "
+        + "".join(f"{column.header} | " for column in columns)
+        + " | ".join(KERNEL_COUNTERS)
+        + " | note |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|" + "---:|" * (len(columns) + len(KERNEL_COUNTERS)) + "---|",
+    ]
     for run in record["runs"]:
         m = run["measurement"]
-        notes = [run["error"] or "", "stopped at the time limit" if run["cut_short"] else "",
-                 (m or {}).get("gave_up") or ""]
+        notes = [
+            run["error"] or "",
+            "stopped at the time limit" if run["cut_short"] else "",
+            (m or {}).get("gave_up") or "",
+        ]
         note = "; ".join(_cell(text) for text in notes if text)
         if m is None:
-            lines.append(f"| {run['server']} | {run['run']} |" + " |" * (7 + len(columns) + len(KERNEL_COUNTERS))
-                         + f" {note} |")
+            lines.append(
+                f"| {run['server']} | {run['run']} |" + " |" * (7 + len(columns) + len(KERNEL_COUNTERS)) + f" {note} |"
+            )
             continue
         detail = ", ".join(f"{k} {v}" for k, v in m["failed_detail"].items() if v)
         extra = run.get("extra", {})
@@ -262,7 +307,9 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             f"{m['failed']}{f' ({detail})' if detail else ''} | {_number(m['non2xx'])} | "
             f"{_ms(m['latency_ms'].get('50'))} | {_ms(m['latency_ms'].get('99'))} | {_ms(m['max_ms'])} | "
             + "".join(f"{column.format(extra.get(column.key))} | " for column in columns)
-            + " | ".join(str(run["kernel"][name]) for name in KERNEL_COUNTERS) + f" | {note} |")
+            + " | ".join(str(run["kernel"][name]) for name in KERNEL_COUNTERS)
+            + f" | {note} |"
+        )
     lines += ["", "</details>", ""]
     return lines
 
@@ -296,6 +343,7 @@ def _cell(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Charts
 
+
 def _chart(path: Path, record: dict, scenario) -> Path:
     """Left: the median of the scenario's headline figure (req/s unless it names another) per
     server, whiskers from the lowest to the highest run. Right, where there are latencies: median
@@ -303,30 +351,48 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     key, name, digits, lower = _headline(scenario)
     summaries = {label: s for label, s in _summaries(record).items() if s is not None}
     with_latencies = any(s["latency_ms"] for s in summaries.values())
-    figure, panels = plt.subplots(1, 2 if with_latencies else 1, figsize=(12 if with_latencies else 7, 4.5),
-                                  squeeze=False)
+    figure, panels = plt.subplots(
+        1, 2 if with_latencies else 1, figsize=(12 if with_latencies else 7, 4.5), squeeze=False
+    )
     bars = panels[0][0]
-    figure.suptitle(f"{scenario.id}: {scenario.title}\n"
-                    + " + ".join(part for part in (record.get("crowd"), record["load"]) if part), fontsize=10)
+    figure.suptitle(
+        f"{scenario.id}: {scenario.title}\n"
+        + " + ".join(part for part in (record.get("crowd"), record["load"]) if part),
+        fontsize=10,
+    )
 
     def per_run(run: dict) -> float | None:
         return run["measurement"]["rps"] if key == "rps" else run.get("extra", {}).get(key)
 
     labels = [label for label, s in summaries.items() if s.get(key) is not None]
     medians = [summaries[label][key] for label in labels]
-    spans = [[value for run in record["runs"] if run["server"] == label and run["measurement"]
-              and (value := per_run(run)) is not None] for label in labels]
+    spans = [
+        [
+            value
+            for run in record["runs"]
+            if run["server"] == label and run["measurement"] and (value := per_run(run)) is not None
+        ]
+        for label in labels
+    ]
     below = [median - min(span) for median, span in zip(medians, spans)]
     above = [max(span) - median for median, span in zip(medians, spans)]
     colors = ["tab:red" if label == REFERENCE else "tab:gray" for label in labels]
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
     bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
-    bars.set_ylabel(("requests per second" if key == "rps" else name)
-                    + " (median of runs)" + (", lower is better" if lower else ""))
+    bars.set_ylabel(
+        ("requests per second" if key == "rps" else name) + " (median of runs)" + (", lower is better" if lower else "")
+    )
     for x, (label, value, span) in enumerate(zip(labels, medians, spans)):
         cut = "\n(incomplete runs)" if summaries[label]["incomplete"] else ""
-        bars.annotate(f"{value:,.{digits}f}{cut}", (x, max(span)), ha="center", va="bottom", fontsize=8,
-                      xytext=(0, 2), textcoords="offset points")
+        bars.annotate(
+            f"{value:,.{digits}f}{cut}",
+            (x, max(span)),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     if not with_latencies:
         figure.tight_layout()
         figure.savefig(path, dpi=100)
@@ -346,10 +412,16 @@ def _chart(path: Path, record: dict, scenario) -> Path:
         if not points:
             continue
         style = {"color": "tab:red", "linewidth": 2.5} if label == REFERENCE else {}
-        line, = curves.plot([x for x, _ in points], [ms for _, ms in points], marker=".", label=label, **style)
+        (line,) = curves.plot([x for x, _ in points], [ms for _, ms in points], marker=".", label=label, **style)
         if summaries[label]["max_ms"] is not None:
-            curves.plot([points[-1][0], last + 0.5], [points[-1][1], summaries[label]["max_ms"]],
-                        linestyle=":", marker="x", markevery=[1], color=line.get_color())
+            curves.plot(
+                [points[-1][0], last + 0.5],
+                [points[-1][1], summaries[label]["max_ms"]],
+                linestyle=":",
+                marker="x",
+                markevery=[1],
+                color=line.get_color(),
+            )
     ticks = [p for p in (50, 90, 99, 99.9, 99.99) if nines(p) <= last]
     curves.set_xticks([nines(p) for p in ticks] + [last + 0.5], [f"{p:g}" for p in ticks] + ["max"])
     curves.set_yscale("log")

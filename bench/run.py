@@ -44,8 +44,10 @@ def main(argv: list[str]) -> int:
             _install_debian_tools()
             _create_peers_venv()
         except subprocess.CalledProcessError as error:
-            return _fail(f"setting up the load tools and bench/.peers failed: {' '.join(error.cmd)} "
-                         f"exited with status {error.returncode}")
+            return _fail(
+                f"setting up the load tools and bench/.peers failed: {' '.join(error.cmd)} "
+                f"exited with status {error.returncode}"
+            )
         venv_python = str(PEERS_VENV / "bin" / "python")
         os.execv(venv_python, [venv_python, str(Path(__file__).resolve()), *argv])
 
@@ -54,6 +56,7 @@ def main(argv: list[str]) -> int:
         return 0
     if args.report_only:
         import report  # needs matplotlib, which only the peers' venv has
+
         out = Path(args.out) if args.out else BENCH / "results"
         data = json.loads((out / "latest.json").read_text())
         paths = report.write(out, data["environment"], [], SCENARIOS)
@@ -68,8 +71,7 @@ def main(argv: list[str]) -> int:
     if unknown := wanted - set(SERVERS):
         return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
     if "maitred" in wanted and not MAITRED.exists():
-        return _fail(f"{MAITRED} is missing: run `make` first to build it "
-                     "(or leave maitred out with --servers)")
+        return _fail(f"{MAITRED} is missing: run `make` first to build it (or leave maitred out with --servers)")
 
     installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
     available = {name for name in wanted if installs.get(name, "ok") == "ok"}
@@ -93,6 +95,7 @@ def main(argv: list[str]) -> int:
         procs.stop_all()
 
     import report  # needs matplotlib, which only the peers' venv has
+
     environment = _environment(available, installs)
     paths = report.write(out, environment, records, SCENARIOS)
     print("\n".join(f"wrote {path}" for path in paths))
@@ -102,14 +105,22 @@ def main(argv: list[str]) -> int:
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/run.py", description="maitred's benchmark harness.")
     parser.add_argument("-s", "--scenarios", type=_names, help="comma-separated scenario ids (default: all)")
-    parser.add_argument("--servers", type=_names, help="comma-separated server names (default: every one in the line-ups)")
+    parser.add_argument(
+        "--servers", type=_names, help="comma-separated server names (default: every one in the line-ups)"
+    )
     parser.add_argument("-n", "--runs", type=int, help="runs per server and scenario (default: 3; --quick: 1)")
-    parser.add_argument("--quick", action="store_true", help="short loads for trying the harness out; "
-                        "writes to bench/.work/quick unless --out says otherwise")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short loads for trying the harness out; writes to bench/.work/quick unless --out says otherwise",
+    )
     parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
-    parser.add_argument("--report-only", action="store_true",
-                        help="run nothing: write latest.md again from latest.json (after a change to the report)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: write latest.md again from latest.json (after a change to the report)",
+    )
     return parser.parse_args(argv)
 
 
@@ -148,8 +159,9 @@ def _apt_get_install(packages: list[str]) -> list[list[str]]:
 
 def _debian_installed(package: str) -> str | None:
     """The installed version of a Debian package, or None when it is not installed."""
-    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}\t${Version}", package], check=False, capture_output=True, text=True
+    )
     status, _, version = result.stdout.partition("\t")
     return version if result.returncode == 0 and status == "install ok installed" else None
 
@@ -175,7 +187,7 @@ def _install_peers(servers: list[Server]) -> dict[str, str]:
 
 
 def _install_peer(server: Server) -> str:
-    """"ok", or what failed and the last line it printed."""
+    """ "ok", or what failed and the last line it printed."""
     steps = []
     if missing := [package for package in server.debian if _debian_installed(package) is None]:
         print(f"bench: installing {' '.join(missing)} from Debian for {server.name}", file=sys.stderr)
@@ -186,7 +198,7 @@ def _install_peer(server: Server) -> str:
     if server.pip_no_deps and not _pinned_installed(server.pip_no_deps):
         steps.append([*pip, "--no-deps", *server.pip_no_deps])
     for argv in steps:
-        result = subprocess.run(argv, capture_output=True, text=True, env=_INSTALL_ENV)
+        result = subprocess.run(argv, check=False, capture_output=True, text=True, env=_INSTALL_ENV)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
             command = " ".join(argv[2:] if argv[0] == sys.executable else argv)
@@ -213,8 +225,7 @@ def _raise_open_files_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str],
-                  earlier: list[dict]) -> dict:
+def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str], earlier: list[dict]) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
     (A B C A B C ...) so that drift in the machine's speed hits every server alike. earlier: the
     records of the scenarios this invocation has run so far."""
@@ -234,9 +245,11 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     warnings = []
     if soft_limit < scenario.open_files:
-        warnings.append(f"The open-files limit here is {soft_limit}, below the {scenario.open_files} "
-                        "this scenario needs: failures may be the load tool's or the server's "
-                        "'Too many open files' rather than the server's doing.")
+        warnings.append(
+            f"The open-files limit here is {soft_limit}, below the {scenario.open_files} "
+            "this scenario needs: failures may be the load tool's or the server's "
+            "'Too many open files' rather than the server's doing."
+        )
     if scenario.front and not scenario.front.available():
         warnings.append("nginx (the front proxy) is not installed: every run fails.")
     record = {
@@ -259,8 +272,9 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     began = time.monotonic()
     for repetition in range(1, runs + 1):
         for entry in entries:
-            result = run_once(scenario, load, crowd, entry, labels[entry], repetition,
-                              alone=alone.get((labels[entry], repetition)))
+            result = run_once(
+                scenario, load, crowd, entry, labels[entry], repetition, alone=alone.get((labels[entry], repetition))
+            )
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
@@ -280,12 +294,17 @@ def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, i
     donor = SCENARIOS.get(scenario.alone_from) if scenario.alone_from else None
     record = next((r for r in earlier if donor and r["id"] == donor.id), None)
     if record is None or (donor.app, donor.workers, donor.backlog, donor.load) != (
-            scenario.app, scenario.workers, scenario.backlog, scenario.load):
+        scenario.app,
+        scenario.workers,
+        scenario.backlog,
+        scenario.load,
+    ):
         return {}
-    return {(run["server"], run["run"]): {"measurement": run["measurement"],
-                                          "source": f"{donor.id} run {run['run']}"}
-            for run in record["runs"]
-            if run["measurement"] is not None and not run["cut_short"] and not run["error"]}
+    return {
+        (run["server"], run["run"]): {"measurement": run["measurement"], "source": f"{donor.id} run {run['run']}"}
+        for run in record["runs"]
+        if run["measurement"] is not None and not run["cut_short"] and not run["error"]
+    }
 
 
 def _now() -> str:
@@ -294,7 +313,7 @@ def _now() -> str:
 
 def _run(argv: list[str]) -> str:
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO)
+        result = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30, cwd=REPO)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"unavailable ({error})"
     return (result.stdout + result.stderr).strip()
@@ -308,6 +327,7 @@ def _git_commit() -> str:
 
 def _environment(available: set[str], installs: dict[str, str]) -> dict:
     """What a reader needs to reproduce the figures: machine, kernel settings, versions."""
+
     def first_line(text: str) -> str:
         return text.splitlines()[0] if text else ""
 
@@ -317,10 +337,14 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
         except OSError:
             return "unavailable"
 
-    cpu = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), "unknown")
-    memory = next((line.split(":", 1)[1].strip() for line in read("/proc/meminfo").splitlines()
-                   if line.startswith("MemTotal")), "unknown")
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines() if line.startswith("model name")),
+        "unknown",
+    )
+    memory = next(
+        (line.split(":", 1)[1].strip() for line in read("/proc/meminfo").splitlines() if line.startswith("MemTotal")),
+        "unknown",
+    )
     versions = {
         "ab": first_line(_run(["ab", "-V"])).replace("This is ApacheBench, Version", "ApacheBench").split(" <")[0],
         "wrk": first_line(_run(["wrk", "-v"])).split(" Copyright")[0],
@@ -328,14 +352,17 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
     }
     maitred_python = REPO / ".venv" / "bin" / "python"
     if maitred_python.exists():
-        versions["python (maitred)"] = _run([str(maitred_python), "-c", "import platform; print(platform.python_version())"])
+        versions["python (maitred)"] = _run(
+            [str(maitred_python), "-c", "import platform; print(platform.python_version())"]
+        )
     for name in sorted(available):
         server = SERVERS[name]
         if server.version_command:
             versions[name] = f"{first_line(_run(list(server.version_command)))} ({server.version_command[0]})"
         else:
-            debian = [f"{package} {_debian_installed(package) or 'not installed'} (Debian)"
-                      for package in server.debian]
+            debian = [
+                f"{package} {_debian_installed(package) or 'not installed'} (Debian)" for package in server.debian
+            ]
             versions[name] = ", ".join([*server.pip, *server.pip_no_deps, *debian])
     return {
         "date": _now(),
@@ -360,12 +387,17 @@ def _print_registry() -> None:
     print("scenarios:")
     for scenario in SCENARIOS.values():
         loads = [part.describe() for part in (scenario.crowd, scenario.load) if part]
-        print(f"  {scenario.id:<8} {scenario.title}\n           {' + '.join(loads)}; "
-              f"{scenario.workers} workers; {', '.join(_label(e) for e in scenario.lineup)}")
+        print(
+            f"  {scenario.id:<8} {scenario.title}\n           {' + '.join(loads)}; "
+            f"{scenario.workers} workers; {', '.join(_label(e) for e in scenario.lineup)}"
+        )
     print("servers:")
     for server in SERVERS.values():
-        packages = [*server.pip, *(f"{requirement} (pip --no-deps)" for requirement in server.pip_no_deps),
-                    *(f"{package} (Debian)" for package in server.debian)]
+        packages = [
+            *server.pip,
+            *(f"{requirement} (pip --no-deps)" for requirement in server.pip_no_deps),
+            *(f"{package} (Debian)" for package in server.debian),
+        ]
         # Only maitred installs nothing: it is the project's own build.
         print(f"  {server.name:<18} {', '.join(packages) or f'{MAITRED} (make install)'}")
 

@@ -20,8 +20,16 @@ import time
 from pathlib import Path
 
 import procs
-from measure import (ACCEPT_SYSCALLS, Load, ParseError, crowd_measurement, crowd_reports,
-                     kernel_counters, strace_argv, strace_counts)
+from measure import (
+    ACCEPT_SYSCALLS,
+    Load,
+    ParseError,
+    crowd_measurement,
+    crowd_reports,
+    kernel_counters,
+    strace_argv,
+    strace_counts,
+)
 from scenarios import Crowd, Entry, Scenario
 from servers import BENCH, SERVERS
 
@@ -42,8 +50,15 @@ class RunError(Exception):
     """The run measured nothing; str(error) says why."""
 
 
-def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: Entry, label: str,
-             repetition: int, alone: dict | None = None) -> dict:
+def run_once(
+    scenario: Scenario,
+    load: Load | None,
+    crowd: Crowd | None,
+    entry: Entry,
+    label: str,
+    repetition: int,
+    alone: dict | None = None,
+) -> dict:
     """alone (C1): the figure without the crowd, from a run of the same server under the same load
     in another scenario of this invocation ({"measurement", "source"}); None: measure it here,
     on this server instance, before the crowd arrives."""
@@ -55,8 +70,17 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
     port = procs.free_port()
     launch = scenario.launch(entry, port)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
-    result = {"server": label, "run": repetition, "measurement": None, "error": None,
-              "cut_short": False, "kernel": None, "extra": {}, "wall_s": None, "phases_s": {}}
+    result = {
+        "server": label,
+        "run": repetition,
+        "measurement": None,
+        "error": None,
+        "cut_short": False,
+        "kernel": None,
+        "extra": {},
+        "wall_s": None,
+        "phases_s": {},
+    }
     run_began = time.monotonic()
     phases = _Phases(result["phases_s"])
     argv = server.argv(launch)
@@ -68,19 +92,22 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
         process = _start(argv, workdir / "server.log", workdir, env)
         started.append(process)
         ready_connections = procs.wait_ready(
-            process, port=port, log_path=workdir / "server.log",
+            process,
+            port=port,
+            log_path=workdir / "server.log",
             log_pattern=server.ready_line(launch) if server.ready_line else None,
-            log_count=server.ready_count(launch))
+            log_count=server.ready_count(launch),
+        )
         phases.end("ready")
         target = port
         if scenario.front:
             target = procs.free_port()
-            front = _start(scenario.front.prepare(port=target, backend=port, workdir=workdir),
-                           workdir / "front.log", workdir, env)
+            front = _start(
+                scenario.front.prepare(port=target, backend=port, workdir=workdir), workdir / "front.log", workdir, env
+            )
             started.append(front)
             try:
-                procs.wait_ready(front, port=target, log_path=workdir / "front.log", log_pattern=None,
-                                 log_count=1)
+                procs.wait_ready(front, port=target, log_path=workdir / "front.log", log_pattern=None, log_count=1)
             except procs.StartError as error:
                 raise RunError(f"the front nginx did not start: {error}") from None
         time.sleep(SETTLE_SECONDS)
@@ -88,13 +115,15 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
         url = f"http://127.0.0.1:{target}/"
 
         if scenario.alone_first and alone is not None:
-            result["alone"] = {"measurement": alone["measurement"], "cut_short": False,
-                               "source": alone["source"]}
+            result["alone"] = {"measurement": alone["measurement"], "cut_short": False, "source": alone["source"]}
             result["extra"]["alone_rps"] = alone["measurement"]["rps"]
         elif scenario.alone_first:
             alone_measured, alone_cut = _load(load, url, workdir / "alone", env, scenario.limit())
-            result["alone"] = {"measurement": alone_measured, "cut_short": alone_cut,
-                               "source": "this run, before the crowd"}
+            result["alone"] = {
+                "measurement": alone_measured,
+                "cut_short": alone_cut,
+                "source": "this run, before the crowd",
+            }
             result["extra"]["alone_rps"] = alone_measured["rps"]
             time.sleep(SETTLE_SECONDS)
 
@@ -102,14 +131,17 @@ def run_once(scenario: Scenario, load: Load | None, crowd: Crowd | None, entry: 
         began = time.monotonic()
         if crowd:
             rss_before = procs.group_rss_kb(process.pid)
-            crowd_process = _start(crowd.argv(sys.executable, target, crowd.open_seconds + scenario.limit() + 10),
-                                   workdir / "crowd.out", workdir, env)
+            crowd_process = _start(
+                crowd.argv(sys.executable, target, crowd.open_seconds + scenario.limit() + 10),
+                workdir / "crowd.out",
+                workdir,
+                env,
+            )
             started.append(crowd_process)
-            line = procs.wait_for_line(crowd_process, workdir / "crowd.out", CROWD_MARKER,
-                                       crowd.open_seconds + 10)
+            line = procs.wait_for_line(crowd_process, workdir / "crowd.out", CROWD_MARKER, crowd.open_seconds + 10)
             if line is None:
                 raise RunError(f"connections.py held nothing; its output ends: {_last_line(workdir / 'crowd.out')}")
-            holding = json.loads(line[len(CROWD_MARKER):])
+            holding = json.loads(line[len(CROWD_MARKER) :])
             time.sleep(crowd.idle_seconds)
             rss_holding = procs.group_rss_kb(process.pid)
 
@@ -183,8 +215,9 @@ def _load(load: Load, url: str, workdir: Path, env: dict[str, str], limit: float
     cut it short."""
     workdir.mkdir(exist_ok=True)
     began = time.monotonic()
-    status, cut_short = procs.run_tool(load.argv(url, workdir), output=workdir / "tool.out",
-                                       cwd=workdir, env=env, time_limit=limit)
+    status, cut_short = procs.run_tool(
+        load.argv(url, workdir), output=workdir / "tool.out", cwd=workdir, env=env, time_limit=limit
+    )
     seconds = time.monotonic() - began
     output = (workdir / "tool.out").read_text(errors="replace")
     try:
@@ -221,8 +254,12 @@ def _accept_figures(summary: Path, connections: int) -> dict | None:
     counts = strace_counts(summary.read_text())
     calls = sum(counts.get(name, (0, 0))[0] for name in ACCEPT_SYSCALLS)
     failed = sum(counts.get(name, (0, 0))[1] for name in ACCEPT_SYSCALLS)
-    return {"accept_calls": calls, "accept_failed": failed, "connections": connections,
-            "accepts_per_conn": calls / connections if connections else None}
+    return {
+        "accept_calls": calls,
+        "accept_failed": failed,
+        "connections": connections,
+        "accepts_per_conn": calls / connections if connections else None,
+    }
 
 
 def _last_line(path: Path) -> str:
@@ -242,7 +279,8 @@ def brief(result: dict) -> str:
     text = ("" if m["rps"] is None else f"{m['rps']:9.0f} req/s  ") + (
         f"failed {m['failed']}  non-2xx {m['non2xx']}  "
         f"p99 {ms(m['latency_ms'].get('99'))}  max {ms(m['max_ms'])}  "
-        f"overflows {result['kernel']['ListenOverflows']}")
+        f"overflows {result['kernel']['ListenOverflows']}"
+    )
     if m["keepalive"] is not None:
         text += f"  keep-alive {m['keepalive']}"
     for key, value in result["extra"].items():

@@ -7,9 +7,9 @@ scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from front import NginxFront
 from measure import Ab, Load, Wrk
@@ -63,9 +63,9 @@ class Crowd:
     """Connections held open by bench/connections.py while the run lasts: "slow" ones whose request
     head never ends (C1), or "idle" keep-alive ones after one request each (M1)."""
 
-    kind: str            # "slow" or "idle"
+    kind: str  # "slow" or "idle"
     count: int
-    interval: float = 5.0       # slow: seconds between the bytes of the endless head
+    interval: float = 5.0  # slow: seconds between the bytes of the endless head
     open_seconds: float = 15.0  # how long opening them may take before the run goes on regardless
     # M1: how long they have all been held before the server's memory is read, so that it is
     # the memory of idle connections, not of ones answered a moment ago.
@@ -73,9 +73,20 @@ class Crowd:
 
     def argv(self, python: str, port: int, seconds: float) -> list[str]:
         interval = ["--interval", f"{self.interval:g}"] if self.kind == "slow" else []
-        return [python, str(HERE / "connections.py"), self.kind, "--port", str(port),
-                "--count", str(self.count), *interval, "--open-seconds", f"{self.open_seconds:g}",
-                "--seconds", f"{seconds:g}"]
+        return [
+            python,
+            str(HERE / "connections.py"),
+            self.kind,
+            "--port",
+            str(port),
+            "--count",
+            str(self.count),
+            *interval,
+            "--open-seconds",
+            f"{self.open_seconds:g}",
+            "--seconds",
+            f"{seconds:g}",
+        ]
 
     def describe(self) -> str:
         argv = self.argv("python3", 0, 0)
@@ -137,10 +148,10 @@ class Scenario:
 # with its production threading unless an entry names threads.
 MAITRED = Entry("maitred")
 GUNICORN_SYNC = Entry("gunicorn-sync")
-GTHREAD = Entry("gunicorn-gthread")              # 4 threads per worker, as issue 3 sets it
+GTHREAD = Entry("gunicorn-gthread")  # 4 threads per worker, as issue 3 sets it
 GTHREAD_1 = Entry("gunicorn-gthread", threads=1)  # as many apps at once as a prefork server
 UWSGI = Entry("uwsgi")
-GRANIAN = Entry("granian")                        # its own blocking-thread count
+GRANIAN = Entry("granian")  # its own blocking-thread count
 GRANIAN_1 = Entry("granian", threads=1)
 WAITRESS = Entry("waitress")
 # waitress is one process of threads: threads=1 per worker gives it as many threads in all as the
@@ -174,8 +185,14 @@ SHARED_SOCKET = (MAITRED, GUNICORN_SYNC, UWSGI, GRANIAN, MEINHELD, BJOERN, NGINX
 # S4, 6 app slots against 1,000 keep-alive clients: the servers issue 3 quotes (uWSGI, granian at
 # 1 thread per worker, bjoern) and Apache httpd with mod_wsgi under its event and worker MPMs, 2 processes x 3 threads
 # (ThreadsPerChild 3, MaxRequestWorkers 6, as shared/SCENARIOS.md sets S4).
-KEEPALIVE_SLOTS = (MAITRED, UWSGI, GRANIAN_1, BJOERN,
-                   Entry("apache-event", workers=2), Entry("apache-worker", workers=2))
+KEEPALIVE_SLOTS = (
+    MAITRED,
+    UWSGI,
+    GRANIAN_1,
+    BJOERN,
+    Entry("apache-event", workers=2),
+    Entry("apache-worker", workers=2),
+)
 # S5, 5 app slots behind nginx: the prefork servers and the threaded ones at 1 thread per worker.
 BEHIND_PROXY = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN)
 # C1, slow clients: the servers issue 3 measured (bjoern, granian, gthread, sync).
@@ -207,9 +224,12 @@ NO_FAILURES = Target("0 failed, 0 non-2xx", _no_failures)
 def _max_latency_within(rounds: float) -> Target:
     """Nobody waits more than `rounds` times what serving every client once takes at the
     measured rate: the tail of a fair queue."""
-    return Target(f"max latency <= {rounds:g} x (1000 / req/s) s",
-                  lambda summary, peers: summary["max_ms"] is not None
-                  and summary["max_ms"] <= rounds * 1000 / summary["rps"] * 1000)
+    return Target(
+        f"max latency <= {rounds:g} x (1000 / req/s) s",
+        lambda summary, peers: (
+            summary["max_ms"] is not None and summary["max_ms"] <= rounds * 1000 / summary["rps"] * 1000
+        ),
+    )
 
 
 # S1: 3 slots x 1 ms allow 3000 req/s; 1000 clients then wait 1000/rps seconds each round.
@@ -221,176 +241,284 @@ S1_TARGETS = (
 )
 
 S2_TARGETS = (Target("0 listen overflows", _no_overflows), NO_FAILURES)
-S2_NOTE = ("Each server keeps its own listen backlog; the kernel grants min(backlog, "
-           "net.core.somaxconn) (see the machine line). ab runs with -r so that a refused or reset "
-           "connection is counted as failed instead of ending the run. A run still going after 10 s "
-           "(under 2,000 req/s, where every peer serves hello at several thousand) is stopped.")
+S2_NOTE = (
+    "Each server keeps its own listen backlog; the kernel grants min(backlog, "
+    "net.core.somaxconn) (see the machine line). ab runs with -r so that a refused or reset "
+    "connection is counted as failed instead of ending the run. A run still going after 10 s "
+    "(under 2,000 req/s, where every peer serves hello at several thousand) is stopped."
+)
 
-S5_TARGETS = (NO_FAILURES,
-              Target("no request over 100 ms (max latency)",
-                     lambda summary, peers: summary["max_ms"] is not None and summary["max_ms"] <= 100),
-              LEADS)
-S5_NOTE = ("The load goes to nginx (Debian's, started per run once the server is ready, stopped "
-           "after it), which keeps up to 32 idle HTTP/1.1 connections per nginx worker process to "
-           "the server (configuration below). Threaded servers run 5 app slots like the others "
-           "(1 thread per worker).")
+S5_TARGETS = (
+    NO_FAILURES,
+    Target(
+        "no request over 100 ms (max latency)",
+        lambda summary, peers: summary["max_ms"] is not None and summary["max_ms"] <= 100,
+    ),
+    LEADS,
+)
+S5_NOTE = (
+    "The load goes to nginx (Debian's, started per run once the server is ready, stopped "
+    "after it), which keeps up to 32 idle HTTP/1.1 connections per nginx worker process to "
+    "the server (configuration below). Threaded servers run 5 app slots like the others "
+    "(1 thread per worker)."
+)
 
-SCENARIOS: dict[str, Scenario] = {scenario.id: scenario for scenario in (
-    Scenario(
-        id="T1", title="hello world, keep-alive, wrk (throughput)",
-        app="apps:hello", workers=2, load=T1_LOAD,
-        lineup=HEADLINE, targets=(NO_FAILURES, LEADS),
-    ),
-    Scenario(
-        id="T2", title="hello world, no keep-alive, ab",
-        app="apps:hello", workers=2, load=Ab(concurrency=50, requests=50000),
-        lineup=NO_KEEPALIVE, targets=(NO_FAILURES, LEADS),
-        note="On loopback the server's side of each handshake and teardown runs inside ab's own "
-             "connect and close, and ab, single-threaded, takes a whole core: every server fast "
-             "enough stops at the rate ab can open connections (docs/PERFORMANCE.md, \"T2: ab's "
-             "ceiling\"). nginx's fixed answer shows where that is.",
-    ),
-    Scenario(
-        id="L1", title="hello world, keep-alive, one client (latency-bound)",
-        app="apps:hello", workers=2, load=Wrk(threads=1, connections=1, seconds=10),
-        lineup=ONE_CLIENT, targets=(NO_FAILURES, LEADS),
-    ),
-    Scenario(
-        id="S1", title="the worker that waits for nothing: 1 ms app, 1000 clients, default backlog",
-        app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
-        lineup=EQUAL_SLOTS_AND_DEFAULTS, time_limit=10.0, targets=S1_TARGETS,
-        note="3 slots x 1 ms allow 3000 req/s; each of 1000 clients then waits about 0.33 s. A "
-             "server still going after 10 s (under 1,000 req/s; maitred needs about 4 s) is stopped: "
-             "uWSGI, whose listen queue is 100 by default, overflows it and stalls until ab gives up.",
-    ),
-    Scenario(
-        id="S1-b10", title="the worker that waits for nothing: 1 ms app, 1000 clients, --backlog 10",
-        app="apps:sleep_1ms", workers=3, load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
-        lineup=EQUAL_SLOTS, backlog=10, time_limit=10.0, targets=S1_TARGETS,
-        note="A run still going after 10 s is stopped (ab then reports what completed): by then it "
-             "has run at under 1,000 req/s where 3 slots allow 3000, and maitred finishes in about "
-             "4 s, so the stall is plain without spending a minute on it. Such a run is "
-             "incomplete, and its latencies cover only the requests the server finished. The "
-             "threaded peers' default threading is in S1, at the default backlog. The 11 slots "
-             "hold 0.3-0.5 ms of ab's opening burst of connects: a server kept from accepting that "
-             "long, even by another process on its CPU, overflows the queue.",
-    ),
-    Scenario(
-        id="S2-c1000", title="SYNs dropped on the floor: hello, 1000 clients, default backlogs",
-        app="apps:hello", workers=2, load=Ab(concurrency=1000, requests=20000, ignore_errors=True),
-        lineup=ACCEPT_QUEUE, time_limit=10.0, targets=S2_TARGETS, open_files=2100,
-        note=S2_NOTE,
-    ),
-    Scenario(
-        id="S2-c5000", title="SYNs dropped on the floor: hello, 5000 clients, default backlogs",
-        app="apps:hello", workers=2, load=Ab(concurrency=5000, requests=20000, ignore_errors=True),
-        lineup=ACCEPT_QUEUE, time_limit=10.0, targets=S2_TARGETS, open_files=11000,
-        note=S2_NOTE,
-    ),
-    Scenario(
-        id="S3", title="the thundering herd: hello, 4 workers, no keep-alive, 4 clients",
-        app="apps:hello", workers=4, load=Ab(concurrency=4, requests=20000),
-        lineup=SHARED_SOCKET, time_limit=30.0, targets=(NO_FAILURES, LEADS),
-    ),
-    Scenario(
-        id="S3-accept", title="the thundering herd: accept calls per connection, 4 workers, one client",
-        app="apps:hello", workers=4, load=Ab(concurrency=1, requests=1000),
-        lineup=SHARED_SOCKET, trace_accepts=True, time_limit=30.0,
-        targets=(Target("<= 1.1 accept calls per connection",
-                        lambda summary, peers: summary["accepts_per_conn"] is not None
-                        and summary["accepts_per_conn"] <= 1.1),),
-        columns=(Column("accept_calls", "accept calls"), Column("accept_failed", "of them failed"),
-                 Column("connections", "connections"),
-                 Column("accepts_per_conn", "accept calls / connection", digits=2)),
-        headline=Column("accepts_per_conn", "accept calls per connection", digits=2),
-        headline_lower_is_better=True,
-        note="Each server runs under `strace -f -c --seccomp-bpf -e trace=accept,accept4`, from its "
-             "start to its end: -f follows every process and thread it starts (workers forked later "
-             "too), and --seccomp-bpf stops them only at the accept calls counted, so the rest runs "
-             "at full speed and the wake-ups strace counts are the ones that happen without it. "
-             "Connections: ab's 1,000 plus the harness's readiness checks (usually 1). A failed "
-             "accept is a process woken for a connection another process took (EAGAIN). Its req/s "
-             "is under strace and only for reference: S3 measures the throughput.",
-    ),
-    Scenario(
-        id="S4", title="keep-alive against busy workers: hello, 6 app slots, 1000 keep-alive clients",
-        app="apps:hello", workers=6, load=Ab(concurrency=1000, requests=100000, keepalive=True,
-                                             ignore_errors=True),
-        lineup=KEEPALIVE_SLOTS, time_limit=15.0,
-        targets=(NO_FAILURES,
-                 Target("every request on keep-alive (ab's Keep-Alive requests = completed)",
-                        lambda summary, peers: summary["keepalive"] == summary["requests"]),
-                 _max_latency_within(2.0), LEADS),
-        note="Threaded servers run as many app slots as the others (processes x threads = 6): "
-             "gunicorn's gthread and granian with 1 thread per worker, Apache httpd with 2 "
-             "processes x 3 threads (ThreadsPerChild 3, MaxRequestWorkers 6). ab counts a response "
-             "on a connection the server closed as failed (\"Length\"): that is how a dropped "
-             "keep-alive connection shows. A run still going after 15 s is stopped, to keep the "
-             "suite within its time: that cuts short a server serving under 6,700 req/s (its "
-             "figures then cover what it served by then), and a server that pins a worker to each "
-             "idle keep-alive connection, whose other clients wait. ab starts the clock of each "
-             "connection's first request before it connects, and writes the first requests only "
-             "once all 1,000 connects are made: those 1,000 latencies (1% of the requests, so p99 "
-             "and max) include ab's own connect loop, which \"connect max\" shows.",
-    ),
-    Scenario(
-        id="S5-c5", title="the proxy that hoards backend connections: nginx in front, 5 clients",
-        app="apps:hello", workers=5, load=Ab(concurrency=5, requests=2000),
-        lineup=BEHIND_PROXY, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
-        note=S5_NOTE,
-    ),
-    Scenario(
-        id="S5-c50", title="the proxy that hoards backend connections: nginx in front, 50 clients",
-        app="apps:hello", workers=5, load=Ab(concurrency=50, requests=5000),
-        lineup=BEHIND_PROXY, front=NginxFront(keepalive=32), time_limit=30.0, targets=S5_TARGETS,
-        note=S5_NOTE,
-    ),
-    Scenario(
-        id="C1", title="slow clients: 2,000 request heads that never end, plus T1's load",
-        app="apps:hello", workers=2, load=T1_LOAD,
-        lineup=SLOW_CLIENTS, crowd=Crowd("slow", 2000, interval=5.0, open_seconds=10.0),
-        alone_first=True, alone_from="T1", open_files=2200,
-        targets=(Target("req/s with the slow clients >= 90% of req/s without them",
-                        lambda summary, peers: summary["pct_alone"] is not None
-                        and summary["pct_alone"] >= 90),),
-        columns=(Column("alone_rps", "req/s without them"),
-                 Column("pct_alone", "with / without", suffix="%"),
-                 Column("crowd_opened", "slow clients connected"),
-                 Column("crowd_open_end", "still open at the end"),
-                 Column("crowd_closed_end", "closed by the server")),
-        note="Each run runs T1's load after bench/connections.py has connected 2,000 slow clients, "
-             "each of which sends a request line and a Host header, then one byte of a header every "
-             "5 s and never the blank line that ends the head. \"req/s without them\" is T1's: "
-             "when T1 ran in the same invocation, it is T1's run of the same number on the same "
-             "server (same load, app and workers: the same measurement); otherwise the run "
-             "measures it on its own server first, before the slow clients connect. The req/s "
-             "column is the figure with them; \"with / without\" is their ratio, run by run. Slow clients the server "
-             "closes (a header timeout, answered with 408 or not) are counted, not held against "
-             "it: what matters is whether everyone else is still served.",
-    ),
-    Scenario(
-        id="M1", title="memory: 10,000 idle keep-alive connections",
-        app="apps:hello", workers=2, load=None,
-        lineup=IDLE_CONNECTIONS, crowd=Crowd("idle", 10000, open_seconds=15.0, idle_seconds=3.0), time_limit=30.0,
-        open_files=10100,
-        targets=(Target("all 10,000 connections answered and held open",
-                        lambda summary, peers: summary["crowd_held"] == summary["crowd_count"]),
-                 Target("RSS growth <= 5 MB (0.5 KB per connection)",
-                        lambda summary, peers: summary["rss_growth_mb"] <= 5)),
-        columns=(Column("crowd_held", "held"), Column("crowd_closed", "closed by the server"),
-                 Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
-                 Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
-                 Column("kb_per_held", "KB per held connection", digits=2)),
-        headline=Column("kb_per_held", "KB per held idle connection", digits=2),
-        headline_lower_is_better=True,
-        note="bench/connections.py opens 10,000 connections (at most 500 opening at once), sends one "
-             "GET on each, reads the whole response, and then keeps them open without a word. The "
-             "server's RSS (the sum of VmRSS over every process of its process group, from /proc) "
-             "is read once it is ready and again 3 s after every connection was answered (or 15 s "
-             "have passed), so that it is the memory of idle connections, not of ones answered a "
-             "moment ago: the growth is what holding them costs. \"Held\" counts the answered "
-             "connections still open at the end of the run; a server that closes idle connections (no "
-             "keep-alive, or a short keep-alive timeout) or stops accepting holds fewer, and its "
-             "KB per connection is left out when it held under 1% of them.",
-    ),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    scenario.id: scenario
+    for scenario in (
+        Scenario(
+            id="T1",
+            title="hello world, keep-alive, wrk (throughput)",
+            app="apps:hello",
+            workers=2,
+            load=T1_LOAD,
+            lineup=HEADLINE,
+            targets=(NO_FAILURES, LEADS),
+        ),
+        Scenario(
+            id="T2",
+            title="hello world, no keep-alive, ab",
+            app="apps:hello",
+            workers=2,
+            load=Ab(concurrency=50, requests=50000),
+            lineup=NO_KEEPALIVE,
+            targets=(NO_FAILURES, LEADS),
+            note="On loopback the server's side of each handshake and teardown runs inside ab's own "
+            "connect and close, and ab, single-threaded, takes a whole core: every server fast "
+            "enough stops at the rate ab can open connections (docs/PERFORMANCE.md, \"T2: ab's "
+            "ceiling\"). nginx's fixed answer shows where that is.",
+        ),
+        Scenario(
+            id="L1",
+            title="hello world, keep-alive, one client (latency-bound)",
+            app="apps:hello",
+            workers=2,
+            load=Wrk(threads=1, connections=1, seconds=10),
+            lineup=ONE_CLIENT,
+            targets=(NO_FAILURES, LEADS),
+        ),
+        Scenario(
+            id="S1",
+            title="the worker that waits for nothing: 1 ms app, 1000 clients, default backlog",
+            app="apps:sleep_1ms",
+            workers=3,
+            load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
+            lineup=EQUAL_SLOTS_AND_DEFAULTS,
+            time_limit=10.0,
+            targets=S1_TARGETS,
+            note="3 slots x 1 ms allow 3000 req/s; each of 1000 clients then waits about 0.33 s. A "
+            "server still going after 10 s (under 1,000 req/s; maitred needs about 4 s) is stopped: "
+            "uWSGI, whose listen queue is 100 by default, overflows it and stalls until ab gives up.",
+        ),
+        Scenario(
+            id="S1-b10",
+            title="the worker that waits for nothing: 1 ms app, 1000 clients, --backlog 10",
+            app="apps:sleep_1ms",
+            workers=3,
+            load=Ab(concurrency=1000, requests=10000, ignore_errors=True),
+            lineup=EQUAL_SLOTS,
+            backlog=10,
+            time_limit=10.0,
+            targets=S1_TARGETS,
+            note="A run still going after 10 s is stopped (ab then reports what completed): by then it "
+            "has run at under 1,000 req/s where 3 slots allow 3000, and maitred finishes in about "
+            "4 s, so the stall is plain without spending a minute on it. Such a run is "
+            "incomplete, and its latencies cover only the requests the server finished. The "
+            "threaded peers' default threading is in S1, at the default backlog. The 11 slots "
+            "hold 0.3-0.5 ms of ab's opening burst of connects: a server kept from accepting that "
+            "long, even by another process on its CPU, overflows the queue.",
+        ),
+        Scenario(
+            id="S2-c1000",
+            title="SYNs dropped on the floor: hello, 1000 clients, default backlogs",
+            app="apps:hello",
+            workers=2,
+            load=Ab(concurrency=1000, requests=20000, ignore_errors=True),
+            lineup=ACCEPT_QUEUE,
+            time_limit=10.0,
+            targets=S2_TARGETS,
+            open_files=2100,
+            note=S2_NOTE,
+        ),
+        Scenario(
+            id="S2-c5000",
+            title="SYNs dropped on the floor: hello, 5000 clients, default backlogs",
+            app="apps:hello",
+            workers=2,
+            load=Ab(concurrency=5000, requests=20000, ignore_errors=True),
+            lineup=ACCEPT_QUEUE,
+            time_limit=10.0,
+            targets=S2_TARGETS,
+            open_files=11000,
+            note=S2_NOTE,
+        ),
+        Scenario(
+            id="S3",
+            title="the thundering herd: hello, 4 workers, no keep-alive, 4 clients",
+            app="apps:hello",
+            workers=4,
+            load=Ab(concurrency=4, requests=20000),
+            lineup=SHARED_SOCKET,
+            time_limit=30.0,
+            targets=(NO_FAILURES, LEADS),
+        ),
+        Scenario(
+            id="S3-accept",
+            title="the thundering herd: accept calls per connection, 4 workers, one client",
+            app="apps:hello",
+            workers=4,
+            load=Ab(concurrency=1, requests=1000),
+            lineup=SHARED_SOCKET,
+            trace_accepts=True,
+            time_limit=30.0,
+            targets=(
+                Target(
+                    "<= 1.1 accept calls per connection",
+                    lambda summary, peers: (
+                        summary["accepts_per_conn"] is not None and summary["accepts_per_conn"] <= 1.1
+                    ),
+                ),
+            ),
+            columns=(
+                Column("accept_calls", "accept calls"),
+                Column("accept_failed", "of them failed"),
+                Column("connections", "connections"),
+                Column("accepts_per_conn", "accept calls / connection", digits=2),
+            ),
+            headline=Column("accepts_per_conn", "accept calls per connection", digits=2),
+            headline_lower_is_better=True,
+            note="Each server runs under `strace -f -c --seccomp-bpf -e trace=accept,accept4`, from its "
+            "start to its end: -f follows every process and thread it starts (workers forked later "
+            "too), and --seccomp-bpf stops them only at the accept calls counted, so the rest runs "
+            "at full speed and the wake-ups strace counts are the ones that happen without it. "
+            "Connections: ab's 1,000 plus the harness's readiness checks (usually 1). A failed "
+            "accept is a process woken for a connection another process took (EAGAIN). Its req/s "
+            "is under strace and only for reference: S3 measures the throughput.",
+        ),
+        Scenario(
+            id="S4",
+            title="keep-alive against busy workers: hello, 6 app slots, 1000 keep-alive clients",
+            app="apps:hello",
+            workers=6,
+            load=Ab(concurrency=1000, requests=100000, keepalive=True, ignore_errors=True),
+            lineup=KEEPALIVE_SLOTS,
+            time_limit=15.0,
+            targets=(
+                NO_FAILURES,
+                Target(
+                    "every request on keep-alive (ab's Keep-Alive requests = completed)",
+                    lambda summary, peers: summary["keepalive"] == summary["requests"],
+                ),
+                _max_latency_within(2.0),
+                LEADS,
+            ),
+            note="Threaded servers run as many app slots as the others (processes x threads = 6): "
+            "gunicorn's gthread and granian with 1 thread per worker, Apache httpd with 2 "
+            "processes x 3 threads (ThreadsPerChild 3, MaxRequestWorkers 6). ab counts a response "
+            'on a connection the server closed as failed ("Length"): that is how a dropped '
+            "keep-alive connection shows. A run still going after 15 s is stopped, to keep the "
+            "suite within its time: that cuts short a server serving under 6,700 req/s (its "
+            "figures then cover what it served by then), and a server that pins a worker to each "
+            "idle keep-alive connection, whose other clients wait. ab starts the clock of each "
+            "connection's first request before it connects, and writes the first requests only "
+            "once all 1,000 connects are made: those 1,000 latencies (1% of the requests, so p99 "
+            'and max) include ab\'s own connect loop, which "connect max" shows.',
+        ),
+        Scenario(
+            id="S5-c5",
+            title="the proxy that hoards backend connections: nginx in front, 5 clients",
+            app="apps:hello",
+            workers=5,
+            load=Ab(concurrency=5, requests=2000),
+            lineup=BEHIND_PROXY,
+            front=NginxFront(keepalive=32),
+            time_limit=30.0,
+            targets=S5_TARGETS,
+            note=S5_NOTE,
+        ),
+        Scenario(
+            id="S5-c50",
+            title="the proxy that hoards backend connections: nginx in front, 50 clients",
+            app="apps:hello",
+            workers=5,
+            load=Ab(concurrency=50, requests=5000),
+            lineup=BEHIND_PROXY,
+            front=NginxFront(keepalive=32),
+            time_limit=30.0,
+            targets=S5_TARGETS,
+            note=S5_NOTE,
+        ),
+        Scenario(
+            id="C1",
+            title="slow clients: 2,000 request heads that never end, plus T1's load",
+            app="apps:hello",
+            workers=2,
+            load=T1_LOAD,
+            lineup=SLOW_CLIENTS,
+            crowd=Crowd("slow", 2000, interval=5.0, open_seconds=10.0),
+            alone_first=True,
+            alone_from="T1",
+            open_files=2200,
+            targets=(
+                Target(
+                    "req/s with the slow clients >= 90% of req/s without them",
+                    lambda summary, peers: summary["pct_alone"] is not None and summary["pct_alone"] >= 90,
+                ),
+            ),
+            columns=(
+                Column("alone_rps", "req/s without them"),
+                Column("pct_alone", "with / without", suffix="%"),
+                Column("crowd_opened", "slow clients connected"),
+                Column("crowd_open_end", "still open at the end"),
+                Column("crowd_closed_end", "closed by the server"),
+            ),
+            note="Each run runs T1's load after bench/connections.py has connected 2,000 slow clients, "
+            "each of which sends a request line and a Host header, then one byte of a header every "
+            '5 s and never the blank line that ends the head. "req/s without them" is T1\'s: '
+            "when T1 ran in the same invocation, it is T1's run of the same number on the same "
+            "server (same load, app and workers: the same measurement); otherwise the run "
+            "measures it on its own server first, before the slow clients connect. The req/s "
+            'column is the figure with them; "with / without" is their ratio, run by run. Slow clients the server '
+            "closes (a header timeout, answered with 408 or not) are counted, not held against "
+            "it: what matters is whether everyone else is still served.",
+        ),
+        Scenario(
+            id="M1",
+            title="memory: 10,000 idle keep-alive connections",
+            app="apps:hello",
+            workers=2,
+            load=None,
+            lineup=IDLE_CONNECTIONS,
+            crowd=Crowd("idle", 10000, open_seconds=15.0, idle_seconds=3.0),
+            time_limit=30.0,
+            open_files=10100,
+            targets=(
+                Target(
+                    "all 10,000 connections answered and held open",
+                    lambda summary, peers: summary["crowd_held"] == summary["crowd_count"],
+                ),
+                Target(
+                    "RSS growth <= 5 MB (0.5 KB per connection)", lambda summary, peers: summary["rss_growth_mb"] <= 5
+                ),
+            ),
+            columns=(
+                Column("crowd_held", "held"),
+                Column("crowd_closed", "closed by the server"),
+                Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
+                Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
+                Column("kb_per_held", "KB per held connection", digits=2),
+            ),
+            headline=Column("kb_per_held", "KB per held idle connection", digits=2),
+            headline_lower_is_better=True,
+            note="bench/connections.py opens 10,000 connections (at most 500 opening at once), sends one "
+            "GET on each, reads the whole response, and then keeps them open without a word. The "
+            "server's RSS (the sum of VmRSS over every process of its process group, from /proc) "
+            "is read once it is ready and again 3 s after every connection was answered (or 15 s "
+            "have passed), so that it is the memory of idle connections, not of ones answered a "
+            'moment ago: the growth is what holding them costs. "Held" counts the answered '
+            "connections still open at the end of the run; a server that closes idle connections (no "
+            "keep-alive, or a short keep-alive timeout) or stops accepting holds fewer, and its "
+            "KB per connection is left out when it held under 1% of them.",
+        ),
+    )
+}

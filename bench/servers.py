@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -27,11 +28,11 @@ PEERS_VENV = BENCH / ".peers"
 class Launch:
     """What one run asks of a server."""
 
-    app: str              # "module:callable" in bench/apps.py
+    app: str  # "module:callable" in bench/apps.py
     port: int
     workers: int
-    threads: int | None   # None: the server's own production default (default_threads)
-    backlog: int | None   # None: the server's default
+    threads: int | None  # None: the server's own production default (default_threads)
+    backlog: int | None  # None: the server's default
 
 
 # Server.default_threads for a server that picks its own thread count from other settings.
@@ -102,8 +103,15 @@ def _address(launch: Launch) -> str:
 
 def _from_template(template: str, output: str, values: dict[str, object], server: list[str]) -> list[str]:
     """The argv that writes output from bench/peers/template with values, then execs server."""
-    return [_peer("python"), str(PEERS / "from_template.py"), template, output,
-            *(f"{name}={value}" for name, value in values.items()), "--", *server]
+    return [
+        _peer("python"),
+        str(PEERS / "from_template.py"),
+        template,
+        output,
+        *(f"{name}={value}" for name, value in values.items()),
+        "--",
+        *server,
+    ]
 
 
 # nginx's keepalive_requests and Apache's MaxKeepAliveRequests: high enough that no benchmark
@@ -120,8 +128,19 @@ GRANIAN_MIN_BACKLOG = 128
 def _gunicorn(worker_class: str) -> Callable[[Launch, int | None], list[str]]:
     def command(launch: Launch, threads: int | None) -> list[str]:
         thread_flags = [] if threads is None else ["--threads", str(threads)]
-        return [_peer("gunicorn"), "-k", worker_class, "-w", str(launch.workers), *thread_flags,
-                "-b", f"127.0.0.1:{launch.port}", *_backlog(launch), launch.app]
+        return [
+            _peer("gunicorn"),
+            "-k",
+            worker_class,
+            "-w",
+            str(launch.workers),
+            *thread_flags,
+            "-b",
+            f"127.0.0.1:{launch.port}",
+            *_backlog(launch),
+            launch.app,
+        ]
+
     return command
 
 
@@ -139,9 +158,22 @@ def _uwsgi(launch: Launch) -> list[str]:
     # a "Connection: close" header, so a keep-alive client (wrk, ab -k, a proxy) only learns of
     # the close when its next request on it fails; wrk counts those as read errors.
     backlog = [] if launch.backlog is None else ["--listen", str(launch.backlog)]
-    return [_peer("uwsgi"), "--master", "--processes", str(launch.workers),
-            "--http-socket", _address(launch), "--module", launch.app, "--need-app", "--strict",
-            "--die-on-term", "--thunder-lock", "--disable-logging", *backlog]
+    return [
+        _peer("uwsgi"),
+        "--master",
+        "--processes",
+        str(launch.workers),
+        "--http-socket",
+        _address(launch),
+        "--module",
+        launch.app,
+        "--need-app",
+        "--strict",
+        "--die-on-term",
+        "--thunder-lock",
+        "--disable-logging",
+        *backlog,
+    ]
 
 
 def _granian(launch: Launch, threads: int | None) -> list[str]:
@@ -149,14 +181,31 @@ def _granian(launch: Launch, threads: int | None) -> list[str]:
     # per worker: the kernel queues up to backlog x workers connections in all.
     thread_flags = [] if threads is None else ["--blocking-threads", str(threads)]
     backlog = [] if launch.backlog is None else ["--backlog", str(max(GRANIAN_MIN_BACKLOG, launch.backlog))]
-    return [_peer("granian"), "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(launch.port),
-            "--workers", str(launch.workers), *thread_flags, *backlog, launch.app]
+    return [
+        _peer("granian"),
+        "--interface",
+        "wsgi",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(launch.port),
+        "--workers",
+        str(launch.workers),
+        *thread_flags,
+        *backlog,
+        launch.app,
+    ]
 
 
 def _waitress(launch: Launch, threads: int | None) -> list[str]:
     assert threads is not None, "waitress has a numeric default_threads"
-    return [_peer("waitress-serve"), f"--listen={_address(launch)}", f"--threads={launch.workers * threads}",
-            *([] if launch.backlog is None else [f"--backlog={launch.backlog}"]), launch.app]
+    return [
+        _peer("waitress-serve"),
+        f"--listen={_address(launch)}",
+        f"--threads={launch.workers * threads}",
+        *([] if launch.backlog is None else [f"--backlog={launch.backlog}"]),
+        launch.app,
+    ]
 
 
 # libpython3.11 is the Python mod_wsgi runs the app on (Debian's, not bench/.peers'): named so
@@ -169,117 +218,148 @@ def _apache(mpm: str, launch: Launch, threads: int | None) -> list[str]:
     # processes alike: S4's MaxRequestWorkers 6 with ThreadsPerChild 3 is workers=2, threads=3.
     assert threads is not None, "apache has a numeric default_threads"
     module, _, callable_name = launch.app.partition(":")
-    return _from_template("apache.conf.template", "apache.conf", {
-        "mpm": mpm, "address": _address(launch),
-        "backlog": APACHE_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog,
-        "processes": launch.workers, "threads": threads, "max_workers": launch.workers * threads,
-        "keepalive_requests": KEEPALIVE_REQUESTS,
-        # The app's module is a file in bench/, which mod_wsgi loads as a script.
-        "bench": BENCH, "module": module, "callable": callable_name,
-    }, ["/usr/sbin/apache2", "-d", ".", "-f", "apache.conf", "-DFOREGROUND"])
+    return _from_template(
+        "apache.conf.template",
+        "apache.conf",
+        {
+            "mpm": mpm,
+            "address": _address(launch),
+            "backlog": APACHE_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog,
+            "processes": launch.workers,
+            "threads": threads,
+            "max_workers": launch.workers * threads,
+            "keepalive_requests": KEEPALIVE_REQUESTS,
+            # The app's module is a file in bench/, which mod_wsgi loads as a script.
+            "bench": BENCH,
+            "module": module,
+            "callable": callable_name,
+        },
+        ["/usr/sbin/apache2", "-d", ".", "-f", "apache.conf", "-DFOREGROUND"],
+    )
 
 
-SERVERS: dict[str, Server] = {server.name: server for server in (
-    Server(
-        name="maitred",
-        command=lambda launch, _threads: [
-            str(MAITRED), "-w", str(launch.workers), "-b", f"127.0.0.1:{launch.port}",
-            *_backlog(launch), launch.app],
-        ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
-        version_command=(str(MAITRED), "--version"),
-    ),
-    Server(
-        name="gunicorn-sync",
-        command=_gunicorn("sync"),
-        ready_line=lambda launch: re.compile(r"Booting worker with pid"),
-        ready_count=lambda launch: launch.workers,
-        pip=("gunicorn==27.0.1",),
-    ),
-    Server(
-        name="gunicorn-gthread",
-        command=_gunicorn("gthread"),
-        ready_line=lambda launch: re.compile(r"Booting worker with pid"),
-        ready_count=lambda launch: launch.workers,
-        pip=("gunicorn==27.0.1",),
-        # gunicorn's docs advise 2-4 threads per core for gthread; issue 3 fixes 4.
-        default_threads=4,
-    ),
-    Server(
-        name="uwsgi",
-        command=lambda launch, _threads: _uwsgi(launch),
-        ready_line=lambda launch: re.compile(r"spawned uWSGI worker \d+ \(pid: \d+, cores: 1\)"),
-        ready_count=lambda launch: launch.workers,
-        pip=("uWSGI==2.0.31",),
-    ),
-    Server(
-        name="granian",
-        command=lambda launch, threads: _granian(launch, threads),
-        ready_line=lambda launch: re.compile(r"Started worker-\d+"),
-        ready_count=lambda launch: launch.workers,
-        pip=("granian==2.8.7",),
-        # granian's docs advise leaving --blocking-threads alone for WSGI; it then runs
-        # backlog / workers / 2 threads per worker (256 with 2 workers and its backlog of 1024).
-        default_threads=AUTO,
-    ),
-    Server(
-        name="waitress",
-        command=lambda launch, threads: _waitress(launch, threads),
-        ready_line=lambda launch: re.compile(rf"Serving on http://127\.0\.0\.1:{launch.port}\b"),
-        pip=("waitress==3.0.2",),
-        # waitress is one process of threads, so a worker here is a share of its threads:
-        # --threads is workers x threads. Its default, 4 threads, is one worker's share, as for
-        # gunicorn's gthread; with threads=1 it runs as many apps at once as a prefork server.
-        default_threads=4,
-    ),
-    Server(
-        name="bjoern",
-        command=lambda launch, _threads: [
-            _peer("python"), str(PEERS / "bjoern_serve.py"), "-w", str(launch.workers),
-            "-b", _address(launch), *_backlog(launch), launch.app],
-        ready_line=lambda launch: re.compile(r"bjoern_serve: process \d+ serving"),
-        ready_count=lambda launch: launch.workers,
-        pip=("bjoern==3.2.2",),
-        debian=("libev-dev",),  # bjoern builds against libev
-    ),
-    Server(
-        name="meinheld",
-        # meinheld's docs run it under gunicorn for more than one process, with its own worker.
-        command=_gunicorn("egg:meinheld#gunicorn_worker"),
-        ready_line=lambda launch: re.compile(r"Booting worker with pid"),
-        ready_count=lambda launch: launch.workers,
-        pip=("gunicorn==27.0.1", "greenlet==3.2.4"),
-        # meinheld 1.0.2 (its last release) pins greenlet<0.5, which does not build on Python
-        # 3.11; it works with greenlet 3.
-        pip_no_deps=("meinheld==1.0.2",),
-    ),
-    Server(
-        name="nginx",
-        # Not an app server: it runs no app and serves hello's 12-byte body itself, whatever
-        # launch.app says: the most this machine can answer over HTTP, as a ceiling for the rest.
-        command=lambda launch, _threads: _from_template(
-            "nginx.conf.template", "nginx.conf",
-            {"address": _address(launch), "workers": launch.workers,
-             "backlog": NGINX_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog},
-            ["/usr/sbin/nginx", "-p", ".", "-c", "nginx.conf", "-e", "stderr"]),
-        ready_line=lambda launch: re.compile(r"start worker process \d+"),
-        ready_count=lambda launch: launch.workers,
-        debian=("nginx",),
-        ceiling=True,
-    ),
-    Server(
-        name="apache-event",
-        command=lambda launch, threads: _apache("event", launch, threads),
-        ready_line=lambda launch: re.compile(r"Loading Python script file"),
-        ready_count=lambda launch: launch.workers,
-        debian=APACHE_DEBIAN,
-        default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
-    ),
-    Server(
-        name="apache-worker",
-        command=lambda launch, threads: _apache("worker", launch, threads),
-        ready_line=lambda launch: re.compile(r"Loading Python script file"),
-        ready_count=lambda launch: launch.workers,
-        debian=APACHE_DEBIAN,
-        default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
-    ),
-)}
+SERVERS: dict[str, Server] = {
+    server.name: server
+    for server in (
+        Server(
+            name="maitred",
+            command=lambda launch, _threads: [
+                str(MAITRED),
+                "-w",
+                str(launch.workers),
+                "-b",
+                f"127.0.0.1:{launch.port}",
+                *_backlog(launch),
+                launch.app,
+            ],
+            ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
+            version_command=(str(MAITRED), "--version"),
+        ),
+        Server(
+            name="gunicorn-sync",
+            command=_gunicorn("sync"),
+            ready_line=lambda launch: re.compile(r"Booting worker with pid"),
+            ready_count=lambda launch: launch.workers,
+            pip=("gunicorn==27.0.1",),
+        ),
+        Server(
+            name="gunicorn-gthread",
+            command=_gunicorn("gthread"),
+            ready_line=lambda launch: re.compile(r"Booting worker with pid"),
+            ready_count=lambda launch: launch.workers,
+            pip=("gunicorn==27.0.1",),
+            # gunicorn's docs advise 2-4 threads per core for gthread; issue 3 fixes 4.
+            default_threads=4,
+        ),
+        Server(
+            name="uwsgi",
+            command=lambda launch, _threads: _uwsgi(launch),
+            ready_line=lambda launch: re.compile(r"spawned uWSGI worker \d+ \(pid: \d+, cores: 1\)"),
+            ready_count=lambda launch: launch.workers,
+            pip=("uWSGI==2.0.31",),
+        ),
+        Server(
+            name="granian",
+            command=lambda launch, threads: _granian(launch, threads),
+            ready_line=lambda launch: re.compile(r"Started worker-\d+"),
+            ready_count=lambda launch: launch.workers,
+            pip=("granian==2.8.7",),
+            # granian's docs advise leaving --blocking-threads alone for WSGI; it then runs
+            # backlog / workers / 2 threads per worker (256 with 2 workers and its backlog of 1024).
+            default_threads=AUTO,
+        ),
+        Server(
+            name="waitress",
+            command=lambda launch, threads: _waitress(launch, threads),
+            ready_line=lambda launch: re.compile(rf"Serving on http://127\.0\.0\.1:{launch.port}\b"),
+            pip=("waitress==3.0.2",),
+            # waitress is one process of threads, so a worker here is a share of its threads:
+            # --threads is workers x threads. Its default, 4 threads, is one worker's share, as for
+            # gunicorn's gthread; with threads=1 it runs as many apps at once as a prefork server.
+            default_threads=4,
+        ),
+        Server(
+            name="bjoern",
+            command=lambda launch, _threads: [
+                _peer("python"),
+                str(PEERS / "bjoern_serve.py"),
+                "-w",
+                str(launch.workers),
+                "-b",
+                _address(launch),
+                *_backlog(launch),
+                launch.app,
+            ],
+            ready_line=lambda launch: re.compile(r"bjoern_serve: process \d+ serving"),
+            ready_count=lambda launch: launch.workers,
+            pip=("bjoern==3.2.2",),
+            debian=("libev-dev",),  # bjoern builds against libev
+        ),
+        Server(
+            name="meinheld",
+            # meinheld's docs run it under gunicorn for more than one process, with its own worker.
+            command=_gunicorn("egg:meinheld#gunicorn_worker"),
+            ready_line=lambda launch: re.compile(r"Booting worker with pid"),
+            ready_count=lambda launch: launch.workers,
+            pip=("gunicorn==27.0.1", "greenlet==3.2.4"),
+            # meinheld 1.0.2 (its last release) pins greenlet<0.5, which does not build on Python
+            # 3.11; it works with greenlet 3.
+            pip_no_deps=("meinheld==1.0.2",),
+        ),
+        Server(
+            name="nginx",
+            # Not an app server: it runs no app and serves hello's 12-byte body itself, whatever
+            # launch.app says: the most this machine can answer over HTTP, as a ceiling for the rest.
+            command=lambda launch, _threads: _from_template(
+                "nginx.conf.template",
+                "nginx.conf",
+                {
+                    "address": _address(launch),
+                    "workers": launch.workers,
+                    "backlog": NGINX_DEFAULT_BACKLOG if launch.backlog is None else launch.backlog,
+                },
+                ["/usr/sbin/nginx", "-p", ".", "-c", "nginx.conf", "-e", "stderr"],
+            ),
+            ready_line=lambda launch: re.compile(r"start worker process \d+"),
+            ready_count=lambda launch: launch.workers,
+            debian=("nginx",),
+            ceiling=True,
+        ),
+        Server(
+            name="apache-event",
+            command=lambda launch, threads: _apache("event", launch, threads),
+            ready_line=lambda launch: re.compile(r"Loading Python script file"),
+            ready_count=lambda launch: launch.workers,
+            debian=APACHE_DEBIAN,
+            default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
+        ),
+        Server(
+            name="apache-worker",
+            command=lambda launch, threads: _apache("worker", launch, threads),
+            ready_line=lambda launch: re.compile(r"Loading Python script file"),
+            ready_count=lambda launch: launch.workers,
+            debian=APACHE_DEBIAN,
+            default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
+        ),
+    )
+}

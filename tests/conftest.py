@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import pytest
 
@@ -49,7 +49,7 @@ def processes_in_group(group: int) -> list[int]:
         except OSError:
             continue  # exited while we looked
         # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ')'.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z" and int(fields[2]) == group:
             found.append(int(entry.name))
     return found
@@ -152,18 +152,20 @@ class _Launcher:
         stderr_path = self.log_dir / f"maitred-{number}.stderr"
         with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
-                command, cwd=cwd or self.log_dir, env=_environment(env), stdin=subprocess.DEVNULL,
-                stdout=stdout, stderr=stderr, start_new_session=True,
+                command,
+                cwd=cwd or self.log_dir,
+                env=_environment(env),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
             )
         server = Server(process, port, stdout_path, stderr_path)
         self.started.append(server)
         deadline = time.monotonic() + ready_timeout
         while not accepts_connections(port):
             if process.poll() is not None:
-                pytest.fail(
-                    f"maitred exited with {process.returncode} before listening:\n"
-                    f"{server.stderr()}"
-                )
+                pytest.fail(f"maitred exited with {process.returncode} before listening:\n{server.stderr()}")
             if time.monotonic() >= deadline:
                 pytest.fail(f"maitred did not listen within {ready_timeout} s:\n{server.stderr()}")
             time.sleep(0.05)
@@ -189,9 +191,7 @@ def maitred_server(tmp_path: Path, maitred_command: list[str]) -> Iterator[_Laun
 
 
 @pytest.fixture(scope="module")
-def maitred_module_server(
-    tmp_path_factory: pytest.TempPathFactory, maitred_command: list[str]
-) -> Iterator[_Launcher]:
+def maitred_module_server(tmp_path_factory: pytest.TempPathFactory, maitred_command: list[str]) -> Iterator[_Launcher]:
     """``maitred_server`` for servers shared by the tests of one module: each is killed, with
     its whole process group, when the module's last test is done."""
     launcher = _Launcher(maitred_command, tmp_path_factory.mktemp("maitred"))
@@ -224,8 +224,12 @@ def run_maitred(tmp_path: Path, maitred_command: list[str]) -> Callable[..., Fin
         linger: float = 5.0,
     ) -> Finished:
         process = subprocess.Popen(
-            [*maitred_command, *args], cwd=cwd or tmp_path, env=_environment(env),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [*maitred_command, *args],
+            cwd=cwd or tmp_path,
+            env=_environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
         )
         try:
@@ -233,15 +237,14 @@ def run_maitred(tmp_path: Path, maitred_command: list[str]) -> Callable[..., Fin
         except subprocess.TimeoutExpired:
             kill_group(process.pid)
             stdout, stderr = process.communicate()
-            pytest.fail(
-                f"maitred {' '.join(args)} still running after {timeout} s:\n"
-                f"{stderr.decode(errors='replace')}"
-            )
+            pytest.fail(f"maitred {' '.join(args)} still running after {timeout} s:\n{stderr.decode(errors='replace')}")
         leftovers = wait_for_empty_group(process.pid, linger)
         kill_group(process.pid)
         return Finished(
-            process.returncode, stdout.decode(errors="replace"),
-            stderr.decode(errors="replace"), leftovers,
+            process.returncode,
+            stdout.decode(errors="replace"),
+            stderr.decode(errors="replace"),
+            leftovers,
         )
 
     return run

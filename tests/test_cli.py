@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import HOST, accepts_connections, free_port, wait_for_empty_group
 from maitred import __version__, config
 from maitred.app import AppLoadError, load_app
@@ -52,16 +51,19 @@ BAD_COMMAND_LINES = {
     "infinite keep-alive": (["--keep-alive", "inf", "hello:app"], ["--keep-alive", "'inf'"]),
     "negative backlog": (["--backlog", "-5", "hello:app"], ["--backlog", "'-5'"]),
     "limit beyond the wire": (
-        ["--limit-request-line", "70000", "hello:app"], ["--limit-request-line", "65535"],
+        ["--limit-request-line", "70000", "hello:app"],
+        ["--limit-request-line", "65535"],
     ),
     "no header fields at all": (
-        ["--limit-request-fields", "0", "hello:app"], ["--limit-request-fields", "from 1 to 65535"],
+        ["--limit-request-fields", "0", "hello:app"],
+        ["--limit-request-fields", "from 1 to 65535"],
     ),
     "bad log level": (["--log-level", "loud", "hello:app"], ["--log-level", "'loud'"]),
     "env without =": (["-e", "DEBUG", "hello:app"], ["-e/--env", "KEY=VALUE"]),
     "missing chdir": (["--chdir", "/nonexistent/dir", "hello:app"], ["--chdir", "/nonexistent"]),
     "pid file in a missing directory": (
-        ["-p", "/nonexistent/dir/maitred.pid", "hello:app"], ["-p/--pid", "/nonexistent/dir"],
+        ["-p", "/nonexistent/dir/maitred.pid", "hello:app"],
+        ["-p/--pid", "/nonexistent/dir"],
     ),
     "access log is a directory": (["--access-logfile", "/", "hello:app"], ["is a directory"]),
     "missing config file": (["-c", "/nonexistent/conf.py", "hello:app"], ["-c/--config"]),
@@ -77,15 +79,18 @@ BAD_COMMAND_LINES = {
     "bind: empty": (["-b", "", "hello:app"], ["''"]),
     "bind: bad host name": (["-b", "under_score:80", "hello:app"], ["'under_score'"]),
     "bind: unix socket in a missing directory": (
-        ["-b", "unix:/nonexistent/dir/s.sock", "hello:app"], ["/nonexistent/dir"],
+        ["-b", "unix:/nonexistent/dir/s.sock", "hello:app"],
+        ["/nonexistent/dir"],
     ),
     "bind: unix socket path too long": (
-        ["-b", "unix:/tmp/" + "s" * 120, "hello:app"], ["longer than 107 bytes"],
+        ["-b", "unix:/tmp/" + "s" * 120, "hello:app"],
+        ["longer than 107 bytes"],
     ),
     "bind: fd not a number": (["-b", "fd://three", "hello:app"], ["fd://N"]),
     "bind: fd not open": (["-b", "fd://987", "hello:app"], ["987 is not open"]),
     "bind: twice": (
-        ["-b", "127.0.0.1:9", "-b", "127.0.0.1:9", "hello:app"], ["given twice: 127.0.0.1:9"],
+        ["-b", "127.0.0.1:9", "-b", "127.0.0.1:9", "hello:app"],
+        ["given twice: 127.0.0.1:9"],
     ),
 }
 
@@ -108,11 +113,12 @@ BAD_CONFIG_FILES = {
     "wrong type": ("workers = [2]\n", ["workers:", "list"]),
     "bool for a number": ("timeout = True\n", ["timeout:", "True"]),
     "bad bind in a list": ("bind = ['127.0.0.1:80', 'nowhere:port']\n", ["bind:", "'port'"]),
-    "raises": ("import os\nworkers = int(os.environ['NO_SUCH_VARIABLE'])\n",
-               ["KeyError", "NO_SUCH_VARIABLE", "line 2"]),
+    "raises": (
+        "import os\nworkers = int(os.environ['NO_SUCH_VARIABLE'])\n",
+        ["KeyError", "NO_SUCH_VARIABLE", "line 2"],
+    ),
     "config inside config": ("config = 'other.py'\n", ["unknown setting 'config'"]),
-    "a gunicorn server hook": ("def post_fork(server, worker):\n    pass\n",
-                               ["unknown setting 'post_fork'"]),
+    "a gunicorn server hook": ("def post_fork(server, worker):\n    pass\n", ["unknown setting 'post_fork'"]),
     "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
@@ -134,26 +140,28 @@ def test_bad_config_file_is_one_line_and_exit_2(run_maitred, app_dir, source, fr
 BAD_APPS = {
     "unimportable module": ("nosuchmodule:app", None, ["no module named 'nosuchmodule'"]),
     "module raising at import": (
-        "broken:app", "import os\nraise RuntimeError('database is down')\n",
+        "broken:app",
+        "import os\nraise RuntimeError('database is down')\n",
         ["RuntimeError: database is down", "broken.py, line 2"],
     ),
     "module importing a missing module": (
-        "needy:app", "import nosuchdependency\n",
+        "needy:app",
+        "import nosuchdependency\n",
         ["importing needy raised ModuleNotFoundError", "nosuchdependency"],
     ),
     "missing callable": ("hello:application2", HELLO, ["no attribute 'application2'"]),
     "default callable missing": ("hello", HELLO, ["no attribute 'application'", "'app'"]),
     "non-callable attribute": (
-        "config_only:app", "app = {'debug': True}\n", ["config_only.app is a dict"],
+        "config_only:app",
+        "app = {'debug': True}\n",
+        ["config_only.app is a dict"],
     ),
 }
 
 
 @pytest.mark.parametrize("preload", [False, True], ids=["in the worker", "preloaded"])
 @pytest.mark.parametrize("spec, source, fragments", BAD_APPS.values(), ids=BAD_APPS)
-def test_application_that_cannot_load_stops_the_server(
-    run_maitred, app_dir, spec, source, fragments, preload
-):
+def test_application_that_cannot_load_stops_the_server(run_maitred, app_dir, spec, source, fragments, preload):
     if source is not None:
         (app_dir / f"{spec.partition(':')[0]}.py").write_text(source)
     port = free_port()
@@ -170,9 +178,7 @@ def test_application_that_cannot_load_stops_the_server(
 
 
 def test_help_lists_every_flag_with_its_default(maitred_command):
-    result = subprocess.run(
-        [*maitred_command, "--help"], capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run([*maitred_command, "--help"], check=False, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     assert result.stderr == ""
     text = " ".join(result.stdout.split())  # undo the line wrapping
@@ -184,16 +190,17 @@ def test_help_lists_every_flag_with_its_default(maitred_command):
 
 
 def test_version(maitred_command):
-    result = subprocess.run(
-        [*maitred_command, "--version"], capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run([*maitred_command, "--version"], check=False, capture_output=True, text=True, timeout=30)
     assert (result.returncode, result.stdout, result.stderr) == (0, f"maitred {__version__}\n", "")
 
 
 def test_python_dash_m_is_the_same_command():
     result = subprocess.run(
         [sys.executable, "-m", "maitred", "-w", "none", "hello:app"],
-        capture_output=True, text=True, timeout=30,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert_one_error_line(result.stderr, "-w/--workers")
@@ -205,9 +212,7 @@ def test_readme_flag_table_matches_the_settings():
     assert begin in readme and end in readme, "README.md lacks the flag table markers"
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     expected = config.markdown_table()
-    assert table == expected, (
-        "README.md's flag table is out of date; replace it with:\n" + expected
-    )
+    assert table == expected, "README.md's flag table is out of date; replace it with:\n" + expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,17 +255,46 @@ def test_every_value_converted_for_the_lobby(monkeypatch, tmp_path):
     listener = socket.socket()
     fd = listener.fileno()
     try:
-        settings = config.resolve([
-            "-b", "localhost", "-b", ":8080", "-b", "[::1]:8443", "-b", "unix:run/../s.sock", "-b", f"fd://{fd}", "--backlog", "100", "-t", "2.5",
-            "--keep-alive", "0", "--queue-timeout", "1", "--max-body", "0",
-            "--max-connections", "10", "--access-logfile", "access.log", "--log-level", "DEBUG",
-            "hello:create_app()",
-        ])
+        settings = config.resolve(
+            [
+                "-b",
+                "localhost",
+                "-b",
+                ":8080",
+                "-b",
+                "[::1]:8443",
+                "-b",
+                "unix:run/../s.sock",
+                "-b",
+                f"fd://{fd}",
+                "--backlog",
+                "100",
+                "-t",
+                "2.5",
+                "--keep-alive",
+                "0",
+                "--queue-timeout",
+                "1",
+                "--max-body",
+                "0",
+                "--max-connections",
+                "10",
+                "--access-logfile",
+                "access.log",
+                "--log-level",
+                "DEBUG",
+                "hello:create_app()",
+            ]
+        )
     finally:
         listener.close()
     lobby = config.lobby_settings(settings)
     assert lobby["bind"] == [
-        "localhost:8000", "0.0.0.0:8080", "[::1]:8443", f"unix:{tmp_path}/s.sock", f"fd://{fd}",
+        "localhost:8000",
+        "0.0.0.0:8080",
+        "[::1]:8443",
+        f"unix:{tmp_path}/s.sock",
+        f"fd://{fd}",
     ]
     assert (lobby["backlog"], lobby["timeout"], lobby["keep_alive"]) == (100, 2.5, 0.0)
     assert (lobby["queue_timeout"], lobby["max_body"], lobby["max_connections"]) == (1.0, 0, 10)
@@ -271,9 +305,7 @@ def test_every_value_converted_for_the_lobby(monkeypatch, tmp_path):
 
 def test_zero_line_and_field_size_limits_mean_no_limit(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    settings = config.resolve(
-        ["--limit-request-line", "0", "--limit-request-field_size", "0", "hello:app"]
-    )
+    settings = config.resolve(["--limit-request-line", "0", "--limit-request-field_size", "0", "hello:app"])
     lobby = config.lobby_settings(settings)
     assert (lobby["limit_request_line"], lobby["limit_request_field_size"]) == (0, 0)
     (tmp_path / "conf.py").write_text("limit_request_line = 0\nlimit_request_field_size = 0\n")
@@ -284,7 +316,12 @@ def test_zero_line_and_field_size_limits_mean_no_limit(monkeypatch, tmp_path):
 def test_zero_limits_leave_only_the_head_ceiling(maitred_server, app_dir):
     (app_dir / "hello.py").write_text(HELLO)
     server = maitred_server(
-        "--limit-request-line", "0", "--limit-request-field_size", "0", "hello:app", cwd=app_dir,
+        "--limit-request-line",
+        "0",
+        "--limit-request-field_size",
+        "0",
+        "hello:app",
+        cwd=app_dir,
     )
     # Far beyond the default limits, inside the 64 KiB head ceiling, which still holds.
     long_target = "/" + "a" * 20000
@@ -297,7 +334,8 @@ def test_zero_limits_leave_only_the_head_ceiling(maitred_server, app_dir):
 
 def test_command_line_overrides_config_file_overrides_default(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "conf.py").write_text(textwrap.dedent("""\
+    (tmp_path / "conf.py").write_text(
+        textwrap.dedent("""\
         import multiprocessing
         from os import cpu_count
         workers = 3
@@ -307,7 +345,8 @@ def test_command_line_overrides_config_file_overrides_default(monkeypatch, tmp_p
         preload = True
         max_body = None
         _private_helper = 42
-    """))
+    """)
+    )
     settings = config.resolve(["-c", "conf.py", "-w", "4", "hello:app"])
     assert settings["workers"] == 4  # command line
     assert settings["timeout"] == 5.0  # config file
@@ -339,14 +378,17 @@ def unique_module(directory: Path, source: str) -> str:
 
 
 def test_load_app_forms(module_dir):
-    name = unique_module(module_dir, """\
+    name = unique_module(
+        module_dir,
+        """\
         def application(environ, start_response): pass
         def app(environ, start_response): pass
         def create_app():
             return app
         class Holder:
             wsgi = app
-    """)
+    """,
+    )
     assert load_app(name).__name__ == "application"
     assert load_app(f"{name}:app").__name__ == "app"
     assert load_app(f"{name}:create_app()").__name__ == "app"
@@ -363,14 +405,17 @@ def test_load_app_looks_in_the_current_directory_first(module_dir, tmp_path_fact
     assert sys.path[0] == str(module_dir)
 
 
-@pytest.mark.parametrize("source, attribute, message", [
-    ("x = 1\n", "app", "has no attribute 'app'"),
-    ("app = 'hello'\n", "app", ".app is a str, not a WSGI application"),
-    ("def make(): raise ValueError('no config')\n", "make()", "ValueError: no config"),
-    ("def make(): return None\n", "make()", ".make() is a NoneType"),
-    ("raise SystemExit(3)\n", "app", "called sys.exit(3)"),
-    ("def app(:\n", "app", "SyntaxError"),
-])
+@pytest.mark.parametrize(
+    "source, attribute, message",
+    [
+        ("x = 1\n", "app", "has no attribute 'app'"),
+        ("app = 'hello'\n", "app", ".app is a str, not a WSGI application"),
+        ("def make(): raise ValueError('no config')\n", "make()", "ValueError: no config"),
+        ("def make(): return None\n", "make()", ".make() is a NoneType"),
+        ("raise SystemExit(3)\n", "app", "called sys.exit(3)"),
+        ("def app(:\n", "app", "SyntaxError"),
+    ],
+)
 def test_load_app_errors_are_one_line(module_dir, source, attribute, message):
     name = unique_module(module_dir, source)
     with pytest.raises(AppLoadError) as raised:
@@ -402,10 +447,12 @@ class ZygoteProcess:
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control.settimeout(20)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec,
-             "preload" if preload else "lazy"],
-            cwd=app_dir, pass_fds=[theirs.fileno()], start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy"],
+            cwd=app_dir,
+            pass_fds=[theirs.fileno()],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         theirs.close()
 
@@ -467,7 +514,7 @@ def test_zygote_spawns_kills_reaps_and_exits_after_the_lobby(app_dir, zygotes, p
     first.close()  # a worker exits 0 at end-of-file of its channel
     assert zygote.receive() == (["exited", str(first_pid), "code", "0"], [])
 
-    third_pid, third = zygote.spawn(2)
+    _, third = zygote.spawn(2)
     assert read_frame(third)[0] == 1
     zygote.control.send(b"kill 1 9")  # not its child: ignored
     zygote.control.send(b"nonsense")  # malformed: logged and ignored
@@ -509,17 +556,28 @@ def test_worker_that_cannot_load_the_app_reports_boot_failed(app_dir, zygotes):
 
 
 def test_serves_and_stops_on_sigterm_removing_its_pid_file(maitred_server, app_dir, tmp_path):
-    (app_dir / "greet.py").write_text(textwrap.dedent("""\
+    (app_dir / "greet.py").write_text(
+        textwrap.dedent("""\
         import os
         def app(environ, start_response):
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [os.environ["GREETING"].encode()]
-    """))
+    """)
+    )
     pid_file = tmp_path / "maitred.pid"
     error_log = tmp_path / "error.log"
     server = maitred_server(
-        "--chdir", str(app_dir), "-e", "GREETING=bonjour", "-p", str(pid_file),
-        "--error-logfile", str(error_log), "-w", "2", "greet:app",
+        "--chdir",
+        str(app_dir),
+        "-e",
+        "GREETING=bonjour",
+        "-p",
+        str(pid_file),
+        "--error-logfile",
+        str(error_log),
+        "-w",
+        "2",
+        "greet:app",
     )
     response = requests.get(server.url, timeout=20)
     assert (response.status_code, response.text) == (200, "bonjour")

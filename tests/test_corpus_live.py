@@ -40,7 +40,6 @@ from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
 import pytest
-
 from conftest import HOST, processes_in_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +63,7 @@ def corpora() -> Path:
     shared = Path(os.environ.get("MAITRED_SHARED", ROOT.parent / "shared"))
     directory = shared / "corpora"
     if not directory.is_dir():
-        pytest.fail(f"the test corpora are not at {directory} (set MAITRED_SHARED to the "
-                    f"directory holding corpora/)")
+        pytest.fail(f"the test corpora are not at {directory} (set MAITRED_SHARED to the directory holding corpora/)")
     return directory
 
 
@@ -91,32 +89,57 @@ CHUNKED_ONLY = "transfer codings other than chunked are not supported (RFC 9112 
 NO_IDENTITY = "'identity' is not a transfer coding since RFC 7230"
 NO_CONNECT = "CONNECT (tunnels) is not supported"
 NO_PROXY_PROTOCOL = "the PROXY protocol is not supported (gunicorn's proxy_protocol setting)"
-NO_OBS_FOLD = ("obsolete line folding is refused (RFC 9112 §5.2 allows a server to); gunicorn "
-               "accepts it only with permit_obsolete_folding")
-UNDERSCORE_DROPPED = ("header names with '_' never reach the environ (CGI would read X_User as "
-                      "X-User); gunicorn passes them on only with header_map=dangerous")
-UNDERSCORE_IGNORED = ("header names with '_' are valid tokens: the request is served and the "
-                      "environ drops them; gunicorn refuses them only with header_map=refuse")
+NO_OBS_FOLD = (
+    "obsolete line folding is refused (RFC 9112 §5.2 allows a server to); gunicorn "
+    "accepts it only with permit_obsolete_folding"
+)
+UNDERSCORE_DROPPED = (
+    "header names with '_' never reach the environ (CGI would read X_User as "
+    "X-User); gunicorn passes them on only with header_map=dangerous"
+)
+UNDERSCORE_IGNORED = (
+    "header names with '_' are valid tokens: the request is served and the "
+    "environ drops them; gunicorn refuses them only with header_map=refuse"
+)
 INCOMPLETE = "the input ends inside the request: no answer is due, the connection closes"
 ANY_TOKEN_METHOD = "any token is a method (RFC 9110 §9.1)"
 ONLY_HTTP1 = "only HTTP/1.x is spoken"
 
 GUNICORN_VALID_DIFFERENCES: dict[str, tuple[int | str, str]] = {
-    "009": (400, "Content-Length with Transfer-Encoding is refused whatever the coding (RFC 9112 "
-                 "§6.1 allows it; the classic smuggling vector)"),
+    "009": (
+        400,
+        (
+            "Content-Length with Transfer-Encoding is refused whatever the coding (RFC 9112 "
+            "§6.1 allows it; the classic smuggling vector)"
+        ),
+    ),
     "025": (501, CHUNKED_ONLY),
     "025_line": (501, CHUNKED_ONLY),
-    "027": (400, "raw non-ASCII bytes in the request target are refused (RFC 9112 §3.2: "
-                 "percent-encode them)"),
-    "028": (400, "whitespace before a field's colon is refused (RFC 9112 §5.1 MUST); gunicorn "
-                 "accepts it only with strip_header_spaces"),
+    "027": (400, "raw non-ASCII bytes in the request target are refused (RFC 9112 §3.2: percent-encode them)"),
+    "028": (
+        400,
+        (
+            "whitespace before a field's colon is refused (RFC 9112 §5.1 MUST); gunicorn "
+            "accepts it only with strip_header_spaces"
+        ),
+    ),
     "029": (501, NO_IDENTITY),
     "030": (501, NO_IDENTITY),
-    "031compat": (SERVED, "methods are case-sensitive (RFC 9110 §9.1): the app sees '-blargh'; "
-                          "gunicorn upper-cases them only with casefold_http_method"),
+    "031compat": (
+        SERVED,
+        (
+            "methods are case-sensitive (RFC 9110 §9.1): the app sees '-blargh'; "
+            "gunicorn upper-cases them only with casefold_http_method"
+        ),
+    ),
     "040_compat": (SERVED, UNDERSCORE_DROPPED),
-    "099": (CLOSED, "the file holds 8599 body bytes for Content-Length: 17914: the request is "
-                    "incomplete when the client closes, so it is never served"),
+    "099": (
+        CLOSED,
+        (
+            "the file holds 8599 body bytes for Content-Length: 17914: the request is "
+            "incomplete when the client closes, so it is never served"
+        ),
+    ),
     "compat_obs_fold": (400, NO_OBS_FOLD),
     "compat_obs_fold_huge": (400, NO_OBS_FOLD),
     "pp_01": (400, NO_PROXY_PROTOCOL),
@@ -132,47 +155,61 @@ GUNICORN_VALID_DIFFERENCES: dict[str, tuple[int | str, str]] = {
 GUNICORN_INVALID_DIFFERENCES: dict[str, tuple[int | str, str]] = {
     "001": (CLOSED, INCOMPLETE),
     "003c": (SERVED, ANY_TOKEN_METHOD + ", '-bl' included; gunicorn insists on upper case"),
-    "019": (SERVED, "X-Forwarded-Proto and X-Forwarded-Ssl disagreeing is a forwarded_allow_ips "
-                    "policy, not a parsing matter"),
+    "019": (
+        SERVED,
+        "X-Forwarded-Proto and X-Forwarded-Ssl disagreeing is a forwarded_allow_ips policy, not a parsing matter",
+    ),
     "040": (SERVED, UNDERSCORE_IGNORED),
     "chunked_07": (SERVED, UNDERSCORE_IGNORED),
     "rfc9112_chunked_missing_final_crlf_01": (CLOSED, INCOMPLETE),
 }
 
-UPGRADE_IGNORED = ("Upgrade is ignored (RFC 9110 §7.8 allows it; WSGI cannot switch protocols): "
-                   "the request is served as plain HTTP")
+UPGRADE_IGNORED = (
+    "Upgrade is ignored (RFC 9110 §7.8 allows it; WSGI cannot switch protocols): the request is served as plain HTTP"
+)
 
 LLHTTP_DIFFERENCES: dict[str, tuple[int | str, str]] = {
-    "connection.md: Setting a flag and pausing": (
-        SERVED, UPGRADE_IGNORED + "; llhttp stops for the switch"),
+    "connection.md: Setting a flag and pausing": (SERVED, UPGRADE_IGNORED + "; llhttp stops for the switch"),
     "connection.md: Emitting part of body and pausing": (
-        SERVED, UPGRADE_IGNORED + "; the bytes after the body start a next request, never "
-                                  "completed"),
+        SERVED,
+        UPGRADE_IGNORED + "; the bytes after the body start a next request, never completed",
+    ),
     "content-length.md: Content-Length reset when no body is received": (
-        CLOSED, "skipBody is an llhttp callback feature (skipping the body of a response to HEAD); "
-                "a server reads a request's body, here the next request's bytes, and never gets "
-                "all 123"),
+        CLOSED,
+        (
+            "skipBody is an llhttp callback feature (skipping the body of a response to HEAD); "
+            "a server reads a request's body, here the next request's bytes, and never gets "
+            "all 123"
+        ),
+    ),
     "invalid.md: HTTP protocol and ANNOUNCE method": (
-        SERVED, ANY_TOKEN_METHOD + "; llhttp knows a fixed list per protocol"),
-    "invalid.md: Invalid method": (
-        SERVED, ANY_TOKEN_METHOD + ", MKCOLA included; llhttp knows a fixed list"),
+        SERVED,
+        ANY_TOKEN_METHOD + "; llhttp knows a fixed list per protocol",
+    ),
+    "invalid.md: Invalid method": (SERVED, ANY_TOKEN_METHOD + ", MKCOLA included; llhttp knows a fixed list"),
     "invalid.md: Invalid HTTP version": (
-        CLOSED, "the input stops right after 'HTTP/5.6' with no line end: maitred waits for the "
-                "line end to tell 505 (well-formed) from 400, and the client closes first"),
+        CLOSED,
+        (
+            "the input stops right after 'HTTP/5.6' with no line end: maitred waits for the "
+            "line end to tell 505 (well-formed) from 400, and the client closes first"
+        ),
+    ),
     "method.md: CONNECT request": (501, NO_CONNECT),
     "method.md: CONNECT request with CAPS": (501, NO_CONNECT),
     "method.md: CONNECT with body": (501, NO_CONNECT),
     "method.md: M-SEARCH request": (
-        400, "'*' is only a target for OPTIONS (RFC 9112 §3.2.4); M-SEARCH * is SSDP over UDP, "
-             "not HTTP"),
+        400,
+        "'*' is only a target for OPTIONS (RFC 9112 §3.2.4); M-SEARCH * is SSDP over UDP, not HTTP",
+    ),
     "method.md: SOURCE request with ICE": (400, ONLY_HTTP1 + ", not ICE"),
     "method.md: OPTIONS request with RTSP": (400, ONLY_HTTP1 + ", not RTSP"),
     "method.md: ANNOUNCE request with RTSP": (400, ONLY_HTTP1 + ", not RTSP"),
     "sample.md: No HTTP version": (400, "HTTP/0.9 requests (no version) are refused"),
-    "transfer-encoding.md: POST with `chunked` as last transfer-encoding": (
-        501, CHUNKED_ONLY + " (deflate)"),
+    "transfer-encoding.md: POST with `chunked` as last transfer-encoding": (501, CHUNKED_ONLY + " (deflate)"),
     "transfer-encoding.md: POST with `chunked` as last transfer-encoding (multiple headers)": (
-        501, CHUNKED_ONLY + " (deflate)"),
+        501,
+        CHUNKED_ONLY + " (deflate)",
+    ),
     "uri.md: Underscore in hostname": (501, NO_CONNECT + " (the case is a CONNECT request)"),
 }
 
@@ -248,10 +285,7 @@ def expected_environ(request: Expected, keep_underscores: bool) -> dict[str, byt
 
 
 def received_environ(echo: dict) -> dict[str, bytes]:
-    return {
-        key: base64.b64decode(value) if key == "body" else value.encode("latin-1")
-        for key, value in echo.items()
-    }
+    return {key: base64.b64decode(value) if key == "body" else value.encode("latin-1") for key, value in echo.items()}
 
 
 def environ_differences(expected: Expected, echo: dict, keep_underscores: bool) -> list[str]:
@@ -334,7 +368,7 @@ class ResponseReader:
     def _line(self) -> bytes:
         while (end := self.buf.find(b"\r\n")) < 0:
             self._fill()
-        line, self.buf = self.buf[:end], self.buf[end + 2:]
+        line, self.buf = self.buf[:end], self.buf[end + 2 :]
         if b"\n" in line or b"\r" in line:
             raise MalformedResponse(f"bare CR or LF in {line!r}")
         return line
@@ -527,7 +561,13 @@ class Servers:
     def get(self, flags: tuple[str, ...] = ()) -> LiveServer:
         if flags not in self.by_flags:
             server = self.launch(
-                "-w", "1", "--log-level", "warning", *flags, "environ_echo:app", cwd=APPS,
+                "-w",
+                "1",
+                "--log-level",
+                "warning",
+                *flags,
+                "environ_echo:app",
+                cwd=APPS,
             )
             live = LiveServer(server.port, server.pid, set())
             # The worker exists once it has answered.
@@ -562,7 +602,7 @@ def decode_gunicorn_http(raw: bytes) -> bytes:
     rest = re.sub(rb"\\(x[0-9A-Fa-f]{2}|[rnt0])", b"", text)
     if b"\\" in rest:
         at = rest.index(b"\\")
-        raise ValueError(f"unknown escape near {rest[at:at + 6]!r}")
+        raise ValueError(f"unknown escape near {rest[at : at + 6]!r}")
     return out
 
 
@@ -585,9 +625,12 @@ class PyCase:
                     pass
                 case ast.Assign(targets=[ast.Name(id=name)], value=value):
                     self.names[name] = self.evaluate(value)
-                case ast.Expr(value=ast.Call(
-                    func=ast.Attribute(value=ast.Name(id="cfg"), attr="set"), args=[setting, value],
-                )):
+                case ast.Expr(
+                    value=ast.Call(
+                        func=ast.Attribute(value=ast.Name(id="cfg"), attr="set"),
+                        args=[setting, value],
+                    )
+                ):
                     self.settings[self.evaluate(setting)] = self.evaluate(value)
                 case _:
                     raise ValueError(f"unexpected statement: {ast.dump(statement)[:200]}")
@@ -655,8 +698,7 @@ class GunicornCase:
 def gunicorn_cases(kind: str) -> list[GunicornCase]:
     directory = corpora() / "gunicorn" / "tests" / "requests" / kind
     cases = [
-        GunicornCase(http.stem, decode_gunicorn_http(http.read_bytes()),
-                     PyCase(http.with_suffix(".py").read_text()))
+        GunicornCase(http.stem, decode_gunicorn_http(http.read_bytes()), PyCase(http.with_suffix(".py").read_text()))
         for http in sorted(directory.glob("*.http"))
     ]
     if not cases:
@@ -762,13 +804,13 @@ def llhttp_cases() -> list[LlhttpCase]:
             if line.startswith("#"):
                 title = line.lstrip("#").strip()
             elif line.startswith("<!-- meta="):
-                meta_type = json.loads(line[len("<!-- meta="):].removesuffix("-->").strip())["type"]
+                meta_type = json.loads(line[len("<!-- meta=") :].removesuffix("-->").strip())["type"]
             elif line == "```http":
                 end = lines.index("```", i + 1)
                 log_start = lines.index("```log", end) + 1
                 log_end = lines.index("```", log_start)
                 if meta_type == "request":
-                    data = decode_llhttp_input("\n".join(lines[i + 1:end]))
+                    data = decode_llhttp_input("\n".join(lines[i + 1 : end]))
                     messages, error = read_log(lines[log_start:log_end], data)
                     cases.append(LlhttpCase(f"{path.name}: {title}", data, messages, error))
                 meta_type, i = None, log_end
@@ -804,9 +846,8 @@ def outcome(result: Exchange) -> int | str:
         return SERVED
     # After a refusal the server closes at once; with input it did not read, the kernel
     # resets the connection once the answer is out.
-    if result.ending in ("closed", "reset") and served == len(responses) - 1:
-        if 400 <= responses[-1].status < 600:
-            return responses[-1].status
+    if result.ending in ("closed", "reset") and served == len(responses) - 1 and 400 <= responses[-1].status < 600:
+        return responses[-1].status
     return result.show()
 
 
@@ -819,7 +860,9 @@ def served_count(result: Exchange) -> int:
 
 
 def environ_problems(
-    result: Exchange, expected: list[Expected], keep_underscores: bool = False,
+    result: Exchange,
+    expected: list[Expected],
+    keep_underscores: bool = False,
 ) -> list[str]:
     """How what the application saw differs from `expected`, request by request."""
     problems = []
@@ -834,8 +877,14 @@ TALLY: dict[str, dict[str, list[str]]] = {}
 """Per corpus, the names of the cases of each kind."""
 
 
-def judge(corpus: str, name: str, problems: list[str], result: Exchange, sent: Sent,
-          allowlist: dict[str, tuple[int | str, str]]) -> None:
+def judge(
+    corpus: str,
+    name: str,
+    problems: list[str],
+    result: Exchange,
+    sent: Sent,
+    allowlist: dict[str, tuple[int | str, str]],
+) -> None:
     """Records the case and fails it if it neither behaves as the corpus expects (no
     `problems`) nor as its allowlist entry says."""
     tally = TALLY.setdefault(corpus, {kind: [] for kind in TALLY_KINDS})
@@ -877,8 +926,7 @@ def summary(request):
                 f"{corpus}: {len(tally['as expected'])}/{total} {VERDICTS[corpus]} "
                 f"({len(tally['given a Host'])} of them once given the Host field RFC 9112 "
                 f"requires), {len(tally['documented'])} documented differences, "
-                f"{len(tally['failed'])} failed"
-                + (f": {', '.join(tally['failed'])}" if tally["failed"] else "")
+                f"{len(tally['failed'])} failed" + (f": {', '.join(tally['failed'])}" if tally["failed"] else "")
             )
 
 

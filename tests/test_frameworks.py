@@ -7,12 +7,11 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import requests
-
 from conftest import Server
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -33,7 +32,11 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def servers(maitred_module_server: Callable[..., Server], data_dir: Path) -> dict[str, Server]:
     return {
         name: maitred_module_server(
-            spec, "--workers", "2", cwd=APPS, env={"FRAMEWORK_DATA_DIR": str(data_dir)},
+            spec,
+            "--workers",
+            "2",
+            cwd=APPS,
+            env={"FRAMEWORK_DATA_DIR": str(data_dir)},
         )
         for name, spec in APPLICATIONS.items()
     }
@@ -62,8 +65,7 @@ def wait_for_log(server: Server, wanted: str, timeout: float = TIMEOUT) -> str:
 
 
 def test_urlencoded_form(server: Server, session: requests.Session) -> None:
-    fields = [("name", "Ada Lovelace"), ("city", "naïve café ✓"), ("tag", "a"), ("tag", "b&c=d"),
-              ("empty", "")]
+    fields = [("name", "Ada Lovelace"), ("city", "naïve café ✓"), ("tag", "a"), ("tag", "b&c=d"), ("empty", "")]
     response = session.post(f"{server.url}/form", data=fields, timeout=TIMEOUT)
     assert response.status_code == 200, response.text
     assert response.json() == {
@@ -80,16 +82,27 @@ def test_multipart_form_with_file_uploads(server: Server, session: requests.Sess
         "large": ("large photo.jpg", large, "image/jpeg"),
     }
     response = session.post(
-        f"{server.url}/form", data={"title": "Résumé", "count": "2"}, files=files, timeout=TIMEOUT,
+        f"{server.url}/form",
+        data={"title": "Résumé", "count": "2"},
+        files=files,
+        timeout=TIMEOUT,
     )
     assert response.status_code == 200, response.text
     assert response.json() == {
         "fields": {"title": ["Résumé"], "count": ["2"]},
         "files": {
-            "small": {"filename": "bytes.bin", "content_type": "application/octet-stream",
-                      "size": len(small), "sha256": sha256(small)},
-            "large": {"filename": "large photo.jpg", "content_type": "image/jpeg",
-                      "size": len(large), "sha256": sha256(large)},
+            "small": {
+                "filename": "bytes.bin",
+                "content_type": "application/octet-stream",
+                "size": len(small),
+                "sha256": sha256(small),
+            },
+            "large": {
+                "filename": "large photo.jpg",
+                "content_type": "image/jpeg",
+                "size": len(large),
+                "sha256": sha256(large),
+            },
         },
     }
 
@@ -128,8 +141,9 @@ def test_file_download_through_file_wrapper(server: Server, session: requests.Se
 
 
 def test_streamed_response(server: Server, session: requests.Session) -> None:
-    with session.get(f"{server.url}/stream", params={"n": "200", "word": "tick"}, stream=True,
-                     timeout=TIMEOUT) as response:
+    with session.get(
+        f"{server.url}/stream", params={"n": "200", "word": "tick"}, stream=True, timeout=TIMEOUT
+    ) as response:
         assert response.status_code == 200
         assert response.headers["Transfer-Encoding"] == "chunked"
         assert "Content-Length" not in response.headers
@@ -140,8 +154,7 @@ def test_streamed_response(server: Server, session: requests.Session) -> None:
 def test_flask_range_request(servers: dict[str, Server], session: requests.Session, data_dir: Path) -> None:
     """Werkzeug answers a Range request from the file the server's wrapper holds."""
     expected = (data_dir / "download.bin").read_bytes()
-    response = session.get(f"{servers['flask'].url}/download", headers={"Range": "bytes=1000-1999"},
-                           timeout=TIMEOUT)
+    response = session.get(f"{servers['flask'].url}/download", headers={"Range": "bytes=1000-1999"}, timeout=TIMEOUT)
     assert response.status_code == 206
     assert response.headers["Content-Range"] == f"bytes 1000-1999/{DOWNLOAD_SIZE}"
     assert response.content == expected[1000:2000]

@@ -15,12 +15,11 @@ import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from client import Reply, eventually, get, read_reply
 from conftest import HOST, Server, processes_in_group, wait_for_empty_group
 
@@ -38,7 +37,7 @@ def parent_of(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def worker_pids(server: Server) -> set[int]:
@@ -61,9 +60,7 @@ def wait_for_workers(server: Server, count: int, timeout: float = 20.0) -> set[i
     return found
 
 
-def wait_for_replacement(
-    server: Server, before: set[int], timeout: float = 20.0
-) -> tuple[int, int]:
+def wait_for_replacement(server: Server, before: set[int], timeout: float = 20.0) -> tuple[int, int]:
     """Waits until exactly one of the workers `before` is gone and a new one has taken its
     place; returns (gone, new)."""
     found: set[int] = set()
@@ -164,7 +161,7 @@ def test_max_requests_recycles_the_worker_without_losing_a_request(maitred_serve
     assert [reply.status for reply in replies] == [200] * 20
     pids = [reply.pid for reply in replies]
     # One worker at a time, each retired after exactly five requests.
-    assert [pids[i:i + 5] for i in range(0, 20, 5)] == [[pid] * 5 for pid in pids[::5]]
+    assert [pids[i : i + 5] for i in range(0, 20, 5)] == [[pid] * 5 for pid in pids[::5]]
     assert len(set(pids)) == 4
     assert "retired after --max-requests" in server.stderr()
 
@@ -194,9 +191,7 @@ def refuses_connections(port: int) -> bool:
     return False
 
 
-GRACEFUL_SIGNALS = pytest.mark.parametrize(
-    "signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"]
-)
+GRACEFUL_SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 
 
 @GRACEFUL_SIGNALS
@@ -217,9 +212,7 @@ def test_graceful_shutdown_finishes_every_accepted_request(maitred_server, signu
 
 
 @GRACEFUL_SIGNALS
-def test_graceful_shutdown_stops_listening_and_closes_idle_connections_at_once(
-    maitred_server, signum
-):
+def test_graceful_shutdown_stops_listening_and_closes_idle_connections_at_once(maitred_server, signum):
     server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
     idle = socket.create_connection((HOST, server.port), timeout=10)
     idle.sendall(b"GET /pid HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -284,7 +277,7 @@ def test_sigquit_stops_at_once(maitred_server, tmp_path):
 # The access log.
 
 COMMON_LOG_LINE = re.compile(
-    r'^(?P<host>\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] '
+    r"^(?P<host>\S+) - - \[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\] "
     r'"(?P<request>[^"]*)" (?P<status>\d{3}) (?P<bytes>\d+|-)'
 )
 

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from client import eventually, get, read_reply
 from conftest import HOST, Server, free_port, kill_group, wait_for_empty_group
 
@@ -28,11 +27,16 @@ APP = "echo:app"  # tests/apps/echo.py answers "PID BODY-LENGTH"
 # Refused requests.
 
 LIMITS = (
-    "--limit-request-line", "200",
-    "--limit-request-fields", "10",
-    "--limit-request-field_size", "200",
-    "--max-body", "1000",
-    "--header-timeout", "1",
+    "--limit-request-line",
+    "200",
+    "--limit-request-fields",
+    "10",
+    "--limit-request-field_size",
+    "200",
+    "--max-body",
+    "1000",
+    "--header-timeout",
+    "1",
 )
 
 
@@ -48,65 +52,76 @@ REFUSALS = {
     # What is sent, then the status and the reason the answer and the log must give.
     "request line over the limit": (
         head("Host: t", request_line=f"GET /{'a' * 300} HTTP/1.1"),
-        414, "request line longer than 200 bytes",
+        414,
+        "request line longer than 200 bytes",
     ),
     "too many header fields": (
         head("Host: t", *(f"X-Field-{n}: {n}" for n in range(10))),
-        431, "more than 10 header fields",
+        431,
+        "more than 10 header fields",
     ),
     "a header field over the limit": (
         head("Host: t", f"X-Long: {'v' * 300}"),
-        431, "header field longer than 200 bytes",
+        431,
+        "header field longer than 200 bytes",
     ),
     # Answered from the head alone: not a byte of the body is sent.
     "Content-Length over --max-body": (
         head("Host: t", "Content-Length: 1000000"),
-        413, "request body larger than 1000 bytes",
+        413,
+        "request body larger than 1000 bytes",
     ),
     # Answered as the total passes the limit: the last chunk is never sent.
     "chunked body over --max-body": (
         head("Host: t", "Transfer-Encoding: chunked") + chunk(b"x" * 600) + chunk(b"y" * 600),
-        413, "request body larger than 1000 bytes",
+        413,
+        "request body larger than 1000 bytes",
     ),
     "bare LF": (b"GET / HTTP/1.1\nHost: t\n\n", 400, "bare LF"),
     "obsolete line folding": (
-        head("Host: t", "X-Folded: first", " second"), 400, "obsolete line folding",
+        head("Host: t", "X-Folded: first", " second"),
+        400,
+        "obsolete line folding",
     ),
     "Content-Length with Transfer-Encoding": (
         head("Host: t", "Content-Length: 5", "Transfer-Encoding: chunked") + b"0\r\n\r\n",
-        400, "Content-Length and Transfer-Encoding both present",
+        400,
+        "Content-Length and Transfer-Encoding both present",
     ),
     "bad chunk size": (
         head("Host: t", "Transfer-Encoding: chunked") + b"zz\r\nhello\r\n0\r\n\r\n",
-        400, "invalid chunk size",
+        400,
+        "invalid chunk size",
     ),
     "HTTP/1.1 without Host": (head(request_line="GET / HTTP/1.1"), 400, "missing Host header"),
     # RFC 9112 section 6.3: without chunked last the body's length is unknown, a 400 even for a
     # coding the server does not know; behind chunked, an unknown coding is a 501.
     "Transfer-Encoding: gzip": (
         head("Host: t", "Transfer-Encoding: gzip") + b"0\r\n\r\n",
-        400, "chunked is not the final transfer coding",
+        400,
+        "chunked is not the final transfer coding",
     ),
     "Transfer-Encoding: gzip, chunked": (
         head("Host: t", "Transfer-Encoding: gzip, chunked") + b"0\r\n\r\n",
-        501, "unsupported transfer coding 'gzip'",
+        501,
+        "unsupported transfer coding 'gzip'",
     ),
     # A head that stops arriving, and a body that does.
     "head slower than --header-timeout": (
         b"GET / HTTP/1.1\r\nHost: t\r\n",
-        408, "request head did not arrive within --header-timeout",
+        408,
+        "request head did not arrive within --header-timeout",
     ),
     "body stalled for --header-timeout": (
         head("Host: t", "Content-Length: 10") + b"12345",
-        408, "request body stalled for longer than --header-timeout",
+        408,
+        "request body stalled for longer than --header-timeout",
     ),
 }
 
 
 @pytest.mark.parametrize("sent, status, reason", REFUSALS.values(), ids=REFUSALS)
-def test_refused_request_names_its_reason_and_costs_nothing_else(
-    maitred_server, sent, status, reason
-):
+def test_refused_request_names_its_reason_and_costs_nothing_else(maitred_server, sent, status, reason):
     server = maitred_server(*LIMITS, APP, cwd=APPS)
     worker = get(server.port).pid
 
@@ -126,9 +141,9 @@ def test_refused_request_names_its_reason_and_costs_nothing_else(
     else:
         assert waited < 1, waited
     logged = f"{status} to {HOST}:{client_port}: "
-    assert eventually(
-        lambda: any(logged in line and reason in line for line in server.stderr().splitlines()), 5
-    ), server.stderr()
+    assert eventually(lambda: any(logged in line and reason in line for line in server.stderr().splitlines()), 5), (
+        server.stderr()
+    )
 
     after = get(server.port)
     assert (after.status, after.pid) == (200, worker)
@@ -305,8 +320,12 @@ def test_inherited_listening_socket(maitred_command, tmp_path):
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
             [*maitred_command, "--bind", f"fd://{fd}", "--backlog", "64", APP],
-            cwd=APPS, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-            pass_fds=[fd], start_new_session=True,
+            cwd=APPS,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            pass_fds=[fd],
+            start_new_session=True,
         )
     listener.close()  # the server holds the only copy now
     try:

@@ -45,9 +45,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     return status, headers, body
 
 
-async def keep_alive_client(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> ClientRun:
+async def keep_alive_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ClientRun:
     run = ClientRun(port=writer.get_extra_info("sockname")[1])
     try:
         for number in range(REQUESTS_PER_CLIENT):

@@ -35,7 +35,7 @@ class Request(threading.Thread):
     def run(self) -> None:
         try:
             self.reply = get(self.port, self.path, timeout=30)
-        except BaseException as error:  # reported by the test's assertions
+        except BaseException as error:  # noqa: BLE001 - reported by the test's assertions
             self.error = error
         self.finished_after = time.monotonic() - self.started
 

@@ -21,9 +21,10 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 from wsgiref.validate import validator
 
 import pytest
@@ -144,18 +145,18 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         return [b"cd"]
 
     def file(environ: dict, start_response: Callable) -> Any:
-        handle = open(environ["QUERY_STRING"], "rb")
+        handle = open(environ["QUERY_STRING"], "rb")  # noqa: SIM115 - wsgi.file_wrapper owns and closes it
         handle.seek(3)
         start_response("200 OK", [("Content-Type", "application/octet-stream")])
         return environ["wsgi.file_wrapper"](handle)
 
     def file_declared(environ: dict, start_response: Callable) -> Any:
-        handle = open(environ["QUERY_STRING"], "rb")
+        handle = open(environ["QUERY_STRING"], "rb")  # noqa: SIM115 - wsgi.file_wrapper owns and closes it
         start_response("200 OK", [("Content-Length", "4")])
         return environ["wsgi.file_wrapper"](handle)
 
     def file_too_short(environ: dict, start_response: Callable) -> Any:
-        handle = open(environ["QUERY_STRING"], "rb")
+        handle = open(environ["QUERY_STRING"], "rb")  # noqa: SIM115 - wsgi.file_wrapper owns and closes it
         start_response("200 OK", [("Content-Length", "1000000")])
         return environ["wsgi.file_wrapper"](handle)
 
@@ -477,17 +478,17 @@ class Response:
 def parse_head(payload: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
     status, reason_len = struct.unpack_from("<HH", payload)
     at = 4
-    reason = payload[at:at + reason_len].decode("latin-1")
+    reason = payload[at : at + reason_len].decode("latin-1")
     at += reason_len
     (count,) = struct.unpack_from("<H", payload, at)
     at += 2
     headers = []
     for _ in range(count):
         (name_len,) = struct.unpack_from("<H", payload, at)
-        name = payload[at + 2:at + 2 + name_len].decode("latin-1")
+        name = payload[at + 2 : at + 2 + name_len].decode("latin-1")
         at += 2 + name_len
         (value_len,) = struct.unpack_from("<I", payload, at)
-        value = payload[at + 4:at + 4 + value_len].decode("latin-1")
+        value = payload[at + 4 : at + 4 + value_len].decode("latin-1")
         at += 4 + value_len
         headers.append((name, value))
     return status, reason, headers, payload[at:]
@@ -504,7 +505,9 @@ class Worker:
         with open(stderr_path, "wb") as stderr:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", CHILD, str(child_end.fileno()), app, tests_dir],
-                pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL, stderr=stderr,
+                pass_fds=[child_end.fileno()],
+                stdin=subprocess.DEVNULL,
+                stderr=stderr,
                 env={**os.environ, **(env or {})},
             )
         child_end.close()
@@ -610,12 +613,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
 def body_file(content: bytes) -> int:
     """An unlinked temporary file holding `content`, positioned at its end (the worker must
     read it from offset 0 regardless)."""
-    handle = tempfile.TemporaryFile()
-    handle.write(content)
-    handle.flush()
-    fd = os.dup(handle.fileno())
-    handle.close()
-    return fd
+    with tempfile.TemporaryFile() as handle:
+        handle.write(content)
+        handle.flush()
+        return os.dup(handle.fileno())
 
 
 # --- Lifecycle -----------------------------------------------------------------------------
@@ -733,12 +734,19 @@ def test_environ_of_a_simple_get(start_worker: Callable[..., Worker]) -> None:
     }
     assert environ["SERVER_SOFTWARE"].startswith("maitred/")
     assert environ["wsgi"] == {
-        "version": [1, 0], "multithread": False, "multiprocess": True, "run_once": False,
-        "input_terminated": True, "file_wrapper": "FileWrapper", "errors": True,
+        "version": [1, 0],
+        "multithread": False,
+        "multiprocess": True,
+        "run_once": False,
+        "input_terminated": True,
+        "file_wrapper": "FileWrapper",
+        "errors": True,
     }
 
 
-def test_path_is_percent_decoded_as_latin1_query_stays_raw_fragment_is_dropped(start_worker: Callable[..., Worker]) -> None:
+def test_path_is_percent_decoded_as_latin1_query_stays_raw_fragment_is_dropped(
+    start_worker: Callable[..., Worker],
+) -> None:
     worker = start_worker("app_environ")
     environ = worker.request(target="/caf%C3%A9/a%2Fb/%zz%4?q=%20x+y#frag").json()
     assert environ["PATH_INFO"] == "/caf\u00c3\u00a9/a/b/%zz%4"
@@ -748,17 +756,22 @@ def test_path_is_percent_decoded_as_latin1_query_stays_raw_fragment_is_dropped(s
 
 def test_headers_become_http_variables(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker("app_environ")
-    environ = worker.request("POST", "/", headers=[
-        ("Host", "example.org"),
-        ("Accept", "text/html"),
-        ("X-Forwarded-For", "10.0.0.1"),
-        ("accept", "text/plain"),
-        ("X_Forwarded_For", "6.6.6.6"),
-        ("Content-Type", "text/plain; charset=latin-1"),
-        ("Content-Length", "4"),
-        ("X-Latin", b"caf\xe9"),
-        ("X-Empty", b""),
-    ], body=b"data").json()
+    environ = worker.request(
+        "POST",
+        "/",
+        headers=[
+            ("Host", "example.org"),
+            ("Accept", "text/html"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("accept", "text/plain"),
+            ("X_Forwarded_For", "6.6.6.6"),
+            ("Content-Type", "text/plain; charset=latin-1"),
+            ("Content-Length", "4"),
+            ("X-Latin", b"caf\xe9"),
+            ("X-Empty", b""),
+        ],
+        body=b"data",
+    ).json()
     assert environ["HTTP_ACCEPT"] == "text/html, text/plain"
     assert environ["HTTP_X_FORWARDED_FOR"] == "10.0.0.1"  # the underscore spoof is dropped
     assert environ["CONTENT_TYPE"] == "text/plain; charset=latin-1"
@@ -799,7 +812,10 @@ def test_asterisk_target(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker("app_environ")
     environ = worker.request("OPTIONS", "*").json()
     assert (environ["REQUEST_METHOD"], environ["PATH_INFO"], environ["QUERY_STRING"], environ["RAW_URI"]) == (
-        "OPTIONS", "*", "", "*",
+        "OPTIONS",
+        "*",
+        "",
+        "*",
     )
 
 
@@ -810,7 +826,13 @@ def test_script_name_is_stripped_at_a_segment_boundary(start_worker: Callable[..
         environ = worker.request(target=target).json()
         assert environ["SCRIPT_NAME"] == "/app"
         paths[target] = environ["PATH_INFO"]
-    assert paths == {"/app/x/y": "/x/y", "/app": "", "/application": "/application", "/other": "/other", "/app%2Fz": "/z"}
+    assert paths == {
+        "/app/x/y": "/x/y",
+        "/app": "",
+        "/application": "/application",
+        "/other": "/other",
+        "/app%2Fz": "/z",
+    }
 
 
 def test_unix_socket_peer_has_no_port(start_worker: Callable[..., Worker]) -> None:
@@ -827,7 +849,12 @@ INPUT_CASES = {
     "read": ["first line\nsecond\n\nlast without newline"],
     "read:6,read:0,read:-1,read": ["first ", "", "line\nsecond\n\nlast without newline", ""],
     "readline,readline:3,readline,readline,readline,readline": [
-        "first line\n", "sec", "ond\n", "\n", "last without newline", "",
+        "first line\n",
+        "sec",
+        "ond\n",
+        "\n",
+        "last without newline",
+        "",
     ],
     "readlines": [["first line\n", "second\n", "\n", "last without newline"]],
     "readlines:12,readlines": [["first line\n", "second\n"], ["\n", "last without newline"]],
@@ -879,12 +906,15 @@ def test_single_chunk_is_one_frame_with_content_length(start_worker: Callable[..
     assert response.headers == [("Content-Type", "text/plain"), ("Content-Length", "5")]
 
 
-@pytest.mark.parametrize(("path", "body", "length"), [
-    ("/list-declared", b"hello", "5"),
-    ("/list-many", b"abcdef", "6"),
-    ("/tuple", b"x", "1"),
-    ("/empty", b"", "0"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "length"),
+    [
+        ("/list-declared", b"hello", "5"),
+        ("/list-many", b"abcdef", "6"),
+        ("/tuple", b"x", "1"),
+        ("/empty", b"", "0"),
+    ],
+)
 def test_whole_bodies_are_one_frame(start_worker: Callable[..., Worker], path: str, body: bytes, length: str) -> None:
     response = start_worker().request(target=path)
     assert len(response.frames) == 1 and response.frames[0].flags == END
@@ -915,7 +945,9 @@ def test_no_content_and_not_modified_get_no_content_length(start_worker: Callabl
 def test_streamed_response(start_worker: Callable[..., Worker]) -> None:
     response = start_worker().request(target="/generator")
     assert [(f.kind, f.flags, f.payload[-3:]) for f in response.frames] == [
-        (RESPONSE_HEAD, 0, b"one"), (RESPONSE_BODY, 0, b"two"), (RESPONSE_BODY, END, b""),
+        (RESPONSE_HEAD, 0, b"one"),
+        (RESPONSE_BODY, 0, b"two"),
+        (RESPONSE_BODY, END, b""),
     ]
     assert response.body == b"onetwo" and response.header("Content-Length") is None
 
@@ -932,7 +964,11 @@ def test_streamed_response_ends_with_its_content_length(start_worker: Callable[.
 
 def test_write_sends_the_head_at_once(start_worker: Callable[..., Worker]) -> None:
     response = start_worker().request(target="/write")
-    assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_BODY, 0), (RESPONSE_BODY, END)]
+    assert [(f.kind, f.flags) for f in response.frames] == [
+        (RESPONSE_HEAD, 0),
+        (RESPONSE_BODY, 0),
+        (RESPONSE_BODY, END),
+    ]
     first_bytes = parse_head(response.frames[0].payload)[3]
     assert [first_bytes, response.frames[1].payload, response.frames[2].payload] == [b"", b"ab", b"cd"]
     assert response.header("Content-Length") is None
@@ -975,7 +1011,9 @@ def test_file_wrapper_passes_the_file_descriptor(start_worker: Callable[..., Wor
     assert (len(headed.frames), headed.header("Content-Length"), headed.file) == (1, "7", None)
 
 
-def test_file_wrapper_shorter_than_its_content_length_is_an_error(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+def test_file_wrapper_shorter_than_its_content_length_is_an_error(
+    start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
     path = tmp_path / "short.bin"
     path.write_bytes(b"0123456789")
     worker = start_worker()
@@ -1021,26 +1059,34 @@ def test_close_is_always_called(start_worker: Callable[..., Worker]) -> None:
     assert "closed /closing" in log and "closed /raise-at-first-chunk" in log
 
 
-@pytest.mark.parametrize(("path", "message"), [
-    ("/header-crlf", "ValueError: the value of response header \"X-Bad\" holds a control character"),
-    ("/header-nul", "ValueError: the value of response header \"X-Bad\" holds a control character"),
-    ("/header-hop-by-hop", "ValueError: response header \"Connection\" is hop-by-hop"),
-    ("/header-keep-alive", "ValueError: response header \"Keep-Alive\" is hop-by-hop"),
-    ("/header-transfer-encoding", "ValueError: response header \"Transfer-Encoding\" is hop-by-hop"),
-    ("/header-not-latin1", "ValueError: the value of response header \"X-Name\" is not latin-1"),
-    ("/header-bytes", "TypeError: the value of response header \"X-Bytes\" must be a str, not bytes"),
-    ("/header-bad-name", "ValueError: invalid response header name \"X Name\""),
-    ("/header-bad-length", "ValueError: invalid Content-Length \"12abc\""),
-    ("/status-long-code", "ValueError: invalid status \"2000 OK\": it must be a three-digit code"),
-    ("/status-informational", "ValueError: invalid status \"100 Continue\": the code of a final response is 200 to 599"),
-    ("/status-bytes", "TypeError: the status must be a str, not bytes"),
-    ("/twice", "RuntimeError: start_response() was called twice; a second call must pass exc_info"),
-    ("/short", "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10"),
-    ("/long", "ValueError: the application's body is longer than its Content-Length 2"),
-    ("/str-chunk", "TypeError: the response body must be bytes, and the application gave str"),
-    ("/no-start", "RuntimeError: the application returned without calling start_response()"),
-])
-def test_bad_responses_become_500s_with_a_clear_error(start_worker: Callable[..., Worker], path: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/header-crlf", 'ValueError: the value of response header "X-Bad" holds a control character'),
+        ("/header-nul", 'ValueError: the value of response header "X-Bad" holds a control character'),
+        ("/header-hop-by-hop", 'ValueError: response header "Connection" is hop-by-hop'),
+        ("/header-keep-alive", 'ValueError: response header "Keep-Alive" is hop-by-hop'),
+        ("/header-transfer-encoding", 'ValueError: response header "Transfer-Encoding" is hop-by-hop'),
+        ("/header-not-latin1", 'ValueError: the value of response header "X-Name" is not latin-1'),
+        ("/header-bytes", 'TypeError: the value of response header "X-Bytes" must be a str, not bytes'),
+        ("/header-bad-name", 'ValueError: invalid response header name "X Name"'),
+        ("/header-bad-length", 'ValueError: invalid Content-Length "12abc"'),
+        ("/status-long-code", 'ValueError: invalid status "2000 OK": it must be a three-digit code'),
+        (
+            "/status-informational",
+            'ValueError: invalid status "100 Continue": the code of a final response is 200 to 599',
+        ),
+        ("/status-bytes", "TypeError: the status must be a str, not bytes"),
+        ("/twice", "RuntimeError: start_response() was called twice; a second call must pass exc_info"),
+        ("/short", "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10"),
+        ("/long", "ValueError: the application's body is longer than its Content-Length 2"),
+        ("/str-chunk", "TypeError: the response body must be bytes, and the application gave str"),
+        ("/no-start", "RuntimeError: the application returned without calling start_response()"),
+    ],
+)
+def test_bad_responses_become_500s_with_a_clear_error(
+    start_worker: Callable[..., Worker], path: str, message: str
+) -> None:
     worker = start_worker()
     response = worker.request(target=path)
     assert (response.status, response.body) == (500, b"500 Internal Server Error\n")
@@ -1077,13 +1123,17 @@ def test_content_length_mismatch_after_the_head(start_worker: Callable[..., Work
     worker = start_worker()
     short = worker.request(target="/short-stream")
     assert (short.body, short.aborted) == (
-        b"12345", "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10",
+        b"12345",
+        "ValueError: the application's body ended after 5 bytes, short of its Content-Length 10",
     )
     # Too long: the client gets exactly Content-Length bytes; the rest is dropped and logged.
     long = worker.request(target="/long-stream")
     assert (long.body, long.aborted, long.frames[-1].flags) == (b"1234", None, END)
     assert worker.request(target="/list").status == 200
-    assert "ValueError: the application produced 2 more bytes than its Content-Length 4; they were dropped" in worker.stderr()
+    assert (
+        "ValueError: the application produced 2 more bytes than its Content-Length 4; they were dropped"
+        in worker.stderr()
+    )
 
 
 # --- CANCEL: the client went away ----------------------------------------------------------
@@ -1188,7 +1238,9 @@ def give_offer_sockets(worker: Worker) -> list[tuple[socket.socket, socket.socke
     return pairs
 
 
-def test_an_offer_is_taken_once_the_current_request_is_answered(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+def test_an_offer_is_taken_once_the_current_request_is_answered(
+    start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
     worker = start_worker()
     offers = give_offer_sockets(worker)
     for turn, (lobby_end, _) in enumerate([*offers, *offers]):
@@ -1252,10 +1304,15 @@ def test_closed_offer_sockets_leave_the_channel_working(start_worker: Callable[.
     "offers, message",
     [
         (frame(OFFERS, 0, b""), "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8"),
-        (frame(OFFERS, FD, b"x"), "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8"),
+        (
+            frame(OFFERS, FD, b"x"),
+            "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8",
+        ),
     ],
 )
-def test_a_bad_offers_frame_breaks_the_channel(start_worker: Callable[..., Worker], offers: bytes, message: str) -> None:
+def test_a_bad_offers_frame_breaks_the_channel(
+    start_worker: Callable[..., Worker], offers: bytes, message: str
+) -> None:
     worker = start_worker()
     spare = os.open(os.devnull, os.O_RDONLY)
     worker.send(offers + request_frame(target="/list"), spare if offers[1] & FD else None)
@@ -1281,13 +1338,18 @@ def test_wsgiref_validator_finds_nothing(start_worker: Callable[..., Worker], pa
     content = b"line one\nline two\n" + b"z" * 3000
     cases = [
         worker.request("POST", path, headers=[("Content-Type", "text/plain")], body=content),
-        worker.request("POST", path, headers=[("Content-Type", "text/plain")], body=content, body_file=body_file(content)),
+        worker.request(
+            "POST", path, headers=[("Content-Type", "text/plain")], body=content, body_file=body_file(content)
+        ),
         worker.request("GET", path + "?x=1"),
         worker.request("HEAD", path),
     ]
     prefix = {"/write": b"written:", "/stream": b"streamed:"}.get(path, b"")
     assert [(r.status, r.body) for r in cases] == [
-        (200, prefix + content), (200, prefix + content), (200, prefix), (200, b""),
+        (200, prefix + content),
+        (200, prefix + content),
+        (200, prefix),
+        (200, b""),
     ]
     assert worker.close_and_wait() == 0
     log = worker.stderr()

@@ -15,12 +15,11 @@ import json
 import random
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-
 from conftest import HOST, Server
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -56,7 +55,7 @@ class Client:
         self.sock = socket.create_connection((HOST, port), timeout=timeout)
         self.reader = self.sock.makefile("rb")
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Client:  # noqa: PYI034 - typing.Self needs Python 3.11; 3.10 is supported
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -162,7 +161,7 @@ def chunked(body: bytes, trailers: str = "") -> bytes:
     out, position, index = [], 0, 0
     while position < len(body):
         size = sizes[index % len(sizes)]
-        piece = body[position:position + size]
+        piece = body[position : position + size]
         extension = ";name=value" if index == 1 else ""
         out.append(b"%x%s\r\n%s\r\n" % (len(piece), extension.encode(), piece))
         position += size
@@ -178,7 +177,7 @@ def assert_same_bytes(got: bytes, expected: bytes) -> None:
     first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
     raise AssertionError(
         f"got {len(got)} bytes, expected {len(expected)}; first difference at byte {first}: "
-        f"{got[first:first + 40]!r} vs {expected[first:first + 40]!r}"
+        f"{got[first : first + 40]!r} vs {expected[first : first + 40]!r}"
     )
 
 
@@ -211,7 +210,10 @@ def served(shared_dir: Path) -> bytes:
 @pytest.fixture(scope="module")
 def server(maitred_module_server: Callable[..., Server], shared_dir: Path) -> Server:
     return maitred_module_server(
-        "wsgi_live_app:application", "--workers", "1", cwd=APPS,
+        "wsgi_live_app:application",
+        "--workers",
+        "1",
+        cwd=APPS,
         env={"WSGI_LIVE_DIR": str(shared_dir)},
     )
 
@@ -219,7 +221,12 @@ def server(maitred_module_server: Callable[..., Server], shared_dir: Path) -> Se
 @pytest.fixture(scope="module")
 def mounted_server(maitred_module_server: Callable[..., Server], shared_dir: Path) -> Server:
     return maitred_module_server(
-        "wsgi_live_app:application", "--workers", "1", "-e", "SCRIPT_NAME=/app", cwd=APPS,
+        "wsgi_live_app:application",
+        "--workers",
+        "1",
+        "-e",
+        "SCRIPT_NAME=/app",
+        cwd=APPS,
         env={"WSGI_LIVE_DIR": str(shared_dir)},
     )
 
@@ -232,7 +239,7 @@ class Log:
         self.start = len(server.stderr())
 
     def text(self) -> str:
-        return self.server.stderr()[self.start:]
+        return self.server.stderr()[self.start :]
 
     def assert_clean(self) -> None:
         text = self.text()
@@ -309,7 +316,12 @@ def test_validator_failures_would_be_seen(client: Client, log: Log) -> None:
 # The environ.
 
 REQUIRED_STR_KEYS = [
-    "REQUEST_METHOD", "SCRIPT_NAME", "PATH_INFO", "QUERY_STRING", "SERVER_NAME", "SERVER_PORT",
+    "REQUEST_METHOD",
+    "SCRIPT_NAME",
+    "PATH_INFO",
+    "QUERY_STRING",
+    "SERVER_NAME",
+    "SERVER_PORT",
     "SERVER_PROTOCOL",
 ]
 
@@ -360,12 +372,15 @@ def test_path_info_is_percent_decoded_as_latin1(client: Client, target: str, pat
     assert environ["RAW_URI"] == target + "?q=%C3%A9"
 
 
-@pytest.mark.parametrize("target, query_string", [
-    ("/q?a=%C3%A9&b=c+d&e=%2F&&f", "a=%C3%A9&b=c+d&e=%2F&&f"),
-    ("/q?", ""),
-    ("/q", ""),
-    ("/q?x=?&y=%zz", "x=?&y=%zz"),
-])
+@pytest.mark.parametrize(
+    "target, query_string",
+    [
+        ("/q?a=%C3%A9&b=c+d&e=%2F&&f", "a=%C3%A9&b=c+d&e=%2F&&f"),
+        ("/q?", ""),
+        ("/q", ""),
+        ("/q?x=?&y=%zz", "x=?&y=%zz"),
+    ],
+)
 def test_query_string_is_raw(client: Client, target: str, query_string: str) -> None:
     assert environ_of(client.exchange("GET", target))["QUERY_STRING"] == query_string
 
@@ -507,8 +522,9 @@ def test_expect_100_continue(client: Client, framing: str) -> None:
 
 def test_no_100_continue_for_http_10(client: Client) -> None:
     body = b"an HTTP/1.0 client cannot expect\n"
-    client.send(request("POST", "/input?mode=read-all", headers=[("Expect", "100-continue")],
-                        body=body, version="HTTP/1.0"))
+    client.send(
+        request("POST", "/input?mode=read-all", headers=[("Expect", "100-continue")], body=body, version="HTTP/1.0")
+    )
     response = client.read_response()
     assert response.status == 200
     assert response.body == body
@@ -520,8 +536,12 @@ def test_pipelined_requests_are_answered_in_order(client: Client, served: bytes)
         + request("POST", "/second", body=b"payload of the second")
         + request("HEAD", "/hello")
         + request("GET", "/stream?n=3")
-        + request("POST", "/input?mode=readlines", headers=[("Transfer-Encoding", "chunked")],
-                  body=chunked(b"chunked\nfifth\n"))
+        + request(
+            "POST",
+            "/input?mode=readlines",
+            headers=[("Transfer-Encoding", "chunked")],
+            body=chunked(b"chunked\nfifth\n"),
+        )
         + request("GET", "/file?offset=10&length=20")
         + request("GET", "/seventh", headers=[("Connection", "close")])
     )
@@ -578,10 +598,14 @@ def test_connection_close_is_honoured(client: Client) -> None:
 TCP_CLOSE_WAIT = 8
 
 
-@pytest.mark.parametrize("version, headers", [
-    ("HTTP/1.1", [("Connection", "close")]),
-    ("HTTP/1.0", []),
-], ids=["connection close", "HTTP/1.0"])
+@pytest.mark.parametrize(
+    "version, headers",
+    [
+        ("HTTP/1.1", [("Connection", "close")]),
+        ("HTTP/1.0", []),
+    ],
+    ids=["connection close", "HTTP/1.0"],
+)
 def test_a_closing_answer_carries_the_fin(server: Server, version: str, headers: list) -> None:
     """The last bytes before a close and the FIN travel in one segment: one packet and one
     wake-up fewer per connection. So once the client can read the answer, its socket has
@@ -755,15 +779,16 @@ def test_close_is_called_when_the_client_goes_away(server: Server, shared_dir: P
         assert client.exchange("GET", "/hello").body == b"hello, world\n"
 
 
-def test_iteration_stops_when_the_client_goes_away(
-    maitred_server: Callable[..., Server], shared_dir: Path
-) -> None:
+def test_iteration_stops_when_the_client_goes_away(maitred_server: Callable[..., Server], shared_dir: Path) -> None:
     """A client that leaves a long stream (a download, server-sent events) must not hold the
     worker until the stream ends or --timeout kills it (which would skip close()): the
     iteration stops soon after, and close() is called. This test has a server of its own, so
     that a worker kept busy cannot hold up the module's other tests."""
     own_server = maitred_server(
-        "wsgi_live_app:application", "--workers", "1", cwd=APPS,
+        "wsgi_live_app:application",
+        "--workers",
+        "1",
+        cwd=APPS,
         env={"WSGI_LIVE_DIR": str(shared_dir)},
     )
     name = "close-long-disconnect"

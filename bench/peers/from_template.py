@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         return 2
     split = argv.index("--")
     template_name, output, *assignments = argv[:split]
-    server_argv = argv[split + 1:]
+    server_argv = argv[split + 1 :]
     values = {"workdir": os.getcwd()}
     for assignment in assignments:
         name, equals, value = assignment.partition("=")

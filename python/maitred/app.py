@@ -15,9 +15,9 @@ import importlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
-from typing import Callable
 
 DEFAULT_CALLABLE = "application"
 
@@ -52,17 +52,12 @@ def parse_spec(spec: str) -> AppSpec:
         directory = os.path.dirname(module) or "."
         name = os.path.basename(module).removesuffix(".py")
         raise AppLoadError(
-            f"{spec!r} is a file path; name its module instead: "
-            f"--chdir {directory} {name}{spec[len(module):]}"
+            f"{spec!r} is a file path; name its module instead: --chdir {directory} {name}{spec[len(module) :]}"
         )
     if not _DOTTED_NAME.fullmatch(module):
-        raise AppLoadError(
-            f"{spec!r} is not MODULE[:CALLABLE]: {module!r} is not a dotted module name"
-        )
+        raise AppLoadError(f"{spec!r} is not MODULE[:CALLABLE]: {module!r} is not a dotted module name")
     if not _DOTTED_NAME.fullmatch(attribute):
-        raise AppLoadError(
-            f"{spec!r} is not MODULE[:CALLABLE]: {attribute!r} is not a Python name"
-        )
+        raise AppLoadError(f"{spec!r} is not MODULE[:CALLABLE]: {attribute!r} is not a Python name")
     return AppSpec(module, attribute, factory)
 
 
@@ -94,9 +89,7 @@ def load_app(spec: str) -> Callable[..., object]:
             raise AppLoadError(f"calling {walked}() raised {_describe(error)}") from error
         walked = f"{walked}()"
     if not callable(target):
-        raise AppLoadError(
-            f"{walked} is a {type(target).__name__}, not a WSGI application (which is callable)"
-        )
+        raise AppLoadError(f"{walked} is a {type(target).__name__}, not a WSGI application (which is callable)")
     return target
 
 
@@ -122,9 +115,7 @@ def _is_same_or_parent(found: str, wanted: str) -> bool:
     return wanted == found or wanted.startswith(found + ".")
 
 
-def _missing_attribute_message(
-    target: object, walked: str, name: str, module: ModuleType
-) -> str:
+def _missing_attribute_message(target: object, walked: str, name: str, module: ModuleType) -> str:
     where = f"module {walked}" if target is module else walked
     location = getattr(module, "__file__", None)
     message = f"{where} has no attribute {name!r}"

@@ -15,7 +15,8 @@ import os
 import socket
 import sys
 import traceback
-from typing import Mapping, NoReturn, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from maitred import _native, config, log, zygote
 from maitred.app import load_app
@@ -136,7 +137,7 @@ def _close_inherited_listeners(settings: Mapping[str, object]) -> None:
     assert isinstance(binds, list)
     for bind in binds:
         if bind.startswith("fd://"):
-            os.close(int(bind[len("fd://"):]))
+            os.close(int(bind[len("fd://") :]))
 
 
 def _run_zygote(control: socket.socket, settings: Mapping[str, object]) -> NoReturn:
@@ -145,7 +146,7 @@ def _run_zygote(control: socket.socket, settings: Mapping[str, object]) -> NoRet
         spec = settings["app"]
         assert isinstance(spec, str)
         code = zygote.run(control, settings, functools.partial(load_app, spec))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the zygote logs why it died, whatever it was
         log.log("critical", f"zygote crashed:\n{traceback.format_exc().rstrip()}")
     finally:
         sys.stdout.flush()

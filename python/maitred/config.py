@@ -19,8 +19,9 @@ import os
 import re
 import stat
 import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, NoReturn, Sequence
+from typing import NoReturn
 
 from maitred import __version__
 from maitred.app import AppLoadError, parse_spec
@@ -147,17 +148,15 @@ def _bind_address(text: str) -> str:
     if not text:
         raise ValueError("expected HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N, got ''")
     if text.startswith("unix:"):
-        path = text[len("unix:"):]
+        path = text[len("unix:") :]
         if not path:
             raise ValueError(f"expected unix:PATH, got {text!r}")
         absolute = _existing_parent(path)
         if len(os.fsencode(absolute)) > UNIX_PATH_MAX:
-            raise ValueError(
-                f"unix socket path {absolute!r} is longer than {UNIX_PATH_MAX} bytes"
-            )
+            raise ValueError(f"unix socket path {absolute!r} is longer than {UNIX_PATH_MAX} bytes")
         return f"unix:{absolute}"
     if text.startswith("fd://"):
-        digits = text[len("fd://"):]
+        digits = text[len("fd://") :]
         if not re.fullmatch(r"[0-9]+", digits):
             raise ValueError(f"expected fd://N with N a file descriptor number, got {text!r}")
         fd = int(digits)
@@ -238,128 +237,233 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "listening", "bind", ("-b", "--bind"), "ADDRESS", _bind_address, ("127.0.0.1:8000",),
+        "listening",
+        "bind",
+        ("-b", "--bind"),
+        "ADDRESS",
+        _bind_address,
+        ("127.0.0.1:8000",),
         "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
         "listening socket). Repeat the flag to listen on several.",
         repeatable=True,
     ),
     Setting(
-        "listening", "backlog", ("--backlog",), "INT", _whole_number(1, 2**31 - 1), None,
-        "Length of the listen queue. The kernel caps it at net.core.somaxconn; the log says "
-        "what was granted.",
+        "listening",
+        "backlog",
+        ("--backlog",),
+        "INT",
+        _whole_number(1, 2**31 - 1),
+        None,
+        "Length of the listen queue. The kernel caps it at net.core.somaxconn; the log says what was granted.",
         default_text="net.core.somaxconn",
     ),
     Setting(
-        "listening", "max_connections", ("--max-connections",), "INT", _whole_number(1), None,
+        "listening",
+        "max_connections",
+        ("--max-connections",),
+        "INT",
+        _whole_number(1),
+        None,
         "Most client connections held open at once.",
         default_text="as many as the file-descriptor limit allows",
     ),
     Setting(
-        "workers", "workers", ("-w", "--workers"), "INT", _whole_number(1), 1,
+        "workers",
+        "workers",
+        ("-w", "--workers"),
+        "INT",
+        _whole_number(1),
+        1,
         "Number of worker processes running the application.",
     ),
     Setting(
-        "workers", "timeout", ("-t", "--timeout"), "SECONDS", _seconds(allow_zero=False),
+        "workers",
+        "timeout",
+        ("-t", "--timeout"),
+        "SECONDS",
+        _seconds(allow_zero=False),
         30.0,
         "A worker busy with one request for longer than this is killed and replaced.",
     ),
     Setting(
-        "workers", "graceful_timeout", ("--graceful-timeout",), "SECONDS",
-        _seconds(allow_zero=True), 30.0,
-        "On SIGTERM or SIGINT, how long requests in progress may run before their workers "
-        "are killed.",
+        "workers",
+        "graceful_timeout",
+        ("--graceful-timeout",),
+        "SECONDS",
+        _seconds(allow_zero=True),
+        30.0,
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed.",
     ),
     Setting(
-        "workers", "max_requests", ("--max-requests",), "INT", _whole_number(0), 0,
+        "workers",
+        "max_requests",
+        ("--max-requests",),
+        "INT",
+        _whole_number(0),
+        0,
         "Replace a worker after it has served this many requests (0: never).",
     ),
     Setting(
-        "workers", "max_requests_jitter", ("--max-requests-jitter",), "INT",
-        _whole_number(0), 0,
-        "Add a random 0 to N to each worker's --max-requests, so that workers do not all "
-        "restart at once.",
+        "workers",
+        "max_requests_jitter",
+        ("--max-requests-jitter",),
+        "INT",
+        _whole_number(0),
+        0,
+        "Add a random 0 to N to each worker's --max-requests, so that workers do not all restart at once.",
     ),
     Setting(
-        "workers", "preload", ("--preload",), None, None, False,
+        "workers",
+        "preload",
+        ("--preload",),
+        None,
+        None,
+        False,
         "Import the application once, before forking the workers.",
-        default_text="off", for_lobby=False,
+        default_text="off",
+        for_lobby=False,
     ),
     Setting(
-        "requests", "keep_alive", ("--keep-alive",), "SECONDS", _seconds(allow_zero=True),
+        "requests",
+        "keep_alive",
+        ("--keep-alive",),
+        "SECONDS",
+        _seconds(allow_zero=True),
         75.0,
         "How long an idle keep-alive connection is held open (0: close after each response). "
         "An idle connection costs no worker; keep this above your proxy's idle timeout.",
     ),
     Setting(
-        "requests", "header_timeout", ("--header-timeout",), "SECONDS",
-        _seconds(allow_zero=False), 10.0,
-        "Time allowed for a request's head, and for each gap in its body, to arrive; "
-        "the client gets 408 after that.",
+        "requests",
+        "header_timeout",
+        ("--header-timeout",),
+        "SECONDS",
+        _seconds(allow_zero=False),
+        10.0,
+        "Time allowed for a request's head, and for each gap in its body, to arrive; the client gets 408 after that.",
     ),
     Setting(
-        "requests", "queue_timeout", ("--queue-timeout",), "SECONDS",
-        _seconds(allow_zero=False), None,
-        "A request that has waited longer than this for a free worker gets 503 with "
-        "Retry-After.",
+        "requests",
+        "queue_timeout",
+        ("--queue-timeout",),
+        "SECONDS",
+        _seconds(allow_zero=False),
+        None,
+        "A request that has waited longer than this for a free worker gets 503 with Retry-After.",
         default_text="off",
     ),
     Setting(
-        "requests", "max_body", ("--max-body",), "BYTES", _whole_number(0), None,
+        "requests",
+        "max_body",
+        ("--max-body",),
+        "BYTES",
+        _whole_number(0),
+        None,
         "Largest request body accepted.",
         default_text="unlimited",
     ),
     Setting(
-        "requests", "limit_request_line", ("--limit-request-line",), "BYTES",
-        _whole_number(0, WIRE_LIMIT), 4094,
-        "Longest request line (method, target and version) accepted (0: no limit beyond the "
-        "64 KiB head ceiling).",
+        "requests",
+        "limit_request_line",
+        ("--limit-request-line",),
+        "BYTES",
+        _whole_number(0, WIRE_LIMIT),
+        4094,
+        "Longest request line (method, target and version) accepted (0: no limit beyond the 64 KiB head ceiling).",
     ),
     Setting(
-        "requests", "limit_request_fields", ("--limit-request-fields",), "INT",
-        _whole_number(1, WIRE_LIMIT), 100,
+        "requests",
+        "limit_request_fields",
+        ("--limit-request-fields",),
+        "INT",
+        _whole_number(1, WIRE_LIMIT),
+        100,
         "Most header fields accepted in one request.",
     ),
     Setting(
-        "requests", "limit_request_field_size", ("--limit-request-field_size",), "BYTES",
-        _whole_number(0, WIRE_LIMIT), 8190,
-        "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head "
-        "ceiling).",
+        "requests",
+        "limit_request_field_size",
+        ("--limit-request-field_size",),
+        "BYTES",
+        _whole_number(0, WIRE_LIMIT),
+        8190,
+        "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head ceiling).",
     ),
     Setting(
-        "logging", "access_logfile", ("--access-logfile",), "FILE", _log_destination, None,
+        "logging",
+        "access_logfile",
+        ("--access-logfile",),
+        "FILE",
+        _log_destination,
+        None,
         "Where to write one line per request ('-': standard output).",
         default_text="off",
     ),
     Setting(
-        "logging", "error_logfile", ("--error-logfile",), "FILE", _log_destination, "-",
+        "logging",
+        "error_logfile",
+        ("--error-logfile",),
+        "FILE",
+        _log_destination,
+        "-",
         "Where every process of maitred writes its log ('-': standard error).",
         for_lobby=False,
     ),
     Setting(
-        "logging", "log_level", ("--log-level",), "LEVEL", _log_level, "info",
+        "logging",
+        "log_level",
+        ("--log-level",),
+        "LEVEL",
+        _log_level,
+        "info",
         f"Lowest level written to the error log: {', '.join(LOG_LEVELS)}.",
     ),
     Setting(
-        "process", "chdir", ("--chdir",), "DIR", _existing_directory, None,
-        "Change to this directory before loading the application, and look for its module "
-        "there first.",
-        default_text="the current directory", for_lobby=False,
+        "process",
+        "chdir",
+        ("--chdir",),
+        "DIR",
+        _existing_directory,
+        None,
+        "Change to this directory before loading the application, and look for its module there first.",
+        default_text="the current directory",
+        for_lobby=False,
     ),
     Setting(
-        "process", "env", ("-e", "--env"), "KEY=VALUE", _environment_pair, (),
+        "process",
+        "env",
+        ("-e", "--env"),
+        "KEY=VALUE",
+        _environment_pair,
+        (),
         "Set an environment variable for the application. Repeatable.",
-        default_text="none", repeatable=True, for_lobby=False,
+        default_text="none",
+        repeatable=True,
+        for_lobby=False,
     ),
     Setting(
-        "process", "pid", ("-p", "--pid"), "FILE", _file_path, None,
+        "process",
+        "pid",
+        ("-p", "--pid"),
+        "FILE",
+        _file_path,
+        None,
         "Write the server's process id to this file, and remove it at exit.",
-        default_text="none", for_lobby=False,
+        default_text="none",
+        for_lobby=False,
     ),
     Setting(
-        "process", "config", ("-c", "--config"), "FILE", _existing_file, None,
+        "process",
+        "config",
+        ("-c", "--config"),
+        "FILE",
+        _existing_file,
+        None,
         "Python file of settings: its module-level names are setting names (the Setting "
         "column of the README's table). The command line overrides it.",
-        default_text="none", for_lobby=False, file_settable=False,
+        default_text="none",
+        for_lobby=False,
+        file_settable=False,
     ),
 )
 
@@ -430,12 +534,17 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(*setting.flags, dest=setting.name, action="store_true", help=text)
         else:
             group.add_argument(
-                *setting.flags, dest=setting.name, metavar=setting.metavar,
+                *setting.flags,
+                dest=setting.name,
+                metavar=setting.metavar,
                 type=_argparse_type(setting),
-                action="append" if setting.repeatable else "store", help=text,
+                action="append" if setting.repeatable else "store",
+                help=text,
             )
     parser.add_argument(
-        "--version", action="version", version=f"maitred {__version__}",
+        "--version",
+        action="version",
+        version=f"maitred {__version__}",
         help="Print the version and exit.",
     )
     return parser
@@ -462,7 +571,8 @@ def _from_python(setting: Setting, value: object) -> object:
             raise ValueError(f"expected a string or a list of strings, got {value!r}")
         return [setting.parse(item) for item in items]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"expected {setting.metavar}, got a {type(value).__name__}: {value!r}")
+        # ValueError, as for every other bad value: the caller makes each into one usage line.
+        raise ValueError(f"expected {setting.metavar}, got a {type(value).__name__}: {value!r}")  # noqa: TRY004
     return setting.parse(str(value))
 
 
@@ -473,9 +583,7 @@ def _unknown_setting_message(path: str, name: str) -> str:
         if ours is None:
             return message + " (give the application on the command line)"
         return message + f" (maitred calls it {ours!r})"
-    close = difflib.get_close_matches(
-        name, [s.name for s in SETTINGS if s.file_settable], n=1, cutoff=0.75
-    )
+    close = difflib.get_close_matches(name, [s.name for s in SETTINGS if s.file_settable], n=1, cutoff=0.75)
     if close:
         return message + f" (did you mean {close[0]!r}?)"
     return message
@@ -494,11 +602,9 @@ def read_config_file(path: str) -> dict[str, object]:
         raise UsageError(f"config file {path}, line {error.lineno}: {error.msg}") from None
     namespace: dict[str, object] = {"__file__": path, "__name__": _CONFIG_MODULE}
     try:
-        exec(code, namespace)
-    except (Exception, SystemExit) as error:  # the operator's code: any failure is one line
-        raise UsageError(
-            f"config file {path} raised {_exception_summary(error)}"
-        ) from None
+        exec(code, namespace)  # noqa: S102 - a config file is Python by design, as gunicorn's is
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - the operator's code: any failure is one line
+        raise UsageError(f"config file {path} raised {_exception_summary(error)}") from None
     values: dict[str, object] = {}
     for name, value in namespace.items():
         if name.startswith("_") or _is_imported(value):
@@ -600,17 +706,9 @@ def markdown_table() -> str:
         "|---|---|---|---|",
     ]
     for setting in SETTINGS:
-        flags = ", ".join(
-            f"`{flag}`" if setting.is_flag else f"`{flag} {setting.metavar}`"
-            for flag in setting.flags
-        )
+        flags = ", ".join(f"`{flag}`" if setting.is_flag else f"`{flag} {setting.metavar}`" for flag in setting.flags)
         name = f"`{setting.name}`" if setting.file_settable else ""
-        default = (
-            setting.default_text if setting.default_text is not None
-            else f"`{setting.shown_default}`"
-        )
+        default = setting.default_text if setting.default_text is not None else f"`{setting.shown_default}`"
         help_text = setting.help.replace("|", "\\|")
         rows.append(f"| {flags} | {name} | {default} | {help_text} |")
     return "\n".join(rows)
-
-

@@ -14,7 +14,8 @@ import os
 import signal
 import stat
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from maitred import __version__
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from maitred import log, worker
 from maitred.app import AppLoadError
@@ -58,7 +58,7 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             _log_cause(error)
             _fail(control, str(error))
             return 1
-        worker_load_app = lambda: application  # noqa: E731
+        worker_load_app = lambda: application
     grace = settings["graceful_timeout"]
     assert isinstance(grace, float)
     return _Zygote(control, worker_load_app, grace).serve()
@@ -199,7 +199,7 @@ class _Zygote:
             self._control.close()
             lobby_end.close()
             code = worker.serve(worker_end.detach(), self._load_app)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
         finally:
             sys.stdout.flush()

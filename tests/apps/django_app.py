@@ -20,13 +20,16 @@ settings.configure(
 )
 django.setup()
 
-from django.core.handlers.wsgi import WSGIHandler  # noqa: E402  (needs the settings above)
-from django.http import (  # noqa: E402
-    FileResponse, HttpRequest, HttpResponseNotAllowed, JsonResponse, StreamingHttpResponse,
+from django.core.handlers.wsgi import WSGIHandler
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponseNotAllowed,
+    JsonResponse,
+    StreamingHttpResponse,
 )
-from django.urls import path  # noqa: E402
-
-from framework_support import DOWNLOAD, describe_upload, order_summary, reporting_result_type, stream_lines  # noqa: E402
+from django.urls import path
+from framework_support import DOWNLOAD, describe_upload, order_summary, reporting_result_type, stream_lines
 
 
 def form(request: HttpRequest) -> JsonResponse | HttpResponseNotAllowed:
@@ -46,8 +49,9 @@ def orders(request: HttpRequest) -> JsonResponse | HttpResponseNotAllowed:
 
 
 def download(request: HttpRequest) -> FileResponse:
-    return FileResponse(open(DOWNLOAD, "rb"), as_attachment=True, filename="report.bin",
-                        content_type="application/octet-stream")
+    return FileResponse(
+        open(DOWNLOAD, "rb"), as_attachment=True, filename="report.bin", content_type="application/octet-stream"
+    )
 
 
 def stream(request: HttpRequest) -> StreamingHttpResponse:

@@ -1,7 +1,7 @@
 """Answers slowly, for tests of clients that leave in the middle of a response.
 
-    /drip?seconds=S       streams one line every 0.05 s for S seconds
-    /pid                  answers the worker's pid
+/drip?seconds=S       streams one line every 0.05 s for S seconds
+/pid                  answers the worker's pid
 """
 
 import os

@@ -1,6 +1,6 @@
 """Answers "PID LENGTH": the worker's pid and the length of the request body it read.
 
-    ?sleep=S    sleeps S seconds first
+?sleep=S    sleeps S seconds first
 """
 
 import os

@@ -4,7 +4,6 @@ download and a streamed response."""
 from __future__ import annotations
 
 from flask import Flask, Response, jsonify, request, send_file, stream_with_context
-
 from framework_support import DOWNLOAD, describe_upload, order_summary, reporting_result_type, stream_lines
 
 app = Flask(__name__)
@@ -26,8 +25,7 @@ def orders() -> tuple[Response, int]:
 
 @app.get("/download")
 def download() -> Response:
-    return send_file(DOWNLOAD, mimetype="application/octet-stream", as_attachment=True,
-                     download_name="report.bin")
+    return send_file(DOWNLOAD, mimetype="application/octet-stream", as_attachment=True, download_name="report.bin")
 
 
 @app.get("/stream")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DATA_DIR = Path(os.environ["FRAMEWORK_DATA_DIR"])
 DOWNLOAD = DATA_DIR / "download.bin"

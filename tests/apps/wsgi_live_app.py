@@ -18,8 +18,8 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 from urllib.parse import parse_qs
 from wsgiref.validate import WSGIWarning, validator
 
@@ -61,16 +61,16 @@ def describe(value: object) -> object:
 
 
 def public_methods(thing: object) -> list[str]:
-    return sorted(name for name in dir(thing) if callable(getattr(thing, name)) and
-                  (not name.startswith("_") or name in ("__iter__", "__next__")))
+    return sorted(
+        name
+        for name in dir(thing)
+        if callable(getattr(thing, name)) and (not name.startswith("_") or name in ("__iter__", "__next__"))
+    )
 
 
 def environ_dump(environ: dict, start_response: StartResponse) -> list[bytes]:
     described = {
-        "environ": {
-            key: {"type": type(value).__name__, "value": describe(value)}
-            for key, value in environ.items()
-        },
+        "environ": {key: {"type": type(value).__name__, "value": describe(value)} for key, value in environ.items()},
         "key_types": sorted({type(key).__name__ for key in environ}),
         "input_methods": public_methods(environ["wsgi.input"]),
         "errors_methods": public_methods(environ["wsgi.errors"]),
@@ -184,7 +184,7 @@ def file_response(environ: dict, start_response: StartResponse) -> Iterable[byte
     """Serves SERVED_FILE through wsgi.file_wrapper, from the offset the query names, with
     the Content-Length it names (none when absent)."""
     params = query(environ)
-    file = open(SERVED_FILE, "rb")
+    file = open(SERVED_FILE, "rb")  # noqa: SIM115 - wsgi.file_wrapper owns and closes it
     file.seek(int(params.get("offset", "0")))
     headers = [("Content-Type", "application/octet-stream")]
     if "length" in params:

@@ -668,7 +668,7 @@ struct Answer {
 impl Answer {
     fn new(context: &ResponseContext) -> Answer {
         Answer {
-            context: context.clone(),
+            context: *context,
             status: 0,
             framing: Framing::NoBody,
             keep_alive: false,
@@ -784,7 +784,7 @@ fn version_text(version: Version) -> &'static str {
 }
 
 thread_local! {
-    static DATE: RefCell<(u64, Bytes)> = RefCell::new((u64::MAX, Bytes::new()));
+    static DATE: RefCell<(u64, Bytes)> = const { RefCell::new((u64::MAX, Bytes::new())) };
 }
 
 /// The `Date` header value, formatted at most once a second.

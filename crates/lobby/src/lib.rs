@@ -227,7 +227,7 @@ fn default_max_connections(workers: usize) -> usize {
         }
     }
     let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
-    (limit.rlim_cur as u64).saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
+    limit.rlim_cur.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
 }
 
 async fn accept_loop(lobby: Rc<Lobby>, listener: Acceptor, site: Rc<Site>, connections: Arc<Semaphore>) {

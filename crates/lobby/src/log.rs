@@ -74,8 +74,8 @@ pub(crate) use {debug, error, info, warning};
 /// Opens the access log: `-` is standard output. Lines are appended.
 pub fn open_access_log(target: &str) -> std::io::Result<()> {
     let file = if target == "-" {
-        use std::os::fd::{AsFd, OwnedFd};
-        File::from(OwnedFd::from(std::io::stdout().as_fd().try_clone_to_owned()?))
+        use std::os::fd::AsFd;
+        File::from(std::io::stdout().as_fd().try_clone_to_owned()?)
     } else {
         OpenOptions::new().create(true).append(true).open(target)?
     };

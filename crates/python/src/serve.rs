@@ -59,7 +59,7 @@ fn required<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: 
     match settings.get_item(key)? {
         Some(value) => value
             .extract()
-            .map_err(|e| Into::<PyErr>::into(e))
+            .map_err(Into::<PyErr>::into)
             .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
         None => Err(PyValueError::new_err(format!("setting '{key}' is missing"))),
     }
@@ -70,7 +70,7 @@ fn optional<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: 
         Some(value) if !value.is_none() => value
             .extract()
             .map(Some)
-            .map_err(|e| Into::<PyErr>::into(e))
+            .map_err(Into::<PyErr>::into)
             .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
         _ => Ok(None),
     }

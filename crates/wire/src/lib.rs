@@ -186,6 +186,9 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// Header names and values as [`Reader::headers`] returns them, borrowed from the payload.
+pub type HeaderPairs<'a> = Vec<(&'a [u8], &'a [u8])>;
+
 /// Reads payload fields in the protocol's encodings, borrowing from the payload.
 pub struct Reader<'a> {
     rest: &'a [u8],
@@ -237,7 +240,7 @@ impl<'a> Reader<'a> {
     }
 
     /// What [`Writer::headers`] wrote.
-    pub fn headers(&mut self) -> Result<Vec<(&'a [u8], &'a [u8])>, WireError> {
+    pub fn headers(&mut self) -> Result<HeaderPairs<'a>, WireError> {
         let count = self.u16("header count")? as usize;
         let mut headers = Vec::with_capacity(count);
         for _ in 0..count {
