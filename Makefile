@@ -43,9 +43,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The conformance tests' corpora: tests/corpora.py finds each (../shared, or gunicorn's sdist
+# fetched into .cache/) and says which it skips; the Rust tests learn where from the environment.
 test: install lint
-	cargo test --workspace
-	$(BIN)/python -m pytest tests -q
+	eval "$$($(BIN)/python tests/corpora.py)" && cargo test --workspace
+	$(BIN)/python -m pytest tests -q -rs
 
 # The benchmark against the peers (bench/README.md): every scenario, or some with S=S1,T1.
 # Results go to bench/results/; it takes about 30 minutes (bench/README.md).

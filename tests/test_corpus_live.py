@@ -31,16 +31,18 @@ from __future__ import annotations
 import ast
 import base64
 import json
-import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import pytest
 from conftest import HOST, processes_in_group
+from corpora import locate, skip_line
 
 ROOT = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "apps"
@@ -55,16 +57,6 @@ MISSING_HOST = b"missing Host header"
 
 # An outcome other than 2xx: a status code, or the connection closed without an answer.
 CLOSED = "closed without an answer"
-
-
-def corpora() -> Path:
-    """$MAITRED_SHARED/corpora, or <repository>/../shared/corpora. A missing corpus fails: a
-    conformance test that finds nothing to check must not pass."""
-    shared = Path(os.environ.get("MAITRED_SHARED", ROOT.parent / "shared"))
-    directory = shared / "corpora"
-    if not directory.is_dir():
-        pytest.fail(f"the test corpora are not at {directory} (set MAITRED_SHARED to the directory holding corpora/)")
-    return directory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,8 +687,8 @@ class GunicornCase:
         ]
 
 
-def gunicorn_cases(kind: str) -> list[GunicornCase]:
-    directory = corpora() / "gunicorn" / "tests" / "requests" / kind
+def gunicorn_cases(root: Path, kind: str) -> list[GunicornCase]:
+    directory = root / "tests" / "requests" / kind
     cases = [
         GunicornCase(http.stem, decode_gunicorn_http(http.read_bytes()), PyCase(http.with_suffix(".py").read_text()))
         for http in sorted(directory.glob("*.http"))
@@ -793,8 +785,8 @@ def read_log(lines: list[str], data: bytes) -> tuple[list[Logged], str | None]:
     return messages, error
 
 
-def llhttp_cases() -> list[LlhttpCase]:
-    directory = corpora() / "llhttp" / "test" / "request"
+def llhttp_cases(root: Path) -> list[LlhttpCase]:
+    directory = root / "test" / "request"
     cases = []
     for path in sorted(directory.glob("*.md")):
         lines = path.read_text().split("\n")
@@ -936,12 +928,22 @@ VERDICTS = {
     "llhttp strict": "as expected",
 }
 
-GUNICORN_VALID = gunicorn_cases("valid")
-GUNICORN_INVALID = gunicorn_cases("invalid")
-LLHTTP = llhttp_cases()
+
+def corpus_cases(name: str, cases_of: Callable[[Path], list], case_id: Callable[[Any], str]) -> list:
+    """The corpus's cases as test parameters; a corpus that cannot be had (tests/corpora.py)
+    is one skipped parameter whose reason says which and why."""
+    found = locate(name)
+    if found.root is None:
+        return [pytest.param(None, id=name, marks=pytest.mark.skip(reason=skip_line(name, found)))]
+    return [pytest.param(case, id=case_id(case)) for case in cases_of(found.root)]
 
 
-@pytest.mark.parametrize("case", GUNICORN_VALID, ids=[c.name for c in GUNICORN_VALID])
+GUNICORN_VALID = corpus_cases("gunicorn", lambda root: gunicorn_cases(root, "valid"), lambda case: case.name)
+GUNICORN_INVALID = corpus_cases("gunicorn", lambda root: gunicorn_cases(root, "invalid"), lambda case: case.name)
+LLHTTP = corpus_cases("llhttp", llhttp_cases, lambda case: case.key)
+
+
+@pytest.mark.parametrize("case", GUNICORN_VALID)
 def test_gunicorn_valid(case: GunicornCase, servers: Servers) -> None:
     sent = send(servers.get(case.flags).port, case.data)
     result, expected = sent.exchange, case.expected()
@@ -953,7 +955,7 @@ def test_gunicorn_valid(case: GunicornCase, servers: Servers) -> None:
     judge("gunicorn valid", case.name, problems, result, sent, GUNICORN_VALID_DIFFERENCES)
 
 
-@pytest.mark.parametrize("case", GUNICORN_INVALID, ids=[c.name for c in GUNICORN_INVALID])
+@pytest.mark.parametrize("case", GUNICORN_INVALID)
 def test_gunicorn_invalid(case: GunicornCase, servers: Servers) -> None:
     server = servers.get(case.flags)
     sent = send(server.port, case.data)
@@ -967,7 +969,7 @@ def test_gunicorn_invalid(case: GunicornCase, servers: Servers) -> None:
         server.check_unharmed()
 
 
-@pytest.mark.parametrize("case", LLHTTP, ids=[c.key for c in LLHTTP])
+@pytest.mark.parametrize("case", LLHTTP)
 def test_llhttp_strict(case: LlhttpCase, servers: Servers) -> None:
     server = servers.get()
     sent = send(server.port, case.data)
