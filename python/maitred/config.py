@@ -344,6 +344,58 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "requests",
+        "body_min_rate",
+        ("--body-min-rate",),
+        "BYTES",
+        _whole_number(0),
+        500,
+        "Slowest a request body may arrive, in bytes per second, after its first --header-timeout: a body "
+        "must be complete within --header-timeout plus its size divided by this, or the client gets 408 "
+        "(0: no such deadline; the gap limit of --header-timeout still applies).",
+    ),
+    Setting(
+        "requests",
+        "send_timeout",
+        ("--send-timeout",),
+        "SECONDS",
+        _seconds(allow_zero=False),
+        60.0,
+        "A client that takes no byte of its answer for this long is disconnected. A client that keeps reading "
+        "is never cut, however slowly it reads.",
+    ),
+    Setting(
+        "requests",
+        "max_spill",
+        ("--max-spill",),
+        "BYTES",
+        _whole_number(0),
+        1 << 30,
+        "Most bytes of one answer that wait for a slow client in a temporary file (past the 256 KiB kept in "
+        "memory); beyond it the lobby stops reading that answer from its worker until the client has caught up "
+        "(0: no file; the worker waits for the client).",
+    ),
+    Setting(
+        "requests",
+        "max_spill_total",
+        ("--max-spill-total",),
+        "BYTES",
+        _whole_number(0),
+        4 << 30,
+        "Most bytes of all answers waiting in temporary files at once; beyond it, answers that spill wait for "
+        "their clients as with --max-spill.",
+    ),
+    Setting(
+        "requests",
+        "max_head_memory",
+        ("--max-head-memory",),
+        "BYTES",
+        _whole_number(1),
+        64 << 20,
+        "Memory shared by all requests whose head has not fully arrived; beyond it the oldest incomplete heads "
+        "get 408 first, and complete requests are served as usual.",
+    ),
+    Setting(
+        "requests",
         "queue_timeout",
         ("--queue-timeout",),
         "SECONDS",

@@ -58,6 +58,16 @@ pub struct Config {
     pub keep_alive: Duration,
     /// How long a request head, and each gap inside a body, may take to arrive.
     pub header_timeout: Duration,
+    /// Bytes per second a body must average after its first `header_timeout`; 0: no such limit.
+    pub body_min_rate: u64,
+    /// How long a client may take no byte of its answer before it is cut.
+    pub send_timeout: Duration,
+    /// Bytes of one answer that may wait in a temporary file for a slow client.
+    pub max_spill: u64,
+    /// Bytes of all answers that may wait in temporary files.
+    pub max_spill_total: u64,
+    /// Bytes of all incomplete request heads held at once.
+    pub max_head_memory: usize,
     pub limit_request_line: usize,
     pub limit_request_fields: usize,
     pub limit_request_field_size: usize,

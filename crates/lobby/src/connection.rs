@@ -11,6 +11,7 @@ use std::future::poll_fn;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
 
@@ -21,12 +22,13 @@ use maitred_protocol::{
 };
 use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::sleep_until;
 
 use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
 use crate::log::{self, debug, info, warning};
-use crate::seating::{Job, JobState, ResponsePart};
+use crate::seating::{Job, JobState};
+use crate::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 use crate::Lobby;
 
 /// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
@@ -116,30 +118,39 @@ impl From<RequestError> for Stop {
 /// A complete request body.
 enum Body {
     Memory(Vec<u8>),
-    File { file: File, len: u64 },
+    /// Spilled to an unlinked temporary file, whose descriptor takes a place under
+    /// --max-connections as a connection does, until the answer is written.
+    File {
+        file: File,
+        len: u64,
+        descriptor: OwnedSemaphorePermit,
+    },
 }
 
 impl Body {
-    fn for_length(expected: Option<u64>) -> io::Result<Body> {
+    fn for_length(expected: Option<u64>, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
         match expected {
-            Some(len) if len > BODY_MEMORY_LIMIT as u64 => Ok(Body::File { file: tempfile::tempfile()?, len: 0 }),
+            Some(len) if len > BODY_MEMORY_LIMIT as u64 => {
+                let (file, descriptor) = spill_file(descriptors)?;
+                Ok(Body::File { file, len: 0, descriptor })
+            }
             Some(len) => Ok(Body::Memory(Vec::with_capacity(len as usize))),
             None => Ok(Body::Memory(Vec::new())),
         }
     }
 
-    fn push(&mut self, data: &[u8]) -> io::Result<()> {
+    fn push(&mut self, data: &[u8], descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
         if let Body::Memory(bytes) = self {
             if bytes.len() + data.len() <= BODY_MEMORY_LIMIT {
                 bytes.extend_from_slice(data);
                 return Ok(());
             }
-            let mut file = tempfile::tempfile()?;
-            file.write_all(bytes)?;
-            *self = Body::File { file, len: bytes.len() as u64 };
+            let (mut file, descriptor) = spill_file(descriptors)?;
+            file.write_all(bytes).map_err(|e| spill_failed(&e))?;
+            *self = Body::File { file, len: bytes.len() as u64, descriptor };
         }
-        if let Body::File { file, len } = self {
-            file.write_all(data)?;
+        if let Body::File { file, len, .. } = self {
+            file.write_all(data).map_err(|e| spill_failed(&e))?;
             *len += data.len() as u64;
         }
         Ok(())
@@ -225,6 +236,10 @@ impl<S: ClientStream> Connection<S> {
                 Ok((head, body)) => match Box::pin(self.seat(&head, body)).await {
                     Ok(true) => continue,
                     Ok(false) => return,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        info!("connection from {} cut while answering: {e}", self.peer.display());
+                        return;
+                    }
                     Err(e) => {
                         debug!("connection from {} ended while answering: {e}", self.peer.display());
                         return;
@@ -319,22 +334,44 @@ impl<S: ClientStream> Connection<S> {
             BodyLength::Empty => Some(0),
             BodyLength::Chunked => None,
         };
-        let mut body = Body::for_length(expected).map_err(|e| spill_failed(&e))?;
-        let mut gap_started = Instant::now();
+        let descriptors = self.permit.semaphore().clone();
+        let mut body = Body::for_length(expected, &descriptors)?;
+        let started = Instant::now();
+        let mut gap_started = started;
+        let lobby = self.lobby.clone();
+        let config = &lobby.config;
         loop {
             match self.decoder.decode(&mut self.buf)? {
-                Some(Event::Data(data)) => body.push(&data).map_err(|e| spill_failed(&e))?,
+                Some(Event::Data(data)) => body.push(&data, &descriptors)?,
                 Some(Event::End { .. }) => return Ok((head, body)),
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
-                    let deadline = gap_started + self.lobby.config.header_timeout;
+                    let gap_deadline = gap_started + config.header_timeout;
+                    // Each byte received earns 1/--body-min-rate s more, after a first
+                    // --header-timeout: a body trickled slower than that ends however steady it is.
+                    let rate_deadline = (config.body_min_rate > 0).then(|| {
+                        started
+                            + config.header_timeout
+                            + std::time::Duration::from_secs_f64(body.len() as f64 / config.body_min_rate as f64)
+                    });
+                    let deadline = rate_deadline.map_or(gap_deadline, |rate| rate.min(gap_deadline));
                     tokio::select! {
                         read = self.read_more() => match read {
                             Ok(0) | Err(_) => return Err(Stop::Quietly),
                             Ok(_) => gap_started = Instant::now(),
                         },
                         _ = sleep_until(deadline.into()) => {
-                            return Err(Stop::Refuse(408, "the request body stalled for longer than --header-timeout".into()));
+                            let reason = if rate_deadline.is_some_and(|rate| rate < gap_deadline) {
+                                format!(
+                                    "the request body arrived slower than --body-min-rate ({} bytes/s): {} bytes in {:.0} s",
+                                    config.body_min_rate,
+                                    body.len(),
+                                    started.elapsed().as_secs_f64()
+                                )
+                            } else {
+                                "the request body stalled for longer than --header-timeout".into()
+                            };
+                            return Err(Stop::Refuse(408, reason));
                         }
                     }
                 }
@@ -374,7 +411,7 @@ impl<S: ClientStream> Connection<S> {
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
     async fn seat(&mut self, head: &RequestHead, body: Body) -> io::Result<bool> {
-        let (respond, mut responses) = mpsc::unbounded_channel();
+        let (respond, responses) = answer_channel(self.lobby.spill_budget.clone(), self.lobby.config.max_spill);
         let summary: Rc<str> = format!(
             "{} {} {}",
             String::from_utf8_lossy(&head.method),
@@ -382,7 +419,8 @@ impl<S: ClientStream> Connection<S> {
             version_text(head.version)
         )
         .into();
-        let job = match self.job(head, body, respond, summary.clone()) {
+        // The body file's place under --max-connections is held until the answer is written.
+        let (job, _body_descriptor) = match self.job(head, body, respond, summary.clone()) {
             Ok(job) => job,
             Err(detail) => {
                 info!("431 to {}: {detail}", self.peer.display());
@@ -403,13 +441,13 @@ impl<S: ClientStream> Connection<S> {
         };
         let mut answer = Answer::new(&context);
         loop {
-            let part = match self.next_part(&mut responses, &state, enqueued_at).await {
+            let part = match self.next_part(&responses, &state, enqueued_at).await {
                 Some(part) => part,
                 // The lobby dropped the job: it is shutting down past --graceful-timeout.
                 None => return Ok(false),
             };
             let last = part.is_last();
-            let keep_open = self.write_part(&mut answer, part).await?;
+            let keep_open = self.write_part(&mut answer, part, &responses).await?;
             if last {
                 self.answered += 1;
                 self.log_access(head, &answer);
@@ -422,13 +460,13 @@ impl<S: ClientStream> Connection<S> {
         &self,
         head: &RequestHead,
         body: Body,
-        respond: mpsc::UnboundedSender<ResponsePart>,
+        respond: AnswerSender,
         summary: Rc<str>,
-    ) -> Result<Job, String> {
+    ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
         let body_len = body.len();
-        let (inline, body_file) = match body {
-            Body::Memory(bytes) => (bytes, None),
-            Body::File { file, .. } => (Vec::new(), Some(file)),
+        let (inline, body_file, body_descriptor) = match body {
+            Body::Memory(bytes) => (bytes, None, None),
+            Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
         };
         let peer_addr = self.peer.ip_text();
         let request = maitred_wire::Request {
@@ -448,14 +486,15 @@ impl<S: ClientStream> Connection<S> {
         };
         let flags = if body_file.is_some() { FLAG_FD } else { 0 };
         let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
-        Ok(Job {
+        let job = Job {
             frame,
             body_file,
             state: Rc::new(Cell::new(JobState::Queued)),
             respond,
             enqueued_at: Instant::now(),
             summary,
-        })
+        };
+        Ok((job, body_descriptor))
     }
 
     /// The next part of the answer. Before the first part, a request still waiting for a
@@ -463,7 +502,7 @@ impl<S: ClientStream> Connection<S> {
     /// taken it) is withdrawn and answered 503.
     async fn next_part(
         &mut self,
-        responses: &mut mpsc::UnboundedReceiver<ResponsePart>,
+        responses: &AnswerReceiver,
         state: &Rc<Cell<JobState>>,
         enqueued_at: Instant,
     ) -> Option<ResponsePart> {
@@ -493,7 +532,12 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Writes one part; returns whether the connection may stay open after this answer.
-    async fn write_part(&mut self, answer: &mut Answer, part: ResponsePart) -> io::Result<bool> {
+    async fn write_part(
+        &mut self,
+        answer: &mut Answer,
+        part: ResponsePart,
+        responses: &AnswerReceiver,
+    ) -> io::Result<bool> {
         let mut out = Vec::new();
         let end = match part {
             ResponsePart::Head { status, reason, headers, body, end } => {
@@ -511,15 +555,18 @@ impl<S: ClientStream> Connection<S> {
                 answer.body(&mut out, &data);
                 end
             }
-            ResponsePart::File { file, offset, count, end } => {
-                let count = answer.file_part(&mut out, count);
+            ResponsePart::File { file, offset, count: available, end, spilled } => {
+                let count = answer.file_part(&mut out, available);
                 self.write_all(&out).await?;
                 out.clear();
                 if count > 0 {
                     self.send_file(&file, offset, count).await?;
-                    if answer.framing == Framing::Chunked {
-                        out.extend_from_slice(b"\r\n");
-                    }
+                }
+                if spilled {
+                    responses.spilled_sent(available);
+                }
+                if count > 0 && answer.framing == Framing::Chunked {
+                    out.extend_from_slice(b"\r\n");
                 }
                 end
             }
@@ -553,30 +600,19 @@ impl<S: ClientStream> Connection<S> {
         Ok(keep_open)
     }
 
-    /// Writes everything, giving up on a client that takes nothing for `--timeout`.
+    /// Writes everything, giving up only on a client that takes nothing for `--send-timeout`:
+    /// a client that keeps reading, however slowly, is never cut.
     async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        match tokio::time::timeout(self.lobby.config.timeout, self.stream.write_all(data)).await {
-            Ok(result) => result,
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout")),
-        }
+        self.send_all(data, libc::MSG_NOSIGNAL).await
     }
 
-    /// Writes the last bytes before the connection closes (or shuts down writing). TCP holds
-    /// them back (MSG_MORE) and the close that follows sends them with its FIN, in one
-    /// segment: per connection one packet fewer for both kernels to process and one wake-up
-    /// fewer for the client (T2).
-    async fn write_closing(&mut self, mut data: &[u8]) -> io::Result<()> {
-        if !matches!(S::KIND, StreamKind::Tcp) {
-            return self.write_all(data).await;
-        }
+    /// `send(2)`s all of `data` with `flags`, each call as soon as the client can take bytes.
+    async fn send_all(&mut self, mut data: &[u8], flags: libc::c_int) -> io::Result<()> {
         let fd = self.stream.as_raw_fd();
         while !data.is_empty() {
             let sent = self.write_when_ready(|| {
                 // SAFETY: `data` is a live slice of `data.len()` bytes.
-                match unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL) } {
+                match unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), flags) } {
                     n if n < 0 => Err(io::Error::last_os_error()),
                     n => Ok(n as u64),
                 }
@@ -584,6 +620,15 @@ impl<S: ClientStream> Connection<S> {
             data = &data[sent.await? as usize..];
         }
         Ok(())
+    }
+
+    /// Writes the last bytes before the connection closes (or shuts down writing). TCP holds
+    /// them back (MSG_MORE) and the close that follows sends them with its FIN, in one
+    /// segment: per connection one packet fewer for both kernels to process and one wake-up
+    /// fewer for the client (T2).
+    async fn write_closing(&mut self, data: &[u8]) -> io::Result<()> {
+        let more = if matches!(S::KIND, StreamKind::Tcp) { libc::MSG_MORE } else { 0 };
+        self.send_all(data, more | libc::MSG_NOSIGNAL).await
     }
 
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
@@ -611,7 +656,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Runs one non-blocking write as soon as the client can take bytes, and returns how many
-    /// it took; gives up on a client that takes nothing for `--timeout`.
+    /// it took; gives up on a client that takes nothing for `--send-timeout`.
     async fn write_when_ready(&self, mut write: impl FnMut() -> io::Result<u64>) -> io::Result<u64> {
         let attempt = async {
             loop {
@@ -622,9 +667,13 @@ impl<S: ClientStream> Connection<S> {
                 }
             }
         };
-        tokio::time::timeout(self.lobby.config.timeout, attempt)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client took nothing for --timeout"))?
+        let limit = self.lobby.config.send_timeout;
+        tokio::time::timeout(limit, attempt).await.map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took no byte of its answer for {} s (--send-timeout)", limit.as_secs_f64()),
+            )
+        })?
     }
 
     fn log_access(&self, head: &RequestHead, answer: &Answer) {
@@ -754,6 +803,18 @@ impl Answer {
         }
         self.broken = true;
     }
+}
+
+/// A temporary file for a request body, and its place under --max-connections.
+fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermit), Stop> {
+    let descriptor = descriptors.clone().try_acquire_owned().map_err(|_| {
+        Stop::Refuse(
+            503,
+            "every descriptor under --max-connections is in use: no temporary file for this request body".into(),
+        )
+    })?;
+    let file = tempfile::tempfile().map_err(|e| spill_failed(&e))?;
+    Ok((file, descriptor))
 }
 
 fn spill_failed(e: &io::Error) -> Stop {

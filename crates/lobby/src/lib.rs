@@ -9,6 +9,7 @@ mod listen;
 mod log;
 mod offer;
 mod seating;
+mod spool;
 mod worker;
 mod zygote;
 
@@ -68,6 +69,8 @@ pub(crate) struct Lobby {
     pub shutdown: watch::Receiver<bool>,
     /// Keep-alive connections idle long enough to give up their tasks.
     pub hibernation: Hibernation,
+    /// Answer bytes waiting in temporary files for slow clients (`--max-spill-total`).
+    pub spill_budget: Rc<spool::SpillBudget>,
 }
 
 /// What the supervisor hears from the worker tasks and the zygote.
@@ -112,7 +115,9 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         max_body: config.max_body,
     };
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
-    let lobby = Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown, hibernation });
+    let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
+    let lobby =
+        Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown, hibernation, spill_budget });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));

@@ -11,11 +11,11 @@ use std::fs::File;
 use std::rc::Rc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::log::debug;
 use crate::offer::Offers;
+use crate::spool::AnswerSender;
 
 /// Where a request is in its life, shared by its connection and the worker that takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,48 +35,10 @@ pub struct Job {
     /// The body, when it is too large to travel inline; sent with the frame's `FD` flag.
     pub body_file: Option<File>,
     pub state: Rc<Cell<JobState>>,
-    pub respond: mpsc::UnboundedSender<ResponsePart>,
+    pub respond: AnswerSender,
     pub enqueued_at: Instant,
     /// `GET /path HTTP/1.1`, for log lines about this request.
     pub summary: Rc<str>,
-}
-
-/// What a worker's answer (or the lobby's own, on its behalf) becomes for the connection.
-#[derive(Debug)]
-pub enum ResponsePart {
-    Head {
-        status: u16,
-        reason: Bytes,
-        headers: Vec<(Bytes, Bytes)>,
-        body: Bytes,
-        end: bool,
-    },
-    Body {
-        data: Bytes,
-        end: bool,
-    },
-    File {
-        file: File,
-        offset: u64,
-        count: u64,
-        end: bool,
-    },
-    /// The response broke after its head was sent: the connection must be cut.
-    Abort,
-    /// The lobby answers instead of the application (502, 504, ...).
-    Refused {
-        status: u16,
-        detail: String,
-    },
-}
-
-impl ResponsePart {
-    pub fn is_last(&self) -> bool {
-        match self {
-            ResponsePart::Head { end, .. } | ResponsePart::Body { end, .. } | ResponsePart::File { end, .. } => *end,
-            ResponsePart::Abort | ResponsePart::Refused { .. } => true,
-        }
-    }
 }
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
@@ -231,9 +193,10 @@ impl Seating {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::spool::{answer_channel, AnswerReceiver, SpillBudget};
 
-    pub(crate) fn job(name: &str) -> (Job, mpsc::UnboundedReceiver<ResponsePart>) {
-        let (respond, receive) = mpsc::unbounded_channel();
+    pub(crate) fn job(name: &str) -> (Job, AnswerReceiver) {
+        let (respond, receive) = answer_channel(Rc::new(SpillBudget::new(u64::MAX)), u64::MAX);
         let job = Job {
             frame: name.as_bytes().to_vec(),
             body_file: None,

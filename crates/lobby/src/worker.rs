@@ -14,7 +14,8 @@ use tokio::io::unix::AsyncFd;
 
 use crate::log::{debug, error, warning};
 use crate::offer::Offers;
-use crate::seating::{Job, JobState, Next, ResponsePart};
+use crate::seating::{Job, JobState, Next};
+use crate::spool::{Held, ResponsePart};
 use crate::Lobby;
 
 /// A received frame: its header, its payload, and its descriptor if it carried one.
@@ -286,10 +287,27 @@ async fn relay_response(
         TimedOut,
         ClientGone,
     }
-    let deadline = tokio::time::Instant::from_std(Instant::now() + lobby.config.timeout);
+    let mut deadline = tokio::time::Instant::from_std(Instant::now() + lobby.config.timeout);
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
+        // A slow client's answer past its caps: stop reading from the worker until the client
+        // catches up. The time spent so is the client's, not the application's: --timeout
+        // does not count it.
+        let holding_since = tokio::time::Instant::now();
+        if let Some(held) = job.respond.room().await {
+            deadline += holding_since.elapsed();
+            let (waiting, cap) = match held {
+                Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
+                Held::TotalCap => (lobby.spill_budget.waiting(), "--max-spill-total"),
+            };
+            warning!(
+                "reading the answer to {} from worker {pid} paused for {:.1} s: {waiting} bytes were waiting for \
+                 slow clients ({cap})",
+                job.summary,
+                holding_since.elapsed().as_secs_f64()
+            );
+        }
         let next = tokio::select! {
             biased;
             read = tokio::time::timeout_at(deadline, channel.read_frame()) => match read {
@@ -350,7 +368,11 @@ async fn relay_response(
         head_sent = true;
         let last = part.is_last();
         // A connection that has gone away no longer listens; the worker is still in step.
-        let _ = job.respond.send(part);
+        if let Err(e) = job.respond.send(part) {
+            // The client is cut; dropping its end makes `closed()` tell the worker to stop.
+            error!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
+            let _ = job.respond.send(ResponsePart::Abort);
+        }
         if last {
             return Ok(());
         }
@@ -366,6 +388,7 @@ fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> String {
     }
     let part =
         if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
+    // Parts without body bytes are never spilled: this send cannot fail.
     let _ = job.respond.send(part);
     detail.to_string()
 }
@@ -388,7 +411,13 @@ fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
         Kind::ResponseFile => {
             let range = FileRange::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
             let fd = frame.fd.ok_or("RESPONSE_FILE without a descriptor")?;
-            Ok(ResponsePart::File { file: File::from(fd), offset: range.offset, count: range.count, end })
+            Ok(ResponsePart::File {
+                file: Rc::new(File::from(fd)),
+                offset: range.offset,
+                count: range.count,
+                end,
+                spilled: false,
+            })
         }
         Kind::ResponseAbort => Ok(ResponsePart::Abort),
         other => Err(format!("unexpected {other:?} frame during a response")),

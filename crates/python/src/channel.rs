@@ -11,7 +11,9 @@ use std::io::{self, IoSlice};
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use maitred_wire::{FileRange, FrameHeader, Kind, Request, WireError, FLAG_END, FLAG_FD, HEADER_LEN, OFFER_MAX};
+use maitred_wire::{
+    FileRange, FrameHeader, Kind, Request, WireError, FLAG_END, FLAG_FD, HEADER_LEN, MAX_BODY_PER_FRAME, OFFER_MAX,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -40,9 +42,6 @@ const HAND_OVER_BODY: usize = 16 * 1024;
 
 /// The most offer sockets a worker takes (the lobby sends three).
 const MAX_OFFER_SOCKETS: usize = 8;
-
-/// The most body bytes one frame carries; a larger chunk is split.
-const MAX_FRAME_BODY: usize = 1 << 30;
 
 /// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
 const MAX_MESSAGE: usize = 4096;
@@ -243,7 +242,7 @@ impl WorkerChannel {
 
     /// Sends the pending head with the first `body` bytes.
     fn send_head(&mut self, py: Python<'_>, end: bool, added_length: Option<u64>, body: &[u8]) -> PyResult<()> {
-        if body.len() > MAX_FRAME_BODY {
+        if body.len() > MAX_BODY_PER_FRAME {
             self.send_head(py, false, added_length, b"")?;
             return self.send_body_frames(py, end, body);
         }
@@ -254,7 +253,7 @@ impl WorkerChannel {
 
     fn send_body_frames(&mut self, py: Python<'_>, end: bool, mut body: &[u8]) -> PyResult<()> {
         loop {
-            let piece = body.len().min(MAX_FRAME_BODY);
+            let piece = body.len().min(MAX_BODY_PER_FRAME);
             let last = piece == body.len();
             let flags = if end && last { FLAG_END } else { 0 };
             self.send_frame(py, Kind::ResponseBody, flags, &body[..piece])?;

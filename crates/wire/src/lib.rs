@@ -12,6 +12,14 @@ pub const HEADER_LEN: usize = 8;
 /// datagram on the offer socket (docs/PROTOCOL.md, section 3), which must fit its send buffer.
 pub const OFFER_MAX: usize = 64 * 1024;
 
+/// The most body bytes one response frame carries: a worker splits a larger chunk, so that
+/// the lobby never holds more than this of one answer to read one frame (docs/LIMITS.md).
+pub const MAX_BODY_PER_FRAME: usize = 256 * 1024;
+
+/// The largest payload of any frame, either way: a body share, or a request's inline body
+/// (at most 256 KiB) with its head (at most 64 KiB), and room for a response's headers.
+pub const MAX_PAYLOAD: usize = 1024 * 1024;
+
 /// Flag: this frame is the last of a response.
 pub const FLAG_END: u8 = 1;
 /// Flag: one file descriptor travels with this frame.
@@ -59,8 +67,10 @@ pub struct FrameHeader {
 
 impl FrameHeader {
     pub fn new(kind: Kind, flags: u8, len: usize) -> Result<FrameHeader, WireError> {
-        let len = u32::try_from(len).map_err(|_| WireError::TooLarge(len))?;
-        Ok(FrameHeader { kind, flags, len })
+        if len > MAX_PAYLOAD {
+            return Err(WireError::TooLarge(len));
+        }
+        Ok(FrameHeader { kind, flags, len: len as u32 })
     }
 
     pub fn is_end(&self) -> bool {
@@ -82,6 +92,9 @@ impl FrameHeader {
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
         let kind = Kind::from_u8(bytes[0]).ok_or(WireError::UnknownKind(bytes[0]))?;
         let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        if len as usize > MAX_PAYLOAD {
+            return Err(WireError::TooLarge(len as usize));
+        }
         Ok(FrameHeader { kind, flags: bytes[1], len })
     }
 }
@@ -430,6 +443,15 @@ mod tests {
         assert_eq!(decoded.body_len, 5);
         assert!(decoded.inline_body.is_empty());
         assert_eq!(Request::decode_payload(&payload, false), Err(WireError::Truncated("body")));
+    }
+
+    #[test]
+    fn a_payload_over_the_frame_limit_is_refused_both_ways() {
+        assert_eq!(FrameHeader::new(Kind::ResponseBody, 0, MAX_PAYLOAD + 1), Err(WireError::TooLarge(MAX_PAYLOAD + 1)));
+        let mut bytes = FrameHeader::new(Kind::ResponseBody, 0, MAX_PAYLOAD).unwrap().encode();
+        assert!(FrameHeader::decode(&bytes).is_ok());
+        bytes[4..8].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
+        assert_eq!(FrameHeader::decode(&bytes), Err(WireError::TooLarge(MAX_PAYLOAD + 1)));
     }
 
     #[test]
