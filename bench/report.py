@@ -258,7 +258,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     lines.append("")
 
     if scenario.targets:
-        lines += ["Targets for maitred (issue 3):", ""]
+        lines += ["Targets for maitred (bench/README.md):", ""]
         for target in scenario.targets:
             verdict = (
                 "no maitred figures"

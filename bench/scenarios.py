@@ -1,7 +1,7 @@
 """The scenarios: which app, how many workers, which load, which servers, and what maitred must show.
 
-Adding a scenario is adding one Scenario to SCENARIOS. The ids follow issue 3 (S1-S5 from
-shared/SCENARIOS.md, T1, L1, T2, C1, M1); where issue 3 asks for two measurements, each is a
+Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
+docs/SCENARIOS.md, T1, L1, T2, C1, M1); where a scenario needs two measurements, each is a
 scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50).
 """
 
@@ -140,15 +140,15 @@ class Scenario:
         return self.load.default_time_limit() if self.load else 60.0
 
 
-# The line-ups: which servers each scenario measures, chosen so that the suite fits in issue 3's
-# 30 minutes. Every server that runs an app is in the headline (T1); elsewhere a server is in a
+# The line-ups: which servers each scenario measures, chosen so that the suite fits in 30
+# minutes. Every server that runs an app is in the headline (T1); elsewhere a server is in a
 # line-up where the scenario has something to say about it. nginx runs no app: it answers with
 # hello's body itself, the ceiling of what this machine serves over HTTP, so it is in the
 # throughput scenarios only. Equal worker processes unless a line-up says otherwise; each server
 # with its production threading unless an entry names threads.
 MAITRED = Entry("maitred")
 GUNICORN_SYNC = Entry("gunicorn-sync")
-GTHREAD = Entry("gunicorn-gthread")  # 4 threads per worker, as issue 3 sets it
+GTHREAD = Entry("gunicorn-gthread")  # 4 threads per worker (servers.py says why)
 GTHREAD_1 = Entry("gunicorn-gthread", threads=1)  # as many apps at once as a prefork server
 UWSGI = Entry("uwsgi")
 GRANIAN = Entry("granian")  # its own blocking-thread count
@@ -166,14 +166,13 @@ HEADLINE = (MAITRED, GUNICORN_SYNC, GTHREAD, UWSGI, GRANIAN, WAITRESS, MEINHELD,
 # T2, connection set-up per request: T1's servers less waitress (the slowest in T1) and gthread
 # and meinheld (both gunicorn, whose sync worker is here), for time.
 NO_KEEPALIVE = (MAITRED, GUNICORN_SYNC, UWSGI, GRANIAN, BJOERN, NGINX)
-# L1, one client's latency: the servers issue 3 quotes (granian, bjoern, gthread); the others
-# are left out for time.
+# L1, one client's latency: granian, bjoern and gthread; the others are left out for time.
 ONE_CLIENT = (MAITRED, GTHREAD, GRANIAN, BJOERN)
 # S1 at backlog 10: equal app slots (3 workers x 1), so that the queueing in front of the apps is
 # compared, not how many apps run at once. waitress (one process) is left out for time.
 EQUAL_SLOTS = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN)
 # S1 at the default backlog: the same, with the threaded peers' default threading beside them
-# (issue 3: "report the peers' default-threads figures beside them where they differ").
+# (a peer whose default threading differs is reported at it too).
 EQUAL_SLOTS_AND_DEFAULTS = EQUAL_SLOTS + (GTHREAD, GRANIAN)
 # S2, the accept queue under 1,000 and 5,000 clients: the prefork servers (gunicorn's sync
 # worker, uWSGI, bjoern), granian, and nginx's listen queue as the reference.
@@ -182,9 +181,9 @@ ACCEPT_QUEUE = (MAITRED, GUNICORN_SYNC, UWSGI, GRANIAN, BJOERN, NGINX)
 # under gunicorn, uWSGI, bjoern, nginx) and granian's per-worker sockets; gunicorn's gthread and
 # waitress are left out for time.
 SHARED_SOCKET = (MAITRED, GUNICORN_SYNC, UWSGI, GRANIAN, MEINHELD, BJOERN, NGINX)
-# S4, 6 app slots against 1,000 keep-alive clients: the servers issue 3 quotes (uWSGI, granian at
-# 1 thread per worker, bjoern) and Apache httpd with mod_wsgi under its event and worker MPMs, 2 processes x 3 threads
-# (ThreadsPerChild 3, MaxRequestWorkers 6, as shared/SCENARIOS.md sets S4).
+# S4, 6 app slots against 1,000 keep-alive clients: uWSGI, granian at 1 thread per worker, bjoern,
+# and Apache httpd with mod_wsgi under its event and worker MPMs, 2 processes x 3 threads
+# (ThreadsPerChild 3, MaxRequestWorkers 6, as in the Apache runs docs/SCENARIOS.md describes for S4).
 KEEPALIVE_SLOTS = (
     MAITRED,
     UWSGI,
@@ -195,10 +194,9 @@ KEEPALIVE_SLOTS = (
 )
 # S5, 5 app slots behind nginx: the prefork servers and the threaded ones at 1 thread per worker.
 BEHIND_PROXY = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN)
-# C1, slow clients: the servers issue 3 measured (bjoern, granian, gthread, sync).
+# C1, slow clients: bjoern, granian, gthread and gunicorn's sync worker.
 SLOW_CLIENTS = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN, BJOERN)
-# M1, memory per idle connection: the servers issue 3 measured (granian, gthread, bjoern), uWSGI,
-# and nginx as the reference.
+# M1, memory per idle connection: granian, gthread, bjoern, uWSGI, and nginx as the reference.
 IDLE_CONNECTIONS = (MAITRED, GTHREAD, GRANIAN, BJOERN, UWSGI, NGINX)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.

@@ -268,7 +268,7 @@ SERVERS: dict[str, Server] = {
             ready_line=lambda launch: re.compile(r"Booting worker with pid"),
             ready_count=lambda launch: launch.workers,
             pip=("gunicorn==27.0.1",),
-            # gunicorn's docs advise 2-4 threads per core for gthread; issue 3 fixes 4.
+            # gunicorn's docs advise 2-4 threads per core for gthread; the suite takes 4.
             default_threads=4,
         ),
         Server(
@@ -351,7 +351,7 @@ SERVERS: dict[str, Server] = {
             ready_line=lambda launch: re.compile(r"Loading Python script file"),
             ready_count=lambda launch: launch.workers,
             debian=APACHE_DEBIAN,
-            default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
+            default_threads=3,  # ThreadsPerChild in S4 (docs/SCENARIOS.md)
         ),
         Server(
             name="apache-worker",
@@ -359,7 +359,7 @@ SERVERS: dict[str, Server] = {
             ready_line=lambda launch: re.compile(r"Loading Python script file"),
             ready_count=lambda launch: launch.workers,
             debian=APACHE_DEBIAN,
-            default_threads=3,  # ThreadsPerChild in S4 (shared/SCENARIOS.md)
+            default_threads=3,  # ThreadsPerChild in S4 (docs/SCENARIOS.md)
         ),
     )
 }
