@@ -380,14 +380,19 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Reads up to a request head, which must arrive within `--header-timeout`.
+    /// Its buffer counts against --max-head-memory meanwhile (`heads.rs`).
     async fn read_head(&mut self) -> Result<RequestHead, Stop> {
         let started = Instant::now();
+        let mut ticket = None;
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Head(head)) => return Ok(head),
                 Some(_) => unreachable!("the decoder yields a Head first"),
                 None => {}
             }
+            // Most heads arrive whole in their first read and never need a ticket.
+            let ticket = ticket.get_or_insert_with(|| self.lobby.heads.ticket());
+            ticket.hold(self.buf.capacity());
             let deadline = started + self.lobby.config.header_timeout;
             tokio::select! {
                 read = self.read_more() => match read {
@@ -396,6 +401,13 @@ impl<S: ClientStream> Connection<S> {
                 },
                 _ = sleep_until(deadline.into()) => {
                     return Err(Stop::Refuse(408, "the request head did not arrive within --header-timeout".into()));
+                }
+                _ = ticket.evicted() => {
+                    return Err(Stop::Refuse(
+                        408,
+                        "the memory for incomplete request heads (--max-head-memory) is full; the oldest are refused first"
+                            .into(),
+                    ));
                 }
             }
         }
@@ -657,23 +669,37 @@ impl<S: ClientStream> Connection<S> {
 
     /// Runs one non-blocking write as soon as the client can take bytes, and returns how many
     /// it took; gives up on a client that takes nothing for `--send-timeout`.
+    ///
+    /// Progress is the kernel's queue of unsent bytes shrinking, not the socket becoming
+    /// writable: with megabytes queued, a socket turns writable only once half of them are
+    /// gone, which a client reading a few KiB a second takes minutes to do.
     async fn write_when_ready(&self, mut write: impl FnMut() -> io::Result<u64>) -> io::Result<u64> {
-        let attempt = async {
-            loop {
-                poll_fn(|cx| self.stream.poll_write_ready(cx)).await?;
-                match self.stream.try_io(Interest::WRITABLE, &mut write) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    result => return result,
+        let limit = self.lobby.config.send_timeout;
+        let mut unsent = unsent_bytes(self.stream.as_raw_fd());
+        loop {
+            let attempt = async {
+                loop {
+                    poll_fn(|cx| self.stream.poll_write_ready(cx)).await?;
+                    match self.stream.try_io(Interest::WRITABLE, &mut write) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        result => return result,
+                    }
+                }
+            };
+            if let Ok(result) = tokio::time::timeout(limit, attempt).await {
+                return result;
+            }
+            let now = unsent_bytes(self.stream.as_raw_fd());
+            match (unsent, now) {
+                (Some(before), Some(now)) if now < before => unsent = Some(now),
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the client took no byte of its answer for {} s (--send-timeout)", limit.as_secs_f64()),
+                    ))
                 }
             }
-        };
-        let limit = self.lobby.config.send_timeout;
-        tokio::time::timeout(limit, attempt).await.map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the client took no byte of its answer for {} s (--send-timeout)", limit.as_secs_f64()),
-            )
-        })?
+        }
     }
 
     fn log_access(&self, head: &RequestHead, answer: &Answer) {
@@ -802,6 +828,16 @@ impl Answer {
             warning!("the application sent more bytes than its Content-Length; the excess was dropped");
         }
         self.broken = true;
+    }
+}
+
+/// Bytes written to the socket that its peer has not taken yet (`SIOCOUTQ`), if the kernel says.
+fn unsent_bytes(fd: RawFd) -> Option<libc::c_int> {
+    let mut unsent: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one c_int through the pointer, which points at a live c_int.
+    match unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) } {
+        0 => Some(unsent),
+        _ => None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod config;
 mod connection;
+mod heads;
 mod hibernation;
 mod listen;
 mod log;
@@ -71,6 +72,8 @@ pub(crate) struct Lobby {
     pub hibernation: Hibernation,
     /// Answer bytes waiting in temporary files for slow clients (`--max-spill-total`).
     pub spill_budget: Rc<spool::SpillBudget>,
+    /// Incomplete request heads' memory (`--max-head-memory`).
+    pub heads: Rc<heads::HeadBudget>,
 }
 
 /// What the supervisor hears from the worker tasks and the zygote.
@@ -116,8 +119,17 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     };
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
     let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
-    let lobby =
-        Rc::new(Lobby { config, limits, seating: Seating::default(), control, shutdown, hibernation, spill_budget });
+    let heads = heads::HeadBudget::new(config.max_head_memory);
+    let lobby = Rc::new(Lobby {
+        config,
+        limits,
+        seating: Seating::default(),
+        control,
+        shutdown,
+        hibernation,
+        spill_budget,
+        heads,
+    });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
