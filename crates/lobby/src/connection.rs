@@ -248,6 +248,9 @@ impl<S: ClientStream> Connection<S> {
                 Err(stop) => stop,
             };
             if let Stop::Refuse(status, reason) = stop {
+                // What was read is not needed to refuse it; a head given up for
+                // --max-head-memory must give its memory back now, not after the linger.
+                self.buf = BytesMut::new();
                 Box::pin(self.refuse(status, &reason)).await;
             }
             return;
@@ -392,6 +395,7 @@ impl<S: ClientStream> Connection<S> {
             }
             // Most heads arrive whole in their first read and never need a ticket.
             let ticket = ticket.get_or_insert_with(|| self.lobby.heads.ticket());
+            self.make_room();
             ticket.hold(self.buf.capacity());
             let deadline = started + self.lobby.config.header_timeout;
             tokio::select! {
@@ -414,11 +418,16 @@ impl<S: ClientStream> Connection<S> {
     }
 
     async fn read_more(&mut self) -> io::Result<usize> {
+        self.make_room();
+        self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Makes room in the buffer for the next read: it grows geometrically for a large head or
+    /// body.
+    fn make_room(&mut self) {
         if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
-            // Grows geometrically for a large head or body.
             self.buf.reserve(READ_CHUNK.max(self.buf.len()));
         }
-        self.stream.read_buf(&mut self.buf).await
     }
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
