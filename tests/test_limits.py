@@ -94,6 +94,15 @@ REFUSALS = {
         "invalid chunk size",
     ),
     "HTTP/1.1 without Host": (head(request_line="GET / HTTP/1.1"), 400, "missing Host header"),
+    # A path takes its authority from Host, and an http URI's host is never empty (RFC 9110
+    # section 4.2.1); an empty Host is for targets without an authority (RFC 9112 section 3.2).
+    "empty Host": (head("Host: ", request_line="GET / HTTP/1.1"), 400, "empty host in the Host header"),
+    # A long method is no long URI: 400, not 414, refused at the limit.
+    "a 100 KB method": (
+        head("Host: t", request_line=f"{'A' * 100_000} / HTTP/1.1"),
+        400,
+        "request method too long for the 200-byte request line limit",
+    ),
     # RFC 9112 section 6.3: without chunked last the body's length is unknown, a 400 even for a
     # coding the server does not know; behind chunked, an unknown coding is a 501.
     "Transfer-Encoding: gzip": (

@@ -49,7 +49,10 @@ pub enum ErrorKind {
     UnsupportedVersion { major: u8 },
     /// CONNECT asks for a tunnel, which this server does not offer. Status 501.
     ConnectNotSupported,
-    /// The request line is longer than the limit. Status 414.
+    /// The method alone reaches the request-line limit, so no target and version can follow
+    /// within it. Status 400, not 414: what is too long is not the URI.
+    MethodTooLong { limit: usize },
+    /// The request line is longer than the limit (and the method alone is not). Status 414.
     RequestLineTooLong { limit: usize },
 
     // ---- line structure ----
@@ -101,6 +104,10 @@ pub enum ErrorKind {
     RepeatedHost,
     /// A Host value that is not `uri-host [ ":" port ]`.
     InvalidHost,
+    /// A Host whose host is empty (`Host:`, `Host: :80`) for a target that takes its
+    /// authority from Host (a path or `*`): the target URI would be an `http` URI with an
+    /// empty host, which RFC 9110 §4.2.1 says to reject as invalid.
+    EmptyHost,
     /// More than one Content-Type field line: the media type would be ambiguous.
     RepeatedContentType,
     /// An expectation other than `100-continue`. Status 417.
@@ -185,6 +192,7 @@ impl fmt::Display for RequestError {
             InvalidVersion => f.write_str("invalid HTTP version"),
             UnsupportedVersion { major } => write!(f, "HTTP/{major}.x is not supported"),
             ConnectNotSupported => f.write_str("CONNECT is not supported"),
+            MethodTooLong { limit } => write!(f, "request method too long for the {limit}-byte request line limit"),
             RequestLineTooLong { limit } => write!(f, "request line longer than {limit} bytes"),
             BareLf => f.write_str("line ending without CR (bare LF)"),
             BareCr => f.write_str("CR not followed by LF"),
@@ -208,6 +216,7 @@ impl fmt::Display for RequestError {
             MissingHost => f.write_str("missing Host header"),
             RepeatedHost => f.write_str("repeated Host header"),
             InvalidHost => f.write_str("invalid Host header"),
+            EmptyHost => f.write_str("empty host in the Host header"),
             RepeatedContentType => f.write_str("repeated Content-Type header"),
             UnsupportedExpectation => f.write_str("unsupported expectation (only 100-continue is)"),
             BodyTooLarge { limit } => write!(f, "request body larger than {limit} bytes"),

@@ -51,7 +51,8 @@ impl HeadScanner {
                     let Some(line) = scanner.advance(buf, limits.max_request_line)? else {
                         return Ok(None);
                     };
-                    check_request_line(buf, &line)?;
+                    let form = check_request_line(buf, &line)?;
+                    self.facts.host_is_authority = form != TargetForm::Absolute;
                     // The head's size ceiling counts the request line too.
                     let scanner = FieldScanner::new(Section::Head, 0, line.end, limits);
                     self.stage = Stage::Fields { line, scanner };
@@ -135,7 +136,12 @@ impl RequestLineScanner {
                 Phase::LineFeed => false,
             };
             if is_content && i >= limit {
-                return Err(ErrorKind::RequestLineTooLong { limit });
+                // A method that fills the whole line is no long URI: 400, not 414.
+                return Err(if self.phase == Phase::Method {
+                    ErrorKind::MethodTooLong { limit }
+                } else {
+                    ErrorKind::RequestLineTooLong { limit }
+                });
             }
             match self.phase {
                 Phase::Method => match b {
@@ -204,21 +210,36 @@ impl RequestLineScanner {
     }
 }
 
+/// The forms of request target this server takes (RFC 9112 §3.2); authority-form goes only
+/// with CONNECT, which is refused.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TargetForm {
+    Origin,
+    Absolute,
+    Asterisk,
+}
+
 /// What the method and target say together (RFC 9112 §3.2): CONNECT is refused before its
 /// target is looked at; `*` goes only with OPTIONS; any other target is a path or an
 /// absolute URI with an authority. A fragment (`#...`) is passed on as part of the target:
 /// RFC 9112 does not allow one, but clients send them and they cannot change framing.
-fn check_request_line(buf: &[u8], line: &RequestLine) -> Result<(), ErrorKind> {
+fn check_request_line(buf: &[u8], line: &RequestLine) -> Result<TargetForm, ErrorKind> {
     let method = &buf[line.method.clone()];
     let target = &buf[line.target.clone()];
     if method == b"CONNECT" {
         return Err(ErrorKind::ConnectNotSupported);
     }
     if target == b"*" {
-        return if method == b"OPTIONS" { Ok(()) } else { Err(ErrorKind::AsteriskFormWithoutOptions) };
+        return if method == b"OPTIONS" {
+            Ok(TargetForm::Asterisk)
+        } else {
+            Err(ErrorKind::AsteriskFormWithoutOptions)
+        };
     }
-    if target.starts_with(b"/") || is_absolute_form(target) {
-        Ok(())
+    if target.starts_with(b"/") {
+        Ok(TargetForm::Origin)
+    } else if is_absolute_form(target) {
+        Ok(TargetForm::Absolute)
     } else {
         Err(ErrorKind::InvalidTargetForm)
     }
@@ -231,6 +252,9 @@ struct HeadFacts {
     content_length: Option<u64>,
     transfer_encoding: Option<TransferCodings>,
     hosts: usize,
+    /// Whether Host supplies the target URI's authority (RFC 9112 §3.3): for a path or `*`,
+    /// not for an absolute-form target, whose own authority wins (§3.2.2).
+    host_is_authority: bool,
     content_types: usize,
     connection_close: bool,
     connection_keep_alive: bool,
@@ -289,6 +313,14 @@ impl HeadFacts {
             }
             if !is_host_and_port(value, true) {
                 return Err(ErrorKind::InvalidHost);
+            }
+            // RFC 9112 §3.3 takes the target URI's authority from Host, and an `http` URI
+            // with an empty host is invalid (RFC 9110 §4.2.1). An empty Host is right only
+            // for a URI without an authority (RFC 9112 §3.2), which is never a path or `*`;
+            // beside an absolute-form target, Host is ignored (§3.2.2).
+            let empty_host = value.is_empty() || value.starts_with(b":");
+            if empty_host && self.host_is_authority {
+                return Err(ErrorKind::EmptyHost);
             }
         } else if name.eq_ignore_ascii_case(b"content-type") {
             self.content_types += 1;

@@ -15,10 +15,11 @@
 //! are how requests get smuggled. In particular it refuses bare LF and bare CR line endings,
 //! obsolete line folding, whitespace before a field's colon, Content-Length together with
 //! Transfer-Encoding, repeated or list-valued Content-Length, transfer codings other than
-//! `chunked`, HTTP/1.1 requests without exactly one Host, control characters anywhere in the
-//! head, and non-ASCII bytes in the request target. Every refusal is a [`RequestError`] with
-//! the status to answer and a short reason; `docs/CONFORMANCE.md` lists where this differs
-//! from the gunicorn and llhttp test corpora, and why.
+//! `chunked`, HTTP/1.1 requests without exactly one Host, an empty Host beside a path or `*`
+//! target, control characters anywhere in the head, and non-ASCII bytes in the request
+//! target. Every refusal is a [`RequestError`] with the status to answer and a short reason;
+//! `docs/CONFORMANCE.md` lists where this differs from the gunicorn and llhttp test corpora,
+//! and why.
 
 mod chunked;
 mod error;

@@ -7,13 +7,16 @@ use crate::error::{quoted, ErrorKind, RequestError, Section};
 use crate::fields::{FieldLine, FieldScanner, FieldSpan};
 use crate::head::{HeadScanner, ParsedHead};
 
-/// How much a client may send. The defaults are gunicorn's.
+/// How much a client may send. The defaults are gunicorn's but for the request line, which
+/// gets 8190 bytes where gunicorn allows 4094: RFC 9112 §3 recommends supporting request
+/// lines of at least 8000 octets.
 ///
 /// As in gunicorn, 0 means "no limit" for `max_request_line`, `max_headers` and
 /// `max_header_size`; [`crate::MAX_HEAD_SIZE`] still bounds every head and trailer section.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Bytes in the request line, not counting its CRLF. Beyond: 414.
+    /// Bytes in the request line, not counting its CRLF. Beyond: 414, or 400 if the method
+    /// alone reaches the limit (a long method is not a long URI).
     pub max_request_line: usize,
     /// Field lines in the header section (and, separately, in a trailer section). Beyond: 431.
     pub max_headers: usize,
@@ -27,7 +30,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_request_line: 4094, max_headers: 100, max_header_size: 8190, max_body: None }
+        Limits { max_request_line: 8190, max_headers: 100, max_header_size: 8190, max_body: None }
     }
 }
 

@@ -49,6 +49,7 @@ const VALID_DIFFERENCES: &[(&str, &str)] = &[
 /// Invalid gunicorn cases that maitred accepts, and why.
 const INVALID_DIFFERENCES: &[(&str, &str)] = &[
     ("003c", "any token is a method (RFC 9110 §9.1), '-bl' included; gunicorn insists on upper case"),
+    ("006", "its 4112-byte request line is within maitred's default limit of 8190 bytes (RFC 9112 §3 recommends at least 8000); gunicorn's default is 4094"),
     ("019", "X-Forwarded-Proto/X-Forwarded-Ssl disagreeing is a forwarded_allow_ips policy, not a parsing matter"),
     ("040", "field names with '_' are valid tokens, passed on as received; gunicorn refuses them only with header_map=refuse"),
     ("chunked_07", "field names with '_' are valid tokens, passed on as received; gunicorn refuses them only with header_map=refuse"),

@@ -297,10 +297,54 @@ fn methods_are_any_token_case_preserved() {
 
 #[test]
 fn host_values() {
-    for host in ["example.com", "example.com:8080", "[::1]:443", "0.0.0.0=5000", "", "h:"] {
+    for host in ["example.com", "example.com:8080", "[::1]:443", "0.0.0.0=5000", "h:", "h:0"] {
         let input = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
         assert_eq!(decode_every_way(input.as_bytes()).ends(), 1, "{host:?}");
     }
+    // Beside an absolute-form target Host is ignored (RFC 9112 §3.2.2), so an empty one,
+    // though no client should send it there, is not refused.
+    for host in ["", ":80"] {
+        let input = format!("GET http://example.com/p HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        assert_eq!(decode_every_way(input.as_bytes()).ends(), 1, "{host:?}");
+    }
+    // HTTP/1.0 without Host is served; with an empty one it is not (see errors.rs).
+    assert_eq!(decode_every_way(b"GET / HTTP/1.0\r\n\r\n").ends(), 1);
+}
+
+#[test]
+fn request_lines_of_8000_octets_are_within_the_default_limit() {
+    // RFC 9112 §3 recommends supporting request lines of at least 8000 octets.
+    let line = |target_len: usize| format!("GET /{} HTTP/1.1", "a".repeat(target_len - 1));
+    let request = |line: &str| format!("{line}\r\nHost: x\r\n\r\n").into_bytes();
+    // The external probe's case: a 7,900-byte path.
+    assert_eq!(decode_every_way(&request(&line(7901))).head().target.len(), 7901);
+    // Exactly the limit, then one byte more: a long target is a 414.
+    let longest = line(8190 - "GET  HTTP/1.1".len());
+    assert_eq!(longest.len(), 8190);
+    assert_eq!(decode_every_way(&request(&longest)).ends(), 1);
+    let over = line(8191 - "GET  HTTP/1.1".len());
+    let error = decode_every_way(&request(&over)).error().clone();
+    assert_eq!((error.kind(), error.status()), (&ErrorKind::RequestLineTooLong { limit: 8190 }, 414));
+    assert_eq!(error.to_string(), "request line longer than 8190 bytes");
+}
+
+#[test]
+fn a_method_too_long_for_the_line_is_a_400_a_target_a_414() {
+    let limits = Limits { max_request_line: 14, ..Limits::default() };
+    // The method ends just inside the limit: what crosses it is the target.
+    let error = decode_with(&limits, b"GETGETGETGETG /a HTTP/1.1\r\n").error().clone();
+    assert_eq!((error.kind(), error.status()), (&ErrorKind::RequestLineTooLong { limit: 14 }, 414));
+    // The method reaches the limit: no target fits after it.
+    for method in ["GETGETGETGETGE", "GETGETGETGETGET"] {
+        let input = format!("{method} / HTTP/1.1\r\n");
+        let error = decode_with(&limits, input.as_bytes()).error().clone();
+        assert_eq!((error.kind(), error.status()), (&ErrorKind::MethodTooLong { limit: 14 }, 400), "{method}");
+        assert_eq!(error.to_string(), "request method too long for the 14-byte request line limit");
+    }
+    // Nothing else limits a method: any token that leaves room for the rest is one.
+    let method = "M".repeat(8000);
+    let input = format!("{method} / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(decode_every_way(input.as_bytes()).head().method.len(), 8000);
 }
 
 #[test]
@@ -322,10 +366,11 @@ fn unlimited_limits_still_stop_at_the_ceiling() {
 }
 
 #[test]
-fn default_limits_are_gunicorns() {
+fn default_limits_are_gunicorns_but_a_longer_request_line() {
+    // gunicorn allows a request line 4094 bytes; RFC 9112 §3 recommends at least 8000.
     assert_eq!(
         Limits::default(),
-        Limits { max_request_line: 4094, max_headers: 100, max_header_size: 8190, max_body: None }
+        Limits { max_request_line: 8190, max_headers: 100, max_header_size: 8190, max_body: None }
     );
 }
 

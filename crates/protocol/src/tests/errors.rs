@@ -20,6 +20,7 @@ fn name(kind: &ErrorKind) -> &'static str {
         InvalidVersion => "InvalidVersion",
         UnsupportedVersion { .. } => "UnsupportedVersion",
         ConnectNotSupported => "ConnectNotSupported",
+        MethodTooLong { .. } => "MethodTooLong",
         RequestLineTooLong { .. } => "RequestLineTooLong",
         BareLf => "BareLf",
         BareCr => "BareCr",
@@ -43,6 +44,7 @@ fn name(kind: &ErrorKind) -> &'static str {
         MissingHost => "MissingHost",
         RepeatedHost => "RepeatedHost",
         InvalidHost => "InvalidHost",
+        EmptyHost => "EmptyHost",
         RepeatedContentType => "RepeatedContentType",
         UnsupportedExpectation => "UnsupportedExpectation",
         BodyTooLarge { .. } => "BodyTooLarge",
@@ -57,7 +59,7 @@ fn name(kind: &ErrorKind) -> &'static str {
     }
 }
 
-const KIND_COUNT: usize = 43;
+const KIND_COUNT: usize = 45;
 
 /// A request with a Host, the given extra field lines and a body.
 fn post(fields: &str, body: &str) -> Vec<u8> {
@@ -113,6 +115,22 @@ fn refusals() -> Vec<(Vec<u8>, Limits, ErrorKind, u16)> {
         (b("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"), d(), ConnectNotSupported, 501),
         // Refused as soon as the limit is crossed, before the line ends.
         (b("GET /0123456789"), limits(|l| l.max_request_line = 14), RequestLineTooLong { limit: 14 }, 414),
+        // A method that reaches the limit is a bad request, not a long URI: 400, not 414.
+        (b("GETGETGETGETGETGET"), limits(|l| l.max_request_line = 14), MethodTooLong { limit: 14 }, 400),
+        (b("GETGETGETGETGE / HTTP/1.1\r\n"), limits(|l| l.max_request_line = 14), MethodTooLong { limit: 14 }, 400),
+        // The external probe's case: a 100 KB method, with the default limit.
+        (
+            format!("{} / HTTP/1.1\r\nHost: x\r\n\r\n", "A".repeat(100_000)).into_bytes(),
+            d(),
+            MethodTooLong { limit: 8190 },
+            400,
+        ),
+        (
+            format!("{} / HTTP/1.1\r\n", "A".repeat(MAX_HEAD_SIZE)).into_bytes(),
+            unlimited.clone(),
+            MethodTooLong { limit: MAX_HEAD_SIZE },
+            400,
+        ),
         (
             format!("GET /{} HTTP/1.1\r\n", "a".repeat(MAX_HEAD_SIZE)).into_bytes(),
             unlimited.clone(),
@@ -232,6 +250,15 @@ fn refusals() -> Vec<(Vec<u8>, Limits, ErrorKind, u16)> {
         (b("GET / HTTP/1.1\r\nHost: a b\r\n\r\n"), d(), InvalidHost, 400),
         (b("GET / HTTP/1.1\r\nHost: [::1\r\n\r\n"), d(), InvalidHost, 400),
         (b("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n"), d(), InvalidHost, 400),
+        // A path or '*' takes its authority from Host, and an http URI's host is never empty.
+        (b("GET / HTTP/1.1\r\nHost: \r\n\r\n"), d(), EmptyHost, 400),
+        (b("GET / HTTP/1.1\r\nHost:\r\n\r\n"), d(), EmptyHost, 400),
+        (b("GET / HTTP/1.1\r\nHost: \t \r\n\r\n"), d(), EmptyHost, 400),
+        (b("GET /p?q HTTP/1.1\r\nHost: :8080\r\n\r\n"), d(), EmptyHost, 400),
+        (b("GET / HTTP/1.0\r\nHost:\r\n\r\n"), d(), EmptyHost, 400),
+        (b("OPTIONS * HTTP/1.1\r\nHost:\r\n\r\n"), d(), EmptyHost, 400),
+        // Refused at its own line: the fields after it are not waited for.
+        (b("GET / HTTP/1.1\r\nHost:\r\nAccept: */*"), d(), EmptyHost, 400),
         (post("Content-Type: text/plain\r\nContent-Type: text/html\r\n", ""), d(), RepeatedContentType, 400),
         (post("Expect: 200-ok\r\nContent-Length: 1\r\n", "x"), d(), UnsupportedExpectation, 417),
         (post("Expect: 100-continue, x\r\n", ""), d(), UnsupportedExpectation, 417),
