@@ -147,6 +147,13 @@ GUNICORN_VALID_DIFFERENCES: dict[str, tuple[int | str, str]] = {
 GUNICORN_INVALID_DIFFERENCES: dict[str, tuple[int | str, str]] = {
     "001": (CLOSED, INCOMPLETE),
     "003c": (SERVED, ANY_TOKEN_METHOD + ", '-bl' included; gunicorn insists on upper case"),
+    "006": (
+        SERVED,
+        (
+            "its 4112-byte request line is within the default --limit-request-line of 8190 "
+            "(RFC 9112 §3 recommends at least 8000); gunicorn's default is 4094"
+        ),
+    ),
     "019": (
         SERVED,
         "X-Forwarded-Proto and X-Forwarded-Ssl disagreeing is a forwarded_allow_ips policy, not a parsing matter",

@@ -168,6 +168,22 @@ def test_a_body_within_max_body_is_served(maitred_server):
         assert read_reply(sock).body.split()[1] == b"999"
 
 
+def test_request_lines_of_8000_octets_are_served_by_default(maitred_server):
+    # RFC 9112 section 3 recommends supporting request lines of at least 8000 octets: the
+    # default --limit-request-line is 8190 (gunicorn's is 4094). Past it, a long target is a
+    # 414 and a long method a 400.
+    server = maitred_server(APP, cwd=APPS)
+    assert get(server.port, "/" + "a" * 7899).status == 200
+    for request_line, status, reason in [
+        (f"GET /{'a' * 100_000} HTTP/1.1", 414, "request line longer than 8190 bytes"),
+        (f"{'A' * 100_000} / HTTP/1.1", 400, "request method too long for the 8190-byte request line limit"),
+    ]:
+        with socket.create_connection((HOST, server.port), timeout=10) as sock:
+            sock.sendall(head("Host: t", request_line=request_line))
+            refused = read_reply(sock)
+        assert (refused.status, reason in refused.body.decode()) == (status, True), refused
+
+
 # ---------------------------------------------------------------------------------------------
 # --queue-timeout and --max-connections.
 
