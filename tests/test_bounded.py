@@ -208,7 +208,7 @@ def test_a_trickled_body_ends_with_408_at_body_min_rate(maitred_server):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert time.monotonic() - started < 4
-    assert "slower than --body-min-rate (500 bytes/s)" in server.stderr()
+    wait_for_log(server, "slower than --body-min-rate (500 bytes/s)", timeout=5)
     # A body that arrives at speed is not affected.
     assert post(server.port, "/upload", b"y" * (3 * MIB)).endswith(str(3 * MIB).encode())
 
@@ -259,7 +259,7 @@ def test_past_max_head_memory_the_oldest_incomplete_heads_get_408_first(maitred_
     finally:
         for sock in heads:
             sock.close()
-    assert "--max-head-memory" in server.stderr()
+    wait_for_log(server, "--max-head-memory", timeout=5)
 
 
 @pytest.fixture(autouse=True)

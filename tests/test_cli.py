@@ -236,7 +236,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "max_spill": 1 << 30,
         "max_spill_total": 4 << 30,
         "max_head_memory": 64 << 20,
-        "limit_request_line": 4094,
+        "limit_request_line": 8190,
         "limit_request_fields": 100,
         "limit_request_field_size": 8190,
         "max_requests": 0,

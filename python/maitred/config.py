@@ -420,7 +420,7 @@ SETTINGS: tuple[Setting, ...] = (
         ("--limit-request-line",),
         "BYTES",
         _whole_number(0, WIRE_LIMIT),
-        4094,
+        8190,
         "Longest request line (method, target and version) accepted (0: no limit beyond the 64 KiB head ceiling).",
     ),
     Setting(
