@@ -1,0 +1,6 @@
+//! The `lobby_frames` fuzz target: its body is `maitred_fuzz::lobby_frames` (fuzz/src), which
+//! `cargo test` also runs on the saved corpus (docs/FUZZING.md).
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| maitred_fuzz::lobby_frames(data));

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of the fuzz targets (docs/FUZZING.md) into a directory per target.
+
+The seeds come from the project's own tests: the byte-string literals of the decoder's unit
+tests (crates/protocol/src/tests/, src/chunked.rs) become request_decoder and chunked_body
+inputs, and frames built like those of crates/wire's tests become lobby_frames and
+worker_frames inputs. Each input starts with the choice bytes its target reads first.
+
+    python3 fuzz/seed.py OUT_DIR     # writes OUT_DIR/<target>/seed-NNNN
+
+The fuzzer grows the corpus from these; `cargo fuzz cmin` then keeps what adds coverage, and
+that is what fuzz/corpus/ holds.
+"""
+
+import re
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LITERAL = re.compile(rb'b"((?:[^"\\]|\\.|\\\n)*)"', re.DOTALL)
+
+
+def unescape(body):
+    """A Rust byte-string literal's bytes."""
+    out = bytearray()
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c != 0x5C:  # backslash
+            out.append(c)
+            i += 1
+            continue
+        e = body[i + 1 : i + 2]
+        if e == b"\n":  # a line continuation skips the next line's indentation
+            i += 2
+            while i < len(body) and body[i] in b" \t":
+                i += 1
+            continue
+        if e == b"x":
+            out.append(int(body[i + 2 : i + 4], 16))
+            i += 4
+            continue
+        out += {b"r": b"\r", b"n": b"\n", b"t": b"\t", b"0": b"\0", b"\\": b"\\", b'"': b'"', b"'": b"'"}[e]
+        i += 2
+    return bytes(out)
+
+
+def literals(paths):
+    found = []
+    for path in paths:
+        for match in LITERAL.finditer(path.read_bytes()):
+            value = unescape(match.group(1))
+            if value not in found:
+                found.append(value)
+    return found
+
+
+def frame(kind, flags, payload):
+    return struct.pack("<BBHI", kind, flags, 0, len(payload)) + payload
+
+
+def str16(value):
+    return struct.pack("<H", len(value)) + value
+
+
+def headers(pairs):
+    return struct.pack("<H", len(pairs)) + b"".join(str16(n) + struct.pack("<I", len(v)) + v for n, v in pairs)
+
+
+def request(body=b"hello", in_file=False, minor=1):
+    payload = bytes([minor]) + str16(b"POST") + str16(b"/a%20b?x=1") + str16(b"127.0.0.1") + struct.pack("<H", 40000)
+    payload += str16(b"localhost") + struct.pack("<H", 8000)
+    payload += headers([(b"Host", b"example.org"), (b"X-Empty", b"")]) + struct.pack("<Q", len(body))
+    return frame(16, 2 if in_file else 0, payload + (b"" if in_file else body))
+
+
+def response_head(status=404, reason=b"Not Found", pairs=((b"Content-Type", b"text/plain"),), body=b"", end=True):
+    payload = struct.pack("<H", status) + str16(reason) + headers(list(pairs)) + body
+    return frame(3, 1 if end else 0, payload)
+
+
+def main(out):
+    tests = sorted((ROOT / "crates/protocol/src/tests").glob("*.rs"))
+    found = literals(tests)
+    requests = [value for value in found if b" HTTP/" in value]
+    chunked = [value.split(b"\r\n\r\n", 1)[1] for value in requests if b"chunked\r\n\r\n" in value]
+    lines = [value for value in literals([ROOT / "crates/protocol/src/chunked.rs"]) if b"\r\n" not in value]
+    chunked += [line + b"\r\nhello\r\n0\r\n\r\n" for line in lines]
+    chunked += [b"5\r\nhello\r\n0\r\nVary: *\r\nX-Checksum: abc\r\n\r\n", b"0\r\n\r\n"]
+
+    offers = frame(18, 2, b"") * 3
+    seeds = {
+        # limits choice, split point (u16), then the request bytes
+        "request_decoder": [
+            bytes([choice]) + struct.pack("<H", len(r) // 2) + r for r in requests for choice in (0, 2)
+        ],
+        # max_body choice, split point, then the body
+        "chunked_body": [bytes([0]) + struct.pack("<H", len(b) // 2) + b for b in chunked],
+        # read-size seed, then the stream
+        "lobby_frames": [
+            struct.pack("<H", seed) + stream
+            for seed, stream in enumerate(
+                [
+                    frame(1, 0, struct.pack("<I", 4242)) + response_head(body=b"missing"),
+                    frame(1, 0, struct.pack("<I", 1))
+                    + response_head(200, b"OK", end=False)
+                    + frame(4, 0, b"x" * 100)
+                    + frame(5, 3, struct.pack("<QQ", 10, 1 << 40)),
+                    frame(1, 0, b"") + response_head(end=False) + frame(6, 0, b"ValueError: bad"),
+                    frame(2, 0, b"ImportError: no module named app\n"),
+                ]
+            )
+        ],
+        "worker_frames": [
+            struct.pack("<H", seed) + stream
+            for seed, stream in enumerate(
+                [
+                    offers + request(),
+                    offers + request(in_file=True) + frame(17, 0, b"") + request(b"", minor=0),
+                    request(b"z" * 300),
+                ]
+            )
+        ],
+    }
+    for target, inputs in seeds.items():
+        directory = Path(out) / target
+        directory.mkdir(parents=True, exist_ok=True)
+        for number, data in enumerate(inputs):
+            (directory / f"seed-{number:04}").write_bytes(data)
+        print(f"{target}: {len(inputs)} seeds")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
