@@ -3,15 +3,41 @@
 The lobby (Rust) writes the same format, so one log reads as one story:
 ``[2026-11-22 05:30:00 +0000] [1234] [INFO] message``. Everything goes to standard
 error, which the CLI has already pointed at ``--error-logfile``.
+
+A worker must not stop serving because nobody reads the log (docs/LIMITS.md, "Logs"), so
+lines are written without waiting: a line the destination cannot take at once is dropped
+and counted, and the count is written before the next line that gets through ("N log lines
+dropped while the log was not being read"). Standard error's own descriptor is left as it
+is, blocking: the other processes share it, and the application's own writes to it are its
+business. Instead, where standard error is a pipe or a terminal this writes through a
+second, non-blocking opening of it, and where it is a socket (the journal) it sends with
+MSG_DONTWAIT. A regular file is written directly: it never waits for a reader.
 """
 
 import os
-import sys
+import socket
+import stat
 import time
+from collections.abc import Callable
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
 _threshold = LEVELS.index("info")
+
+# Bytes a non-blocking pipe write takes whole or not at all (PIPE_BUF): lines are written in
+# pieces of at most this size, cut after a newline where possible.
+_PIECE = 4096
+
+_send: Callable[[bytes], int] | None = None
+"""Writes bytes to standard error without waiting: returns how many were taken, raises
+BlockingIOError if none could be. Opened with the first line, and inherited by the workers
+the zygote forks."""
+
+_dropped = 0
+"""Lines dropped since one was last written."""
+
+_cut = False
+"""The last write stopped inside a line: the next one starts a new line first."""
 
 
 def configure(level: str) -> None:
@@ -21,9 +47,95 @@ def configure(level: str) -> None:
 
 
 def log(level: str, message: str) -> None:
-    """Writes one line (or a traceback's several) at `level` if it passes the threshold."""
+    """Writes one line (or a traceback's several) at `level` if it passes the threshold;
+    never waits for the destination."""
     if LEVELS.index(level) < _threshold:
         return
+    _write(_format(level, message))
+
+
+def _format(level: str, message: str) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    sys.stderr.write(f"[{stamp}] [{os.getpid()}] [{level.upper()}] {message}\n")
-    sys.stderr.flush()
+    return f"[{stamp}] [{os.getpid()}] [{level.upper()}] {message}\n"
+
+
+def _write(line: str) -> None:
+    global _dropped, _cut, _send
+    if _send is None:
+        _send = _open()
+    data = line.encode(errors="replace")
+    if _dropped:
+        count = _format("warning", f"{_dropped:,} log lines dropped while the log was not being read")
+        data = count.encode() + data
+    if _cut:
+        data = b"\n" + data
+    written = 0
+    try:
+        for piece in _pieces(data):
+            taken = _send(piece)
+            written += taken
+            if taken < len(piece):
+                # Only a socket or an odd destination takes part of a piece; the rest is lost.
+                break
+    except BlockingIOError:
+        pass
+    except OSError:
+        # Standard error is closed or broken: nobody can be told anything.
+        return
+    if written == len(data):
+        _dropped = 0
+        _cut = False
+    elif written == 0:
+        _dropped += 1
+    else:
+        # Some lines went out (perhaps the count): the line is counted as dropped, as it is
+        # not whole, and whoever writes next must not continue it.
+        _dropped = 1
+        _cut = not data[:written].endswith(b"\n")
+
+
+def _pieces(data: bytes) -> list[bytes]:
+    """`data` in pieces of at most _PIECE bytes, each ending with a newline where it can."""
+    pieces = []
+    while len(data) > _PIECE:
+        end = data.rfind(b"\n", 0, _PIECE) + 1 or _PIECE
+        pieces.append(data[:end])
+        data = data[end:]
+    if data:
+        pieces.append(data)
+    return pieces
+
+
+def _open() -> Callable[[bytes], int]:
+    """A way to write to standard error that does not wait; a blocking one as a last resort."""
+    try:
+        mode = os.fstat(2).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISSOCK(mode):
+        try:
+            stream = socket.socket(fileno=os.dup(2))
+        except OSError:
+            pass
+        else:
+            return lambda data: stream.send(data, socket.MSG_DONTWAIT)
+    elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        # A second opening of the same pipe or terminal, with flags of its own. (A regular file
+        # is not reopened: another opening would have its own offset.)
+        try:
+            fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            pass
+        else:
+            return lambda data: os.write(fd, data)
+    return lambda data: os.write(2, data)
+
+
+def _forget_count() -> None:
+    """In a forked child: the parent's count is the parent's to report."""
+    global _dropped, _cut
+    _dropped = 0
+    _cut = False
+
+
+os.register_at_fork(after_in_child=_forget_count)

@@ -26,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::sleep_until;
 
 use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
-use crate::log::{self, debug, info, warning};
+use crate::log::{self, debug};
 use crate::seating::{Job, JobState};
 use crate::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 use crate::Lobby;
@@ -237,7 +237,7 @@ impl<S: ClientStream> Connection<S> {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                        info!("connection from {} cut while answering: {e}", self.peer.display());
+                        log::info_limited!("connection from {} cut while answering: {e}", self.peer.display());
                         return;
                     }
                     Err(e) => {
@@ -300,7 +300,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {
-        info!("{status} to {}: {reason}", self.peer.display());
+        log::info_limited!("{status} to {}: {reason}", self.peer.display());
         let mut out = Vec::new();
         write_error_response(&mut out, status, reason, &http_date(), false, None);
         if self.write_closing(&out).await.is_ok() {
@@ -444,7 +444,7 @@ impl<S: ClientStream> Connection<S> {
         let (job, _body_descriptor) = match self.job(head, body, respond, summary.clone()) {
             Ok(job) => job,
             Err(detail) => {
-                info!("431 to {}: {detail}", self.peer.display());
+                log::info_limited!("431 to {}: {detail}", self.peer.display());
                 let mut out = Vec::new();
                 write_error_response(&mut out, 431, &detail, &http_date(), false, None);
                 self.write_closing(&out).await?;
@@ -822,7 +822,7 @@ impl Answer {
         match self.framing {
             Framing::Chunked => out.extend_from_slice(LAST_CHUNK),
             Framing::Length(_) if self.remaining > 0 => {
-                warning!(
+                log::warning_limited!(
                     "the application sent {} bytes fewer than its Content-Length; closing the connection",
                     self.remaining
                 );
@@ -834,7 +834,7 @@ impl Answer {
 
     fn overrun(&mut self) {
         if !self.broken {
-            warning!("the application sent more bytes than its Content-Length; the excess was dropped");
+            log::warning_limited!("the application sent more bytes than its Content-Length; the excess was dropped");
         }
         self.broken = true;
     }

@@ -14,17 +14,18 @@ mod spool;
 mod worker;
 mod zygote;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use maitred_protocol::Limits;
 use socket2::{SockAddr, Socket};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::{JoinHandle, LocalSet};
 
 pub use config::{BindAddress, Config};
@@ -33,7 +34,7 @@ pub use log::Level;
 use crate::connection::{Peer, Site};
 use crate::hibernation::Hibernation;
 use crate::listen::{Acceptor, Listener};
-use crate::log::{debug, error, info, warning};
+use crate::log::{debug, error, error_limited, info, info_limited, warning};
 use crate::seating::Seating;
 use crate::worker::{Channel, Gone};
 use crate::zygote::{Control, Report};
@@ -59,6 +60,14 @@ const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.
 const REBOOT_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_REBOOT_BACKOFF: Duration = Duration::from_secs(30);
+/// How long the lobby waits, as it exits, for its logs to write what they hold.
+const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
+/// Pauses after accept(2) fails for want of descriptors or memory: the first, doubled after
+/// each failure in a row up to the last.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// An episode at `--max-connections` ends once the lobby has not been at the cap for this long.
+const CAP_QUIET: Duration = Duration::from_secs(1);
 
 /// What the connection and worker tasks share.
 pub(crate) struct Lobby {
@@ -95,11 +104,28 @@ pub fn run(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, Sta
     let result = local.block_on(&runtime, supervise(config, control, zygote_pid));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
+    log::flush(LOG_FLUSH_WAIT);
     result
 }
 
 async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, StartupError> {
-    let max_connections = config.max_connections.unwrap_or_else(|| default_max_connections(config.workers));
+    let descriptors = Descriptors::raise(config.workers, config.max_connections);
+    let max_connections = match config.max_connections {
+        None => descriptors.room,
+        Some(wanted) if wanted > descriptors.room => {
+            warning!(
+                "--max-connections {wanted} is more than the descriptor limit allows: of its {} (ulimit -n), {} are \
+                 kept for listeners, workers, logs and files; using --max-connections {}. Raise the limit (ulimit \
+                 -n, systemd's LimitNOFILE=) to {} to allow {wanted}",
+                descriptors.limit,
+                descriptors.reserved,
+                descriptors.room,
+                wanted as u64 + descriptors.reserved
+            );
+            descriptors.room
+        }
+        Some(wanted) => wanted,
+    };
     let listeners = config
         .binds
         .iter()
@@ -145,6 +171,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     }
 
     let connections = Arc::new(Semaphore::new(max_connections));
+    let cap = Rc::new(CapWatch::new(max_connections, &descriptors, lobby.shutdown.clone()));
     let sites: Vec<Rc<Site>> = listeners
         .iter()
         .map(|l| Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port }))
@@ -155,7 +182,8 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         .map(|(listener, site)| {
             announce(listener);
             let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
-            Ok(tokio::task::spawn_local(accept_loop(lobby.clone(), accept, site.clone(), connections.clone())))
+            let accepting = accept_loop(lobby.clone(), accept, site.clone(), connections.clone(), cap.clone());
+            Ok(tokio::task::spawn_local(accepting))
         })
         .collect::<Result<_, StartupError>>()?;
     info!(
@@ -232,34 +260,212 @@ fn announce(listener: &Listener) {
     }
 }
 
-/// Raises the soft descriptor limit to the hard one and leaves room for everything else.
-fn default_max_connections(workers: usize) -> usize {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
-    limit.rlim_cur.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize
+/// The descriptor limit, and how many connections it leaves room for.
+struct Descriptors {
+    /// The soft RLIMIT_NOFILE, after raising it.
+    limit: u64,
+    /// Kept for listeners, workers, logs and files.
+    reserved: u64,
+    room: usize,
 }
 
-async fn accept_loop(lobby: Rc<Lobby>, listener: Acceptor, site: Rc<Site>, connections: Arc<Semaphore>) {
+impl Descriptors {
+    /// Raises the soft descriptor limit as far as `wanted` connections need (all the way to
+    /// the hard limit when none is asked for), and leaves room for everything else.
+    fn raise(workers: usize, wanted: Option<usize>) -> Descriptors {
+        let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit and setrlimit read or write one rlimit.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                // An unlimited hard limit still stops at the kernel's fs.nr_open.
+                let ceiling = limit.rlim_max.min(nr_open());
+                let target = wanted.map_or(ceiling, |n| (n as u64).saturating_add(reserved).min(ceiling));
+                if limit.rlim_cur < target {
+                    let raised = libc::rlimit { rlim_cur: target, rlim_max: limit.rlim_max };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                        limit = raised;
+                    }
+                }
+            }
+        }
+        let room = limit.rlim_cur.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize;
+        Descriptors { limit: limit.rlim_cur, reserved, room }
+    }
+}
+
+/// The soft descriptor limit as it is now.
+fn fd_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    limit.rlim_cur
+}
+
+/// The most descriptors a process may have (`fs.nr_open`), or no bound if the kernel does not say.
+fn nr_open() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|text| text.trim().parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// The episodes at `--max-connections`, when the lobby stops accepting and the kernel's listen
+/// queue holds new connections: one warning as one begins, one line as it ends.
+struct CapWatch {
+    cap: usize,
+    /// The descriptor limit, and whether it is what holds the cap down.
+    fd_limit: u64,
+    /// What the descriptor limit would allow.
+    room: usize,
+    fd_bound: bool,
+    shutdown: watch::Receiver<bool>,
+    /// When the current episode began.
+    since: Cell<Option<Instant>>,
+    /// When an accept loop was last at the cap.
+    last_full: Cell<Instant>,
+    /// Accept loops waiting for a connection to close.
+    waiting: Cell<usize>,
+}
+
+impl CapWatch {
+    fn new(cap: usize, descriptors: &Descriptors, shutdown: watch::Receiver<bool>) -> CapWatch {
+        CapWatch {
+            cap,
+            fd_limit: descriptors.limit,
+            room: descriptors.room,
+            fd_bound: cap >= descriptors.room,
+            shutdown,
+            since: Cell::new(None),
+            last_full: Cell::new(Instant::now()),
+            waiting: Cell::new(0),
+        }
+    }
+
+    /// Waits for a place under the cap; None once the semaphore is closed.
+    async fn place(self: &Rc<Self>, connections: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        match connections.clone().try_acquire_owned() {
+            Ok(permit) => return Some(permit),
+            Err(TryAcquireError::Closed) => return None,
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        let now = Instant::now();
+        self.last_full.set(now);
+        if self.since.get().is_none() {
+            self.since.set(Some(now));
+            let advice = if self.fd_bound {
+                format!("The descriptor limit (ulimit -n {}) allows no more: raise it to accept more", self.fd_limit)
+            } else {
+                format!(
+                    "The descriptor limit (ulimit -n {}) would allow {}: raise --max-connections to accept more",
+                    self.fd_limit, self.room
+                )
+            };
+            warning!(
+                "at --max-connections ({} connections open): not accepting until one closes; the kernel holds new \
+                 connections in the --backlog until then. {advice}",
+                self.cap
+            );
+            tokio::task::spawn_local(self.clone().watch());
+        }
+        self.waiting.set(self.waiting.get() + 1);
+        let permit = connections.clone().acquire_owned().await;
+        self.waiting.set(self.waiting.get() - 1);
+        self.last_full.set(Instant::now());
+        permit.ok()
+    }
+
+    /// Ends the episode once the cap has not been reached for `CAP_QUIET`.
+    async fn watch(self: Rc<Self>) {
+        loop {
+            let quiet_at = self.last_full.get() + CAP_QUIET;
+            if *self.shutdown.borrow() {
+                self.since.set(None);
+                return;
+            }
+            if self.waiting.get() == 0 && Instant::now() >= quiet_at {
+                let lasted = self.last_full.get() - self.since.take().unwrap_or(self.last_full.get());
+                info!(
+                    "accepting again: below --max-connections ({}) after {:.1} s at it",
+                    self.cap,
+                    lasted.as_secs_f64()
+                );
+                return;
+            }
+            let wake = if self.waiting.get() > 0 { Instant::now() + CAP_QUIET } else { quiet_at };
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+async fn accept_loop(
+    lobby: Rc<Lobby>,
+    listener: Acceptor,
+    site: Rc<Site>,
+    connections: Arc<Semaphore>,
+    cap: Rc<CapWatch>,
+) {
+    // accept(2) failures in a row, since when, and the pause after the last one.
+    let mut failures = 0u64;
+    let mut failing_since = Instant::now();
+    let mut pause = Duration::ZERO;
     loop {
         // At the cap the lobby stops accepting; the kernel's queue holds the rest.
-        let Ok(permit) = connections.clone().acquire_owned().await else { return };
+        let Some(permit) = cap.place(&connections).await else { return };
         match listener.accept().await {
-            Ok((socket, peer)) => start_connection(&lobby, &site, permit, socket, &peer),
+            Ok((socket, peer)) => {
+                if failures > 0 {
+                    info_limited!(
+                        "accepting on {} again after {failures} failed accepts in {:.1} s",
+                        listener.display(),
+                        failing_since.elapsed().as_secs_f64()
+                    );
+                    failures = 0;
+                    pause = Duration::ZERO;
+                }
+                start_connection(&lobby, &site, permit, socket, &peer)
+            }
+            // The connection was reset or its network went away before it was taken: the
+            // next one may be fine (accept(2), "Error handling").
+            Err(e) if is_connection_error(&e) => debug!("accept on {}: {e}", listener.display()),
             Err(e) => {
-                // EMFILE and friends: the pending connection stays queued; try again shortly.
-                error!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays
+                // queued. Try again after a pause, doubled each time, rather than spin.
+                if failures == 0 {
+                    failing_since = Instant::now();
+                }
+                failures += 1;
+                pause = (pause * 2).clamp(ACCEPT_BACKOFF, MAX_ACCEPT_BACKOFF);
+                drop(permit);
+                let open = cap.cap - connections.available_permits();
+                error_limited!(
+                    "accept on {} failed: {e}; {open} connections open, descriptor limit {} (ulimit -n); retrying in \
+                     {} ms ({failures} in a row)",
+                    listener.display(),
+                    fd_limit(),
+                    pause.as_millis()
+                );
+                tokio::time::sleep(pause).await;
             }
         }
     }
+}
+
+/// accept(2) errors that concern only the connection being taken, not the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+        )
+    )
 }
 
 /// Takes the connections that finished their handshake but were not accepted yet, so that
@@ -287,7 +493,7 @@ fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePe
         }),
     };
     if let Err(e) = started {
-        error!("cannot take an accepted connection: {e}");
+        error_limited!("cannot take an accepted connection: {e}");
     }
 }
 

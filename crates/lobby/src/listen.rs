@@ -140,6 +140,8 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
 /// overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
 pub struct Acceptor {
     socket: AsyncFd<Socket>,
+    /// The listener's address, for the log.
+    display: String,
     /// Connections known to be queued; no need to look at the queue again until they are taken.
     known_queued: Cell<u32>,
     /// TCP: read the queue's depth before the next accept(2), rather than find it empty that way.
@@ -170,7 +172,17 @@ impl Acceptor {
         });
         // SAFETY: `socket` is a fresh duplicate that this Acceptor alone owns.
         let socket = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
-        Ok(Acceptor { socket, known_queued: Cell::new(0), look_first: Cell::new(false), depth })
+        Ok(Acceptor {
+            socket,
+            display: listener.display.clone(),
+            known_queued: Cell::new(0),
+            look_first: Cell::new(false),
+            depth,
+        })
+    }
+
+    pub fn display(&self) -> &str {
+        &self.display
     }
 
     /// The next connection, non-blocking and close-on-exec, with the peer's address.

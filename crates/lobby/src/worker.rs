@@ -301,7 +301,7 @@ async fn relay_response(
                 Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
                 Held::TotalCap => (lobby.spill_budget.waiting(), "--max-spill-total"),
             };
-            warning!(
+            crate::log::warning_limited!(
                 "reading the answer to {} from worker {pid} paused for {:.1} s: {waiting} bytes were waiting for \
                  slow clients ({cap})",
                 job.summary,
@@ -370,7 +370,7 @@ async fn relay_response(
         // A connection that has gone away no longer listens; the worker is still in step.
         if let Err(e) = job.respond.send(part) {
             // The client is cut; dropping its end makes `closed()` tell the worker to stop.
-            error!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
+            crate::log::error_limited!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
             let _ = job.respond.send(ResponsePart::Abort);
         }
         if last {
