@@ -432,7 +432,11 @@ impl<S: ClientStream> Connection<S> {
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
     async fn seat(&mut self, head: &RequestHead, body: Body) -> io::Result<bool> {
-        let (respond, responses) = answer_channel(self.lobby.spill_budget.clone(), self.lobby.config.max_spill);
+        let (respond, responses) = answer_channel(
+            self.lobby.spill_budget.clone(),
+            self.lobby.config.max_spill,
+            self.permit.semaphore().clone(),
+        );
         let summary: Rc<str> = format!(
             "{} {} {}",
             String::from_utf8_lossy(&head.method),

@@ -193,10 +193,13 @@ impl Seating {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use crate::spool::{answer_channel, AnswerReceiver, SpillBudget};
 
     pub(crate) fn job(name: &str) -> (Job, AnswerReceiver) {
-        let (respond, receive) = answer_channel(Rc::new(SpillBudget::new(u64::MAX)), u64::MAX);
+        let (respond, receive) =
+            answer_channel(Rc::new(SpillBudget::new(u64::MAX)), u64::MAX, Arc::new(tokio::sync::Semaphore::new(1)));
         let job = Job {
             frame: name.as_bytes().to_vec(),
             body_file: None,

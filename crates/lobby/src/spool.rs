@@ -20,10 +20,12 @@ use std::future::poll_fn;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Body bytes of one answer held in the lobby's memory; the rest spills to a file.
 pub const MEMORY_PER_ANSWER: usize = 256 * 1024;
@@ -115,7 +117,11 @@ pub enum Held {
 struct Spool {
     parts: VecDeque<ResponsePart>,
     in_memory: usize,
-    spill: Option<Rc<File>>,
+    /// The spill file, and its place under --max-connections (it is a descriptor).
+    spill: Option<(Rc<File>, OwnedSemaphorePermit)>,
+    /// No place was free for a spill file: this answer keeps to its memory share, as with
+    /// `--max-spill 0`, until the client has taken it.
+    no_file: bool,
     /// Where the next spilled bytes go in the file.
     spill_end: u64,
     /// Spilled bytes the client has not taken yet.
@@ -132,11 +138,16 @@ struct Shared {
     spool: RefCell<Spool>,
     budget: Rc<SpillBudget>,
     cap: u64,
+    descriptors: Arc<Semaphore>,
 }
 
 impl Shared {
+    fn may_spill(&self, spool: &Spool) -> bool {
+        self.cap > 0 && !spool.no_file
+    }
+
     fn held(&self, spool: &Spool) -> Option<Held> {
-        if spool.draining || (self.cap == 0 && spool.in_memory >= MEMORY_PER_ANSWER) {
+        if spool.draining || (!self.may_spill(spool) && spool.in_memory >= MEMORY_PER_ANSWER) {
             Some(Held::AnswerCap)
         } else if spool.spill_waiting > 0 && self.budget.exhausted() {
             Some(Held::TotalCap)
@@ -159,12 +170,18 @@ pub struct AnswerSender(Rc<Shared>);
 /// The connection's end: takes parts in order.
 pub struct AnswerReceiver(Rc<Shared>);
 
-/// A new, empty answer spool with the answer's cap `cap` (`--max-spill`) under `budget`.
-pub fn answer_channel(budget: Rc<SpillBudget>, cap: u64) -> (AnswerSender, AnswerReceiver) {
+/// A new, empty answer spool with the answer's cap `cap` (`--max-spill`) under `budget`; a
+/// spill file takes a place from `descriptors` (--max-connections).
+pub fn answer_channel(
+    budget: Rc<SpillBudget>,
+    cap: u64,
+    descriptors: Arc<Semaphore>,
+) -> (AnswerSender, AnswerReceiver) {
     let spool = Spool {
         parts: VecDeque::new(),
         in_memory: 0,
         spill: None,
+        no_file: false,
         spill_end: 0,
         spill_waiting: 0,
         draining: false,
@@ -173,7 +190,7 @@ pub fn answer_channel(budget: Rc<SpillBudget>, cap: u64) -> (AnswerSender, Answe
         reader_gone: false,
         writer_gone: false,
     };
-    let shared = Rc::new(Shared { spool: RefCell::new(spool), budget, cap });
+    let shared = Rc::new(Shared { spool: RefCell::new(spool), budget, cap, descriptors });
     (AnswerSender(shared.clone()), AnswerReceiver(shared))
 }
 
@@ -189,7 +206,10 @@ impl AnswerSender {
         }
         let part = match part {
             ResponsePart::Body { data, end }
-                if shared.cap > 0 && !data.is_empty() && spool.in_memory + data.len() > MEMORY_PER_ANSWER =>
+                if shared.may_spill(&spool)
+                    && !data.is_empty()
+                    && spool.in_memory + data.len() > MEMORY_PER_ANSWER
+                    && spool.has_file(&shared.descriptors) =>
             {
                 spool.spill(&data, end, &shared.budget)?;
                 if spool.spill_waiting >= shared.cap {
@@ -301,7 +321,7 @@ impl AnswerReceiver {
         if spool.spill_waiting == 0 {
             spool.draining = false;
             spool.spill_end = 0;
-            if let Some(file) = &spool.spill {
+            if let Some((file, _)) = &spool.spill {
                 // Only the file's length changes; a failure leaves it longer, not wrong.
                 let _ = file.set_len(0);
             }
@@ -324,17 +344,26 @@ impl Drop for AnswerReceiver {
 }
 
 impl Spool {
+    /// Whether the answer has its spill file, making it (with its place under
+    /// --max-connections) if it can; if no place is free, it never will.
+    fn has_file(&mut self, descriptors: &Arc<Semaphore>) -> bool {
+        if self.spill.is_none() {
+            match descriptors.clone().try_acquire_owned() {
+                Ok(place) => match tempfile::tempfile() {
+                    Ok(file) => self.spill = Some((Rc::new(file), place)),
+                    // Kept in memory instead; the relay waits for the client past the share.
+                    Err(_) => self.no_file = true,
+                },
+                Err(_) => self.no_file = true,
+            }
+        }
+        self.spill.is_some()
+    }
+
     /// Appends `data` to the spill file and queues it, joined to the part before when that
     /// part is the file's bytes just before these.
     fn spill(&mut self, data: &[u8], end: bool, budget: &SpillBudget) -> io::Result<()> {
-        let file = match &self.spill {
-            Some(file) => file.clone(),
-            None => {
-                let file = Rc::new(tempfile::tempfile()?);
-                self.spill = Some(file.clone());
-                file
-            }
-        };
+        let file = self.spill.as_ref().expect("has_file made it").0.clone();
         let offset = self.spill_end;
         file.write_all_at(data, offset)?;
         let count = data.len() as u64;
@@ -356,6 +385,10 @@ impl Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn places() -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(100))
+    }
 
     fn body(byte: u8, len: usize, end: bool) -> ResponsePart {
         ResponsePart::Body { data: Bytes::from(vec![byte; len]), end }
@@ -382,7 +415,7 @@ mod tests {
     fn past_the_memory_share_bytes_spill_in_order_and_are_sent_from_the_file() {
         run(async {
             let budget = Rc::new(SpillBudget::new(u64::MAX));
-            let (tx, rx) = answer_channel(budget.clone(), u64::MAX);
+            let (tx, rx) = answer_channel(budget.clone(), u64::MAX, places());
             let mut expected = Vec::new();
             for i in 0..10u8 {
                 tx.send(body(i, 64 * 1024, i == 9)).unwrap();
@@ -411,7 +444,7 @@ mod tests {
     fn the_answer_cap_holds_the_relay_until_the_file_is_drained() {
         run(async {
             let budget = Rc::new(SpillBudget::new(u64::MAX));
-            let (tx, rx) = answer_channel(budget, 128 * 1024);
+            let (tx, rx) = answer_channel(budget, 128 * 1024, places());
             for _ in 0..4 {
                 tx.send(body(1, 64 * 1024, false)).unwrap();
             }
@@ -427,7 +460,7 @@ mod tests {
             assert_eq!(tx.held(), Some(Held::AnswerCap));
             rx.spilled_sent(count);
             assert_eq!(tx.room().await, None);
-            assert_eq!(tx.0.spool.borrow().spill.as_ref().unwrap().metadata().unwrap().len(), 0);
+            assert_eq!(tx.0.spool.borrow().spill.as_ref().unwrap().0.metadata().unwrap().len(), 0);
         });
     }
 
@@ -435,12 +468,12 @@ mod tests {
     fn the_total_cap_holds_only_answers_that_spill() {
         run(async {
             let budget = Rc::new(SpillBudget::new(64 * 1024));
-            let (spilling, _rx) = answer_channel(budget.clone(), u64::MAX);
+            let (spilling, _rx) = answer_channel(budget.clone(), u64::MAX, places());
             for _ in 0..5 {
                 spilling.send(body(1, 64 * 1024, false)).unwrap();
             }
             assert_eq!(spilling.held(), Some(Held::TotalCap));
-            let (small, _rx2) = answer_channel(budget, u64::MAX);
+            let (small, _rx2) = answer_channel(budget, u64::MAX, places());
             small.send(body(1, 1024, false)).unwrap();
             assert_eq!(small.held(), None);
         });
@@ -450,7 +483,7 @@ mod tests {
     fn a_gone_client_releases_the_budget_and_wakes_the_relay() {
         run(async {
             let budget = Rc::new(SpillBudget::new(u64::MAX));
-            let (tx, rx) = answer_channel(budget.clone(), 64 * 1024);
+            let (tx, rx) = answer_channel(budget.clone(), 64 * 1024, places());
             for _ in 0..6 {
                 tx.send(body(1, 64 * 1024, false)).unwrap();
             }
@@ -465,10 +498,34 @@ mod tests {
     }
 
     #[test]
+    fn a_spill_file_takes_a_place_and_without_one_the_memory_share_holds_the_relay() {
+        run(async {
+            let places = Arc::new(Semaphore::new(1));
+            let budget = Rc::new(SpillBudget::new(u64::MAX));
+            let (first, _first_rx) = answer_channel(budget.clone(), u64::MAX, places.clone());
+            for _ in 0..5 {
+                first.send(body(1, 64 * 1024, false)).unwrap();
+            }
+            assert_eq!(places.available_permits(), 0);
+            let (second, second_rx) = answer_channel(budget, u64::MAX, places.clone());
+            for _ in 0..5 {
+                second.send(body(1, 64 * 1024, false)).unwrap();
+            }
+            assert_eq!(second.held(), Some(Held::AnswerCap));
+            second_rx.recv().await.unwrap();
+            second_rx.recv().await.unwrap();
+            assert_eq!(second.room().await, None);
+            drop(first);
+            drop(_first_rx);
+            assert_eq!(places.available_permits(), 1);
+        });
+    }
+
+    #[test]
     fn without_a_file_the_memory_share_holds_the_relay() {
         run(async {
             let budget = Rc::new(SpillBudget::new(u64::MAX));
-            let (tx, rx) = answer_channel(budget, 0);
+            let (tx, rx) = answer_channel(budget, 0, places());
             for _ in 0..4 {
                 tx.send(body(1, 64 * 1024, false)).unwrap();
             }
