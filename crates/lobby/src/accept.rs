@@ -1,0 +1,284 @@
+//! Accepting connections: one accept(2) per connection from each listener, under
+//! `--max-connections`, and the connections still in the listen queue when a shutdown begins.
+
+use std::cell::Cell;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use socket2::{SockAddr, Socket};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+use crate::connection::{self, Peer, Site};
+use crate::listen::{Acceptor, Listener};
+use crate::log::{debug, error_limited, info, info_limited, warning};
+use crate::{offer, Lobby};
+
+/// Descriptors kept back from `--max-connections`' default for listeners, workers, logs and
+/// spilled bodies.
+const RESERVED_FDS: u64 = 64;
+/// Descriptors the lobby holds for each worker: its channel, both ends of each offer socket,
+/// and a file it may be passing.
+const FDS_PER_WORKER: u64 = 2 + 2 * offer::SOCKETS as u64;
+/// Pauses after accept(2) fails for want of descriptors or memory: the first, doubled after
+/// each failure in a row up to the last.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// An episode at `--max-connections` ends once the lobby has not been at the cap for this long.
+const CAP_QUIET: Duration = Duration::from_secs(1);
+
+/// Logs a listen address with the backlog the kernel granted (S2).
+pub(crate) fn announce(listener: &Listener) {
+    info!("listening at {} (backlog {})", listener.display, listener.backlog_granted);
+    if listener.backlog_granted < listener.backlog_requested {
+        warning!(
+            "--backlog {} is capped by net.core.somaxconn to {}; raise it with `sysctl -w net.core.somaxconn={}`",
+            listener.backlog_requested,
+            listener.backlog_granted,
+            listener.backlog_requested
+        );
+    }
+}
+
+/// The descriptor limit, and how many connections it leaves room for.
+pub(crate) struct Descriptors {
+    /// The soft RLIMIT_NOFILE, after raising it.
+    pub(crate) limit: u64,
+    /// Kept for listeners, workers, logs and files.
+    pub(crate) reserved: u64,
+    pub(crate) room: usize,
+}
+
+impl Descriptors {
+    /// Raises the soft descriptor limit as far as `wanted` connections need (all the way to
+    /// the hard limit when none is asked for), and leaves room for everything else.
+    pub(crate) fn raise(workers: usize, wanted: Option<usize>) -> Descriptors {
+        let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit and setrlimit read or write one rlimit.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                // An unlimited hard limit still stops at the kernel's fs.nr_open.
+                let ceiling = limit.rlim_max.min(nr_open());
+                let target = wanted.map_or(ceiling, |n| (n as u64).saturating_add(reserved).min(ceiling));
+                if limit.rlim_cur < target {
+                    let raised = libc::rlimit { rlim_cur: target, rlim_max: limit.rlim_max };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                        limit = raised;
+                    }
+                }
+            }
+        }
+        let room = limit.rlim_cur.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize;
+        Descriptors { limit: limit.rlim_cur, reserved, room }
+    }
+}
+
+/// The soft descriptor limit as it is now.
+fn fd_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    limit.rlim_cur
+}
+
+/// The most descriptors a process may have (`fs.nr_open`), or no bound if the kernel does not say.
+fn nr_open() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|text| text.trim().parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// The episodes at `--max-connections`, when the lobby stops accepting and the kernel's listen
+/// queue holds new connections: one warning as one begins, one line as it ends.
+pub(crate) struct CapWatch {
+    cap: usize,
+    /// The descriptor limit, and whether it is what holds the cap down.
+    fd_limit: u64,
+    /// What the descriptor limit would allow.
+    room: usize,
+    fd_bound: bool,
+    shutdown: watch::Receiver<bool>,
+    /// When the current episode began.
+    since: Cell<Option<Instant>>,
+    /// When an accept loop was last at the cap.
+    last_full: Cell<Instant>,
+    /// Accept loops waiting for a connection to close.
+    waiting: Cell<usize>,
+}
+
+impl CapWatch {
+    pub(crate) fn new(cap: usize, descriptors: &Descriptors, shutdown: watch::Receiver<bool>) -> CapWatch {
+        CapWatch {
+            cap,
+            fd_limit: descriptors.limit,
+            room: descriptors.room,
+            fd_bound: cap >= descriptors.room,
+            shutdown,
+            since: Cell::new(None),
+            last_full: Cell::new(Instant::now()),
+            waiting: Cell::new(0),
+        }
+    }
+
+    /// Waits for a place under the cap; None once the semaphore is closed.
+    async fn place(self: &Rc<Self>, connections: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        match connections.clone().try_acquire_owned() {
+            Ok(permit) => return Some(permit),
+            Err(TryAcquireError::Closed) => return None,
+            Err(TryAcquireError::NoPermits) => {}
+        }
+        let now = Instant::now();
+        self.last_full.set(now);
+        if self.since.get().is_none() {
+            self.since.set(Some(now));
+            let advice = if self.fd_bound {
+                format!("The descriptor limit (ulimit -n {}) allows no more: raise it to accept more", self.fd_limit)
+            } else {
+                format!(
+                    "The descriptor limit (ulimit -n {}) would allow {}: raise --max-connections to accept more",
+                    self.fd_limit, self.room
+                )
+            };
+            warning!(
+                "at --max-connections ({} connections open): not accepting until one closes; the kernel holds new \
+                 connections in the --backlog until then. {advice}",
+                self.cap
+            );
+            tokio::task::spawn_local(self.clone().watch());
+        }
+        self.waiting.set(self.waiting.get() + 1);
+        let permit = connections.clone().acquire_owned().await;
+        self.waiting.set(self.waiting.get() - 1);
+        self.last_full.set(Instant::now());
+        permit.ok()
+    }
+
+    /// Ends the episode once the cap has not been reached for `CAP_QUIET`.
+    async fn watch(self: Rc<Self>) {
+        loop {
+            let quiet_at = self.last_full.get() + CAP_QUIET;
+            if *self.shutdown.borrow() {
+                self.since.set(None);
+                return;
+            }
+            if self.waiting.get() == 0 && Instant::now() >= quiet_at {
+                let lasted = self.last_full.get() - self.since.take().unwrap_or(self.last_full.get());
+                info!(
+                    "accepting again: below --max-connections ({}) after {:.1} s at it",
+                    self.cap,
+                    lasted.as_secs_f64()
+                );
+                return;
+            }
+            let wake = if self.waiting.get() > 0 { Instant::now() + CAP_QUIET } else { quiet_at };
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+pub(crate) async fn accept_loop(
+    lobby: Rc<Lobby>,
+    listener: Acceptor,
+    site: Rc<Site>,
+    connections: Arc<Semaphore>,
+    cap: Rc<CapWatch>,
+) {
+    // accept(2) failures in a row, since when, and the pause after the last one.
+    let mut failures = 0u64;
+    let mut failing_since = Instant::now();
+    let mut pause = Duration::ZERO;
+    loop {
+        // At the cap the lobby stops accepting; the kernel's queue holds the rest.
+        let Some(permit) = cap.place(&connections).await else { return };
+        match listener.accept().await {
+            Ok((socket, peer)) => {
+                if failures > 0 {
+                    info_limited!(
+                        "accepting on {} again after {failures} failed accepts in {:.1} s",
+                        listener.display(),
+                        failing_since.elapsed().as_secs_f64()
+                    );
+                    failures = 0;
+                    pause = Duration::ZERO;
+                }
+                start_connection(&lobby, &site, permit, socket, &peer)
+            }
+            // The connection was reset or its network went away before it was taken: the
+            // next one may be fine (accept(2), "Error handling").
+            Err(e) if is_connection_error(&e) => debug!("accept on {}: {e}", listener.display()),
+            Err(e) => {
+                // Out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays
+                // queued. Try again after a pause, doubled each time, rather than spin.
+                if failures == 0 {
+                    failing_since = Instant::now();
+                }
+                failures += 1;
+                pause = (pause * 2).clamp(ACCEPT_BACKOFF, MAX_ACCEPT_BACKOFF);
+                drop(permit);
+                let open = cap.cap - connections.available_permits();
+                error_limited!(
+                    "accept on {} failed: {e}; {open} connections open, descriptor limit {} (ulimit -n); retrying in \
+                     {} ms ({failures} in a row)",
+                    listener.display(),
+                    fd_limit(),
+                    pause.as_millis()
+                );
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// accept(2) errors that concern only the connection being taken, not the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+        )
+    )
+}
+
+/// Takes the connections that finished their handshake but were not accepted yet, so that
+/// a shutdown resets none of them: the kernel would reset them when the socket closes.
+pub(crate) fn accept_backlog(
+    lobby: &Rc<Lobby>,
+    listener: &Listener,
+    site: &Rc<Site>,
+    connections: &Arc<Semaphore>,
+) -> usize {
+    let mut taken = 0;
+    while let Ok(permit) = connections.clone().try_acquire_owned() {
+        let Ok((socket, peer)) = listener.socket.accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) else { break };
+        start_connection(lobby, site, permit, socket, &peer);
+        taken += 1;
+    }
+    taken
+}
+
+/// Gives an accepted, non-blocking socket its connection task.
+fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
+    let fd = OwnedFd::from(socket);
+    let started = match peer.as_socket() {
+        // TCP_NODELAY comes from the listener (listen::bind).
+        Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
+            connection::start(lobby, stream, Peer(Some(addr)), site.clone(), permit, 0);
+        }),
+        None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
+            connection::start(lobby, stream, Peer(None), site.clone(), permit, 0);
+        }),
+    };
+    if let Err(e) = started {
+        error_limited!("cannot take an accepted connection: {e}");
+    }
+}
