@@ -202,8 +202,9 @@ struct Connection<S> {
     permit: OwnedSemaphorePermit,
     buf: BytesMut,
     decoder: RequestDecoder,
-    /// Requests answered so far: a shutdown closes idle connections that have had one, but
-    /// lets a new connection send its first request.
+    /// Requests answered so far: a shutdown closes idle connections that have had one (once
+    /// they have been idle for `HIBERNATE_AFTER`), but lets a new connection send its first
+    /// request.
     answered: u64,
 }
 
@@ -213,7 +214,7 @@ enum Wait {
     Request,
     /// Idle for `HIBERNATE_AFTER`: the connection leaves its task until the client speaks.
     Hibernate { deadline: tokio::time::Instant },
-    /// The client closed, the patience ran out, or a shutdown began.
+    /// The client closed, the patience ran out, or it idled `HIBERNATE_AFTER` during a shutdown.
     Close,
 }
 
@@ -268,24 +269,29 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Waits, holding no buffer, until the client sends something, and reads it; or until
-    /// the connection should close: the client closed it, it idled past `--keep-alive`
-    /// (`--header-timeout` for a first request), or a shutdown began after it was answered;
-    /// or until it has idled long enough to hibernate.
+    /// the connection should close: the client closed it, or it idled past `--keep-alive`
+    /// (`--header-timeout` for a first request); or until it has idled long enough to
+    /// hibernate.
+    ///
+    /// During a shutdown a connection that has been answered does not hibernate: it closes
+    /// once it has idled for `HIBERNATE_AFTER`. Its last answer may have said keep-alive just
+    /// before the shutdown began, and a client in a hurry sends its next request at once:
+    /// that request is answered, with `Connection: close`, instead of meeting a connection
+    /// closed under it (docs/SIGNALS.md).
     async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
         self.buf = BytesMut::new();
         let patience = if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
         let now = tokio::time::Instant::now();
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
-        let mut shutdown = self.lobby.shutdown.clone();
         loop {
             if !std::mem::take(&mut read_first) {
                 tokio::select! {
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        return if hibernate_at < deadline { Wait::Hibernate { deadline } } else { Wait::Close };
+                        let closing = self.answered > 0 && *self.lobby.shutdown.borrow();
+                        return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
-                    _ = shutdown.wait_for(|stopping| *stopping), if self.answered > 0 => return Wait::Close,
                 }
             }
             // Nothing may be there yet (or readiness was stale, left from the last request):
@@ -476,7 +482,10 @@ impl<S: ClientStream> Connection<S> {
             if last {
                 self.answered += 1;
                 self.log_access(head, &answer);
-                return Ok(keep_open && !*self.lobby.shutdown.borrow());
+                // An answer that said keep-alive keeps the connection open, even if a shutdown
+                // began while it was written: the client may send its next request at once, and
+                // that one is answered with `Connection: close` (wait_for_request).
+                return Ok(keep_open);
             }
         }
     }

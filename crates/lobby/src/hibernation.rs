@@ -8,7 +8,9 @@
 //!
 //! The sleepers are watched by one epoll instance of their own, level-triggered, whose
 //! descriptor is registered with tokio like any socket. The watcher's tick also closes
-//! sleepers whose `--keep-alive` (or, before a first request, `--header-timeout`) has passed.
+//! sleepers whose `--keep-alive` (or, before a first request, `--header-timeout`) has passed,
+//! and, once a shutdown has begun, those that have been answered: after waking the ones whose
+//! client has spoken, so that a request sent before the shutdown is answered.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -175,7 +177,20 @@ pub async fn watch(lobby: Rc<Lobby>) {
                 }
             }
             _ = ticks.tick() => {
-                let closed = hibernation.close_expired(Instant::now(), *shutdown.borrow());
+                let shutting_down = *shutdown.borrow();
+                if shutting_down {
+                    // A request that has arrived is answered (with `Connection: close`), not
+                    // lost with its connection.
+                    while let Ok(n) = hibernation.take_woken(&mut woken) {
+                        for sleeper in woken.drain(..) {
+                            connection::resume(&lobby, sleeper);
+                        }
+                        if n < EVENTS_PER_WAIT {
+                            break;
+                        }
+                    }
+                }
+                let closed = hibernation.close_expired(Instant::now(), shutting_down);
                 if closed > 0 {
                     debug!("closed {closed} idle connections");
                 }
