@@ -120,6 +120,7 @@ def _serve(settings: Mapping[str, object]) -> int:
     if zygote_pid == 0:
         lobby_end.close()
         _close_inherited_listeners(settings)
+        config.without_service_manager(os.environ)
         _run_zygote(zygote_end, settings)
     zygote_end.close()
     try:

@@ -19,7 +19,7 @@ import os
 import re
 import stat
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -244,7 +244,8 @@ SETTINGS: tuple[Setting, ...] = (
         _bind_address,
         ("127.0.0.1:8000",),
         "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
-        "listening socket). Repeat the flag to listen on several.",
+        "listening socket). Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
+        "docs/SYSTEMD.md) the sockets passed are served instead.",
         repeatable=True,
     ),
     Setting(
@@ -724,6 +725,12 @@ def resolve(argv: Sequence[str]) -> dict[str, object]:
         else:
             value = setting.default
         settings[setting.name] = list(value) if setting.repeatable else value
+    try:
+        activated = activated_sockets(os.environ)
+    except ValueError as error:
+        raise UsageError(f"socket activation: {error}") from None
+    if activated:
+        settings["bind"] = activated
     duplicates = sorted({b for b in settings["bind"] if settings["bind"].count(b) > 1})
     if duplicates:
         raise UsageError(f"address given twice: {', '.join(duplicates)}")
@@ -742,6 +749,63 @@ def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[st
             hint = f" (did you mean {close[0]}?)" if close else ""
             return f"unknown option {option!r}{hint}"
     return f"unexpected argument {extra[0]!r}: give one application, MODULE[:CALLABLE]"
+
+
+# ---------------------------------------------------------------------------------------------
+# A service manager's environment (docs/SYSTEMD.md).
+
+# The first descriptor socket activation passes (SD_LISTEN_FDS_START in sd_listen_fds(3)).
+LISTEN_FDS_START = 3
+
+# What systemd tells the process it starts: the sockets passed by socket activation, the notify
+# socket and the watchdog. They are the lobby's; the zygote, and so the workers and the
+# application, must not see them (see without_service_manager).
+SERVICE_MANAGER_VARIABLES = (
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+)
+
+
+def activated_sockets(environ: Mapping[str, str]) -> list[str]:
+    """The sockets a service manager passed to this process by socket activation, as
+    ``fd://N`` binds: LISTEN_FDS descriptors from fd 3 on, when LISTEN_PID is this process (as
+    sd_listen_fds(3) reads them). Empty when there are none for this process. They replace
+    every --bind, as gunicorn's do. Raises ValueError when the variables are malformed or a
+    descriptor is not an open socket; the lobby checks that each listens for streams."""
+    pid_text, count_text = environ.get("LISTEN_PID"), environ.get("LISTEN_FDS")
+    if pid_text is None or count_text is None:
+        return []
+    if not re.fullmatch(r"[0-9]+", pid_text):
+        raise ValueError(f"LISTEN_PID: expected a process id, got {pid_text!r}")
+    if int(pid_text) != os.getpid():
+        return []  # meant for another process (one that started maitred without exec)
+    if not re.fullmatch(r"[0-9]+", count_text):
+        raise ValueError(f"LISTEN_FDS: expected a number of descriptors, got {count_text!r}")
+    count = int(count_text)
+    names = environ.get("LISTEN_FDNAMES")
+    if count and names is not None and len(names.split(":")) != count:
+        raise ValueError(f"LISTEN_FDNAMES names {len(names.split(':'))} sockets, LISTEN_FDS passes {count}")
+    binds = []
+    for fd in range(LISTEN_FDS_START, LISTEN_FDS_START + count):
+        try:
+            binds.append(_bind_address(f"fd://{fd}"))
+        except ValueError as error:
+            raise ValueError(f"LISTEN_FDS={count}: {error}") from None
+    return binds
+
+
+def without_service_manager(environ: MutableMapping[str, str]) -> None:
+    """Removes the service manager's variables from `environ`, as sd_listen_fds(3) and
+    sd_notify(3) do when told to unset them. The CLI calls it in the zygote, right after the
+    fork: the lobby keeps them (it notifies, and names the sockets it serves), while the
+    application, in the zygote or a worker, neither sees sockets that are the lobby's nor
+    speaks to the service manager in the lobby's name."""
+    for name in SERVICE_MANAGER_VARIABLES:
+        environ.pop(name, None)
 
 
 def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:

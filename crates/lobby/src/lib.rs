@@ -13,6 +13,7 @@ mod heads;
 mod hibernation;
 mod listen;
 mod log;
+mod notify;
 mod offer;
 mod seating;
 mod spool;
@@ -137,6 +138,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
+    notify::watch(&lobby);
     let mut supervisor = Supervisor { lobby: lobby.clone(), events_tx, workers: HashMap::new(), boot_failures: 0 };
 
     if let Err(e) = supervisor.boot(&mut events).await {
@@ -170,6 +172,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         lobby.config.workers,
         supervisor.pids()
     );
+    notify::ready();
 
     let mut exit_code = 0;
     let graceful = supervisor.run(&mut events).await;
@@ -182,6 +185,7 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         }
     };
 
+    notify::stopping();
     let _ = shutdown_tx.send(true);
     for task in &accepting {
         task.abort();

@@ -69,18 +69,28 @@ pub fn bind(address: &BindAddress, backlog: Option<u32>) -> Result<Listener, Str
             (socket, format!("unix:{name}"), name, 0, Some(path.clone()))
         }
         BindAddress::Fd(fd) => {
-            // SAFETY: the operator handed us this descriptor to own (fd://N).
+            // SAFETY: the operator, or the service manager (socket activation), handed us this
+            // descriptor to own (fd://N).
             let socket = unsafe { Socket::from_raw_fd(*fd) };
-            let local = socket.local_addr().map_err(|e| describe(e, "use"))?;
-            match socket.r#type() {
-                Ok(Type::STREAM) => {}
-                _ => return Err(format!("cannot use {}: not a stream socket", describe_bind(address))),
-            }
+            let activation = activation_name(*fd);
+            let origin = match &activation {
+                None => format!("fd {fd}"),
+                Some(name) if name.is_empty() => format!("fd {fd}, socket activation"),
+                Some(name) => format!("fd {fd}, socket activation: {name}"),
+            };
+            let local = inherited_listener(&socket).map_err(|why| {
+                let advice = if activation.is_some() { SOCKET_UNIT_ADVICE } else { "" };
+                format!("cannot use {} ({origin}): {why}{advice}", describe_bind(address))
+            })?;
             let (display, name, port) = match local.as_socket() {
-                Some(addr) => (format!("http://{addr} (fd {fd})"), addr.ip().to_string(), addr.port()),
+                Some(addr) => (format!("http://{addr} ({origin})"), addr.ip().to_string(), addr.port()),
                 None => {
-                    let path = local.as_pathname().map(|p| p.display().to_string()).unwrap_or_default();
-                    (format!("unix:{path} (fd {fd})"), path, 0)
+                    let path = match (local.as_pathname(), local.as_abstract_namespace()) {
+                        (Some(path), _) => path.display().to_string(),
+                        (None, Some(name)) => format!("@{}", String::from_utf8_lossy(name)),
+                        (None, None) => String::new(),
+                    };
+                    (format!("unix:{path} ({origin})"), path, 0)
                 }
             };
             (socket, display, name, port, None)
@@ -105,6 +115,51 @@ pub fn bind(address: &BindAddress, backlog: Option<u32>) -> Result<Listener, Str
         unix_path,
     })
 }
+
+/// What a socket unit needs for maitred, said after an inherited socket is refused.
+const SOCKET_UNIT_ADVICE: &str =
+    " (maitred needs ListenStream= sockets, TCP or Unix, with Accept=no in the .socket unit; docs/SYSTEMD.md)";
+
+/// An inherited socket's address, once it is known to be a listening TCP or Unix stream
+/// socket; otherwise what it is instead.
+fn inherited_listener(socket: &Socket) -> Result<SockAddr, String> {
+    let local = socket.local_addr().map_err(|e| e.to_string())?;
+    let domain = socket.domain().map_err(|e| e.to_string())?;
+    if ![Domain::IPV4, Domain::IPV6, Domain::UNIX].contains(&domain) {
+        return Err(format!("a socket of address family {}, neither TCP nor Unix", local.family()));
+    }
+    match socket.r#type() {
+        Ok(Type::STREAM) => {}
+        Ok(Type::DGRAM) => return Err("a datagram socket, not a stream socket".into()),
+        Ok(Type::SEQPACKET) => return Err("a seqpacket socket, not a stream socket".into()),
+        Ok(_) => return Err("not a stream socket".into()),
+        Err(e) => return Err(e.to_string()),
+    }
+    if !socket.is_listener().map_err(|e| e.to_string())? {
+        if socket.peer_addr().is_ok() {
+            return Err("a connected socket, not a listening one".into());
+        }
+        return Err("a socket that is not listening".into());
+    }
+    Ok(local)
+}
+
+/// The name a service manager gave `fd` (LISTEN_FDNAMES, empty when it gave none), when `fd` is
+/// one of the sockets it passed to this process by socket activation (LISTEN_FDS from fd 3, for
+/// the process LISTEN_PID); None otherwise. The CLI (python/maitred/config.py) turned those
+/// sockets into `fd://N` binds; this only says where they came from, in the log.
+fn activation_name(fd: i32) -> Option<String> {
+    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+    let count: i32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    if pid != std::process::id() || !(LISTEN_FDS_START..LISTEN_FDS_START.saturating_add(count)).contains(&fd) {
+        return None;
+    }
+    let names = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
+    Some(names.split(':').nth((fd - LISTEN_FDS_START) as usize).unwrap_or_default().to_string())
+}
+
+/// The first descriptor socket activation passes (SD_LISTEN_FDS_START).
+const LISTEN_FDS_START: i32 = 3;
 
 fn describe_bind(address: &BindAddress) -> String {
     match address {
@@ -264,6 +319,7 @@ fn queue_depth(socket: &Socket) -> io::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::IntoRawFd;
 
     #[test]
     fn grants_at_most_somaxconn() {
@@ -291,6 +347,55 @@ mod tests {
         let port = first.server_port;
         let err = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port }, Some(16)).unwrap_err();
         assert!(err.starts_with(&format!("cannot bind 127.0.0.1:{port}:")), "{err}");
+    }
+
+    /// Binds `fd://N` for a duplicate of `socket`.
+    fn bind_inherited(socket: &Socket) -> Result<Listener, String> {
+        let fd = socket.try_clone().unwrap().into_raw_fd();
+        bind(&BindAddress::Fd(fd), Some(16))
+    }
+
+    #[test]
+    fn serves_an_inherited_listening_socket_tcp_or_unix() {
+        let tcp = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        tcp.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+        tcp.listen(4).unwrap();
+        let listener = bind_inherited(&tcp).unwrap();
+        let port = tcp.local_addr().unwrap().as_socket().unwrap().port();
+        assert_eq!(listener.server_port, port);
+        assert!(listener.display.starts_with(&format!("http://127.0.0.1:{port} (fd ")), "{}", listener.display);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let unix = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        unix.bind(&SockAddr::unix(&path).unwrap()).unwrap();
+        unix.listen(4).unwrap();
+        let listener = bind_inherited(&unix).unwrap();
+        assert!(listener.display.starts_with(&format!("unix:{} (fd ", path.display())), "{}", listener.display);
+        // The socket file belongs to whoever made it: maitred leaves it at shutdown.
+        assert_eq!(listener.unix_path, None);
+    }
+
+    #[test]
+    fn refuses_inherited_sockets_that_do_not_listen_for_streams() {
+        let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+        udp.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+        let err = bind_inherited(&udp).unwrap_err();
+        assert!(err.contains("a datagram socket, not a stream socket"), "{err}");
+
+        let bound = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        bound.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+        let err = bind_inherited(&bound).unwrap_err();
+        assert!(err.contains("a socket that is not listening"), "{err}");
+
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
+        let err = bind_inherited(&Socket::from(client)).unwrap_err();
+        assert!(err.contains("a connected socket, not a listening one"), "{err}");
+
+        let (seqpacket, _other) = Socket::pair(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+        let err = bind_inherited(&seqpacket).unwrap_err();
+        assert!(err.contains("a seqpacket socket"), "{err}");
     }
 
     #[test]

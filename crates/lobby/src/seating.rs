@@ -183,6 +183,22 @@ impl Seating {
         self.queue.borrow().len()
     }
 
+    /// Workers serving (each registers its offer sockets while it does), for the status line.
+    pub fn workers(&self) -> usize {
+        self.offers.borrow().len()
+    }
+
+    /// Requests waiting for a worker, those offered to a busy one and not taken yet included,
+    /// for the status line.
+    pub fn waiting(&self) -> usize {
+        self.queued() + self.offers.borrow().iter().map(|offers| offers.len()).sum::<usize>()
+    }
+
+    /// Workers waiting for a request, for the status line.
+    pub fn idle(&self) -> usize {
+        self.idle.borrow().iter().filter(|seat| !seat.is_closed()).count()
+    }
+
     /// Drops every waiting job; their connections see their response channel close.
     pub fn clear(&self) {
         self.queue.borrow_mut().clear();
@@ -266,6 +282,25 @@ pub(crate) mod tests {
         let offers = Rc::new(Offers::new().unwrap());
         seating.add_offers(offers.clone());
         offers
+    }
+
+    #[test]
+    fn counts_workers_idle_seats_and_waiting_requests_offers_included() {
+        let seating = Seating::default();
+        let busy = offers_of(&seating);
+        let _idle = offers_of(&seating);
+        let Next::Later(seat) = seating.next() else { panic!("queue should be empty") };
+        let Next::Later(gone) = seating.next() else { panic!("queue should be empty") };
+        drop(gone);
+        assert_eq!((seating.workers(), seating.idle(), seating.waiting()), (2, 1, 0));
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        let (c, _rc) = job("c");
+        seating.submit(a);
+        assert!(busy.make(b).is_ok());
+        seating.submit(c);
+        assert_eq!((seating.idle(), seating.queued(), seating.waiting()), (0, 1, 2));
+        drop(seat);
     }
 
     #[test]
