@@ -242,10 +242,12 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "max_requests": 0,
         "max_requests_jitter": 0,
         "access_logfile": None,
+        "error_logfile": "-",
         "log_level": "info",
         "max_body": None,
         "queue_timeout": None,
         "max_connections": None,
+        "preload": False,
         "app": "hello:app",
     }
     for key in ("timeout", "graceful_timeout", "keep_alive", "header_timeout"):

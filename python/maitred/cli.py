@@ -39,6 +39,8 @@ def run(argv: Sequence[str]) -> int:
     except config.UsageError as error:
         _print_error(str(error))
         return EXIT_USAGE
+    # Made before --chdir applies: it reads the command line again for each reload.
+    reread = config.rereader(argv, settings)
     try:
         _prepare_process(settings)
     except _StartupFailure as error:
@@ -48,7 +50,7 @@ def run(argv: Sequence[str]) -> int:
     try:
         if isinstance(pid_file, str):
             _write_pid_file(pid_file)
-        return _serve(settings)
+        return _serve(settings, reread)
     except _StartupFailure as error:
         _print_error(str(error))
         return EXIT_STARTUP
@@ -85,6 +87,7 @@ def _prepare_process(settings: Mapping[str, object]) -> None:
             raise _StartupFailure(f"cannot open error log {error_log}: {error.strerror}")
         os.dup2(fd, 2)
         os.close(fd)
+        log.set_file(error_log)
     level = settings["log_level"]
     assert isinstance(level, str)
     log.configure(level)
@@ -109,7 +112,7 @@ def _remove_pid_file(path: str) -> None:
         pass  # already gone, or unreadable: nothing of ours left to remove
 
 
-def _serve(settings: Mapping[str, object]) -> int:
+def _serve(settings: Mapping[str, object], reread: config.Reread | None) -> int:
     lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -125,7 +128,7 @@ def _serve(settings: Mapping[str, object]) -> int:
     zygote_end.close()
     try:
         # The lobby takes ownership of the control channel's descriptor.
-        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid)
+        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, reread)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
 

@@ -322,7 +322,6 @@ SETTINGS: tuple[Setting, ...] = (
         False,
         "Import the application once, before forking the workers.",
         default_text="off",
-        for_lobby=False,
     ),
     Setting(
         "requests",
@@ -460,7 +459,6 @@ SETTINGS: tuple[Setting, ...] = (
         _log_destination,
         "-",
         "Where every process of maitred writes its log ('-': standard error).",
-        for_lobby=False,
     ),
     Setting(
         "logging",
@@ -571,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a WSGI application. The application is the callable CALLABLE "
         "(default: application) of the Python module MODULE, e.g. myproject.wsgi:application.",
         epilog="Signals: SIGTERM or SIGINT stops gracefully (requests in progress finish, up to "
-        "--graceful-timeout); SIGQUIT stops at once.",
+        "--graceful-timeout); SIGQUIT stops at once; SIGHUP reloads the application and the config file; "
+        "SIGUSR1 reopens the log files; SIGTTIN and SIGTTOU add and remove a worker.",
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=36),
@@ -813,6 +812,63 @@ def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:
     chosen = {s.name: settings[s.name] for s in SETTINGS if s.for_lobby}
     chosen["app"] = settings["app"]
     return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# The config file read again, for a reload (SIGHUP; docs/SIGNALS.md).
+
+# Settings a reload cannot change: they need new listeners, a new lobby or a new zygote (an
+# upgrade). When the config file read again changes one, the log names it and it keeps its value.
+KEPT_ON_RELOAD = (
+    "bind",
+    "backlog",
+    "max_connections",
+    "max_spill_total",
+    "max_head_memory",
+    "access_logfile",
+    "error_logfile",
+    "preload",
+    "chdir",
+    "env",
+    "pid",
+)
+
+Reread = Callable[[], tuple[dict[str, object], list[str]]]
+
+
+def rereader(argv: Sequence[str], settings: Mapping[str, object]) -> Reread | None:
+    """What the lobby calls to read the config file again for a reload: None when there is no
+    config file. Call it where `resolve` was called, before --chdir is applied: it reads the
+    command line again, relative to the directory maitred was started in."""
+    path = settings["config"]
+    if path is None:
+        return None
+    assert isinstance(path, str)  # made absolute by _existing_file
+    parsed, _ = build_parser().parse_known_args(list(argv))
+    command_line = vars(parsed)
+    command_line.pop("app", None)
+    started = dict(settings)
+    return lambda: reread(path, command_line, started)
+
+
+def reread(
+    path: str, command_line: Mapping[str, object], started: Mapping[str, object]
+) -> tuple[dict[str, object], list[str]]:
+    """Reads the config file at `path` again and returns the lobby's new settings (as
+    `lobby_settings` makes them) and the names of the settings in KEPT_ON_RELOAD that the file
+    changes, which keep their values from `started`. The command line still overrides the file.
+    Raises UsageError, with one line, when the file cannot be read or is wrong."""
+    from_file = read_config_file(path)
+    settings = dict(started)
+    for setting in SETTINGS:
+        if setting.name in command_line or not setting.file_settable:
+            continue
+        value = from_file.get(setting.name, setting.default)
+        settings[setting.name] = list(value) if setting.repeatable else value
+    kept = [name for name in KEPT_ON_RELOAD if settings[name] != started[name]]
+    for name in kept:
+        settings[name] = started[name]
+    return lobby_settings(settings), kept
 
 
 def markdown_table() -> str:

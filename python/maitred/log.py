@@ -39,11 +39,38 @@ _dropped = 0
 _cut = False
 """The last write stopped inside a line: the next one starts a new line first."""
 
+_file: str | None = None
+"""The error log's path when standard error is a file the CLI opened (--error-logfile), for
+`reopen`."""
+
 
 def configure(level: str) -> None:
     """Sets the lowest level that is written; `level` is one of LEVELS."""
     global _threshold
     _threshold = LEVELS.index(level)
+
+
+def set_file(path: str) -> None:
+    """Records that standard error is the file at `path` (absolute), for `reopen`."""
+    global _file
+    _file = path
+
+
+def reopen() -> None:
+    """SIGUSR1: opens the error log again at its path and makes it standard error, so that
+    after a rotation that renamed the file, lines go to a new file at the old path. Does
+    nothing when standard error is not a file maitred opened."""
+    global _send
+    if _file is None:
+        return
+    try:
+        fd = os.open(_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        log("error", f"cannot reopen the error log {_file}: {error.strerror}; writing on to the old file")
+        return
+    os.dup2(fd, 2)
+    os.close(fd)
+    _send = None
 
 
 def log(level: str, message: str) -> None:
@@ -61,8 +88,10 @@ def _format(level: str, message: str) -> str:
 
 def _write(line: str) -> None:
     global _dropped, _cut, _send
-    if _send is None:
-        _send = _open()
+    # Kept for the whole line: a signal handler may `reopen` in the middle of it.
+    send = _send
+    if send is None:
+        send = _send = _open()
     data = line.encode(errors="replace")
     if _dropped:
         count = _format("warning", f"{_dropped:,} log lines dropped while the log was not being read")
@@ -72,7 +101,7 @@ def _write(line: str) -> None:
     written = 0
     try:
         for piece in _pieces(data):
-            taken = _send(piece)
+            taken = send(piece)
             written += taken
             if taken < len(piece):
                 # Only a socket or an odd destination takes part of a piece; the rest is lost.

@@ -18,12 +18,42 @@ from collections.abc import Callable
 from typing import Any
 
 from maitred import __version__
+from maitred import log as error_log
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
 from maitred.log import log
 from maitred.wsgi import ErrorStream, FileWrapper
 
 Application = Callable[..., Any]
+
+# The signals the lobby acts on (docs/SIGNALS.md). A Ctrl-C, a `systemctl stop` or a `kill` of
+# the whole process group reaches every process of maitred; the zygote and the workers leave
+# them to the lobby, which decides when a request may be abandoned and retires a worker by
+# closing its channel. Ignored, not caught: SIGTTIN and SIGTTOU must let a process in the
+# background read and write its terminal (EIO and a write) instead of stopping it, and no
+# signal here may interrupt the application's system calls. Programs the application starts
+# inherit these as ignored, as they did SIGINT and SIGTERM.
+LOBBY_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGUSR2,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+)
+
+
+def leave_signals_to_the_lobby() -> None:
+    """Ignores LOBBY_SIGNALS; SIGUSR1 reopens this process's error log (the lobby forwards it
+    through the zygote). SIGWINCH keeps its default action, which is to ignore it."""
+    for number in LOBBY_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, _reopen_log)
+
+
+def _reopen_log(signum: int, frame: object) -> None:
+    error_log.reopen()
 
 
 def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
@@ -32,10 +62,7 @@ def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
     closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
     application did not load or the channel broke (an I/O error, a frame against the
     protocol)."""
-    # Ctrl-C and `systemctl stop` reach the whole process group; only the lobby decides when
-    # a request may be abandoned, and it retires a worker by closing its channel.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    leave_signals_to_the_lobby()
     channel = WorkerChannel(channel_fd, base_environ())
     try:
         application = load_app()

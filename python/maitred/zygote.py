@@ -4,6 +4,9 @@ The CLI forks it before the lobby starts any thread, so every worker is forked f
 single-threaded process. It speaks the control channel of docs/PROTOCOL.md section 1: one
 datagram per message over a SOCK_SEQPACKET socketpair. It runs nothing but this loop (and,
 with --preload, the application's import), so that it stays small and hard to break.
+
+It leaves the lobby's signals to the lobby (docs/SIGNALS.md); SIGUSR1, or the lobby's `reopen`,
+reopens its error log and is passed on to every worker.
 """
 
 from __future__ import annotations
@@ -48,8 +51,7 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     called once here, otherwise once in each worker.
     """
     # Ctrl-C and `systemctl stop` signal the whole process group; only the lobby decides.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker.leave_signals_to_the_lobby()
     worker_load_app = load_app
     if settings["preload"]:
         try:
@@ -94,11 +96,14 @@ class _Zygote:
         self._load_app = load_app
         self._grace = grace
         self._children: set[int] = set()
+        self._pid = os.getpid()
+        self._reopen_wanted = False
         # SIGCHLD wakes the selector through the wakeup fd; the Python-level handler has
         # nothing to do (reaping happens in the loop), but without one no byte is written.
         self._wakeup_read, self._wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self._wakeup_write, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.signal(signal.SIGUSR1, self._on_reopen_signal)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wakeup_read, selectors.EVENT_READ)
         self._selector.register(self._control, selectors.EVENT_READ)
@@ -112,6 +117,8 @@ class _Zygote:
                         self._receive()
                     else:
                         self._drain_wakeups()
+                if self._reopen_wanted:
+                    self._reopen_logs()
                 self._reap(report=True)
         except _LobbyGone:
             self._obey_last_kills()
@@ -135,8 +142,30 @@ class _Zygote:
                 self._spawn(int(slot))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
+            case ["reopen"]:
+                self._reopen_logs()
+            case ["level", name] if name in log.LEVELS:
+                log.configure(name)
             case _:
                 log.log("error", f"zygote: ignoring a malformed control message {message!r}")
+
+    def _on_reopen_signal(self, signum: int, frame: object) -> None:
+        """SIGUSR1 sent to the zygote itself (the lobby asks with `reopen`). The loop acts on
+        it, between two messages: a worker forked meanwhile is either signalled or inherits the
+        new file. In a worker forked a moment ago that has not set its own handler yet, this is
+        its handler, and it reopens its own log."""
+        if os.getpid() != self._pid:
+            log.reopen()
+        else:
+            self._reopen_wanted = True
+
+    def _reopen_logs(self) -> None:
+        """Reopens the zygote's error log, then has every worker reopen its own."""
+        self._reopen_wanted = False
+        log.reopen()
+        for pid in self._children:
+            # A child is only forgotten once reaped, so `pid` is still ours.
+            os.kill(pid, signal.SIGUSR1)
 
     def _obey_last_kills(self) -> None:
         """The lobby kills busy workers just before it leaves (SIGQUIT, --graceful-timeout);

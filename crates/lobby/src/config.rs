@@ -76,6 +76,11 @@ pub struct Config {
     pub max_requests_jitter: u64,
     /// None: no access log. `-`: standard output.
     pub access_logfile: Option<String>,
+    /// The file standard error was pointed at (`--error-logfile`), which SIGUSR1 reopens;
+    /// None when it is the standard error maitred was started with.
+    pub error_logfile: Option<String>,
+    /// The zygote imported the application (`--preload`): a reload would need a new zygote.
+    pub preload: bool,
     pub log_level: Level,
     pub max_body: Option<u64>,
     /// None: a request waits for a worker as long as it takes.

@@ -173,7 +173,7 @@ pub fn start<S: ClientStream>(
     permit: OwnedSemaphorePermit,
     answered: u64,
 ) {
-    let decoder = RequestDecoder::new(lobby.limits.clone());
+    let decoder = RequestDecoder::new(lobby.limits());
     let connection =
         Connection { lobby: lobby.clone(), stream, peer, site, permit, buf: BytesMut::new(), decoder, answered };
     tokio::task::spawn_local(connection.run());
@@ -280,7 +280,8 @@ impl<S: ClientStream> Connection<S> {
     /// closed under it (docs/SIGNALS.md).
     async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
         self.buf = BytesMut::new();
-        let patience = if self.answered == 0 { self.lobby.config.header_timeout } else { self.lobby.config.keep_alive };
+        let settings = self.lobby.settings();
+        let patience = if self.answered == 0 { settings.header_timeout } else { settings.keep_alive };
         let now = tokio::time::Instant::now();
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
@@ -347,8 +348,7 @@ impl<S: ClientStream> Connection<S> {
         let mut body = Body::for_length(expected, &descriptors)?;
         let started = Instant::now();
         let mut gap_started = started;
-        let lobby = self.lobby.clone();
-        let config = &lobby.config;
+        let config = self.lobby.settings();
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => body.push(&data, &descriptors)?,
@@ -403,7 +403,7 @@ impl<S: ClientStream> Connection<S> {
             let ticket = ticket.get_or_insert_with(|| self.lobby.heads.ticket());
             self.make_room();
             ticket.hold(self.buf.capacity());
-            let deadline = started + self.lobby.config.header_timeout;
+            let deadline = started + self.lobby.settings().header_timeout;
             tokio::select! {
                 read = self.read_more() => match read {
                     Ok(0) | Err(_) => return Err(Stop::Quietly),
@@ -440,7 +440,7 @@ impl<S: ClientStream> Connection<S> {
     async fn seat(&mut self, head: &RequestHead, body: Body) -> io::Result<bool> {
         let (respond, responses) = answer_channel(
             self.lobby.spill_budget.clone(),
-            self.lobby.config.max_spill,
+            self.lobby.settings().max_spill,
             self.permit.semaphore().clone(),
         );
         let summary: Rc<str> = format!(
@@ -468,7 +468,9 @@ impl<S: ClientStream> Connection<S> {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
             // --keep-alive 0 closes after each answer, and says so.
-            keep_alive: head.keep_alive && !self.lobby.config.keep_alive.is_zero() && !*self.lobby.shutdown.borrow(),
+            keep_alive: head.keep_alive
+                && !self.lobby.settings().keep_alive.is_zero()
+                && !*self.lobby.shutdown.borrow(),
         };
         let mut answer = Answer::new(&context);
         loop {
@@ -540,7 +542,7 @@ impl<S: ClientStream> Connection<S> {
         state: &Rc<Cell<JobState>>,
         enqueued_at: Instant,
     ) -> Option<ResponsePart> {
-        let Some(limit) = self.lobby.config.queue_timeout.filter(|_| state.get() == JobState::Queued) else {
+        let Some(limit) = self.lobby.settings().queue_timeout.filter(|_| state.get() == JobState::Queued) else {
             return responses.recv().await;
         };
         tokio::select! {
@@ -612,7 +614,7 @@ impl<S: ClientStream> Connection<S> {
                 let keep_alive = answer.context.keep_alive && overloaded && !*self.lobby.shutdown.borrow();
                 let retry_after = self
                     .lobby
-                    .config
+                    .settings()
                     .queue_timeout
                     .filter(|_| overloaded)
                     .map(|t| t.as_secs_f64().ceil().max(1.0) as u64);
@@ -696,7 +698,7 @@ impl<S: ClientStream> Connection<S> {
     /// writable: with megabytes queued, a socket turns writable only once half of them are
     /// gone, which a client reading a few KiB a second takes minutes to do.
     async fn write_when_ready(&self, mut write: impl FnMut() -> io::Result<u64>) -> io::Result<u64> {
-        let limit = self.lobby.config.send_timeout;
+        let limit = self.lobby.settings().send_timeout;
         let mut unsent = unsent_bytes(self.stream.as_raw_fd());
         loop {
             let attempt = async {

@@ -21,7 +21,7 @@ mod supervisor;
 mod worker;
 mod zygote;
 
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -33,6 +33,7 @@ use tokio::task::{JoinHandle, LocalSet};
 
 pub use config::{BindAddress, Config};
 pub use log::Level;
+pub use supervisor::{Reread, Rereader};
 
 use crate::accept::{accept_backlog, accept_loop, announce, CapWatch, Descriptors};
 use crate::connection::Site;
@@ -40,7 +41,7 @@ use crate::hibernation::Hibernation;
 use crate::listen::Acceptor;
 use crate::log::{error, info, warning};
 use crate::seating::Seating;
-use crate::supervisor::{close_control_and_reap, read_control, Supervisor};
+use crate::supervisor::{close_control_and_reap, read_control, BootEnd, Signals, Supervisor};
 use crate::zygote::Control;
 
 /// Why the server could not start: one line for the operator.
@@ -58,8 +59,12 @@ const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
 
 /// What the connection and worker tasks share.
 pub(crate) struct Lobby {
+    /// The settings as the lobby started. Those a reload (SIGHUP) may change are read from
+    /// `settings()`; these stay for what cannot change without a new lobby: the listeners,
+    /// --max-connections and the budgets, the logs' paths, the application and --preload.
     pub config: Config,
-    pub limits: Limits,
+    /// The settings now: `config`, or what the last SIGHUP read from the config file.
+    settings: RefCell<Rc<Config>>,
     pub seating: Seating,
     pub control: Control,
     /// Turns true once a shutdown has begun.
@@ -72,23 +77,58 @@ pub(crate) struct Lobby {
     pub heads: Rc<heads::HeadBudget>,
 }
 
-/// Runs the lobby until a shutdown completes. Returns the process exit code.
-pub fn run(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, StartupError> {
+impl Lobby {
+    /// The settings in force now (see `config`).
+    pub fn settings(&self) -> Rc<Config> {
+        self.settings.borrow().clone()
+    }
+
+    /// Takes the settings a reload read; connections and workers use them from their next
+    /// request on.
+    pub fn set_settings(&self, config: Config) {
+        *self.settings.borrow_mut() = Rc::new(config);
+    }
+
+    /// The request limits in force now.
+    pub fn limits(&self) -> Limits {
+        let settings = self.settings.borrow();
+        Limits {
+            max_request_line: settings.limit_request_line,
+            max_headers: settings.limit_request_fields,
+            max_header_size: settings.limit_request_field_size,
+            max_body: settings.max_body,
+        }
+    }
+}
+
+/// Runs the lobby until a shutdown completes. Returns the process exit code. `rereader`, when
+/// there is a config file, reads it again for a reload (SIGHUP).
+pub fn run(config: Config, control: OwnedFd, zygote_pid: i32, rereader: Option<Rereader>) -> Result<i32, StartupError> {
     log::set_level(config.log_level);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    let result = local.block_on(&runtime, supervise(config, control, zygote_pid));
+    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
+    // A config file still being read for a reload is not waited for.
+    runtime.shutdown_timeout(Duration::ZERO);
     log::flush(LOG_FLUSH_WAIT);
     result
 }
 
-async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<i32, StartupError> {
-    let descriptors = Descriptors::raise(config.workers, config.max_connections);
+async fn supervise(
+    config: Config,
+    control: OwnedFd,
+    zygote_pid: i32,
+    rereader: Option<Rereader>,
+) -> Result<i32, StartupError> {
+    // First, so that no signal the lobby acts on can end it by its default action.
+    let signals = Signals::install()?;
+    // A reload holds two sets of workers for a moment.
+    let descriptors = Descriptors::raise(2 * config.workers, config.max_connections);
     let max_connections = match config.max_connections {
         None => descriptors.room,
         Some(wanted) if wanted > descriptors.room => {
@@ -116,18 +156,12 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     }
     let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let limits = Limits {
-        max_request_line: config.limit_request_line,
-        max_headers: config.limit_request_fields,
-        max_header_size: config.limit_request_field_size,
-        max_body: config.max_body,
-    };
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
     let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
     let heads = heads::HeadBudget::new(config.max_head_memory);
     let lobby = Rc::new(Lobby {
+        settings: RefCell::new(Rc::new(config.clone())),
         config,
-        limits,
         seating: Seating::default(),
         control,
         shutdown,
@@ -139,15 +173,26 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
     notify::watch(&lobby);
-    let mut supervisor = Supervisor { lobby: lobby.clone(), events_tx, workers: HashMap::new(), boot_failures: 0 };
+    let mut supervisor = Supervisor::new(lobby.clone(), events_tx, signals, rereader);
 
-    if let Err(e) = supervisor.boot(&mut events).await {
+    if let Err(end) = supervisor.boot(&mut events).await {
         let workers = supervisor.stop_workers(false).await;
         control_reader.abort();
         watcher.abort();
         drop(supervisor);
         close_control_and_reap(lobby, zygote_pid, &workers).await;
-        return Err(e);
+        for listener in listeners {
+            if let Some(path) = &listener.unix_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        return match end {
+            BootEnd::Failed(e) => Err(e),
+            BootEnd::Stopped => {
+                info!("shutdown complete");
+                Ok(0)
+            }
+        };
     }
 
     let connections = Arc::new(Semaphore::new(max_connections));
@@ -216,9 +261,6 @@ async fn supervise(config: Config, control: OwnedFd, zygote_pid: i32) -> Result<
         deadline.as_secs_f64()
     );
     let drained = supervisor.drain(&mut events, &connections, max_connections, deadline).await;
-    if !drained {
-        warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
-    }
     let workers = supervisor.stop_workers(!drained).await;
     lobby.seating.clear();
     control_reader.abort();

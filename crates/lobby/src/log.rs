@@ -15,6 +15,11 @@
 //! Lines that a client can cause at will (refusals, cut connections, failed accepts) are also
 //! rate-limited where they are written (`info_limited!` and its siblings): the first few of
 //! each 10 s are written, then one line says how many more there were.
+//!
+//! SIGUSR1 reopens both logs at their paths (`reopen_error_log`, `reopen_access_log`). The
+//! reopening takes its place in the log's queue: the writer writes the lines queued before it to
+//! the old file, then opens the new one in the place of the old under the same descriptor, and
+//! writes the lines queued after it there. No line is lost, and none lands in the wrong file.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -60,6 +65,17 @@ impl Level {
             "critical" => Level::Critical,
             _ => return None,
         })
+    }
+
+    /// The name `parse` reads, as the CLI and the zygote spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warning => "warning",
+            Level::Error => "error",
+            Level::Critical => "critical",
+        }
     }
 
     fn label(self) -> &'static str {
@@ -243,9 +259,11 @@ struct Queue {
     writing: bool,
     /// The error log's rate-limited call sites, by `Site::index`.
     windows: Vec<Window>,
+    /// A reopening asked for (SIGUSR1): after how many of the queued lines, and of which path.
+    reopen: Option<(usize, String, u32)>,
 }
 
-/// Where a log's writer reports what it had to drop.
+/// Where a log's writer reports what it had to drop, or could not reopen.
 #[derive(Clone, Copy)]
 enum DropReport {
     /// In its own destination: the error log.
@@ -263,7 +281,10 @@ impl Sink {
             caught_up: Condvar::new(),
             ordinary_bytes,
         }));
-        std::thread::Builder::new().name("maitred-log".into()).spawn(move || sink.drain(fd, report))?;
+        std::thread::Builder::new().name("maitred-log".into()).spawn(move || {
+            block_terminal_signals();
+            sink.drain(fd, report)
+        })?;
         Ok(sink)
     }
 
@@ -303,7 +324,7 @@ impl Sink {
         // The writer has waited `LINGER` since it last found the queue empty.
         let mut lingered = true;
         loop {
-            let dropped = {
+            let (dropped, reopen) = {
                 let mut queue = self.lock();
                 queue.writing = false;
                 loop {
@@ -320,7 +341,7 @@ impl Sink {
                             None => {}
                         }
                     }
-                    if !queue.lines.is_empty() || queue.dropped > 0 {
+                    if !queue.lines.is_empty() || queue.dropped > 0 || queue.reopen.is_some() {
                         break;
                     }
                     self.caught_up.notify_all();
@@ -345,30 +366,56 @@ impl Sink {
                 std::mem::swap(&mut batch, &mut queue.lines);
                 queue.bytes = 0;
                 queue.writing = true;
-                std::mem::take(&mut queue.dropped)
+                (std::mem::take(&mut queue.dropped), queue.reopen.take())
             };
             // A destination that fails for good (closed, full disk) loses the lines: there
             // is nowhere else to say so.
+            if let Some((before, path, mode)) = reopen {
+                let _ = write_lines(fd, batch.drain(..before.min(batch.len())));
+                if let Err(e) = reopen_onto(&path, fd, mode) {
+                    let message = format!("SIGUSR1: cannot reopen {path}: {e}; writing on to the old file");
+                    self.report(fd, report, Level::Error, message);
+                }
+            }
             let _ = write_lines(fd, batch.drain(..));
             if dropped > 0 {
-                match report {
+                let message = match report {
                     DropReport::Here => {
-                        let message =
-                            format!("{} log lines dropped while the log was not being read", grouped(dropped));
-                        let _ = write_all(fd, format_line(SystemTime::now(), Level::Warning, message).as_bytes());
+                        format!("{} log lines dropped while the log was not being read", grouped(dropped))
                     }
                     DropReport::ErrorLog => {
-                        let message = format!(
-                            "{} access log lines dropped while the access log was not being read",
-                            grouped(dropped)
-                        );
-                        if let Some(sink) = error_log() {
-                            sink.push(format_line(SystemTime::now(), Level::Warning, message), true);
-                        }
+                        format!("{} access log lines dropped while the access log was not being read", grouped(dropped))
                     }
+                };
+                self.report(fd, report, Level::Warning, message);
+            }
+        }
+    }
+
+    /// A line of the writer's own: written here (the error log), or queued in the error log.
+    fn report(&self, fd: RawFd, report: DropReport, level: Level, message: String) {
+        let line = format_line(SystemTime::now(), level, message);
+        match report {
+            DropReport::Here => {
+                let _ = write_all(fd, line.as_bytes());
+            }
+            DropReport::ErrorLog => {
+                if let Some(sink) = error_log() {
+                    sink.push(line, true);
                 }
             }
         }
+    }
+
+    /// Asks the writer to reopen its destination at `path` once it has written the lines
+    /// queued now (SIGUSR1).
+    fn reopen(&self, path: &str, mode: u32) {
+        let mut queue = self.lock();
+        if queue.reopen.is_none() {
+            let before = queue.lines.len();
+            queue.reopen = Some((before, path.to_string(), mode));
+        }
+        self.wake_writer(&mut queue);
     }
 
     /// Closes the rate-limit windows early, and waits until the writer has written everything
@@ -381,7 +428,7 @@ impl Sink {
                 self.enqueue(&mut queue, summary, true);
             }
         }
-        while !queue.lines.is_empty() || queue.dropped > 0 || queue.writing {
+        while !queue.lines.is_empty() || queue.dropped > 0 || queue.reopen.is_some() || queue.writing {
             let now = Instant::now();
             if now >= deadline {
                 return;
@@ -462,18 +509,91 @@ pub fn flush(timeout: Duration) {
     }
 }
 
+/// The access log's path, when it is a file, for `reopen_access_log`.
+static ACCESS_FILE: OnceLock<String> = OnceLock::new();
+
 /// Opens the access log: `-` is standard output. Lines are appended.
 pub fn open_access_log(target: &str) -> io::Result<()> {
     let file = if target == "-" {
         use std::os::fd::AsFd;
         File::from(std::io::stdout().as_fd().try_clone_to_owned()?)
     } else {
-        OpenOptions::new().create(true).append(true).open(target)?
+        open_log_file(target, ACCESS_LOG_MODE)?
     };
     // The file stays open, for its writer, for the life of the process.
     let fd = std::mem::ManuallyDrop::new(file).as_raw_fd();
     let sink = Sink::start(fd, QUEUE_BYTES, DropReport::ErrorLog)?;
-    ACCESS_LOG.set(sink).map_err(|_| io::Error::other("the access log is already open"))
+    ACCESS_LOG.set(sink).map_err(|_| io::Error::other("the access log is already open"))?;
+    if target != "-" {
+        let _ = ACCESS_FILE.set(target.to_string());
+    }
+    Ok(())
+}
+
+/// The permissions a new log file gets (before the umask): the error log's are the CLI's
+/// (python/maitred/cli.py), the access log's std's default.
+const ERROR_LOG_MODE: u32 = 0o644;
+const ACCESS_LOG_MODE: u32 = 0o666;
+
+fn open_log_file(path: &str, mode: u32) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new().create(true).append(true).mode(mode).open(path)
+}
+
+/// Opens `path` again (creating it) and puts it in the place of descriptor `fd`: whoever
+/// writes to `fd` writes to the new file from the next write on.
+fn reopen_onto(path: &str, fd: RawFd, mode: u32) -> io::Result<()> {
+    let file = open_log_file(path, mode)?;
+    // SAFETY: fcntl and dup3 act on descriptor numbers: dup3 replaces `fd`, which stays open
+    // for the life of the process, with a descriptor of the file just opened (keeping `fd`'s
+    // close-on-exec flag); `file` closes its own when dropped.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        let cloexec = flags > 0 && flags & libc::FD_CLOEXEC != 0;
+        if libc::dup3(file.as_raw_fd(), fd, if cloexec { libc::O_CLOEXEC } else { 0 }) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Reopens the error log (standard error, which the CLI pointed at `--error-logfile`) at
+/// `path`, for SIGUSR1: after a rotation that renamed the file, the lines queued from now on go
+/// to a new file there. A failure is written in the log.
+pub fn reopen_error_log(path: &str) {
+    match error_log() {
+        Some(sink) => sink.reopen(path, ERROR_LOG_MODE),
+        None => {
+            if let Err(e) = reopen_onto(path, libc::STDERR_FILENO, ERROR_LOG_MODE) {
+                error!("SIGUSR1: cannot reopen {path}: {e}; writing on to the old file");
+            }
+        }
+    }
+}
+
+/// Reopens the access log at its path, as `reopen_error_log` does, if it is a file; returns
+/// the path.
+pub fn reopen_access_log() -> Option<&'static str> {
+    let path = ACCESS_FILE.get()?;
+    ACCESS_LOG.get()?.reopen(path, ACCESS_LOG_MODE);
+    Some(path)
+}
+
+/// Blocks SIGTTOU and SIGTTIN in the calling thread. A process in the background of a job-
+/// control shell with `stty tostop` is sent SIGTTOU when it writes to the terminal; the lobby
+/// handles SIGTTOU (one worker fewer), and the kernel would restart the write after the handler
+/// and send the signal again, without end. A thread that blocks the signal writes through.
+/// Threads that may write to a terminal call this (the logs' writers, the config re-read).
+pub(crate) fn block_terminal_signals() {
+    // SAFETY: a sigset_t is plain data, filled by sigemptyset; pthread_sigmask changes only
+    // this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::sigaddset(&mut set, libc::SIGTTIN);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 pub fn access_log_enabled() -> bool {
@@ -676,6 +796,25 @@ mod tests {
         }
         assert_eq!(kept + dropped, sent);
         assert!(kept as usize * 1_012 <= ORDINARY_BYTES + (1 << 20), "{kept} lines kept");
+    }
+
+    #[test]
+    fn a_reopening_comes_between_the_lines_queued_before_and_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("maitred.log");
+        let rotated = dir.path().join("maitred.log.1");
+        let path_text = path.to_str().unwrap();
+        // The writer's descriptor stays open for the life of the test process, as in the lobby.
+        let fd = std::mem::ManuallyDrop::new(open_log_file(path_text, ERROR_LOG_MODE).unwrap()).as_raw_fd();
+        let sink = Sink::start(fd, ORDINARY_BYTES, DropReport::Here).unwrap();
+        sink.push("one\n".into(), true);
+        sink.push("two\n".into(), true);
+        std::fs::rename(&path, &rotated).unwrap();
+        sink.reopen(path_text, ERROR_LOG_MODE);
+        sink.push("three\n".into(), true);
+        sink.flush(Instant::now() + Duration::from_secs(5));
+        assert_eq!(std::fs::read_to_string(&rotated).unwrap(), "one\ntwo\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "three\n");
     }
 
     #[test]

@@ -174,8 +174,6 @@ pub fn ready() {
 }
 
 /// `RELOADING=1` with `MONOTONIC_USEC=`, as a reload begins; `ready` ends it.
-// For the SIGHUP reload, which calls it once it lands; the allow goes then.
-#[allow(dead_code)]
 pub fn reloading() {
     if let Some(notifier) = notifier() {
         notifier.enter(Phase::Reloading, &format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));

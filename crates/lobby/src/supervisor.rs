@@ -1,19 +1,29 @@
 //! The worker supervisor: starts the workers through the zygote, replaces those that are lost,
-//! answers the signals, and stops the workers at the end.
+//! answers the signals (docs/SIGNALS.md), and stops the workers at the end.
+//!
+//! Workers are numbered by the lobby (the `SLOT` of the zygote's `spawn`, never reused) and
+//! belong to a generation: the set that serves, or the set a reload (SIGHUP) is starting. A
+//! reload's workers are held, ready but seated at nothing, until the whole set has loaded the
+//! application; then in one step they serve and the old ones retire, each after the requests it
+//! holds. If one of them fails, the reload is abandoned and the old set never stopped serving.
 
 use std::collections::HashMap;
+use std::future::poll_fn;
 use std::hash::{BuildHasher, Hasher};
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use crate::log::{debug, error, info, warning};
-use crate::worker::{self, Channel, Gone};
+use crate::log::{self, debug, error, info, warning};
+use crate::notify;
+use crate::worker::{self, Channel, Gone, Phase, Seat};
 use crate::zygote::Report;
 use crate::{Config, Lobby, StartupError};
 
@@ -22,13 +32,28 @@ const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.
 const REBOOT_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_REBOOT_BACKOFF: Duration = Duration::from_secs(30);
+/// During a shutdown, how often the supervisor looks whether requests wait in the queue with
+/// fewer workers than it should have (one was lost, and was not replaced while none waited).
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
-/// What the supervisor hears from the worker tasks and the zygote.
+/// The config file read again for a SIGHUP: the lobby's new settings, and the names of the
+/// settings that changed but cannot change without a new lobby (they keep their values).
+pub struct Reread {
+    pub config: Config,
+    pub kept: Vec<String>,
+}
+
+/// Reads the config file again (the CLI's, in Python); Err is one line for the log. It runs on
+/// a thread of its own, off the event loop.
+pub type Rereader = Arc<dyn Fn() -> Result<Reread, String> + Send + Sync>;
+
+/// What the supervisor hears from the worker tasks, the zygote and the config re-read.
 pub(crate) enum Event {
     Report(Report),
     ZygoteGone(String),
-    Ready { slot: usize, pid: i32 },
-    Gone { slot: usize, pid: i32, gone: Gone },
+    Ready { id: usize, pid: i32 },
+    Gone { id: usize, pid: i32, gone: Gone },
+    Reread(Box<Result<Reread, String>>),
 }
 
 pub(crate) async fn read_control(lobby: Rc<Lobby>, events: mpsc::UnboundedSender<Event>) {
@@ -45,106 +70,333 @@ pub(crate) async fn read_control(lobby: Rc<Lobby>, events: mpsc::UnboundedSender
     }
 }
 
-/// The running workers, by slot.
+/// The signals the lobby acts on. SIGWINCH is not among them: its default action is to be
+/// ignored, which is what maitred wants (docs/SIGNALS.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sig {
+    Terminate,
+    Interrupt,
+    Quit,
+    Hangup,
+    User1,
+    User2,
+    MoreWorkers,
+    FewerWorkers,
+}
+
+impl Sig {
+    fn name(self) -> &'static str {
+        match self {
+            Sig::Terminate => "SIGTERM",
+            Sig::Interrupt => "SIGINT",
+            Sig::Quit => "SIGQUIT",
+            Sig::Hangup => "SIGHUP",
+            Sig::User1 => "SIGUSR1",
+            Sig::User2 => "SIGUSR2",
+            Sig::MoreWorkers => "SIGTTIN",
+            Sig::FewerWorkers => "SIGTTOU",
+        }
+    }
+}
+
+/// The lobby's handlers for every signal it acts on, installed before anything else so that
+/// none of them can end the process by its default action.
+pub(crate) struct Signals {
+    streams: Vec<(Sig, Signal)>,
+}
+
+impl Signals {
+    pub(crate) fn install() -> Result<Signals, StartupError> {
+        let kinds = [
+            (Sig::Terminate, SignalKind::terminate()),
+            (Sig::Interrupt, SignalKind::interrupt()),
+            (Sig::Quit, SignalKind::quit()),
+            (Sig::Hangup, SignalKind::hangup()),
+            (Sig::User1, SignalKind::user_defined1()),
+            (Sig::User2, SignalKind::user_defined2()),
+            (Sig::MoreWorkers, SignalKind::from_raw(libc::SIGTTIN)),
+            (Sig::FewerWorkers, SignalKind::from_raw(libc::SIGTTOU)),
+        ];
+        let streams = kinds
+            .into_iter()
+            .map(|(sig, kind)| {
+                signal(kind)
+                    .map(|stream| (sig, stream))
+                    .map_err(|e| StartupError(format!("cannot handle {}: {e}", sig.name())))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Signals { streams })
+    }
+
+    /// The next signal received (one of several of the same kind in a row).
+    async fn next(&mut self) -> Sig {
+        poll_fn(|cx| {
+            for (sig, stream) in &mut self.streams {
+                if let Poll::Ready(Some(())) = stream.poll_recv(cx) {
+                    return Poll::Ready(*sig);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// A worker the supervisor knows of, from the `spawn` it asked for to the end of its task.
 pub(crate) struct WorkerEntry {
-    pid: i32,
-    task: JoinHandle<()>,
+    generation: u64,
+    /// None until the zygote has forked it.
+    pid: Option<i32>,
+    seat: Rc<Seat>,
+    task: Option<JoinHandle<()>>,
+    /// It has loaded the application.
+    ready: bool,
+    /// Why it was told to retire, for the log.
+    retired_for: Option<&'static str>,
+}
+
+/// A reload under way.
+struct Reload {
+    /// The new workers' generation, once they are asked for (after the config file is read).
+    generation: Option<u64>,
+    /// When the new workers must all be ready.
+    deadline: Option<Instant>,
+    /// Another SIGHUP came meanwhile: a reload follows this one.
+    again: bool,
+}
+
+/// How the start ended, when the workers did not all become ready.
+pub(crate) enum BootEnd {
+    Failed(StartupError),
+    /// A signal asked the server to stop.
+    Stopped,
 }
 
 pub(crate) struct Supervisor {
     pub(crate) lobby: Rc<Lobby>,
-    pub(crate) events_tx: mpsc::UnboundedSender<Event>,
-    pub(crate) workers: HashMap<usize, WorkerEntry>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    signals: Signals,
+    rereader: Option<Rereader>,
+    workers: HashMap<usize, WorkerEntry>,
+    next_id: usize,
+    /// The generation that serves; a reload's is the next.
+    generation: u64,
+    next_generation: u64,
+    /// How many workers should serve: `--workers`, changed by SIGTTIN and SIGTTOU.
+    target: usize,
+    reload: Option<Reload>,
     /// Consecutive application load failures since the last worker became ready.
-    pub(crate) boot_failures: u32,
+    boot_failures: u32,
+    /// Signals that came during the start, acted on once the server serves.
+    deferred: Vec<Sig>,
 }
 
 impl Supervisor {
+    pub(crate) fn new(
+        lobby: Rc<Lobby>,
+        events_tx: mpsc::UnboundedSender<Event>,
+        signals: Signals,
+        rereader: Option<Rereader>,
+    ) -> Supervisor {
+        let target = lobby.config.workers;
+        Supervisor {
+            lobby,
+            events_tx,
+            signals,
+            rereader,
+            workers: HashMap::new(),
+            next_id: 0,
+            generation: 0,
+            next_generation: 1,
+            target,
+            reload: None,
+            boot_failures: 0,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// The pids of the workers that serve, in order.
     pub(crate) fn pids(&self) -> String {
-        let mut pids: Vec<i32> = self.workers.values().map(|w| w.pid).collect();
+        let mut pids: Vec<i32> = self
+            .workers
+            .values()
+            .filter(|w| w.generation == self.generation && w.seat.phase() != Phase::Retire)
+            .filter_map(|w| w.pid)
+            .collect();
         pids.sort();
         pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
     }
 
-    /// Starts every worker and waits until all are ready; the first failure ends the start.
-    pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), StartupError> {
-        for slot in 0..self.lobby.config.workers {
-            if let Err(e) = self.lobby.control.spawn(slot).await {
+    /// Starts every worker and waits until all are ready; the first failure ends the start,
+    /// and so does SIGTERM, SIGINT or SIGQUIT. Other signals wait until the server serves.
+    pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
+        for _ in 0..self.target {
+            let id = self.add_worker(self.generation, Phase::Serve);
+            if let Err(e) = self.lobby.control.spawn(id).await {
                 // The zygote is gone; its last report (a preload failure) says why.
-                debug!("cannot ask the zygote for worker {slot}: {e}");
+                debug!("cannot ask the zygote for worker {id}: {e}");
                 break;
             }
         }
         let mut ready = 0;
-        let deadline = tokio::time::Instant::now() + self.lobby.config.timeout;
-        while ready < self.lobby.config.workers {
-            let event = tokio::time::timeout_at(deadline, events.recv()).await.map_err(|_| {
-                StartupError(format!(
+        let deadline = Instant::now() + self.lobby.config.timeout;
+        let failed = |message: String| Err(BootEnd::Failed(StartupError(message)));
+        while ready < self.target {
+            let event = tokio::select! {
+                event = tokio::time::timeout_at(deadline, events.recv()) => event,
+                sig = self.signals.next() => {
+                    if matches!(sig, Sig::Terminate | Sig::Interrupt | Sig::Quit) {
+                        info!("{}: stopping before the workers were ready", sig.name());
+                        return Err(BootEnd::Stopped);
+                    }
+                    if !self.deferred.contains(&sig) {
+                        self.deferred.push(sig);
+                    }
+                    continue;
+                }
+            };
+            let Ok(event) = event else {
+                return failed(format!(
                     "workers did not finish loading {} within --timeout ({} s)",
                     self.lobby.config.app,
                     self.lobby.config.timeout.as_secs_f64()
-                ))
-            })?;
+                ));
+            };
             match event {
                 Some(Event::Report(Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
-                Some(Event::Report(Report::PreloadFailed(message))) => return Err(StartupError(message)),
+                Some(Event::Report(Report::PreloadFailed(message))) => return failed(message),
                 Some(Event::Report(Report::Exited { .. })) => {}
-                Some(Event::Ready { .. }) => ready += 1,
-                Some(Event::Gone { gone: Gone::BootFailed(message), .. }) => return Err(StartupError(message)),
+                Some(Event::Ready { id, .. }) => {
+                    if let Some(worker) = self.workers.get_mut(&id) {
+                        worker.ready = true;
+                    }
+                    ready += 1;
+                }
+                Some(Event::Gone { gone: Gone::BootFailed(message), .. }) => return failed(message),
                 Some(Event::Gone { pid, gone, .. }) => {
-                    return Err(StartupError(format!("worker {pid} failed to start: {gone:?}")))
+                    return failed(format!("worker {pid} failed to start: {gone:?}"))
                 }
-                Some(Event::ZygoteGone(reason)) => {
-                    return Err(StartupError(format!("{reason} before the workers were ready")))
-                }
-                None => return Err(StartupError("the supervisor lost its event channel".into())),
+                Some(Event::ZygoteGone(reason)) => return failed(format!("{reason} before the workers were ready")),
+                Some(Event::Reread(_)) => {}
+                None => return failed("the supervisor lost its event channel".into()),
             }
         }
         Ok(())
     }
 
-    fn start_worker(&mut self, slot: usize, pid: i32, channel: OwnedFd) {
+    /// Records a worker about to be asked for, and returns its number.
+    fn add_worker(&mut self, generation: u64, phase: Phase) -> usize {
+        let id = self.next_id;
+        self.next_id += 1;
+        let entry =
+            WorkerEntry { generation, pid: None, seat: Seat::new(phase), task: None, ready: false, retired_for: None };
+        self.workers.insert(id, entry);
+        id
+    }
+
+    /// Asks the zygote for a new worker of `generation`, after `pause`.
+    fn spawn(&mut self, generation: u64, phase: Phase, pause: Duration) {
+        let id = self.add_worker(generation, phase);
+        let lobby = self.lobby.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(pause).await;
+            if let Err(e) = lobby.control.spawn(id).await {
+                error!("cannot ask the zygote for a worker: {e}");
+            }
+        });
+    }
+
+    fn start_worker(&mut self, id: usize, pid: i32, channel: OwnedFd) {
+        let Some(entry) = self.workers.get_mut(&id) else { return };
+        entry.pid = Some(pid);
         let lobby = self.lobby.clone();
         let events = self.events_tx.clone();
-        let retire_after = retire_after(&lobby.config);
+        let retire_after = retire_after(&lobby.settings());
+        let seat = entry.seat.clone();
         let task = tokio::task::spawn_local(async move {
             let gone = match Channel::new(channel) {
                 Err(e) => Gone::Lost(format!("unusable channel: {e}")),
                 Ok(mut channel) => match worker::await_ready(&mut channel).await {
                     Err(gone) => gone,
                     Ok(()) => {
-                        let _ = events.send(Event::Ready { slot, pid });
-                        worker::serve(lobby, pid, channel, retire_after).await
+                        let _ = events.send(Event::Ready { id, pid });
+                        worker::serve(lobby, pid, channel, retire_after, seat).await
                     }
                 },
             };
-            let _ = events.send(Event::Gone { slot, pid, gone });
+            let _ = events.send(Event::Gone { id, pid, gone });
         });
-        if let Some(old) = self.workers.insert(slot, WorkerEntry { pid, task }) {
-            old.task.abort();
+        if let Some(old) = entry.task.replace(task) {
+            old.abort();
         }
     }
 
     /// Serves until a signal asks to stop. Ok(graceful?) for a signal, Err for a fatal loss.
     pub(crate) async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<bool, String> {
-        let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-        let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-        let mut quit = signal(SignalKind::quit()).map_err(|e| e.to_string())?;
+        for sig in std::mem::take(&mut self.deferred) {
+            if let Some(graceful) = self.on_signal(sig).await {
+                return Ok(graceful);
+            }
+        }
         loop {
+            let reload_deadline = self.reload.as_ref().and_then(|reload| reload.deadline);
             tokio::select! {
-                _ = terminate.recv() => { info!("SIGTERM: graceful shutdown"); return Ok(true) }
-                _ = interrupt.recv() => { info!("SIGINT: graceful shutdown"); return Ok(true) }
-                _ = quit.recv() => { info!("SIGQUIT: immediate shutdown"); return Ok(false) }
+                sig = self.signals.next() => {
+                    if let Some(graceful) = self.on_signal(sig).await {
+                        return Ok(graceful);
+                    }
+                }
                 event = events.recv() => match event {
                     Some(event) => self.handle(event).await?,
                     None => return Err("the supervisor lost its event channel".into()),
+                },
+                _ = tokio::time::sleep_until(reload_deadline.unwrap_or_else(Instant::now)), if reload_deadline.is_some() => {
+                    let settings = self.lobby.settings();
+                    let reason = format!(
+                        "the new workers did not finish loading {} within --timeout ({} s)",
+                        settings.app,
+                        settings.timeout.as_secs_f64()
+                    );
+                    self.abandon_reload(&reason).await;
                 }
             }
         }
     }
 
+    /// Acts on a signal while serving; Some(graceful?) when it asks the server to stop.
+    async fn on_signal(&mut self, sig: Sig) -> Option<bool> {
+        match sig {
+            Sig::Terminate | Sig::Interrupt => {
+                info!("{}: graceful shutdown", sig.name());
+                return Some(true);
+            }
+            Sig::Quit => {
+                info!("SIGQUIT: immediate shutdown");
+                return Some(false);
+            }
+            Sig::Hangup => self.begin_reload(),
+            Sig::User1 => self.reopen_logs().await,
+            Sig::User2 => info!("SIGUSR2: binary upgrade is not supported yet; ignored"),
+            Sig::MoreWorkers => {
+                self.target += 1;
+                info!("SIGTTIN: {} (one more)", workers(self.target));
+                self.balance(Duration::ZERO).await;
+            }
+            Sig::FewerWorkers if self.target == 1 => {
+                info!("SIGTTOU: already at one worker, the fewest; ignored");
+            }
+            Sig::FewerWorkers => {
+                self.target -= 1;
+                info!("SIGTTOU: {} (one fewer)", workers(self.target));
+                self.balance(Duration::ZERO).await;
+            }
+        }
+        None
+    }
+
     /// Waits until every connection has closed or `deadline` passes, still replacing lost
-    /// workers so that queued requests get served. Returns whether everything finished.
+    /// workers while requests wait in the queue. Returns whether everything finished; SIGQUIT
+    /// ends the wait at once.
     pub(crate) async fn drain(
         &mut self,
         events: &mut mpsc::UnboundedReceiver<Event>,
@@ -152,15 +404,29 @@ impl Supervisor {
         max_connections: usize,
         deadline: Duration,
     ) -> bool {
+        self.abandon_reload("a shutdown began").await;
         let all_closed = connections.acquire_many(max_connections as u32);
         tokio::pin!(all_closed);
         let timer = tokio::time::sleep(deadline);
         tokio::pin!(timer);
+        let mut checks = tokio::time::interval(DRAIN_CHECK);
         loop {
             tokio::select! {
                 biased;
                 _ = &mut all_closed => return true,
-                _ = &mut timer => return false,
+                _ = &mut timer => {
+                    warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
+                    return false;
+                }
+                sig = self.signals.next() => match sig {
+                    Sig::Quit => {
+                        info!("SIGQUIT: stopping at once, during the graceful shutdown");
+                        return false;
+                    }
+                    Sig::User1 => self.reopen_logs().await,
+                    Sig::User2 => info!("SIGUSR2: binary upgrade is not supported yet; ignored"),
+                    other => info!("{}: ignored during the shutdown", other.name()),
+                },
                 event = events.recv() => match event {
                     Some(event) => {
                         if let Err(reason) = self.handle(event).await {
@@ -169,64 +435,329 @@ impl Supervisor {
                         }
                     }
                     None => return false,
-                }
+                },
+                _ = checks.tick() => self.balance(Duration::ZERO).await,
             }
         }
     }
 
     async fn handle(&mut self, event: Event) -> Result<(), String> {
         match event {
-            Event::Report(Report::Spawned { slot, pid, channel }) => {
-                info!("booting worker {pid} (slot {slot})");
-                self.start_worker(slot, pid, channel);
-            }
+            Event::Report(Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
+                Some(entry) if entry.pid.is_none() => {
+                    let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation);
+                    info!("booting worker {pid}{}", if reload { " for the reload" } else { "" });
+                    self.start_worker(slot, pid, channel);
+                }
+                _ => {
+                    // Its reload was abandoned before the zygote forked it.
+                    debug!("worker {pid} is no longer wanted; stopping it");
+                    drop(channel);
+                    let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
+                }
+            },
             Event::Report(Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
             Event::Report(Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
             Event::ZygoteGone(reason) => return Err(format!("{reason}; no worker can be replaced")),
-            Event::Ready { slot, pid } => {
-                debug!("worker {pid} (slot {slot}) is ready");
-                self.boot_failures = 0;
-            }
-            Event::Gone { slot, pid, gone } => {
-                if self.workers.get(&slot).is_some_and(|w| w.pid == pid) {
-                    self.workers.remove(&slot);
-                }
-                let pause = match gone {
-                    Gone::Retired => {
-                        info!("worker {pid} retired after --max-requests; starting a replacement");
-                        Duration::ZERO
-                    }
-                    Gone::Lost(reason) => {
-                        error!("worker {pid} lost: {reason}; starting a replacement");
-                        Duration::ZERO
-                    }
-                    Gone::BootFailed(message) => {
-                        self.boot_failures += 1;
-                        let pause =
-                            REBOOT_BACKOFF.saturating_mul(1 << self.boot_failures.min(8)).min(MAX_REBOOT_BACKOFF);
-                        error!(
-                            "a new worker could not load the application: {message}; retrying in {} s",
-                            pause.as_secs_f64()
-                        );
-                        pause
-                    }
-                };
-                if !*self.lobby.shutdown.borrow() {
-                    self.respawn(slot, pause);
+            Event::Ready { id, pid } => {
+                let Some(entry) = self.workers.get_mut(&id) else { return Ok(()) };
+                entry.ready = true;
+                let generation = entry.generation;
+                if generation == self.generation {
+                    debug!("worker {pid} is ready");
+                    self.boot_failures = 0;
+                } else if self.pending_generation() == Some(generation) {
+                    debug!("worker {pid} is ready for the reload");
+                    self.switch_if_ready().await;
                 }
             }
+            Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
+            Event::Reread(result) => self.on_reread(*result).await,
         }
         Ok(())
     }
 
-    fn respawn(&self, slot: usize, pause: Duration) {
-        let lobby = self.lobby.clone();
-        tokio::task::spawn_local(async move {
-            tokio::time::sleep(pause).await;
-            if let Err(e) = lobby.control.spawn(slot).await {
-                error!("cannot ask the zygote for a worker: {e}");
+    async fn on_gone(&mut self, id: usize, pid: i32, gone: Gone) {
+        let Some(entry) = self.workers.remove(&id) else {
+            debug!("worker {pid}, no longer wanted, is gone: {gone:?}");
+            return;
+        };
+        if self.pending_generation() == Some(entry.generation) {
+            let reason = match gone {
+                Gone::BootFailed(message) => format!("a new worker could not load the application: {message}"),
+                Gone::Lost(reason) => format!("new worker {pid} lost: {reason}"),
+                Gone::Retired => format!("new worker {pid} was retired"),
+            };
+            self.abandon_reload(&reason).await;
+            return;
+        }
+        if let Some(why) = entry.retired_for {
+            match gone {
+                Gone::Retired => info!("worker {pid} retired ({why})"),
+                Gone::Lost(reason) => error!("worker {pid} lost while retiring ({why}): {reason}"),
+                Gone::BootFailed(message) => info!("worker {pid} retired ({why}) before it had loaded: {message}"),
             }
-        });
+            return;
+        }
+        let replaced = self.wants_more();
+        let replacing = if replaced { "; starting a replacement" } else { "" };
+        let pause = match gone {
+            Gone::Retired => {
+                info!("worker {pid} retired after --max-requests{replacing}");
+                Duration::ZERO
+            }
+            Gone::Lost(reason) => {
+                error!("worker {pid} lost: {reason}{replacing}");
+                Duration::ZERO
+            }
+            Gone::BootFailed(message) => {
+                self.boot_failures += 1;
+                let pause = REBOOT_BACKOFF.saturating_mul(1 << self.boot_failures.min(8)).min(MAX_REBOOT_BACKOFF);
+                if replaced {
+                    error!(
+                        "a new worker could not load the application: {message}; retrying in {} s",
+                        pause.as_secs_f64()
+                    );
+                } else {
+                    error!("a new worker could not load the application: {message}");
+                }
+                pause
+            }
+        };
+        self.balance(pause).await;
+    }
+
+    /// The serving generation's workers that are not retiring, by number, oldest first.
+    fn serving(&self) -> Vec<usize> {
+        let mut ids: Vec<usize> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.generation == self.generation && w.seat.phase() != Phase::Retire)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Whether `balance` would start a worker now: fewer serve than the target, and the server
+    /// is not shutting down, or it is with requests waiting (or no worker left to take them).
+    fn wants_more(&self) -> bool {
+        let serving = self.serving().len();
+        if serving >= self.target {
+            return false;
+        }
+        !*self.lobby.shutdown.borrow() || self.lobby.seating.queued() > 0 || serving == 0
+    }
+
+    /// Starts or retires workers of the serving generation until `target` serve.
+    async fn balance(&mut self, pause: Duration) {
+        let serving = self.serving();
+        if self.wants_more() {
+            for _ in serving.len()..self.target {
+                self.spawn(self.generation, Phase::Serve, pause);
+            }
+        } else if serving.len() > self.target && !*self.lobby.shutdown.borrow() {
+            // Those still loading go first, the newest first; then the oldest, as gunicorn does.
+            let mut doomed: Vec<usize> = serving.iter().rev().copied().filter(|id| !self.workers[id].ready).collect();
+            doomed.extend(serving.iter().copied().filter(|id| self.workers[id].ready));
+            doomed.truncate(serving.len() - self.target);
+            self.retire(&doomed, "SIGTTOU");
+        }
+    }
+
+    /// Tells workers to retire: each answers the requests it holds, then its channel is closed
+    /// and it exits. The offers they had not received go back to the queue, in its order.
+    fn retire(&mut self, ids: &[usize], why: &'static str) {
+        let mut recalled = Vec::new();
+        for id in ids {
+            if let Some(entry) = self.workers.get_mut(id) {
+                entry.retired_for = Some(why);
+                recalled.extend(entry.seat.retire());
+            }
+        }
+        recalled.sort_by_key(|job| job.enqueued_at);
+        self.lobby.seating.requeue_front(recalled);
+    }
+
+    fn pending_generation(&self) -> Option<u64> {
+        self.reload.as_ref().and_then(|reload| reload.generation)
+    }
+
+    /// SIGHUP: reads the config file again if there is one, then starts a new set of workers.
+    fn begin_reload(&mut self) {
+        if self.lobby.config.preload {
+            info!("SIGHUP: --preload needs a new zygote; not supported yet; ignored");
+            // A service manager that sent it waits for the reload to end (Type=notify-reload).
+            notify::reloading();
+            notify::ready();
+            return;
+        }
+        if let Some(reload) = &mut self.reload {
+            reload.again = true;
+            info!("SIGHUP: a reload is under way; another follows once it is done");
+            return;
+        }
+        notify::reloading();
+        self.reload = Some(Reload { generation: None, deadline: None, again: false });
+        match self.rereader.clone() {
+            Some(rereader) => {
+                info!("SIGHUP: reloading: reading the config file again");
+                let events = self.events_tx.clone();
+                // The config file is Python, run by the CLI's interpreter: off the event loop.
+                tokio::task::spawn_blocking(move || {
+                    log::block_terminal_signals();
+                    let _ = events.send(Event::Reread(Box::new(rereader())));
+                });
+            }
+            None => self.start_generation(),
+        }
+    }
+
+    async fn on_reread(&mut self, result: Result<Reread, String>) {
+        if self.reload.as_ref().is_none_or(|reload| reload.generation.is_some()) {
+            return; // abandoned meanwhile
+        }
+        match result {
+            Err(message) => {
+                let reason = format!("{message}; the settings stay as they were");
+                self.abandon_reload(&reason).await;
+            }
+            Ok(Reread { config, kept }) => {
+                self.apply(config, &kept).await;
+                self.start_generation();
+            }
+        }
+    }
+
+    /// Takes the settings of a config file read again.
+    async fn apply(&mut self, config: Config, kept: &[String]) {
+        if !kept.is_empty() {
+            warning!(
+                "SIGHUP: the config file changes {}, which a reload cannot change: kept as they were until an \
+                 upgrade (a new lobby)",
+                kept.join(", ")
+            );
+        }
+        let old = self.lobby.settings();
+        if config.workers != old.workers {
+            // A count set by SIGTTIN and SIGTTOU stays, unless the file sets a new one.
+            self.target = config.workers;
+        }
+        if config.log_level != old.log_level {
+            log::set_level(config.log_level);
+            if let Err(e) = self.lobby.control.set_log_level(config.log_level).await {
+                error!("cannot tell the zygote the new log level: {e}");
+            }
+        }
+        self.lobby.set_settings(config);
+    }
+
+    /// Asks the zygote for a full set of new workers, held until all are ready.
+    fn start_generation(&mut self) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let settings = self.lobby.settings();
+        if let Some(reload) = &mut self.reload {
+            reload.generation = Some(generation);
+            reload.deadline = Some(Instant::now() + settings.timeout);
+        }
+        info!(
+            "SIGHUP: reloading {}: starting {} new workers; the old ones serve until all of them are ready",
+            settings.app, self.target
+        );
+        for _ in 0..self.target {
+            self.spawn(generation, Phase::Hold, Duration::ZERO);
+        }
+    }
+
+    /// Once every worker of the reload is ready: they serve, and the old ones retire.
+    async fn switch_if_ready(&mut self) {
+        let Some(generation) = self.pending_generation() else { return };
+        let mut new: Vec<usize> =
+            self.workers.iter().filter(|(_, w)| w.generation == generation).map(|(id, _)| *id).collect();
+        if !new.iter().all(|id| self.workers[id].ready) {
+            return;
+        }
+        new.sort();
+        let old: Vec<usize> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.generation != generation && w.seat.phase() != Phase::Retire)
+            .map(|(id, _)| *id)
+            .collect();
+        let old_pids = self.pids();
+        // Retired first: the offers they had not received go back to the front of the queue,
+        // where the new workers find them first.
+        self.retire(&old, "reload");
+        for id in &new {
+            self.workers[id].seat.serve();
+        }
+        self.generation = generation;
+        self.boot_failures = 0;
+        info!(
+            "SIGHUP: reloaded: {} new workers serve (pids {}); the old ones (pids {old_pids}) retire once they have \
+             answered the requests they hold",
+            new.len(),
+            self.pids()
+        );
+        let again = self.reload.take().is_some_and(|reload| reload.again);
+        notify::ready();
+        // SIGTTIN or SIGTTOU may have come during the reload.
+        self.balance(Duration::ZERO).await;
+        if again {
+            self.begin_reload();
+        }
+    }
+
+    /// Gives up a reload under way: its workers are stopped, the old ones never stopped serving.
+    async fn abandon_reload(&mut self, reason: &str) {
+        let Some(reload) = self.reload.take() else { return };
+        error!("SIGHUP: reload abandoned: {reason}; the old workers keep serving");
+        if !*self.lobby.shutdown.borrow() {
+            notify::ready();
+        }
+        if let Some(generation) = reload.generation {
+            let ids: Vec<usize> =
+                self.workers.iter().filter(|(_, w)| w.generation == generation).map(|(id, _)| *id).collect();
+            for id in ids {
+                let Some(entry) = self.workers.remove(&id) else { continue };
+                // A ready one closes its channel and exits; one still loading is killed.
+                entry.seat.retire();
+                if !entry.ready {
+                    if let Some(task) = entry.task {
+                        task.abort();
+                    }
+                    if let Some(pid) = entry.pid {
+                        let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
+                    }
+                }
+            }
+        }
+        if reload.again && !*self.lobby.shutdown.borrow() {
+            self.begin_reload();
+        }
+    }
+
+    /// SIGUSR1: the lobby reopens its logs, and asks the zygote to reopen its own and the
+    /// workers' (logrotate without copytruncate: the files were renamed, new ones take their
+    /// paths).
+    async fn reopen_logs(&self) {
+        let mut reopened = Vec::new();
+        if let Some(path) = &self.lobby.config.error_logfile {
+            log::reopen_error_log(path);
+            reopened.push(format!("the error log {path}"));
+        }
+        if let Some(path) = log::reopen_access_log() {
+            reopened.push(format!("the access log {path}"));
+        }
+        if let Err(e) = self.lobby.control.reopen_logs().await {
+            error!("SIGUSR1: cannot ask the zygote to reopen its log: {e}");
+        }
+        if reopened.is_empty() {
+            info!("SIGUSR1: no log file to reopen (the logs go to standard streams)");
+        } else {
+            info!("SIGUSR1: reopened {}; the zygote and the workers reopen theirs", reopened.join(" and "));
+        }
     }
 
     /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,
@@ -235,13 +766,25 @@ impl Supervisor {
     pub(crate) async fn stop_workers(&mut self, kill: bool) -> Vec<i32> {
         let mut pids = Vec::new();
         for (_, worker) in self.workers.drain() {
+            let Some(pid) = worker.pid else { continue };
             if kill {
-                let _ = self.lobby.control.kill(worker.pid, libc::SIGKILL).await;
+                let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
             }
-            worker.task.abort();
-            pids.push(worker.pid);
+            if let Some(task) = worker.task {
+                task.abort();
+            }
+            pids.push(pid);
         }
         pids
+    }
+}
+
+/// `1 worker`, `3 workers`
+fn workers(count: usize) -> String {
+    if count == 1 {
+        "1 worker".into()
+    } else {
+        format!("{count} workers")
     }
 }
 

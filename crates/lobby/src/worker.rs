@@ -1,6 +1,7 @@
 //! One worker, seen from the lobby: its channel (docs/PROTOCOL.md, section 2) and the loop
 //! that seats requests at it and relays its answers.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -11,6 +12,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, FLAG_FD, HEADER_LEN};
 use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
 
 use crate::log::{debug, error, warning};
 use crate::offer::Offers;
@@ -154,7 +156,8 @@ fn invalid(e: impl std::fmt::Display) -> io::Error {
 pub enum Gone {
     /// The app could not be loaded; the message is one line for the operator.
     BootFailed(String),
-    /// Closed by the lobby after `--max-requests`, or at shutdown.
+    /// Closed by the lobby: after `--max-requests`, when the supervisor retired it (a reload,
+    /// SIGTTOU), or at shutdown.
     Retired,
     /// The process or its channel failed.
     Lost(String),
@@ -173,8 +176,77 @@ pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
     }
 }
 
-/// Seats jobs at this worker until it goes away or is retired.
-pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, retire_after: Option<u64>) -> Gone {
+/// What the supervisor wants of a worker; the worker's task follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Ready, but no request may be seated at it yet: a reload's new worker waits for the rest
+    /// of its set.
+    Hold,
+    Serve,
+    /// No new request, no new offer: it answers what it holds, then its channel is closed.
+    Retire,
+}
+
+/// What the supervisor and a worker's task share.
+pub struct Seat {
+    phase: watch::Sender<Phase>,
+    /// The worker's offer sockets, once it serves.
+    offers: RefCell<Option<Rc<Offers>>>,
+}
+
+impl Seat {
+    pub fn new(phase: Phase) -> Rc<Seat> {
+        Rc::new(Seat { phase: watch::Sender::new(phase), offers: RefCell::new(None) })
+    }
+
+    pub fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    /// Lets a held worker take requests.
+    pub fn serve(&self) {
+        self.phase.send_if_modified(|phase| {
+            let held = *phase == Phase::Hold;
+            if held {
+                *phase = Phase::Serve;
+            }
+            held
+        });
+    }
+
+    /// Seats no more requests at the worker. The offers it has not received yet come back,
+    /// oldest first, for the caller to queue again; it answers those it has, and the request it
+    /// is busy with, then its task ends with `Gone::Retired`.
+    pub fn retire(&self) -> Vec<Job> {
+        self.phase.send_replace(Phase::Retire);
+        match &*self.offers.borrow() {
+            Some(offers) => offers.recall_until(|_| false),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
+/// idle, until it may serve.
+pub async fn serve(
+    lobby: Rc<Lobby>,
+    pid: i32,
+    mut channel: Channel,
+    retire_after: Option<u64>,
+    seat: Rc<Seat>,
+) -> Gone {
+    let mut phase = seat.phase.subscribe();
+    loop {
+        match *phase.borrow_and_update() {
+            Phase::Serve => break,
+            Phase::Retire => return Gone::Retired,
+            Phase::Hold => {}
+        }
+        tokio::select! {
+            changed = phase.changed() => if changed.is_err() { return Gone::Retired },
+            _ = channel.closed_while_idle() => return Gone::Lost(idle_loss(&mut channel).await),
+        }
+    }
     let offers = match Offers::new() {
         Ok(offers) => Rc::new(offers),
         Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
@@ -185,13 +257,22 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, retire_afte
             return Gone::Lost(format!("could not send its offer sockets: {e}"));
         }
     }
+    *seat.offers.borrow_mut() = Some(offers.clone());
     lobby.seating.add_offers(offers.clone());
-    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, retire_after).await;
+    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, retire_after, &mut phase).await;
     lobby.seating.remove_offers(&offers);
+    seat.offers.borrow_mut().take();
     gone
 }
 
-async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offers: &Offers, retire_after: Option<u64>) -> Gone {
+async fn seat_jobs(
+    lobby: &Lobby,
+    pid: i32,
+    channel: &mut Channel,
+    offers: &Offers,
+    retire_after: Option<u64>,
+    phase: &mut watch::Receiver<Phase>,
+) -> Gone {
     let mut served: u64 = 0;
     loop {
         let job = match offers.take_accepted() {
@@ -201,7 +282,7 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offers: &Offe
                 job
             }
             None => {
-                if retire_after.is_some_and(|limit| served >= limit) {
+                if retire_after.is_some_and(|limit| served >= limit) || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
                 }
                 let job = match lobby.seating.next() {
@@ -213,6 +294,13 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offers: &Offe
                                 Ok(job) => job,
                                 Err(_) => return Gone::Retired,
                             },
+                            _ = phase.wait_for(|phase| *phase == Phase::Retire) => {
+                                wait.close();
+                                if let Ok(job) = wait.try_recv() {
+                                    lobby.seating.return_unstarted(job);
+                                }
+                                return Gone::Retired;
+                            }
                             _ = channel.closed_while_idle() => {
                                 // Take back a job that may have been handed over at the same moment.
                                 wait.close();
@@ -238,7 +326,10 @@ async fn seat_jobs(lobby: &Lobby, pid: i32, channel: &mut Channel, offers: &Offe
                 job
             }
         };
-        offer_queued(lobby, offers, retire_after.map(|limit| limit.saturating_sub(served)));
+        // A retiring worker is offered nothing: its offers went back to the queue.
+        if *phase.borrow() != Phase::Retire {
+            offer_queued(lobby, offers, retire_after.map(|limit| limit.saturating_sub(served)));
+        }
         if let Err(reason) = relay_response(lobby, pid, channel, offers, &job).await {
             // What the worker never received goes back to the queue; what it did, it had
             // started when it was lost.
@@ -287,7 +378,8 @@ async fn relay_response(
         TimedOut,
         ClientGone,
     }
-    let mut deadline = tokio::time::Instant::from_std(Instant::now() + lobby.config.timeout);
+    let timeout = lobby.settings().timeout;
+    let mut deadline = tokio::time::Instant::from_std(Instant::now() + timeout);
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -341,7 +433,7 @@ async fn relay_response(
             Next::TimedOut => {
                 error!(
                     "worker {pid} timed out after {} s on {}; killing it (--timeout)",
-                    lobby.config.timeout.as_secs_f64(),
+                    timeout.as_secs_f64(),
                     job.summary
                 );
                 if let Err(e) = lobby.control.kill(pid, libc::SIGKILL).await {

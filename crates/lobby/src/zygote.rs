@@ -54,6 +54,16 @@ impl Control {
         self.send(format!("kill {pid} {signal}")).await
     }
 
+    /// Asks the zygote to reopen its error log and to have every worker reopen theirs (SIGUSR1).
+    pub async fn reopen_logs(&self) -> io::Result<()> {
+        self.send("reopen".into()).await
+    }
+
+    /// Sets the zygote's log level, which the workers it forks from now on inherit.
+    pub async fn set_log_level(&self, level: crate::Level) -> io::Result<()> {
+        self.send(format!("level {}", level.name())).await
+    }
+
     /// Tells the zygote to finish: it exits once its workers have.
     pub fn close(&self) {
         unsafe { libc::shutdown(self.socket.get_ref().as_raw_fd(), libc::SHUT_RDWR) };

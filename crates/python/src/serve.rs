@@ -1,12 +1,15 @@
-//! The lobby's entry point for the CLI: `maitred._native.serve(settings, control_fd, zygote_pid)`.
+//! The lobby's entry point for the CLI:
+//! `maitred._native.serve(settings, control_fd, zygote_pid, reread=None)`.
 //!
 //! The CLI has validated every setting and forked the zygote; from here this process is the
-//! lobby. The GIL is released for the whole run: no Python code runs in the lobby.
+//! lobby. The GIL is released for the whole run: no Python code runs in the lobby, except the
+//! config file read again for a reload (SIGHUP), on a thread of its own.
 
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_lobby::{BindAddress, Config, Level};
+use maitred_lobby::{BindAddress, Config, Level, Reread, Rereader};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -16,15 +19,39 @@ pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
 
 /// Runs the lobby until it shuts down and returns the exit code. Takes ownership of
 /// `control_fd`. Raises StartupError with one line for the operator when it cannot start.
+///
+/// `reread`, given when there is a config file, is called (on a thread of the lobby's, with the
+/// GIL) for each SIGHUP: it returns `(settings, kept)`, the settings as `serve` takes them and
+/// the names of those that changed but cannot change without a new lobby, or raises an
+/// exception whose message says what is wrong with the file.
 #[pyfunction]
-fn serve(py: Python<'_>, settings: &Bound<'_, PyDict>, control_fd: i32, zygote_pid: i32) -> PyResult<i32> {
+#[pyo3(signature = (settings, control_fd, zygote_pid, reread=None))]
+fn serve(
+    py: Python<'_>,
+    settings: &Bound<'_, PyDict>,
+    control_fd: i32,
+    zygote_pid: i32,
+    reread: Option<Py<PyAny>>,
+) -> PyResult<i32> {
     let config = config_from(settings)?;
+    let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
     // SAFETY: the CLI hands this descriptor over and no longer uses it.
     let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
     // Python's SIGINT handler only sets a flag for the interpreter, which will not run
     // until the lobby returns; the lobby handles SIGINT itself.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
-    py.detach(move || maitred_lobby::run(config, control, zygote_pid)).map_err(|e| StartupError::new_err(e.0))
+    py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader)).map_err(|e| StartupError::new_err(e.0))
+}
+
+/// Calls the CLI's `reread`; Err is one line for the log.
+fn call_reread(reread: &Py<PyAny>) -> Result<Reread, String> {
+    Python::attach(|py| {
+        let returned = reread.call0(py).map_err(|e| e.value(py).to_string())?;
+        let (settings, kept): (Bound<'_, PyDict>, Vec<String>) =
+            returned.extract(py).map_err(|e: PyErr| format!("the config re-read returned something else: {e}"))?;
+        let config = config_from(&settings).map_err(|e| e.value(py).to_string())?;
+        Ok(Reread { config, kept })
+    })
 }
 
 fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
@@ -51,6 +78,8 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         max_requests: required(settings, "max_requests")?,
         max_requests_jitter: required(settings, "max_requests_jitter")?,
         access_logfile: optional(settings, "access_logfile")?,
+        error_logfile: optional::<String>(settings, "error_logfile")?.filter(|path| path != "-"),
+        preload: required(settings, "preload")?,
         log_level: Level::parse(&log_level)
             .ok_or_else(|| PyValueError::new_err(format!("unknown log level '{log_level}'")))?,
         max_body: optional(settings, "max_body")?,
