@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 from client import Reply, eventually, get, read_reply
 from conftest import HOST, Server, free_port, processes_in_group, wait_for_empty_group
+from maitred import config
 from test_lifecycle import APPS, parent_of, wait_for_workers, worker_pids
 
 if TYPE_CHECKING:
@@ -654,6 +655,25 @@ def test_a_reload_reads_the_config_file_again_and_names_what_it_keeps(maitred_se
     assert len(worker_pids(server)) == 3
     assert get(server.port).status == 200
     assert server.stop() == 0
+
+
+def test_reread_applies_the_file_keeps_what_needs_a_new_lobby_and_the_command_line_wins(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf.py"
+    conf.write_text("workers = 2\ntimeout = 10\nbind = '127.0.0.1:9000'\n")
+    argv = ["-c", str(conf), "--timeout", "5", "hello:app"]
+    started = config.resolve(argv)
+    reread = config.rereader(argv, started)
+    assert reread is not None
+    conf.write_text("workers = 4\ntimeout = 20\nbind = '127.0.0.1:9001'\nkeep_alive = 5\nenv = ['A=1']\n")
+    lobby, kept = reread()
+    assert kept == ["bind", "env"]
+    assert (lobby["workers"], lobby["keep_alive"], lobby["timeout"]) == (4, 5.0, 5.0)
+    assert lobby["bind"] == ["127.0.0.1:9000"]
+    conf.write_text("workers = 'many'\n")
+    with pytest.raises(config.UsageError, match="workers"):
+        reread()
+    assert config.rereader(["hello:app"], config.resolve(["hello:app"])) is None
 
 
 def test_with_preload_a_reload_is_refused_in_one_line(maitred_server, app_dir):

@@ -865,6 +865,13 @@ def reread(
             continue
         value = from_file.get(setting.name, setting.default)
         settings[setting.name] = list(value) if setting.repeatable else value
+    try:
+        activated = activated_sockets(os.environ)
+    except ValueError:
+        activated = []
+    if activated:
+        # Socket activation replaces every bind, as `resolve` does: the file's do not count.
+        settings["bind"] = activated
     kept = [name for name in KEPT_ON_RELOAD if settings[name] != started[name]]
     for name in kept:
         settings[name] = started[name]
