@@ -1,5 +1,5 @@
 //! Listen sockets: made with socket2 so the backlog is ours to choose (std hard-codes 128),
-//! and reported with what the kernel actually grants (SCENARIOS.md, S2).
+//! and reported with what the kernel actually grants (docs/SCENARIOS.md, S2).
 
 use std::cell::Cell;
 use std::io;

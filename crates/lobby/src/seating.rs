@@ -1,7 +1,7 @@
 //! The one FIFO queue of complete requests, and the idle workers waiting for them.
 //!
 //! A request is only queued once it is complete, so a worker that takes one never waits on a
-//! client (SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
+//! client (docs/SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
 //! connection to be closed: it waits here, in arrival order (S4). A request offered ahead to a
 //! busy worker (`offer.rs`) still counts as waiting: a worker that goes idle takes it back.
 
