@@ -152,6 +152,7 @@ def test_past_max_spill_the_worker_waits_for_the_client_and_the_log_says_so(mait
     assert reader.body_bytes == 20 * MIB
     assert reader.digest.hexdigest() == expected_digest(20)
     sock.close()
+    wait_for_log(server, "went on after", timeout=10)
     # The worker went on once the client caught up, and is free again.
     assert get(server.port, "/").startswith(b"HTTP/1.1 200")
 

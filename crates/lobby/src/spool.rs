@@ -256,7 +256,8 @@ impl AnswerSender {
         }
     }
 
-    fn held(&self) -> Option<Held> {
+    /// What holds the relay now, if anything: `room` would wait.
+    pub fn held(&self) -> Option<Held> {
         self.0.held(&self.0.spool.borrow())
     }
 

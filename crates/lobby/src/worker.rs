@@ -385,17 +385,23 @@ async fn relay_response(
     loop {
         // A slow client's answer past its caps: stop reading from the worker until the client
         // catches up. The time spent so is the client's, not the application's: --timeout
-        // does not count it.
-        let holding_since = tokio::time::Instant::now();
-        if let Some(held) = job.respond.room().await {
-            deadline += holding_since.elapsed();
+        // does not count it. Said when it starts, since a client that never reads makes it last
+        // until --send-timeout.
+        if let Some(held) = job.respond.held() {
             let (waiting, cap) = match held {
                 Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
                 Held::TotalCap => (lobby.spill_budget.waiting(), "--max-spill-total"),
             };
             crate::log::warning_limited!(
-                "reading the answer to {} from worker {pid} paused for {:.1} s: {waiting} bytes were waiting for \
-                 slow clients ({cap})",
+                "reading the answer to {} from worker {pid} paused: {waiting} bytes are waiting for slow clients \
+                 ({cap}); it goes on as they read",
+                job.summary
+            );
+            let holding_since = tokio::time::Instant::now();
+            job.respond.room().await;
+            deadline += holding_since.elapsed();
+            crate::log::info_limited!(
+                "reading the answer to {} from worker {pid} went on after {:.1} s",
                 job.summary,
                 holding_since.elapsed().as_secs_f64()
             );
