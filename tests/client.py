@@ -4,8 +4,10 @@ sends: one response at a time on a connection the test controls."""
 from __future__ import annotations
 
 import http.client
+import io
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,13 +26,76 @@ class Reply:
         return int(self.body.split()[0])
 
 
+# What was received past the end of a response: the start of the next one on that socket.
+# http.client's reader would read ahead and drop it, losing a pipelined answer that arrived
+# in the same segment as the one before.
+_unread: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
+
+
+class _Received:
+    """The bytes of one socket, taken exactly as far as the response being read needs."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.data = _unread.pop(sock, b"")
+
+    def _more(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.data += chunk
+        return bool(chunk)
+
+    def until(self, delimiter: bytes) -> bytes:
+        while delimiter not in self.data:
+            if not self._more():
+                raise ConnectionError(f"the connection closed before {delimiter!r}: {self.data[:200]!r}")
+        taken, _, self.data = self.data.partition(delimiter)
+        return taken
+
+    def exactly(self, count: int) -> bytes:
+        while len(self.data) < count:
+            if not self._more():
+                raise ConnectionError(f"the connection closed {count - len(self.data)} bytes short")
+        taken, self.data = self.data[:count], self.data[count:]
+        return taken
+
+    def to_end(self) -> bytes:
+        while self._more():
+            pass
+        taken, self.data = self.data, b""
+        return taken
+
+    def keep_the_rest(self) -> None:
+        if self.data:
+            _unread[self.sock] = self.data
+
+
 def read_reply(sock: socket.socket, method: str = "GET") -> Reply:
-    """Reads one response from `sock`, leaving the socket open for the next."""
-    response = http.client.HTTPResponse(sock, method=method)
-    response.begin()
-    reply = Reply(response.status, response.headers, response.read())
-    response.close()
-    return reply
+    """Reads one response from `sock` (after any 100 Continue), leaving the socket open for
+    the next and keeping what came after it for that next call."""
+    received = _Received(sock)
+    try:
+        while True:
+            status_line, _, header_lines = received.until(b"\r\n\r\n").partition(b"\r\n")
+            status = int(status_line.split()[1])
+            headers = http.client.parse_headers(io.BytesIO(header_lines + b"\r\n\r\n"))
+            if status != 100:
+                break
+        if method == "HEAD" or status in (204, 304):
+            body = b""
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+            body = b""
+            while size := int(received.until(b"\r\n").split(b";")[0], 16):
+                body += received.exactly(size)
+                received.exactly(2)
+            while received.until(b"\r\n"):  # trailer fields, up to the empty line
+                pass
+        elif "Content-Length" in headers:
+            body = received.exactly(int(headers["Content-Length"]))
+        else:
+            body = received.to_end()
+    finally:
+        received.keep_the_rest()
+    return Reply(status, headers, body)
 
 
 def get(port: int, path: str = "/", timeout: float = 20.0) -> Reply:
