@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from maitred import _native, config, log, zygote
+from maitred import _native, config, log, succession, zygote
 from maitred.app import load_app
 
 EXIT_USAGE = 2
@@ -34,9 +34,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def run(argv: Sequence[str]) -> int:
+    started_in = os.getcwd()
     try:
-        settings = config.resolve(argv)
-    except config.UsageError as error:
+        inheritance = succession.take_inheritance(os.environ)
+        settings = config.resolve(argv, upgrading=inheritance is not None)
+    except (ValueError, config.UsageError) as error:
         _print_error(str(error))
         return EXIT_USAGE
     # Made before --chdir applies: it reads the command line again for each reload.
@@ -47,10 +49,21 @@ def run(argv: Sequence[str]) -> int:
         _print_error(str(error))
         return EXIT_STARTUP
     pid_file = settings["pid"]
+    upgrade = {
+        "command": succession.command(),
+        "directory": started_in,
+        "pid_file": pid_file,
+        "predecessor": None,
+    }
+    if inheritance is not None:
+        settings["bind"] = succession.reuse_listeners(settings["bind"], inheritance.listeners)
+        upgrade["predecessor"] = inheritance.channel
     try:
-        if isinstance(pid_file, str):
+        # After an upgrade the lobby writes it once it serves: until then it names the
+        # maitred being replaced, which still serves if this one fails to start.
+        if isinstance(pid_file, str) and inheritance is None:
             _write_pid_file(pid_file)
-        return _serve(settings, reread)
+        return _serve(settings, reread, upgrade)
     except _StartupFailure as error:
         _print_error(str(error))
         return EXIT_STARTUP
@@ -112,7 +125,7 @@ def _remove_pid_file(path: str) -> None:
         pass  # already gone, or unreadable: nothing of ours left to remove
 
 
-def _serve(settings: Mapping[str, object], reread: config.Reread | None) -> int:
+def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade: dict[str, object]) -> int:
     lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -128,7 +141,7 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None) -> int:
     zygote_end.close()
     try:
         # The lobby takes ownership of the control channel's descriptor.
-        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, reread)
+        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
 

@@ -699,9 +699,11 @@ def _exception_summary(error: BaseException) -> str:
 # Resolution.
 
 
-def resolve(argv: Sequence[str]) -> dict[str, object]:
+def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
     """Every setting's value, by name, plus "app": defaults, then the config file, then the
-    command line. Raises UsageError; --help and --version print and exit."""
+    command line. Raises UsageError; --help and --version print and exit. `upgrading`: this
+    maitred was started by a binary upgrade (SIGUSR2), and inherits socket activation's
+    sockets from the one it replaces."""
     parser = build_parser()
     parsed, extra = parser.parse_known_args(list(argv))
     if extra:
@@ -725,7 +727,7 @@ def resolve(argv: Sequence[str]) -> dict[str, object]:
             value = setting.default
         settings[setting.name] = list(value) if setting.repeatable else value
     try:
-        activated = activated_sockets(os.environ)
+        activated = activated_sockets(os.environ, upgrading)
     except ValueError as error:
         raise UsageError(f"socket activation: {error}") from None
     if activated:
@@ -769,7 +771,7 @@ SERVICE_MANAGER_VARIABLES = (
 )
 
 
-def activated_sockets(environ: Mapping[str, str]) -> list[str]:
+def activated_sockets(environ: MutableMapping[str, str], upgrading: bool = False) -> list[str]:
     """The sockets a service manager passed to this process by socket activation, as
     ``fd://N`` binds: LISTEN_FDS descriptors from fd 3 on, when LISTEN_PID is this process (as
     sd_listen_fds(3) reads them). Empty when there are none for this process. They replace
@@ -780,8 +782,11 @@ def activated_sockets(environ: Mapping[str, str]) -> list[str]:
         return []
     if not re.fullmatch(r"[0-9]+", pid_text):
         raise ValueError(f"LISTEN_PID: expected a process id, got {pid_text!r}")
-    if int(pid_text) != os.getpid():
+    # A binary upgrade's new maitred is started by the lobby that was given them.
+    if int(pid_text) != os.getpid() and not (upgrading and int(pid_text) == os.getppid()):
         return []  # meant for another process (one that started maitred without exec)
+    # They are this process's now, and so the next upgrade's.
+    environ["LISTEN_PID"] = str(os.getpid())
     if not re.fullmatch(r"[0-9]+", count_text):
         raise ValueError(f"LISTEN_FDS: expected a number of descriptors, got {count_text!r}")
     count = int(count_text)

@@ -87,7 +87,7 @@ impl Peer {
         self.0.map_or(0, |addr| addr.port())
     }
 
-    fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         match self.0 {
             Some(addr) => format!("{}:{}", addr.ip(), addr.port()),
             None => "unix socket".into(),
@@ -212,7 +212,8 @@ struct Connection<S> {
 enum Wait {
     /// Bytes arrived and are in the buffer.
     Request,
-    /// Idle for `HIBERNATE_AFTER`: the connection leaves its task until the client speaks.
+    /// Idle for `HIBERNATE_AFTER`: the connection leaves its task until the client speaks (or,
+    /// during a binary upgrade, goes to the new maitred at once).
     Hibernate { deadline: tokio::time::Instant },
     /// The client closed, the patience ran out, or it idled `HIBERNATE_AFTER` during a shutdown.
     Close,
@@ -262,7 +263,11 @@ impl<S: ClientStream> Connection<S> {
         let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
         match stream.into_fd() {
             Ok(socket) => {
-                lobby.hibernation.put(Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline })
+                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline };
+                match lobby.successor() {
+                    Some(successor) => successor.hand_over(sleeper),
+                    None => lobby.hibernation.put(sleeper),
+                }
             }
             Err(e) => debug!("closing an idle connection that cannot hibernate: {e}"),
         }
@@ -285,12 +290,17 @@ impl<S: ClientStream> Connection<S> {
         let now = tokio::time::Instant::now();
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
+        // A new maitred has taken over (SIGUSR2): it gets the connection now, with whatever
+        // the client has sent and this lobby has not read, rather than once it has idled.
+        if self.lobby.handing_over() {
+            return Wait::Hibernate { deadline };
+        }
         loop {
             if !std::mem::take(&mut read_first) {
                 tokio::select! {
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        let closing = self.answered > 0 && *self.lobby.shutdown.borrow();
+                        let closing = self.answered > 0 && self.lobby.closing();
                         return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
                 }
@@ -468,9 +478,7 @@ impl<S: ClientStream> Connection<S> {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
             // --keep-alive 0 closes after each answer, and says so.
-            keep_alive: head.keep_alive
-                && !self.lobby.settings().keep_alive.is_zero()
-                && !*self.lobby.shutdown.borrow(),
+            keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.lobby.closing(),
         };
         let mut answer = Answer::new(&context);
         loop {
@@ -578,7 +586,7 @@ impl<S: ClientStream> Connection<S> {
         let end = match part {
             ResponsePart::Head { status, reason, headers, body, end } => {
                 // A shutdown that began while the request waited closes the connection after it.
-                answer.context.keep_alive &= !*self.lobby.shutdown.borrow();
+                answer.context.keep_alive &= !self.lobby.closing();
                 let headers: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 let known = end.then_some(body.len() as u64);
                 let (framing, keep_alive) =
@@ -611,7 +619,7 @@ impl<S: ClientStream> Connection<S> {
                 // A 503 comes from --queue-timeout: the connection is healthy, and the client
                 // may try again after about as long as this request waited.
                 let overloaded = status == 503;
-                let keep_alive = answer.context.keep_alive && overloaded && !*self.lobby.shutdown.borrow();
+                let keep_alive = answer.context.keep_alive && overloaded && !self.lobby.closing();
                 let retry_after = self
                     .lobby
                     .settings()

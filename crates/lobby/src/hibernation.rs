@@ -116,18 +116,34 @@ impl Hibernation {
         let mut sleepers = self.sleepers.borrow_mut();
         for event in &events[..n as usize] {
             let Some(sleeper) = sleepers.remove(event.u64 as usize) else { continue };
-            // SAFETY: a null event is allowed for EPOLL_CTL_DEL; the descriptor is open.
-            unsafe {
-                libc::epoll_ctl(
-                    self.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_DEL,
-                    sleeper.socket.as_raw_fd(),
-                    std::ptr::null_mut(),
-                )
-            };
+            self.unwatch(&sleeper);
             woken.push(sleeper);
         }
         Ok(n as usize)
+    }
+
+    /// Takes every sleeper out of the watch, for a new maitred to take over (SIGUSR2). The
+    /// descriptor is removed from the epoll set explicitly: the new lobby's copy keeps the
+    /// socket open, and with it the registration closing ours would otherwise have removed.
+    fn take_all(&self) -> Vec<Sleeper> {
+        let mut sleepers = self.sleepers.borrow_mut();
+        let taken = sleepers.take_all();
+        for sleeper in &taken {
+            self.unwatch(sleeper);
+        }
+        taken
+    }
+
+    fn unwatch(&self, sleeper: &Sleeper) {
+        // SAFETY: a null event is allowed for EPOLL_CTL_DEL; both descriptors are open.
+        unsafe {
+            libc::epoll_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                sleeper.socket.as_raw_fd(),
+                std::ptr::null_mut(),
+            )
+        };
     }
 
     /// Closes the sleepers whose deadline has passed, and at a shutdown every sleeper that
@@ -178,7 +194,13 @@ pub async fn watch(lobby: Rc<Lobby>) {
             }
             _ = ticks.tick() => {
                 let shutting_down = *shutdown.borrow();
-                if shutting_down {
+                if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
+                    // A binary upgrade: the new maitred takes every idle connection, those
+                    // whose client has spoken too (it reads what they sent).
+                    for sleeper in hibernation.take_all() {
+                        successor.hand_over(sleeper);
+                    }
+                } else if shutting_down {
                     // A request that has arrived is answered (with `Connection: close`), not
                     // lost with its connection.
                     while let Ok(n) = hibernation.take_woken(&mut woken) {
@@ -237,6 +259,12 @@ impl<T> Slots<T> {
         Some(value)
     }
 
+    fn take_all(&mut self) -> Vec<T> {
+        self.free.clear();
+        self.len = 0;
+        std::mem::take(&mut self.entries).into_iter().flatten().collect()
+    }
+
     fn remove_where(&mut self, mut doomed: impl FnMut(&T) -> bool) -> usize {
         let mut removed = 0;
         for (key, entry) in self.entries.iter_mut().enumerate() {
@@ -273,5 +301,8 @@ mod tests {
         assert_eq!(slots.remove(b), None);
         assert_eq!(slots.len(), 1);
         assert_eq!(slots.remove(99), None);
+        assert_eq!(slots.take_all(), vec!["c"]);
+        assert_eq!(slots.len(), 0);
+        assert_eq!(slots.insert("d"), 0);
     }
 }

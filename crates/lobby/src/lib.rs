@@ -18,11 +18,12 @@ mod offer;
 mod seating;
 mod spool;
 mod supervisor;
+mod upgrade;
 mod worker;
 mod zygote;
 
 use std::cell::RefCell;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,7 @@ use tokio::task::{JoinHandle, LocalSet};
 pub use config::{BindAddress, Config};
 pub use log::Level;
 pub use supervisor::{Reread, Rereader};
+pub use upgrade::Succession;
 
 use crate::accept::{accept_backlog, accept_loop, announce, CapWatch, Descriptors};
 use crate::connection::Site;
@@ -41,7 +43,8 @@ use crate::hibernation::Hibernation;
 use crate::listen::Acceptor;
 use crate::log::{error, info, warning};
 use crate::seating::Seating;
-use crate::supervisor::{close_control_and_reap, read_control, BootEnd, Signals, Supervisor};
+use crate::supervisor::{close_control_and_reap, read_control, BootEnd, Signals, Stop, Supervisor};
+use crate::upgrade::Successor;
 use crate::zygote::Control;
 
 /// Why the server could not start: one line for the operator.
@@ -75,6 +78,9 @@ pub(crate) struct Lobby {
     pub spill_budget: Rc<spool::SpillBudget>,
     /// Incomplete request heads' memory (`--max-head-memory`).
     pub heads: Rc<heads::HeadBudget>,
+    /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
+    /// being closed.
+    successor: RefCell<Option<Rc<Successor>>>,
 }
 
 impl Lobby {
@@ -87,6 +93,22 @@ impl Lobby {
     /// request on.
     pub fn set_settings(&self, config: Config) {
         *self.settings.borrow_mut() = Rc::new(config);
+    }
+
+    /// Whether connections close once answered: a shutdown has begun and no new maitred takes
+    /// them over.
+    pub fn closing(&self) -> bool {
+        *self.shutdown.borrow() && self.successor.borrow().is_none()
+    }
+
+    /// Whether a new maitred takes this one's idle connections (SIGUSR2).
+    pub fn handing_over(&self) -> bool {
+        self.successor.borrow().is_some()
+    }
+
+    /// The new maitred that takes this one's idle connections, during an upgrade.
+    pub fn successor(&self) -> Option<Rc<Successor>> {
+        self.successor.borrow().clone()
     }
 
     /// The request limits in force now.
@@ -102,15 +124,22 @@ impl Lobby {
 }
 
 /// Runs the lobby until a shutdown completes. Returns the process exit code. `rereader`, when
-/// there is a config file, reads it again for a reload (SIGHUP).
-pub fn run(config: Config, control: OwnedFd, zygote_pid: i32, rereader: Option<Rereader>) -> Result<i32, StartupError> {
+/// there is a config file, reads it again for a reload (SIGHUP); `succession` says how to
+/// start a new maitred (SIGUSR2), and whether this one replaces another.
+pub fn run(
+    config: Config,
+    control: OwnedFd,
+    zygote_pid: i32,
+    rereader: Option<Rereader>,
+    succession: Succession,
+) -> Result<i32, StartupError> {
     log::set_level(config.log_level);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader));
+    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader, succession));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
     // A config file still being read for a reload is not waited for.
@@ -124,6 +153,7 @@ async fn supervise(
     control: OwnedFd,
     zygote_pid: i32,
     rereader: Option<Rereader>,
+    mut succession: Succession,
 ) -> Result<i32, StartupError> {
     // First, so that no signal the lobby acts on can end it by its default action.
     let signals = Signals::install()?;
@@ -168,12 +198,17 @@ async fn supervise(
         hibernation,
         spill_budget,
         heads,
+        successor: RefCell::new(None),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
     notify::watch(&lobby);
-    let mut supervisor = Supervisor::new(lobby.clone(), events_tx, signals, rereader);
+    let predecessor = succession.predecessor.take();
+    let pid_file = succession.pid_file.clone();
+    let listener_fds = listeners.iter().map(|l| l.socket.as_raw_fd()).collect();
+    let mut supervisor =
+        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds);
 
     if let Err(end) = supervisor.boot(&mut events).await {
         let workers = supervisor.stop_workers(false).await;
@@ -217,20 +252,39 @@ async fn supervise(
         lobby.config.workers,
         supervisor.pids()
     );
-    notify::ready();
+    match predecessor {
+        Some(predecessor) => {
+            // The pid file names this lobby only once it serves: a new maitred that fails to
+            // start leaves the running one's pid there.
+            if let Some(path) = &pid_file {
+                if let Err(e) = std::fs::write(path, format!("{}\n", std::process::id())) {
+                    warning!("cannot write the pid file {}: {e}", path.display());
+                }
+            }
+            let handover = upgrade::take_over(lobby.clone(), predecessor, sites.clone(), connections.clone());
+            tokio::task::spawn_local(handover);
+        }
+        None => notify::ready(),
+    }
 
     let mut exit_code = 0;
-    let graceful = supervisor.run(&mut events).await;
-    let graceful = match graceful {
-        Ok(graceful) => graceful,
+    let stop = match supervisor.run(&mut events).await {
+        Ok(stop) => stop,
         Err(reason) => {
             error!("{reason}; shutting down");
             exit_code = 1;
-            true
+            Stop::Graceful
         }
     };
-
-    notify::stopping();
+    let graceful = !matches!(stop, Stop::Immediate);
+    match stop {
+        Stop::Upgrade(successor) => {
+            // Before the shutdown is announced, so that no connection closes for it.
+            notify::main_pid(successor.pid);
+            *lobby.successor.borrow_mut() = Some(Rc::new(successor));
+        }
+        _ => notify::stopping(),
+    }
     let _ = shutdown_tx.send(true);
     for task in &accepting {
         task.abort();
@@ -239,18 +293,23 @@ async fn supervise(
         // Aborted accept loops give back the connection permit they were holding.
         let _ = task.await;
     }
-    if graceful {
-        let taken: usize =
-            listeners.iter().zip(&sites).map(|(l, site)| accept_backlog(&lobby, l, site, &connections)).sum();
-        if taken > 0 {
-            info!("accepted {taken} connections still waiting in the listen queue");
+    let successor = lobby.successor();
+    if successor.is_none() {
+        if graceful {
+            let taken: usize =
+                listeners.iter().zip(&sites).map(|(l, site)| accept_backlog(&lobby, l, site, &connections)).sum();
+            if taken > 0 {
+                info!("accepted {taken} connections still waiting in the listen queue");
+            }
+        }
+        // The new maitred listens on the same sockets, files included.
+        for listener in &listeners {
+            if let Some(path) = &listener.unix_path {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
-    for listener in listeners {
-        if let Some(path) = &listener.unix_path {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    drop(listeners);
     let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
     let in_use = max_connections - connections.available_permits();
     info!(
@@ -261,6 +320,11 @@ async fn supervise(
         deadline.as_secs_f64()
     );
     let drained = supervisor.drain(&mut events, &connections, max_connections, deadline).await;
+    if let Some(successor) = successor {
+        info!("handed {} idle connections to the new maitred (pid {})", successor.handed(), successor.pid);
+        // Closing the channel tells the new lobby that no more come.
+        lobby.successor.borrow_mut().take();
+    }
     let workers = supervisor.stop_workers(!drained).await;
     lobby.seating.clear();
     control_reader.abort();

@@ -180,6 +180,13 @@ pub fn reloading() {
     }
 }
 
+/// `MAINPID=`: after a binary upgrade (SIGUSR2), the new lobby is the service's main process.
+pub fn main_pid(pid: i32) {
+    if let Some(notifier) = notifier() {
+        notifier.send(&format!("MAINPID={pid}"));
+    }
+}
+
 /// `STOPPING=1`, as a shutdown begins.
 pub fn stopping() {
     if let Some(notifier) = notifier() {

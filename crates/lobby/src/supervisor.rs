@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::hash::{BuildHasher, Hasher};
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::log::{self, debug, error, info, warning};
 use crate::notify;
+use crate::upgrade::{Candidate, Succession, Successor};
 use crate::worker::{self, Channel, Gone, Phase, Seat};
 use crate::zygote::Report;
 use crate::{Config, Lobby, StartupError};
@@ -165,6 +166,16 @@ struct Reload {
     again: bool,
 }
 
+/// How serving ended.
+pub(crate) enum Stop {
+    /// SIGTERM, SIGINT, or a fatal error: requests under way are finished.
+    Graceful,
+    /// SIGQUIT: workers are stopped at once.
+    Immediate,
+    /// SIGUSR2: a new maitred serves; this one finishes its requests and hands it the rest.
+    Upgrade(Successor),
+}
+
 /// How the start ended, when the workers did not all become ready.
 pub(crate) enum BootEnd {
     Failed(StartupError),
@@ -189,6 +200,11 @@ pub(crate) struct Supervisor {
     boot_failures: u32,
     /// Signals that came during the start, acted on once the server serves.
     deferred: Vec<Sig>,
+    /// How to start a new maitred for SIGUSR2, and the listen sockets it gets.
+    succession: Rc<Succession>,
+    listeners: Vec<RawFd>,
+    /// A new maitred started by SIGUSR2, until it is ready or has failed.
+    candidate: Option<Candidate>,
 }
 
 impl Supervisor {
@@ -197,6 +213,8 @@ impl Supervisor {
         events_tx: mpsc::UnboundedSender<Event>,
         signals: Signals,
         rereader: Option<Rereader>,
+        succession: Rc<Succession>,
+        listeners: Vec<RawFd>,
     ) -> Supervisor {
         let target = lobby.config.workers;
         Supervisor {
@@ -212,6 +230,9 @@ impl Supervisor {
             reload: None,
             boot_failures: 0,
             deferred: Vec::new(),
+            succession,
+            listeners,
+            candidate: None,
         }
     }
 
@@ -331,25 +352,35 @@ impl Supervisor {
         }
     }
 
-    /// Serves until a signal asks to stop. Ok(graceful?) for a signal, Err for a fatal loss.
-    pub(crate) async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<bool, String> {
+    /// Serves until a signal asks to stop, or a new maitred takes over. Err for a fatal loss.
+    pub(crate) async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<Stop, String> {
         for sig in std::mem::take(&mut self.deferred) {
-            if let Some(graceful) = self.on_signal(sig).await {
-                return Ok(graceful);
+            if let Some(stop) = self.on_signal(sig).await {
+                return Ok(stop);
             }
         }
         loop {
             let reload_deadline = self.reload.as_ref().and_then(|reload| reload.deadline);
             tokio::select! {
                 sig = self.signals.next() => {
-                    if let Some(graceful) = self.on_signal(sig).await {
-                        return Ok(graceful);
+                    if let Some(stop) = self.on_signal(sig).await {
+                        return Ok(stop);
                     }
                 }
                 event = events.recv() => match event {
                     Some(event) => self.handle(event).await?,
                     None => return Err("the supervisor lost its event channel".into()),
                 },
+                ready = async { self.candidate.as_mut().expect("checked").ready().await }, if self.candidate.is_some() => {
+                    let candidate = self.candidate.take().expect("checked");
+                    match ready {
+                        Ok(()) => {
+                            info!("SIGUSR2: the new maitred (pid {}) is ready; this one hands over to it", candidate.pid());
+                            return Ok(Stop::Upgrade(candidate.into_successor()));
+                        }
+                        Err(e) => error!("SIGUSR2: {e}; this maitred goes on serving"),
+                    }
+                }
                 _ = tokio::time::sleep_until(reload_deadline.unwrap_or_else(Instant::now)), if reload_deadline.is_some() => {
                     let settings = self.lobby.settings();
                     let reason = format!(
@@ -363,20 +394,20 @@ impl Supervisor {
         }
     }
 
-    /// Acts on a signal while serving; Some(graceful?) when it asks the server to stop.
-    async fn on_signal(&mut self, sig: Sig) -> Option<bool> {
+    /// Acts on a signal while serving; Some when it asks the server to stop.
+    async fn on_signal(&mut self, sig: Sig) -> Option<Stop> {
         match sig {
             Sig::Terminate | Sig::Interrupt => {
                 info!("{}: graceful shutdown", sig.name());
-                return Some(true);
+                return Some(Stop::Graceful);
             }
             Sig::Quit => {
                 info!("SIGQUIT: immediate shutdown");
-                return Some(false);
+                return Some(Stop::Immediate);
             }
             Sig::Hangup => self.begin_reload(),
             Sig::User1 => self.reopen_logs().await,
-            Sig::User2 => info!("SIGUSR2: binary upgrade is not supported yet; ignored"),
+            Sig::User2 => self.begin_upgrade(),
             Sig::MoreWorkers => {
                 self.target += 1;
                 info!("SIGTTIN: {} (one more)", workers(self.target));
@@ -405,6 +436,10 @@ impl Supervisor {
         deadline: Duration,
     ) -> bool {
         self.abandon_reload("a shutdown began").await;
+        if let Some(mut candidate) = self.candidate.take() {
+            info!("stopping the new maitred (pid {}) that SIGUSR2 started: a shutdown began", candidate.pid());
+            candidate.stop();
+        }
         let all_closed = connections.acquire_many(max_connections as u32);
         tokio::pin!(all_closed);
         let timer = tokio::time::sleep(deadline);
@@ -424,7 +459,6 @@ impl Supervisor {
                         return false;
                     }
                     Sig::User1 => self.reopen_logs().await,
-                    Sig::User2 => info!("SIGUSR2: binary upgrade is not supported yet; ignored"),
                     other => info!("{}: ignored during the shutdown", other.name()),
                 },
                 event = events.recv() => match event {
@@ -438,6 +472,25 @@ impl Supervisor {
                 },
                 _ = checks.tick() => self.balance(Duration::ZERO).await,
             }
+        }
+    }
+
+    /// SIGUSR2: starts a new maitred, which takes over once it says it is ready (`run`).
+    fn begin_upgrade(&mut self) {
+        if let Some(candidate) = &self.candidate {
+            info!("SIGUSR2: the new maitred (pid {}) is still starting; ignored", candidate.pid());
+            return;
+        }
+        match Candidate::start(&self.succession, &self.listeners) {
+            Ok(candidate) => {
+                info!(
+                    "SIGUSR2: binary upgrade: started `{}` (pid {}); it takes over once its workers are ready",
+                    self.succession.command.join(" "),
+                    candidate.pid()
+                );
+                self.candidate = Some(candidate);
+            }
+            Err(e) => error!("SIGUSR2: {e}; this maitred goes on serving"),
         }
     }
 

@@ -9,7 +9,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_lobby::{BindAddress, Config, Level, Reread, Rereader};
+use maitred_lobby::{BindAddress, Config, Level, Reread, Rereader, Succession};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -24,23 +24,37 @@ pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
 /// GIL) for each SIGHUP: it returns `(settings, kept)`, the settings as `serve` takes them and
 /// the names of those that changed but cannot change without a new lobby, or raises an
 /// exception whose message says what is wrong with the file.
+///
+/// `succession` is how a binary upgrade (SIGUSR2) starts the next maitred: `command` (the
+/// command line, interpreter first), `directory` (where it was started), `pid_file`, and
+/// `predecessor`, the descriptor of the channel to the lobby this one replaces, if any (the
+/// lobby takes ownership of it).
 #[pyfunction]
-#[pyo3(signature = (settings, control_fd, zygote_pid, reread=None))]
+#[pyo3(signature = (settings, control_fd, zygote_pid, succession, reread=None))]
 fn serve(
     py: Python<'_>,
     settings: &Bound<'_, PyDict>,
     control_fd: i32,
     zygote_pid: i32,
+    succession: &Bound<'_, PyDict>,
     reread: Option<Py<PyAny>>,
 ) -> PyResult<i32> {
     let config = config_from(settings)?;
+    let succession = Succession {
+        command: required(succession, "command")?,
+        directory: required::<String>(succession, "directory")?.into(),
+        pid_file: optional::<String>(succession, "pid_file")?.map(Into::into),
+        // SAFETY: the CLI hands this descriptor over and no longer uses it.
+        predecessor: optional::<i32>(succession, "predecessor")?.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+    };
     let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
     // SAFETY: the CLI hands this descriptor over and no longer uses it.
     let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
     // Python's SIGINT handler only sets a flag for the interpreter, which will not run
     // until the lobby returns; the lobby handles SIGINT itself.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
-    py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader)).map_err(|e| StartupError::new_err(e.0))
+    py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader, succession))
+        .map_err(|e| StartupError::new_err(e.0))
 }
 
 /// Calls the CLI's `reread`; Err is one line for the log.

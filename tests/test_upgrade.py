@@ -1,0 +1,185 @@
+"""SIGUSR2, the binary upgrade (docs/SIGNALS.md): a new maitred starts with the running one's
+listen sockets, says it is ready, and the old one finishes its requests, hands over its idle
+keep-alive connections instead of closing them, and exits 0. No client notices.
+
+Every test runs real maitred processes on 127.0.0.1 with tests/apps/echo.py (whose answers
+name the worker's pid) and talks to them over real sockets; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from client import read_reply
+from conftest import HOST, free_port
+
+APPS = Path(__file__).resolve().parent / "apps"
+REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+def ask(sock: socket.socket) -> int:
+    """One request on a keep-alive connection; the pid of the worker that answered."""
+    sock.sendall(REQUEST)
+    reply = read_reply(sock)
+    assert reply.status == 200, reply
+    assert reply.headers.get("Connection", "").lower() != "close", reply
+    return reply.pid
+
+
+def children(pid: int) -> set[int]:
+    """The pids of `pid`'s children (its zygote, and for the zygote its workers)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text()
+        found.update(int(child) for child in text.split())
+    return found
+
+
+def workers_of(lobby: int) -> set[int]:
+    return {worker for zygote in children(lobby) for worker in children(zygote)}
+
+
+def wait_for_log(server, text: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in server.stderr():
+        assert time.monotonic() < deadline, f"{text!r} is not in the log:\n{server.stderr()}"
+        time.sleep(0.05)
+    return server.stderr()
+
+
+def read_pid(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+def test_idle_keep_alive_connections_are_handed_to_the_new_lobby(maitred_server, tmp_path):
+    """200 idle keep-alive connections, some asleep (idle past the lobby's 0.5 s) and some
+    fresh: after the upgrade each is answered, on the same connection, by the new workers."""
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server("-w", "2", "--pid", str(pid_file), "echo:app", cwd=APPS)
+    old_workers = workers_of(server.pid)
+    sleepers = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(150)]
+    for sock in sleepers:
+        assert ask(sock) in old_workers
+    time.sleep(1.0)  # they hibernate
+    fresh = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(50)]
+    for sock in fresh:
+        assert ask(sock) in old_workers
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    new_lobby = read_pid(pid_file)
+    assert new_lobby != server.pid
+    new_workers = workers_of(new_lobby)
+    assert new_workers and not new_workers & old_workers
+    for sock in sleepers + fresh:
+        assert ask(sock) in new_workers
+        sock.close()
+    log = wait_for_log(server, "took over 200 idle connections", timeout=10)
+    assert "handed 200 idle connections to the new maitred" in log
+    # The new lobby stops like any other, and takes its pid file with it.
+    os.kill(new_lobby, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while pid_file.exists():
+        assert time.monotonic() < deadline, server.stderr()
+        time.sleep(0.05)
+
+
+def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
+    """Eight clients in a tight keep-alive loop and four opening a connection per request,
+    across an upgrade: every request is answered 200, and both generations answered some."""
+    server = maitred_server("-w", "2", "echo:app", cwd=APPS)
+    old_workers = workers_of(server.pid)
+    stop = threading.Event()
+    failures: list[str] = []
+    answered_by: list[set[int]] = []
+
+    def keep_alive_client() -> None:
+        pids = set()
+        try:
+            with socket.create_connection((HOST, server.port), timeout=10) as sock:
+                while not stop.is_set():
+                    pids.add(ask(sock))
+        except Exception as error:  # noqa: BLE001 - any failure is the test's finding
+            failures.append(f"keep-alive client: {error!r}")
+        answered_by.append(pids)
+
+    def connection_per_request_client() -> None:
+        pids = set()
+        try:
+            while not stop.is_set():
+                with socket.create_connection((HOST, server.port), timeout=10) as sock:
+                    pids.add(ask(sock))
+        except Exception as error:  # noqa: BLE001 - any failure is the test's finding
+            failures.append(f"connection-per-request client: {error!r}")
+        answered_by.append(pids)
+
+    threads = [threading.Thread(target=keep_alive_client) for _ in range(8)]
+    threads += [threading.Thread(target=connection_per_request_client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        server.send_signal(signal.SIGUSR2)
+        assert server.wait(timeout=30) == 0, server.stderr()
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not failures, failures
+    everyone = set().union(*answered_by)
+    assert everyone & old_workers and everyone - old_workers, everyone
+    # Each keep-alive client went on, on its one connection, with the new workers.
+    assert all(pids - old_workers for pids in answered_by[:8] if pids), answered_by
+
+
+def test_a_new_maitred_that_cannot_start_leaves_the_old_one_serving(maitred_server, tmp_path):
+    """The config file is broken between start and SIGUSR2: the new maitred exits, the log
+    says why in one line, the old one serves on and keeps its pid file; once the file is
+    fixed, the next SIGUSR2 upgrades."""
+    config_file = tmp_path / "maitred.conf.py"
+    config_file.write_text("workers = 1\n")
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server("-c", str(config_file), "--pid", str(pid_file), "echo:app", cwd=APPS)
+    keep_alive = socket.create_connection((HOST, server.port), timeout=10)
+    first = ask(keep_alive)
+    config_file.write_text("workers = 'many'\n")
+    server.send_signal(signal.SIGUSR2)
+    log = wait_for_log(server, "this maitred goes on serving", timeout=30)
+    assert "SIGUSR2: the new maitred exited with code 2 before it was ready" in log, log
+    assert "workers" in log.split("SIGUSR2: binary upgrade")[1], log
+    assert server.process.poll() is None
+    assert read_pid(pid_file) == server.pid
+    assert ask(keep_alive) == first
+    config_file.write_text("workers = 1\n")
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    assert read_pid(pid_file) != server.pid
+    assert ask(keep_alive) != first
+    keep_alive.close()
+
+
+def test_a_listener_dropped_from_the_config_is_closed_and_one_added_is_bound(maitred_server, tmp_path):
+    """The new maitred serves what its --bind names: an inherited socket no longer named is
+    closed (the log says so), a new address is bound, one named again is used as it is."""
+    second_port = free_port()
+    config_file = tmp_path / "maitred.conf.py"
+    config_file.write_text(f"bind = ['{HOST}:{second_port}']\n")
+    server = maitred_server("-c", str(config_file), "echo:app", cwd=APPS, bind=False, port=second_port)
+    third_port = free_port()
+    config_file.write_text(f"bind = ['{HOST}:{third_port}']\n")
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    log = wait_for_log(server, f"no longer listening at {HOST}:{second_port}", timeout=10)
+    assert f"listening at http://{HOST}:{third_port}" in log
+    with socket.create_connection((HOST, third_port), timeout=10) as sock:
+        ask(sock)
+    try:
+        socket.create_connection((HOST, second_port), timeout=2).close()
+        raise AssertionError(f"port {second_port} still accepts connections")
+    except ConnectionRefusedError:
+        pass
