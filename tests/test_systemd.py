@@ -20,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -187,9 +188,12 @@ class NotifySocket:
     address: str
     sock: socket.socket = field(init=False)
     messages: list[tuple[float, list[str]]] = field(default_factory=list)
+    # The pid that sent each message (SO_PASSCRED), as systemd checks it against MAINPID.
+    senders: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.bind("\0" + self.address[1:] if self.address.startswith("@") else self.address)
 
     def close(self) -> None:
@@ -201,11 +205,17 @@ class NotifySocket:
         if left <= 0:
             return False
         self.sock.settimeout(left)
+        credentials_size = struct.calcsize("3i")
         try:
-            data = self.sock.recv(4096)
+            data, ancillary, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(credentials_size))
         except TimeoutError:
             return False
         self.messages.append((time.monotonic(), data.decode().split("\n")))
+        sender = 0
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                sender = struct.unpack("3i", value[:credentials_size])[0]
+        self.senders.append(sender)
         return True
 
     def wait_for(self, line: str, timeout: float) -> float:
@@ -355,6 +365,48 @@ def test_passed_sockets_that_do_not_listen_for_streams_are_refused_in_one_line(l
     if kind == "--datagram":
         # maitred is what systemd-socket-activate became.
         assert run.process.wait(timeout=30) == 1
+
+
+@needs_socket_activate
+def test_a_binary_upgrade_keeps_the_activated_socket_and_moves_mainpid(launch, svc_dir, notify_socket):
+    """SIGUSR2 under socket activation: the new lobby serves the socket systemd passed (by its
+    name), the old one tells systemd MAINPID= and exits 0, the new one speaks to systemd only
+    after that (READY=1), and the application never sees the service manager's variables."""
+    port = free_port()
+    environment = ["-E", f"NOTIFY_SOCKET={notify_socket.address}"]
+    run = activate(launch, svc_dir, [f"{HOST}:{port}"], ["-w", "2", "svc:app"], "--fdname=web", *environment)
+    keep_alive = socket.create_connection((HOST, port), timeout=30)
+    keep_alive.sendall(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+    old_worker = json.loads(read_reply(keep_alive).body)["pid"]
+    notify_socket.wait_for("READY=1", timeout=30)
+    run.process.send_signal(signal.SIGUSR2)
+    assert run.process.wait(timeout=30) == 0, run.log()
+    new_lobby = _new_lobby(run)
+    switched = notify_socket.wait_for(f"MAINPID={new_lobby}", timeout=10)
+    assert eventually(lambda: notify_socket.collect(0.1) or notify_socket.lines("READY=1", since=switched), 10), (
+        notify_socket.messages
+    )
+    # Nothing from the new lobby before it is the main process: systemd would refuse it.
+    first_from_new = notify_socket.senders.index(new_lobby)
+    assert notify_socket.messages[first_from_new][0] > switched, list(
+        zip(notify_socket.senders, notify_socket.messages)
+    )
+    run.wait_for_log(f"listening at http://{HOST}:{port} (fd 3, socket activation: web)")
+    keep_alive.sendall(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+    answer = json.loads(read_reply(keep_alive).body)
+    keep_alive.close()
+    assert answer["pid"] != old_worker
+    assert answer["at_import"] == answer["now"] == [] and answer["listening"] == [], answer
+    assert get_json(port)["pid"] != old_worker
+    os.kill(new_lobby, signal.SIGTERM)
+    assert wait_for_empty_group(run.pid, 30) == [], run.log()
+
+
+def _new_lobby(run: Run) -> int:
+    """The pid of the lobby a binary upgrade started, from the log line that names it."""
+    found = re.search(r"SIGUSR2: the new maitred \(pid (\d+)\) is ready", run.log())
+    assert found, run.log()
+    return int(found.group(1))
 
 
 def test_listen_fds_meant_for_another_process_are_ignored(maitred_server, svc_dir):

@@ -203,7 +203,10 @@ async fn supervise(
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
-    notify::watch(&lobby);
+    // A new lobby started by a binary upgrade speaks to systemd once it is the main process.
+    if succession.predecessor.is_none() {
+        notify::watch(&lobby);
+    }
     let predecessor = succession.predecessor.take();
     let pid_file = succession.pid_file.clone();
     let listener_fds = listeners.iter().map(|l| l.socket.as_raw_fd()).collect();
@@ -281,6 +284,7 @@ async fn supervise(
         Stop::Upgrade(successor) => {
             // Before the shutdown is announced, so that no connection closes for it.
             notify::main_pid(successor.pid);
+            successor.confirm_main();
             *lobby.successor.borrow_mut() = Some(Rc::new(successor));
         }
         _ => notify::stopping(),

@@ -6,7 +6,7 @@
 //! | 1    | SIGUSR2: starts the command it was started with, passing its listen sockets and one end of a `SOCK_SEQPACKET` pair | |
 //! | 2    | serves as before                                  | takes the sockets, starts its workers |
 //! | 3    |                                                   | `ready`: it serves                  |
-//! | 4    | writes the new pid to `--pid`, `MAINPID=` to systemd, stops accepting | accepts too |
+//! | 4    | `MAINPID=` to systemd, then `main`; stops accepting | writes `--pid`, accepts too; `READY=1` after `main` |
 //! | 5    | finishes its requests; each idle keep-alive connection goes over the pair with its state | puts each to sleep as its own |
 //! | 6    | exits 0 once no connection is left                | serves alone                        |
 //!
@@ -34,7 +34,7 @@ use tokio::sync::Semaphore;
 use crate::connection::{Peer, Site};
 use crate::hibernation::{Sleeper, StreamKind};
 use crate::log::{info, warning, warning_limited};
-use crate::Lobby;
+use crate::{notify, Lobby};
 
 /// The descriptor of the new lobby's end of the pair.
 const CHANNEL_VARIABLE: &str = "MAITRED_UPGRADE_FD";
@@ -47,6 +47,9 @@ const HANDOVER_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest message: a connection's state with its server name.
 const MAX_MESSAGE: usize = 4096;
 const READY: &[u8] = b"ready";
+/// The old lobby's answer to `ready`, once it has told systemd (MAINPID=) that the new one is
+/// the service's main process: only then may the new one notify (READY=1, STATUS=) itself.
+const MAIN: &[u8] = b"main";
 
 /// How this lobby came to be, and how it would start its successor.
 pub struct Succession {
@@ -238,6 +241,13 @@ impl Successor {
         // This lobby's copy of the socket closes here, and the connection's place with it.
     }
 
+    /// Tells the new lobby that it is the service's main process now.
+    pub(crate) fn confirm_main(&self) {
+        if let Err(e) = maitred_fdpass::send(self.channel.as_raw_fd(), &[IoSlice::new(MAIN)], 0) {
+            warning!("cannot tell the new maitred that it is the main process: {e}");
+        }
+    }
+
     pub(crate) fn handed(&self) -> u64 {
         self.handed.get()
     }
@@ -275,6 +285,11 @@ pub(crate) async fn take_over(
                 break;
             }
         };
+        if message == MAIN {
+            notify::watch(&lobby);
+            notify::ready();
+            continue;
+        }
         let Some(socket) = fds.pop_front() else {
             warning_limited!("the maitred being replaced sent a connection without its socket");
             continue;
