@@ -183,3 +183,20 @@ def test_a_listener_dropped_from_the_config_is_closed_and_one_added_is_bound(mai
         raise AssertionError(f"port {second_port} still accepts connections")
     except ConnectionRefusedError:
         pass
+
+
+def test_sigusr2_sent_to_the_whole_group_upgrades_once(maitred_server, tmp_path):
+    """Only the lobby acts on SIGUSR2: sent to the process group, it upgrades once, and no
+    process of the old maitred is killed by it."""
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server("-w", "2", "--pid", str(pid_file), "echo:app", cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        ask(sock)
+    os.killpg(server.pid, signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    log = server.stderr()
+    assert log.count("SIGUSR2: binary upgrade: started") == 1, log
+    assert "exited (signal" not in log and "killed by signal" not in log, log
+    new_lobby = read_pid(pid_file)
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        assert ask(sock) in workers_of(new_lobby)
