@@ -200,3 +200,23 @@ def test_sigusr2_sent_to_the_whole_group_upgrades_once(maitred_server, tmp_path)
     new_lobby = read_pid(pid_file)
     with socket.create_connection((HOST, server.port), timeout=10) as sock:
         assert ask(sock) in workers_of(new_lobby)
+
+
+def test_a_unix_socket_is_kept_across_an_upgrade_and_removed_by_the_last_lobby(maitred_server, tmp_path):
+    path = tmp_path / "app.sock"
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server("--bind", f"unix:{path}", "--pid", str(pid_file), "echo:app", cwd=APPS)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.settimeout(10)
+    unix.connect(str(path))
+    first = ask(unix)
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    assert path.exists()
+    assert ask(unix) != first
+    unix.close()
+    os.kill(read_pid(pid_file), signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while path.exists():
+        assert time.monotonic() < deadline, server.stderr()
+        time.sleep(0.05)

@@ -54,9 +54,10 @@ def run(argv: Sequence[str]) -> int:
         "directory": started_in,
         "pid_file": pid_file,
         "predecessor": None,
+        "inherited": {},
     }
     if inheritance is not None:
-        settings["bind"] = succession.reuse_listeners(settings["bind"], inheritance.listeners)
+        upgrade["inherited"] = succession.reuse_listeners(settings["bind"], inheritance.listeners)
         upgrade["predecessor"] = inheritance.channel
     try:
         # After an upgrade the lobby writes it once it serves: until then it names the

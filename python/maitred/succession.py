@@ -4,7 +4,9 @@ The running lobby starts the command it was started with (`command`, in `directo
 its listen sockets and one end of a channel through the environment
 (crates/lobby/src/upgrade.rs names the same variables). The new maitred's CLI takes those here:
 a listen socket already bound to an address in --bind is used as it is (``fd://N``), so that no
-connection waiting in its queue is lost; one that --bind no longer names is closed.
+connection waiting in its queue is lost (the lobby takes it for that address, which stays the
+one logged and, for a Unix socket, the file removed at exit); one that --bind no longer names is
+closed.
 """
 
 from __future__ import annotations
@@ -57,24 +59,24 @@ def command() -> list[str]:
     return [sys.executable, *sys.orig_argv[1:]]
 
 
-def reuse_listeners(binds: Sequence[str], inherited: Sequence[int]) -> list[str]:
-    """`binds`, with each address an inherited socket listens on replaced by ``fd://N``. The
-    inherited sockets that no bind names are closed, and the log says so."""
+def reuse_listeners(binds: Sequence[str], inherited: Sequence[int]) -> dict[str, int]:
+    """The inherited sockets to use, by the bind that names the address each listens on (an
+    ``fd://N`` bind names its own descriptor, and needs no entry). The inherited sockets that no
+    bind names are closed, and the log says so."""
     addresses = {fd: _local_address(fd) for fd in inherited}
     used: set[int] = set()
-    result = []
+    reused = {}
     for bind in binds:
         match = next((fd for fd in inherited if fd not in used and _names(bind, fd, addresses[fd])), None)
-        if match is None:
-            result.append(bind)
-        else:
+        if match is not None:
             used.add(match)
-            result.append(f"fd://{match}")
+            if not bind.startswith("fd://"):
+                reused[bind] = match
     for fd in inherited:
         if fd not in used:
             log.log("info", f"no longer listening at {_describe(addresses[fd])}: --bind does not name it")
             os.close(fd)
-    return result
+    return reused
 
 
 def _local_address(fd: int) -> object:

@@ -175,10 +175,14 @@ async fn supervise(
         }
         Some(wanted) => wanted,
     };
+    let mut inherited = std::mem::take(&mut succession.inherited);
     let listeners = config
         .binds
         .iter()
-        .map(|bind| listen::bind(bind, config.backlog))
+        .map(|bind| {
+            let socket = inherited.iter().position(|(address, _)| address == bind).map(|i| inherited.swap_remove(i).1);
+            listen::bind(bind, config.backlog, socket)
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(StartupError)?;
     if let Some(target) = &config.access_logfile {

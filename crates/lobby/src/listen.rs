@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -38,22 +38,37 @@ pub struct Listener {
     pub unix_path: Option<PathBuf>,
 }
 
-/// Binds and listens; the error names the address and the reason.
-pub fn bind(address: &BindAddress, backlog: Option<u32>) -> Result<Listener, String> {
+/// Binds and listens; the error names the address and the reason. `inherited` is the socket a
+/// binary upgrade passed for this address, already bound and listening: it is used as it is,
+/// so that the connections in its queue are not lost.
+pub fn bind(address: &BindAddress, backlog: Option<u32>, inherited: Option<OwnedFd>) -> Result<Listener, String> {
     let cap = somaxconn();
     let requested = backlog.unwrap_or(cap);
     let granted = requested.min(cap);
     let describe = |e: io::Error, what: &str| format!("cannot {what} {}: {e}", describe_bind(address));
     let (socket, display, server_name, server_port, unix_path) = match address {
         BindAddress::Tcp { host, port } => {
-            let addr = resolve(host, *port).map_err(|e| describe(e, "resolve"))?;
-            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
-            socket.set_reuse_address(true).map_err(|e| describe(e, "bind"))?;
-            if addr.is_ipv6() {
-                socket.set_only_v6(true).map_err(|e| describe(e, "bind"))?;
-            }
-            socket.bind(&addr.into()).map_err(|e| describe(e, "bind"))?;
-            let bound = socket.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(addr);
+            let (socket, bound) = match inherited {
+                Some(fd) => {
+                    let socket = Socket::from(fd);
+                    let bound = socket.local_addr().ok().and_then(|a| a.as_socket());
+                    let bound =
+                        bound.ok_or_else(|| describe(io::ErrorKind::InvalidInput.into(), "use the socket for"))?;
+                    (socket, bound)
+                }
+                None => {
+                    let addr = resolve(host, *port).map_err(|e| describe(e, "resolve"))?;
+                    let socket =
+                        Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
+                    socket.set_reuse_address(true).map_err(|e| describe(e, "bind"))?;
+                    if addr.is_ipv6() {
+                        socket.set_only_v6(true).map_err(|e| describe(e, "bind"))?;
+                    }
+                    socket.bind(&addr.into()).map_err(|e| describe(e, "bind"))?;
+                    let bound = socket.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(addr);
+                    (socket, bound)
+                }
+            };
             let display = match bound {
                 SocketAddr::V6(v6) => format!("http://[{}]:{}", v6.ip(), v6.port()),
                 SocketAddr::V4(v4) => format!("http://{v4}"),
@@ -61,10 +76,16 @@ pub fn bind(address: &BindAddress, backlog: Option<u32>) -> Result<Listener, Str
             (socket, display, host.clone(), bound.port(), None)
         }
         BindAddress::Unix(path) => {
-            remove_stale_socket(path).map_err(|e| describe(e, "bind"))?;
-            let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
-            let addr = SockAddr::unix(path).map_err(|e| describe(e, "bind"))?;
-            socket.bind(&addr).map_err(|e| describe(e, "bind"))?;
+            let socket = match inherited {
+                Some(fd) => Socket::from(fd),
+                None => {
+                    remove_stale_socket(path).map_err(|e| describe(e, "bind"))?;
+                    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(|e| describe(e, "bind"))?;
+                    let addr = SockAddr::unix(path).map_err(|e| describe(e, "bind"))?;
+                    socket.bind(&addr).map_err(|e| describe(e, "bind"))?;
+                    socket
+                }
+            };
             let name = path.display().to_string();
             (socket, format!("unix:{name}"), name, 0, Some(path.clone()))
         }

@@ -31,6 +31,7 @@ use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
 
+use crate::config::BindAddress;
 use crate::connection::{Peer, Site};
 use crate::hibernation::{Sleeper, StreamKind};
 use crate::log::{info, warning, warning_limited};
@@ -59,8 +60,10 @@ pub struct Succession {
     pub directory: PathBuf,
     /// `--pid`, written with the new lobby's pid when it takes over.
     pub pid_file: Option<PathBuf>,
-    /// When this lobby is itself an upgrade: its end of the pair with the lobby it replaces.
+    /// When this lobby is itself an upgrade: its end of the pair with the lobby it replaces,
     pub predecessor: Option<OwnedFd>,
+    /// and the listen sockets that lobby passed, each for the --bind address it listens on.
+    pub inherited: Vec<(BindAddress, OwnedFd)>,
 }
 
 /// Why an upgrade did not happen.

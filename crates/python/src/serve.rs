@@ -5,6 +5,7 @@
 //! lobby. The GIL is released for the whole run: no Python code runs in the lobby, except the
 //! config file read again for a reload (SIGHUP), on a thread of its own.
 
+use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +28,9 @@ pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
 ///
 /// `succession` is how a binary upgrade (SIGUSR2) starts the next maitred: `command` (the
 /// command line, interpreter first), `directory` (where it was started), `pid_file`, and
-/// `predecessor`, the descriptor of the channel to the lobby this one replaces, if any (the
-/// lobby takes ownership of it).
+/// `predecessor`, the descriptor of the channel to the lobby this one replaces, if any, and
+/// `inherited`, the listen sockets it passed, by the --bind address each listens on (the lobby
+/// takes ownership of them all).
 #[pyfunction]
 #[pyo3(signature = (settings, control_fd, zygote_pid, succession, reread=None))]
 fn serve(
@@ -46,6 +48,14 @@ fn serve(
         pid_file: optional::<String>(succession, "pid_file")?.map(Into::into),
         // SAFETY: the CLI hands this descriptor over and no longer uses it.
         predecessor: optional::<i32>(succession, "predecessor")?.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+        inherited: required::<HashMap<String, i32>>(succession, "inherited")?
+            .into_iter()
+            .map(|(bind, fd)| {
+                let bind = BindAddress::parse(&bind).map_err(PyValueError::new_err)?;
+                // SAFETY: as `predecessor`: a listen socket the CLI hands over, one per bind.
+                Ok((bind, unsafe { OwnedFd::from_raw_fd(fd) }))
+            })
+            .collect::<PyResult<_>>()?,
     };
     let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
     // SAFETY: the CLI hands this descriptor over and no longer uses it.
