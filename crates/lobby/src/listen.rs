@@ -345,17 +345,17 @@ mod tests {
     #[test]
     fn grants_at_most_somaxconn() {
         let cap = somaxconn();
-        let listener = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(cap + 1000)).unwrap();
+        let listener = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(cap + 1000), None).unwrap();
         assert_eq!(listener.backlog_requested, cap + 1000);
         assert_eq!(listener.backlog_granted, cap);
         assert!(listener.display.starts_with("http://127.0.0.1:"));
-        let default = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, None).unwrap();
+        let default = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, None, None).unwrap();
         assert_eq!(default.backlog_granted, cap);
     }
 
     #[test]
     fn accepted_connections_inherit_tcp_nodelay() {
-        let listener = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16)).unwrap();
+        let listener = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16), None).unwrap();
         let _client = std::net::TcpStream::connect(("127.0.0.1", listener.server_port)).unwrap();
         listener.socket.set_nonblocking(false).unwrap();
         let (accepted, _) = listener.socket.accept().unwrap();
@@ -364,16 +364,16 @@ mod tests {
 
     #[test]
     fn a_busy_port_is_a_clear_error() {
-        let first = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16)).unwrap();
+        let first = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16), None).unwrap();
         let port = first.server_port;
-        let err = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port }, Some(16)).unwrap_err();
+        let err = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port }, Some(16), None).unwrap_err();
         assert!(err.starts_with(&format!("cannot bind 127.0.0.1:{port}:")), "{err}");
     }
 
     /// Binds `fd://N` for a duplicate of `socket`.
     fn bind_inherited(socket: &Socket) -> Result<Listener, String> {
         let fd = socket.try_clone().unwrap().into_raw_fd();
-        bind(&BindAddress::Fd(fd), Some(16))
+        bind(&BindAddress::Fd(fd), Some(16), None)
     }
 
     #[test]
@@ -423,10 +423,29 @@ mod tests {
     fn replaces_a_stale_unix_socket_but_not_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
-        drop(bind(&BindAddress::Unix(path.clone()), Some(16)).unwrap());
-        assert!(bind(&BindAddress::Unix(path.clone()), Some(16)).is_ok());
+        drop(bind(&BindAddress::Unix(path.clone()), Some(16), None).unwrap());
+        assert!(bind(&BindAddress::Unix(path.clone()), Some(16), None).is_ok());
         let file = dir.path().join("plain");
         std::fs::write(&file, b"x").unwrap();
-        assert!(bind(&BindAddress::Unix(file), Some(16)).unwrap_err().contains("not a socket"));
+        assert!(bind(&BindAddress::Unix(file), Some(16), None).unwrap_err().contains("not a socket"));
+    }
+
+    #[test]
+    fn an_inherited_socket_is_used_as_it_is_for_its_address() {
+        let first = bind(&BindAddress::Tcp { host: "127.0.0.1".into(), port: 0 }, Some(16), None).unwrap();
+        let port = first.server_port;
+        let queued = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let address = BindAddress::Tcp { host: "127.0.0.1".into(), port };
+        // The address is taken: binding it again would fail, and the queued connection is kept.
+        let again = bind(&address, Some(16), Some(OwnedFd::from(first.socket))).unwrap();
+        assert_eq!(again.display, format!("http://127.0.0.1:{port}"));
+        assert!(again.socket.accept().is_ok());
+        drop(queued);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let unix = bind(&BindAddress::Unix(path.clone()), Some(16), None).unwrap();
+        let again = bind(&BindAddress::Unix(path.clone()), Some(16), Some(OwnedFd::from(unix.socket))).unwrap();
+        assert_eq!(again.unix_path, Some(path));
     }
 }
