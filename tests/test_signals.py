@@ -672,11 +672,40 @@ def test_reread_applies_the_file_keeps_what_needs_a_new_lobby_and_the_command_li
     assert config.rereader(["hello:app"], config.resolve(["hello:app"])) is None
 
 
-def test_with_preload_a_reload_is_refused_in_one_line(maitred_server, app_dir):
+def zygotes_of(server: Server) -> set[int]:
+    """The lobby's children: its zygote, and during a reload with --preload the new one too."""
+    return {pid for pid in processes_in_group(server.pid) if parent_of(pid) == server.pid}
+
+
+def test_with_preload_a_reload_starts_a_fresh_zygote_and_fails_no_request(maitred_server, app_dir):
+    """--preload: the application lives in the zygote, so a reload starts a new zygote that
+    imports the code on disk now; its workers take over once all are ready, the old zygote
+    exits after its workers, and a broken file leaves the serving ones as they were."""
     write_app(app_dir, "v1")
-    server = maitred_server("--preload", "versioned:app", cwd=app_dir, env=NO_PYC)
-    before = wait_for_workers(server, 1)
+    server = maitred_server("--preload", "-w", "2", "versioned:app", cwd=app_dir, env=NO_PYC)
+    wait_for_workers(server, 2)
+    (first_zygote,) = zygotes_of(server)
+    with Load(server.port, clients=4) as load:
+        time.sleep(0.3)
+        write_app(app_dir, "v2", import_delay=0.5)
+        server.send_signal(signal.SIGHUP)
+        wait_for_log(server, "SIGHUP: reloaded")
+        wait_until(
+            lambda: len(zygotes_of(server)) == 1 and first_zygote not in zygotes_of(server), 10, "old zygote gone"
+        )
+        time.sleep(0.3)
+    assert load.failures() == []
+    versions = [version_of_body(a.body) for a in load.answers()]
+    assert versions[0] == "v1" and versions[-1] == "v2", versions
+    assert "started a new zygote" in server.stderr()
+    (second_zygote,) = zygotes_of(server)
+    write_app(app_dir, "v3", source="def app(:\n")
     server.send_signal(signal.SIGHUP)
-    wait_for_log(server, "SIGHUP: --preload needs a new zygote; not supported yet; ignored")
-    assert worker_pids(server) == before
+    wait_for_log(server, "SIGHUP: reload abandoned: the new zygote could not load the application")
+    wait_until(lambda: zygotes_of(server) == {second_zygote}, 10, "the failed zygote gone")
+    assert version_of(get(server.port)) == "v2"
+    write_app(app_dir, "v4")
+    server.send_signal(signal.SIGHUP)
+    wait_until(lambda: version_of(get(server.port)) == "v4", 10, "v4 served")
     assert server.stop() == 0
+    assert wait_for_empty_group(server.pid, 10) == []

@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 def run(argv: Sequence[str]) -> int:
     started_in = os.getcwd()
+    zygote_channel = os.environ.pop(ZYGOTE_VARIABLE, None)
+    if zygote_channel is not None:
+        return _be_zygote(argv, zygote_channel)
     try:
         inheritance = succession.take_inheritance(os.environ)
         settings = config.resolve(argv, upgrading=inheritance is not None)
@@ -71,6 +74,26 @@ def run(argv: Sequence[str]) -> int:
     finally:
         if isinstance(pid_file, str):
             _remove_pid_file(pid_file)
+
+
+# Set by the lobby when it starts a fresh zygote, for a reload with --preload
+# (crates/lobby/src/zygote.rs): the descriptor of the zygote's end of its control channel.
+ZYGOTE_VARIABLE = "MAITRED_ZYGOTE_FD"
+
+
+def _be_zygote(argv: Sequence[str], channel: str) -> NoReturn:
+    """A zygote the lobby started with the command maitred was started with: read the
+    settings as maitred did (the config file as it is now), prepare the process the same way,
+    and serve the control channel. Failures go to the lobby as the first zygote's do."""
+    control = socket.socket(fileno=int(channel))
+    try:
+        settings = config.resolve(argv)
+        _prepare_process(settings)
+    except (config.UsageError, _StartupFailure) as error:
+        zygote.fail(control, str(error))
+        os._exit(EXIT_STARTUP)
+    config.without_service_manager(os.environ)
+    _run_zygote(control, settings)
 
 
 def _print_error(message: str) -> None:

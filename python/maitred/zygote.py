@@ -58,7 +58,7 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             application = load_app()
         except AppLoadError as error:
             _log_cause(error)
-            _fail(control, str(error))
+            fail(control, str(error))
             return 1
         worker_load_app = lambda: application
     grace = settings["graceful_timeout"]
@@ -66,7 +66,7 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     return _Zygote(control, worker_load_app, grace).serve()
 
 
-def _fail(control: socket.socket, message: str) -> None:
+def fail(control: socket.socket, message: str) -> None:
     """Sends `failed MESSAGE` before the zygote exits."""
     try:
         control.send(f"failed {message}".encode())
@@ -127,7 +127,7 @@ class _Zygote:
         except _SpawnFailed as error:
             # The protocol has one way to say "I cannot make workers": `failed`, then exit.
             # Workers already running go on until the lobby closes their channels.
-            _fail(self._control, str(error))
+            fail(self._control, str(error))
             return 1
 
     def _receive(self) -> None:

@@ -45,7 +45,7 @@ use crate::log::{error, info, warning};
 use crate::seating::Seating;
 use crate::supervisor::{close_control_and_reap, read_control, BootEnd, Signals, Stop, Supervisor};
 use crate::upgrade::Successor;
-use crate::zygote::Control;
+use crate::zygote::{Control, Zygote, Zygotes};
 
 /// Why the server could not start: one line for the operator.
 #[derive(Debug)]
@@ -69,7 +69,8 @@ pub(crate) struct Lobby {
     /// The settings now: `config`, or what the last SIGHUP read from the config file.
     settings: RefCell<Rc<Config>>,
     pub seating: Seating,
-    pub control: Control,
+    /// The zygote that forks workers, and retired ones (a reload with --preload).
+    pub zygotes: Rc<Zygotes>,
     /// Turns true once a shutdown has begun.
     pub shutdown: watch::Receiver<bool>,
     /// Keep-alive connections idle long enough to give up their tasks.
@@ -189,6 +190,7 @@ async fn supervise(
         log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
     }
     let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
+    let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };
     let (shutdown_tx, shutdown) = watch::channel(false);
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
     let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
@@ -197,7 +199,7 @@ async fn supervise(
         settings: RefCell::new(Rc::new(config.clone())),
         config,
         seating: Seating::default(),
-        control,
+        zygotes: Rc::new(Zygotes::new(first_zygote.clone())),
         shutdown,
         hibernation,
         spill_budget,
@@ -205,7 +207,7 @@ async fn supervise(
         successor: RefCell::new(None),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    let control_reader = tokio::task::spawn_local(read_control(lobby.clone(), events_tx.clone()));
+    let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
     let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
     // A new lobby started by a binary upgrade speaks to systemd once it is the main process.
     if succession.predecessor.is_none() {
@@ -222,7 +224,7 @@ async fn supervise(
         control_reader.abort();
         watcher.abort();
         drop(supervisor);
-        close_control_and_reap(lobby, zygote_pid, &workers).await;
+        close_control_and_reap(lobby, &workers).await;
         for listener in listeners {
             if let Some(path) = &listener.unix_path {
                 let _ = std::fs::remove_file(path);
@@ -338,7 +340,7 @@ async fn supervise(
     control_reader.abort();
     watcher.abort();
     drop(supervisor);
-    close_control_and_reap(lobby, zygote_pid, &workers).await;
+    close_control_and_reap(lobby, &workers).await;
     info!("shutdown complete");
     Ok(exit_code)
 }

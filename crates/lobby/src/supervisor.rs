@@ -25,7 +25,7 @@ use crate::log::{self, debug, error, info, warning};
 use crate::notify;
 use crate::upgrade::{Candidate, Succession, Successor};
 use crate::worker::{self, Channel, Gone, Phase, Seat};
-use crate::zygote::Report;
+use crate::zygote::{self, Report, Zygote};
 use crate::{Config, Lobby, StartupError};
 
 /// How long the zygote gets to exit once its control channel is closed.
@@ -50,21 +50,32 @@ pub type Rereader = Arc<dyn Fn() -> Result<Reread, String> + Send + Sync>;
 
 /// What the supervisor hears from the worker tasks, the zygote and the config re-read.
 pub(crate) enum Event {
-    Report(Report),
-    ZygoteGone(String),
-    Ready { id: usize, pid: i32 },
-    Gone { id: usize, pid: i32, gone: Gone },
+    /// A report from the zygote with this pid.
+    Report(i32, Report),
+    /// The zygote with this pid closed its channel, or the channel failed.
+    ZygoteGone(i32, String),
+    Ready {
+        id: usize,
+        pid: i32,
+    },
+    Gone {
+        id: usize,
+        pid: i32,
+        gone: Gone,
+    },
     Reread(Box<Result<Reread, String>>),
+    /// A reload could not go on; the reason.
+    ReloadFailed(String),
 }
 
-pub(crate) async fn read_control(lobby: Rc<Lobby>, events: mpsc::UnboundedSender<Event>) {
+pub(crate) async fn read_control(zygote: Zygote, events: mpsc::UnboundedSender<Event>) {
     loop {
-        let event = match lobby.control.receive().await {
-            Ok(Some(report)) => Event::Report(report),
-            Ok(None) => Event::ZygoteGone("the zygote exited".into()),
-            Err(e) => Event::ZygoteGone(format!("the control channel failed: {e}")),
+        let event = match zygote.control.receive().await {
+            Ok(Some(report)) => Event::Report(zygote.pid, report),
+            Ok(None) => Event::ZygoteGone(zygote.pid, "the zygote exited".into()),
+            Err(e) => Event::ZygoteGone(zygote.pid, format!("the control channel failed: {e}")),
         };
-        let last = matches!(event, Event::ZygoteGone(_));
+        let last = matches!(event, Event::ZygoteGone(..));
         if events.send(event).is_err() || last {
             return;
         }
@@ -205,6 +216,8 @@ pub(crate) struct Supervisor {
     listeners: Vec<RawFd>,
     /// A new maitred started by SIGUSR2, until it is ready or has failed.
     candidate: Option<Candidate>,
+    /// A reload's own zygote (--preload), until its workers serve or the reload is abandoned.
+    reload_zygote: Option<Zygote>,
 }
 
 impl Supervisor {
@@ -233,6 +246,7 @@ impl Supervisor {
             succession,
             listeners,
             candidate: None,
+            reload_zygote: None,
         }
     }
 
@@ -253,7 +267,7 @@ impl Supervisor {
     pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
         for _ in 0..self.target {
             let id = self.add_worker(self.generation, Phase::Serve);
-            if let Err(e) = self.lobby.control.spawn(id).await {
+            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id).await {
                 // The zygote is gone; its last report (a preload failure) says why.
                 debug!("cannot ask the zygote for worker {id}: {e}");
                 break;
@@ -284,9 +298,9 @@ impl Supervisor {
                 ));
             };
             match event {
-                Some(Event::Report(Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
-                Some(Event::Report(Report::PreloadFailed(message))) => return failed(message),
-                Some(Event::Report(Report::Exited { .. })) => {}
+                Some(Event::Report(_, Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
+                Some(Event::Report(_, Report::PreloadFailed(message))) => return failed(message),
+                Some(Event::Report(_, Report::Exited { .. })) => {}
                 Some(Event::Ready { id, .. }) => {
                     if let Some(worker) = self.workers.get_mut(&id) {
                         worker.ready = true;
@@ -297,8 +311,8 @@ impl Supervisor {
                 Some(Event::Gone { pid, gone, .. }) => {
                     return failed(format!("worker {pid} failed to start: {gone:?}"))
                 }
-                Some(Event::ZygoteGone(reason)) => return failed(format!("{reason} before the workers were ready")),
-                Some(Event::Reread(_)) => {}
+                Some(Event::ZygoteGone(_, reason)) => return failed(format!("{reason} before the workers were ready")),
+                Some(Event::Reread(_) | Event::ReloadFailed(_)) => {}
                 None => return failed("the supervisor lost its event channel".into()),
             }
         }
@@ -318,10 +332,14 @@ impl Supervisor {
     /// Asks the zygote for a new worker of `generation`, after `pause`.
     fn spawn(&mut self, generation: u64, phase: Phase, pause: Duration) {
         let id = self.add_worker(generation, phase);
-        let lobby = self.lobby.clone();
+        // A reload's workers come from its own zygote, when it has one (--preload).
+        let zygote = match &self.reload_zygote {
+            Some(zygote) if self.pending_generation() == Some(generation) => zygote.clone(),
+            _ => self.lobby.zygotes.serving(),
+        };
         tokio::task::spawn_local(async move {
             tokio::time::sleep(pause).await;
-            if let Err(e) = lobby.control.spawn(id).await {
+            if let Err(e) = zygote.control.spawn(id).await {
                 error!("cannot ask the zygote for a worker: {e}");
             }
         });
@@ -496,7 +514,7 @@ impl Supervisor {
 
     async fn handle(&mut self, event: Event) -> Result<(), String> {
         match event {
-            Event::Report(Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
+            Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
                 Some(entry) if entry.pid.is_none() => {
                     let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation);
                     info!("booting worker {pid}{}", if reload { " for the reload" } else { "" });
@@ -506,12 +524,23 @@ impl Supervisor {
                     // Its reload was abandoned before the zygote forked it.
                     debug!("worker {pid} is no longer wanted; stopping it");
                     drop(channel);
-                    let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
+                    if from == self.lobby.zygotes.serving().pid {
+                        let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                    }
                 }
             },
-            Event::Report(Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
-            Event::Report(Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
-            Event::ZygoteGone(reason) => return Err(format!("{reason}; no worker can be replaced")),
+            Event::Report(_, Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
+            Event::Report(from, Report::PreloadFailed(message)) if self.is_reload_zygote(from) => {
+                self.abandon_reload(&format!("the new zygote could not load the application: {message}")).await;
+            }
+            Event::Report(_, Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
+            Event::ZygoteGone(from, reason) if from == self.lobby.zygotes.serving().pid => {
+                return Err(format!("{reason}; no worker can be replaced"))
+            }
+            Event::ZygoteGone(from, reason) if self.is_reload_zygote(from) => {
+                self.abandon_reload(&format!("the new zygote: {reason}")).await;
+            }
+            Event::ZygoteGone(from, reason) => debug!("retired zygote {from}: {reason}"),
             Event::Ready { id, pid } => {
                 let Some(entry) = self.workers.get_mut(&id) else { return Ok(()) };
                 entry.ready = true;
@@ -526,6 +555,7 @@ impl Supervisor {
             }
             Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
             Event::Reread(result) => self.on_reread(*result).await,
+            Event::ReloadFailed(reason) => self.abandon_reload(&reason).await,
         }
         Ok(())
     }
@@ -632,19 +662,16 @@ impl Supervisor {
         self.lobby.seating.requeue_front(recalled);
     }
 
+    fn is_reload_zygote(&self, pid: i32) -> bool {
+        self.reload_zygote.as_ref().is_some_and(|zygote| zygote.pid == pid)
+    }
+
     fn pending_generation(&self) -> Option<u64> {
         self.reload.as_ref().and_then(|reload| reload.generation)
     }
 
     /// SIGHUP: reads the config file again if there is one, then starts a new set of workers.
     fn begin_reload(&mut self) {
-        if self.lobby.config.preload {
-            info!("SIGHUP: --preload needs a new zygote; not supported yet; ignored");
-            // A service manager that sent it waits for the reload to end (Type=notify-reload).
-            notify::reloading();
-            notify::ready();
-            return;
-        }
         if let Some(reload) = &mut self.reload {
             reload.again = true;
             info!("SIGHUP: a reload is under way; another follows once it is done");
@@ -698,7 +725,7 @@ impl Supervisor {
         }
         if config.log_level != old.log_level {
             log::set_level(config.log_level);
-            if let Err(e) = self.lobby.control.set_log_level(config.log_level).await {
+            if let Err(e) = self.lobby.zygotes.serving().control.set_log_level(config.log_level).await {
                 error!("cannot tell the zygote the new log level: {e}");
             }
         }
@@ -713,6 +740,24 @@ impl Supervisor {
         if let Some(reload) = &mut self.reload {
             reload.generation = Some(generation);
             reload.deadline = Some(Instant::now() + settings.timeout);
+        }
+        if self.lobby.config.preload {
+            // The application was imported by the zygote: only a fresh one imports it anew.
+            match Zygote::start(&self.succession.command, &self.succession.directory) {
+                Ok(zygote) => {
+                    info!(
+                        "SIGHUP: reloading {} with --preload: started a new zygote (pid {})",
+                        settings.app, zygote.pid
+                    );
+                    tokio::task::spawn_local(read_control(zygote.clone(), self.events_tx.clone()));
+                    self.reload_zygote = Some(zygote);
+                }
+                Err(e) => {
+                    // Abandoned as soon as the event is handled (this is not async).
+                    let _ = self.events_tx.send(Event::ReloadFailed(format!("cannot start a new zygote: {e}")));
+                    return;
+                }
+            }
         }
         info!(
             "SIGHUP: reloading {}: starting {} new workers; the old ones serve until all of them are ready",
@@ -745,6 +790,11 @@ impl Supervisor {
         for id in &new {
             self.workers[id].seat.serve();
         }
+        if let Some(zygote) = self.reload_zygote.take() {
+            // The old zygote exits once the old workers have answered what they hold.
+            let old = self.lobby.zygotes.replace(zygote);
+            self.lobby.zygotes.retire(old);
+        }
         self.generation = generation;
         self.boot_failures = 0;
         info!(
@@ -769,6 +819,7 @@ impl Supervisor {
         if !*self.lobby.shutdown.borrow() {
             notify::ready();
         }
+        let zygote = self.reload_zygote.take();
         if let Some(generation) = reload.generation {
             let ids: Vec<usize> =
                 self.workers.iter().filter(|(_, w)| w.generation == generation).map(|(id, _)| *id).collect();
@@ -781,10 +832,15 @@ impl Supervisor {
                         task.abort();
                     }
                     if let Some(pid) = entry.pid {
-                        let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
+                        let control =
+                            zygote.as_ref().map_or_else(|| self.lobby.zygotes.serving().control, |z| z.control.clone());
+                        let _ = control.kill(pid, libc::SIGKILL).await;
                     }
                 }
             }
+        }
+        if let Some(zygote) = zygote {
+            self.lobby.zygotes.retire(zygote);
         }
         if reload.again && !*self.lobby.shutdown.borrow() {
             self.begin_reload();
@@ -803,7 +859,7 @@ impl Supervisor {
         if let Some(path) = log::reopen_access_log() {
             reopened.push(format!("the access log {path}"));
         }
-        if let Err(e) = self.lobby.control.reopen_logs().await {
+        if let Err(e) = self.lobby.zygotes.serving().control.reopen_logs().await {
             error!("SIGUSR1: cannot ask the zygote to reopen its log: {e}");
         }
         if reopened.is_empty() {
@@ -821,7 +877,7 @@ impl Supervisor {
         for (_, worker) in self.workers.drain() {
             let Some(pid) = worker.pid else { continue };
             if kill {
-                let _ = self.lobby.control.kill(pid, libc::SIGKILL).await;
+                let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
             }
             if let Some(task) = worker.task {
                 task.abort();
@@ -853,29 +909,35 @@ fn retire_after(config: &Config) -> Option<u64> {
     Some(config.max_requests + jitter)
 }
 
-/// Closes the control channel (the zygote then exits once its workers have) and reaps it.
-/// If the zygote is stuck, it and the workers it was asked to stop are killed, so that
-/// nothing outlives the server.
-pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, zygote_pid: i32, workers: &[i32]) {
+/// Closes the control channel (the zygote then exits once its workers have) and reaps it,
+/// and any zygote a reload retired. If one is stuck, it and the workers it was asked to stop
+/// are killed, so that nothing outlives the server.
+pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, workers: &[i32]) {
     // Tasks not yet dropped may still hold the Lobby, so shut the socket rather than wait
     // for the last reference to close it.
-    lobby.control.close();
+    let serving = lobby.zygotes.serving();
+    serving.control.close();
+    let mut left = lobby.zygotes.retired();
+    left.push(serving.pid);
     drop(lobby);
     let deadline = tokio::time::Instant::now() + ZYGOTE_EXIT_WAIT;
     loop {
-        let mut status = 0;
-        let reaped = unsafe { libc::waitpid(zygote_pid, &mut status, libc::WNOHANG) };
-        if reaped != 0 {
+        left.retain(|pid| !zygote::reaped(*pid));
+        if left.is_empty() {
             return;
         }
         if tokio::time::Instant::now() >= deadline {
-            warning!("the zygote {zygote_pid} did not exit; killing it and its workers");
-            unsafe {
-                libc::kill(zygote_pid, libc::SIGKILL);
-                for &pid in workers {
-                    libc::kill(pid, libc::SIGKILL);
+            for &zygote in &left {
+                warning!("the zygote {zygote} did not exit; killing it and its workers");
+                // SAFETY: kill(2) and waitpid(2) on our own children, and on the workers the
+                // zygote was told to stop (not yet reaped: it has not exited).
+                unsafe {
+                    libc::kill(zygote, libc::SIGKILL);
+                    for &pid in workers {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                    libc::waitpid(zygote, std::ptr::null_mut(), 0);
                 }
-                libc::waitpid(zygote_pid, &mut status, 0);
             }
             return;
         }

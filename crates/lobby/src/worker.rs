@@ -442,7 +442,7 @@ async fn relay_response(
                     timeout.as_secs_f64(),
                     job.summary
                 );
-                if let Err(e) = lobby.control.kill(pid, libc::SIGKILL).await {
+                if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                     error!("could not ask the zygote to kill worker {pid}: {e}");
                 }
                 let detail = if head_sent {
@@ -456,7 +456,7 @@ async fn relay_response(
         let part = match decode_part(frame) {
             Ok(part) => part,
             Err(e) => {
-                let _ = lobby.control.kill(pid, libc::SIGKILL).await;
+                let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
                 return Err(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")));
             }
         };

@@ -1,8 +1,16 @@
-//! The lobby's side of the control channel to the zygote (docs/PROTOCOL.md, section 1).
+//! The lobby's side of the control channel to the zygote (docs/PROTOCOL.md, section 1), and
+//! the zygotes themselves: the CLI forks the first; a reload with `--preload` has the lobby start
+//! a fresh one, which imports the application anew, and retire the old one once the new
+//! workers serve.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -31,6 +39,108 @@ impl std::fmt::Display for Exit {
             Exit::Signal(signal) => write!(f, "signal {signal}"),
         }
     }
+}
+
+/// The variable that tells the `maitred` command to be a zygote on this control channel
+/// (read by `maitred.cli`).
+const ZYGOTE_VARIABLE: &str = "MAITRED_ZYGOTE_FD";
+/// How often a retired zygote is looked for, until it has exited.
+const REAP_POLL: Duration = Duration::from_millis(100);
+
+/// A zygote: its pid and its control channel.
+#[derive(Clone)]
+pub struct Zygote {
+    pub pid: i32,
+    pub control: Rc<Control>,
+}
+
+impl Zygote {
+    /// Starts a fresh zygote: `command` (the one maitred was started with, from `directory`)
+    /// told to be a zygote on the channel it is given. It reads the settings and imports the
+    /// application as the first one did.
+    pub fn start(command: &[String], directory: &std::path::Path) -> io::Result<Zygote> {
+        let mut fds = [0; 2];
+        // SAFETY: socketpair writes two descriptors into `fds`.
+        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) }
+            < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both are fresh descriptors that nothing else owns.
+        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (program, args) =
+            command.split_first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+        let theirs_raw = theirs.as_raw_fd();
+        let mut child = Command::new(program);
+        child.args(args).current_dir(directory).env(ZYGOTE_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
+        // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe.
+        unsafe {
+            child.pre_exec(move || {
+                if libc::fcntl(theirs_raw, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = child.spawn()?;
+        let pid = child.id() as i32;
+        // Reaped with waitpid, as the first zygote is (`reap`).
+        std::mem::forget(child);
+        Ok(Zygote { pid, control: Rc::new(Control::new(ours)?) })
+    }
+}
+
+/// The zygote that forks workers now, and retired ones that have not exited yet.
+pub struct Zygotes {
+    serving: RefCell<Zygote>,
+    retired: RefCell<Vec<i32>>,
+}
+
+impl Zygotes {
+    pub fn new(first: Zygote) -> Zygotes {
+        Zygotes { serving: RefCell::new(first), retired: RefCell::new(Vec::new()) }
+    }
+
+    pub fn serving(&self) -> Zygote {
+        self.serving.borrow().clone()
+    }
+
+    /// Makes `new` the zygote that forks workers; returns the one it replaces.
+    pub fn replace(&self, new: Zygote) -> Zygote {
+        std::mem::replace(&mut *self.serving.borrow_mut(), new)
+    }
+
+    /// Signals a worker through the serving zygote. A retired zygote's workers are its own to
+    /// stop: it kills those still running --graceful-timeout after it was retired.
+    pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
+        self.serving().control.kill(pid, signal).await
+    }
+
+    /// Closes a zygote's channel: it exits once its workers have (killing them after its
+    /// --graceful-timeout). It is reaped in the background; `reap_all` waits for what is left.
+    pub fn retire(self: &Rc<Self>, zygote: Zygote) {
+        zygote.control.close();
+        self.retired.borrow_mut().push(zygote.pid);
+        let zygotes = self.clone();
+        tokio::task::spawn_local(async move {
+            while !reaped(zygote.pid) {
+                tokio::time::sleep(REAP_POLL).await;
+            }
+            zygotes.retired.borrow_mut().retain(|pid| *pid != zygote.pid);
+        });
+    }
+
+    /// The retired zygotes not yet reaped.
+    pub fn retired(&self) -> Vec<i32> {
+        self.retired.borrow().clone()
+    }
+}
+
+/// Whether the child `pid` has exited (and is reaped now).
+pub fn reaped(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child, WNOHANG: it never blocks.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) != 0 }
 }
 
 /// The SOCK_SEQPACKET control channel: one datagram per message.
