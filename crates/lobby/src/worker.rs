@@ -231,6 +231,18 @@ impl Seat {
 /// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
 /// idle, until it may serve.
 pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle: Recycle, seat: Rc<Seat>) -> Gone {
+    // Made as soon as the worker is ready, held or not: the workers held at the start have all
+    // their descriptors open before the server says it serves.
+    let offers = match Offers::new() {
+        Ok(offers) => Rc::new(offers),
+        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
+    };
+    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
+    for receiver in offers.receivers() {
+        if let Err(e) = channel.send(&frame, Some(receiver)).await {
+            return Gone::Lost(format!("could not send its offer sockets: {e}"));
+        }
+    }
     let mut phase = seat.phase.subscribe();
     loop {
         match *phase.borrow_and_update() {
@@ -241,16 +253,6 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
         tokio::select! {
             changed = phase.changed() => if changed.is_err() { return Gone::Retired },
             _ = channel.closed_while_idle() => return Gone::Lost(idle_loss(&mut channel).await),
-        }
-    }
-    let offers = match Offers::new() {
-        Ok(offers) => Rc::new(offers),
-        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
-    };
-    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
-    for receiver in offers.receivers() {
-        if let Err(e) = channel.send(&frame, Some(receiver)).await {
-            return Gone::Lost(format!("could not send its offer sockets: {e}"));
         }
     }
     *seat.offers.borrow_mut() = Some(offers.clone());
