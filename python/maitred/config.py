@@ -315,6 +315,37 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "workers",
+        "max_worker_memory",
+        ("--max-worker-memory",),
+        "MB",
+        _whole_number(0),
+        0,
+        "Replace a worker whose resident memory is above this many megabytes (MiB) after a request: it takes "
+        "no further request (0: no limit).",
+    ),
+    Setting(
+        "workers",
+        "max_worker_lifetime",
+        ("--max-worker-lifetime",),
+        "SECONDS",
+        _seconds(allow_zero=False),
+        None,
+        "Replace a worker after it has served for this long: once it has answered the request it holds, "
+        "at once if it is idle.",
+        default_text="off",
+    ),
+    Setting(
+        "workers",
+        "max_worker_lifetime_jitter",
+        ("--max-worker-lifetime-jitter",),
+        "SECONDS",
+        _seconds(allow_zero=True),
+        0.0,
+        "Add a random 0 to N seconds to each worker's --max-worker-lifetime, so that workers do not all "
+        "restart at once.",
+    ),
+    Setting(
+        "workers",
         "preload",
         ("--preload",),
         None,

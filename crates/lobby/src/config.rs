@@ -74,6 +74,11 @@ pub struct Config {
     /// Retire a worker after this many requests; 0 never.
     pub max_requests: u64,
     pub max_requests_jitter: u64,
+    /// Retire a worker whose resident memory is above this many MiB after a request; 0 never.
+    pub max_worker_memory: u64,
+    /// Retire a worker once it has served this long; None never.
+    pub max_worker_lifetime: Option<Duration>,
+    pub max_worker_lifetime_jitter: Duration,
     /// None: no access log. `-`: standard output.
     pub access_logfile: Option<String>,
     /// The file standard error was pointed at (`--error-logfile`), which SIGUSR1 reopens;

@@ -15,6 +15,7 @@ mod listen;
 mod log;
 mod notify;
 mod offer;
+mod recycle;
 mod seating;
 mod spool;
 mod supervisor;

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::hash::{BuildHasher, Hasher};
 use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::log::{self, debug, error, info, warning};
 use crate::notify;
+use crate::recycle::{recycles, Recycle};
 use crate::upgrade::{Candidate, Succession, Successor};
 use crate::worker::{self, Channel, Gone, Phase, Seat};
 use crate::zygote::{self, Report, Zygote};
@@ -57,6 +57,12 @@ pub(crate) enum Event {
     Ready {
         id: usize,
         pid: i32,
+    },
+    /// The worker's task retires it (recycling); the reason is one line for the log.
+    Recycling {
+        id: usize,
+        pid: i32,
+        reason: String,
     },
     Gone {
         id: usize,
@@ -255,7 +261,7 @@ impl Supervisor {
         let mut pids: Vec<i32> = self
             .workers
             .values()
-            .filter(|w| w.generation == self.generation && w.seat.phase() != Phase::Retire)
+            .filter(|w| w.generation == self.generation && w.seat.phase() == Phase::Serve)
             .filter_map(|w| w.pid)
             .collect();
         pids.sort();
@@ -265,8 +271,9 @@ impl Supervisor {
     /// Starts every worker and waits until all are ready; the first failure ends the start,
     /// and so does SIGTERM, SIGINT or SIGQUIT. Other signals wait until the server serves.
     pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
+        // Held until all are ready, so that a --max-worker-lifetime counts from when they serve.
         for _ in 0..self.target {
-            let id = self.add_worker(self.generation, Phase::Serve);
+            let id = self.add_worker(self.generation, Phase::Hold);
             if let Err(e) = self.lobby.zygotes.serving().control.spawn(id).await {
                 // The zygote is gone; its last report (a preload failure) says why.
                 debug!("cannot ask the zygote for worker {id}: {e}");
@@ -312,9 +319,13 @@ impl Supervisor {
                     return failed(format!("worker {pid} failed to start: {gone:?}"))
                 }
                 Some(Event::ZygoteGone(_, reason)) => return failed(format!("{reason} before the workers were ready")),
-                Some(Event::Reread(_) | Event::ReloadFailed(_)) => {}
+                // Held workers serve nothing, so none is recycled yet.
+                Some(Event::Reread(_) | Event::ReloadFailed(_) | Event::Recycling { .. }) => {}
                 None => return failed("the supervisor lost its event channel".into()),
             }
+        }
+        for worker in self.workers.values() {
+            worker.seat.serve();
         }
         Ok(())
     }
@@ -350,7 +361,14 @@ impl Supervisor {
         entry.pid = Some(pid);
         let lobby = self.lobby.clone();
         let events = self.events_tx.clone();
-        let retire_after = retire_after(&lobby.settings());
+        let tell = self.events_tx.clone();
+        let recycle = Recycle::new(
+            &lobby.settings(),
+            pid,
+            Box::new(move |reason| {
+                let _ = tell.send(Event::Recycling { id, pid, reason });
+            }),
+        );
         let seat = entry.seat.clone();
         let task = tokio::task::spawn_local(async move {
             let gone = match Channel::new(channel) {
@@ -359,7 +377,7 @@ impl Supervisor {
                     Err(gone) => gone,
                     Ok(()) => {
                         let _ = events.send(Event::Ready { id, pid });
-                        worker::serve(lobby, pid, channel, retire_after, seat).await
+                        worker::serve(lobby, pid, channel, recycle, seat).await
                     }
                 },
             };
@@ -372,6 +390,8 @@ impl Supervisor {
 
     /// Serves until a signal asks to stop, or a new maitred takes over. Err for a fatal loss.
     pub(crate) async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<Stop, String> {
+        // The spare, when recycling wants one.
+        self.balance(Duration::ZERO).await;
         for sig in std::mem::take(&mut self.deferred) {
             if let Some(stop) = self.on_signal(sig).await {
                 return Ok(stop);
@@ -517,7 +537,14 @@ impl Supervisor {
             Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
                 Some(entry) if entry.pid.is_none() => {
                     let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation);
-                    info!("booting worker {pid}{}", if reload { " for the reload" } else { "" });
+                    let role = if reload {
+                        " for the reload"
+                    } else if entry.seat.phase() == Phase::Hold {
+                        " as the spare"
+                    } else {
+                        ""
+                    };
+                    info!("booting worker {pid}{role}");
                     self.start_worker(slot, pid, channel);
                 }
                 _ => {
@@ -553,6 +580,7 @@ impl Supervisor {
                     self.switch_if_ready().await;
                 }
             }
+            Event::Recycling { id, pid, reason } => self.on_recycling(id, pid, &reason).await,
             Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
             Event::Reread(result) => self.on_reread(*result).await,
             Event::ReloadFailed(reason) => self.abandon_reload(&reason).await,
@@ -576,6 +604,8 @@ impl Supervisor {
         }
         if let Some(why) = entry.retired_for {
             match gone {
+                // Its one line was logged when it began to retire.
+                Gone::Retired if why == "recycled" => debug!("worker {pid} retired ({why})"),
                 Gone::Retired => info!("worker {pid} retired ({why})"),
                 Gone::Lost(reason) => error!("worker {pid} lost while retiring ({why}): {reason}"),
                 Gone::BootFailed(message) => info!("worker {pid} retired ({why}) before it had loaded: {message}"),
@@ -586,7 +616,7 @@ impl Supervisor {
         let replacing = if replaced { "; starting a replacement" } else { "" };
         let pause = match gone {
             Gone::Retired => {
-                info!("worker {pid} retired after --max-requests{replacing}");
+                info!("worker {pid} retired{replacing}");
                 Duration::ZERO
             }
             Gone::Lost(reason) => {
@@ -610,12 +640,42 @@ impl Supervisor {
         self.balance(pause).await;
     }
 
-    /// The serving generation's workers that are not retiring, by number, oldest first.
+    /// A worker retires for recycling: the spare takes its place, and a new spare is started.
+    async fn on_recycling(&mut self, id: usize, pid: i32, reason: &str) {
+        if self.workers.get(&id).is_none_or(|entry| entry.retired_for.is_some()) {
+            // Retired already (a reload, SIGTTOU): its place is taken care of.
+            debug!("retiring worker {pid}: {reason}");
+            return;
+        }
+        self.retire(&[id], "recycled");
+        let successor = match self.spare().map(|spare| &self.workers[&spare]) {
+            _ if !self.wants_more() => String::new(),
+            Some(WorkerEntry { ready: true, pid: Some(spare), .. }) => {
+                format!("; the spare worker {spare} takes its place")
+            }
+            Some(_) => "; the spare worker, still loading, takes its place".into(),
+            None => "; starting a replacement".into(),
+        };
+        info!("retiring worker {pid}: {reason}{successor}");
+        self.balance(Duration::ZERO).await;
+    }
+
+    /// The serving generation's spare: ready, or loading, and seated at nothing until it takes
+    /// the place of a worker that retires or is lost.
+    fn spare(&self) -> Option<usize> {
+        self.workers
+            .iter()
+            .find(|(_, w)| w.generation == self.generation && w.seat.phase() == Phase::Hold)
+            .map(|(id, _)| *id)
+    }
+
+    /// The serving generation's workers that serve (not the spare, not those retiring), by
+    /// number, oldest first.
     fn serving(&self) -> Vec<usize> {
         let mut ids: Vec<usize> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.generation == self.generation && w.seat.phase() != Phase::Retire)
+            .filter(|(_, w)| w.generation == self.generation && w.seat.phase() == Phase::Serve)
             .map(|(id, _)| *id)
             .collect();
         ids.sort();
@@ -632,11 +692,17 @@ impl Supervisor {
         !*self.lobby.shutdown.borrow() || self.lobby.seating.queued() > 0 || serving == 0
     }
 
-    /// Starts or retires workers of the serving generation until `target` serve.
+    /// Starts or retires workers of the serving generation until `target` serve, the spare
+    /// first taking a missing worker's place; then starts a spare if recycling wants one.
     async fn balance(&mut self, pause: Duration) {
         let serving = self.serving();
         if self.wants_more() {
-            for _ in serving.len()..self.target {
+            let mut missing = self.target - serving.len();
+            if let Some(spare) = self.spare() {
+                self.workers[&spare].seat.serve();
+                missing -= 1;
+            }
+            for _ in 0..missing {
                 self.spawn(self.generation, Phase::Serve, pause);
             }
         } else if serving.len() > self.target && !*self.lobby.shutdown.borrow() {
@@ -645,6 +711,9 @@ impl Supervisor {
             doomed.extend(serving.iter().copied().filter(|id| self.workers[id].ready));
             doomed.truncate(serving.len() - self.target);
             self.retire(&doomed, "SIGTTOU");
+        }
+        if recycles(&self.lobby.settings()) && self.spare().is_none() && !*self.lobby.shutdown.borrow() {
+            self.spawn(self.generation, Phase::Hold, pause);
         }
     }
 
@@ -895,18 +964,6 @@ fn workers(count: usize) -> String {
     } else {
         format!("{count} workers")
     }
-}
-
-/// A worker's request budget under `--max-requests` and `--max-requests-jitter`.
-fn retire_after(config: &Config) -> Option<u64> {
-    if config.max_requests == 0 {
-        return None;
-    }
-    let jitter = match config.max_requests_jitter {
-        0 => 0,
-        spread => std::collections::hash_map::RandomState::new().build_hasher().finish() % (spread + 1),
-    };
-    Some(config.max_requests + jitter)
 }
 
 /// Closes the control channel (the zygote then exits once its workers have) and reaps it,

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::log::{debug, error, warning};
 use crate::offer::Offers;
+use crate::recycle::Recycle;
 use crate::seating::{Job, JobState, Next};
 use crate::spool::{Held, ResponsePart};
 use crate::Lobby;
@@ -156,8 +157,9 @@ fn invalid(e: impl std::fmt::Display) -> io::Error {
 pub enum Gone {
     /// The app could not be loaded; the message is one line for the operator.
     BootFailed(String),
-    /// Closed by the lobby: after `--max-requests`, when the supervisor retired it (a reload,
-    /// SIGTTOU), or at shutdown.
+    /// Closed by the lobby: when it was recycled (`--max-requests`, `--max-worker-memory`,
+    /// `--max-worker-lifetime`), when the supervisor retired it (a reload, SIGTTOU), or at
+    /// shutdown.
     Retired,
     /// The process or its channel failed.
     Lost(String),
@@ -228,13 +230,19 @@ impl Seat {
 
 /// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
 /// idle, until it may serve.
-pub async fn serve(
-    lobby: Rc<Lobby>,
-    pid: i32,
-    mut channel: Channel,
-    retire_after: Option<u64>,
-    seat: Rc<Seat>,
-) -> Gone {
+pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle: Recycle, seat: Rc<Seat>) -> Gone {
+    // Made as soon as the worker is ready, held or not: the workers held at the start have all
+    // their descriptors open before the server says it serves.
+    let offers = match Offers::new() {
+        Ok(offers) => Rc::new(offers),
+        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
+    };
+    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
+    for receiver in offers.receivers() {
+        if let Err(e) = channel.send(&frame, Some(receiver)).await {
+            return Gone::Lost(format!("could not send its offer sockets: {e}"));
+        }
+    }
     let mut phase = seat.phase.subscribe();
     loop {
         match *phase.borrow_and_update() {
@@ -247,19 +255,10 @@ pub async fn serve(
             _ = channel.closed_while_idle() => return Gone::Lost(idle_loss(&mut channel).await),
         }
     }
-    let offers = match Offers::new() {
-        Ok(offers) => Rc::new(offers),
-        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
-    };
-    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
-    for receiver in offers.receivers() {
-        if let Err(e) = channel.send(&frame, Some(receiver)).await {
-            return Gone::Lost(format!("could not send its offer sockets: {e}"));
-        }
-    }
     *seat.offers.borrow_mut() = Some(offers.clone());
     lobby.seating.add_offers(offers.clone());
-    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, retire_after, &mut phase).await;
+    recycle.begin();
+    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, &recycle, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().take();
     gone
@@ -270,10 +269,12 @@ async fn seat_jobs(
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
-    retire_after: Option<u64>,
+    recycle: &Recycle,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
     let mut served: u64 = 0;
+    // Recycled: it answers what it has taken from its offer socket, and takes nothing more.
+    let mut recycled = false;
     loop {
         let job = match offers.take_accepted() {
             // The worker takes it from its offer socket now that it has finished the last one.
@@ -282,12 +283,13 @@ async fn seat_jobs(
                 job
             }
             None => {
-                if retire_after.is_some_and(|limit| served >= limit) || *phase.borrow() == Phase::Retire {
+                if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
                 }
                 let job = match lobby.seating.next() {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
+                        let lifetime_end = recycle.deadline();
                         tokio::select! {
                             biased;
                             job = &mut wait => match job {
@@ -299,6 +301,16 @@ async fn seat_jobs(
                                 if let Ok(job) = wait.try_recv() {
                                     lobby.seating.return_unstarted(job);
                                 }
+                                return Gone::Retired;
+                            }
+                            // An idle worker past its lifetime retires at once.
+                            _ = tokio::time::sleep_until(lifetime_end.unwrap_or_else(tokio::time::Instant::now)),
+                                if lifetime_end.is_some() => {
+                                wait.close();
+                                if let Ok(job) = wait.try_recv() {
+                                    lobby.seating.return_unstarted(job);
+                                }
+                                recycle.check(served, false);
                                 return Gone::Retired;
                             }
                             _ = channel.closed_while_idle() => {
@@ -327,8 +339,8 @@ async fn seat_jobs(
             }
         };
         // A retiring worker is offered nothing: its offers went back to the queue.
-        if *phase.borrow() != Phase::Retire {
-            offer_queued(lobby, offers, retire_after.map(|limit| limit.saturating_sub(served)));
+        if *phase.borrow() != Phase::Retire && !recycled {
+            offer_queued(lobby, offers, recycle.requests_left(served));
         }
         if let Err(reason) = relay_response(lobby, pid, channel, offers, &job).await {
             // What the worker never received goes back to the queue; what it did, it had
@@ -338,6 +350,12 @@ async fn seat_jobs(
                 fail(&offered, false, 502, "the worker exited while handling this request");
             }
             return Gone::Lost(reason);
+        }
+        if !recycled && recycle.check(served, true).is_some() {
+            recycled = true;
+            // The offers it has not received go back to the queue, for the worker that takes
+            // its place; those it has, it answers.
+            lobby.seating.requeue_front(offers.recall_until(|_| false));
         }
     }
 }

@@ -101,6 +101,12 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         limit_request_field_size: required(settings, "limit_request_field_size")?,
         max_requests: required(settings, "max_requests")?,
         max_requests_jitter: required(settings, "max_requests_jitter")?,
+        max_worker_memory: required(settings, "max_worker_memory")?,
+        max_worker_lifetime: optional::<f64>(settings, "max_worker_lifetime")?
+            .map(Duration::try_from_secs_f64)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("setting 'max_worker_lifetime': {e}")))?,
+        max_worker_lifetime_jitter: seconds(settings, "max_worker_lifetime_jitter")?,
         access_logfile: optional(settings, "access_logfile")?,
         error_logfile: optional::<String>(settings, "error_logfile")?.filter(|path| path != "-"),
         preload: required(settings, "preload")?,
