@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import lifecycle
 import procs
 from measure import (
     ACCEPT_SYSCALLS,
@@ -83,6 +84,12 @@ def run_once(
     }
     run_began = time.monotonic()
     phases = _Phases(result["phases_s"])
+    if scenario.lifecycle:
+        if reason := lifecycle.unsupported(scenario.lifecycle, entry.server):
+            result["error"] = f"not supported: {reason}"
+            result["wall_s"] = 0.0
+            return result
+        env = lifecycle.prepare(workdir, env)
     argv = server.argv(launch)
     if scenario.trace_accepts:
         argv = strace_argv(workdir / "strace.txt") + argv
@@ -145,7 +152,20 @@ def run_once(
             time.sleep(crowd.idle_seconds)
             rss_holding = procs.group_rss_kb(process.pid)
 
-        if load:
+        if scenario.lifecycle:
+            measurement, result["cut_short"], figures, result["detail"] = lifecycle.run(
+                scenario.lifecycle,
+                entry.server,
+                process,
+                port,
+                workdir,
+                env,
+                launch.workers,
+                load.seconds,
+                lambda: _load(load, url, workdir, env, scenario.limit()),
+            )
+            result["extra"].update(figures)
+        elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
         else:
             measurement = crowd_measurement(holding, time.monotonic() - began)
@@ -163,7 +183,8 @@ def run_once(
         if scenario.alone_first:
             alone_rps = result["extra"]["alone_rps"]
             result["extra"]["pct_alone"] = 100 * measurement["rps"] / alone_rps if alone_rps else None
-        if process.poll() is not None:
+        # In an upgrade the old master's exit is the point (its exit code is among the figures).
+        if process.poll() is not None and not isinstance(scenario.lifecycle, lifecycle.Upgrade):
             result["error"] = f"the server exited during the run with status {process.returncode}"
         result["measurement"] = measurement
     except procs.StartError as error:
