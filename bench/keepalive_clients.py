@@ -2,8 +2,8 @@
 
     python3 bench/keepalive_clients.py --port P --count 200 --seconds 60
 
-Opens --count connections to 127.0.0.1:P and sends one GET on each, reading its whole answer; then
-prints "KEEPALIVE-JSON {...}" with "event": "holding" and leaves every connection idle. On SIGUSR1
+Opens --count connections to 127.0.0.1:P, one after the other, and sends one GET on each, reading
+its whole answer; then prints "KEEPALIVE-JSON {...}" with "event": "holding" and leaves every connection idle. On SIGUSR1
 (the harness sends it once the upgrade is over) each connection still open sends one more GET, on
 the same connection, one connection after the other; then the program prints the outcome of those
 requests ("event": "again") and exits. Without SIGUSR1 it exits after --seconds, printing "again"
@@ -14,6 +14,8 @@ which the harness matches to the old or the new server. The counts:
 
     count     connections asked for
     opened    connects that completed (holding)
+    held      holding: connections kept for the second request: answered without "Connection:
+              close" (one answered with it is closed, as an HTTP/1.1 client does)
     answered  complete answers with a 2xx status (holding: to the first request; again: to the second)
     non2xx    complete answers with another status
     closed    again: the server had closed the connection (end of file before an answer)
@@ -40,8 +42,9 @@ class Closed(Exception):
     """The server closed the connection before a whole answer."""
 
 
-def read_answer(sock: socket.socket) -> tuple[int, str]:
-    """One whole HTTP/1.1 answer framed by Content-Length: (status, body)."""
+def read_answer(sock: socket.socket) -> tuple[int, str, bool]:
+    """One whole HTTP/1.1 answer framed by Content-Length: (status, body, whether it says
+    "Connection: close")."""
     received = b""
     while (end := received.find(b"\r\n\r\n")) < 0:
         if len(received) > MAX_HEAD:
@@ -52,20 +55,24 @@ def read_answer(sock: socket.socket) -> tuple[int, str]:
         received += chunk
     head = received[:end].decode("latin-1").split("\r\n")
     length = 0
+    close = False
     for line in head[1:]:
         name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
+        name = name.strip().lower()
+        if name == "content-length":
             length = int(value.strip())
+        elif name == "connection":
+            close = "close" in value.lower()
     body = received[end + 4 :]
     while len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:
             raise Closed("end of file in the body")
         body += chunk
-    return int(head[0].split(" ", 2)[1]), body[:length].decode("latin-1")
+    return int(head[0].split(" ", 2)[1]), body[:length].decode("latin-1"), close
 
 
-def ask(sock: socket.socket) -> tuple[int, str]:
+def ask(sock: socket.socket) -> tuple[int, str, bool]:
     sock.sendall(REQUEST)
     return read_answer(sock)
 
@@ -98,13 +105,17 @@ def main(argv: list[str]) -> int:
             continue
         first["opened"] += 1
         try:
-            status, _body = ask(sock)
+            status, _body, close = ask(sock)
         except (OSError, Closed):
             first["failed"] += 1
             sock.close()
             continue
         first["answered" if 200 <= status < 300 else "non2xx"] += 1
-        held.append(sock)
+        if close:  # as any HTTP/1.1 client does: the server will not read another request
+            sock.close()
+        else:
+            held.append(sock)
+    first["held"] = len(held)
     report("holding", first)
 
     while not asked_again and time.monotonic() < deadline:
@@ -114,7 +125,7 @@ def main(argv: list[str]) -> int:
         for sock in held:
             again["asked"] += 1
             try:
-                status, body = ask(sock)
+                status, body, _close = ask(sock)
             except (ConnectionResetError, BrokenPipeError):
                 again["reset"] += 1
                 continue

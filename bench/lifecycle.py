@@ -42,6 +42,10 @@ PID_FILE = "server.pid"
 KEEPALIVE_MARKER = "KEEPALIVE-JSON "
 
 
+class LifecycleError(Exception):
+    """The run measured nothing; str(error) says why."""
+
+
 @dataclass(frozen=True)
 class Reload:
     """SIGHUP every `every` seconds while the load runs, the first `every` seconds in, the last at
@@ -311,7 +315,7 @@ def _upgrade(
     try:
         line = procs.wait_for_line(clients, output, KEEPALIVE_MARKER, 30.0)
         if line is None:
-            raise RuntimeError(f"keepalive_clients.py held nothing; see {output}")
+            raise LifecycleError(f"keepalive_clients.py did not report holding its connections; see {output}")
         holding = json.loads(line[len(KEEPALIVE_MARKER) :])
         loaded.start()
         time.sleep(spec.after)
@@ -336,7 +340,7 @@ def _upgrade(
         procs.stop(clients, grace=2.0)
     exit_code = process.returncode
     figures = {
-        "idle_before": holding["answered"],
+        "idle_before": holding["held"],
         "idle_answered": again["answered"] if again else None,
         "idle_by_new": by_new,
         "idle_closed": again["closed"] if again else None,

@@ -189,7 +189,7 @@ def run_once(
         result["measurement"] = measurement
     except procs.StartError as error:
         result["error"] = f"did not start: {error}"
-    except RunError as error:
+    except (RunError, lifecycle.LifecycleError) as error:
         result["error"] = str(error)
     finally:
         phases.end("measured")

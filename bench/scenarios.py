@@ -632,7 +632,7 @@ SCENARIOS: dict[str, Scenario] = {
                 ),
             ),
             columns=(
-                Column("idle_before", "idle clients answered before"),
+                Column("idle_before", "idle clients held after one answer"),
                 Column("idle_answered", "answered again on their connection"),
                 Column("idle_by_new", "by the new master"),
                 Column("idle_closed", "closed by the server"),
