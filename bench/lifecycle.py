@@ -5,8 +5,8 @@ Both serve bench/generation.py, copied into the run's directory with a file VERS
 (prepare). A reload writes the next generation into VERSION and sends SIGHUP to the server's
 master; a probe (a thread here) asks GET / on a new connection every 20 ms and notes which
 generation answered, and when, so that the delay from each SIGHUP to the first answer of the new
-code can be read off. For one SIGHUP of R1-broken the copy has a syntax error, put back before the
-next SIGHUP: the old code should go on answering.
+code can be read off. For one SIGHUP of R1-broken the copy has a syntax error instead (VERSION
+unchanged), put back just before the next SIGHUP: the old code should go on answering.
 
 An upgrade (U1): bench/keepalive_clients.py makes one request on each of its connections and holds
 them idle; the load starts; the server's own upgrade is run (maitred: SIGUSR2, after which the old
@@ -50,7 +50,8 @@ class LifecycleError(Exception):
 class Reload:
     """SIGHUP every `every` seconds while the load runs, the first `every` seconds in, the last at
     least `every` seconds before its end. broken: the number of the SIGHUP (from 1) sent while the
-    app's file has a syntax error, put back `every / 2` seconds later; None: every one is clean."""
+    app's file has a syntax error (VERSION unchanged), put back 90% of `every` later, just before
+    the next SIGHUP; None: every one is clean."""
 
     every: float = 2.0
     broken: int | None = None
@@ -149,19 +150,20 @@ def _reload(
             broken = number == spec.broken
             if broken:
                 app_file.write_text(original + BROKEN_LINE)
-            (workdir / "VERSION").write_text(f"{number}\n")
+            else:
+                (workdir / "VERSION").write_text(f"{number}\n")
             hups.append((number, time.monotonic(), broken))
             if process.poll() is None:
                 process.send_signal(signal.SIGHUP)
             if broken:
-                _sleep_until(began + (number + 0.5) * spec.every, loaded)
+                _sleep_until(began + (number + 0.9) * spec.every, loaded)
                 app_file.write_text(original)
             number += 1
         measurement, cut_short = loaded.result()
     finally:
         probe.stop()
         app_file.write_text(original)
-    return (measurement, cut_short, *_reload_figures(hups, probe.answers, process, measurement))
+    return (measurement, cut_short, *_reload_figures(hups, probe.answers, process, measurement, workdir))
 
 
 def _sleep_until(moment: float, loaded: _Background) -> bool:
@@ -174,7 +176,11 @@ def _sleep_until(moment: float, loaded: _Background) -> bool:
 
 
 def _reload_figures(
-    hups: list[tuple[int, float, bool]], answers: list[tuple[float, int | None]], process, measurement: dict
+    hups: list[tuple[int, float, bool]],
+    answers: list[tuple[float, int | None]],
+    process: subprocess.Popen,
+    measurement: dict,
+    workdir: Path,
 ) -> tuple[dict, str]:
     delays = []
     unseen = mixed = 0
@@ -184,9 +190,12 @@ def _reload_figures(
         until = hups[index + 1][1] if index + 1 < len(hups) else float("inf")
         window = [(t, g) for t, g in answers if sent <= t < until]
         if broken:
+            # Whether some process imported the broken file (the server's log names the error),
+            # and what the probe got until the next SIGHUP.
+            log = (workdir / "server.log").read_text(errors="replace")
             broken_figures = {
-                "broken_new_seen": sum(g == number for _, g in window),
-                "broken_old_answers": sum(g is not None and g < number for _, g in window),
+                "broken_imported": int("SyntaxError" in log),
+                "broken_old_answers": sum(g is not None for _, g in window),
                 "broken_probe_failed": sum(g is None for _, g in window),
             }
             shown.append("broken")
