@@ -190,7 +190,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     lines = [
         f"## {scenario.id}",
         "",
-        f"**{scenario.title}.** {scenario.workers} workers, app `{scenario.app}` (bench/apps.py), "
+        f"**{scenario.title}.** {scenario.workers} workers, app `{scenario.app}` "
+        f"(bench/{scenario.app.partition(':')[0]}.py), "
         f"backlog {scenario.backlog if scenario.backlog is not None else 'each server’s default'}. "
         f"Measured {record['started']} at commit {record['commit']}, "
         f"{max((s['runs'] for s in summaries.values() if s), default=0)} run(s) per server, "

@@ -310,8 +310,9 @@ RELOAD_NOTE = (
     "from the new generation. gunicorn starts the new workers and stops the old ones at once, "
     "without waiting for the new ones to import the app; granian replaces its workers one at a "
     "time, 3.5 s apart (its --respawn-interval default), so that one reload outlasts the next "
-    "SIGHUP, and each worker has its own listen socket (net.ipv4.tcp_migrate_req is 0 here, so "
-    "connections queued on a stopped worker's socket are reset)."
+    "SIGHUP. Each granian worker has its own listen socket, and net.ipv4.tcp_migrate_req is 0 "
+    "here: connections still queued on a stopped worker's socket can be reset (granian warns of "
+    "it for its other respawns)."
 )
 
 SCENARIOS: dict[str, Scenario] = {
