@@ -190,7 +190,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     lines = [
         f"## {scenario.id}",
         "",
-        f"**{scenario.title}.** {scenario.workers} workers, app `{scenario.app}` (bench/apps.py), "
+        f"**{scenario.title}.** {scenario.workers} workers, app `{scenario.app}` "
+        f"(bench/{scenario.app.partition(':')[0]}.py), "
         f"backlog {scenario.backlog if scenario.backlog is not None else 'each server’s default'}. "
         f"Measured {record['started']} at commit {record['commit']}, "
         f"{max((s['runs'] for s in summaries.values() if s), default=0)} run(s) per server, "
@@ -244,7 +245,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     for label, s in summaries.items():
         if s is None:
             errors = [run["error"] for run in record["runs"] if run["server"] == label]
-            lines.append(f"| {label} | no run succeeded: {_cell(errors[0])} |" + " |" * (len(header) - 2))
+            why = errors[0] if errors[0].startswith("not supported") else f"no run succeeded: {errors[0]}"
+            lines.append(f"| {label} | {_cell(why)} |" + " |" * (len(header) - 2))
             continue
         row = [label + (f" ({s['incomplete']} of {s['runs']} runs incomplete)" if s["incomplete"] else "")]
         row += [_number(s["rps"]), _ratio(s, ours)] if rate else []
@@ -291,6 +293,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         m = run["measurement"]
         notes = [
             run["error"] or "",
+            run.get("detail") or "",
             "stopped at the time limit" if run["cut_short"] else "",
             (m or {}).get("gave_up") or "",
         ]

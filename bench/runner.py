@@ -1,8 +1,9 @@
 """One run: one server, one scenario. Start the server (under strace for S3's accept count), wait
 until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
 compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
-memory while they are held (M1), run the load, read the kernel's counters around it, and stop
-everything that was started, in reverse order.
+memory while they are held (M1), run the load (beside it, reloads or a binary upgrade: R1, U1,
+bench/lifecycle.py), read the kernel's counters around it, and stop everything that was started,
+in reverse order.
 
 A run's result is a dict: server, run, measurement (measure.py's dict, None when the run failed),
 error, cut_short, kernel (counter changes) and extra (the scenario's own figures, named by the
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import lifecycle
 import procs
 from measure import (
     ACCEPT_SYSCALLS,
@@ -83,6 +85,12 @@ def run_once(
     }
     run_began = time.monotonic()
     phases = _Phases(result["phases_s"])
+    if scenario.lifecycle:
+        if reason := lifecycle.unsupported(scenario.lifecycle, entry.server):
+            result["error"] = f"not supported: {reason}"
+            result["wall_s"] = 0.0
+            return result
+        env = lifecycle.prepare(workdir, env)
     argv = server.argv(launch)
     if scenario.trace_accepts:
         argv = strace_argv(workdir / "strace.txt") + argv
@@ -145,7 +153,20 @@ def run_once(
             time.sleep(crowd.idle_seconds)
             rss_holding = procs.group_rss_kb(process.pid)
 
-        if load:
+        if scenario.lifecycle:
+            measurement, result["cut_short"], figures, result["detail"] = lifecycle.run(
+                scenario.lifecycle,
+                entry.server,
+                process,
+                port,
+                workdir,
+                env,
+                launch.workers,
+                load.seconds,
+                lambda: _load(load, url, workdir, env, scenario.limit()),
+            )
+            result["extra"].update(figures)
+        elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
         else:
             measurement = crowd_measurement(holding, time.monotonic() - began)
@@ -163,12 +184,13 @@ def run_once(
         if scenario.alone_first:
             alone_rps = result["extra"]["alone_rps"]
             result["extra"]["pct_alone"] = 100 * measurement["rps"] / alone_rps if alone_rps else None
-        if process.poll() is not None:
+        # In an upgrade the old master's exit is the point (its exit code is among the figures).
+        if process.poll() is not None and not isinstance(scenario.lifecycle, lifecycle.Upgrade):
             result["error"] = f"the server exited during the run with status {process.returncode}"
         result["measurement"] = measurement
     except procs.StartError as error:
         result["error"] = f"did not start: {error}"
-    except RunError as error:
+    except (RunError, lifecycle.LifecycleError) as error:
         result["error"] = str(error)
     finally:
         phases.end("measured")

@@ -1,8 +1,9 @@
 """The scenarios: which app, how many workers, which load, which servers, and what maitred must show.
 
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
-docs/SCENARIOS.md, T1, L1, T2, C1, M1); where a scenario needs two measurements, each is a
-scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50).
+docs/SCENARIOS.md, T1, L1, T2, C1, M1, and the lifecycle's R1 and U1); where a scenario needs two
+measurements, each is a scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and
+S3-accept, S5-c5 and S5-c50, R1 and R1-broken).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import lifecycle
 from front import NginxFront
+from lifecycle import Lifecycle, Reload, Upgrade
 from measure import Ab, Load, Wrk
 from servers import Launch
 
@@ -129,10 +132,13 @@ class Scenario:
     # The figure the summary and the bar chart compare (None: req/s, higher is better).
     headline: Column | None = None
     headline_lower_is_better: bool = False
+    # R1, U1: reloads or a binary upgrade while the load runs (bench/lifecycle.py).
+    lifecycle: Lifecycle | None = None
 
     def launch(self, entry: Entry, port: int) -> Launch:
         workers = self.workers if entry.workers is None else entry.workers
-        return Launch(self.app, port, workers, entry.threads, self.backlog)
+        pid_file = lifecycle.PID_FILE if isinstance(self.lifecycle, Upgrade) else None
+        return Launch(self.app, port, workers, entry.threads, self.backlog, pid_file)
 
     def limit(self) -> float:
         if self.time_limit is not None:
@@ -198,6 +204,12 @@ BEHIND_PROXY = (MAITRED, GUNICORN_SYNC, GTHREAD_1, UWSGI, GRANIAN_1, BJOERN)
 SLOW_CLIENTS = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN, BJOERN)
 # M1, memory per idle connection: granian, gthread, bjoern, uWSGI, and nginx as the reference.
 IDLE_CONNECTIONS = (MAITRED, GTHREAD, GRANIAN, BJOERN, UWSGI, NGINX)
+# R1, the reload under load: the prefork servers' SIGHUP (gunicorn's sync and gthread workers) and
+# granian's (it respawns its workers one at a time). uWSGI is left out for time.
+RELOAD = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
+# U1, the binary upgrade: gunicorn's USR2 with both its workers (the sync worker keeps no
+# connection alive, gthread does), and granian, which has none (the results say why).
+UPGRADE = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -259,6 +271,48 @@ S5_NOTE = (
     "after it), which keeps up to 32 idle HTTP/1.1 connections per nginx worker process to "
     "the server (configuration below). Threaded servers run 5 app slots like the others "
     "(1 thread per worker)."
+)
+
+WRK_ERROR_COLUMNS = (
+    Column("wrk_connect", "wrk connect errors"),
+    Column("wrk_read", "read"),
+    Column("wrk_write", "write"),
+    Column("wrk_timeout", "timeout"),
+)
+RELOAD_COLUMNS = (
+    Column("hups", "SIGHUPs"),
+    Column("new_code_median_ms", "first answer of the new code after SIGHUP, median", suffix=" ms"),
+    Column("new_code_max_ms", "max", suffix=" ms"),
+    Column("hups_unseen", "SIGHUPs whose code never answered"),
+    Column("hups_mixed", "SIGHUPs after which old code answered after new"),
+    Column("probe_failed", "probe requests failed"),
+    Column("alive_at_end", "server alive at the end (1 = yes)"),
+    *WRK_ERROR_COLUMNS,
+)
+RELOAD_TARGETS = (
+    NO_FAILURES,
+    Target(
+        "every clean SIGHUP's code answers the probe within 2 s",
+        lambda summary, peers: (
+            summary["hups_unseen"] == 0
+            and summary["new_code_max_ms"] is not None
+            and summary["new_code_max_ms"] <= 2000
+        ),
+    ),
+    Target("no probe request fails", lambda summary, peers: summary["probe_failed"] == 0),
+)
+RELOAD_NOTE = (
+    "The app (bench/generation.py) takes 1 s to import and answers with its generation, read from "
+    "the file VERSION at import, and its pid. Each run serves a copy of it from the run's directory. "
+    "Every 2 s of the load (the first at 2 s, the last at least 2 s before the end) the harness "
+    "writes the next generation into VERSION and sends SIGHUP to the server's master; a probe asks "
+    "GET / on a new connection every 20 ms, and the delay is from the SIGHUP to the first answer "
+    "from the new generation. gunicorn starts the new workers and stops the old ones at once, "
+    "without waiting for the new ones to import the app; granian replaces its workers one at a "
+    "time, 3.5 s apart (its --respawn-interval default), so that one reload outlasts the next "
+    "SIGHUP. Each granian worker has its own listen socket, and net.ipv4.tcp_migrate_req is 0 "
+    "here: connections still queued on a stopped worker's socket can be reset (granian warns of "
+    "it for its other respawns)."
 )
 
 SCENARIOS: dict[str, Scenario] = {
@@ -517,6 +571,95 @@ SCENARIOS: dict[str, Scenario] = {
             "connections still open at the end of the run; a server that closes idle connections (no "
             "keep-alive, or a short keep-alive timeout) or stops accepting holds fewer, and its "
             "KB per connection is left out when it held under 1% of them.",
+        ),
+        Scenario(
+            id="R1",
+            title="reload under load: a SIGHUP every 2 s, an app whose import takes 1 s",
+            app="generation:app",
+            workers=4,
+            load=Wrk(threads=2, connections=50, seconds=30),
+            lineup=RELOAD,
+            lifecycle=Reload(every=2.0),
+            targets=RELOAD_TARGETS,
+            columns=RELOAD_COLUMNS,
+            note=RELOAD_NOTE,
+        ),
+        Scenario(
+            id="R1-broken",
+            title="reload under load, one SIGHUP while the app's file has a syntax error",
+            app="generation:app",
+            workers=4,
+            load=Wrk(threads=2, connections=50, seconds=30),
+            lineup=RELOAD,
+            lifecycle=Reload(every=2.0, broken=3),
+            targets=(
+                *RELOAD_TARGETS,
+                Target(
+                    "the broken SIGHUP: the old code answers every probe until the next SIGHUP, "
+                    "and the server is alive at the end",
+                    lambda summary, peers: (
+                        summary.get("broken_probe_failed") == 0
+                        and (summary.get("broken_old_answers") or 0) > 0
+                        and summary["alive_at_end"] == 1
+                    ),
+                ),
+            ),
+            columns=(
+                *RELOAD_COLUMNS,
+                Column("broken_imported", "broken file imported (1 = yes)"),
+                Column("broken_old_answers", "probe answers until the next SIGHUP"),
+                Column("broken_probe_failed", "probe failures until the next SIGHUP"),
+            ),
+            note=RELOAD_NOTE + " The third SIGHUP (6 s into the load) is sent while the run's copy of the app has a "
+            "syntax error and VERSION is left as it was; the file is put back 1.8 s later, 0.2 s "
+            "before the next SIGHUP. The probe's answers and failures between the broken SIGHUP "
+            'and the next are counted apart; "broken file imported" says whether any process '
+            "tried to import it (the server's log names the SyntaxError): a server still busy with "
+            "an earlier reload may never look at it.",
+        ),
+        Scenario(
+            id="U1",
+            title="binary upgrade under load: 200 idle keep-alive clients ask again after it",
+            app="generation:app",
+            workers=4,
+            load=Wrk(threads=2, connections=50, seconds=20),
+            lineup=UPGRADE,
+            lifecycle=Upgrade(idle=200, after=5.0),
+            targets=(
+                NO_FAILURES,
+                Target(
+                    "all 200 idle clients answered on their connection, by the new master",
+                    lambda summary, peers: summary["idle_answered"] == summary["idle_by_new"] == 200,
+                ),
+                Target(
+                    "the old master exits 0 and the pid file names the new one",
+                    lambda summary, peers: summary["old_exit"] == 0 and summary["pid_file_new"] == 1,
+                ),
+            ),
+            columns=(
+                Column("idle_before", "idle clients held after one answer"),
+                Column("idle_answered", "answered again on their connection"),
+                Column("idle_by_new", "by the new master"),
+                Column("idle_closed", "closed by the server"),
+                Column("idle_reset", "reset"),
+                Column("idle_other", "other failures"),
+                Column("old_exit", "old master's exit code"),
+                Column("pid_file_new", "pid file names the new master (1 = yes)"),
+                Column("upgrade_s", "upgrade took", digits=1, suffix=" s"),
+                *WRK_ERROR_COLUMNS,
+            ),
+            note="bench/keepalive_clients.py opens 200 connections and makes one request on each, "
+            "then leaves them idle; wrk starts, and 5 s into it the upgrade begins. maitred: "
+            "SIGUSR2 to the lobby, which starts the new maitred, hands it the listen sockets and "
+            "the idle connections, and exits by itself. gunicorn: SIGUSR2 to the master, which "
+            "starts a new master and its workers beside the old ones; once the new workers have "
+            "booted and had 2 s to import the app, SIGTERM to the old master (gunicorn's docs: "
+            "SIGWINCH stops the old workers only when gunicorn runs as a daemon, and TERM stops the "
+            "old master). Once the old master has exited, each idle client asks once more on its "
+            "connection; the pid that answers is matched to the new master through /proc. "
+            "\"upgrade took\" runs from SIGUSR2 to the old master's exit. gunicorn's keep-alive "
+            "timeout is 2 s by default: gthread closes the idle connections before the upgrade, and "
+            "the sync worker keeps none alive. The app's import takes 1 s, as in R1.",
         ),
     )
 }

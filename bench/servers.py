@@ -33,6 +33,9 @@ class Launch:
     workers: int
     threads: int | None  # None: the server's own production default (default_threads)
     backlog: int | None  # None: the server's default
+    # A pid file, relative to the run's directory (U1 reads the new master's pid from it); None: none.
+    # Only the servers whose binary upgrade is measured (maitred, gunicorn) are given one.
+    pid_file: str | None = None
 
 
 # Server.default_threads for a server that picks its own thread count from other settings.
@@ -93,6 +96,10 @@ def _backlog(launch: Launch) -> list[str]:
     return [] if launch.backlog is None else ["--backlog", str(launch.backlog)]
 
 
+def _pid_file(launch: Launch) -> list[str]:
+    return [] if launch.pid_file is None else ["--pid", launch.pid_file]
+
+
 def _peer(executable: str) -> str:
     return str(PEERS_VENV / "bin" / executable)
 
@@ -138,6 +145,7 @@ def _gunicorn(worker_class: str) -> Callable[[Launch, int | None], list[str]]:
             "-b",
             f"127.0.0.1:{launch.port}",
             *_backlog(launch),
+            *_pid_file(launch),
             launch.app,
         ]
 
@@ -250,6 +258,7 @@ SERVERS: dict[str, Server] = {
                 "-b",
                 f"127.0.0.1:{launch.port}",
                 *_backlog(launch),
+                *_pid_file(launch),
                 launch.app,
             ],
             ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
