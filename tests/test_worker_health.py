@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply
+from client import get, read_reply
 from conftest import HOST
 from test_lifecycle import wait_for_workers, wait_until, worker_pids
 
@@ -52,10 +52,13 @@ def test_a_worker_killed_at_timeout_first_writes_every_threads_stack(maitred_ser
     answered = log.rindex("\n", 0, log.index(f"504 for GET /stuck?main={main}"))
     stack = log[log.index("\n", timed_out.end()) : answered]
     # faulthandler's format: one block per thread, innermost call first.
-    assert len(re.findall(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stack, re.M)) >= 2
+    assert (
+        len(re.findall(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stack, re.MULTILINE))
+        >= 2
+    )
     stuck_main = "stuck_in_time_sleep" if main == "sleep" else "stuck_reading_a_pipe"
     for function in (stuck_main, "stuck_in_select", "app"):
-        assert re.search(rf'^  File ".*health\.py", line \d+ in {function}$', stack, re.M), stack
+        assert re.search(rf'^  File ".*health\.py", line \d+ in {function}$', stack, re.MULTILINE), stack
     # Nothing of the lobby's lands inside the stack: every line is faulthandler's.
     for line in stack.strip().splitlines():
         assert re.match(r"(?:Current thread|Thread) 0x|  File |  <no Python frame>|$", line), line

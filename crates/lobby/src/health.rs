@@ -2,7 +2,6 @@
 //! (docs/SIGNALS.md, "--timeout and worker health").
 
 use std::fs::File;
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
