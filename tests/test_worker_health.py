@@ -130,4 +130,4 @@ def test_a_request_after_a_worker_exits_is_never_lost_to_it(maitred_server, orde
     log = server.stderr()
     assert "502 for" not in log
     if order != "after":  # there the worker may have been seen gone before /pid came
-        assert "without reading GET /pid HTTP/1.1; it goes to another worker" in log
+        assert "lost: exited without reading GET /pid HTTP/1.1, which goes to another worker" in log

@@ -15,7 +15,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::health::{self, ProcStat};
-use crate::log::{debug, error, info, warning};
+use crate::log::{debug, error, warning};
 use crate::offer::Offers;
 use crate::seating::{Job, JobState, Next};
 use crate::spool::{Held, ResponsePart};
@@ -356,11 +356,11 @@ async fn seat_jobs(
             }
             return Gone::Lost(match lost {
                 Lost::Answered(reason) => reason,
-                Lost::Unread(reason) => {
+                Lost::Unread => {
+                    let reason = format!("exited without reading {}, which goes to another worker", job.summary);
                     // Older than the offers just queued again: it goes in front of them.
-                    info!("worker {pid} {reason} without reading {}; it goes to another worker", job.summary);
                     lobby.seating.return_unstarted(job);
-                    reason.into()
+                    reason
                 }
             });
         }
@@ -392,8 +392,9 @@ async fn idle_loss(channel: &mut Channel) -> String {
 enum Lost {
     /// The request has been answered (502/504) or cut; why, for the log.
     Answered(String),
-    /// The worker provably never had the whole request, so it never ran: it may run elsewhere.
-    Unread(&'static str),
+    /// The worker exited and provably never had the whole request, so it never ran: it may
+    /// run elsewhere.
+    Unread,
 }
 
 /// Reads the worker's answer to `job` and hands it to the job's connection. If the client
@@ -466,7 +467,7 @@ async fn relay_response(
                         matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET))
                     };
                     if unread {
-                        return Err(Lost::Unread("exited"));
+                        return Err(Lost::Unread);
                     }
                 }
                 return Err(Lost::Answered(match closed {
