@@ -85,7 +85,7 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
     assert max(seconds for _, _, seconds in replies) < 1, replies  # --timeout is 5 s
 
     log = server.stderr()
-    assert f"worker {stopped} lost: it is stopped (SIGSTOP or a debugger)" in log
+    assert f"worker {stopped} lost: it is stopped (SIGSTOP), so no request goes to it" in log
     # Killed once it has been left stopped for --timeout, and replaced meanwhile.
     wait_until(lambda: stopped not in worker_pids(server), 10, f"worker {stopped} killed")
     assert f"worker {stopped} was still there 5 s after it was found stopped; killing it" in server.stderr()

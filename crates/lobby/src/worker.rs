@@ -327,7 +327,7 @@ async fn seat_jobs(
                     let bound = lobby.settings().timeout;
                     health::kill_if_still_there(lobby.clone(), pid, stat, bound);
                     return Gone::Lost(format!(
-                        "it is stopped (SIGSTOP or a debugger), so no request goes to it; it is killed unless it \
+                        "it is stopped (SIGSTOP), so no request goes to it; it is killed unless it \
                          exits within {} s (--timeout)",
                         bound.as_secs_f64()
                     ));
