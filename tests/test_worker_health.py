@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from client import get, read_reply
-from conftest import HOST
+from conftest import HOST, wait_for_empty_group
 from test_lifecycle import wait_for_workers, wait_until, worker_pids
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -68,8 +68,9 @@ def test_a_worker_killed_at_timeout_first_writes_every_threads_stack(maitred_ser
     assert get(server.port, "/pid").status == 200
 
 
-def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitred_server):
-    server = maitred_server("-w", "2", "--timeout", "5", APP, cwd=APPS)
+@pytest.mark.parametrize("then", ["left", "shutdown"])
+def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitred_server, then):
+    server = maitred_server("-w", "2", "--timeout", "8", APP, cwd=APPS)
     before = wait_for_workers(server, 2)
     stopped = min(before)
     os.kill(stopped, signal.SIGSTOP)
@@ -82,13 +83,19 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
         replies.append((reply.status, reply.pid, time.monotonic() - started))
     assert [status for status, _, _ in replies] == [200] * 10, replies
     assert stopped not in {pid for _, pid, _ in replies}
-    assert max(seconds for _, _, seconds in replies) < 1, replies  # --timeout is 5 s
+    assert max(seconds for _, _, seconds in replies) < 2, replies  # --timeout is 8 s
 
     log = server.stderr()
     assert f"worker {stopped} lost: it is stopped (SIGSTOP), so no request goes to it" in log
+    if then == "shutdown":
+        # Not one of the workers any more, and still stopped: the shutdown kills it.
+        assert server.stop() == 0
+        assert wait_for_empty_group(server.pid, 10) == []
+        assert f"worker {stopped} was still there at the shutdown; killing it" in server.stderr()
+        return
     # Killed once it has been left stopped for --timeout, and replaced meanwhile.
-    wait_until(lambda: stopped not in worker_pids(server), 10, f"worker {stopped} killed")
-    assert f"worker {stopped} was still there 5 s after it was found stopped; killing it" in server.stderr()
+    wait_until(lambda: stopped not in worker_pids(server), 15, f"worker {stopped} killed")
+    assert f"worker {stopped} was still there 8 s after it was found stopped; killing it" in server.stderr()
     wait_for_workers(server, 2)
     assert get(server.port, "/pid").status == 200
 

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::rc::Rc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -122,12 +123,17 @@ pub async fn dump_stack(lobby: &Lobby, pid: i32) {
 
 /// Kills a worker found stopped once it has had `bound` to be continued and exit: its channel
 /// is closed, so a continued worker exits by itself. Someone who stopped it to look at it
-/// (`kill -STOP`, then gdb or py-spy) has that long.
-pub fn kill_if_still_there(lobby: std::rc::Rc<Lobby>, pid: i32, stat: ProcStat, bound: Duration) {
+/// (`kill -STOP`, then gdb or py-spy) has that long. A shutdown kills it at once: the zygote
+/// waits for its children, and the lobby no longer counts this one among its workers.
+pub fn kill_if_still_there(lobby: Rc<Lobby>, pid: i32, stat: ProcStat, bound: Duration) {
     tokio::task::spawn_local(async move {
-        tokio::time::sleep(bound).await;
+        let mut shutdown = lobby.shutdown.clone();
+        let why = tokio::select! {
+            _ = tokio::time::sleep(bound) => format!("{} s after it was found stopped", bound.as_secs_f64()),
+            _ = shutdown.wait_for(|stopping| *stopping) => "at the shutdown".to_string(),
+        };
         if stat.is_alive() {
-            warning!("worker {pid} was still there {} s after it was found stopped; killing it", bound.as_secs_f64());
+            warning!("worker {pid} was still there {why}; killing it");
             if let Err(e) = lobby.control.kill(pid, libc::SIGKILL).await {
                 crate::log::error!("could not ask the zygote to kill worker {pid}: {e}");
             }
