@@ -72,6 +72,10 @@ def test_a_worker_killed_at_timeout_first_writes_every_threads_stack(maitred_ser
 def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitred_server, then):
     server = maitred_server("-w", "2", "--timeout", "8", APP, cwd=APPS)
     before = wait_for_workers(server, 2)
+    # Both have loaded the application and answered: one stopped before that would hold up
+    # the start instead.
+    wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
+    time.sleep(0.1)
     stopped = min(before)
     os.kill(stopped, signal.SIGSTOP)
     wait_until(lambda: Path(f"/proc/{stopped}/stat").read_text().split(") ")[1][0] == "T", 5, "a stopped worker")

@@ -24,8 +24,9 @@ use crate::Lobby;
 /// request as they answer), so the look costs nothing there; and as a worker is looked at at
 /// most once per this interval, N workers idle between requests spend at most
 /// N × 100 × 5 µs a second on it: 0.05 % of a core per worker.
-/// What it leaves open: a worker stopped less than this after its last answer still gets the
-/// next request, which then waits for --timeout.
+/// What it leaves open: a request that comes less than this after the lobby read the end of
+/// the worker's last answer is seated without a look, and waits for --timeout if the worker
+/// was stopped in between.
 pub const LOOK_AFTER_IDLE: Duration = Duration::from_millis(10);
 
 /// How long the lobby gives a worker that timed out to write its stack before it kills it.

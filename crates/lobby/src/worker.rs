@@ -322,7 +322,10 @@ async fn seat_jobs(
                 }
                 // A worker idle for a while may have been stopped meanwhile; one that has just
                 // answered was running then, and is not looked at (health::LOOK_AFTER_IDLE).
-                if idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE) && stat.is_stopped() {
+                // Its first request is looked at whatever the time: the lobby may have read
+                // its READY late, from a worker stopped since.
+                let look = served == 0 || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
+                if look && stat.is_stopped() {
                     lobby.seating.return_unstarted(job);
                     let bound = lobby.settings().timeout;
                     health::kill_if_still_there(lobby.clone(), pid, stat, bound);
