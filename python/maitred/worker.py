@@ -9,6 +9,7 @@ calling the application, iterating what it returns, and always calling its ``clo
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import signal
@@ -44,12 +45,27 @@ LOBBY_SIGNALS = (
 )
 
 
+# Before it kills a worker at --timeout, the lobby asks for the worker's Python stack with this
+# signal (docs/SIGNALS.md, "--timeout and worker health"). A real-time signal: no terminal, shell
+# or service manager sends one, so a signal to the whole process group never dumps every
+# worker's stack. The lobby uses the same number (crates/lobby/src/worker.rs, STACK_SIGNAL): it
+# runs in the process this one was forked from, with the same C library's SIGRTMIN.
+STACK_SIGNAL = signal.SIGRTMIN + 2
+
+
 def leave_signals_to_the_lobby() -> None:
     """Ignores LOBBY_SIGNALS; SIGUSR1 reopens this process's error log (the lobby forwards it
-    through the zygote). SIGWINCH keeps its default action, which is to ignore it."""
+    through the zygote); STACK_SIGNAL writes every thread's Python stack to the error log.
+    SIGWINCH keeps its default action, which is to ignore it."""
     for number in LOBBY_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _reopen_log)
+    # faulthandler writes from the C signal handler, so the stack comes even when the
+    # application is stuck in C code where a Python handler would never run. It writes to
+    # descriptor 2, the error log, directly and blocking (log.py's queue-less, non-blocking
+    # path is for lines a worker writes while it serves; this one is about to be killed), and
+    # to whatever file SIGUSR1's reopen has put there since.
+    faulthandler.register(STACK_SIGNAL, file=2, all_threads=True, chain=False)
 
 
 def _reopen_log(signum: int, frame: object) -> None:

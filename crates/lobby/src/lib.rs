@@ -10,6 +10,7 @@ mod accept;
 mod config;
 mod connection;
 mod heads;
+mod health;
 mod hibernation;
 mod listen;
 mod log;

@@ -509,6 +509,16 @@ pub fn flush(timeout: Duration) {
     }
 }
 
+/// Whether the error log's writer has written every line queued so far. For a line that must
+/// be in the log before another process writes there (a worker's stack, `health::dump_stack`);
+/// the caller waits by looking again, as the event loop must not wait on the writer.
+pub fn error_log_written() -> bool {
+    error_log().is_none_or(|sink| {
+        let queue = sink.lock();
+        queue.lines.is_empty() && !queue.writing && queue.dropped == 0 && queue.reopen.is_none()
+    })
+}
+
 /// The access log's path, when it is a file, for `reopen_access_log`.
 static ACCESS_FILE: OnceLock<String> = OnceLock::new();
 

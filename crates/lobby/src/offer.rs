@@ -163,6 +163,19 @@ impl Offers {
         recalled
     }
 
+    /// Takes back the offer `take_accepted` gave last, if it is still on its socket: the
+    /// worker was counted as taking it when it finished the request before, but left before it
+    /// received it (it exited after that answer). True if it came back: the worker never had
+    /// it. Only for the offer being answered, before any other is accepted.
+    pub fn recall_accepted(&self) -> bool {
+        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+        let mut fds = VecDeque::new();
+        // `take_accepted` moved the turn past that offer's socket, which no newer offer uses:
+        // those take the sockets from the turn on, and there is one socket more than offers.
+        let receiver = self.sockets[(self.turn.get() + SOCKETS - 1) % SOCKETS].receiver.as_raw_fd();
+        matches!(maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
+    }
+
     /// The oldest offered job, once the worker has finished the request before it: from
     /// then on the worker is taking it (or has), and it can no longer be recalled.
     pub fn take_accepted(&self) -> Option<Job> {
@@ -271,5 +284,25 @@ mod tests {
         offer(&offers, "GET /d");
         assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
         assert_eq!(worker_receives(&offers, 1).unwrap(), b"GET /d");
+    }
+
+    #[test]
+    fn an_accepted_offer_comes_back_only_if_the_worker_never_received_it() {
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        offers.take_accepted().unwrap();
+        offer(&offers, "GET /c");
+        // The worker left before it received /a: /a comes back, and the newer offers with a
+        // recall, as they did before.
+        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b", b"GET /c"]);
+        assert!(offers.recall_accepted());
+        assert!(!offers.recall_accepted());
+
+        let offers = Offers::new().unwrap();
+        offer(&offers, "GET /a");
+        offers.take_accepted().unwrap();
+        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
+        assert!(!offers.recall_accepted());
     }
 }

@@ -14,6 +14,7 @@ use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead, FLAG_FD, HEADER_L
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
+use crate::health::{self, ProcStat};
 use crate::log::{debug, error, warning};
 use crate::offer::Offers;
 use crate::recycle::Recycle;
@@ -265,7 +266,7 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
 }
 
 async fn seat_jobs(
-    lobby: &Lobby,
+    lobby: &Rc<Lobby>,
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
@@ -275,20 +276,24 @@ async fn seat_jobs(
     let mut served: u64 = 0;
     // Recycled: it answers what it has taken from its offer socket, and takes nothing more.
     let mut recycled = false;
+    let stat = ProcStat::open(pid);
     loop {
-        let job = match offers.take_accepted() {
+        let (job, offered) = match offers.take_accepted() {
             // The worker takes it from its offer socket now that it has finished the last one.
             Some(job) => {
                 served += 1;
-                job
+                (job, true)
             }
             None => {
                 if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
                 }
+                // Since when the worker has waited for a request, if it has.
+                let mut idle_since = None;
                 let job = match lobby.seating.next() {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
+                        idle_since = Some(Instant::now());
                         let lifetime_end = recycle.deadline();
                         tokio::select! {
                             biased;
@@ -327,6 +332,21 @@ async fn seat_jobs(
                 if job.state.get() != JobState::Queued {
                     continue;
                 }
+                // A worker idle for a while may have been stopped meanwhile; one that has just
+                // answered was running then, and is not looked at (health::LOOK_AFTER_IDLE).
+                // Its first request is looked at whatever the time: the lobby may have read
+                // its READY late, from a worker stopped since.
+                let look = served == 0 || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
+                if look && stat.is_stopped() {
+                    lobby.seating.return_unstarted(job);
+                    let bound = lobby.settings().timeout;
+                    health::kill_if_still_there(lobby.clone(), pid, stat, bound);
+                    return Gone::Lost(format!(
+                        "it is stopped (SIGSTOP), so no request goes to it; it is killed unless it \
+                         exits within {} s (--timeout)",
+                        bound.as_secs_f64()
+                    ));
+                }
                 job.state.set(JobState::Seated);
                 let waited = job.enqueued_at.elapsed();
                 debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
@@ -335,21 +355,29 @@ async fn seat_jobs(
                     return Gone::Lost(format!("could not send a request: {e}"));
                 }
                 served += 1;
-                job
+                (job, false)
             }
         };
         // A retiring worker is offered nothing: its offers went back to the queue.
         if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        if let Err(reason) = relay_response(lobby, pid, channel, offers, &job).await {
+        if let Err(lost) = relay_response(lobby, pid, channel, offers, &job, offered).await {
             // What the worker never received goes back to the queue; what it did, it had
             // started when it was lost.
             lobby.seating.requeue_front(offers.recall_until(|_| false));
             while let Some(offered) = offers.take_accepted() {
                 fail(&offered, false, 502, "the worker exited while handling this request");
             }
-            return Gone::Lost(reason);
+            return Gone::Lost(match lost {
+                Lost::Answered(reason) => reason,
+                Lost::Unread => {
+                    let reason = format!("exited without reading {}, which goes to another worker", job.summary);
+                    // Older than the offers just queued again: it goes in front of them.
+                    lobby.seating.return_unstarted(job);
+                    reason
+                }
+            });
         }
         if !recycled && recycle.check(served, true).is_some() {
             recycled = true;
@@ -381,23 +409,35 @@ async fn idle_loss(channel: &mut Channel) -> String {
     }
 }
 
+/// How a worker was lost during a request.
+enum Lost {
+    /// The request has been answered (502/504) or cut; why, for the log.
+    Answered(String),
+    /// The worker exited and provably never had the whole request, so it never ran: it may
+    /// run elsewhere.
+    Unread,
+}
+
 /// Reads the worker's answer to `job` and hands it to the job's connection. If the client
 /// goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the answer.
-/// Errors mean the worker is lost; the job has been answered (502/504) or cut.
+/// Errors mean the worker is lost; the job has been answered (502/504) or cut, or the worker
+/// never read it. `offered`: the job went on an offer socket, not on the channel.
 async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
     job: &Job,
-) -> Result<(), String> {
+    offered: bool,
+) -> Result<(), Lost> {
     enum Next {
         Frame(io::Result<Option<Frame>>),
         TimedOut,
         ClientGone,
     }
     let timeout = lobby.settings().timeout;
-    let mut deadline = tokio::time::Instant::from_std(Instant::now() + timeout);
+    let seated_at = Instant::now();
+    let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -434,10 +474,28 @@ async fn relay_response(
         };
         let frame = match next {
             Next::Frame(Ok(Some(frame))) => frame,
-            Next::Frame(Ok(None)) => {
-                return Err(fail(job, head_sent, 502, "the worker exited while handling this request"))
+            Next::Frame(closed @ (Ok(None) | Err(_))) => {
+                // A worker that leaves after an answer (SystemExit, a crash) may do so while the
+                // lobby sends it the next request. That request never ran if the worker never
+                // had all of it: an offer the lobby can still take back from its socket, or
+                // bytes the worker left unread on its channel, which the kernel reports as
+                // ECONNRESET when the worker's end closes. Only the request (and a CANCEL for
+                // it, hence `cancelled`) is sent on the channel after the last answer's end.
+                if !head_sent && !cancelled {
+                    let unread = if offered {
+                        offers.recall_accepted()
+                    } else {
+                        matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET))
+                    };
+                    if unread {
+                        return Err(Lost::Unread);
+                    }
+                }
+                return Err(Lost::Answered(match closed {
+                    Ok(_) => fail(job, head_sent, 502, "the worker exited while handling this request"),
+                    Err(e) => fail(job, head_sent, 502, &format!("the worker's channel failed: {e}")),
+                }));
             }
-            Next::Frame(Err(e)) => return Err(fail(job, head_sent, 502, &format!("the worker's channel failed: {e}"))),
             Next::ClientGone => {
                 cancelled = true;
                 // A CANCEL must not reach the worker after it has moved on to an offered
@@ -450,16 +508,22 @@ async fn relay_response(
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
                 let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
                 if let Err(e) = channel.send(&cancel, None).await {
-                    return Err(format!("could not send CANCEL: {e}"));
+                    return Err(Lost::Answered(format!("could not send CANCEL: {e}")));
                 }
                 continue;
             }
             Next::TimedOut => {
+                // Said before the stack, which the worker writes to the same log
+                // (health::dump_stack); the lobby says nothing more until it is written.
+                let elapsed = seated_at.elapsed().as_secs_f64();
+                let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
                 error!(
-                    "worker {pid} timed out after {} s on {}; killing it (--timeout)",
+                    "worker {pid} timed out after {} s on {} (seated {elapsed:.1} s ago{answering}); its Python \
+                     stack follows, then it is killed (--timeout)",
                     timeout.as_secs_f64(),
                     job.summary
                 );
+                health::dump_stack(lobby, pid).await;
                 if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                     error!("could not ask the zygote to kill worker {pid}: {e}");
                 }
@@ -468,14 +532,14 @@ async fn relay_response(
                 } else {
                     "the application did not answer within --timeout"
                 };
-                return Err(fail(job, head_sent, 504, detail));
+                return Err(Lost::Answered(fail(job, head_sent, 504, detail)));
             }
         };
         let part = match decode_part(frame) {
             Ok(part) => part,
             Err(e) => {
                 let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
-                return Err(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")));
+                return Err(Lost::Answered(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}"))));
             }
         };
         if matches!(part, ResponsePart::Abort) && !cancelled {

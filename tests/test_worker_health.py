@@ -1,0 +1,144 @@
+"""Workers that cannot answer, seen from the outside (docs/SIGNALS.md, "--timeout and worker
+health"): one killed at --timeout says where it was stuck first; a request is never seated at a
+stopped worker, nor lost to a worker that leaves after its answer."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from client import get, read_reply
+from conftest import HOST, wait_for_empty_group
+from test_lifecycle import wait_for_workers, wait_until, worker_pids
+
+APPS = Path(__file__).resolve().parent / "apps"
+APP = "health:app"  # tests/apps/health.py
+
+
+@pytest.mark.parametrize("main", ["sleep", "read"])
+@pytest.mark.parametrize("destination", ["stderr", "file"])
+def test_a_worker_killed_at_timeout_first_writes_every_threads_stack(maitred_server, tmp_path, main, destination):
+    log_file = tmp_path / "error.log"
+    logging = ["--error-logfile", str(log_file)] if destination == "file" else []
+    server = maitred_server("-w", "2", "--timeout", "2", *logging, APP, cwd=APPS)
+    before = wait_for_workers(server, 2)
+
+    started = time.monotonic()
+    cut = get(server.port, f"/stuck?main={main}", timeout=20)
+    waited = time.monotonic() - started
+    assert cut.status == 504, cut
+    assert b"--timeout" in cut.body
+    assert 1.9 < waited < 4, waited  # --timeout, and at most a second for the stack
+
+    def log() -> str:
+        return log_file.read_text() if destination == "file" else server.stderr()
+
+    # The lobby writes its lines from a thread of its own: the last may come after the answer.
+    wait_until(lambda: f"504 for GET /stuck?main={main}" in log(), 5, "the 504 in the log")
+    log = log()
+    timed_out = re.search(
+        rf"worker (\d+) timed out after 2 s on GET /stuck\?main={main} HTTP/1.1 \(seated [\d.]+ s ago\); "
+        r"its Python stack follows",
+        log,
+    )
+    assert timed_out, log
+    assert int(timed_out[1]) in before
+    answered = log.rindex("\n", 0, log.index(f"504 for GET /stuck?main={main}"))
+    stack = log[log.index("\n", timed_out.end()) : answered]
+    # faulthandler's format: one block per thread, innermost call first.
+    assert (
+        len(re.findall(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$", stack, re.MULTILINE))
+        >= 2
+    )
+    stuck_main = "stuck_in_time_sleep" if main == "sleep" else "stuck_reading_a_pipe"
+    for function in (stuck_main, "stuck_in_select", "app"):
+        assert re.search(rf'^  File ".*health\.py", line \d+ in {function}$', stack, re.MULTILINE), stack
+    # Nothing of the lobby's lands inside the stack: every line is faulthandler's.
+    for line in stack.strip().splitlines():
+        assert re.match(r"(?:Current thread|Thread) 0x|  File |  <no Python frame>|$", line), line
+
+    # The worker is replaced, and the next request is answered.
+    wait_until(lambda: len(worker_pids(server)) == 2 and worker_pids(server) != before, 20, "a replacement")
+    assert get(server.port, "/pid").status == 200
+
+
+@pytest.mark.parametrize("then", ["left", "shutdown"])
+def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitred_server, then):
+    server = maitred_server("-w", "2", "--timeout", "8", APP, cwd=APPS)
+    before = wait_for_workers(server, 2)
+    # Both have loaded the application and answered: one stopped before that would hold up
+    # the start instead.
+    wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
+    time.sleep(0.1)
+    stopped = min(before)
+    os.kill(stopped, signal.SIGSTOP)
+    wait_until(lambda: Path(f"/proc/{stopped}/stat").read_text().split(") ")[1][0] == "T", 5, "a stopped worker")
+
+    replies = []
+    for _ in range(10):
+        started = time.monotonic()
+        reply = get(server.port, "/pid", timeout=10)
+        replies.append((reply.status, reply.pid, time.monotonic() - started))
+    assert [status for status, _, _ in replies] == [200] * 10, replies
+    assert stopped not in {pid for _, pid, _ in replies}
+    assert max(seconds for _, _, seconds in replies) < 2, replies  # --timeout is 8 s
+
+    log = server.stderr()
+    assert f"worker {stopped} lost: it is stopped (SIGSTOP), so no request goes to it" in log
+    if then == "shutdown":
+        # Not one of the workers any more, and still stopped: the shutdown kills it.
+        assert server.stop() == 0
+        assert wait_for_empty_group(server.pid, 10) == []
+        assert f"worker {stopped} was still there at the shutdown; killing it" in server.stderr()
+        return
+    # Killed once it has been left stopped for --timeout, and replaced meanwhile.
+    wait_until(lambda: stopped not in worker_pids(server), 15, f"worker {stopped} killed")
+    assert f"worker {stopped} was still there 8 s after it was found stopped; killing it" in server.stderr()
+    wait_for_workers(server, 2)
+    assert get(server.port, "/pid").status == 200
+
+
+def _exit_then_get(port: int, order: str) -> int:
+    """GET /exit (its worker answers, then exits) and a GET /pid that goes to the same worker
+    unless the lobby knows better; returns the status of the GET /pid."""
+    with socket.create_connection((HOST, port), timeout=20) as leaving, ThreadPoolExecutor(2) as pool:
+        if order == "after":
+            # Sent the moment the answer to /exit is in: the lobby may still see the worker
+            # idle, and send it the request while it exits.
+            leaving.sendall(b"GET /exit HTTP/1.1\r\nHost: test\r\n\r\n")
+            assert read_reply(leaving).status == 500
+            return get(port, "/pid").status
+        ahead = []
+        if order == "offered":
+            # /exit and /pid wait behind a request in progress: the worker that takes /exit is
+            # offered /pid at once (docs/PROTOCOL.md, section 3).
+            ahead.append(pool.submit(get, port, "/sleep?seconds=0.3"))
+            time.sleep(0.1)
+            leaving.sendall(b"GET /exit HTTP/1.1\r\nHost: test\r\n\r\n")
+        else:
+            # "queued": /pid waits while /exit runs, and goes on the worker's channel the
+            # moment it answers /exit.
+            leaving.sendall(b"GET /exit?after=0.2 HTTP/1.1\r\nHost: test\r\n\r\n")
+        time.sleep(0.05)
+        follow_up = pool.submit(get, port, "/pid")
+        assert [reply.result(timeout=20).status for reply in ahead] == [200] * len(ahead)
+        assert read_reply(leaving).status == 500
+        return follow_up.result(timeout=20).status
+
+
+@pytest.mark.parametrize(("order", "rounds"), [("after", 50), ("queued", 10), ("offered", 10)])
+def test_a_request_after_a_worker_exits_is_never_lost_to_it(maitred_server, order, rounds):
+    # One worker: every follow-up is the leaving worker's to take, or the lobby's to keep.
+    server = maitred_server("-w", "1", APP, cwd=APPS)
+    statuses = [_exit_then_get(server.port, order) for _ in range(rounds)]
+    assert statuses == [200] * rounds, statuses
+    log = server.stderr()
+    assert "502 for" not in log
+    if order != "after":  # there the worker may have been seen gone before /pid came
+        assert "lost: exited without reading GET /pid HTTP/1.1, which goes to another worker" in log
