@@ -104,6 +104,30 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
     assert get(server.port, "/pid").status == 200
 
 
+def test_a_wedged_idle_worker_is_killed_and_its_request_goes_to_another(maitred_server):
+    """A worker alive but wedged (another thread holds the GIL) does not read the request sent
+    to it: within health::READ_WITHIN (2 s) the lobby stops it, sees the request unread, kills
+    it and seats the request elsewhere; nothing waits for --timeout, nothing runs twice."""
+    server = maitred_server("-w", "2", "--timeout", "30", APP, cwd=APPS)
+    before = wait_for_workers(server, 2)
+    wedged = get(server.port, "/wedge").pid
+    assert wedged in before
+    time.sleep(0.6)
+    replies = []
+    for _ in range(6):
+        started = time.monotonic()
+        reply = get(server.port, "/pid", timeout=20)
+        replies.append((reply.status, reply.pid, time.monotonic() - started))
+    assert [status for status, _, _ in replies] == [200] * 6, replies
+    assert wedged not in {pid for _, pid, _ in replies}
+    assert max(seconds for _, _, seconds in replies) < 5, replies  # --timeout is 30 s
+    wait_until(lambda: "alive but wedged" in server.stderr(), 5, "the wedged worker named in the log")
+    assert re.search(
+        rf"worker {wedged} lost: was killed: alive but wedged .* which goes to another worker", server.stderr()
+    )
+    wait_until(lambda: wedged not in worker_pids(server) and len(worker_pids(server)) == 2, 10, "a replacement")
+
+
 def _exit_then_get(port: int, order: str) -> int:
     """GET /exit (its worker answers, then exits) and a GET /pid that goes to the same worker
     unless the lobby knows better; returns the status of the GET /pid."""

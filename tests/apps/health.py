@@ -8,11 +8,15 @@
     /sleep?seconds=S      sleeps S seconds, then answers the worker's pid
     /exit?after=S         sleeps S seconds (0 if not given), then raises SystemExit: the worker
                           answers 500, then exits
+    /wedge                answers, and 0.3 s later a thread of its own takes the GIL and keeps
+                          it for a minute (a C call through ctypes.PyDLL, which does not let go
+                          of it): the worker is alive, idle, and cannot read a request
 
 Every answer that succeeds is the pid followed by a newline. The functions the stuck threads
 are in have names of their own, for the test to find in the stack the worker writes.
 """
 
+import ctypes
 import os
 import select
 import threading
@@ -33,6 +37,11 @@ def stuck_reading_a_pipe() -> None:
     os.read(reader, 1)
 
 
+def holding_the_gil() -> None:
+    time.sleep(0.3)
+    ctypes.PyDLL(None).sleep(60)
+
+
 def app(environ, start_response):
     path = environ["PATH_INFO"]
     query = parse_qs(environ["QUERY_STRING"])
@@ -42,6 +51,8 @@ def app(environ, start_response):
             stuck_in_time_sleep()
         else:
             stuck_reading_a_pipe()
+    elif path == "/wedge":
+        threading.Thread(target=holding_the_gil, daemon=True).start()
     elif path == "/sleep":
         time.sleep(float(query["seconds"][0]))
     elif path == "/exit":

@@ -864,7 +864,7 @@ impl Answer {
 }
 
 /// Bytes written to the socket that its peer has not taken yet (`SIOCOUTQ`), if the kernel says.
-fn unsent_bytes(fd: RawFd) -> Option<libc::c_int> {
+pub(crate) fn unsent_bytes(fd: RawFd) -> Option<libc::c_int> {
     let mut unsent: libc::c_int = 0;
     // SAFETY: SIOCOUTQ writes one c_int through the pointer, which points at a live c_int.
     match unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) } {

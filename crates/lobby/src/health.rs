@@ -2,6 +2,7 @@
 //! (docs/SIGNALS.md, "--timeout and worker health").
 
 use std::fs::File;
+use std::os::fd::RawFd;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 use std::time::Duration;
@@ -120,6 +121,46 @@ pub async fn dump_stack(lobby: &Lobby, pid: i32) {
         }
         last = now;
     }
+}
+
+/// How long a request sent to an idle worker may stay unread on its channel before the lobby
+/// looks whether the worker is wedged: alive, but its main thread never gets to read (another
+/// thread holds the GIL in a C call, a deadlock in a signal handler). A healthy idle worker
+/// reads a request within microseconds of its arrival; this is long enough that no load makes
+/// one wait so, and short against --timeout's 30 s.
+pub const READ_WITHIN: Duration = Duration::from_secs(2);
+
+/// How long the lobby waits for a worker it stopped to be seen stopped.
+const STOP_SEEN_WITHIN: Duration = Duration::from_millis(500);
+const STOP_POLL: Duration = Duration::from_millis(5);
+
+/// Whether a worker that has not answered a request `READ_WITHIN` after it was sent on its
+/// channel never read the whole of it, and so never started it: then the request may go to
+/// another worker, and this one is killed.
+///
+/// The worker reads the request on its main thread, holding the GIL, and calls the
+/// application only once the whole frame is in (crates/python/src/channel.rs): while bytes of
+/// it are still in the channel (`SIOCOUTQ`), the application has not been called. To be sure
+/// it cannot start meanwhile, the worker is stopped (SIGSTOP) and seen stopped before the
+/// bytes are counted; a worker found to have read it all is continued (SIGCONT) and waits for
+/// --timeout like any slow request. `channel` is the lobby's end of the worker's channel.
+pub async fn never_read(lobby: &Lobby, pid: i32, channel: RawFd) -> bool {
+    if !crate::connection::unsent_bytes(channel).is_some_and(|unsent| unsent > 0) {
+        return false;
+    }
+    let stat = ProcStat::open(pid);
+    if lobby.zygotes.kill(pid, libc::SIGSTOP).await.is_err() {
+        return false;
+    }
+    let deadline = Instant::now() + STOP_SEEN_WITHIN;
+    while !stat.is_stopped() && Instant::now() < deadline {
+        tokio::time::sleep(STOP_POLL).await;
+    }
+    let unread = stat.is_stopped() && crate::connection::unsent_bytes(channel).is_some_and(|unsent| unsent > 0);
+    if !unread {
+        let _ = lobby.zygotes.kill(pid, libc::SIGCONT).await;
+    }
+    unread
 }
 
 /// Kills a worker found stopped once it has had `bound` to be continued and exit: its channel

@@ -371,8 +371,16 @@ async fn seat_jobs(
             }
             return Gone::Lost(match lost {
                 Lost::Answered(reason) => reason,
-                Lost::Unread => {
-                    let reason = format!("exited without reading {}, which goes to another worker", job.summary);
+                Lost::Unread(why) => {
+                    let why = match why {
+                        Unread::Exited => "exited without reading".to_string(),
+                        Unread::Wedged => format!(
+                            "was killed: alive but wedged (its main thread did not read, in {} s, the request sent \
+                             to it idle; another thread holding the GIL does this) before it read",
+                            health::READ_WITHIN.as_secs_f64()
+                        ),
+                    };
+                    let reason = format!("{why} {}, which goes to another worker", job.summary);
                     // Older than the offers just queued again: it goes in front of them.
                     lobby.seating.return_unstarted(job);
                     reason
@@ -413,9 +421,17 @@ async fn idle_loss(channel: &mut Channel) -> String {
 enum Lost {
     /// The request has been answered (502/504) or cut; why, for the log.
     Answered(String),
-    /// The worker exited and provably never had the whole request, so it never ran: it may
-    /// run elsewhere.
-    Unread,
+    /// The worker provably never had the whole request, so it never ran: it may run
+    /// elsewhere.
+    Unread(Unread),
+}
+
+/// Why a worker never read a request.
+enum Unread {
+    /// It exited (after an answer: `SystemExit`, a crash).
+    Exited,
+    /// It is alive but did not read within `health::READ_WITHIN`, and was killed.
+    Wedged,
 }
 
 /// Reads the worker's answer to `job` and hands it to the job's connection. If the client
@@ -432,12 +448,16 @@ async fn relay_response(
 ) -> Result<(), Lost> {
     enum Next {
         Frame(io::Result<Option<Frame>>),
+        ReadCheck,
         TimedOut,
         ClientGone,
     }
     let timeout = lobby.settings().timeout;
     let seated_at = Instant::now();
     let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
+    // A request sent on the channel to an idle worker: if it is still unread after a moment,
+    // the worker may be wedged (health::never_read). Offered ones were taken by the worker.
+    let mut read_check = (!offered).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -464,10 +484,12 @@ async fn relay_response(
                 holding_since.elapsed().as_secs_f64()
             );
         }
+        let check_first = read_check.filter(|at| *at < deadline && !head_sent && !cancelled);
         let next = tokio::select! {
             biased;
-            read = tokio::time::timeout_at(deadline, channel.read_frame()) => match read {
+            read = tokio::time::timeout_at(check_first.unwrap_or(deadline), channel.read_frame()) => match read {
                 Ok(read) => Next::Frame(read),
+                Err(_) if check_first.is_some() => Next::ReadCheck,
                 Err(_) => Next::TimedOut,
             },
             _ = job.respond.closed(), if !cancelled => Next::ClientGone,
@@ -488,7 +510,7 @@ async fn relay_response(
                         matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET))
                     };
                     if unread {
-                        return Err(Lost::Unread);
+                        return Err(Lost::Unread(Unread::Exited));
                     }
                 }
                 return Err(Lost::Answered(match closed {
@@ -509,6 +531,16 @@ async fn relay_response(
                 let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
                 if let Err(e) = channel.send(&cancel, None).await {
                     return Err(Lost::Answered(format!("could not send CANCEL: {e}")));
+                }
+                continue;
+            }
+            Next::ReadCheck => {
+                read_check = None;
+                if health::never_read(lobby, pid, channel.socket.as_raw_fd()).await {
+                    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                        error!("could not ask the zygote to kill worker {pid}: {e}");
+                    }
+                    return Err(Lost::Unread(Unread::Wedged));
                 }
                 continue;
             }
