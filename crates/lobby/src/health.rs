@@ -145,7 +145,7 @@ const STOP_POLL: Duration = Duration::from_millis(5);
 /// bytes are counted; a worker found to have read it all is continued (SIGCONT) and waits for
 /// --timeout like any slow request. `channel` is the lobby's end of the worker's channel.
 pub async fn never_read(lobby: &Lobby, pid: i32, channel: RawFd) -> bool {
-    if !crate::connection::unsent_bytes(channel).is_some_and(|unsent| unsent > 0) {
+    if crate::connection::unsent_bytes(channel).is_none_or(|unsent| unsent <= 0) {
         return false;
     }
     let stat = ProcStat::open(pid);
