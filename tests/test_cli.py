@@ -250,6 +250,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "max_body": None,
         "queue_timeout": None,
         "max_connections": None,
+        "stats": None,
         "preload": False,
         "app": "hello:app",
     }

@@ -220,3 +220,15 @@ def test_a_unix_socket_is_kept_across_an_upgrade_and_removed_by_the_last_lobby(m
     while path.exists():
         assert time.monotonic() < deadline, server.stderr()
         time.sleep(0.05)
+
+
+def test_the_stats_listener_goes_to_the_new_lobby_too(maitred_server):
+    """The new lobby could not bind --stats while the old one holds it: it inherits it."""
+    stats = free_port()
+    server = maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    assert server.stderr().count(f"stats at http://{HOST}:{stats}/metrics") == 2
+    with socket.create_connection((HOST, stats), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: stats\r\n\r\n")
+        assert read_reply(sock).status == 200

@@ -60,7 +60,8 @@ def run(argv: Sequence[str]) -> int:
         "inherited": {},
     }
     if inheritance is not None:
-        upgrade["inherited"] = succession.reuse_listeners(settings["bind"], inheritance.listeners)
+        addresses = [*settings["bind"], *([settings["stats"]] if settings["stats"] else [])]
+        upgrade["inherited"] = succession.reuse_listeners(addresses, inheritance.listeners)
         upgrade["predecessor"] = inheritance.channel
     try:
         # After an upgrade the lobby writes it once it serves: until then it names the

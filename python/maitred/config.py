@@ -196,6 +196,14 @@ def _bind_address(text: str) -> str:
     return f"{host}:{_port(port_text, text)}"
 
 
+def _stats_address(text: str) -> str:
+    """A stats listener's address: a --bind address, but not an inherited descriptor."""
+    address = _bind_address(text)
+    if address.startswith("fd://"):
+        raise ValueError(f"expected HOST:PORT or unix:PATH, got {text!r}")
+    return address
+
+
 # ---------------------------------------------------------------------------------------------
 # The table.
 
@@ -267,6 +275,18 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "Most client connections held open at once.",
         default_text="as many as the file-descriptor limit allows",
+    ),
+    Setting(
+        "listening",
+        "stats",
+        ("--stats",),
+        "ADDRESS",
+        _stats_address,
+        None,
+        "Address of the stats listener, HOST:PORT or unix:PATH: Prometheus metrics at /metrics "
+        "(docs/METRICS.md), answered by the lobby without touching a worker. Keep it off the "
+        "public network.",
+        default_text="off",
     ),
     Setting(
         "workers",
@@ -766,6 +786,8 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
     duplicates = sorted({b for b in settings["bind"] if settings["bind"].count(b) > 1})
     if duplicates:
         raise UsageError(f"address given twice: {', '.join(duplicates)}")
+    if settings["stats"] is not None and settings["stats"] in settings["bind"]:
+        raise UsageError(f"--stats {settings['stats']} is also an application address (--bind): give it one of its own")
     settings["app"] = app
     return settings
 
@@ -859,6 +881,7 @@ KEPT_ON_RELOAD = (
     "bind",
     "backlog",
     "max_connections",
+    "stats",
     "max_spill_total",
     "max_head_memory",
     "access_logfile",

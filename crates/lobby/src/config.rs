@@ -94,6 +94,8 @@ pub struct Config {
     pub max_connections: Option<usize>,
     /// The application spec, for log lines.
     pub app: String,
+    /// The stats listener (`--stats`): metrics, answered by the lobby.
+    pub stats: Option<BindAddress>,
 }
 
 #[cfg(test)]

@@ -318,6 +318,7 @@ impl<S: ClientStream> Connection<S> {
 
     async fn refuse(&mut self, status: u16, reason: &str) {
         log::info_limited!("{status} to {}: {reason}", self.peer.display());
+        self.lobby.metrics.refused(status);
         let mut out = Vec::new();
         write_error_response(&mut out, status, reason, &http_date(), false, None);
         if self.write_closing(&out).await.is_ok() {
@@ -491,6 +492,7 @@ impl<S: ClientStream> Connection<S> {
             let keep_open = self.write_part(&mut answer, part, &responses).await?;
             if last {
                 self.answered += 1;
+                self.lobby.metrics.answered(answer.status);
                 self.log_access(head, &answer);
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and

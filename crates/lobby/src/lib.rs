@@ -19,6 +19,7 @@ mod offer;
 mod recycle;
 mod seating;
 mod spool;
+mod stats;
 mod supervisor;
 mod upgrade;
 mod worker;
@@ -81,6 +82,8 @@ pub(crate) struct Lobby {
     pub spill_budget: Rc<spool::SpillBudget>,
     /// Incomplete request heads' memory (`--max-head-memory`).
     pub heads: Rc<heads::HeadBudget>,
+    /// What `--stats` shows.
+    pub metrics: stats::Metrics,
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
     successor: RefCell<Option<Rc<Successor>>>,
@@ -188,6 +191,15 @@ async fn supervise(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(StartupError)?;
+    let stats_listener = config
+        .stats
+        .as_ref()
+        .map(|address| {
+            let socket = inherited.iter().position(|(bound, _)| bound == address).map(|i| inherited.swap_remove(i).1);
+            listen::bind(address, None, socket)
+        })
+        .transpose()
+        .map_err(StartupError)?;
     if let Some(target) = &config.access_logfile {
         log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
     }
@@ -207,6 +219,7 @@ async fn supervise(
         spill_budget,
         heads,
         successor: RefCell::new(None),
+        metrics: stats::Metrics::new(),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
@@ -217,7 +230,8 @@ async fn supervise(
     }
     let predecessor = succession.predecessor.take();
     let pid_file = succession.pid_file.clone();
-    let listener_fds = listeners.iter().map(|l| l.socket.as_raw_fd()).collect();
+    // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
+    let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
     let mut supervisor =
         Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds);
 
@@ -257,6 +271,12 @@ async fn supervise(
             Ok(tokio::task::spawn_local(accepting))
         })
         .collect::<Result<_, StartupError>>()?;
+    let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
+    if let Some(listener) = stats_listener {
+        info!("stats at {}/metrics", listener.display);
+        let serving = stats::serve(lobby.clone(), listener, connections.clone(), max_connections);
+        tokio::task::spawn_local(serving);
+    }
     info!(
         "serving {} with {} workers (pids {}); at most {max_connections} connections",
         lobby.config.app,
@@ -315,10 +335,8 @@ async fn supervise(
             }
         }
         // The new maitred listens on the same sockets, files included.
-        for listener in &listeners {
-            if let Some(path) = &listener.unix_path {
-                let _ = std::fs::remove_file(path);
-            }
+        for path in listeners.iter().filter_map(|l| l.unix_path.as_ref()).chain(&stats_path) {
+            let _ = std::fs::remove_file(path);
         }
     }
     drop(listeners);

@@ -349,6 +349,7 @@ async fn seat_jobs(
                 }
                 job.state.set(JobState::Seated);
                 let waited = job.enqueued_at.elapsed();
+                lobby.metrics.waited(waited);
                 debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
                 if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
                     lobby.seating.return_unstarted(job);
@@ -401,10 +402,13 @@ async fn seat_jobs(
 fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
     while !offers.is_full() && left.is_none_or(|left| (offers.len() as u64) < left) {
         let Some(next) = lobby.seating.take_queued() else { return };
+        // Its wait ends here: the worker takes it as soon as it has answered.
+        let waited = next.enqueued_at.elapsed();
         if let Err(next) = offers.make(next) {
             lobby.seating.return_unstarted(next);
             return;
         }
+        lobby.metrics.waited(waited);
     }
 }
 
@@ -586,6 +590,7 @@ async fn relay_response(
             let _ = job.respond.send(ResponsePart::Abort);
         }
         if last {
+            lobby.metrics.served(seated_at.elapsed());
             return Ok(());
         }
     }

@@ -116,6 +116,10 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         queue_timeout: optional::<f64>(settings, "queue_timeout")?.map(Duration::from_secs_f64),
         max_connections: optional(settings, "max_connections")?,
         app: required(settings, "app")?,
+        stats: optional::<String>(settings, "stats")?
+            .map(|text| BindAddress::parse(&text))
+            .transpose()
+            .map_err(PyValueError::new_err)?,
     })
 }
 

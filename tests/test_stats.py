@@ -1,0 +1,100 @@
+"""The stats listener (--stats, docs/METRICS.md): Prometheus metrics answered by the lobby.
+
+A real maitred on 127.0.0.1, real requests; the exposition is read with the Prometheus
+project's own Python parser (prometheus-client), which refuses what the format does not allow.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from client import get, read_reply
+from conftest import HOST, MAITRED, free_port
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+APPS = Path(__file__).resolve().parent / "apps"
+
+
+def scrape(port: int) -> dict[str, list]:
+    """GET /metrics: every sample, by family name."""
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: stats\r\n\r\n")
+        reply = read_reply(sock)
+    assert reply.status == 200, reply
+    assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
+    return {family.name: family.samples for family in text_string_to_metric_families(reply.body.decode())}
+
+
+def value(samples: list, name: str, **labels: str) -> float:
+    found = [s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) == 1, (name, labels, samples)
+    return found[0]
+
+
+def test_metrics_count_what_the_lobby_served_without_a_worker(maitred_server):
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    for _ in range(7):
+        assert get(server.port, "/").status == 200
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n")  # no Host: the lobby refuses it
+        assert read_reply(sock).status == 400
+    families = scrape(stats)
+    assert value(families["maitred_requests"], "maitred_requests_total", **{"class": "2xx"}) == 7
+    assert value(families["maitred_requests"], "maitred_requests_total", **{"class": "4xx"}) == 1
+    assert value(families["maitred_refusals"], "maitred_refusals_total", status="400") == 1
+    assert value(families["maitred_request_duration_seconds"], "maitred_request_duration_seconds_count") == 7
+    assert value(families["maitred_queue_wait_seconds"], "maitred_queue_wait_seconds_count") == 7
+    assert value(families["maitred_workers"], "maitred_workers", state="idle") == 2
+    assert value(families["maitred_workers"], "maitred_workers", state="busy") == 0
+    assert value(families["maitred_queue_requests"], "maitred_queue_requests") == 0
+    overflows = families["maitred_listen_overflows"]
+    assert value(overflows, "maitred_listen_overflows_total", counter="ListenOverflows", scope="machine") >= 0
+    assert "stats at http://" in server.stderr()
+
+
+def test_busy_workers_and_waiting_requests_show_while_they_wait(maitred_server):
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    threads = [threading.Thread(target=get, args=(server.port, "/?sleep=1.5")) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    families = scrape(stats)
+    # Answered by the lobby while its only worker is busy.
+    assert value(families["maitred_workers"], "maitred_workers", state="busy") == 1
+    assert value(families["maitred_queue_requests"], "maitred_queue_requests") == 2
+    assert value(families["maitred_connections"], "maitred_connections", state="active") >= 3
+    for thread in threads:
+        thread.join(timeout=20)
+
+
+def test_other_paths_and_methods_get_a_clear_answer(maitred_server):
+    stats = free_port()
+    maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    for request, status in ((b"GET /nope HTTP/1.1\r\n\r\n", 404), (b"POST /metrics HTTP/1.1\r\n\r\n", 405)):
+        with socket.create_connection((HOST, stats), timeout=10) as sock:
+            sock.sendall(request)
+            assert read_reply(sock).status == status
+
+
+@pytest.mark.parametrize("address", ["same", "fd://3"])
+def test_a_stats_address_that_is_an_application_address_is_refused(address):
+    port = free_port()
+    stats = f"{HOST}:{port}" if address == "same" else address
+    run = subprocess.run(
+        [str(MAITRED), "--bind", f"{HOST}:{port}", "--stats", stats, "echo:app"],
+        cwd=APPS,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert run.returncode == 2
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("maitred: error:") and "--stats" in line, line
