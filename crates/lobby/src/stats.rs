@@ -148,7 +148,12 @@ impl Metrics {
     }
 
     /// The exposition, with the gauges read now.
-    fn render(&self, lobby: &Lobby, connections: &Semaphore, max_connections: usize) -> Result<String, std::fmt::Error> {
+    fn render(
+        &self,
+        lobby: &Lobby,
+        connections: &Semaphore,
+        max_connections: usize,
+    ) -> Result<String, std::fmt::Error> {
         self.queue_requests.set(lobby.seating.waiting() as i64);
         let serving = lobby.seating.workers();
         let idle = lobby.seating.idle();
