@@ -245,6 +245,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "max_worker_lifetime": None,
         "max_worker_lifetime_jitter": 0.0,
         "access_logfile": None,
+        "access_log_format": '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"',
         "error_logfile": "-",
         "log_level": "info",
         "max_body": None,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from maitred import __version__
+from maitred import __version__, _native
 from maitred.app import AppLoadError, parse_spec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -102,6 +102,18 @@ def _file_path(text: str) -> str:
 def _log_destination(text: str) -> str:
     """'-' for the process's own standard stream, or a file path."""
     return text if text == "-" else _file_path(text)
+
+
+# gunicorn's default access-log format, and maitred's: the combined log format.
+ACCESS_LOG_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"'
+
+
+def _access_log_format(text: str) -> str:
+    """A format the lobby can write. The lobby owns the format's grammar
+    (crates/lobby/src/access_format.rs): this asks it, so that a wrong format is refused here,
+    with one line, rather than when the lobby starts or reloads."""
+    _native.check_access_log_format(text)
+    return text
 
 
 def _existing_directory(text: str) -> str:
@@ -501,6 +513,17 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "Where to write one line per request ('-': standard output).",
         default_text="off",
+    ),
+    Setting(
+        "logging",
+        "access_log_format",
+        ("--access-logformat",),
+        "FORMAT",
+        _access_log_format,
+        ACCESS_LOG_FORMAT,
+        "What each access-log line says: gunicorn's atoms, maitred's queue_ms and app_ms, or 'json' for "
+        "one JSON object per line (docs/LIMITS.md, The access log's format).",
+        default_text="gunicorn's combined log format",
     ),
     Setting(
         "logging",

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::access_format::AccessFormat;
 use crate::log::Level;
 
 /// One address to listen on, as given to `--bind`.
@@ -81,6 +82,8 @@ pub struct Config {
     pub max_worker_lifetime_jitter: Duration,
     /// None: no access log. `-`: standard output.
     pub access_logfile: Option<String>,
+    /// `--access-logformat`, parsed; a reload may change it.
+    pub access_log_format: AccessFormat,
     /// The file standard error was pointed at (`--error-logfile`), which SIGUSR1 reopens;
     /// None when it is the standard error maitred was started with.
     pub error_logfile: Option<String>,

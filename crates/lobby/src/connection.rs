@@ -27,7 +27,7 @@ use tokio::time::sleep_until;
 
 use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
 use crate::log::{self, debug};
-use crate::seating::{Job, JobState};
+use crate::seating::{Job, JobState, Served};
 use crate::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 use crate::Lobby;
 
@@ -174,8 +174,17 @@ pub fn start<S: ClientStream>(
     answered: u64,
 ) {
     let decoder = RequestDecoder::new(lobby.limits());
-    let connection =
-        Connection { lobby: lobby.clone(), stream, peer, site, permit, buf: BytesMut::new(), decoder, answered };
+    let connection = Connection {
+        lobby: lobby.clone(),
+        stream,
+        peer,
+        site,
+        permit,
+        buf: BytesMut::new(),
+        decoder,
+        answered,
+        request_started: Instant::now(),
+    };
     tokio::task::spawn_local(connection.run());
 }
 
@@ -206,6 +215,8 @@ struct Connection<S> {
     /// they have been idle for `HIBERNATE_AFTER`), but lets a new connection send its first
     /// request.
     answered: u64,
+    /// When the current request's head began to be read, for the access log's request time.
+    request_started: Instant,
 }
 
 /// How the wait for a request ended.
@@ -406,7 +417,10 @@ impl<S: ClientStream> Connection<S> {
         let mut ticket = None;
         loop {
             match self.decoder.decode(&mut self.buf)? {
-                Some(Event::Head(head)) => return Ok(head),
+                Some(Event::Head(head)) => {
+                    self.request_started = started;
+                    return Ok(head);
+                }
                 Some(_) => unreachable!("the decoder yields a Head first"),
                 None => {}
             }
@@ -474,6 +488,7 @@ impl<S: ClientStream> Connection<S> {
         };
         let state = job.state.clone();
         let enqueued_at = job.enqueued_at;
+        let served = job.served.clone();
         self.lobby.seating.submit(job);
         let context = ResponseContext {
             head_request: head.method.as_ref() == b"HEAD",
@@ -493,7 +508,7 @@ impl<S: ClientStream> Connection<S> {
             if last {
                 self.answered += 1;
                 self.lobby.metrics.answered(answer.status);
-                self.log_access(head, &answer);
+                self.log_access(head, &answer, enqueued_at, served.as_deref());
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).
@@ -539,6 +554,7 @@ impl<S: ClientStream> Connection<S> {
             respond,
             enqueued_at: Instant::now(),
             summary,
+            served: log::access_log_enabled().then(Rc::default),
         };
         Ok((job, body_descriptor))
     }
@@ -589,12 +605,17 @@ impl<S: ClientStream> Connection<S> {
             ResponsePart::Head { status, reason, headers, body, end } => {
                 // A shutdown that began while the request waited closes the connection after it.
                 answer.context.keep_alive &= !self.lobby.closing();
-                let headers: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
+                let fields: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 let known = end.then_some(body.len() as u64);
                 let (framing, keep_alive) =
-                    write_response_head(&mut out, &answer.context, status, &reason, &headers, known, &http_date());
+                    write_response_head(&mut out, &answer.context, status, &reason, &fields, known, &http_date());
                 answer.started(status, framing, keep_alive);
                 answer.body(&mut out, &body);
+                // Kept for an access log that writes response headers; they hold the frame
+                // they came in (and its first body bytes), so only then.
+                if log::access_log_enabled() && self.lobby.settings().access_log_format.uses_response_headers() {
+                    answer.headers = headers;
+                }
                 end
             }
             ResponsePart::Body { data, end } => {
@@ -736,27 +757,28 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    fn log_access(&self, head: &RequestHead, answer: &Answer) {
+    fn log_access(&self, head: &RequestHead, answer: &Answer, enqueued: Instant, served: Option<&Served>) {
         if !log::access_log_enabled() {
             return;
         }
-        let header = |name: &[u8]| {
-            head.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone()).unwrap_or_default()
-        };
-        let request_line = format!(
-            "{} {} {}",
-            String::from_utf8_lossy(&head.method),
-            String::from_utf8_lossy(&head.target),
-            version_text(head.version)
+        log::access(
+            &self.lobby.settings().access_log_format,
+            &log::AccessRecord {
+                peer: &self.peer.ip_text(),
+                method: &head.method,
+                target: &head.target,
+                version: version_text(head.version),
+                request_headers: &head.headers,
+                status: answer.status,
+                body_bytes: answer.body_bytes,
+                response_headers: &answer.headers,
+                started: self.request_started,
+                enqueued,
+                seated: served.and_then(|served| served.seated.get()),
+                answered: served.and_then(|served| served.answered.get()),
+                worker: served.and_then(|served| served.worker.get()),
+            },
         );
-        log::access(&log::AccessRecord {
-            peer: &self.peer.ip_text(),
-            request_line: request_line.as_bytes(),
-            status: answer.status,
-            body_bytes: answer.body_bytes,
-            referer: &header(b"referer"),
-            user_agent: &header(b"user-agent"),
-        });
     }
 }
 
@@ -769,6 +791,8 @@ struct Answer {
     /// Body bytes still owed under a Content-Length.
     remaining: u64,
     body_bytes: u64,
+    /// The application's header fields, when the access log writes some (`{name}o`).
+    headers: Vec<(Bytes, Bytes)>,
     /// The application sent more or fewer bytes than it announced: the framing is broken
     /// and the connection must close after this answer.
     broken: bool,
@@ -783,6 +807,7 @@ impl Answer {
             keep_alive: false,
             remaining: 0,
             body_bytes: 0,
+            headers: Vec::new(),
             broken: false,
         }
     }

@@ -7,6 +7,7 @@
 //! and `supervisor.rs` keeps the workers running and answers the signals.
 
 mod accept;
+mod access_format;
 mod config;
 mod connection;
 mod heads;
@@ -35,6 +36,7 @@ use maitred_protocol::Limits;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::{JoinHandle, LocalSet};
 
+pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
 pub use log::Level;
 pub use supervisor::{Reread, Rereader};

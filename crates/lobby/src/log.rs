@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::access_format::AccessFormat;
+
 /// Bytes of lines a log holds while its destination does not take them.
 const QUEUE_BYTES: usize = 1 << 20;
 /// Of those, what lines about one request (and debug lines) may fill; the rest is kept for
@@ -610,30 +612,13 @@ pub fn access_log_enabled() -> bool {
     ACCESS_LOG.get().is_some()
 }
 
-/// One access-log line, in the common log format extended with referer and user agent
-/// (gunicorn's default): `h - - [t] "r" s b "f" "a"`.
-pub struct AccessRecord<'a> {
-    pub peer: &'a str,
-    pub request_line: &'a [u8],
-    pub status: u16,
-    pub body_bytes: u64,
-    pub referer: &'a [u8],
-    pub user_agent: &'a [u8],
-}
+pub use crate::access_format::AccessRecord;
 
-pub fn access(record: &AccessRecord<'_>) {
+/// Writes the access-log line for `record` in `format` (`--access-logformat`).
+pub fn access(format: &AccessFormat, record: &AccessRecord<'_>) {
     let Some(sink) = ACCESS_LOG.get() else { return };
-    let dash = |value: &[u8]| if value.is_empty() { "-".to_string() } else { escape(value) };
-    let line = format!(
-        "{} - - [{}] \"{}\" {} {} \"{}\" \"{}\"\n",
-        if record.peer.is_empty() { "-" } else { record.peer },
-        clf_timestamp(SystemTime::now()),
-        escape(record.request_line),
-        record.status,
-        if record.body_bytes == 0 { "-".to_string() } else { record.body_bytes.to_string() },
-        dash(record.referer),
-        dash(record.user_agent),
-    );
+    let mut line = String::with_capacity(256);
+    format.render(record, SystemTime::now(), Instant::now(), &mut line);
     sink.push(line, true);
 }
 
@@ -660,9 +645,10 @@ fn seconds(duration: Duration) -> String {
     }
 }
 
-/// Makes request bytes safe for a log line: printable ASCII as is, everything else `\xHH`.
-fn escape(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
+/// Makes request bytes safe for a log line: printable ASCII as is, `"` and `\\` behind a
+/// backslash, everything else `\xHH`.
+pub(crate) fn escape_into(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
         match b {
             b'"' | b'\\' => {
@@ -670,23 +656,26 @@ fn escape(bytes: &[u8]) -> String {
                 out.push(b as char);
             }
             0x20..=0x7e => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
+            _ => {
+                out.push_str("\\x");
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 0xf)] as char);
+            }
         }
     }
-    out
 }
 
 /// A UTC calendar date and time.
-struct Civil {
-    year: i64,
-    month: u32,
-    day: u32,
-    hour: u32,
-    minute: u32,
-    second: u32,
+pub(crate) struct Civil {
+    pub(crate) year: i64,
+    pub(crate) month: u32,
+    pub(crate) day: u32,
+    pub(crate) hour: u32,
+    pub(crate) minute: u32,
+    pub(crate) second: u32,
 }
 
-fn civil(time: SystemTime) -> Civil {
+pub(crate) fn civil(time: SystemTime) -> Civil {
     let secs = time.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's days-to-civil algorithm.
@@ -709,7 +698,7 @@ fn timestamp(time: SystemTime) -> String {
 }
 
 /// `22/Nov/2026:05:30:00 +0000`
-fn clf_timestamp(time: SystemTime) -> String {
+pub(crate) fn clf_timestamp(time: SystemTime) -> String {
     const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     let c = civil(time);
     format!(
@@ -839,6 +828,8 @@ mod tests {
 
     #[test]
     fn escapes_unsafe_bytes() {
-        assert_eq!(escape(b"GET /\"a\"\x01 HTTP/1.1"), "GET /\\\"a\\\"\\x01 HTTP/1.1");
+        let mut out = String::new();
+        escape_into(&mut out, b"GET /\"a\"\x01\xff HTTP/1.1");
+        assert_eq!(out, "GET /\\\"a\\\"\\x01\\xff HTTP/1.1");
     }
 }

@@ -39,6 +39,17 @@ pub struct Job {
     pub enqueued_at: Instant,
     /// `GET /path HTTP/1.1`, for log lines about this request.
     pub summary: Rc<str>,
+    /// For the access log's timing atoms; None when there is no access log.
+    pub served: Option<Rc<Served>>,
+}
+
+/// Which worker took a request, when, and when its answer had come whole: what the worker
+/// relay tells the connection for the access log.
+#[derive(Default)]
+pub struct Served {
+    pub seated: Cell<Option<Instant>>,
+    pub answered: Cell<Option<Instant>>,
+    pub worker: Cell<Option<i32>>,
 }
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
@@ -223,6 +234,7 @@ pub(crate) mod tests {
             respond,
             enqueued_at: Instant::now(),
             summary: name.into(),
+            served: None,
         };
         (job, receive)
     }

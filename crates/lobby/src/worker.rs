@@ -458,6 +458,10 @@ async fn relay_response(
     }
     let timeout = lobby.settings().timeout;
     let seated_at = Instant::now();
+    if let Some(served) = &job.served {
+        served.seated.set(Some(seated_at));
+        served.worker.set(Some(pid));
+    }
     let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
     // A request sent on the channel to an idle worker: if it is still unread after a moment,
     // the worker may be wedged (health::never_read). Offered ones were taken by the worker.
@@ -583,6 +587,9 @@ async fn relay_response(
         }
         head_sent = true;
         let last = part.is_last();
+        if let Some(served) = job.served.as_ref().filter(|_| last) {
+            served.answered.set(Some(Instant::now()));
+        }
         // A connection that has gone away no longer listens; the worker is still in step.
         if let Err(e) = job.respond.send(part) {
             // The client is cut; dropping its end makes `closed()` tell the worker to stop.

@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_lobby::{BindAddress, Config, Level, Reread, Rereader, Succession};
+use maitred_lobby::{AccessFormat, BindAddress, Config, Level, Reread, Rereader, Succession};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -78,6 +78,14 @@ fn call_reread(reread: &Py<PyAny>) -> Result<Reread, String> {
     })
 }
 
+/// Checks an `--access-logformat` for the CLI: raises ValueError with one line saying what is
+/// wrong. The lobby owns the format's grammar (maitred_lobby's access_format.rs); the CLI asks
+/// here rather than keeping a second copy of it.
+#[pyfunction]
+fn check_access_log_format(format: &str) -> PyResult<()> {
+    AccessFormat::parse(format).map(drop).map_err(PyValueError::new_err)
+}
+
 fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
     let binds: Vec<String> = required(settings, "bind")?;
     let binds =
@@ -108,6 +116,8 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             .map_err(|e| PyValueError::new_err(format!("setting 'max_worker_lifetime': {e}")))?,
         max_worker_lifetime_jitter: seconds(settings, "max_worker_lifetime_jitter")?,
         access_logfile: optional(settings, "access_logfile")?,
+        access_log_format: AccessFormat::parse(&required::<String>(settings, "access_log_format")?)
+            .map_err(|e| PyValueError::new_err(format!("setting 'access_log_format': {e}")))?,
         error_logfile: optional::<String>(settings, "error_logfile")?.filter(|path| path != "-"),
         preload: required(settings, "preload")?,
         log_level: Level::parse(&log_level)
@@ -152,5 +162,6 @@ fn seconds(settings: &Bound<'_, PyDict>, key: &str) -> PyResult<Duration> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StartupError", m.py().get_type::<StartupError>())?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(check_access_log_format, m)?)?;
     Ok(())
 }
