@@ -1,21 +1,29 @@
 """The stats listener (--stats, docs/METRICS.md): Prometheus metrics answered by the lobby.
 
 A real maitred on 127.0.0.1, real requests; the exposition is read with the Prometheus
-project's own Python parser (prometheus-client), which refuses what the format does not allow.
+project's own Python parser (prometheus-client), checked with `promtool check metrics`, and
+scraped by a real Prometheus server (Debian's prometheus package; those tests skip, saying why,
+without it).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
 import socket
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 from client import get, read_reply
 from conftest import HOST, MAITRED, free_port
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 
 APPS = Path(__file__).resolve().parent / "apps"
 
@@ -26,8 +34,14 @@ def scrape(port: int) -> dict[str, list]:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: stats\r\n\r\n")
         reply = read_reply(sock)
     assert reply.status == 200, reply
-    assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert reply.headers["Content-Type"] == "text/plain; version=0.0.4"
     return {family.name: family.samples for family in text_string_to_metric_families(reply.body.decode())}
+
+
+def exposition(port: int) -> str:
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: stats\r\n\r\n")
+        return read_reply(sock).body.decode()
 
 
 def value(samples: list, name: str, **labels: str) -> float:
@@ -98,3 +112,70 @@ def test_a_stats_address_that_is_an_application_address_is_refused(address):
     assert run.returncode == 2
     (line,) = run.stderr.splitlines()
     assert line.startswith("maitred: error:") and "--stats" in line, line
+
+
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+needs_prometheus = pytest.mark.skipif(
+    PROMTOOL is None or PROMETHEUS is None,
+    reason="promtool and prometheus are not installed (Debian's prometheus package; .ci/run installs it)",
+)
+
+
+@needs_prometheus
+def test_promtool_finds_nothing_wrong_with_the_exposition(maitred_server):
+    stats = free_port()
+    server = maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    get(server.port, "/")
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        read_reply(sock)
+    checked = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=exposition(stats), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@needs_prometheus
+def test_a_prometheus_server_scrapes_it_and_counts_the_requests(maitred_server, tmp_path):
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    for _ in range(5):
+        assert get(server.port, "/").status == 200
+    web = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n"
+        f"scrape_configs:\n  - job_name: maitred\n    static_configs:\n      - targets: ['{HOST}:{stats}']\n"
+    )
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed after the process
+    prometheus = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address={HOST}:{web}",
+        ],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    query = urllib.parse.urlencode({"query": 'maitred_requests_total{class="2xx"}'})
+    try:
+        deadline = time.monotonic() + 30
+        found = None
+        while found is None:
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{web}/api/v1/query?{query}", timeout=5) as answer:
+                    result = json.load(answer)["data"]["result"]
+            except OSError:
+                continue
+            if result:
+                found = float(result[0]["value"][1])
+        assert found == 5
+    finally:
+        os.killpg(prometheus.pid, signal.SIGTERM)
+        prometheus.wait(timeout=30)
+        log.close()

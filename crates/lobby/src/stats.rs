@@ -1,22 +1,20 @@
 //! What the lobby counts, and the stats listener (`--stats`) that shows it: Prometheus metrics
-//! at `/metrics` (docs/METRICS.md), written by the `prometheus-client` library, answered by the
-//! lobby itself so that a scrape never waits for a worker.
+//! at `/metrics` (docs/METRICS.md), written by the `prometheus` library (the Prometheus text
+//! format, which `promtool check metrics` checks), answered by the lobby itself so that a scrape
+//! never waits for a worker.
 //!
-//! Counters and histograms are updated where things happen (one atomic add, or one
-//! uncontended lock for a histogram, per request); gauges are read when a scrape comes.
+//! Counters and histograms are updated where things happen (atomic adds); gauges are read when
+//! a scrape comes.
 
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
@@ -27,30 +25,6 @@ use crate::Lobby;
 /// The most a stats request's head may be, and how long it may take to arrive.
 const MAX_HEAD: usize = 8 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// The exposition format `encode` writes.
-const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClassLabel {
-    class: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StatusLabel {
-    status: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabel {
-    state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KernelCounterLabel {
-    counter: &'static str,
-    /// The kernel counts for the whole machine, every listener of every process.
-    scope: &'static str,
-}
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
@@ -60,57 +34,78 @@ const KERNEL_COUNTERS: [&str; 2] = ["ListenOverflows", "ListenDrops"];
 pub struct Metrics {
     registry: Registry,
     /// `maitred_requests_total` for 1xx to 5xx, looked up once: an answer costs one atomic add.
-    requests: [Counter; 5],
-    refusals: Family<StatusLabel, Counter>,
+    requests: [IntCounter; 5],
+    refusals: IntCounterVec,
     request_duration: Histogram,
     queue_wait: Histogram,
-    queue_requests: Gauge,
-    workers: Family<StateLabel, Gauge>,
-    connections: Family<StateLabel, Gauge>,
-    listen_overflows: Family<KernelCounterLabel, Counter>,
+    queue_requests: IntGauge,
+    workers: IntGaugeVec,
+    connections: IntGaugeVec,
+    listen_overflows: IntCounterVec,
     /// The kernel's counters as last read, to add what they moved since.
     kernel_seen: std::cell::Cell<[u64; 2]>,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("maitred");
-        let by_class = Family::<ClassLabel, Counter>::default();
-        registry.register("requests", "Requests answered, by the class of their status", by_class.clone());
-        let requests = STATUS_CLASSES.map(|class| by_class.get_or_create(&ClassLabel { class }).clone());
-        let refusals = Family::<StatusLabel, Counter>::default();
-        registry.register(
-            "refusals",
-            "Requests refused by the lobby without a worker (bad requests, limits, --queue-timeout)",
-            refusals.clone(),
-        );
+        // Every name and label below is fixed and valid: none of these can fail.
+        let registry = Registry::new_custom(Some("maitred".into()), None).expect("a valid prefix");
+        let register = |collector: Box<dyn prometheus::core::Collector>| {
+            registry.register(collector).expect("each family registered once, with a valid name")
+        };
+        let by_class = IntCounterVec::new(
+            Opts::new("requests_total", "Requests answered, by the class of their status"),
+            &["class"],
+        )
+        .expect("valid");
+        register(Box::new(by_class.clone()));
+        let requests = STATUS_CLASSES.map(|class| by_class.with_label_values(&[class]));
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "refusals_total",
+                "Requests refused by the lobby without a worker (bad requests, limits, --queue-timeout)",
+            ),
+            &["status"],
+        )
+        .expect("valid");
+        register(Box::new(refusals.clone()));
         // 1 ms to about 65 s.
-        let request_duration = Histogram::new(exponential_buckets(0.001, 2.0, 17));
-        registry.register(
-            "request_duration_seconds",
-            "Time a worker spent on a request, from its seating to the end of its answer",
-            request_duration.clone(),
-        );
+        let request_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "request_duration_seconds",
+                "Time a worker spent on a request, from its seating to the end of its answer",
+            )
+            .buckets(exponential_buckets(0.001, 2.0, 17).expect("valid")),
+        )
+        .expect("valid");
+        register(Box::new(request_duration.clone()));
         // 0.1 ms to about 6.5 s.
-        let queue_wait = Histogram::new(exponential_buckets(0.0001, 2.0, 17));
-        registry.register(
-            "queue_wait_seconds",
-            "Time a request waited in the lobby's queue for a worker",
-            queue_wait.clone(),
-        );
-        let queue_requests = Gauge::default();
-        registry.register("queue_requests", "Requests waiting for a worker now", queue_requests.clone());
-        let workers = Family::<StateLabel, Gauge>::default();
-        registry.register("workers", "Workers serving, by state", workers.clone());
-        let connections = Family::<StateLabel, Gauge>::default();
-        registry.register("connections", "Client connections held, by state", connections.clone());
-        let listen_overflows = Family::<KernelCounterLabel, Counter>::default();
-        registry.register(
-            "listen_overflows",
-            "Connections the kernel dropped or refused for a full listen queue since maitred started \
-             (/proc/net/netstat: machine-wide, every listener)",
-            listen_overflows.clone(),
-        );
+        let queue_wait = Histogram::with_opts(
+            HistogramOpts::new("queue_wait_seconds", "Time a request waited in the lobby's queue for a worker")
+                .buckets(exponential_buckets(0.0001, 2.0, 17).expect("valid")),
+        )
+        .expect("valid");
+        register(Box::new(queue_wait.clone()));
+        let queue_requests = IntGauge::new("queue_requests", "Requests waiting for a worker now").expect("valid");
+        register(Box::new(queue_requests.clone()));
+        let workers = IntGaugeVec::new(Opts::new("workers", "Workers serving, by state"), &["state"]).expect("valid");
+        register(Box::new(workers.clone()));
+        let connections =
+            IntGaugeVec::new(Opts::new("connections", "Client connections held, by state"), &["state"]).expect("valid");
+        register(Box::new(connections.clone()));
+        let listen_overflows = IntCounterVec::new(
+            Opts::new(
+                "listen_overflows_total",
+                "Connections the kernel dropped or refused for a full listen queue since maitred started \
+                 (/proc/net/netstat: machine-wide, every listener)",
+            ),
+            &["counter", "scope"],
+        )
+        .expect("valid");
+        register(Box::new(listen_overflows.clone()));
+        for counter in KERNEL_COUNTERS {
+            listen_overflows.with_label_values(&[counter, "machine"]);
+        }
         Metrics {
             registry,
             requests,
@@ -133,7 +128,7 @@ impl Metrics {
 
     /// A request the lobby answered itself, with an error.
     pub fn refused(&self, status: u16) {
-        self.refusals.get_or_create(&StatusLabel { status }).inc();
+        self.refusals.with_label_values(&[&status.to_string()]).inc();
         self.answered(status);
     }
 
@@ -145,33 +140,28 @@ impl Metrics {
         self.request_duration.observe(took.as_secs_f64());
     }
 
-    /// The exposition, with the gauges read now.
-    fn render(
-        &self,
-        lobby: &Lobby,
-        connections: &Semaphore,
-        max_connections: usize,
-    ) -> Result<String, std::fmt::Error> {
+    /// The exposition (Prometheus text format 0.0.4), with the gauges read now.
+    fn render(&self, lobby: &Lobby, connections: &Semaphore, max_connections: usize) -> prometheus::Result<String> {
         self.queue_requests.set(lobby.seating.waiting() as i64);
         let serving = lobby.seating.workers();
         let idle = lobby.seating.idle();
-        self.workers.get_or_create(&StateLabel { state: "idle" }).set(idle as i64);
-        self.workers.get_or_create(&StateLabel { state: "busy" }).set(serving.saturating_sub(idle) as i64);
+        self.workers.with_label_values(&["idle"]).set(idle as i64);
+        self.workers.with_label_values(&["busy"]).set(serving.saturating_sub(idle) as i64);
         let open = max_connections.saturating_sub(connections.available_permits());
         let sleeping = lobby.hibernation.sleeping();
-        self.connections.get_or_create(&StateLabel { state: "hibernating" }).set(sleeping as i64);
-        self.connections.get_or_create(&StateLabel { state: "active" }).set(open.saturating_sub(sleeping) as i64);
+        self.connections.with_label_values(&["hibernating"]).set(sleeping as i64);
+        self.connections.with_label_values(&["active"]).set(open.saturating_sub(sleeping) as i64);
         if let Some(now) = kernel_counters() {
             let seen = self.kernel_seen.replace(now);
             for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
                 self.listen_overflows
-                    .get_or_create(&KernelCounterLabel { counter, scope: "machine" })
+                    .with_label_values(&[counter, "machine"])
                     .inc_by(now[index].saturating_sub(seen[index]));
             }
         }
-        let mut out = String::new();
-        encode(&mut out, &self.registry)?;
-        Ok(out)
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 }
 
@@ -280,7 +270,7 @@ fn route(lobby: &Lobby, head: &[u8], connections: &Semaphore, max_connections: u
     }
     match path {
         b"/metrics" => match lobby.metrics.render(lobby, connections, max_connections) {
-            Ok(exposition) => (200, METRICS_CONTENT_TYPE, exposition),
+            Ok(exposition) => (200, prometheus::TEXT_FORMAT, exposition),
             Err(_) => (500, text, "the metrics could not be written\n".into()),
         },
         _ => (404, text, "not found: the stats listener serves /metrics\n".into()),
