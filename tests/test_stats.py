@@ -88,6 +88,27 @@ def test_busy_workers_and_waiting_requests_show_while_they_wait(maitred_server):
         thread.join(timeout=20)
 
 
+def test_a_listeners_queue_and_backlog_show_while_the_lobby_is_at_max_connections(maitred_server):
+    """At --max-connections the lobby stops accepting: connections wait in the kernel's queue,
+    and the metric says how many, against the backlog granted."""
+    stats = free_port()
+    server = maitred_server(
+        "--backlog", "16", "--max-connections", "1", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS
+    )
+    listener = f"http://{HOST}:{server.port}"
+    held = socket.create_connection((HOST, server.port), timeout=10)
+    held.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    read_reply(held)
+    waiting = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(3)]
+    time.sleep(0.3)
+    families = scrape(stats)
+    assert value(families["maitred_listen_backlog"], "maitred_listen_backlog", listener=listener) == 16
+    assert value(families["maitred_listen_queue"], "maitred_listen_queue", listener=listener) == 3
+    held.close()
+    for sock in waiting:
+        sock.close()
+
+
 def test_other_paths_and_methods_get_a_clear_answer(maitred_server):
     stats = free_port()
     maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)

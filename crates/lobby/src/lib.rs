@@ -276,6 +276,7 @@ async fn supervise(
     let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
     if let Some(listener) = stats_listener {
         info!("stats at {}/metrics", listener.display);
+        lobby.metrics.watch_listeners(&listeners);
         let serving = stats::serve(lobby.clone(), listener, connections.clone(), max_connections);
         tokio::task::spawn_local(serving);
     }

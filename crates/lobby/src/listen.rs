@@ -317,7 +317,7 @@ impl QueueDepth {
 }
 
 /// How many connections wait in a TCP listener's accept queue (what `ss -l` shows as Recv-Q).
-fn queue_depth(socket: &Socket) -> io::Result<u32> {
+pub(crate) fn queue_depth(socket: &Socket) -> io::Result<u32> {
     // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most `len` bytes into it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;

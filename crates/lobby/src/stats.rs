@@ -42,6 +42,10 @@ pub struct Metrics {
     workers: IntGaugeVec,
     connections: IntGaugeVec,
     listen_overflows: IntCounterVec,
+    listen_queue: IntGaugeVec,
+    listen_backlog: IntGaugeVec,
+    /// The application's listeners, for their queues (set once they listen).
+    listeners: std::cell::RefCell<Vec<Watched>>,
     /// The kernel's counters as last read, to add what they moved since.
     kernel_seen: std::cell::Cell<[u64; 2]>,
 }
@@ -106,6 +110,18 @@ impl Metrics {
         for counter in KERNEL_COUNTERS {
             listen_overflows.with_label_values(&[counter, "machine"]);
         }
+        let listen_queue = IntGaugeVec::new(
+            Opts::new("listen_queue", "Connections waiting in a listener's accept queue now (TCP listeners)"),
+            &["listener"],
+        )
+        .expect("valid");
+        register(Box::new(listen_queue.clone()));
+        let listen_backlog = IntGaugeVec::new(
+            Opts::new("listen_backlog", "The accept queue's size the kernel granted a listener"),
+            &["listener"],
+        )
+        .expect("valid");
+        register(Box::new(listen_backlog.clone()));
         Metrics {
             registry,
             requests,
@@ -116,8 +132,25 @@ impl Metrics {
             workers,
             connections,
             listen_overflows,
+            listen_queue,
+            listen_backlog,
+            listeners: std::cell::RefCell::new(Vec::new()),
             kernel_seen: std::cell::Cell::new(kernel_counters().unwrap_or_default()),
         }
+    }
+
+    /// The application's listeners, whose queues the scrape reads: copies of their sockets, so
+    /// that a descriptor number used again after they close is never read for them.
+    pub fn watch_listeners(&self, listeners: &[Listener]) {
+        let watched = listeners
+            .iter()
+            .filter_map(|listener| {
+                let socket = listener.socket.try_clone().ok()?;
+                self.listen_backlog.with_label_values(&[&listener.display]).set(listener.backlog_granted as i64);
+                Some(Watched { name: listener.display.clone(), socket })
+            })
+            .collect();
+        *self.listeners.borrow_mut() = watched;
     }
 
     /// An answer written to a client, worker's or lobby's.
@@ -151,6 +184,11 @@ impl Metrics {
         let sleeping = lobby.hibernation.sleeping();
         self.connections.with_label_values(&["hibernating"]).set(sleeping as i64);
         self.connections.with_label_values(&["active"]).set(open.saturating_sub(sleeping) as i64);
+        for listener in self.listeners.borrow().iter() {
+            if let Ok(depth) = crate::listen::queue_depth(&listener.socket) {
+                self.listen_queue.with_label_values(&[&listener.name]).set(depth as i64);
+            }
+        }
         if let Some(now) = kernel_counters() {
             let seen = self.kernel_seen.replace(now);
             for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
@@ -163,6 +201,12 @@ impl Metrics {
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
+}
+
+/// A listener whose queue a scrape reads.
+struct Watched {
+    name: String,
+    socket: socket2::Socket,
 }
 
 /// ListenOverflows and ListenDrops from /proc/net/netstat.
