@@ -174,6 +174,12 @@ def cpu_seconds(pid: int) -> float:
 
 def test_accept_without_descriptors_pauses_instead_of_spinning(maitred_server):
     server = maitred_server("-w", "1", "--max-connections", "50", APP, cwd=APPS)
+    # The port accepts connections as soon as it listens, before the worker is ready; the lobby
+    # still opens descriptors until then (the worker's channel, its offer sockets). One request
+    # answered: it has them all.
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        sock.sendall(REQUEST)
+        assert read_reply(sock).status == 200
     soft, hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
     # From now on the lobby cannot open one more descriptor: accept(2) fails with EMFILE.
     resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (lowest_free_fd(server.pid), hard))
