@@ -40,8 +40,15 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def workers_of(lobby: int) -> set[int]:
-    return {worker for zygote in children(lobby) for worker in children(zygote)}
+def workers_of(lobby: int, count: int = 2) -> set[int]:
+    """The pids of the `count` workers under `lobby`'s zygote, once it has forked them all:
+    a lobby serves as soon as one worker is ready, so the others may still be on their way."""
+    deadline = time.monotonic() + 10
+    while True:
+        workers = {worker for zygote in children(lobby) for worker in children(zygote)}
+        if len(workers) >= count or time.monotonic() > deadline:
+            return workers
+        time.sleep(0.02)
 
 
 def wait_for_log(server, text: str, timeout: float) -> str:
