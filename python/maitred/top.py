@@ -282,9 +282,7 @@ def screen_lines(options: Options, reading: Reading) -> list[Line]:
     """The whole screen, top to bottom, before it is cut to the terminal's size."""
     lines = [_header(options, reading)]
     if reading.error is not None or reading.latest is None:
-        last = (
-            time.strftime("%H:%M:%S", time.localtime(reading.latest.received)) if reading.latest else "never"
-        )
+        last = time.strftime("%H:%M:%S", time.localtime(reading.latest.received)) if reading.latest else "never"
         lines.append((reading.error or "no answer yet", ALERT))
         lines.append((f"trying again every {options.interval:g}s; last answer: {last}", PLAIN))
         return lines
@@ -301,8 +299,10 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     server = status["server"]
     lines: list[Line] = [
         (
-            f"maitred {_printable(server['version'])}  lobby pid {server['pid']}  "
-            f"up {_duration(server['uptime_seconds'])}  generation {server['generation']}",
+            (
+                f"maitred {_printable(server['version'])}  lobby pid {server['pid']}  "
+                f"up {_duration(server['uptime_seconds'])}  generation {server['generation']}"
+            ),
             HEADING,
         )
     ]
@@ -365,9 +365,11 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     for diagnosis in diagnoses:
         lines.append(
             (
-                f"! {_printable(diagnosis['name'])} [{_printable(diagnosis['scenario'])}] "
-                f"for {_duration(diagnosis['since_seconds'])}: {_printable(diagnosis['message'])}"
-                f"  fix: {_printable(diagnosis['fix'])}",
+                (
+                    f"! {_printable(diagnosis['name'])} [{_printable(diagnosis['scenario'])}] "
+                    f"for {_duration(diagnosis['since_seconds'])}: {_printable(diagnosis['message'])}"
+                    f"  fix: {_printable(diagnosis['fix'])}"
+                ),
                 ALERT,
             )
         )
@@ -385,9 +387,11 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
         )
         lines.append(
             (
-                f"{worker['pid']:>8} {worker['generation']:>4} {_printable(worker['state']):<9} "
-                f"{worker['served']:>8} {'-' if rss is None else f'{rss / 2**20:.1f}':>8} "
-                f"{_duration(worker['age_seconds']):>8}  {doing}",
+                (
+                    f"{worker['pid']:>8} {worker['generation']:>4} {_printable(worker['state']):<9} "
+                    f"{worker['served']:>8} {'-' if rss is None else f'{rss / 2**20:.1f}':>8} "
+                    f"{_duration(worker['age_seconds']):>8}  {doing}"
+                ),
                 PLAIN,
             )
         )
