@@ -54,6 +54,9 @@ class Terminal:
     def press(self, key: str) -> None:
         self._tmux("send-keys", "-t", "top", key)
 
+    def resize(self, width: int, height: int) -> None:
+        self._tmux("resize-window", "-t", "top", "-x", str(width), "-y", str(height))
+
     def wait_for(self, condition: Callable[[str], bool], timeout: float, what: str) -> str:
         """The first screen for which `condition` holds; fails the test after `timeout`."""
         deadline = time.monotonic() + timeout
@@ -189,6 +192,21 @@ def test_top_shows_a_server_that_starts_after_it(maitred_server, terminal):
     top.wait_for(lambda s: f"cannot reach {HOST}:{stats}" in s, 15, "the stats address not reachable")
     server = maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
     top.wait_for(lambda s: f"lobby pid {server.pid}" in s, 15, "the server once it listens")
+    top.press("q")
+    assert top.exit_code(timeout=10) == 0
+
+
+@needs_tmux
+def test_top_reads_a_unix_stats_address_and_fits_a_small_terminal(maitred_server, terminal, tmp_path):
+    stats = tmp_path / "stats.sock"
+    server = maitred_server("--stats", f"unix:{stats}", "echo:app", cwd=APPS)
+    top = terminal("--stats", f"unix:{stats}")
+    top.wait_for(lambda s: f"lobby pid {server.pid}" in s, 15, "the server's pid")
+    top.resize(40, 6)
+    screen = top.wait_for(lambda s: "more lines: enlarge the terminal" in s, 10, "the screen cut to 40x6")
+    assert all(len(line) < 40 for line in screen.splitlines()), screen
+    top.resize(WIDTH, HEIGHT)
+    top.wait_for(lambda s: "PID" in s and "STATE" in s, 10, "the scoreboard again at full size")
     top.press("q")
     assert top.exit_code(timeout=10) == 0
 

@@ -253,8 +253,9 @@ def quantile(bounds: Sequence[float], counts: Sequence[int], fraction: float) ->
         if counts[index] >= rank:
             below = counts[index - 1] if index else 0
             lower = bounds[index - 1] if index else 0.0
+            # Never empty: the bucket before it held fewer than `rank`, this one at least.
             inside = counts[index] - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+            return lower + (bound - lower) * (rank - below) / inside
     return float("inf")
 
 
