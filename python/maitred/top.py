@@ -224,9 +224,34 @@ def _duration(seconds: float | None) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
-def _counts(mapping: dict) -> str:
-    """`name value` pairs in the server's order; new names a newer server sends show too."""
-    return "  ".join(f"{_printable(name)} {_printable(value)}" for name, value in mapping.items()) or "none"
+# The order in which the names of a count are shown, as a reader follows them (the server
+# sends them sorted by name). Names not listed, which a newer server may add, follow.
+WORKER_STATES = ("idle", "busy", "starting", "retiring")
+CONNECTION_STATES = ("reading", "queued", "in_service", "writing", "idle", "hibernating")
+KERNEL_COUNTERS = ("ListenOverflows", "ListenDrops")
+EXIT_REASONS = (
+    "crash",
+    "timeout",
+    "max_requests",
+    "memory",
+    "lifetime",
+    "reload",
+    "scale_down",
+    "boot_failed",
+    "wedged",
+)
+
+
+def _ordered(mapping: dict, order: Sequence[str] = ()) -> list[tuple[str, object]]:
+    """`mapping`'s items, those named in `order` first and in that order."""
+    first = [(name, mapping[name]) for name in order if name in mapping]
+    return first + [(name, value) for name, value in mapping.items() if name not in order]
+
+
+def _counts(mapping: dict, order: Sequence[str] = ()) -> str:
+    """`name value` pairs."""
+    pairs = _ordered(mapping, order)
+    return "  ".join(f"{_printable(name)} {_printable(value)}" for name, value in pairs) or "none"
 
 
 def _same_server(latest: Answer, earlier: Answer | None) -> Answer | None:
@@ -337,10 +362,11 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
         )
     )
 
-    workers = "  ".join(f"{count} {_printable(state)}" for state, count in status["workers"].items())
+    workers = "  ".join(f"{count} {_printable(state)}" for state, count in _ordered(status["workers"], WORKER_STATES))
     lines.append((f"workers {workers}  (target {server['workers_target']})", PLAIN))
     connections = "  ".join(
-        f"{count} {_printable(state).replace('_', ' ')}" for state, count in status["connections"].items()
+        f"{count} {_printable(state).replace('_', ' ')}"
+        for state, count in _ordered(status["connections"], CONNECTION_STATES)
     )
     limit = server["max_connections"]
     lines.append((f"connections {connections}  (max {'-' if limit is None else limit})", PLAIN))
@@ -353,11 +379,11 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     overflows = status["listen_overflows"]
     lines.append(
         (
-            f"listen overflows (machine-wide) {_counts(overflows)}",
+            f"listen overflows (machine-wide) {_counts(overflows, KERNEL_COUNTERS)}",
             ALERT if earlier and overflows != earlier.status["listen_overflows"] else PLAIN,
         )
     )
-    lines.append((f"worker exits {_counts(status['worker_exits'])}", PLAIN))
+    lines.append((f"worker exits {_counts(status['worker_exits'], EXIT_REASONS)}", PLAIN))
 
     lines.append(("", PLAIN))
     diagnoses = status["diagnoses"]
