@@ -41,11 +41,19 @@ class Terminal:
     """Where the shell writes top's exit code once it has ended."""
     stty_file: Path
     """`stty -a` run in the same terminal right after top ended."""
+    stderr_file: Path
+    """top's standard error (curses draws on standard output)."""
 
     def _tmux(self, *args: str) -> str:
         assert TMUX is not None
         done = subprocess.run([TMUX, "-L", self.server, *args], check=False, capture_output=True, text=True, timeout=10)
-        assert done.returncode == 0, done.stderr
+        if done.returncode != 0:
+            # The window, and with it the tmux server, ends when top does.
+            ended = self.exit_file.read_text().strip() if self.exit_file.exists() else "unknown"
+            pytest.fail(
+                f"tmux {args[0]}: {done.stderr.strip()}; maitred top exited with {ended}, "
+                f"its standard error:\n{self.stderr_file.read_text(errors='replace')}"
+            )
         return done.stdout
 
     def screen(self) -> str:
@@ -87,9 +95,9 @@ def terminal(tmp_path: Path) -> Iterator[Callable[..., Terminal]]:
         assert TMUX is not None
         server = f"maitred-top-test-{uuid.uuid4().hex[:12]}"
         servers.append(server)
-        found = Terminal(server, tmp_path / f"{server}.exit", tmp_path / f"{server}.stty")
+        found = Terminal(server, *(tmp_path / f"{server}.{name}" for name in ("exit", "stty", "stderr")))
         command = (
-            f"{shlex.join([str(MAITRED), 'top', *args])}; code=$?; "
+            f"{shlex.join([str(MAITRED), 'top', *args])} 2> {shlex.quote(str(found.stderr_file))}; code=$?; "
             f"stty -a > {shlex.quote(str(found.stty_file))}; echo $code > {shlex.quote(str(found.exit_file))}"
         )
         environment = dict(os.environ)
