@@ -171,12 +171,25 @@ impl Card {
 pub const RECENT: Duration = Duration::from_secs(60);
 
 /// Every worker's card, by the supervisor's number for it, and the exits counted by reason.
-#[derive(Default)]
 pub struct Scoreboard {
+    /// The generation that serves: 1 for the workers started with the lobby, one more for
+    /// each reload that completes.
+    pub generation: Cell<u64>,
     cards: RefCell<BTreeMap<usize, Rc<Card>>>,
     exits: [Cell<u64>; ExitReason::ALL.len()],
     /// Exits of the last minute, for the diagnoses.
     recent: RefCell<VecDeque<(Instant, ExitReason)>>,
+}
+
+impl Default for Scoreboard {
+    fn default() -> Scoreboard {
+        Scoreboard {
+            generation: Cell::new(1),
+            cards: RefCell::default(),
+            exits: Default::default(),
+            recent: RefCell::default(),
+        }
+    }
 }
 
 impl Scoreboard {

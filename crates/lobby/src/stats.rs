@@ -303,7 +303,7 @@ impl Metrics {
                 "version": env!("CARGO_PKG_VERSION"),
                 "pid": std::process::id(),
                 "uptime_seconds": lobby.started.elapsed().as_secs_f64(),
-                "generation": lobby.scoreboard.cards().iter().map(|card| card.generation).max(),
+                "generation": lobby.scoreboard.generation.get(),
                 "workers_target": settings.workers,
                 "max_connections": max_connections,
             },

@@ -257,8 +257,8 @@ impl Supervisor {
             rereader,
             workers: HashMap::new(),
             next_id: 0,
-            generation: 0,
-            next_generation: 1,
+            generation: 1,
+            next_generation: 2,
             target,
             reload: None,
             boot_failures: 0,
@@ -889,6 +889,7 @@ impl Supervisor {
             self.lobby.zygotes.retire(old);
         }
         self.generation = generation;
+        self.lobby.scoreboard.generation.set(generation);
         self.boot_failures = 0;
         info!(
             "SIGHUP: reloaded: {} new workers serve (pids {}); the old ones (pids {old_pids}) retire once they have \
