@@ -4,14 +4,14 @@
 
 Used in place of the maitred binary: `MAITRED=bench/with_stats_page.py bench/run.py ...`. It
 forks a reader that does what the page at `/` does in a browser, GET /status.json every second,
-then becomes maitred itself (exec) with `--stats` on the port after the application's. The
-reader ends when maitred does. The maitred run is the one in .venv, or STATS_PAGE_MAITRED.
+then becomes maitred itself (exec) with `--stats` on a free port of 127.0.0.1. The reader ends
+when maitred does. The maitred run is the one in .venv, or STATS_PAGE_MAITRED.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import socket
 import sys
 import time
 import urllib.request
@@ -23,14 +23,10 @@ MAITRED = os.environ.get("STATS_PAGE_MAITRED", str(REPO / ".venv" / "bin" / "mai
 INTERVAL = 1.0
 
 
-def stats_port(argv: list[str]) -> int:
-    """The port after the application's (`-b 127.0.0.1:PORT`)."""
-    for index, arg in enumerate(argv):
-        if arg in ("-b", "--bind") and index + 1 < len(argv):
-            found = re.fullmatch(r"127\.0\.0\.1:(\d+)", argv[index + 1])
-            if found:
-                return int(found.group(1)) + 1
-    raise SystemExit("with_stats_page.py: no -b 127.0.0.1:PORT among the arguments")
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def read_like_the_page(port: int, server: int) -> None:
@@ -49,7 +45,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["--version"]:
         os.execv(MAITRED, [MAITRED, *argv])
-    port = stats_port(argv)
+    port = free_port()
     server = os.getpid()
     if os.fork() == 0:
         read_like_the_page(port, server)
