@@ -21,6 +21,7 @@ mod recycle;
 mod seating;
 mod spool;
 mod stats;
+mod stats_page;
 mod supervisor;
 mod upgrade;
 mod worker;
