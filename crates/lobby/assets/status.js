@@ -23,6 +23,7 @@ window.maitredStatus = status;
 // Each chart's lines, read from one answer of status.json (`now`), the one before it (`before`,
 // null when there is none to compare with) and the seconds between them. A null value leaves a
 // gap in its line. `group` gives lines that belong together one color; `dashed` marks a limit.
+// `unit`: "seconds" for durations, "count" for whole numbers, none for rates.
 const CHARTS = [
   {
     canvas: "chart-requests",
@@ -35,6 +36,7 @@ const CHARTS = [
   },
   {
     canvas: "chart-queue",
+    unit: "count",
     lines: (now) => [{ label: "waiting", value: now.queue.waiting }],
   },
   {
@@ -49,6 +51,7 @@ const CHARTS = [
   },
   {
     canvas: "chart-workers",
+    unit: "count",
     lines: (now) => [
       ...Object.entries(now.workers).map(([state, count]) => ({ label: state, value: count })),
       { label: "wanted (-w)", value: now.server.workers_target, dashed: true },
@@ -56,10 +59,12 @@ const CHARTS = [
   },
   {
     canvas: "chart-connections",
+    unit: "count",
     lines: (now) => Object.entries(now.connections).map(([state, count]) => ({ label: state, value: count })),
   },
   {
     canvas: "chart-listen",
+    unit: "count",
     lines: (now) =>
       now.listeners.flatMap((listener) => [
         { label: `${listener.name} queue`, group: listener.name, value: listener.queue },
@@ -124,6 +129,14 @@ function clock(milliseconds) {
   return new Date(milliseconds).toLocaleTimeString([], { hour12: false });
 }
 
+function minuteTicks(scale) {
+  const first = Math.ceil(scale.min / 60000) * 60000;
+  scale.ticks = [];
+  for (let value = first; value <= scale.max; value += 60000) {
+    scale.ticks.push({ value });
+  }
+}
+
 function formatSeconds(seconds) {
   if (seconds === null || seconds === undefined) {
     return "";
@@ -159,8 +172,9 @@ function makeChart(spec) {
       elements: { point: { radius: 0, hitRadius: 4 }, line: { borderWidth: 1.5, tension: 0 } },
       interaction: { mode: "nearest", axis: "x", intersect: false },
       scales: {
-        x: { type: "linear", ticks: { callback: clock, maxRotation: 0, autoSkipPadding: 24 } },
-        y: { beginAtZero: true, ticks: { callback: valueFormat } },
+        // A tick on each minute of the clock; Chart.js's nice numbers are of milliseconds.
+        x: { type: "linear", afterBuildTicks: minuteTicks, ticks: { callback: clock, maxRotation: 0 } },
+        y: { beginAtZero: true, ticks: { callback: valueFormat, precision: spec.unit === "count" ? 0 : undefined } },
       },
       plugins: {
         legend: { labels: { boxWidth: 12 } },
