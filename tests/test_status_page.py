@@ -186,23 +186,30 @@ def browser(tmp_path: Path):
         opened.close()
 
 
-def load(port: int, stop: threading.Event) -> set[int]:
+def load(port: int, stop: threading.Event) -> tuple[set[int], list[int | str]]:
     """CLIENTS clients, each sending one request after another to the application on
-    127.0.0.1, until `stop`, LOAD_SECONDS or MAX_REQUESTS in all; the serving workers' pids."""
+    127.0.0.1, until `stop`, LOAD_SECONDS or MAX_REQUESTS in all: the serving workers' pids,
+    and the statuses of the answers (or the error of a request that got none)."""
     pids: set[int] = set()
-    sent = iter(range(MAX_REQUESTS))
+    statuses: list[int | str] = []
     deadline = time.monotonic() + LOAD_SECONDS
     lock = threading.Lock()
 
     def client() -> None:
         while not stop.is_set() and time.monotonic() < deadline:
             with lock:
-                if next(sent, None) is None:
+                if len(statuses) >= MAX_REQUESTS:
                     return
-            reply = get(port, f"/?sleep={REQUEST_SECONDS}", timeout=10)
-            assert reply.status == 200
+            try:
+                reply = get(port, f"/?sleep={REQUEST_SECONDS}", timeout=10)
+            except OSError as error:
+                with lock:
+                    statuses.append(repr(error))
+                return
             with lock:
-                pids.add(reply.pid)
+                statuses.append(reply.status)
+                if reply.status == 200:
+                    pids.add(reply.pid)
 
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
     for thread in threads:
@@ -210,7 +217,7 @@ def load(port: int, stop: threading.Event) -> set[int]:
     for thread in threads:
         thread.join(timeout=LOAD_SECONDS + 20)
     assert not any(thread.is_alive() for thread in threads), "a client was still waiting 20 s after the load"
-    return pids
+    return pids, statuses
 
 
 def peak(values: list) -> float:
@@ -245,10 +252,11 @@ def test_the_page_charts_the_load_and_shows_the_workers(maitred_server, browser)
     looker = threading.Thread(target=look_while_loaded)
     looker.start()
     try:
-        pids = load(server.port, stop)
+        pids, statuses = load(server.port, stop)
     finally:
         stop.set()
         looker.join(timeout=60)
+    assert statuses and set(statuses) == {200}, statuses
     assert len(pids) == WORKERS, pids
     # Two answers after the load: the last difference of the counters covers its end.
     answers = browser.evaluate("window.maitredStatus.answers")
