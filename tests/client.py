@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import json
 import socket
 import time
 import weakref
@@ -113,3 +114,11 @@ def eventually(condition: Callable[[], bool], timeout: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def status_of(stats_port: int) -> dict:
+    """GET /status.json from a stats listener (docs/METRICS.md)."""
+    reply = get(stats_port, "/status.json")
+    assert reply.status == 200, reply
+    assert reply.headers["Content-Type"] == "application/json", reply
+    return json.loads(reply.body)

@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::sleep_until;
 
+use crate::connection_states::{ConnectionState, StateMark};
 use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
 use crate::log::{self, debug};
 use crate::seating::{Job, JobState, Served};
@@ -184,6 +185,7 @@ pub fn start<S: ClientStream>(
         decoder,
         answered,
         request_started: Instant::now(),
+        mark: lobby.connection_states.mark(ConnectionState::Idle),
     };
     tokio::task::spawn_local(connection.run());
 }
@@ -217,6 +219,8 @@ struct Connection<S> {
     answered: u64,
     /// When the current request's head began to be read, for the access log's request time.
     request_started: Instant,
+    /// Its place in `maitred_connections`.
+    mark: StateMark,
 }
 
 /// How the wait for a request ended.
@@ -239,12 +243,14 @@ impl<S: ClientStream> Connection<S> {
         let mut read_first = true;
         loop {
             if self.buf.is_empty() && self.decoder.is_idle() {
+                self.mark.set(ConnectionState::Idle);
                 match self.wait_for_request(std::mem::take(&mut read_first)).await {
                     Wait::Request => {}
                     Wait::Close => return,
                     Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
                 }
             }
+            self.mark.set(ConnectionState::Reading);
             let stop = match Box::pin(self.next_request()).await {
                 Ok((head, body)) => match Box::pin(self.seat(&head, body)).await {
                     Ok(true) => continue,
@@ -328,6 +334,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {
+        self.mark.set(ConnectionState::Writing);
         log::info_limited!("{status} to {}: {reason}", self.peer.display());
         self.lobby.metrics.refused(status);
         let mut out = Vec::new();
@@ -490,6 +497,7 @@ impl<S: ClientStream> Connection<S> {
         let enqueued_at = job.enqueued_at;
         let served = job.served.clone();
         self.lobby.seating.submit(job);
+        self.mark.set(ConnectionState::Awaiting);
         let context = ResponseContext {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
@@ -503,6 +511,7 @@ impl<S: ClientStream> Connection<S> {
                 // The lobby dropped the job: it is shutting down past --graceful-timeout.
                 None => return Ok(false),
             };
+            self.mark.set(ConnectionState::Writing);
             let last = part.is_last();
             let keep_open = self.write_part(&mut answer, part, &responses).await?;
             if last {

@@ -10,6 +10,8 @@ mod accept;
 mod access_format;
 mod config;
 mod connection;
+mod connection_states;
+mod diagnosis;
 mod heads;
 mod health;
 mod hibernation;
@@ -18,6 +20,7 @@ mod log;
 mod notify;
 mod offer;
 mod recycle;
+mod scoreboard;
 mod seating;
 mod spool;
 mod stats;
@@ -87,6 +90,13 @@ pub(crate) struct Lobby {
     pub heads: Rc<heads::HeadBudget>,
     /// What `--stats` shows.
     pub metrics: stats::Metrics,
+    /// Every worker's state and current request, and why workers left.
+    pub scoreboard: scoreboard::Scoreboard,
+    /// How many connections are in each state, and for how long.
+    pub connection_states: Rc<connection_states::ConnectionStates>,
+    /// The failures happening now, named in the log (`diagnosis.rs`).
+    pub diagnoses: diagnosis::Diagnoses,
+    pub started: std::time::Instant,
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
     successor: RefCell<Option<Rc<Successor>>>,
@@ -223,6 +233,10 @@ async fn supervise(
         heads,
         successor: RefCell::new(None),
         metrics: stats::Metrics::new(),
+        scoreboard: scoreboard::Scoreboard::default(),
+        connection_states: Rc::default(),
+        diagnoses: diagnosis::Diagnoses::new(),
+        started: std::time::Instant::now(),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
@@ -274,11 +288,12 @@ async fn supervise(
             Ok(tokio::task::spawn_local(accepting))
         })
         .collect::<Result<_, StartupError>>()?;
+    lobby.diagnoses.watch_listeners(&listeners);
+    let diagnosing = tokio::task::spawn_local(diagnosis::watch(lobby.clone(), connections.clone(), max_connections));
     let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
     if let Some(listener) = stats_listener {
-        info!("stats at {}/metrics", listener.display);
-        lobby.metrics.watch_listeners(&listeners);
-        let serving = stats::serve(lobby.clone(), listener, connections.clone(), max_connections);
+        info!("stats at {}/metrics, {0}/status.json and {0}/", listener.display);
+        let serving = stats::serve(lobby.clone(), listener, max_connections);
         tokio::task::spawn_local(serving);
     }
     info!(
@@ -322,6 +337,8 @@ async fn supervise(
         _ => notify::stopping(),
     }
     let _ = shutdown_tx.send(true);
+    // A drain empties the queue with fewer and fewer workers: nothing to diagnose.
+    diagnosing.abort();
     for task in &accepting {
         task.abort();
     }

@@ -6,13 +6,11 @@ use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
 use crate::config::BindAddress;
-use crate::log::warning;
 
 const SOMAXCONN_PATH: &str = "/proc/sys/net/core/somaxconn";
 /// Linux's compiled-in default, for a kernel that does not expose the sysctl.
@@ -212,8 +210,8 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
 /// with EAGAIN: two calls per connection at low load, the pattern S3 counts. For TCP the
 /// lobby instead reads the accept queue's depth (TCP_INFO on a listener) once the connections
 /// it knew of are taken and other tasks have run, takes that many, and waits for readiness
-/// when it is empty. The depth is worth having: it warns, in the log, before the queue
-/// overflows (S1, S2). Unix sockets have no such reading and keep the plain loop.
+/// when it is empty. Unix sockets have no such reading and keep the plain loop. (The queue's
+/// fill is watched apart from this, by `diagnosis.rs`, also while nothing is accepted.)
 pub struct Acceptor {
     socket: AsyncFd<Socket>,
     /// The listener's address, for the log.
@@ -222,30 +220,13 @@ pub struct Acceptor {
     known_queued: Cell<u32>,
     /// TCP: read the queue's depth before the next accept(2), rather than find it empty that way.
     look_first: Cell<bool>,
-    depth: Option<QueueDepth>,
+    is_tcp: bool,
 }
-
-/// What the depth reading needs: the queue's size, and when the log last said it was filling.
-struct QueueDepth {
-    backlog: u32,
-    display: String,
-    last_warning: Cell<Option<Instant>>,
-}
-
-/// A queue at least this full (in quarters of the backlog) gets a warning in the log.
-const FILLING_QUARTERS: u32 = 3;
-/// At most one such warning per listener in this long.
-const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Acceptor {
     pub fn new(listener: &Listener) -> io::Result<Acceptor> {
         let socket = listener.socket.try_clone()?;
         let is_tcp = socket.local_addr()?.as_socket().is_some();
-        let depth = is_tcp.then(|| QueueDepth {
-            backlog: listener.backlog_granted,
-            display: listener.display.clone(),
-            last_warning: Cell::new(None),
-        });
         // SAFETY: `socket` is a fresh duplicate that this Acceptor alone owns.
         let socket = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
         Ok(Acceptor {
@@ -253,7 +234,7 @@ impl Acceptor {
             display: listener.display.clone(),
             known_queued: Cell::new(0),
             look_first: Cell::new(false),
-            depth,
+            is_tcp,
         })
     }
 
@@ -264,7 +245,7 @@ impl Acceptor {
     /// The next connection, non-blocking and close-on-exec, with the peer's address.
     pub async fn accept(&self) -> io::Result<(Socket, SockAddr)> {
         loop {
-            if let Some(depth) = self.depth.as_ref().filter(|_| self.look_first.replace(false)) {
+            if self.is_tcp && self.look_first.replace(false) {
                 // Let the connections just taken start first: under load, more have queued
                 // by then, and they are taken without waiting for the event loop to report them.
                 tokio::task::yield_now().await;
@@ -274,10 +255,7 @@ impl Acceptor {
                         ready.clear_ready();
                         continue;
                     }
-                    Ok(queued) => {
-                        self.known_queued.set(queued);
-                        depth.observe(queued);
-                    }
+                    Ok(queued) => self.known_queued.set(queued),
                     // Not knowing, look with accept(2), as a plain loop would.
                     Err(_) => {}
                 }
@@ -294,25 +272,6 @@ impl Acceptor {
                 Err(_would_block) => self.known_queued.set(0),
             }
         }
-    }
-}
-
-impl QueueDepth {
-    fn observe(&self, queued: u32) {
-        if queued * 4 < self.backlog * FILLING_QUARTERS {
-            return;
-        }
-        let now = Instant::now();
-        if self.last_warning.get().is_some_and(|last| now - last < WARNING_INTERVAL) {
-            return;
-        }
-        self.last_warning.set(Some(now));
-        warning!(
-            "the listen queue of {} held {queued} of its {} connections: when it is full the kernel drops \
-             connects (clients retry after 1 s, 3 s, ...); raise --backlog",
-            self.display,
-            self.backlog
-        );
     }
 }
 

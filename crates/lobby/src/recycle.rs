@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::log::warning;
+use crate::scoreboard::ExitReason;
 use crate::Config;
 
 const MIB: u64 = 1 << 20;
@@ -30,7 +31,7 @@ pub struct Recycle {
     /// not age while it waits.
     serving_since: Option<Instant>,
     /// Tells the supervisor that the worker retires, and why (one line for the log).
-    retiring: Box<dyn Fn(String)>,
+    retiring: Box<dyn Fn(ExitReason, String)>,
 }
 
 struct Requests {
@@ -52,7 +53,7 @@ struct Memory {
 }
 
 impl Recycle {
-    pub fn new(config: &Config, pid: i32, retiring: Box<dyn Fn(String)>) -> Recycle {
+    pub fn new(config: &Config, pid: i32, retiring: Box<dyn Fn(ExitReason, String)>) -> Recycle {
         let requests = (config.max_requests > 0)
             .then(|| Requests { limit: config.max_requests, jitter: random_up_to(config.max_requests_jitter) });
         let lifetime = config.max_worker_lifetime.map(|base| Lifetime {
@@ -91,15 +92,15 @@ impl Recycle {
     /// Why the worker must retire now that it has served `served` requests, if it must: its
     /// request budget or its lifetime is spent, or (`after_request`) its memory is too large.
     /// The supervisor is told when a reason is found; the caller asks no more after that.
-    pub fn check(&self, served: u64, after_request: bool) -> Option<String> {
-        let reason = self.requests_spent(served).or_else(|| self.lifetime_spent()).or_else(|| {
-            if after_request {
-                self.memory_exceeded()
-            } else {
-                None
-            }
-        })?;
-        (self.retiring)(reason.clone());
+    pub fn check(&self, served: u64, after_request: bool) -> Option<ExitReason> {
+        let (reason, detail) = self
+            .requests_spent(served)
+            .map(|detail| (ExitReason::MaxRequests, detail))
+            .or_else(|| self.lifetime_spent().map(|detail| (ExitReason::Lifetime, detail)))
+            .or_else(|| {
+                after_request.then(|| self.memory_exceeded()).flatten().map(|detail| (ExitReason::Memory, detail))
+            })?;
+        (self.retiring)(reason, detail);
         Some(reason)
     }
 
@@ -139,6 +140,12 @@ impl Recycle {
         }
         Some(format!("{:.2} MB resident, over --max-worker-memory {}", resident as f64 / MIB as f64, memory.limit_mb))
     }
+}
+
+/// A worker's resident bytes now, for the scoreboard; None once it has gone.
+pub fn resident_of(pid: i32) -> Option<u64> {
+    let statm = File::open(format!("/proc/{pid}/statm")).ok()?;
+    resident_bytes(&statm, page_size()).ok()
 }
 
 /// Resident bytes, from /proc/PID/statm: "size resident shared text lib data dt", in pages.

@@ -205,6 +205,14 @@ impl Seating {
         self.queued() + self.offers.borrow().iter().map(|offers| offers.len()).sum::<usize>()
     }
 
+    /// When the request waiting longest came: in the queue, or offered to a busy worker.
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        let queued =
+            self.queue.borrow().iter().find(|job| job.state.get() == JobState::Queued).map(|job| job.enqueued_at);
+        let offered = self.offers.borrow().iter().filter_map(|offers| offers.oldest_enqueued_at()).min();
+        queued.into_iter().chain(offered).min()
+    }
+
     /// Workers waiting for a request, for the status line.
     pub fn idle(&self) -> usize {
         self.idle.borrow().iter().filter(|seat| !seat.is_closed()).count()

@@ -3,15 +3,20 @@
 //! format, which `promtool check metrics` checks), answered by the lobby itself so that a scrape
 //! never waits for a worker.
 //!
+//! `/status.json` gives the same figures with the worker scoreboard and the diagnoses in force,
+//! for the page at `/` and `maitred top`.
+//!
 //! Counters and histograms are updated where things happen (atomic adds); gauges are read when
 //! a scrape comes.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::core::{Collector, Metric};
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -19,18 +24,22 @@ use prometheus::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use serde_json::{json, Value};
+
+use crate::connection_states::ConnectionState;
+use crate::diagnosis::KERNEL_COUNTERS;
 use crate::listen::Listener;
 use crate::log::{debug, info_limited};
+use crate::scoreboard::{ExitReason, WorkerState};
 use crate::{stats_page, Lobby};
 
 /// The most a stats request's head may be, and how long it may take to arrive.
 const MAX_HEAD: usize = 8 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Stats connections open at once: a scraper, a page or two, `maitred top`; more are refused.
+const MAX_STATS_CONNECTIONS: usize = 64;
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
-
-/// The kernel's counters of connections lost before accept(2) (docs/SCENARIOS.md, S1, S2).
-const KERNEL_COUNTERS: [&str; 2] = ["ListenOverflows", "ListenDrops"];
 
 pub struct Metrics {
     registry: Registry,
@@ -42,13 +51,14 @@ pub struct Metrics {
     queue_requests: IntGauge,
     workers: IntGaugeVec,
     connections: IntGaugeVec,
+    worker_exits: IntCounterVec,
     listen_overflows: IntCounterVec,
     listen_queue: IntGaugeVec,
     listen_backlog: IntGaugeVec,
-    /// The application's listeners, for their queues (set once they listen).
-    listeners: std::cell::RefCell<Vec<Watched>>,
-    /// The kernel's counters as last read, to add what they moved since.
-    kernel_seen: std::cell::Cell<[u64; 2]>,
+    /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
+    /// reached at the last scrape, to add what they moved since.
+    exits_reported: Cell<[u64; ExitReason::ALL.len()]>,
+    overflows_reported: Cell<[u64; 2]>,
 }
 
 impl Metrics {
@@ -93,11 +103,30 @@ impl Metrics {
         register(Box::new(queue_wait.clone()));
         let queue_requests = IntGauge::new("queue_requests", "Requests waiting for a worker now").expect("valid");
         register(Box::new(queue_requests.clone()));
-        let workers = IntGaugeVec::new(Opts::new("workers", "Workers serving, by state"), &["state"]).expect("valid");
+        let workers = IntGaugeVec::new(
+            Opts::new("workers", "Workers, by state: starting, held (the spare, a reload's), idle, busy, retiring"),
+            &["state"],
+        )
+        .expect("valid");
         register(Box::new(workers.clone()));
-        let connections =
-            IntGaugeVec::new(Opts::new("connections", "Client connections held, by state"), &["state"]).expect("valid");
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "connections",
+                "Client connections held, by state: reading, queued, in_service, writing, idle, hibernating",
+            ),
+            &["state"],
+        )
+        .expect("valid");
         register(Box::new(connections.clone()));
+        let worker_exits = IntCounterVec::new(
+            Opts::new("worker_exits_total", "Workers that left the service, by reason"),
+            &["reason"],
+        )
+        .expect("valid");
+        register(Box::new(worker_exits.clone()));
+        for reason in ExitReason::ALL {
+            worker_exits.with_label_values(&[reason.label()]);
+        }
         let listen_overflows = IntCounterVec::new(
             Opts::new(
                 "listen_overflows_total",
@@ -132,26 +161,13 @@ impl Metrics {
             queue_requests,
             workers,
             connections,
+            worker_exits,
             listen_overflows,
             listen_queue,
             listen_backlog,
-            listeners: std::cell::RefCell::new(Vec::new()),
-            kernel_seen: std::cell::Cell::new(kernel_counters().unwrap_or_default()),
+            exits_reported: Cell::new([0; ExitReason::ALL.len()]),
+            overflows_reported: Cell::new([0; 2]),
         }
-    }
-
-    /// The application's listeners, whose queues the scrape reads: copies of their sockets, so
-    /// that a descriptor number used again after they close is never read for them.
-    pub fn watch_listeners(&self, listeners: &[Listener]) {
-        let watched = listeners
-            .iter()
-            .filter_map(|listener| {
-                let socket = listener.socket.try_clone().ok()?;
-                self.listen_backlog.with_label_values(&[&listener.display]).set(listener.backlog_granted as i64);
-                Some(Watched { name: listener.display.clone(), socket })
-            })
-            .collect();
-        *self.listeners.borrow_mut() = watched;
     }
 
     /// An answer written to a client, worker's or lobby's.
@@ -174,66 +190,208 @@ impl Metrics {
         self.request_duration.observe(took.as_secs_f64());
     }
 
+    /// Reads the gauges, and the counters kept elsewhere, now.
+    fn refresh(&self, lobby: &Lobby, now: &Now) {
+        self.queue_requests.set(now.waiting as i64);
+        for (state, count) in WorkerState::ALL.iter().zip(now.workers) {
+            self.workers.with_label_values(&[state.label()]).set(count as i64);
+        }
+        for (state, count) in now.connections {
+            self.connections.with_label_values(&[state]).set(count as i64);
+        }
+        for listener in &now.listeners {
+            self.listen_backlog.with_label_values(&[&listener.name]).set(listener.backlog as i64);
+            if let Some(queued) = listener.queue {
+                self.listen_queue.with_label_values(&[&listener.name]).set(queued as i64);
+            }
+        }
+        let exits = lobby.scoreboard.exits();
+        let reported = self.exits_reported.replace(exits);
+        for (index, reason) in ExitReason::ALL.iter().enumerate() {
+            self.worker_exits.with_label_values(&[reason.label()]).inc_by(exits[index].saturating_sub(reported[index]));
+        }
+        let overflows = lobby.diagnoses.kernel_overflows();
+        let reported = self.overflows_reported.replace(overflows);
+        for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
+            self.listen_overflows
+                .with_label_values(&[counter, "machine"])
+                .inc_by(overflows[index].saturating_sub(reported[index]));
+        }
+    }
+
     /// The exposition (Prometheus text format 0.0.4), with the gauges read now.
-    fn render(&self, lobby: &Lobby, connections: &Semaphore, max_connections: usize) -> prometheus::Result<String> {
-        self.queue_requests.set(lobby.seating.waiting() as i64);
-        let serving = lobby.seating.workers();
-        let idle = lobby.seating.idle();
-        self.workers.with_label_values(&["idle"]).set(idle as i64);
-        self.workers.with_label_values(&["busy"]).set(serving.saturating_sub(idle) as i64);
-        let open = max_connections.saturating_sub(connections.available_permits());
-        let sleeping = lobby.hibernation.sleeping();
-        self.connections.with_label_values(&["hibernating"]).set(sleeping as i64);
-        self.connections.with_label_values(&["active"]).set(open.saturating_sub(sleeping) as i64);
-        for listener in self.listeners.borrow().iter() {
-            if let Ok(depth) = crate::listen::queue_depth(&listener.socket) {
-                self.listen_queue.with_label_values(&[&listener.name]).set(depth as i64);
-            }
-        }
-        if let Some(now) = kernel_counters() {
-            let seen = self.kernel_seen.replace(now);
-            for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
-                self.listen_overflows
-                    .with_label_values(&[counter, "machine"])
-                    .inc_by(now[index].saturating_sub(seen[index]));
-            }
-        }
+    fn render(&self, lobby: &Lobby) -> prometheus::Result<String> {
+        self.refresh(lobby, &Now::read(lobby));
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
-}
 
-/// A listener whose queue a scrape reads.
-struct Watched {
-    name: String,
-    socket: socket2::Socket,
-}
-
-/// ListenOverflows and ListenDrops from /proc/net/netstat.
-fn kernel_counters() -> Option<[u64; 2]> {
-    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
-    let mut lines = text.lines();
-    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
-        if !names.starts_with("TcpExt:") {
-            continue;
-        }
-        let pairs: Vec<(&str, &str)> = names.split_whitespace().zip(values.split_whitespace()).collect();
-        let find = |name: &str| pairs.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok());
-        return Some([find(KERNEL_COUNTERS[0])?, find(KERNEL_COUNTERS[1])?]);
+    /// `/status.json` (docs/METRICS.md): the same figures, the scoreboard and the diagnoses.
+    fn status(&self, lobby: &Lobby, max_connections: usize) -> String {
+        let now = Now::read(lobby);
+        self.refresh(lobby, &now);
+        let settings = lobby.settings();
+        let requests: serde_json::Map<String, Value> = STATUS_CLASSES
+            .iter()
+            .zip(&self.requests)
+            .map(|(class, count)| (class.to_string(), json!(count.get())))
+            .collect();
+        let refusals: serde_json::Map<String, Value> = self
+            .refusals
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .filter_map(|metric| {
+                let status = metric.get_label().first()?.value().to_string();
+                Some((status, json!(metric.get_counter().get_value() as u64)))
+            })
+            .collect();
+        let workers: serde_json::Map<String, Value> = WorkerState::ALL
+            .iter()
+            .zip(now.workers)
+            .map(|(state, count)| (state.label().into(), json!(count)))
+            .collect();
+        let connections: serde_json::Map<String, Value> =
+            now.connections.iter().map(|(state, count)| (state.to_string(), json!(count))).collect();
+        let listeners: Vec<Value> =
+            now.listeners.iter().map(|l| json!({"name": l.name, "queue": l.queue, "backlog": l.backlog})).collect();
+        let overflows = lobby.diagnoses.kernel_overflows();
+        let exits = lobby.scoreboard.exits();
+        let worker_exits: serde_json::Map<String, Value> =
+            ExitReason::ALL.iter().zip(exits).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
+        let scoreboard: Vec<Value> = lobby
+            .scoreboard
+            .cards()
+            .iter()
+            .map(|card| {
+                let request = card.request.borrow().as_ref().map(|(summary, since)| {
+                    let mut words = summary.split(' ');
+                    let method = words.next().unwrap_or_default();
+                    let target = words.next().unwrap_or_default();
+                    let path = target.split('?').next().unwrap_or_default();
+                    json!({"method": method, "path": path, "elapsed_seconds": since.elapsed().as_secs_f64()})
+                });
+                let pid = card.pid.get();
+                json!({
+                    "pid": pid,
+                    "generation": card.generation,
+                    "state": card.state().label(),
+                    "served": card.served.get(),
+                    "rss_bytes": pid.and_then(crate::recycle::resident_of),
+                    "age_seconds": card.born.elapsed().as_secs_f64(),
+                    "request": request,
+                })
+            })
+            .collect();
+        let diagnoses: Vec<Value> = lobby
+            .diagnoses
+            .current()
+            .into_iter()
+            .map(|(finding, lasted)| {
+                json!({
+                    "name": finding.name,
+                    "scenario": finding.scenario,
+                    "subject": finding.subject,
+                    "since_seconds": lasted.as_secs_f64(),
+                    "message": finding.message,
+                    "fix": finding.fix,
+                })
+            })
+            .collect();
+        let status = json!({
+            "server": {
+                "version": env!("CARGO_PKG_VERSION"),
+                "pid": std::process::id(),
+                "uptime_seconds": lobby.started.elapsed().as_secs_f64(),
+                "generation": lobby.scoreboard.generation.get(),
+                "workers_target": settings.workers,
+                "max_connections": max_connections,
+            },
+            "requests": requests,
+            "refusals": refusals,
+            "queue": {
+                "waiting": now.waiting,
+                "oldest_wait_seconds": lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64()),
+            },
+            "queue_wait_seconds": histogram(&self.queue_wait),
+            "request_duration_seconds": histogram(&self.request_duration),
+            "workers": workers,
+            "connections": connections,
+            "listeners": listeners,
+            "listen_overflows": {KERNEL_COUNTERS[0]: overflows[0], KERNEL_COUNTERS[1]: overflows[1]},
+            "worker_exits": worker_exits,
+            "scoreboard": scoreboard,
+            "diagnoses": diagnoses,
+        });
+        status.to_string()
     }
-    None
 }
 
-/// Serves the stats listener until the lobby stops: one request per connection.
-pub async fn serve(lobby: Rc<Lobby>, listener: Listener, connections: Arc<Semaphore>, max_connections: usize) {
+/// A cumulative histogram as `/status.json` gives it: `counts[i]` observations at most
+/// `bounds[i]`, and a last count of them all.
+fn histogram(histogram: &Histogram) -> Value {
+    let metric = histogram.metric();
+    let buckets = metric.get_histogram().get_bucket();
+    let bounds: Vec<f64> = buckets.iter().map(|bucket| bucket.upper_bound()).collect();
+    let mut counts: Vec<u64> = buckets.iter().map(|bucket| bucket.cumulative_count()).collect();
+    counts.push(histogram.get_sample_count());
+    json!({"bounds": bounds, "counts": counts, "count": histogram.get_sample_count(), "sum": histogram.get_sample_sum()})
+}
+
+/// The figures read at a scrape, shared by `/metrics` and `/status.json`.
+struct Now {
+    waiting: usize,
+    workers: [usize; WorkerState::ALL.len()],
+    connections: [(&'static str, usize); 6],
+    listeners: Vec<ListenerNow>,
+}
+
+struct ListenerNow {
+    name: String,
+    queue: Option<u32>,
+    backlog: u32,
+}
+
+impl Now {
+    fn read(lobby: &Lobby) -> Now {
+        let states = &lobby.connection_states;
+        let waiting = lobby.seating.waiting();
+        let awaiting = states.count(ConnectionState::Awaiting) as usize;
+        // A request offered to a busy worker is still waiting; once its worker has it, it
+        // is in service.
+        let queued = waiting.min(awaiting);
+        Now {
+            waiting,
+            workers: lobby.scoreboard.counts(),
+            connections: [
+                ("reading", states.count(ConnectionState::Reading) as usize),
+                ("queued", queued),
+                ("in_service", awaiting - queued),
+                ("writing", states.count(ConnectionState::Writing) as usize),
+                ("idle", states.count(ConnectionState::Idle) as usize),
+                ("hibernating", lobby.hibernation.sleeping()),
+            ],
+            listeners: lobby
+                .diagnoses
+                .listeners()
+                .iter()
+                .map(|l| ListenerNow { name: l.name.clone(), queue: l.queue(), backlog: l.backlog })
+                .collect(),
+        }
+    }
+}
+
+/// Serves the stats listener until the lobby stops: one request per connection, at most
+/// `MAX_STATS_CONNECTIONS` at once (those past it are closed at once).
+pub async fn serve(lobby: Rc<Lobby>, listener: Listener, max_connections: usize) {
     let std_listener: std::os::fd::OwnedFd = listener.socket.into();
-    let is_unix = listener.unix_path.is_some();
-    if is_unix {
+    let open = Arc::new(Semaphore::new(MAX_STATS_CONNECTIONS));
+    if listener.unix_path.is_some() {
         let Ok(accepting) = tokio::net::UnixListener::from_std(std_listener.into()) else { return };
         loop {
             match accepting.accept().await {
-                Ok((stream, _)) => spawn_answer(&lobby, stream, &connections, max_connections),
+                Ok((stream, _)) => spawn_answer(&lobby, stream, &open, max_connections),
                 Err(e) => accept_failed(e).await,
             }
         }
@@ -241,7 +399,7 @@ pub async fn serve(lobby: Rc<Lobby>, listener: Listener, connections: Arc<Semaph
         let Ok(accepting) = tokio::net::TcpListener::from_std(std_listener.into()) else { return };
         loop {
             match accepting.accept().await {
-                Ok((stream, _)) => spawn_answer(&lobby, stream, &connections, max_connections),
+                Ok((stream, _)) => spawn_answer(&lobby, stream, &open, max_connections),
                 Err(e) => accept_failed(e).await,
             }
         }
@@ -253,20 +411,25 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-fn spawn_answer<S>(lobby: &Rc<Lobby>, stream: S, connections: &Arc<Semaphore>, max_connections: usize)
+fn spawn_answer<S>(lobby: &Rc<Lobby>, stream: S, open: &Arc<Semaphore>, max_connections: usize)
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let (lobby, connections) = (lobby.clone(), connections.clone());
+    let Ok(permit) = open.clone().try_acquire_owned() else {
+        info_limited!("the stats listener has {MAX_STATS_CONNECTIONS} connections open; closing another");
+        return;
+    };
+    let lobby = lobby.clone();
     tokio::task::spawn_local(async move {
-        if let Err(e) = answer(&lobby, stream, &connections, max_connections).await {
+        if let Err(e) = answer(&lobby, stream, max_connections).await {
             debug!("stats request: {e}");
         }
+        drop(permit);
     });
 }
 
 /// Reads one request head and answers it, then closes.
-async fn answer<S>(lobby: &Lobby, mut stream: S, connections: &Semaphore, max_connections: usize) -> io::Result<()>
+async fn answer<S>(lobby: &Lobby, mut stream: S, max_connections: usize) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -286,7 +449,7 @@ where
     let (status, content_type, body) = match read {
         Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "the request head took too long")),
         Ok(Err(e)) => (400, "text/plain; charset=utf-8", format!("bad request: {e}\n").into_bytes().into()),
-        Ok(Ok(())) => route(lobby, &head, connections, max_connections),
+        Ok(Ok(())) => route(lobby, &head, max_connections),
     };
     let reason = match status {
         200 => "OK",
@@ -307,12 +470,7 @@ where
     stream.shutdown().await
 }
 
-fn route(
-    lobby: &Lobby,
-    head: &[u8],
-    connections: &Semaphore,
-    max_connections: usize,
-) -> (u16, &'static str, Cow<'static, [u8]>) {
+fn route(lobby: &Lobby, head: &[u8], max_connections: usize) -> (u16, &'static str, Cow<'static, [u8]>) {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
@@ -322,24 +480,18 @@ fn route(
         return (405, text, b"the stats listener answers GET only\n"[..].into());
     }
     match path {
-        b"/metrics" => match lobby.metrics.render(lobby, connections, max_connections) {
+        b"/metrics" => match lobby.metrics.render(lobby) {
             Ok(exposition) => (200, prometheus::TEXT_FORMAT, exposition.into_bytes().into()),
             Err(_) => (500, text, b"the metrics could not be written\n"[..].into()),
         },
+        b"/status.json" => (200, "application/json", lobby.metrics.status(lobby, max_connections).into_bytes().into()),
         _ => match stats_page::file(path) {
             Some((content_type, body)) => (200, content_type, body.into()),
-            None => (404, text, b"not found: the stats listener serves / (a live page) and /metrics\n"[..].into()),
+            None => (
+                404,
+                text,
+                b"not found: the stats listener serves / (a live page), /metrics and /status.json\n"[..].into(),
+            ),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_the_kernels_listen_counters() {
-        // Every Linux since 2.6 has both in TcpExt.
-        assert!(kernel_counters().is_some());
     }
 }

@@ -23,8 +23,9 @@ use tokio::time::Instant;
 use crate::log::{self, debug, error, info, warning};
 use crate::notify;
 use crate::recycle::{recycles, Recycle};
+use crate::scoreboard::{Card, ExitReason, Phase};
 use crate::upgrade::{Candidate, Succession, Successor};
-use crate::worker::{self, Channel, Gone, Phase, Seat};
+use crate::worker::{self, Channel, Gone, Seat};
 use crate::zygote::{self, Report, Zygote};
 use crate::{Config, Lobby, StartupError};
 
@@ -58,11 +59,12 @@ pub(crate) enum Event {
         id: usize,
         pid: i32,
     },
-    /// The worker's task retires it (recycling); the reason is one line for the log.
+    /// The worker's task retires it (recycling); the detail is one line for the log.
     Recycling {
         id: usize,
         pid: i32,
-        reason: String,
+        reason: ExitReason,
+        detail: String,
     },
     Gone {
         id: usize,
@@ -162,15 +164,27 @@ impl Signals {
 
 /// A worker the supervisor knows of, from the `spawn` it asked for to the end of its task.
 pub(crate) struct WorkerEntry {
-    generation: u64,
-    /// None until the zygote has forked it.
-    pid: Option<i32>,
+    /// What it shares with its task; its card holds its generation, pid and readiness.
     seat: Rc<Seat>,
     task: Option<JoinHandle<()>>,
+    /// Why it was told to retire.
+    retired_for: Option<ExitReason>,
+}
+
+impl WorkerEntry {
+    fn generation(&self) -> u64 {
+        self.seat.card.generation
+    }
+
+    /// None until the zygote has forked it.
+    fn pid(&self) -> Option<i32> {
+        self.seat.card.pid.get()
+    }
+
     /// It has loaded the application.
-    ready: bool,
-    /// Why it was told to retire, for the log.
-    retired_for: Option<&'static str>,
+    fn ready(&self) -> bool {
+        self.seat.card.ready.get()
+    }
 }
 
 /// A reload under way.
@@ -243,8 +257,8 @@ impl Supervisor {
             rereader,
             workers: HashMap::new(),
             next_id: 0,
-            generation: 0,
-            next_generation: 1,
+            generation: 1,
+            next_generation: 2,
             target,
             reload: None,
             boot_failures: 0,
@@ -261,8 +275,8 @@ impl Supervisor {
         let mut pids: Vec<i32> = self
             .workers
             .values()
-            .filter(|w| w.generation == self.generation && w.seat.phase() == Phase::Serve)
-            .filter_map(|w| w.pid)
+            .filter(|w| w.generation() == self.generation && w.seat.phase() == Phase::Serve)
+            .filter_map(|w| w.pid())
             .collect();
         pids.sort();
         pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
@@ -310,7 +324,7 @@ impl Supervisor {
                 Some(Event::Report(_, Report::Exited { .. })) => {}
                 Some(Event::Ready { id, .. }) => {
                     if let Some(worker) = self.workers.get_mut(&id) {
-                        worker.ready = true;
+                        worker.seat.card.ready.set(true);
                     }
                     ready += 1;
                 }
@@ -334,9 +348,9 @@ impl Supervisor {
     fn add_worker(&mut self, generation: u64, phase: Phase) -> usize {
         let id = self.next_id;
         self.next_id += 1;
-        let entry =
-            WorkerEntry { generation, pid: None, seat: Seat::new(phase), task: None, ready: false, retired_for: None };
-        self.workers.insert(id, entry);
+        let card = Rc::new(Card::new(generation, phase));
+        self.lobby.scoreboard.add(id, card.clone());
+        self.workers.insert(id, WorkerEntry { seat: Seat::new(card), task: None, retired_for: None });
         id
     }
 
@@ -358,21 +372,21 @@ impl Supervisor {
 
     fn start_worker(&mut self, id: usize, pid: i32, channel: OwnedFd) {
         let Some(entry) = self.workers.get_mut(&id) else { return };
-        entry.pid = Some(pid);
+        entry.seat.card.pid.set(Some(pid));
         let lobby = self.lobby.clone();
         let events = self.events_tx.clone();
         let tell = self.events_tx.clone();
         let recycle = Recycle::new(
             &lobby.settings(),
             pid,
-            Box::new(move |reason| {
-                let _ = tell.send(Event::Recycling { id, pid, reason });
+            Box::new(move |reason, detail| {
+                let _ = tell.send(Event::Recycling { id, pid, reason, detail });
             }),
         );
         let seat = entry.seat.clone();
         let task = tokio::task::spawn_local(async move {
             let gone = match Channel::new(channel) {
-                Err(e) => Gone::Lost(format!("unusable channel: {e}")),
+                Err(e) => Gone::Lost(ExitReason::Crash, format!("unusable channel: {e}")),
                 Ok(mut channel) => match worker::await_ready(&mut channel).await {
                     Err(gone) => gone,
                     Ok(()) => {
@@ -535,8 +549,8 @@ impl Supervisor {
     async fn handle(&mut self, event: Event) -> Result<(), String> {
         match event {
             Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
-                Some(entry) if entry.pid.is_none() => {
-                    let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation);
+                Some(entry) if entry.pid().is_none() => {
+                    let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation());
                     let role = if reload {
                         " for the reload"
                     } else if entry.seat.phase() == Phase::Hold {
@@ -570,8 +584,8 @@ impl Supervisor {
             Event::ZygoteGone(from, reason) => debug!("retired zygote {from}: {reason}"),
             Event::Ready { id, pid } => {
                 let Some(entry) = self.workers.get_mut(&id) else { return Ok(()) };
-                entry.ready = true;
-                let generation = entry.generation;
+                entry.seat.card.ready.set(true);
+                let generation = entry.generation();
                 if generation == self.generation {
                     debug!("worker {pid} is ready");
                     self.boot_failures = 0;
@@ -580,7 +594,7 @@ impl Supervisor {
                     self.switch_if_ready().await;
                 }
             }
-            Event::Recycling { id, pid, reason } => self.on_recycling(id, pid, &reason).await,
+            Event::Recycling { id, pid, reason, detail } => self.on_recycling(id, pid, reason, &detail).await,
             Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
             Event::Reread(result) => self.on_reread(*result).await,
             Event::ReloadFailed(reason) => self.abandon_reload(&reason).await,
@@ -589,25 +603,35 @@ impl Supervisor {
     }
 
     async fn on_gone(&mut self, id: usize, pid: i32, gone: Gone) {
+        self.lobby.scoreboard.remove(id);
         let Some(entry) = self.workers.remove(&id) else {
             debug!("worker {pid}, no longer wanted, is gone: {gone:?}");
             return;
         };
-        if self.pending_generation() == Some(entry.generation) {
+        let exit = match &gone {
+            Gone::Lost(reason, _) => Some(*reason),
+            Gone::BootFailed(_) => Some(ExitReason::BootFailed),
+            Gone::Retired => entry.retired_for,
+        };
+        if let Some(reason) = exit {
+            self.lobby.scoreboard.exited(reason);
+        }
+        if self.pending_generation() == Some(entry.generation()) {
             let reason = match gone {
                 Gone::BootFailed(message) => format!("a new worker could not load the application: {message}"),
-                Gone::Lost(reason) => format!("new worker {pid} lost: {reason}"),
+                Gone::Lost(_, detail) => format!("new worker {pid} lost: {detail}"),
                 Gone::Retired => format!("new worker {pid} was retired"),
             };
             self.abandon_reload(&reason).await;
             return;
         }
-        if let Some(why) = entry.retired_for {
+        if let Some(reason) = entry.retired_for {
+            let why = retirement(reason);
             match gone {
                 // Its one line was logged when it began to retire.
-                Gone::Retired if why == "recycled" => debug!("worker {pid} retired ({why})"),
+                Gone::Retired if reason.is_recycling() => debug!("worker {pid} retired ({why})"),
                 Gone::Retired => info!("worker {pid} retired ({why})"),
-                Gone::Lost(reason) => error!("worker {pid} lost while retiring ({why}): {reason}"),
+                Gone::Lost(_, detail) => error!("worker {pid} lost while retiring ({why}): {detail}"),
                 Gone::BootFailed(message) => info!("worker {pid} retired ({why}) before it had loaded: {message}"),
             }
             return;
@@ -619,8 +643,8 @@ impl Supervisor {
                 info!("worker {pid} retired{replacing}");
                 Duration::ZERO
             }
-            Gone::Lost(reason) => {
-                error!("worker {pid} lost: {reason}{replacing}");
+            Gone::Lost(_, detail) => {
+                error!("worker {pid} lost: {detail}{replacing}");
                 Duration::ZERO
             }
             Gone::BootFailed(message) => {
@@ -641,22 +665,22 @@ impl Supervisor {
     }
 
     /// A worker retires for recycling: the spare takes its place, and a new spare is started.
-    async fn on_recycling(&mut self, id: usize, pid: i32, reason: &str) {
+    async fn on_recycling(&mut self, id: usize, pid: i32, reason: ExitReason, detail: &str) {
         if self.workers.get(&id).is_none_or(|entry| entry.retired_for.is_some()) {
             // Retired already (a reload, SIGTTOU): its place is taken care of.
-            debug!("retiring worker {pid}: {reason}");
+            debug!("retiring worker {pid}: {detail}");
             return;
         }
-        self.retire(&[id], "recycled");
+        self.retire(&[id], reason);
         let successor = match self.spare().map(|spare| &self.workers[&spare]) {
             _ if !self.wants_more() => String::new(),
-            Some(WorkerEntry { ready: true, pid: Some(spare), .. }) => {
-                format!("; the spare worker {spare} takes its place")
-            }
-            Some(_) => "; the spare worker, still loading, takes its place".into(),
+            Some(spare) => match (spare.ready(), spare.pid()) {
+                (true, Some(spare)) => format!("; the spare worker {spare} takes its place"),
+                _ => "; the spare worker, still loading, takes its place".into(),
+            },
             None => "; starting a replacement".into(),
         };
-        info!("retiring worker {pid}: {reason}{successor}");
+        info!("retiring worker {pid}: {detail}{successor}");
         self.balance(Duration::ZERO).await;
     }
 
@@ -665,7 +689,7 @@ impl Supervisor {
     fn spare(&self) -> Option<usize> {
         self.workers
             .iter()
-            .find(|(_, w)| w.generation == self.generation && w.seat.phase() == Phase::Hold)
+            .find(|(_, w)| w.generation() == self.generation && w.seat.phase() == Phase::Hold)
             .map(|(id, _)| *id)
     }
 
@@ -675,7 +699,7 @@ impl Supervisor {
         let mut ids: Vec<usize> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.generation == self.generation && w.seat.phase() == Phase::Serve)
+            .filter(|(_, w)| w.generation() == self.generation && w.seat.phase() == Phase::Serve)
             .map(|(id, _)| *id)
             .collect();
         ids.sort();
@@ -707,10 +731,10 @@ impl Supervisor {
             }
         } else if serving.len() > self.target && !*self.lobby.shutdown.borrow() {
             // Those still loading go first, the newest first; then the oldest, as gunicorn does.
-            let mut doomed: Vec<usize> = serving.iter().rev().copied().filter(|id| !self.workers[id].ready).collect();
-            doomed.extend(serving.iter().copied().filter(|id| self.workers[id].ready));
+            let mut doomed: Vec<usize> = serving.iter().rev().copied().filter(|id| !self.workers[id].ready()).collect();
+            doomed.extend(serving.iter().copied().filter(|id| self.workers[id].ready()));
             doomed.truncate(serving.len() - self.target);
-            self.retire(&doomed, "SIGTTOU");
+            self.retire(&doomed, ExitReason::ScaleDown);
         }
         if recycles(&self.lobby.settings()) && self.spare().is_none() && !*self.lobby.shutdown.borrow() {
             self.spawn(self.generation, Phase::Hold, pause);
@@ -719,7 +743,7 @@ impl Supervisor {
 
     /// Tells workers to retire: each answers the requests it holds, then its channel is closed
     /// and it exits. The offers they had not received go back to the queue, in its order.
-    fn retire(&mut self, ids: &[usize], why: &'static str) {
+    fn retire(&mut self, ids: &[usize], why: ExitReason) {
         let mut recalled = Vec::new();
         for id in ids {
             if let Some(entry) = self.workers.get_mut(id) {
@@ -841,21 +865,21 @@ impl Supervisor {
     async fn switch_if_ready(&mut self) {
         let Some(generation) = self.pending_generation() else { return };
         let mut new: Vec<usize> =
-            self.workers.iter().filter(|(_, w)| w.generation == generation).map(|(id, _)| *id).collect();
-        if !new.iter().all(|id| self.workers[id].ready) {
+            self.workers.iter().filter(|(_, w)| w.generation() == generation).map(|(id, _)| *id).collect();
+        if !new.iter().all(|id| self.workers[id].ready()) {
             return;
         }
         new.sort();
         let old: Vec<usize> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.generation != generation && w.seat.phase() != Phase::Retire)
+            .filter(|(_, w)| w.generation() != generation && w.seat.phase() != Phase::Retire)
             .map(|(id, _)| *id)
             .collect();
         let old_pids = self.pids();
         // Retired first: the offers they had not received go back to the front of the queue,
         // where the new workers find them first.
-        self.retire(&old, "reload");
+        self.retire(&old, ExitReason::Reload);
         for id in &new {
             self.workers[id].seat.serve();
         }
@@ -865,6 +889,7 @@ impl Supervisor {
             self.lobby.zygotes.retire(old);
         }
         self.generation = generation;
+        self.lobby.scoreboard.generation.set(generation);
         self.boot_failures = 0;
         info!(
             "SIGHUP: reloaded: {} new workers serve (pids {}); the old ones (pids {old_pids}) retire once they have \
@@ -891,16 +916,18 @@ impl Supervisor {
         let zygote = self.reload_zygote.take();
         if let Some(generation) = reload.generation {
             let ids: Vec<usize> =
-                self.workers.iter().filter(|(_, w)| w.generation == generation).map(|(id, _)| *id).collect();
+                self.workers.iter().filter(|(_, w)| w.generation() == generation).map(|(id, _)| *id).collect();
             for id in ids {
+                self.lobby.scoreboard.remove(id);
                 let Some(entry) = self.workers.remove(&id) else { continue };
                 // A ready one closes its channel and exits; one still loading is killed.
                 entry.seat.retire();
-                if !entry.ready {
+                if !entry.ready() {
+                    let pid = entry.pid();
                     if let Some(task) = entry.task {
                         task.abort();
                     }
-                    if let Some(pid) = entry.pid {
+                    if let Some(pid) = pid {
                         let control =
                             zygote.as_ref().map_or_else(|| self.lobby.zygotes.serving().control, |z| z.control.clone());
                         let _ = control.kill(pid, libc::SIGKILL).await;
@@ -943,8 +970,9 @@ impl Supervisor {
     /// Returns the pids of the workers stopped.
     pub(crate) async fn stop_workers(&mut self, kill: bool) -> Vec<i32> {
         let mut pids = Vec::new();
+        self.lobby.scoreboard.clear();
         for (_, worker) in self.workers.drain() {
-            let Some(pid) = worker.pid else { continue };
+            let Some(pid) = worker.pid() else { continue };
             if kill {
                 let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
             }
@@ -954,6 +982,15 @@ impl Supervisor {
             pids.push(pid);
         }
         pids
+    }
+}
+
+/// Why a worker retires, as the log says it.
+fn retirement(reason: ExitReason) -> &'static str {
+    match reason {
+        ExitReason::Reload => "reload",
+        ExitReason::ScaleDown => "SIGTTOU",
+        _ => "recycled",
     }
 }
 

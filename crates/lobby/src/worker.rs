@@ -18,6 +18,7 @@ use crate::health::{self, ProcStat};
 use crate::log::{debug, error, warning};
 use crate::offer::Offers;
 use crate::recycle::Recycle;
+use crate::scoreboard::{Card, ExitReason, Phase};
 use crate::seating::{Job, JobState, Next};
 use crate::spool::{Held, ResponsePart};
 use crate::Lobby;
@@ -162,8 +163,8 @@ pub enum Gone {
     /// `--max-worker-lifetime`), when the supervisor retired it (a reload, SIGTTOU), or at
     /// shutdown.
     Retired,
-    /// The process or its channel failed.
-    Lost(String),
+    /// The process or its channel failed, or the lobby killed it; the detail is for the log.
+    Lost(ExitReason, String),
 }
 
 /// Waits for the worker's `READY`. Errors say what went wrong, for a start-up failure line.
@@ -173,42 +174,32 @@ pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
         Ok(Some(frame)) if frame.header.kind == Kind::BootFailed => {
             Err(Gone::BootFailed(String::from_utf8_lossy(&frame.payload).trim().to_string()))
         }
-        Ok(Some(frame)) => Err(Gone::Lost(format!("sent {:?} before READY", frame.header.kind))),
-        Ok(None) => Err(Gone::Lost("exited before it was ready".into())),
-        Err(e) => Err(Gone::Lost(format!("channel failed before READY: {e}"))),
+        Ok(Some(frame)) => Err(Gone::Lost(ExitReason::Crash, format!("sent {:?} before READY", frame.header.kind))),
+        Ok(None) => Err(Gone::Lost(ExitReason::Crash, "exited before it was ready".into())),
+        Err(e) => Err(Gone::Lost(ExitReason::Crash, format!("channel failed before READY: {e}"))),
     }
-}
-
-/// What the supervisor wants of a worker; the worker's task follows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Ready, but no request may be seated at it yet: a reload's new worker waits for the rest
-    /// of its set.
-    Hold,
-    Serve,
-    /// No new request, no new offer: it answers what it holds, then its channel is closed.
-    Retire,
 }
 
 /// What the supervisor and a worker's task share.
 pub struct Seat {
-    phase: watch::Sender<Phase>,
+    /// Its line on the scoreboard, which holds what the supervisor wants of it (its phase).
+    pub card: Rc<Card>,
     /// The worker's offer sockets, once it serves.
     offers: RefCell<Option<Rc<Offers>>>,
 }
 
 impl Seat {
-    pub fn new(phase: Phase) -> Rc<Seat> {
-        Rc::new(Seat { phase: watch::Sender::new(phase), offers: RefCell::new(None) })
+    pub fn new(card: Rc<Card>) -> Rc<Seat> {
+        Rc::new(Seat { card, offers: RefCell::new(None) })
     }
 
     pub fn phase(&self) -> Phase {
-        *self.phase.borrow()
+        *self.card.phase.borrow()
     }
 
     /// Lets a held worker take requests.
     pub fn serve(&self) {
-        self.phase.send_if_modified(|phase| {
+        self.card.phase.send_if_modified(|phase| {
             let held = *phase == Phase::Hold;
             if held {
                 *phase = Phase::Serve;
@@ -221,7 +212,7 @@ impl Seat {
     /// oldest first, for the caller to queue again; it answers those it has, and the request it
     /// is busy with, then its task ends with `Gone::Retired`.
     pub fn retire(&self) -> Vec<Job> {
-        self.phase.send_replace(Phase::Retire);
+        self.card.phase.send_replace(Phase::Retire);
         match &*self.offers.borrow() {
             Some(offers) => offers.recall_until(|_| false),
             None => Vec::new(),
@@ -236,15 +227,15 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
     // their descriptors open before the server says it serves.
     let offers = match Offers::new() {
         Ok(offers) => Rc::new(offers),
-        Err(e) => return Gone::Lost(format!("could not make its offer sockets: {e}")),
+        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its offer sockets: {e}")),
     };
     let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
     for receiver in offers.receivers() {
         if let Err(e) = channel.send(&frame, Some(receiver)).await {
-            return Gone::Lost(format!("could not send its offer sockets: {e}"));
+            return Gone::Lost(ExitReason::Crash, format!("could not send its offer sockets: {e}"));
         }
     }
-    let mut phase = seat.phase.subscribe();
+    let mut phase = seat.card.phase.subscribe();
     loop {
         match *phase.borrow_and_update() {
             Phase::Serve => break,
@@ -253,13 +244,13 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
         }
         tokio::select! {
             changed = phase.changed() => if changed.is_err() { return Gone::Retired },
-            _ = channel.closed_while_idle() => return Gone::Lost(idle_loss(&mut channel).await),
+            _ = channel.closed_while_idle() => return Gone::Lost(ExitReason::Crash, idle_loss(&mut channel).await),
         }
     }
     *seat.offers.borrow_mut() = Some(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, &recycle, &mut phase).await;
+    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, &recycle, &seat.card, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().take();
     gone
@@ -271,19 +262,16 @@ async fn seat_jobs(
     channel: &mut Channel,
     offers: &Offers,
     recycle: &Recycle,
+    card: &Card,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    let mut served: u64 = 0;
     // Recycled: it answers what it has taken from its offer socket, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
     loop {
         let (job, offered) = match offers.take_accepted() {
             // The worker takes it from its offer socket now that it has finished the last one.
-            Some(job) => {
-                served += 1;
-                (job, true)
-            }
+            Some(job) => (job, true),
             None => {
                 if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
@@ -315,7 +303,7 @@ async fn seat_jobs(
                                 if let Ok(job) = wait.try_recv() {
                                     lobby.seating.return_unstarted(job);
                                 }
-                                recycle.check(served, false);
+                                recycle.check(card.served.get(), false);
                                 return Gone::Retired;
                             }
                             _ = channel.closed_while_idle() => {
@@ -324,7 +312,7 @@ async fn seat_jobs(
                                 if let Ok(job) = wait.try_recv() {
                                     lobby.seating.return_unstarted(job);
                                 }
-                                return Gone::Lost(idle_loss(channel).await);
+                                return Gone::Lost(ExitReason::Crash, idle_loss(channel).await);
                             }
                         }
                     }
@@ -336,16 +324,20 @@ async fn seat_jobs(
                 // answered was running then, and is not looked at (health::LOOK_AFTER_IDLE).
                 // Its first request is looked at whatever the time: the lobby may have read
                 // its READY late, from a worker stopped since.
-                let look = served == 0 || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
+                let look = card.served.get() == 0
+                    || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
                 if look && stat.is_stopped() {
                     lobby.seating.return_unstarted(job);
                     let bound = lobby.settings().timeout;
                     health::kill_if_still_there(lobby.clone(), pid, stat, bound);
-                    return Gone::Lost(format!(
-                        "it is stopped (SIGSTOP), so no request goes to it; it is killed unless it \
+                    return Gone::Lost(
+                        ExitReason::Stopped,
+                        format!(
+                            "it is stopped (SIGSTOP), so no request goes to it; it is killed unless it \
                          exits within {} s (--timeout)",
-                        bound.as_secs_f64()
-                    ));
+                            bound.as_secs_f64()
+                        ),
+                    );
                 }
                 job.state.set(JobState::Seated);
                 let waited = job.enqueued_at.elapsed();
@@ -353,40 +345,46 @@ async fn seat_jobs(
                 debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
                 if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
                     lobby.seating.return_unstarted(job);
-                    return Gone::Lost(format!("could not send a request: {e}"));
+                    return Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}"));
                 }
-                served += 1;
                 (job, false)
             }
         };
+        card.begin(job.summary.clone());
+        let served = card.served.get();
         // A retiring worker is offered nothing: its offers went back to the queue.
         if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        if let Err(lost) = relay_response(lobby, pid, channel, offers, &job, offered).await {
+        let relayed = relay_response(lobby, pid, channel, offers, &job, offered).await;
+        card.end();
+        if let Err(lost) = relayed {
             // What the worker never received goes back to the queue; what it did, it had
             // started when it was lost.
             lobby.seating.requeue_front(offers.recall_until(|_| false));
             while let Some(offered) = offers.take_accepted() {
                 fail(&offered, false, 502, "the worker exited while handling this request");
             }
-            return Gone::Lost(match lost {
-                Lost::Answered(reason) => reason,
+            return match lost {
+                Lost::Answered(reason, detail) => Gone::Lost(reason, detail),
                 Lost::Unread(why) => {
-                    let why = match why {
-                        Unread::Exited => "exited without reading".to_string(),
-                        Unread::Wedged => format!(
+                    let (reason, why) = match why {
+                        Unread::Exited => (ExitReason::Crash, "exited without reading".to_string()),
+                        Unread::Wedged => (
+                            ExitReason::Wedged,
+                            format!(
                             "was killed: alive but wedged (its main thread did not read, in {} s, the request sent \
                              to it idle; another thread holding the GIL does this) before it read",
                             health::READ_WITHIN.as_secs_f64()
                         ),
+                        ),
                     };
-                    let reason = format!("{why} {}, which goes to another worker", job.summary);
+                    let detail = format!("{why} {}, which goes to another worker", job.summary);
                     // Older than the offers just queued again: it goes in front of them.
                     lobby.seating.return_unstarted(job);
-                    reason
+                    Gone::Lost(reason, detail)
                 }
-            });
+            };
         }
         if !recycled && recycle.check(served, true).is_some() {
             recycled = true;
@@ -423,8 +421,8 @@ async fn idle_loss(channel: &mut Channel) -> String {
 
 /// How a worker was lost during a request.
 enum Lost {
-    /// The request has been answered (502/504) or cut; why, for the log.
-    Answered(String),
+    /// The request has been answered (502/504) or cut; why, and the detail for the log.
+    Answered(ExitReason, String),
     /// The worker provably never had the whole request, so it never ran: it may run
     /// elsewhere.
     Unread(Unread),
@@ -521,10 +519,13 @@ async fn relay_response(
                         return Err(Lost::Unread(Unread::Exited));
                     }
                 }
-                return Err(Lost::Answered(match closed {
-                    Ok(_) => fail(job, head_sent, 502, "the worker exited while handling this request"),
-                    Err(e) => fail(job, head_sent, 502, &format!("the worker's channel failed: {e}")),
-                }));
+                return Err(Lost::Answered(
+                    ExitReason::Crash,
+                    match closed {
+                        Ok(_) => fail(job, head_sent, 502, "the worker exited while handling this request"),
+                        Err(e) => fail(job, head_sent, 502, &format!("the worker's channel failed: {e}")),
+                    },
+                ));
             }
             Next::ClientGone => {
                 cancelled = true;
@@ -538,7 +539,7 @@ async fn relay_response(
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
                 let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
                 if let Err(e) = channel.send(&cancel, None).await {
-                    return Err(Lost::Answered(format!("could not send CANCEL: {e}")));
+                    return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
                 }
                 continue;
             }
@@ -572,14 +573,17 @@ async fn relay_response(
                 } else {
                     "the application did not answer within --timeout"
                 };
-                return Err(Lost::Answered(fail(job, head_sent, 504, detail)));
+                return Err(Lost::Answered(ExitReason::Timeout, fail(job, head_sent, 504, detail)));
             }
         };
         let part = match decode_part(frame) {
             Ok(part) => part,
             Err(e) => {
                 let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
-                return Err(Lost::Answered(fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}"))));
+                return Err(Lost::Answered(
+                    ExitReason::Crash,
+                    fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
+                ));
             }
         };
         if matches!(part, ResponsePart::Abort) && !cancelled {

@@ -1,0 +1,283 @@
+//! The worker scoreboard: each worker's generation, state, current request and count, as
+//! `/status.json`, the page and `maitred top` show them; and why workers left, counted by
+//! reason (`maitred_worker_exits_total`).
+//!
+//! A leaf: the supervisor and a worker's task share a worker's `Card` (through its `Seat`),
+//! and the stats listener and the diagnoses read them here.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+/// What the supervisor wants of a worker; the worker's task follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Ready, but no request may be seated at it yet: a reload's new worker waits for the rest
+    /// of its set, and the spare waits for a worker to retire.
+    Hold,
+    Serve,
+    /// No new request, no new offer: it answers what it holds, then its channel is closed.
+    Retire,
+}
+
+/// A worker's state as the scoreboard shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Forked or asked for, and not yet ready: it imports the application.
+    Starting,
+    /// Ready and held: the spare, or a reload's worker waiting for the rest of its set.
+    Held,
+    Idle,
+    Busy,
+    /// Answering what it holds before it exits.
+    Retiring,
+}
+
+impl WorkerState {
+    pub const ALL: [WorkerState; 5] =
+        [WorkerState::Starting, WorkerState::Held, WorkerState::Idle, WorkerState::Busy, WorkerState::Retiring];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            WorkerState::Starting => "starting",
+            WorkerState::Held => "held",
+            WorkerState::Idle => "idle",
+            WorkerState::Busy => "busy",
+            WorkerState::Retiring => "retiring",
+        }
+    }
+}
+
+/// Why a worker left the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// It exited or its channel failed on its own: a crash, `os._exit`, an OOM kill.
+    Crash,
+    /// Killed at `--timeout`.
+    Timeout,
+    /// Alive but did not read a request sent to it idle; killed.
+    Wedged,
+    /// Found stopped (SIGSTOP) when a request was to go to it.
+    Stopped,
+    /// It could not load the application.
+    BootFailed,
+    /// Recycled after `--max-requests`.
+    MaxRequests,
+    /// Recycled over `--max-worker-memory`.
+    Memory,
+    /// Recycled past `--max-worker-lifetime`.
+    Lifetime,
+    /// Replaced by a reload's new generation (SIGHUP).
+    Reload,
+    /// One worker fewer (SIGTTOU).
+    ScaleDown,
+}
+
+impl ExitReason {
+    pub const ALL: [ExitReason; 10] = [
+        ExitReason::Crash,
+        ExitReason::Timeout,
+        ExitReason::Wedged,
+        ExitReason::Stopped,
+        ExitReason::BootFailed,
+        ExitReason::MaxRequests,
+        ExitReason::Memory,
+        ExitReason::Lifetime,
+        ExitReason::Reload,
+        ExitReason::ScaleDown,
+    ];
+
+    /// The metric's label and status.json's key.
+    pub fn label(self) -> &'static str {
+        match self {
+            ExitReason::Crash => "crash",
+            ExitReason::Timeout => "timeout",
+            ExitReason::Wedged => "wedged",
+            ExitReason::Stopped => "stopped",
+            ExitReason::BootFailed => "boot_failed",
+            ExitReason::MaxRequests => "max_requests",
+            ExitReason::Memory => "memory",
+            ExitReason::Lifetime => "lifetime",
+            ExitReason::Reload => "reload",
+            ExitReason::ScaleDown => "scale_down",
+        }
+    }
+
+    /// Recycling: the worker was healthy and retired on a limit.
+    pub fn is_recycling(self) -> bool {
+        matches!(self, ExitReason::MaxRequests | ExitReason::Memory | ExitReason::Lifetime)
+    }
+
+    /// The worker failed: its request, if it had one, was answered 502/504 or went elsewhere.
+    pub fn is_failure(self) -> bool {
+        matches!(self, ExitReason::Crash | ExitReason::Timeout | ExitReason::Wedged | ExitReason::Stopped)
+    }
+}
+
+/// A worker's line on the scoreboard, shared by the supervisor and the worker's task.
+pub struct Card {
+    pub generation: u64,
+    pub pid: Cell<Option<i32>>,
+    /// When it was asked for.
+    pub born: Instant,
+    /// It has loaded the application.
+    pub ready: Cell<bool>,
+    pub phase: watch::Sender<Phase>,
+    /// The request it is busy with (`GET /path HTTP/1.1`) and since when.
+    pub request: RefCell<Option<(Rc<str>, Instant)>>,
+    /// Requests it has taken.
+    pub served: Cell<u64>,
+}
+
+impl Card {
+    pub fn new(generation: u64, phase: Phase) -> Card {
+        Card {
+            generation,
+            pid: Cell::new(None),
+            born: Instant::now(),
+            ready: Cell::new(false),
+            phase: watch::Sender::new(phase),
+            request: RefCell::new(None),
+            served: Cell::new(0),
+        }
+    }
+
+    pub fn state(&self) -> WorkerState {
+        match *self.phase.borrow() {
+            _ if !self.ready.get() => WorkerState::Starting,
+            Phase::Retire => WorkerState::Retiring,
+            Phase::Hold => WorkerState::Held,
+            Phase::Serve if self.request.borrow().is_some() => WorkerState::Busy,
+            Phase::Serve => WorkerState::Idle,
+        }
+    }
+
+    /// The worker takes a request.
+    pub fn begin(&self, summary: Rc<str>) {
+        self.served.set(self.served.get() + 1);
+        *self.request.borrow_mut() = Some((summary, Instant::now()));
+    }
+
+    /// The worker has answered.
+    pub fn end(&self) {
+        self.request.borrow_mut().take();
+    }
+}
+
+/// How far back `recent_exits` looks.
+pub const RECENT: Duration = Duration::from_secs(60);
+
+/// Every worker's card, by the supervisor's number for it, and the exits counted by reason.
+pub struct Scoreboard {
+    /// The generation that serves: 1 for the workers started with the lobby, one more for
+    /// each reload that completes.
+    pub generation: Cell<u64>,
+    cards: RefCell<BTreeMap<usize, Rc<Card>>>,
+    exits: [Cell<u64>; ExitReason::ALL.len()],
+    /// Exits of the last minute, for the diagnoses.
+    recent: RefCell<VecDeque<(Instant, ExitReason)>>,
+}
+
+impl Default for Scoreboard {
+    fn default() -> Scoreboard {
+        Scoreboard {
+            generation: Cell::new(1),
+            cards: RefCell::default(),
+            exits: Default::default(),
+            recent: RefCell::default(),
+        }
+    }
+}
+
+impl Scoreboard {
+    pub fn add(&self, id: usize, card: Rc<Card>) {
+        self.cards.borrow_mut().insert(id, card);
+    }
+
+    pub fn remove(&self, id: usize) {
+        self.cards.borrow_mut().remove(&id);
+    }
+
+    pub fn clear(&self) {
+        self.cards.borrow_mut().clear();
+    }
+
+    /// Every card, by number (so the oldest first).
+    pub fn cards(&self) -> Vec<Rc<Card>> {
+        self.cards.borrow().values().cloned().collect()
+    }
+
+    /// How many workers are in each state, in `WorkerState::ALL`'s order.
+    pub fn counts(&self) -> [usize; WorkerState::ALL.len()] {
+        let mut counts = [0; WorkerState::ALL.len()];
+        for card in self.cards.borrow().values() {
+            counts[card.state() as usize] += 1;
+        }
+        counts
+    }
+
+    pub fn exited(&self, reason: ExitReason) {
+        let count = &self.exits[reason as usize];
+        count.set(count.get() + 1);
+        let now = Instant::now();
+        let mut recent = self.recent.borrow_mut();
+        recent.push_back((now, reason));
+        while recent.front().is_some_and(|(at, _)| now.duration_since(*at) > RECENT) {
+            recent.pop_front();
+        }
+    }
+
+    /// Exits since the lobby started, in `ExitReason::ALL`'s order.
+    pub fn exits(&self) -> [u64; ExitReason::ALL.len()] {
+        std::array::from_fn(|index| self.exits[index].get())
+    }
+
+    /// How many exits of the last `RECENT` `select` picks.
+    pub fn recent_exits(&self, select: impl Fn(ExitReason) -> bool) -> usize {
+        let now = Instant::now();
+        self.recent.borrow().iter().filter(|(at, reason)| now.duration_since(*at) <= RECENT && select(*reason)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_card_goes_from_starting_to_busy_to_retiring() {
+        let card = Card::new(1, Phase::Serve);
+        assert_eq!(card.state(), WorkerState::Starting);
+        card.ready.set(true);
+        assert_eq!(card.state(), WorkerState::Idle);
+        card.begin("GET / HTTP/1.1".into());
+        assert_eq!(card.state(), WorkerState::Busy);
+        assert_eq!(card.served.get(), 1);
+        card.end();
+        card.phase.send_replace(Phase::Retire);
+        assert_eq!(card.state(), WorkerState::Retiring);
+    }
+
+    #[test]
+    fn the_order_of_all_matches_the_discriminants() {
+        for (index, state) in WorkerState::ALL.iter().enumerate() {
+            assert_eq!(*state as usize, index);
+        }
+        for (index, reason) in ExitReason::ALL.iter().enumerate() {
+            assert_eq!(*reason as usize, index);
+        }
+    }
+
+    #[test]
+    fn exits_are_counted_by_reason_and_kept_for_a_minute() {
+        let board = Scoreboard::default();
+        board.exited(ExitReason::Timeout);
+        board.exited(ExitReason::MaxRequests);
+        board.exited(ExitReason::MaxRequests);
+        assert_eq!(board.exits()[ExitReason::MaxRequests as usize], 2);
+        assert_eq!(board.recent_exits(ExitReason::is_recycling), 2);
+        assert_eq!(board.recent_exits(ExitReason::is_failure), 1);
+    }
+}
