@@ -71,10 +71,16 @@ class Browser:
     """Headless chromium in a process group of its own, with a fresh profile, and a DevTools
     connection to its one page. Every wait is bounded; `close` leaves no process behind."""
 
-    def __init__(self, profile: Path, log: Path) -> None:
+    def __init__(self, home: Path) -> None:
         self.events: list[dict] = []
         self.last_id = 0
-        self.log = open(log, "wb")  # noqa: SIM115 - closed in close(), after the process
+        # Chromium's crash handler writes under $HOME and starts in a session of its own, out of
+        # the browser's process group: a home of the test's own keeps ~ clean, and names the
+        # handler's processes (their --database is in it), to see them gone in close().
+        self.home = home
+        profile = home / "profile"
+        profile.mkdir(parents=True)
+        self.log = open(home / "chromium.log", "wb")  # noqa: SIM115 - closed in close(), after the process
         command = [
             CHROMIUM,
             "--headless=new",
@@ -82,15 +88,20 @@ class Browser:
             # Port 0: chromium picks a free one and writes it to DevToolsActivePort.
             "--remote-debugging-port=0",
             "--window-size=1400,1000",
-            # The crash handler would otherwise start in a session of its own, out of the group.
-            "--disable-crashpad-for-testing",
             "--no-first-run",
             "about:blank",
         ]
         if os.geteuid() == 0:
             command.insert(2, "--no-sandbox")  # chromium refuses to start as root with its sandbox
+        environment = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+        environment.pop("XDG_CACHE_HOME", None)
         self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, start_new_session=True
+            command,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
         )
         try:
             self.socket = websocket.create_connection(self._page_address(profile), timeout=10, suppress_origin=True)
@@ -139,7 +150,7 @@ class Browser:
         """The value of `expression` once it is truthy, evaluated every 0.2 s for `timeout` s."""
         deadline = time.monotonic() + timeout
         while not (value := self.evaluate(expression)):
-            assert time.monotonic() < deadline, f"not true within {timeout} s: {expression}"
+            assert time.monotonic() < deadline, f"not true within {timeout} s: {expression}; {self.problems()}"
             time.sleep(0.2)
         return value
 
@@ -173,13 +184,33 @@ class Browser:
             self.process.wait(timeout=10)
         left = wait_for_empty_group(self.process.pid, 10)
         kill_group(self.process.pid)
+        deadline = time.monotonic() + 10
+        while (handlers := processes_naming(self.home)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in handlers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.log.close()
-        assert not left, f"chromium's processes {left} outlived it"
+        assert not left and not handlers, f"chromium's processes {left + handlers} outlived it"
+
+
+def processes_naming(path: Path) -> list[int]:
+    """Live processes with `path` in their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(path).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue  # exited while we looked
+    return found
 
 
 @pytest.fixture
 def browser(tmp_path: Path):
-    opened = Browser(tmp_path / "chromium-profile", tmp_path / "chromium.log")
+    opened = Browser(tmp_path / "chromium")
     try:
         yield opened
     finally:

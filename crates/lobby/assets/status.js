@@ -53,14 +53,14 @@ const CHARTS = [
     canvas: "chart-workers",
     unit: "count",
     lines: (now) => [
-      ...Object.entries(now.workers).map(([state, count]) => ({ label: state, value: count })),
+      ...inOrder(now.workers, WORKER_STATES).map(([state, count]) => ({ label: state, value: count })),
       { label: "wanted (-w)", value: now.server.workers_target, dashed: true },
     ],
   },
   {
     canvas: "chart-connections",
     unit: "count",
-    lines: (now) => Object.entries(now.connections).map(([state, count]) => ({ label: state, value: count })),
+    lines: (now) => inOrder(now.connections, CONNECTION_STATES).map(([state, count]) => ({ label: state, value: count })),
   },
   {
     canvas: "chart-listen",
@@ -80,6 +80,17 @@ const CHARTS = [
       })),
   },
 ];
+
+// The states in the order a worker or a connection goes through them; status.json's objects
+// come with their keys sorted.
+const WORKER_STATES = ["starting", "idle", "busy", "retiring"];
+const CONNECTION_STATES = ["reading", "queued", "in_service", "writing", "idle", "hibernating"];
+
+// An object's entries, those named in `order` first and in that order, then any others.
+function inOrder(object, order) {
+  const rank = (key) => (order.includes(key) ? order.indexOf(key) : order.length);
+  return Object.entries(object).sort(([a], [b]) => rank(a) - rank(b));
+}
 
 function sum(numbers) {
   return numbers.reduce((total, number) => total + number, 0);
