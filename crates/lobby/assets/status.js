@@ -81,9 +81,9 @@ const CHARTS = [
   },
 ];
 
-// The states in the order a worker or a connection goes through them; status.json's objects
-// come with their keys sorted.
-const WORKER_STATES = ["starting", "idle", "busy", "retiring"];
+// The order the charts list the states in (status.json's objects come with their keys sorted):
+// workers' the most telling first, connections' as a connection goes through them.
+const WORKER_STATES = ["busy", "idle", "starting", "retiring"];
 const CONNECTION_STATES = ["reading", "queued", "in_service", "writing", "idle", "hibernating"];
 
 // An object's entries, those named in `order` first and in that order, then any others.
