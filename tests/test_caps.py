@@ -209,6 +209,7 @@ def test_accept_without_descriptors_pauses_instead_of_spinning(maitred_server):
     assert len(written) == 5, written
     assert 10 <= count <= 100, count
     assert re.search(
-        failed + r"; 0 connections open, descriptor limit \d+ \(ulimit -n\); retrying in 10 ms \(1 in a", log
+        # The connection just answered may not have been seen closed yet.
+        failed + r"; [01] connections open, descriptor limit \d+ \(ulimit -n\); retrying in 10 ms \(1 in a", log
     )
     assert len(written) + int(summary.search(log).group(1).replace(",", "")) == count

@@ -34,6 +34,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def run(argv: Sequence[str]) -> int:
+    # `maitred top` only when "top" comes first and alone: `maitred top:app` and
+    # `maitred -w 2 top` still serve an application.
+    if argv[:1] == ["top"]:
+        return _top(argv[1:])
     started_in = os.getcwd()
     zygote_channel = os.environ.pop(ZYGOTE_VARIABLE, None)
     if zygote_channel is not None:
@@ -95,6 +99,20 @@ def _be_zygote(argv: Sequence[str], channel: str) -> NoReturn:
         os._exit(EXIT_STARTUP)
     config.without_service_manager(os.environ)
     _run_zygote(control, settings)
+
+
+def _top(argv: Sequence[str]) -> int:
+    # Imported here: the server never loads curses.
+    from maitred import top
+
+    try:
+        return top.run(top.parse_arguments(argv))
+    except config.UsageError as error:
+        _print_error(str(error))
+        return EXIT_USAGE
+    except top.CannotShow as error:
+        _print_error(str(error))
+        return EXIT_STARTUP
 
 
 def _print_error(message: str) -> None:

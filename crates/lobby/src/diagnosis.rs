@@ -110,6 +110,11 @@ impl Diagnoses {
         *self.listeners.borrow_mut() = watched;
     }
 
+    /// Closes the copies of the listen sockets: at shutdown, a listener must close with them.
+    pub fn stop_watching(&self) {
+        self.listeners.borrow_mut().clear();
+    }
+
     pub fn listeners(&self) -> std::cell::Ref<'_, Vec<Watched>> {
         self.listeners.borrow()
     }
@@ -122,9 +127,15 @@ impl Diagnoses {
         }
     }
 
-    /// The findings in force, each with how long it has lasted.
+    /// The findings in force (seen at the last look, not only waiting out `HOLD`), each with
+    /// how long it has lasted.
     pub fn current(&self) -> Vec<(Finding, Duration)> {
-        self.active.borrow().iter().map(|active| (active.finding.clone(), active.since.elapsed())).collect()
+        self.active
+            .borrow()
+            .iter()
+            .filter(|active| active.last_seen.elapsed() <= 2 * TICK)
+            .map(|active| (active.finding.clone(), active.since.elapsed()))
+            .collect()
     }
 
     /// Takes this tick's findings: logs those that start, last past `REPEAT`, or end.

@@ -337,8 +337,10 @@ async fn supervise(
         _ => notify::stopping(),
     }
     let _ = shutdown_tx.send(true);
-    // A drain empties the queue with fewer and fewer workers: nothing to diagnose.
+    // A drain empties the queue with fewer and fewer workers: nothing to diagnose. And the
+    // copies of the listen sockets go, so that they close with the listeners below.
     diagnosing.abort();
+    lobby.diagnoses.stop_watching();
     for task in &accepting {
         task.abort();
     }
