@@ -309,6 +309,7 @@ def test_the_page_charts_the_load_and_shows_the_workers(maitred_server, browser)
     assert set(charts["chart-overflows"]) == {"ListenOverflows", "ListenDrops"}, charts["chart-overflows"]
 
     # The scoreboard: a row for each worker, by pid, and while loaded, the request each serves.
+    assert "scoreboard" in during, "the page could not be read half-way through the load"
     assert {int(row["cells"][0]) for row in during["scoreboard"]} == pids, during["scoreboard"]
     busy = [row["cells"][3] for row in during["scoreboard"] if row["state"] == "busy"]
     assert busy and all(request.startswith("GET /") for request in busy), during["scoreboard"]
