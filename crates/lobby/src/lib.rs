@@ -24,6 +24,7 @@ mod scoreboard;
 mod seating;
 mod spool;
 mod stats;
+mod stats_page;
 mod supervisor;
 mod upgrade;
 mod worker;

@@ -9,6 +9,7 @@
 //! Counters and histograms are updated where things happen (atomic adds); gauges are read when
 //! a scrape comes.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::io;
 use std::rc::Rc;
@@ -30,7 +31,7 @@ use crate::diagnosis::KERNEL_COUNTERS;
 use crate::listen::Listener;
 use crate::log::{debug, info_limited};
 use crate::scoreboard::{ExitReason, WorkerState};
-use crate::Lobby;
+use crate::{stats_page, Lobby};
 
 /// The most a stats request's head may be, and how long it may take to arrive.
 const MAX_HEAD: usize = 8 * 1024;
@@ -447,7 +448,7 @@ where
     .await;
     let (status, content_type, body) = match read {
         Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "the request head took too long")),
-        Ok(Err(e)) => (400, "text/plain; charset=utf-8", format!("bad request: {e}\n")),
+        Ok(Err(e)) => (400, "text/plain; charset=utf-8", format!("bad request: {e}\n").into_bytes().into()),
         Ok(Ok(())) => route(lobby, &head, max_connections),
     };
     let reason = match status {
@@ -457,30 +458,40 @@ where
         405 => "Method Not Allowed",
         _ => "Internal Server Error",
     };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: \
-         close\r\n\r\n{body}",
+    // no-cache: the live page's files change with the binary, and every other answer is of now.
+    let mut response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: \
+         no-cache\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
+    )
+    .into_bytes();
+    response.extend_from_slice(&body);
+    stream.write_all(&response).await?;
     stream.shutdown().await
 }
 
-fn route(lobby: &Lobby, head: &[u8], max_connections: usize) -> (u16, &'static str, String) {
+fn route(lobby: &Lobby, head: &[u8], max_connections: usize) -> (u16, &'static str, Cow<'static, [u8]>) {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
     let path = target.split(|&b| b == b'?').next().unwrap_or_default();
     let text = "text/plain; charset=utf-8";
     if method != b"GET" {
-        return (405, text, "the stats listener answers GET only\n".into());
+        return (405, text, b"the stats listener answers GET only\n"[..].into());
     }
     match path {
         b"/metrics" => match lobby.metrics.render(lobby) {
-            Ok(exposition) => (200, prometheus::TEXT_FORMAT, exposition),
-            Err(_) => (500, text, "the metrics could not be written\n".into()),
+            Ok(exposition) => (200, prometheus::TEXT_FORMAT, exposition.into_bytes().into()),
+            Err(_) => (500, text, b"the metrics could not be written\n"[..].into()),
         },
-        b"/status.json" => (200, "application/json", lobby.metrics.status(lobby, max_connections)),
-        _ => (404, text, "not found: the stats listener serves /metrics and /status.json\n".into()),
+        b"/status.json" => (200, "application/json", lobby.metrics.status(lobby, max_connections).into_bytes().into()),
+        _ => match stats_page::file(path) {
+            Some((content_type, body)) => (200, content_type, body.into()),
+            None => (
+                404,
+                text,
+                b"not found: the stats listener serves / (a live page), /metrics and /status.json\n"[..].into(),
+            ),
+        },
     }
 }
