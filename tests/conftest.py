@@ -87,6 +87,25 @@ def maitred_command() -> list[str]:
     return [str(MAITRED)]
 
 
+def children(pid: int) -> set[int]:
+    """The pids of `pid`'s children (a lobby's zygote, a zygote's workers)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
+def workers_of(lobby: int, count: int = 0) -> set[int]:
+    """The pids of the workers under `lobby`'s zygote; with `count`, once it has forked that
+    many (a lobby serves as soon as one worker is ready, so the others may be on their way)."""
+    deadline = time.monotonic() + 10
+    while True:
+        workers = {worker for zygote in children(lobby) for worker in children(zygote)}
+        if len(workers) >= count or time.monotonic() > deadline:
+            return workers
+        time.sleep(0.02)
+
+
 @dataclass
 class Server:
     """A running `maitred`. Its process group holds the lobby, the zygote and the workers."""
@@ -112,6 +131,14 @@ class Server:
 
     def send_signal(self, signum: int) -> None:
         self.process.send_signal(signum)
+
+    def wait_for_log(self, text: str, timeout: float) -> str:
+        """The error log, once `text` is in it; fails, showing the log, after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while text not in (log := self.stderr()):
+            assert time.monotonic() < deadline, f"{text!r} is not in the log:\n{log}"
+            time.sleep(0.05)
+        return log
 
     def wait(self, timeout: float) -> int:
         """Waits for the lobby to exit and returns its exit code."""

@@ -101,14 +101,6 @@ def post(port: int, path: str, body: bytes, timeout: float = 10.0) -> bytes:
         return answer
 
 
-def wait_for_log(server, text: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in server.stderr():
-        assert time.monotonic() < deadline, f"{text!r} is not in the log:\n{server.stderr()}"
-        time.sleep(0.05)
-    return server.stderr()
-
-
 def test_slow_readers_keep_the_lobby_small_and_the_workers_free(maitred_server):
     """Three clients read 100 MiB answers at a trickle: the lobby stays within 64 MiB of idle,
     two workers serve other requests meanwhile, and every byte arrives intact."""
@@ -146,13 +138,13 @@ def test_past_max_spill_the_worker_waits_for_the_client_and_the_log_says_so(mait
     request_stream(sock, 20)
     reader = Reader(sock)
     reader.read(1024)
-    log = wait_for_log(server, "paused", timeout=10)
+    log = server.wait_for_log("paused", timeout=10)
     assert "--max-spill" in log
     reader.read_to_end(timeout=60)
     assert reader.body_bytes == 20 * MIB
     assert reader.digest.hexdigest() == expected_digest(20)
     sock.close()
-    wait_for_log(server, "went on after", timeout=10)
+    server.wait_for_log("went on after", timeout=10)
     # The worker went on once the client caught up, and is free again.
     assert get(server.port, "/").startswith(b"HTTP/1.1 200")
 
@@ -177,7 +169,7 @@ def test_a_client_that_takes_nothing_is_cut_at_send_timeout_and_the_log_says_whi
     server = maitred_server("bounded_app:app", "--send-timeout", "1", cwd=APPS)
     sock = slow_socket(server.port)
     request_stream(sock, 64)
-    log = wait_for_log(server, "--send-timeout", timeout=10)
+    log = server.wait_for_log("--send-timeout", timeout=10)
     assert "took no byte of its answer for 1 s (--send-timeout)" in log
     assert f"{HOST}:{sock.getsockname()[1]}" in log
     reader = Reader(sock)
@@ -209,7 +201,7 @@ def test_a_trickled_body_ends_with_408_at_body_min_rate(maitred_server):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert time.monotonic() - started < 4
-    wait_for_log(server, "slower than --body-min-rate (500 bytes/s)", timeout=5)
+    server.wait_for_log("slower than --body-min-rate (500 bytes/s)", timeout=5)
     # A body that arrives at speed is not affected.
     assert post(server.port, "/upload", b"y" * (3 * MIB)).endswith(str(3 * MIB).encode())
 
@@ -260,7 +252,7 @@ def test_past_max_head_memory_the_oldest_incomplete_heads_get_408_first(maitred_
     finally:
         for sock in heads:
             sock.close()
-    wait_for_log(server, "--max-head-memory", timeout=5)
+    server.wait_for_log("--max-head-memory", timeout=5)
 
 
 @pytest.fixture(autouse=True)

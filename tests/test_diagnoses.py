@@ -21,8 +21,7 @@ APPS = Path(__file__).resolve().parent / "apps"
 def diagnosis_line(server, name: str, timeout: float) -> str:
     """The first log line of the diagnosis `name`, once it is there."""
     marker = f"({name}): "
-    assert eventually(lambda: marker in server.stderr(), timeout=timeout), server.stderr()
-    return next(line for line in server.stderr().splitlines() if marker in line)
+    return next(line for line in server.wait_for_log(marker, timeout).splitlines() if marker in line)
 
 
 def listed(stats: int, name: str) -> dict | None:

@@ -12,20 +12,9 @@ import threading
 from pathlib import Path
 
 from client import eventually, get, read_reply, status_of
-from conftest import HOST, free_port
+from conftest import HOST, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
-
-
-def children(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.update(int(child) for child in (task / "children").read_text().split())
-    return found
-
-
-def workers_of(lobby: int) -> set[int]:
-    return {worker for zygote in children(lobby) for worker in children(zygote)}
 
 
 def test_the_scoreboard_shows_each_worker_and_the_request_it_is_busy_with(maitred_server):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from client import read_reply
-from conftest import HOST, free_port
+from conftest import HOST, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -31,34 +31,6 @@ def ask(sock: socket.socket) -> int:
     return reply.pid
 
 
-def children(pid: int) -> set[int]:
-    """The pids of `pid`'s children (its zygote, and for the zygote its workers)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text()
-        found.update(int(child) for child in text.split())
-    return found
-
-
-def workers_of(lobby: int, count: int = 2) -> set[int]:
-    """The pids of the `count` workers under `lobby`'s zygote, once it has forked them all:
-    a lobby serves as soon as one worker is ready, so the others may still be on their way."""
-    deadline = time.monotonic() + 10
-    while True:
-        workers = {worker for zygote in children(lobby) for worker in children(zygote)}
-        if len(workers) >= count or time.monotonic() > deadline:
-            return workers
-        time.sleep(0.02)
-
-
-def wait_for_log(server, text: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in server.stderr():
-        assert time.monotonic() < deadline, f"{text!r} is not in the log:\n{server.stderr()}"
-        time.sleep(0.05)
-    return server.stderr()
-
-
 def read_pid(path: Path) -> int:
     return int(path.read_text().strip())
 
@@ -68,7 +40,7 @@ def test_idle_keep_alive_connections_are_handed_to_the_new_lobby(maitred_server,
     fresh: after the upgrade each is answered, on the same connection, by the new workers."""
     pid_file = tmp_path / "maitred.pid"
     server = maitred_server("-w", "2", "--pid", str(pid_file), "echo:app", cwd=APPS)
-    old_workers = workers_of(server.pid)
+    old_workers = workers_of(server.pid, count=2)
     sleepers = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(150)]
     for sock in sleepers:
         assert ask(sock) in old_workers
@@ -80,12 +52,12 @@ def test_idle_keep_alive_connections_are_handed_to_the_new_lobby(maitred_server,
     assert server.wait(timeout=30) == 0, server.stderr()
     new_lobby = read_pid(pid_file)
     assert new_lobby != server.pid
-    new_workers = workers_of(new_lobby)
+    new_workers = workers_of(new_lobby, count=2)
     assert new_workers and not new_workers & old_workers
     for sock in sleepers + fresh:
         assert ask(sock) in new_workers
         sock.close()
-    log = wait_for_log(server, "took over 200 idle connections", timeout=10)
+    log = server.wait_for_log("took over 200 idle connections", timeout=10)
     assert "handed 200 idle connections to the new maitred" in log
     # The new lobby stops like any other, and takes its pid file with it.
     os.kill(new_lobby, signal.SIGTERM)
@@ -99,7 +71,7 @@ def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
     """Eight clients in a tight keep-alive loop and four opening a connection per request,
     across an upgrade: every request is answered 200, and both generations answered some."""
     server = maitred_server("-w", "2", "echo:app", cwd=APPS)
-    old_workers = workers_of(server.pid)
+    old_workers = workers_of(server.pid, count=2)
     stop = threading.Event()
     failures: list[str] = []
     answered_by: list[set[int]] = []
@@ -156,7 +128,7 @@ def test_a_new_maitred_that_cannot_start_leaves_the_old_one_serving(maitred_serv
     first = ask(keep_alive)
     config_file.write_text("workers = 'many'\n")
     server.send_signal(signal.SIGUSR2)
-    log = wait_for_log(server, "this maitred goes on serving", timeout=30)
+    log = server.wait_for_log("this maitred goes on serving", timeout=30)
     assert "SIGUSR2: the new maitred exited with code 2 before it was ready" in log, log
     assert "workers" in log.split("SIGUSR2: binary upgrade")[1], log
     assert server.process.poll() is None
@@ -181,7 +153,7 @@ def test_a_listener_dropped_from_the_config_is_closed_and_one_added_is_bound(mai
     config_file.write_text(f"bind = ['{HOST}:{third_port}']\n")
     server.send_signal(signal.SIGUSR2)
     assert server.wait(timeout=30) == 0, server.stderr()
-    log = wait_for_log(server, f"no longer listening at {HOST}:{second_port}", timeout=10)
+    log = server.wait_for_log(f"no longer listening at {HOST}:{second_port}", timeout=10)
     assert f"listening at http://{HOST}:{third_port}" in log
     with socket.create_connection((HOST, third_port), timeout=10) as sock:
         ask(sock)
@@ -206,7 +178,7 @@ def test_sigusr2_sent_to_the_whole_group_upgrades_once(maitred_server, tmp_path)
     assert "exited (signal" not in log and "killed by signal" not in log, log
     new_lobby = read_pid(pid_file)
     with socket.create_connection((HOST, server.port), timeout=10) as sock:
-        assert ask(sock) in workers_of(new_lobby)
+        assert ask(sock) in workers_of(new_lobby, count=2)
 
 
 def test_a_unix_socket_is_kept_across_an_upgrade_and_removed_by_the_last_lobby(maitred_server, tmp_path):
