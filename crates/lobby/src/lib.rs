@@ -22,6 +22,7 @@ mod offer;
 mod recycle;
 mod scoreboard;
 mod seating;
+mod spawn;
 mod spool;
 mod stats;
 mod stats_page;

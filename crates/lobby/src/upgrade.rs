@@ -19,10 +19,10 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +35,7 @@ use crate::config::BindAddress;
 use crate::connection::{Peer, Site};
 use crate::hibernation::{Sleeper, StreamKind};
 use crate::log::{info, warning, warning_limited};
+use crate::spawn::{self, seqpacket_pair};
 use crate::{notify, Lobby};
 
 /// The descriptor of the new lobby's end of the pair.
@@ -103,17 +104,12 @@ impl Candidate {
     /// Starts `succession.command` with the listen sockets `listeners` and its end of a new pair.
     pub(crate) fn start(succession: &Succession, listeners: &[RawFd]) -> Result<Candidate, UpgradeError> {
         let (ours, theirs) = seqpacket_pair().map_err(UpgradeError::Start)?;
-        let (program, args) = succession
-            .command
-            .split_first()
-            .ok_or_else(|| UpgradeError::Start(io::Error::new(io::ErrorKind::InvalidInput, "no command")))?;
         let theirs_raw = theirs.as_raw_fd();
         let mut inherited = listeners.to_vec();
         inherited.push(theirs_raw);
         let listed = listeners.iter().map(|fd| fd.to_string()).collect::<Vec<_>>().join(",");
-        let mut command = Command::new(program);
+        let mut command = spawn::command_keeping(&succession.command, inherited).map_err(UpgradeError::Start)?;
         command
-            .args(args)
             .current_dir(&succession.directory)
             .env(CHANNEL_VARIABLE, theirs_raw.to_string())
             .env(LISTENERS_VARIABLE, listed)
@@ -121,18 +117,6 @@ impl Candidate {
             // becomes it with MAINPID= (sd_watchdog_enabled(3) then applies it to itself).
             .env_remove("WATCHDOG_PID")
             .stdin(Stdio::null());
-        // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe; the
-        // descriptors are open in the child (inherited from this process).
-        unsafe {
-            command.pre_exec(move || {
-                for &fd in &inherited {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
         let child = command.spawn().map_err(UpgradeError::Start)?;
         drop(theirs);
         // SAFETY: `ours` stays open, with this descriptor, for as long as the AsyncFd owns it.
@@ -335,17 +319,6 @@ fn adopt(
         .unwrap_or_else(|| Rc::new(Site { server_name: name.to_string(), server_port: port }));
     lobby.hibernation.put(Sleeper { socket, kind, peer, site, permit, answered, deadline: Instant::now() + patience });
     Ok(())
-}
-
-/// A connected pair of message sockets, closed on exec (the child's end is opened for it).
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two descriptors into `fds`.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both are fresh descriptors that nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// The next message on the pair, and the descriptors that came with it; None at its end.

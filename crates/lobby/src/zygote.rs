@@ -6,14 +6,15 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Stdio;
 use std::rc::Rc;
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+
+use crate::spawn;
 
 /// The longest report the zygote sends (`failed` with its message) fits in this.
 const MAX_REPORT: usize = 4096;
@@ -59,29 +60,10 @@ impl Zygote {
     /// told to be a zygote on the channel it is given. It reads the settings and imports the
     /// application as the first one did.
     pub fn start(command: &[String], directory: &std::path::Path) -> io::Result<Zygote> {
-        let mut fds = [0; 2];
-        // SAFETY: socketpair writes two descriptors into `fds`.
-        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) }
-            < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both are fresh descriptors that nothing else owns.
-        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let (program, args) =
-            command.split_first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+        let (ours, theirs) = spawn::seqpacket_pair()?;
         let theirs_raw = theirs.as_raw_fd();
-        let mut child = Command::new(program);
-        child.args(args).current_dir(directory).env(ZYGOTE_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
-        // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe.
-        unsafe {
-            child.pre_exec(move || {
-                if libc::fcntl(theirs_raw, libc::F_SETFD, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let mut child = spawn::command_keeping(command, vec![theirs_raw])?;
+        child.current_dir(directory).env(ZYGOTE_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
         let child = child.spawn()?;
         let pid = child.id() as i32;
         // Reaped with waitpid, as the first zygote is (`reap`).
