@@ -13,7 +13,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -142,14 +142,8 @@ impl Offers {
     pub fn recall_until(&self, last: impl Fn(&Job) -> bool) -> Vec<Job> {
         let mut recalled = Vec::new();
         while !self.is_empty() {
-            // A one-byte buffer: the rest of the datagram is discarded with it, and a
-            // descriptor that came along is closed; the job still holds its own.
-            let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-            let mut fds = VecDeque::new();
-            let receiver = self.socket(self.len() - 1).receiver.as_raw_fd();
-            match maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT) {
-                Ok(n) if n > 0 => {}
-                _ => break,
+            if !take_back(self.socket(self.len() - 1).receiver.as_raw_fd()) {
+                break;
             }
             let Some(job) = self.jobs.borrow_mut().pop_back() else { break };
             job.state.set(JobState::Queued);
@@ -168,12 +162,9 @@ impl Offers {
     /// received it (it exited after that answer). True if it came back: the worker never had
     /// it. Only for the offer being answered, before any other is accepted.
     pub fn recall_accepted(&self) -> bool {
-        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-        let mut fds = VecDeque::new();
         // `take_accepted` moved the turn past that offer's socket, which no newer offer uses:
         // those take the sockets from the turn on, and there is one socket more than offers.
-        let receiver = self.sockets[(self.turn.get() + SOCKETS - 1) % SOCKETS].receiver.as_raw_fd();
-        matches!(maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
+        take_back(self.sockets[(self.turn.get() + SOCKETS - 1) % SOCKETS].receiver.as_raw_fd())
     }
 
     /// The oldest offered job, once the worker has finished the request before it: from
@@ -184,6 +175,15 @@ impl Offers {
         self.turn.set((self.turn.get() + 1) % SOCKETS);
         Some(job)
     }
+}
+
+/// Reads the offer waiting on `receiver`, if the worker has not: true if one was there. A
+/// one-byte buffer: the rest of the datagram is discarded with it, and a descriptor that came
+/// along is closed; the job still holds its own.
+fn take_back(receiver: RawFd) -> bool {
+    let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+    let mut fds = VecDeque::new();
+    matches!(maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
 }
 
 #[cfg(test)]
