@@ -69,9 +69,7 @@ def test_web_concurrency_and_port_are_only_defaults(clean_environment, tmp_path)
     assert config.resolve(["-w", "4", "-b", "127.0.0.1:1", "hello:app"])["bind"] == ["127.0.0.1:1"]
 
 
-def test_config_file_named_in_maitred_cmd_args_is_read_unless_the_command_line_names_one(
-    clean_environment, tmp_path
-):
+def test_config_file_named_in_maitred_cmd_args_is_read_unless_the_command_line_names_one(clean_environment, tmp_path):
     (tmp_path / "env.py").write_text("workers = 6\n")
     (tmp_path / "cli.py").write_text("workers = 7\n")
     clean_environment.setenv(config.CMD_ARGS_VARIABLE, "-c env.py")
@@ -467,4 +465,3 @@ def test_user_alone_means_its_primary_group(clean_environment):
     assert config.lobby_settings(settings)["drop_to"] == (entry.pw_uid, entry.pw_gid, [entry.pw_gid])
     with pytest.raises(config.UsageError, match="give --group too"):
         config.resolve(["--user", "4000000000", "hello:app"])
-

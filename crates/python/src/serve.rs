@@ -130,8 +130,11 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             .map(|text| BindAddress::parse(&text))
             .transpose()
             .map_err(PyValueError::new_err)?,
-        drop_to: optional::<(u32, u32, Vec<u32>)>(settings, "drop_to")?
-            .map(|(uid, gid, groups)| Credentials { uid, gid, groups }),
+        drop_to: optional::<(u32, u32, Vec<u32>)>(settings, "drop_to")?.map(|(uid, gid, groups)| Credentials {
+            uid,
+            gid,
+            groups,
+        }),
     })
 }
 
