@@ -463,5 +463,21 @@ def test_user_alone_means_its_primary_group(clean_environment):
     settings = config.resolve(["--user", "nobody", "hello:app"])
     assert (settings["user"], settings["group"]) == (entry.pw_uid, entry.pw_gid)
     assert config.lobby_settings(settings)["drop_to"] == (entry.pw_uid, entry.pw_gid, [entry.pw_gid])
+    with_groups = config.lobby_settings(config.resolve(["--user", "nobody", "--initgroups", "hello:app"]))
+    assert with_groups["drop_to"][2] == sorted(set(os.getgrouplist("nobody", entry.pw_gid)))
     with pytest.raises(config.UsageError, match="give --group too"):
         config.resolve(["--user", "4000000000", "hello:app"])
+
+
+def test_sighup_imports_a_config_module_again(clean_environment, tmp_path):
+    module = tmp_path / "reloaded_settings.py"
+    module.write_text("timeout = 5\n")
+    argv = ["-c", "python:reloaded_settings", "hello:app"]
+    started = config.resolve(argv)
+    reread = config.rereader(argv, started)
+    assert reread is not None
+    # A different size as well as a later time: the import system's cache compares both.
+    module.write_text("timeout = 25.5\n")
+    os.utime(module, (time.time() + 5, time.time() + 5))
+    lobby, kept = reread()
+    assert (lobby["timeout"], kept) == (25.5, [])
