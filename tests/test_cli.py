@@ -108,7 +108,11 @@ def test_bad_command_line_is_one_line_and_exit_2(run_maitred, app_dir, args, fra
 BAD_CONFIG_FILES = {
     "syntax error": ("workers = 2\nbind = [\n", ["line 2"]),
     "unknown setting": ("wrkers = 2\n", ["unknown setting 'wrkers'", "'workers'"]),
-    "gunicorn's name": ("accesslog = '-'\n", ["unknown setting 'accesslog'", "access_logfile"]),
+    "gunicorn's name misspelt": ("acesslog = '-'\n", ["unknown setting 'acesslog'", "'accesslog'"]),
+    "a gunicorn setting that would leave traffic unencrypted": (
+        "certfile = '/etc/ssl/cert.pem'\n",
+        ["certfile cannot be honoured", "plain HTTP"],
+    ),
     "bad value": ("workers = 0\n", ["workers: expected a whole number of at least 1, got '0'"]),
     "wrong type": ("workers = [2]\n", ["workers:", "list"]),
     "bool for a number": ("timeout = True\n", ["timeout:", "True"]),
@@ -117,8 +121,7 @@ BAD_CONFIG_FILES = {
         "import os\nworkers = int(os.environ['NO_SUCH_VARIABLE'])\n",
         ["KeyError", "NO_SUCH_VARIABLE", "line 2"],
     ),
-    "config inside config": ("config = 'other.py'\n", ["unknown setting 'config'"]),
-    "a gunicorn server hook": ("def post_fork(server, worker):\n    pass\n", ["unknown setting 'post_fork'"]),
+    "a misspelt server hook": ("def post_frok(server, worker):\n    pass\n", ["unknown setting 'post_frok'"]),
     "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
@@ -254,6 +257,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "stats": None,
         "preload": False,
         "app": "hello:app",
+        "drop_to": None,
     }
     for key in ("timeout", "graceful_timeout", "keep_alive", "header_timeout"):
         assert type(lobby[key]) is float

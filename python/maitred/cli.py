@@ -18,8 +18,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from maitred import _native, config, log, succession, zygote
-from maitred.app import load_app
+from maitred import _native, config, log, privileges, succession, zygote
+from maitred.app import AppLoadError, load_app
 
 EXIT_USAGE = 2
 EXIT_STARTUP = 1
@@ -47,7 +47,13 @@ def run(argv: Sequence[str]) -> int:
         settings = config.resolve(argv, upgrading=inheritance is not None)
     except (ValueError, config.UsageError) as error:
         _print_error(str(error))
-        return EXIT_USAGE
+        # --check-config's answer is 0 or 1, as gunicorn's is, whatever is wrong.
+        return EXIT_STARTUP if _checking(argv) else EXIT_USAGE
+    if settings["print_config"]:
+        sys.stdout.write(config.printed(settings))
+        return 0
+    if settings["check_config"]:
+        return _check(settings)
     # Made before --chdir applies: it reads the command line again for each reload.
     reread = config.rereader(argv, settings)
     try:
@@ -55,6 +61,10 @@ def run(argv: Sequence[str]) -> int:
     except _StartupFailure as error:
         _print_error(str(error))
         return EXIT_STARTUP
+    warnings = settings[config.WARNINGS]
+    assert isinstance(warnings, list)
+    for warning in warnings:
+        log.log("warning", warning)
     pid_file = settings["pid"]
     upgrade = {
         "command": succession.command(),
@@ -98,7 +108,31 @@ def _be_zygote(argv: Sequence[str], channel: str) -> NoReturn:
         zygote.fail(control, str(error))
         os._exit(EXIT_STARTUP)
     config.without_service_manager(os.environ)
+    _become_user(control, settings)
     _run_zygote(control, settings)
+
+
+def _checking(argv: Sequence[str]) -> bool:
+    """Whether --check-config was asked for where a failing resolve can still see it."""
+    flag = "--check-config"
+    return flag in argv or flag in os.environ.get(config.CMD_ARGS_VARIABLE, "").split()
+
+
+def _check(settings: Mapping[str, object]) -> int:
+    """--check-config: the settings are right (resolve said so); load the application as a
+    worker would, in its directory and environment, without binding or forking anything."""
+    try:
+        wanted = privileges.credentials(settings)
+        if wanted is not None:
+            privileges.check_possible(wanted)
+        _enter_directory_and_environment(settings)
+        spec = settings["app"]
+        assert isinstance(spec, str)
+        load_app(spec)
+    except (_StartupFailure, privileges.PrivilegeError, AppLoadError) as error:
+        _print_error(str(error))
+        return EXIT_STARTUP
+    return 0
 
 
 def _top(argv: Sequence[str]) -> int:
@@ -121,6 +155,22 @@ def _print_error(message: str) -> None:
 
 
 def _prepare_process(settings: Mapping[str, object]) -> None:
+    wanted = privileges.credentials(settings)
+    if wanted is not None:
+        try:
+            privileges.check_possible(wanted)
+        except privileges.PrivilegeError as error:
+            raise _StartupFailure(str(error)) from None
+    mask = settings["umask"]
+    if isinstance(mask, int):
+        # Before anything is created: the lobby's sockets and logs, and the zygote and the
+        # workers, which inherit it.
+        os.umask(mask)
+    _enter_directory_and_environment(settings)
+    _open_error_log(settings)
+
+
+def _enter_directory_and_environment(settings: Mapping[str, object]) -> None:
     directory = settings["chdir"]
     if isinstance(directory, str):
         try:
@@ -132,6 +182,9 @@ def _prepare_process(settings: Mapping[str, object]) -> None:
     for pair in environment:
         key, _, value = pair.partition("=")
         os.environ[key] = value
+
+
+def _open_error_log(settings: Mapping[str, object]) -> None:
     error_log = settings["error_logfile"]
     if error_log != "-":
         assert isinstance(error_log, str)
@@ -180,6 +233,7 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade
         lobby_end.close()
         _close_inherited_listeners(settings)
         config.without_service_manager(os.environ)
+        _become_user(zygote_end, settings)
         _run_zygote(zygote_end, settings)
     zygote_end.close()
     try:
@@ -187,6 +241,20 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade
         return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
+
+
+def _become_user(control: socket.socket, settings: Mapping[str, object]) -> None:
+    """In the zygote, before it imports anything of the application: --user and --group. A
+    failure goes to the lobby, which reports it and stops, as for a zygote that cannot load
+    the application."""
+    wanted = privileges.credentials(settings)
+    if wanted is None:
+        return
+    try:
+        privileges.drop_to(wanted)
+    except privileges.PrivilegeError as error:
+        zygote.fail(control, str(error))
+        os._exit(EXIT_STARTUP)
 
 
 def _close_inherited_listeners(settings: Mapping[str, object]) -> None:

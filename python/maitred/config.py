@@ -6,24 +6,30 @@ key of the resolved settings), the command-line flags, the parser that turns tex
 the config-file reader, ``--help`` and the README's flag table are all made from these rows, so
 they cannot disagree.
 
-Precedence: built-in default < config file (``-c``) < command line.
+Precedence, as gunicorn's: built-in default (or what WEB_CONCURRENCY and PORT say) < config file
+(``-c``, or ./maitred.conf.py) < MAITRED_CMD_ARGS < command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import grp
+import importlib
 import ipaddress
 import math
 import os
+import pwd
 import re
+import shlex
 import stat
+import sys
 import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
-from maitred import __version__, _native
+from maitred import __version__, _native, gunicorn, privileges
 from maitred.app import AppLoadError, parse_spec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -126,6 +132,54 @@ def _existing_file(text: str) -> str:
     if not os.path.isfile(text):
         raise ValueError(f"no such file: {text!r}")
     return os.path.abspath(text)
+
+
+def _config_location(text: str) -> str:
+    """A config file's path (made absolute; ``file:`` may precede it, as in gunicorn), or
+    ``python:MODULE``, a module importable from sys.path or the current directory."""
+    if text.startswith("python:"):
+        module = text[len("python:") :]
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module):
+            raise ValueError(f"expected python:MODULE, with MODULE a dotted module name, got {text!r}")
+        return text
+    return _existing_file(text.removeprefix("file:"))
+
+
+# Largest id the kernel takes: (uid_t)-1 means "leave unchanged" to setresuid(2).
+_MAX_ID = 2**32 - 2
+
+
+def _user(text: str) -> int:
+    """A user name or number, as its number. A number need not be in the user database."""
+    if re.fullmatch(r"[0-9]+", text):
+        return _whole_number(0, _MAX_ID)(text)
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise ValueError(f"no such user: {text!r}") from None
+
+
+def _group(text: str) -> int:
+    """A group name or number, as its number. A number need not be in the group database."""
+    if re.fullmatch(r"[0-9]+", text):
+        return _whole_number(0, _MAX_ID)(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise ValueError(f"no such group: {text!r}") from None
+
+
+def _umask(text: str) -> int:
+    """A file-mode mask read as gunicorn reads it: a leading 0 means octal (0022), Python's
+    prefixes work (0o22, 0x12), and anything else is decimal."""
+    digits = "0o" + text[1:] if re.fullmatch(r"0[0-9]+", text) else text
+    try:
+        value = int(digits, 0)
+    except ValueError:
+        raise ValueError(f"expected a file-mode mask such as 0022 or 0o027, got {text!r}") from None
+    if not 0 <= value <= 0o777:
+        raise ValueError(f"expected a file-mode mask from 0 to 0o777, got {text!r}")
+    return value
 
 
 def _log_level(text: str) -> str:
@@ -239,6 +293,8 @@ class Setting:
     for_lobby: bool = True
     """The lobby (maitred._native.serve) receives this setting."""
     file_settable: bool = True
+    show: Callable[[object], str] = repr
+    """How --print-config writes its value."""
 
     @property
     def is_flag(self) -> bool:
@@ -579,33 +635,99 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "process",
+        "user",
+        ("-u", "--user"),
+        "USER",
+        _user,
+        None,
+        "Run as this user (name or number) once the listen sockets are bound: the lobby, the zygote and the "
+        "workers. maitred must be started as root (docs/GUNICORN.md, Privileges).",
+        default_text="the user maitred is started as",
+        for_lobby=False,
+    ),
+    Setting(
+        "process",
+        "group",
+        ("-g", "--group"),
+        "GROUP",
+        _group,
+        None,
+        "Run as this group (name or number) once the listen sockets are bound.",
+        default_text="--user's primary group, or the group maitred is started as",
+        for_lobby=False,
+    ),
+    Setting(
+        "process",
+        "initgroups",
+        ("--initgroups",),
+        None,
+        None,
+        False,
+        "With --user, also keep the supplementary groups the group database gives that user (otherwise "
+        "--group is the only group).",
+        default_text="off",
+        for_lobby=False,
+    ),
+    Setting(
+        "process",
+        "umask",
+        ("-m", "--umask"),
+        "MASK",
+        _umask,
+        None,
+        "File-mode mask of every process of maitred and of the application (0022, 0o027; a leading 0 means "
+        "octal, as in gunicorn).",
+        default_text="the one maitred is started with",
+        for_lobby=False,
+        show=lambda mask: "None" if mask is None else f"0o{mask:03o}",
+    ),
+    Setting(
+        "process",
         "config",
         ("-c", "--config"),
         "FILE",
-        _existing_file,
+        _config_location,
         None,
-        "Python file of settings: its module-level names are setting names (the Setting "
-        "column of the README's table). The command line overrides it.",
-        default_text="none",
+        "Python file of settings, or python:MODULE: its module-level names are setting names (the Setting "
+        "column of the README's table), and gunicorn's (docs/GUNICORN.md). MAITRED_CMD_ARGS and the command "
+        "line override it.",
+        default_text="./maitred.conf.py if there is one",
         for_lobby=False,
         file_settable=False,
+    ),
+    Setting(
+        "process",
+        "check_config",
+        ("--check-config",),
+        None,
+        None,
+        False,
+        "Read the settings and load the application, then exit: 0 if both are right, 1 with one line saying "
+        "what is wrong.",
+        default_text="off",
+        for_lobby=False,
+    ),
+    Setting(
+        "process",
+        "print_config",
+        ("--print-config",),
+        None,
+        None,
+        False,
+        "Print every setting's value and where it came from, then exit.",
+        default_text="off",
+        for_lobby=False,
     ),
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 
-# gunicorn's config-file names for the settings that maitred names after their flags; used only
-# to point someone bringing a gunicorn config file at the right name.
-_GUNICORN_NAMES = {
-    "keepalive": "keep_alive",
-    "accesslog": "access_logfile",
-    "errorlog": "error_logfile",
-    "loglevel": "log_level",
-    "raw_env": "env",
-    "pidfile": "pid",
-    "preload_app": "preload",
-    "wsgi_app": None,
-}
+# Read like gunicorn's GUNICORN_CMD_ARGS: command-line arguments, split as a shell would.
+CMD_ARGS_VARIABLE = "MAITRED_CMD_ARGS"
+
+# Read from the current directory when no config file is named, as gunicorn reads
+# ./gunicorn.conf.py.
+DEFAULT_CONFIG_FILE = "maitred.conf.py"
 
 APP_METAVAR = "MODULE[:CALLABLE]"
 
@@ -702,56 +824,124 @@ def _from_python(setting: Setting, value: object) -> object:
     return setting.parse(str(value))
 
 
-def _unknown_setting_message(path: str, name: str) -> str:
-    message = f"config file {path}: unknown setting {name!r}"
-    if name in _GUNICORN_NAMES:
-        ours = _GUNICORN_NAMES[name]
-        if ours is None:
-            return message + " (give the application on the command line)"
-        return message + f" (maitred calls it {ours!r})"
-    close = difflib.get_close_matches(name, [s.name for s in SETTINGS if s.file_settable], n=1, cutoff=0.75)
+def _unknown_setting_message(origin: str, name: str) -> str:
+    message = f"{origin}: unknown setting {name!r}"
+    known = [s.name for s in SETTINGS if s.file_settable] + list(gunicorn.BY_NAME)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     if close:
         return message + f" (did you mean {close[0]!r}?)"
     return message
 
 
-def read_config_file(path: str) -> dict[str, object]:
-    """Runs a config file and returns the settings it sets, checked and converted."""
+@dataclass
+class ConfigFile:
+    """What a config file says: settings by maitred's names, checked and converted."""
+
+    values: dict[str, object] = field(default_factory=dict)
+    app: str | None = None
+    """gunicorn's wsgi_app: the application, when the command line gives none."""
+    warnings: list[str] = field(default_factory=list)
+    """One line per gunicorn setting the file sets that maitred ignores, saying why."""
+
+
+def read_config(location: str) -> ConfigFile:
+    """Runs a config file (a path) or imports a config module (python:MODULE) and returns the
+    settings it sets, checked and converted."""
+    if location.startswith("python:"):
+        module_name = location[len("python:") :]
+        return _settings_from(f"config module {module_name}", vars(_import_config_module(module_name)), module_name)
     try:
-        with open(path, "rb") as file:
+        with open(location, "rb") as file:
             source = file.read()
     except OSError as error:
-        raise UsageError(f"cannot read config file {path}: {error.strerror}") from None
+        raise UsageError(f"cannot read config file {location}: {error.strerror}") from None
     try:
-        code = compile(source, path, "exec")
+        code = compile(source, location, "exec")
     except SyntaxError as error:
-        raise UsageError(f"config file {path}, line {error.lineno}: {error.msg}") from None
-    namespace: dict[str, object] = {"__file__": path, "__name__": _CONFIG_MODULE}
+        raise UsageError(f"config file {location}, line {error.lineno}: {error.msg}") from None
+    namespace: dict[str, object] = {"__file__": location, "__name__": _CONFIG_MODULE}
     try:
         exec(code, namespace)  # noqa: S102 - a config file is Python by design, as gunicorn's is
     except (Exception, SystemExit) as error:  # noqa: BLE001 - the operator's code: any failure is one line
-        raise UsageError(f"config file {path} raised {_exception_summary(error)}") from None
-    values: dict[str, object] = {}
+        raise UsageError(f"config file {location} raised {_exception_summary(error)}") from None
+    return _settings_from(f"config file {location}", namespace, _CONFIG_MODULE)
+
+
+def _import_config_module(name: str) -> types.ModuleType:
+    """Imports (or, for a reload, imports again) a config module, with the current directory
+    searched first, as gunicorn's own directory is."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        loaded = sys.modules.get(name)
+        return importlib.reload(loaded) if loaded is not None else importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (name == error.name or name.startswith(error.name + ".")):
+            raise UsageError(f"cannot import config module {name}: no module named {error.name!r}") from None
+        raise UsageError(f"config module {name} raised {_exception_summary(error)}") from None
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - the operator's code: any failure is one line
+        raise UsageError(f"config module {name} raised {_exception_summary(error)}") from None
+    finally:
+        if added:
+            sys.path.remove(here)
+
+
+def _settings_from(origin: str, namespace: Mapping[str, object], module_name: str) -> ConfigFile:
+    """The settings among a config file's module-level names. maitred's names come first; a
+    gunicorn name is taken, ignored with a warning or refused as docs/GUNICORN.md's table says."""
+    found = ConfigFile()
+    given_as: dict[str, str] = {}
+
+    def take(name: str, value: object, written: str) -> None:
+        if name in given_as:
+            raise UsageError(f"{origin} sets both {given_as[name]!r} and {written!r}: keep one")
+        given_as[name] = written
+        try:
+            found.values[name] = _from_python(BY_NAME[name], value)
+        except ValueError as error:
+            raise UsageError(f"{origin}: {written}: {error}") from None
+
     for name, value in namespace.items():
-        if name.startswith("_") or _is_imported(value):
+        if name.startswith("_") or _is_imported(value, module_name):
             continue
         setting = BY_NAME.get(name)
-        if setting is None or not setting.file_settable:
-            raise UsageError(_unknown_setting_message(path, name))
-        try:
-            values[name] = _from_python(setting, value)
-        except ValueError as error:
-            raise UsageError(f"config file {path}: {name}: {error}") from None
-    return values
+        if setting is not None and setting.file_settable:
+            take(name, value, name)
+            continue
+        theirs = gunicorn.BY_NAME.get(name)
+        if theirs is None:
+            raise UsageError(_unknown_setting_message(origin, name))
+        if theirs.verdict is gunicorn.Verdict.MAPPED and theirs.target == "app":
+            if not isinstance(value, str):
+                raise UsageError(f"{origin}: {name}: expected {APP_METAVAR} as a string, got {value!r}")
+            found.app = value
+        elif theirs.verdict is gunicorn.Verdict.MAPPED:
+            assert theirs.target is not None
+            take(theirs.target, value, name)
+        elif theirs.verdict is gunicorn.Verdict.SAME:
+            # A name maitred knows but not from a config file: where the config file is.
+            found.warnings.append(f"{origin}: {name} is ignored: it only has effect on the command line")
+        elif theirs.verdict is gunicorn.Verdict.IGNORED and not _harmless(value, theirs):
+            found.warnings.append(f"{origin}: {name} is ignored: {theirs.why}")
+        elif theirs.verdict is gunicorn.Verdict.REFUSED and not _harmless(value, theirs):
+            raise UsageError(f"{origin}: {name} cannot be honoured: {theirs.why}")
+    return found
 
 
-def _is_imported(value: object) -> bool:
+def _harmless(value: object, theirs: gunicorn.GunicornSetting) -> bool:
+    # Compared with the type too: True == 1, but `threads = True` is not `threads = 1`.
+    return any(type(value) is type(quiet) and value == quiet for quiet in theirs.harmless)
+
+
+def _is_imported(value: object, module_name: str) -> bool:
     """A module, or a function or class imported by the config file (``from multiprocessing
     import cpu_count``), is not a setting. One defined in the file is checked like any other
-    name, so that a gunicorn server hook is reported instead of silently never called."""
+    name, so that a misspelt server hook is reported instead of silently never called."""
     if isinstance(value, types.ModuleType):
         return True
-    return callable(value) and getattr(value, "__module__", None) != _CONFIG_MODULE
+    return callable(value) and getattr(value, "__module__", None) != module_name
 
 
 def _exception_summary(error: BaseException) -> str:
@@ -773,46 +963,149 @@ def _exception_summary(error: BaseException) -> str:
 # Resolution.
 
 
+# Keys of the resolved settings besides the settings themselves.
+SOURCES = "sources"
+"""Where each setting's value came from, by name, for --print-config."""
+WARNINGS = "warnings"
+"""The config file's warnings (ConfigFile.warnings), for the log."""
+
+
 def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
-    """Every setting's value, by name, plus "app": defaults, then the config file, then the
-    command line. Raises UsageError; --help and --version print and exit. `upgrading`: this
-    maitred was started by a binary upgrade (SIGUSR2), and inherits socket activation's
-    sockets from the one it replaces."""
+    """Every setting's value, by name, plus "app", SOURCES and WARNINGS: defaults (or
+    WEB_CONCURRENCY and PORT), then the config file, then MAITRED_CMD_ARGS, then the command
+    line. Raises UsageError; --help and --version print and exit. `upgrading`: this maitred
+    was started by a binary upgrade (SIGUSR2), and inherits socket activation's sockets from
+    the one it replaces."""
     parser = build_parser()
-    parsed, extra = parser.parse_known_args(list(argv))
-    if extra:
-        raise UsageError(_unexpected_argument_message(parser, extra))
-    namespace = vars(parsed)
-    app = namespace.pop("app", None)
+    command_line = _parse_arguments(parser, list(argv), "")
+    app = command_line.pop("app", None)
+    layers = _layers_below_the_file(parser, os.environ, command_line)
+    location = layers.config_location
+    config_file = read_config(location) if location is not None else ConfigFile()
+    file_origin = f"config file {location}"
+    if location is not None and location.startswith("python:"):
+        file_origin = f"config module {location[len('python:') :]}"
+    app_origin = "command line"
+    if app is None:
+        app, app_origin = config_file.app, f"{file_origin} (wsgi_app)"
     if app is None:
         raise UsageError(f"no application given: maitred [OPTIONS] {APP_METAVAR}")
     try:
         parse_spec(app)
     except AppLoadError as error:
         raise UsageError(str(error)) from None
-    from_file = read_config_file(namespace["config"]) if "config" in namespace else {}
-    settings: dict[str, object] = {}
-    for setting in SETTINGS:
-        if setting.name in namespace:
-            value = namespace[setting.name]
-        elif setting.name in from_file:
-            value = from_file[setting.name]
-        else:
-            value = setting.default
-        settings[setting.name] = list(value) if setting.repeatable else value
+    settings, sources = _merge([*layers.below, (file_origin, config_file.values), *layers.above])
+    sources["app"] = app_origin
+    _complete(settings, sources)
     try:
         activated = activated_sockets(os.environ, upgrading)
     except ValueError as error:
         raise UsageError(f"socket activation: {error}") from None
     if activated:
         settings["bind"] = activated
+        sources["bind"] = "LISTEN_FDS (socket activation)"
     duplicates = sorted({b for b in settings["bind"] if settings["bind"].count(b) > 1})
     if duplicates:
         raise UsageError(f"address given twice: {', '.join(duplicates)}")
     if settings["stats"] is not None and settings["stats"] in settings["bind"]:
         raise UsageError(f"--stats {settings['stats']} is also an application address (--bind): give it one of its own")
     settings["app"] = app
+    settings[SOURCES] = sources
+    settings[WARNINGS] = config_file.warnings
     return settings
+
+
+Layer = tuple[str, Mapping[str, object]]
+"""Where some settings came from, and their values by name."""
+
+
+@dataclass
+class _Layers:
+    below: list[Layer]
+    """Under the config file: what the environment says the defaults are."""
+    above: list[Layer]
+    """Over the config file: MAITRED_CMD_ARGS, then the command line."""
+    config_location: str | None
+
+
+def _layers_below_the_file(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], command_line: Mapping[str, object]
+) -> _Layers:
+    """Everything but the config file, and where the config file is: -c on the command line,
+    else -c in MAITRED_CMD_ARGS, else ./maitred.conf.py if there is one (as gunicorn)."""
+    below: list[Layer] = []
+    concurrency = environ.get("WEB_CONCURRENCY")
+    if concurrency is not None:
+        try:
+            below.append(("WEB_CONCURRENCY", {"workers": BY_NAME["workers"].parse(concurrency)}))
+        except ValueError as error:
+            raise UsageError(f"WEB_CONCURRENCY: {error}") from None
+    port = environ.get("PORT")
+    if port is not None:
+        try:
+            below.append(("PORT", {"bind": [_bind_address(f"0.0.0.0:{port}")]}))
+        except ValueError as error:
+            raise UsageError(f"PORT: {error}") from None
+    from_variable: dict[str, object] = {}
+    if CMD_ARGS_VARIABLE in environ:
+        try:
+            words = shlex.split(environ[CMD_ARGS_VARIABLE])
+        except ValueError as error:
+            raise UsageError(f"{CMD_ARGS_VARIABLE}: {error}") from None
+        from_variable = _parse_arguments(parser, words, f"{CMD_ARGS_VARIABLE}: ")
+        if "app" in from_variable:
+            raise UsageError(
+                f"{CMD_ARGS_VARIABLE}: unexpected argument {from_variable['app']!r}: give the application on the "
+                "command line"
+            )
+    above: list[Layer] = [(CMD_ARGS_VARIABLE, from_variable), ("command line", command_line)]
+    location = command_line.get("config", from_variable.get("config"))
+    if location is None and os.path.isfile(DEFAULT_CONFIG_FILE):
+        location = _config_location(DEFAULT_CONFIG_FILE)
+        below.append((f"./{DEFAULT_CONFIG_FILE} in the working directory", {"config": location}))
+    assert location is None or isinstance(location, str)
+    return _Layers(below, above, location)
+
+
+def _parse_arguments(parser: argparse.ArgumentParser, words: list[str], where: str) -> dict[str, object]:
+    try:
+        parsed, extra = parser.parse_known_args(words)
+    except UsageError as error:
+        raise UsageError(f"{where}{error}") from None
+    if extra:
+        raise UsageError(where + _unexpected_argument_message(parser, extra))
+    return vars(parsed)
+
+
+def _merge(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
+    """Each setting's value from the last layer that has it, else its default."""
+    settings: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        value, source = setting.default, "default"
+        for where, values in layers:
+            if setting.name in values:
+                value, source = values[setting.name], where
+        settings[setting.name] = list(value) if setting.repeatable else value
+        sources[setting.name] = source
+    return settings, sources
+
+
+def _complete(settings: dict[str, object], sources: dict[str, str]) -> None:
+    """Fills in what one setting implies for another: --user without --group means the
+    user's primary group (not the group maitred was started as, which is root's)."""
+    user, group = settings["user"], settings["group"]
+    if user is None or group is not None:
+        return
+    assert isinstance(user, int)
+    try:
+        entry = pwd.getpwuid(user)
+    except KeyError:
+        raise UsageError(
+            f"--user {user} is in no user database, so it has no primary group: give --group too"
+        ) from None
+    settings["group"] = entry.pw_gid
+    sources["group"] = f"the primary group of user {entry.pw_name}"
 
 
 def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -822,6 +1115,9 @@ def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[st
         if argument.startswith("-") and argument != "-":
             option = argument.partition("=")[0]
             known = [flag for action in parser._actions for flag in action.option_strings]
+            theirs = gunicorn.BY_FLAG.get(option)
+            if theirs is not None and theirs.verdict in (gunicorn.Verdict.IGNORED, gunicorn.Verdict.REFUSED):
+                return f"unknown option {option!r}: gunicorn's {theirs.name} is not supported: {theirs.why}"
             close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
             hint = f" (did you mean {close[0]}?)" if close else ""
             return f"unknown option {option!r}{hint}"
@@ -892,7 +1188,22 @@ def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:
     """The dict that maitred._native.serve takes: the lobby's settings and the app spec."""
     chosen = {s.name: settings[s.name] for s in SETTINGS if s.for_lobby}
     chosen["app"] = settings["app"]
+    wanted = privileges.credentials(settings)
+    chosen["drop_to"] = wanted.as_lobby_setting() if wanted is not None else None
     return chosen
+
+
+def printed(settings: Mapping[str, object]) -> str:
+    """--print-config's output: one line per setting, ``name = value  # where it came from``,
+    a config file's syntax, the application first."""
+    sources = settings[SOURCES]
+    assert isinstance(sources, dict)
+    width = max(len(setting.name) for setting in SETTINGS)
+    lines = [f"{'app':<{width}} = {settings['app']!r}  # {sources['app']}"]
+    for setting in SETTINGS:
+        value = setting.show(settings[setting.name])
+        lines.append(f"{setting.name:<{width}} = {value}  # {sources[setting.name]}")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -913,6 +1224,10 @@ KEPT_ON_RELOAD = (
     "chdir",
     "env",
     "pid",
+    "user",
+    "group",
+    "initgroups",
+    "umask",
 )
 
 Reread = Callable[[], tuple[dict[str, object], list[str]]]
@@ -921,32 +1236,32 @@ Reread = Callable[[], tuple[dict[str, object], list[str]]]
 def rereader(argv: Sequence[str], settings: Mapping[str, object]) -> Reread | None:
     """What the lobby calls to read the config file again for a reload: None when there is no
     config file. Call it where `resolve` was called, before --chdir is applied: it reads the
-    command line again, relative to the directory maitred was started in."""
-    path = settings["config"]
-    if path is None:
+    command line and MAITRED_CMD_ARGS again, relative to the directory maitred was started in."""
+    location = settings["config"]
+    if location is None:
         return None
-    assert isinstance(path, str)  # made absolute by _existing_file
-    parsed, _ = build_parser().parse_known_args(list(argv))
-    command_line = vars(parsed)
+    assert isinstance(location, str)  # made absolute by _config_location, or python:MODULE
+    parser = build_parser()
+    command_line = _parse_arguments(parser, list(argv), "")
     command_line.pop("app", None)
+    layers = _layers_below_the_file(parser, os.environ, command_line)
     started = dict(settings)
-    return lambda: reread(path, command_line, started)
+    return lambda: reread(location, layers.below, layers.above, started)
 
 
 def reread(
-    path: str, command_line: Mapping[str, object], started: Mapping[str, object]
+    location: str, below: Sequence[Layer], above: Sequence[Layer], started: Mapping[str, object]
 ) -> tuple[dict[str, object], list[str]]:
-    """Reads the config file at `path` again and returns the lobby's new settings (as
+    """Reads the config file at `location` again and returns the lobby's new settings (as
     `lobby_settings` makes them) and the names of the settings in KEPT_ON_RELOAD that the file
-    changes, which keep their values from `started`. The command line still overrides the file.
-    Raises UsageError, with one line, when the file cannot be read or is wrong."""
-    from_file = read_config_file(path)
+    changes, which keep their values from `started`. MAITRED_CMD_ARGS and the command line
+    (`above`) still override the file. Raises UsageError, with one line, when the file cannot
+    be read or is wrong."""
+    from_file = read_config(location)
+    merged, sources = _merge([*below, ("config file", from_file.values), *above])
+    _complete(merged, sources)
     settings = dict(started)
-    for setting in SETTINGS:
-        if setting.name in command_line or not setting.file_settable:
-            continue
-        value = from_file.get(setting.name, setting.default)
-        settings[setting.name] = list(value) if setting.repeatable else value
+    settings.update({s.name: merged[s.name] for s in SETTINGS if s.file_settable})
     try:
         activated = activated_sockets(os.environ)
     except ValueError:

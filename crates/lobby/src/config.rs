@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::access_format::AccessFormat;
 use crate::log::Level;
+use crate::privileges::Credentials;
 
 /// One address to listen on, as given to `--bind`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +100,8 @@ pub struct Config {
     pub app: String,
     /// The stats listener (`--stats`): metrics, answered by the lobby.
     pub stats: Option<BindAddress>,
+    /// `--user` and `--group`: who the lobby becomes once its sockets are bound.
+    pub drop_to: Option<Credentials>,
 }
 
 #[cfg(test)]

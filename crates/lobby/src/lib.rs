@@ -19,6 +19,7 @@ mod listen;
 mod log;
 mod notify;
 mod offer;
+mod privileges;
 mod recycle;
 mod scoreboard;
 mod seating;
@@ -44,6 +45,7 @@ use tokio::task::{JoinHandle, LocalSet};
 pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
 pub use log::Level;
+pub use privileges::Credentials;
 pub use supervisor::{Reread, Rereader};
 pub use upgrade::Succession;
 
@@ -216,6 +218,13 @@ async fn supervise(
         .map_err(StartupError)?;
     if let Some(target) = &config.access_logfile {
         log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
+    }
+    // Everything that needs root is done: the listen sockets are bound and the logs open.
+    if let Some(credentials) = &config.drop_to {
+        let unix_sockets = listeners.iter().chain(&stats_listener).filter_map(|l| l.unix_path.clone());
+        let logs = [&config.access_logfile, &config.error_logfile].into_iter().flatten().filter(|path| *path != "-");
+        let paths: Vec<_> = unix_sockets.chain(logs.map(std::path::PathBuf::from)).collect();
+        privileges::drop_to(credentials, &paths).map_err(|e| StartupError(e.to_string()))?;
     }
     let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
     let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };

@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_lobby::{AccessFormat, BindAddress, Config, Level, Reread, Rereader, Succession};
+use maitred_lobby::{AccessFormat, BindAddress, Config, Credentials, Level, Reread, Rereader, Succession};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -130,6 +130,11 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             .map(|text| BindAddress::parse(&text))
             .transpose()
             .map_err(PyValueError::new_err)?,
+        drop_to: optional::<(u32, u32, Vec<u32>)>(settings, "drop_to")?.map(|(uid, gid, groups)| Credentials {
+            uid,
+            gid,
+            groups,
+        }),
     })
 }
 

@@ -1,0 +1,127 @@
+//! `--user` and `--group`: once the lobby has bound its listen sockets and opened its logs, it
+//! gives up root for good. The zygote, forked before, has already done the same in Python
+//! (python/maitred/privileges.py), so the workers it forks never run as root.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Who the lobby becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// The whole supplementary group list: --group alone, or with `--initgroups` the user's
+    /// groups from the group database.
+    pub groups: Vec<u32>,
+}
+
+/// Why the lobby could not become `Credentials`.
+#[derive(Debug)]
+pub enum DropError {
+    /// A file the lobby must still reach as the new user (a Unix socket, a log).
+    Chown(PathBuf, io::Error),
+    SetGroups(io::Error),
+    SetGid(io::Error),
+    SetUid(io::Error),
+    /// After the switch, the process could become root again: the switch did not take.
+    Regained,
+}
+
+impl std::fmt::Display for DropError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DropError::Chown(path, e) => write!(f, "cannot give {} to --user: {e}", path.display()),
+            DropError::SetGroups(e) => write!(f, "cannot set the supplementary groups: {e}"),
+            DropError::SetGid(e) => write!(f, "cannot switch to --group: {e}"),
+            DropError::SetUid(e) => write!(f, "cannot switch to --user: {e}"),
+            DropError::Regained => f.write_str("after switching to --user the process could become root again"),
+        }
+    }
+}
+
+/// Hands `paths` to the new user (so that it can reopen its logs on SIGUSR1 and clients of its
+/// Unix sockets see it as their owner, as gunicorn does), then drops the supplementary groups,
+/// the group and the user, in that order (each needs the privilege the next one removes), and
+/// checks that root cannot be regained. Nothing to do when the process already is that user
+/// and group: a new zygote or a binary upgrade started by a lobby that has switched already.
+pub fn drop_to(credentials: &Credentials, paths: &[PathBuf]) -> Result<(), DropError> {
+    if already(credentials) {
+        return Ok(());
+    }
+    for path in paths {
+        std::os::unix::fs::chown(path, Some(credentials.uid), Some(credentials.gid))
+            .map_err(|e| DropError::Chown(path.clone(), e))?;
+    }
+    // SAFETY: the pointer and length describe `groups`, which outlives the call.
+    if unsafe { libc::setgroups(credentials.groups.len(), credentials.groups.as_ptr()) } != 0 {
+        return Err(DropError::SetGroups(io::Error::last_os_error()));
+    }
+    // SAFETY: plain system calls on integers. glibc applies them to every thread of the process.
+    if unsafe { libc::setresgid(credentials.gid, credentials.gid, credentials.gid) } != 0 {
+        return Err(DropError::SetGid(io::Error::last_os_error()));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setresuid(credentials.uid, credentials.uid, credentials.uid) } != 0 {
+        return Err(DropError::SetUid(io::Error::last_os_error()));
+    }
+    // SAFETY: as above. Succeeding here would mean a saved or real id of 0 survived.
+    if credentials.uid != 0 && unsafe { libc::setuid(0) } == 0 {
+        return Err(DropError::Regained);
+    }
+    if !already(credentials) {
+        return Err(DropError::Regained);
+    }
+    Ok(())
+}
+
+/// Whether the real, effective and saved ids and the supplementary groups are already these.
+fn already(credentials: &Credentials) -> bool {
+    let (mut ruid, mut euid, mut suid) = (0, 0, 0);
+    let (mut rgid, mut egid, mut sgid) = (0, 0, 0);
+    // SAFETY: each pointer is to a local that outlives the call.
+    let ids_known = unsafe {
+        libc::getresuid(&mut ruid, &mut euid, &mut suid) == 0 && libc::getresgid(&mut rgid, &mut egid, &mut sgid) == 0
+    };
+    let uid = credentials.uid;
+    let gid = credentials.gid;
+    ids_known && [ruid, euid, suid] == [uid; 3] && [rgid, egid, sgid] == [gid; 3] && {
+        let mut wanted = credentials.groups.clone();
+        wanted.sort_unstable();
+        wanted.dedup();
+        supplementary_groups().is_ok_and(|mut groups| {
+            groups.sort_unstable();
+            groups.dedup();
+            groups == wanted
+        })
+    }
+}
+
+fn supplementary_groups() -> io::Result<Vec<u32>> {
+    // SAFETY: a size of 0 asks only for the count.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0; count as usize];
+    // SAFETY: `groups` has room for `count` entries.
+    let count = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(count as usize);
+    Ok(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_current_identity_needs_no_switch() {
+        // SAFETY: plain system calls.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let current = Credentials { uid, gid, groups: supplementary_groups().unwrap() };
+        // Runs as root or not: becoming who one already is changes nothing and needs no right.
+        assert!(drop_to(&current, &[PathBuf::from("/nonexistent/never-chowned")]).is_ok());
+    }
+}
