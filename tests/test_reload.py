@@ -62,7 +62,9 @@ def serve_with_reload(maitred_server, app_dir: Path, *args: str) -> Server:
 
 
 def first_answer_from(load: Load, version: str, timeout: float) -> float:
-    wait_until(lambda: any(version_of_body(a.body) == version for a in load.answers()), timeout, f"answers from {version}")
+    wait_until(
+        lambda: any(version_of_body(a.body) == version for a in load.answers()), timeout, f"answers from {version}"
+    )
     return min(a.at for a in load.answers() if version_of_body(a.body) == version)
 
 
@@ -107,13 +109,25 @@ def test_a_syntax_error_keeps_the_old_code_serving_and_names_the_file(maitred_se
     assert server.stop() == 0
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["fork", "preload"])
+def test_a_new_module_that_fails_its_first_import_is_watched_until_it_is_fixed(maitred_server, app_dir, preload):
+    server = serve_with_reload(maitred_server, app_dir, *(["--preload"] if preload else []))
+    added = app_dir / "added.py"
+    added.write_text("VERSION = (\n")
+    edit(app_dir / "message.py", "from added import VERSION\n")
+    wait_for_log(server, f"SyntaxError: '(' was never closed ({added}, line 1)")
+    assert version_of(get(server.port)) == "v1"
+    # Only the new module is saved again: no module list named it, the failure did.
+    edit(added, 'VERSION = "v2"\n')
+    wait_until(lambda: version_of(get(server.port)) == "v2", WITHIN, "answers from v2")
+    assert server.stop() == 0
+
+
 def test_a_reload_extra_file_that_changes_reloads(maitred_server, app_dir):
     (app_dir / "data_app.py").write_text(DATA_APP)
     data = app_dir / "version.txt"
     data.write_text("v1\n")
-    server = maitred_server(
-        "--reload", "--reload-extra-file", str(data), "data_app:app", cwd=app_dir, env=NO_PYC
-    )
+    server = maitred_server("--reload", "--reload-extra-file", str(data), "data_app:app", cwd=app_dir, env=NO_PYC)
     wait_for_log(server, "--reload: watching")
     assert version_of(get(server.port)) == "v1"
     # A change to a file in a watched directory that is neither imported nor named reloads nothing.

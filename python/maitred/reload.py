@@ -24,6 +24,7 @@ import socket
 import struct
 import sys
 import threading
+import traceback
 from collections.abc import Iterable, MutableMapping
 
 from maitred import log
@@ -101,10 +102,24 @@ def module_files() -> set[str]:
     return files
 
 
-def report_modules(address: str) -> None:
-    """Sends `module_files()` to the watcher at `address`. A watcher that cannot be reached is
-    said in one line; the worker serves all the same."""
-    batches = _batches(sorted(module_files()))
+def files_of_failure(error: BaseException) -> set[str]:
+    """The files an import that failed with `error` was running, and the file a SyntaxError is
+    in: a module that fails in its first import is in no module list, and the next save of it
+    must reload too."""
+    files = {frame.f_code.co_filename for frame, _ in traceback.walk_tb(error.__traceback__)}
+    if isinstance(error, SyntaxError) and error.filename:
+        files.add(error.filename)
+    return {os.path.abspath(path) for path in files if os.path.isfile(path)}
+
+
+def report_modules(address: str, failure: BaseException | None = None) -> None:
+    """Sends `module_files()` to the watcher at `address`, and the files of `failure`, the error
+    that stopped the application from loading. A watcher that cannot be reached is said in one
+    line; the worker goes on all the same."""
+    files = module_files()
+    if failure is not None:
+        files |= files_of_failure(failure)
+    batches = _batches(sorted(files))
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sender:
         sender.settimeout(_REPORT_TIMEOUT)
         try:
@@ -141,7 +156,8 @@ class Watcher:
     SIGHUP. Runs on a thread of its own from `start` until `stop`."""
 
     def __init__(self, address: str, extra_files: Iterable[str]) -> None:
-        self._files: set[str] = set()
+        # Each file watched, and what it was when it was last acted on (or first known).
+        self._files: dict[str, _Signature] = {}
         self._directories: set[str] = set()
         self._add(extra_files)
         self._reports = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -173,7 +189,7 @@ class Watcher:
                 # Nothing to watch until the first worker reports.
                 self._stopping.wait(_REPORT_POLL_MS / 1000)
                 continue
-            log.log("info", f"--reload: watching {len(self._files)} files in {len(directories)} directories")
+            said = False
             try:
                 # Directories, not files: an editor that saves by renaming a new file over the
                 # old one replaces the file that a watch on it would follow.
@@ -189,17 +205,31 @@ class Watcher:
                     recursive=False,
                     ignore_permission_denied=True,
                 ):
-                    changed = sorted({path for _, path in changes if path in self._files})
+                    # Reports first: a worker that failed to load reported the file that broke
+                    # it before the lobby said so, and so before anyone could save it again.
+                    new_directory = self._take_reports()
+                    changed = {path for _, path in changes if path in self._files}
+                    if not said:
+                        # The first yield comes once the watches are in place. A file saved
+                        # while none was (before, or between two sets of watches) is found by
+                        # what it is now.
+                        log.log(
+                            "info", f"--reload: watching {len(self._files)} files in {len(directories)} directories"
+                        )
+                        said = True
+                        changed |= {path for path, known in self._files.items() if _signature(path) != known}
                     if changed:
-                        self._reload(changed)
-                    if self._take_reports():
-                        break  # a new directory to watch: watch the new set
+                        self._reload(sorted(changed))
+                    if new_directory:
+                        break  # watch the new set
             except OSError as error:
                 # Out of inotify watches or instances (fs.inotify.max_user_*), most likely.
                 log.log("error", f"--reload: cannot watch the application's files: {error}; changes will not reload")
                 return
 
     def _reload(self, changed: list[str]) -> None:
+        for path in changed:
+            self._files[path] = _signature(path)
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         log.log("info", f"--reload: {changed[0]} changed{more}; reloading as SIGHUP does")
         os.kill(os.getpid(), signal.SIGHUP)
@@ -228,11 +258,25 @@ class Watcher:
             # makes a file reached through a symbolic link match its events.
             directory, name = os.path.split(os.path.abspath(path))
             directory = os.path.realpath(directory)
-            self._files.add(os.path.join(directory, name))
+            path = os.path.join(directory, name)
+            if path not in self._files:
+                self._files[path] = _signature(path)
             if directory not in self._directories:
                 self._directories.add(directory)
                 new_directory = True
         return new_directory
+
+
+# A file's identity and contents as stat(2) tells them; None when it does not exist.
+_Signature = tuple[int, int, int] | None
+
+
+def _signature(path: str) -> _Signature:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:

@@ -78,7 +78,8 @@ def serve(channel_fd: int, load_app: Callable[[], Application], report_address: 
     closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
     application did not load or the channel broke (an I/O error, a frame against the
     protocol). With --reload, `report_address` is the watcher's, told which files the
-    application was imported from before the worker says it is ready."""
+    application was imported from (or was being imported from, when that failed) before the
+    worker says it is ready (or failed)."""
     leave_signals_to_the_lobby()
     channel = WorkerChannel(channel_fd, base_environ())
     try:
@@ -86,6 +87,8 @@ def serve(channel_fd: int, load_app: Callable[[], Application], report_address: 
     except AppLoadError as error:
         if error.__cause__ is not None:
             log("debug", "".join(traceback.format_exception(error.__cause__)).rstrip())
+        if report_address is not None:
+            reload.report_modules(report_address, failure=error.__cause__)
         try:
             channel.boot_failed(str(error))
         except ChannelClosed:

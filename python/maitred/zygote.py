@@ -59,6 +59,8 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             application = load_app()
         except AppLoadError as error:
             _log_cause(error)
+            if report_address is not None:
+                reload.report_modules(report_address, failure=error.__cause__)
             fail(control, str(error))
             return 1
         worker_load_app = lambda: application
