@@ -4,6 +4,9 @@ clients keep asking. Every answer must be a 200, from the old code until the new
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import time
 from pathlib import Path
 
@@ -40,6 +43,9 @@ def app(environ, start_response):
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
 """
+
+# The user a report is sent as in test_a_report_from_another_user_is_ignored.
+NOBODY = 65534
 
 # From the change to the first answer of the new code: the watcher waits for 0.1 s of quiet,
 # then the new workers import the application.
@@ -149,3 +155,37 @@ def test_reload_extra_file_needs_reload_and_an_existing_file(run_maitred, tmp_pa
     assert missing.returncode == 2
     assert missing.stderr.startswith("maitred: error: argument --reload-extra-file: no such file: ")
     assert missing.stderr.count("\n") == 1
+
+
+def test_a_report_from_another_user_is_ignored(maitred_server, app_dir):
+    if os.geteuid() != 0:
+        pytest.skip("sending a report as another user needs root")
+    server = serve_with_reload(maitred_server, app_dir)
+    # The watcher's abstract socket, named after the lobby's pid (/proc/net/unix lists it).
+    (address,) = re.findall(rf"@(maitred-reload-{server.pid}-\w+)", Path("/proc/net/unix").read_text())
+    other = app_dir / "other.txt"
+    other.write_text("1\n")
+    assert send_as(NOBODY, address, os.fsencode(other) + b"\n") == 0
+    wait_for_log(server, f"--reload: ignored a report from user {NOBODY}, who is not this server's")
+    edit(other, "2\n")
+    time.sleep(1)
+    assert "other.txt changed" not in server.stderr()
+    assert "SIGHUP" not in server.stderr()
+    assert server.stop() == 0
+
+
+def send_as(uid: int, address: str, report: bytes) -> int:
+    """Sends `report` to the abstract socket `address` from a child process running as `uid`;
+    returns the child's exit code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+                sender.sendto(report, b"\0" + address.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

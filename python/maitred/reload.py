@@ -48,8 +48,9 @@ _BURST_MS = 1000
 # SCM_CREDENTIALS' payload: struct ucred, pid, uid and gid.
 _UCRED = struct.Struct("iII")
 
-# The lobby's signals: its own threads take them, as they do for the lobby's other helper
-# threads; and the threads watchfiles starts inherit this mask.
+# Blocked in the watcher's thread, and so in the threads watchfiles starts from it (they inherit
+# its mask): the lobby's threads take these signals, and a write to the terminal from the
+# background is not a SIGTTOU here, as in the lobby's other helper threads.
 _LEFT_TO_THE_LOBBY = {
     signal.SIGINT,
     signal.SIGTERM,
