@@ -1,6 +1,7 @@
 # maitred's two commands:
 #   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
 #   make test   build it, run the lint gates (make lint), then the Rust and the Python test suites
+#   make wheel  a manylinux wheel in dist/, for installing maitred where there is no Rust (README, Installing)
 #
 # Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
 
@@ -8,7 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint
+.PHONY: run test install lint wheel
 
 # Debian's python3 comes without venv; as root, install it rather than fail.
 $(BIN)/python:
@@ -27,7 +28,15 @@ $(VENV)/.build-tools: pyproject.toml | $(BIN)/python
 # venv's bin first on PATH (the venv is not activated, and nothing outside it may be used).
 install: $(VENV)/.build-tools
 	@echo "Building maitred into $(VENV) (the first build takes a few minutes)"
-	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation ".[test]"
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation ".[test,reload]"
+
+# The same release build as `make install` (cargo reuses it when it is up to date: the same
+# interpreter, so the same pyo3 configuration), packed by maturin, which reads the glibc symbol
+# versions the library needs and tags the wheel with the manylinux policy they allow, as
+# auditwheel would.
+wheel: $(VENV)/.build-tools
+	rm -f dist/maitred-*.whl
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/maturin build --release --interpreter $(BIN)/python3 --out dist
 
 run: install
 	@echo "Serving examples/hello.py at http://127.0.0.1:8000/ (Ctrl-C stops it)"

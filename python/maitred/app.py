@@ -103,8 +103,10 @@ def _import(name: str, directory: str) -> ModuleType:
             ) from error
         raise AppLoadError(f"importing {name} raised {_describe(error)}") from error
     except SyntaxError as error:
-        # Its own message already says where: "invalid syntax (app.py, line 3)".
-        raise AppLoadError(f"importing {name} raised SyntaxError: {error}") from error
+        # Its own message names the file without its directory ("invalid syntax (app.py, line
+        # 3)"); the broken file may be any module the application imports, so give its path.
+        where = f" ({error.filename}, line {error.lineno})" if error.filename else ""
+        raise AppLoadError(f"importing {name} raised {type(error).__name__}: {error.msg}{where}") from error
     except SystemExit as error:
         raise AppLoadError(f"importing {name} called sys.exit({error.code!r})") from error
     except Exception as error:

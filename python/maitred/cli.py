@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from maitred import _native, config, log, privileges, succession, zygote
+from maitred import _native, config, log, privileges, reload, succession, zygote
 from maitred.app import AppLoadError, load_app
 
 EXIT_USAGE = 2
@@ -42,10 +42,14 @@ def run(argv: Sequence[str]) -> int:
     zygote_channel = os.environ.pop(ZYGOTE_VARIABLE, None)
     if zygote_channel is not None:
         return _be_zygote(argv, zygote_channel)
+    # Inherited from the maitred this one replaces (SIGUSR2): its watcher is not ours.
+    reload.take_report_address(os.environ)
     try:
         inheritance = succession.take_inheritance(os.environ)
         settings = config.resolve(argv, upgrading=inheritance is not None)
-    except (ValueError, config.UsageError) as error:
+        if settings["reload"]:
+            reload.check_available()
+    except (ValueError, config.UsageError, reload.WatcherMissing) as error:
         _print_error(str(error))
         # --check-config's answer is 0 or 1, as gunicorn's is, whatever is wrong.
         return EXIT_STARTUP if _checking(argv) else EXIT_USAGE
@@ -223,6 +227,12 @@ def _remove_pid_file(path: str) -> None:
 
 def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade: dict[str, object]) -> int:
     lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    report_address = None
+    if settings["reload"]:
+        report_address = reload.new_report_address()
+        # In the environment, so that every zygote has it: the first, forked below, and those
+        # a reload with --preload starts from the command.
+        os.environ[reload.REPORT_VARIABLE] = report_address
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -236,11 +246,21 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade
         _become_user(zygote_end, settings)
         _run_zygote(zygote_end, settings)
     zygote_end.close()
+    watcher = None
+    if report_address is not None:
+        extra_files = settings["reload_extra_files"]
+        assert isinstance(extra_files, list)
+        # Started after the fork: the zygote is forked from a process with a single thread.
+        watcher = reload.Watcher(report_address, extra_files)
+        watcher.start()
     try:
         # The lobby takes ownership of the control channel's descriptor.
         return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
+    finally:
+        if watcher is not None:
+            watcher.stop()
 
 
 def _become_user(control: socket.socket, settings: Mapping[str, object]) -> None:

@@ -718,6 +718,30 @@ SETTINGS: tuple[Setting, ...] = (
         default_text="off",
         for_lobby=False,
     ),
+    Setting(
+        "development",
+        "reload",
+        ("--reload",),
+        None,
+        None,
+        False,
+        "For development only: when a source file of the application changes, new workers import it and "
+        "take over, as on SIGHUP (docs/SIGNALS.md, --reload). Needs watchfiles: pip install 'maitred[reload]'.",
+        default_text="off",
+        for_lobby=False,
+    ),
+    Setting(
+        "development",
+        "reload_extra_files",
+        ("--reload-extra-file",),
+        "FILE",
+        _existing_file,
+        (),
+        "With --reload, also reload when this file changes (a template, a data file). Repeatable.",
+        default_text="none",
+        repeatable=True,
+        for_lobby=False,
+    ),
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -1009,6 +1033,8 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
         raise UsageError(f"address given twice: {', '.join(duplicates)}")
     if settings["stats"] is not None and settings["stats"] in settings["bind"]:
         raise UsageError(f"--stats {settings['stats']} is also an application address (--bind): give it one of its own")
+    if settings["reload_extra_files"] and not settings["reload"]:
+        raise UsageError("--reload-extra-file is given without --reload, which it needs")
     settings["app"] = app
     settings[SOURCES] = sources
     settings[WARNINGS] = config_file.warnings
@@ -1228,6 +1254,8 @@ KEPT_ON_RELOAD = (
     "group",
     "initgroups",
     "umask",
+    "reload",
+    "reload_extra_files",
 )
 
 Reread = Callable[[], tuple[dict[str, object], list[str]]]

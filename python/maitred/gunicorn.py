@@ -69,9 +69,11 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
     GunicornSetting("config", ("-c", "--config"), _SAME),
     GunicornSetting("wsgi_app", (), _MAPPED, "used when the command line gives no application", target="app"),
     # Debugging
-    GunicornSetting("reload", ("--reload",), _IGNORED, "no code reloading: send SIGHUP to load the new code", _OFF),
-    GunicornSetting("reload_engine", ("--reload-engine",), _IGNORED, "no code reloading", ("auto",)),
-    GunicornSetting("reload_extra_files", ("--reload-extra-file",), _IGNORED, "no code reloading", _OFF),
+    GunicornSetting("reload", ("--reload",), _SAME),
+    GunicornSetting(
+        "reload_engine", ("--reload-engine",), _IGNORED, "--reload always watches with inotify (watchfiles)", ("auto",)
+    ),
+    GunicornSetting("reload_extra_files", ("--reload-extra-file",), _SAME),
     GunicornSetting("spew", ("--spew",), _IGNORED, "no tracing of every line executed", _OFF),
     GunicornSetting("check_config", ("--check-config",), _SAME),
     GunicornSetting("print_config", ("--print-config",), _SAME),

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from maitred import __version__
+from maitred import __version__, reload
 from maitred import log as error_log
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
@@ -72,12 +72,14 @@ def _reopen_log(signum: int, frame: object) -> None:
     error_log.reopen()
 
 
-def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
+def serve(channel_fd: int, load_app: Callable[[], Application], report_address: str | None = None) -> int:
     """Loads the application with `load_app`, then serves the requests that arrive on
     `channel_fd` (the worker's end of its channel, which this takes over) until the lobby
     closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
     application did not load or the channel broke (an I/O error, a frame against the
-    protocol)."""
+    protocol). With --reload, `report_address` is the watcher's, told which files the
+    application was imported from (or was being imported from, when that failed) before the
+    worker says it is ready (or failed)."""
     leave_signals_to_the_lobby()
     channel = WorkerChannel(channel_fd, base_environ())
     try:
@@ -85,11 +87,15 @@ def serve(channel_fd: int, load_app: Callable[[], Application]) -> int:
     except AppLoadError as error:
         if error.__cause__ is not None:
             log("debug", "".join(traceback.format_exception(error.__cause__)).rstrip())
+        if report_address is not None:
+            reload.report_modules(report_address, failure=error.__cause__)
         try:
             channel.boot_failed(str(error))
         except ChannelClosed:
             pass  # the lobby is already gone (another worker's failure may have stopped it)
         return 1
+    if report_address is not None:
+        reload.report_modules(report_address)
     try:
         channel.ready()
         _serve_requests(channel, application)

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from maitred import log, worker
+from maitred import log, reload, worker
 from maitred.app import AppLoadError
 
 LoadApp = Callable[[], Callable[..., object]]
@@ -52,18 +52,21 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     """
     # Ctrl-C and `systemctl stop` signal the whole process group; only the lobby decides.
     worker.leave_signals_to_the_lobby()
+    report_address = reload.take_report_address(os.environ)
     worker_load_app = load_app
     if settings["preload"]:
         try:
             application = load_app()
         except AppLoadError as error:
             _log_cause(error)
+            if report_address is not None:
+                reload.report_modules(report_address, failure=error.__cause__)
             fail(control, str(error))
             return 1
         worker_load_app = lambda: application
     grace = settings["graceful_timeout"]
     assert isinstance(grace, float)
-    return _Zygote(control, worker_load_app, grace).serve()
+    return _Zygote(control, worker_load_app, grace, report_address).serve()
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -91,9 +94,10 @@ def _log_cause(error: AppLoadError) -> None:
 
 
 class _Zygote:
-    def __init__(self, control: socket.socket, load_app: LoadApp, grace: float) -> None:
+    def __init__(self, control: socket.socket, load_app: LoadApp, grace: float, report_address: str | None) -> None:
         self._control = control
         self._load_app = load_app
+        self._report_address = report_address
         self._grace = grace
         self._children: set[int] = set()
         self._pid = os.getpid()
@@ -227,7 +231,7 @@ class _Zygote:
             os.close(self._wakeup_write)
             self._control.close()
             lobby_end.close()
-            code = worker.serve(worker_end.detach(), self._load_app)
+            code = worker.serve(worker_end.detach(), self._load_app, self._report_address)
         except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
         finally:
