@@ -3,8 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use maitred_protocol::ProxyVersions;
+
 use crate::access_format::AccessFormat;
 use crate::log::Level;
+use crate::proxies::{AllowList, Forwarding};
 
 /// One address to listen on, as given to `--bind`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +102,12 @@ pub struct Config {
     pub app: String,
     /// The stats listener (`--stats`): metrics, answered by the lobby.
     pub stats: Option<BindAddress>,
+    /// `--forwarded-allow-ips` and `secure_scheme_headers`: whose forwarded headers are read.
+    pub forwarding: Forwarding,
+    /// `--proxy-protocol`: the PROXY header versions each connection must begin with; None: off.
+    pub proxy_protocol: Option<ProxyVersions>,
+    /// `--proxy-allow-from`: the peers that may send a PROXY header.
+    pub proxy_allow_ips: AllowList,
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod listen;
 mod log;
 mod notify;
 mod offer;
+mod proxies;
 mod recycle;
 mod scoreboard;
 mod seating;
@@ -42,6 +43,8 @@ use tokio::task::{JoinHandle, LocalSet};
 pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
 pub use log::Level;
+pub use maitred_protocol::ProxyVersions;
+pub use proxies::{AllowList, Forwarding};
 pub use supervisor::{Reread, Rereader};
 pub use upgrade::Succession;
 
