@@ -132,7 +132,8 @@ def main(out):
                 b"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\nGET / HTTP/1.1\r\n",
                 b"PROXY TCP6 2001:db8::1 ::1 65535 0\r\n",
                 b"PROXY UNKNOWN\r\n",
-                v2_signature + bytes([0x21, 0x11, 0, 17, 192, 0, 2, 1, 198, 51, 100, 2, 0xDC, 4, 1, 0xBB, 1, 0, 2])
+                v2_signature
+                + bytes([0x21, 0x11, 0, 17, 192, 0, 2, 1, 198, 51, 100, 2, 0xDC, 4, 1, 0xBB, 1, 0, 2])
                 + b"h2GET",
                 v2_signature + bytes([0x21, 0x21, 0, 36]) + bytes(15) + b"\x01" + bytes(16) + b"\x12\x34\x00\x50",
                 v2_signature + bytes([0x20, 0x00, 0, 0]),

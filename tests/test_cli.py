@@ -252,6 +252,10 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "queue_timeout": None,
         "max_connections": None,
         "stats": None,
+        "forwarded_allow_ips": ["127.0.0.1", "::1"],
+        "secure_scheme_headers": {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https", "X-FORWARDED-SSL": "on"},
+        "proxy_protocol": "off",
+        "proxy_allow_ips": ["127.0.0.1", "::1"],
         "preload": False,
         "app": "hello:app",
     }

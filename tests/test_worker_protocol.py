@@ -423,6 +423,7 @@ def request_frame(
     http_minor: int = 1,
     peer: tuple[str, int] = ("127.0.0.1", 40000),
     server: tuple[str, int] = ("localhost", 8000),
+    https: bool = False,
     body_in_file: bool = False,
 ) -> bytes:
     """A REQUEST frame; with `body_in_file` the body is not inline (the FD flag is set)."""
@@ -435,6 +436,7 @@ def request_frame(
         struct.pack("<H", peer[1]),
         str16(server[0].encode()),
         struct.pack("<H", server[1]),
+        struct.pack("<B", https),
     ]
     headers = [("Host", b"localhost:8000")] if headers is None else headers
     fields.append(struct.pack("<H", len(headers)))
@@ -842,6 +844,15 @@ def test_unix_socket_peer_has_no_port(start_worker: Callable[..., Worker]) -> No
     environ = worker.request(peer=("", 0), server=("/run/app.sock", 0)).json()
     assert environ["REMOTE_ADDR"] == "" and "REMOTE_PORT" not in environ
     assert (environ["SERVER_NAME"], environ["SERVER_PORT"]) == ("/run/app.sock", "0")
+
+
+def test_the_scheme_and_a_forwarded_address_without_port(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    assert worker.request().json()["wsgi.url_scheme"] == "http"
+    # What the lobby sends for a trusted proxy's https and an address it forwarded without port.
+    forwarded = worker.request(peer=("203.0.113.7", 0), https=True).json()
+    assert forwarded["wsgi.url_scheme"] == "https"
+    assert forwarded["REMOTE_ADDR"] == "203.0.113.7" and "REMOTE_PORT" not in forwarded
 
 
 # --- wsgi.input ----------------------------------------------------------------------------

@@ -611,8 +611,9 @@ SETTINGS: tuple[Setting, ...] = (
         _secure_scheme_headers,
         SECURE_SCHEME_HEADERS,
         "Headers by which a trusted peer says the client used https: with this value https, with any other "
-        "http; headers that disagree get 400. A dict in a config file, as in gunicorn's; empty: none.",
-        default_text="X-FORWARDED-PROTOCOL=ssl, X-FORWARDED-PROTO=https, X-FORWARDED-SSL=on",
+        "http; headers that disagree get 400. A dict in a config file, as in gunicorn's; empty: none. The "
+        "default is gunicorn's: X-FORWARDED-PROTO https, X-FORWARDED-SSL on, X-FORWARDED-PROTOCOL ssl.",
+        default_text="gunicorn's three",
         from_python=_secure_scheme_headers_value,
     ),
     Setting(
