@@ -448,7 +448,10 @@ impl<S: ClientStream> Connection<S> {
         if let Some(addr) = self.peer.addr.filter(|addr| !settings.proxy_allow_ips.allows(addr.ip())) {
             return Err(Stop::Refuse(
                 400,
-                format!("{} is not in --proxy-allow-from, and this server takes only PROXY protocol connections", addr.ip()),
+                format!(
+                    "{} is not in --proxy-allow-from, and this server takes only PROXY protocol connections",
+                    addr.ip()
+                ),
             ));
         }
         let deadline = Instant::now() + settings.header_timeout;
@@ -826,7 +829,14 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    fn log_access(&self, head: &RequestHead, origin: &Origin, answer: &Answer, enqueued: Instant, served: Option<&Served>) {
+    fn log_access(
+        &self,
+        head: &RequestHead,
+        origin: &Origin,
+        answer: &Answer,
+        enqueued: Instant,
+        served: Option<&Served>,
+    ) {
         if !log::access_log_enabled() {
             return;
         }

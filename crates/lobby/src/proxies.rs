@@ -147,13 +147,18 @@ pub fn origin(
         } else if name.eq_ignore_ascii_case(b"forwarded") {
             forwarded.push(value);
         }
-        let secure = forwarding.secure_scheme_headers.iter().find(|(secure, _)| name.eq_ignore_ascii_case(secure.as_bytes()));
+        let secure =
+            forwarding.secure_scheme_headers.iter().find(|(secure, _)| name.eq_ignore_ascii_case(secure.as_bytes()));
         if let Some((_, https_value)) = secure {
             scheme.vote(name, value.as_ref() == https_value.as_bytes())?;
         }
     }
     let hops: Vec<Hop> = if !forwarded_for.is_empty() {
-        forwarded_for.iter().flat_map(|value| value.split(|&b| b == b',')).map(|entry| Hop { node: node(entry), proto: None }).collect()
+        forwarded_for
+            .iter()
+            .flat_map(|value| value.split(|&b| b == b','))
+            .map(|entry| Hop { node: node(entry), proto: None })
+            .collect()
     } else {
         forwarded.iter().flat_map(|value| value.split(|&b| b == b',')).map(forwarded_element).collect()
     };
@@ -255,7 +260,10 @@ mod tests {
     }
 
     fn headers(pairs: &[(&str, &str)]) -> Vec<(Bytes, Bytes)> {
-        pairs.iter().map(|(n, v)| (Bytes::copy_from_slice(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes()))).collect()
+        pairs
+            .iter()
+            .map(|(n, v)| (Bytes::copy_from_slice(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes())))
+            .collect()
     }
 
     fn from(peer: &str, pairs: &[(&str, &str)], allow: &[&str]) -> Result<Origin, ContradictoryScheme> {
@@ -298,31 +306,58 @@ mod tests {
         assert_eq!(from("127.0.0.1:40000", &chain, allow), client("203.0.113.5", None, false));
         assert_eq!(from("127.0.0.1:40000", &chain, &["*"]), client("198.51.100.1", None, false));
         // Every address trusted: the left-most.
-        assert_eq!(from("127.0.0.1:1", &[("X-Forwarded-For", "10.9.9.9,10.0.0.1")], allow), client("10.9.9.9", None, false));
+        assert_eq!(
+            from("127.0.0.1:1", &[("X-Forwarded-For", "10.9.9.9,10.0.0.1")], allow),
+            client("10.9.9.9", None, false)
+        );
         // Ports and brackets, as some proxies write them.
-        assert_eq!(from("127.0.0.1:1", &[("X-Forwarded-For", "203.0.113.5:4711")], LOCAL), client("203.0.113.5", Some(4711), false));
-        assert_eq!(from("127.0.0.1:1", &[("X-Forwarded-For", "[2001:db8::5]:80")], LOCAL), client("2001:db8::5", Some(80), false));
-        assert_eq!(from("127.0.0.1:1", &[("X-Forwarded-For", " 2001:db8::5 ")], LOCAL), client("2001:db8::5", None, false));
+        assert_eq!(
+            from("127.0.0.1:1", &[("X-Forwarded-For", "203.0.113.5:4711")], LOCAL),
+            client("203.0.113.5", Some(4711), false)
+        );
+        assert_eq!(
+            from("127.0.0.1:1", &[("X-Forwarded-For", "[2001:db8::5]:80")], LOCAL),
+            client("2001:db8::5", Some(80), false)
+        );
+        assert_eq!(
+            from("127.0.0.1:1", &[("X-Forwarded-For", " 2001:db8::5 ")], LOCAL),
+            client("2001:db8::5", None, false)
+        );
     }
 
     #[test]
     fn an_entry_that_is_no_address_ends_the_walk_at_the_last_address() {
         let allow = &["127.0.0.1", "10.0.0.0/8"];
-        assert_eq!(from("127.0.0.1:1", &[("X-Forwarded-For", "unknown, 10.0.0.2")], allow), client("10.0.0.2", None, false));
+        assert_eq!(
+            from("127.0.0.1:1", &[("X-Forwarded-For", "unknown, 10.0.0.2")], allow),
+            client("10.0.0.2", None, false)
+        );
         assert_eq!(from("127.0.0.1:9", &[("X-Forwarded-For", "garbage")], allow), client("127.0.0.1", Some(9), false));
         assert_eq!(from("127.0.0.1:9", &[("X-Forwarded-For", "")], allow), client("127.0.0.1", Some(9), false));
     }
 
     #[test]
     fn forwarded_gives_the_address_and_proto_when_there_is_no_x_forwarded_for() {
-        let chain = [("Forwarded", "for=198.51.100.1;proto=http, for=\"[2001:db8::7]:4711\";proto=https;by=10.0.0.1, for=10.0.0.2")];
+        let chain = [(
+            "Forwarded",
+            "for=198.51.100.1;proto=http, for=\"[2001:db8::7]:4711\";proto=https;by=10.0.0.1, for=10.0.0.2",
+        )];
         let allow = &["127.0.0.1", "10.0.0.0/8"];
         assert_eq!(from("127.0.0.1:1", &chain, allow), client("2001:db8::7", Some(4711), true));
-        assert_eq!(from("127.0.0.1:1", &[("Forwarded", "For=\"203.0.113.5\";Proto=HTTP")], allow), client("203.0.113.5", None, false));
+        assert_eq!(
+            from("127.0.0.1:1", &[("Forwarded", "For=\"203.0.113.5\";Proto=HTTP")], allow),
+            client("203.0.113.5", None, false)
+        );
         // An obfuscated node ends the walk; its element's proto still counts.
-        assert_eq!(from("127.0.0.1:1", &[("Forwarded", "for=_hidden;proto=https, for=10.0.0.2")], allow), client("10.0.0.2", None, true));
+        assert_eq!(
+            from("127.0.0.1:1", &[("Forwarded", "for=_hidden;proto=https, for=10.0.0.2")], allow),
+            client("10.0.0.2", None, true)
+        );
         // A client's unterminated quote does not swallow what the proxy appended.
-        assert_eq!(from("127.0.0.1:1", &[("Forwarded", "for=\"1.2.3.4, for=203.0.113.5")], allow), client("203.0.113.5", None, false));
+        assert_eq!(
+            from("127.0.0.1:1", &[("Forwarded", "for=\"1.2.3.4, for=203.0.113.5")], allow),
+            client("203.0.113.5", None, false)
+        );
         // With X-Forwarded-For there too, Forwarded is not read at all.
         let both = [("Forwarded", "for=198.51.100.1;proto=https"), ("X-Forwarded-For", "203.0.113.5")];
         assert_eq!(from("127.0.0.1:1", &both, allow), client("203.0.113.5", None, false));
@@ -331,7 +366,10 @@ mod tests {
     #[test]
     fn secure_scheme_headers_set_the_scheme_and_must_agree() {
         assert_eq!(from("127.0.0.1:7", &[("X-Forwarded-Proto", "https")], LOCAL), client("127.0.0.1", Some(7), true));
-        assert_eq!(from("127.0.0.1:7", &[("x-forwarded-ssl", "on"), ("X-Forwarded-Protocol", "ssl")], LOCAL), client("127.0.0.1", Some(7), true));
+        assert_eq!(
+            from("127.0.0.1:7", &[("x-forwarded-ssl", "on"), ("X-Forwarded-Protocol", "ssl")], LOCAL),
+            client("127.0.0.1", Some(7), true)
+        );
         // Values are compared exactly, as gunicorn does.
         assert_eq!(from("127.0.0.1:7", &[("X-Forwarded-Proto", "HTTPS")], LOCAL), client("127.0.0.1", Some(7), false));
         let refused = |pairs: &[(&str, &str)]| from("127.0.0.1:7", pairs, LOCAL).unwrap_err().to_string();

@@ -223,7 +223,10 @@ impl Successor {
     /// new connection, with its header).
     pub(crate) fn hand_over(&self, sleeper: Sleeper) {
         if sleeper.peer.proxy != ProxyStage::Off {
-            debug!("closing an idle PROXY protocol connection from {} instead of handing it over", sleeper.peer.display());
+            debug!(
+                "closing an idle PROXY protocol connection from {} instead of handing it over",
+                sleeper.peer.display()
+            );
             return;
         }
         let kind = match sleeper.kind {

@@ -94,11 +94,15 @@ impl fmt::Display for ProxyError {
             }
             ProxyError::V1TooLong => write!(f, "PROXY protocol line longer than {V1_MAX_LINE} bytes"),
             ProxyError::V1Malformed => write!(f, "malformed PROXY protocol line"),
-            ProxyError::V1UnknownProtocol => write!(f, "PROXY protocol line with a protocol other than TCP4, TCP6, UNKNOWN"),
+            ProxyError::V1UnknownProtocol => {
+                write!(f, "PROXY protocol line with a protocol other than TCP4, TCP6, UNKNOWN")
+            }
             ProxyError::V1BadAddress => write!(f, "PROXY protocol line with an address not of its protocol's family"),
             ProxyError::V1BadPort => write!(f, "PROXY protocol line with a port that is not 0 to 65535"),
             ProxyError::V2UnsupportedVersion { version } => write!(f, "PROXY protocol header of version {version}"),
-            ProxyError::V2UnknownCommand { command } => write!(f, "PROXY protocol header with unknown command {command}"),
+            ProxyError::V2UnknownCommand { command } => {
+                write!(f, "PROXY protocol header with unknown command {command}")
+            }
             ProxyError::V2UnknownFamily { byte } => {
                 write!(f, "PROXY protocol header with unknown family and transport 0x{byte:02x}")
             }
@@ -116,7 +120,8 @@ impl std::error::Error for ProxyError {}
 /// `Ok(Some((header, len)))`: the header takes the first `len` bytes, the rest is HTTP.
 /// `Ok(None)`: the header is not complete yet.
 pub fn decode_proxy_header(buf: &[u8], accepted: ProxyVersions) -> Result<Option<(ProxyHeader, usize)>, ProxyError> {
-    let starts_with = |signature: &[u8]| buf[..buf.len().min(signature.len())] == signature[..buf.len().min(signature.len())];
+    let starts_with =
+        |signature: &[u8]| buf[..buf.len().min(signature.len())] == signature[..buf.len().min(signature.len())];
     if accepted.v2() && starts_with(V2_SIGNATURE) {
         return decode_v2(buf);
     }
@@ -227,7 +232,9 @@ fn decode_v2(buf: &[u8]) -> Result<Option<(ProxyHeader, usize)>, ProxyError> {
     let header = match family {
         _ if local => ProxyHeader::Local,
         0x11 => {
-            let ip = |at: usize| IpAddr::V4(Ipv4Addr::new(addresses[at], addresses[at + 1], addresses[at + 2], addresses[at + 3]));
+            let ip = |at: usize| {
+                IpAddr::V4(Ipv4Addr::new(addresses[at], addresses[at + 1], addresses[at + 2], addresses[at + 3]))
+            };
             ProxyHeader::Proxied { client: SocketAddr::new(ip(0), port(8)), server: SocketAddr::new(ip(4), port(10)) }
         }
         0x21 => {
@@ -367,7 +374,10 @@ mod tests {
         }
         let short = v2(0x21, 0x21, &[0; 12]);
         assert_eq!(decode(&short), Err(ProxyError::V2AddressesTooShort { byte: 0x21, length: 12, needed: 36 }));
-        assert_eq!(decode(&v2(0x21, 0x31, &[0; 215])[..40]), Err(ProxyError::V2AddressesTooShort { byte: 0x31, length: 215, needed: 216 }));
+        assert_eq!(
+            decode(&v2(0x21, 0x31, &[0; 215])[..40]),
+            Err(ProxyError::V2AddressesTooShort { byte: 0x31, length: 215, needed: 216 })
+        );
     }
 
     #[test]
@@ -380,14 +390,8 @@ mod tests {
         // A server that takes one version only refuses the other as it would any other bytes.
         let v1 = ProxyVersions::V1;
         let v2_only = ProxyVersions::V2;
-        assert_eq!(
-            decode_every_way(&v2(0x21, 0x00, b""), v1),
-            Err(ProxyError::Missing { accepted: v1 })
-        );
-        assert_eq!(
-            decode_every_way(b"PROXY UNKNOWN\r\n", v2_only),
-            Err(ProxyError::Missing { accepted: v2_only })
-        );
+        assert_eq!(decode_every_way(&v2(0x21, 0x00, b""), v1), Err(ProxyError::Missing { accepted: v1 }));
+        assert_eq!(decode_every_way(b"PROXY UNKNOWN\r\n", v2_only), Err(ProxyError::Missing { accepted: v2_only }));
         assert_eq!(decode_every_way(b"PROXY UNKNOWN\r\n", v1), Ok(Some((ProxyHeader::Unspecified, 15))));
         assert_eq!(decode_every_way(&v2(0x20, 0x00, b""), v2_only), Ok(Some((ProxyHeader::Local, 16))));
     }
@@ -395,7 +399,10 @@ mod tests {
     #[test]
     fn errors_read_as_one_line() {
         let error = ProxyError::V2AddressesTooShort { byte: 0x21, length: 12, needed: 36 };
-        assert_eq!(error.to_string(), "PROXY protocol header of family 0x21 with 12 bytes of addresses, fewer than its 36");
+        assert_eq!(
+            error.to_string(),
+            "PROXY protocol header of family 0x21 with 12 bytes of addresses, fewer than its 36"
+        );
         let missing = ProxyError::Missing { accepted: ProxyVersions::Both };
         assert_eq!(missing.to_string(), "the connection does not begin with a PROXY protocol header");
     }
