@@ -70,7 +70,7 @@ def headers(pairs):
 
 def request(body=b"hello", in_file=False, minor=1):
     payload = bytes([minor]) + str16(b"POST") + str16(b"/a%20b?x=1") + str16(b"127.0.0.1") + struct.pack("<H", 40000)
-    payload += str16(b"localhost") + struct.pack("<H", 8000)
+    payload += str16(b"localhost") + struct.pack("<H", 8000) + bytes([1])  # https
     payload += headers([(b"Host", b"example.org"), (b"X-Empty", b"")]) + struct.pack("<Q", len(body))
     return frame(16, 2 if in_file else 0, payload + (b"" if in_file else body))
 
@@ -123,6 +123,25 @@ def main(out):
             )
         ],
     }
+    v2_signature = b"\r\n\r\n\x00\r\nQUIT\n"
+    # versions choice, read-size seed, then the connection's first bytes
+    seeds["proxy_header"] = [
+        bytes([choice]) + struct.pack("<H", seed) + start
+        for seed, start in enumerate(
+            [
+                b"PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\nGET / HTTP/1.1\r\n",
+                b"PROXY TCP6 2001:db8::1 ::1 65535 0\r\n",
+                b"PROXY UNKNOWN\r\n",
+                v2_signature
+                + bytes([0x21, 0x11, 0, 17, 192, 0, 2, 1, 198, 51, 100, 2, 0xDC, 4, 1, 0xBB, 1, 0, 2])
+                + b"h2GET",
+                v2_signature + bytes([0x21, 0x21, 0, 36]) + bytes(15) + b"\x01" + bytes(16) + b"\x12\x34\x00\x50",
+                v2_signature + bytes([0x20, 0x00, 0, 0]),
+                v2_signature + bytes([0x21, 0x31, 0, 216]) + bytes(216),
+            ]
+        )
+        for choice in (0, 1, 2)
+    ]
     for target, inputs in seeds.items():
         directory = Path(out) / target
         directory.mkdir(parents=True, exist_ok=True)

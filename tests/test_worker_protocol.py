@@ -423,6 +423,7 @@ def request_frame(
     http_minor: int = 1,
     peer: tuple[str, int] = ("127.0.0.1", 40000),
     server: tuple[str, int] = ("localhost", 8000),
+    https: bool = False,
     body_in_file: bool = False,
 ) -> bytes:
     """A REQUEST frame; with `body_in_file` the body is not inline (the FD flag is set)."""
@@ -435,6 +436,7 @@ def request_frame(
         struct.pack("<H", peer[1]),
         str16(server[0].encode()),
         struct.pack("<H", server[1]),
+        struct.pack("<B", https),
     ]
     headers = [("Host", b"localhost:8000")] if headers is None else headers
     fields.append(struct.pack("<H", len(headers)))
@@ -784,10 +786,12 @@ def test_headers_become_http_variables(start_worker: Callable[..., Worker]) -> N
 
 def test_content_length_is_the_body_length(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker("app_environ")
-    # A de-chunked body arrives without a Content-Length header.
+    # A de-chunked body arrives with its length and without its coding, as behind nginx.
     chunked = worker.request("POST", "/", headers=[("Transfer-Encoding", "chunked")], body=b"12345").json()
     assert chunked["CONTENT_LENGTH"] == "5"
-    assert chunked["HTTP_TRANSFER_ENCODING"] == "chunked"
+    assert "HTTP_TRANSFER_ENCODING" not in chunked
+    empty_chunked = worker.request("POST", "/", headers=[("Transfer-Encoding", "chunked")]).json()
+    assert empty_chunked["CONTENT_LENGTH"] == "0"
     empty_declared = worker.request("POST", "/", headers=[("Content-Length", "0")]).json()
     assert empty_declared["CONTENT_LENGTH"] == "0"
     no_body = worker.request("GET", "/").json()
@@ -840,6 +844,15 @@ def test_unix_socket_peer_has_no_port(start_worker: Callable[..., Worker]) -> No
     environ = worker.request(peer=("", 0), server=("/run/app.sock", 0)).json()
     assert environ["REMOTE_ADDR"] == "" and "REMOTE_PORT" not in environ
     assert (environ["SERVER_NAME"], environ["SERVER_PORT"]) == ("/run/app.sock", "0")
+
+
+def test_the_scheme_and_a_forwarded_address_without_port(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker("app_environ")
+    assert worker.request().json()["wsgi.url_scheme"] == "http"
+    # What the lobby sends for a trusted proxy's https and an address it forwarded without port.
+    forwarded = worker.request(peer=("203.0.113.7", 0), https=True).json()
+    assert forwarded["wsgi.url_scheme"] == "https"
+    assert forwarded["REMOTE_ADDR"] == "203.0.113.7" and "REMOTE_PORT" not in forwarded
 
 
 # --- wsgi.input ----------------------------------------------------------------------------

@@ -208,6 +208,7 @@ enum WorkerEvent {
         target: Vec<u8>,
         peer: (Vec<u8>, u16),
         server: (Vec<u8>, u16),
+        https: bool,
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         body_len: u64,
         /// None when the body comes in a file.
@@ -324,6 +325,7 @@ impl WorkerChannel {
             target: request.target.to_vec(),
             peer: (request.peer_addr.to_vec(), request.peer_port),
             server: (request.server_name.to_vec(), request.server_port),
+            https: request.https,
             headers: request.headers.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect(),
             body_len: request.body_len,
             inline_body: None,

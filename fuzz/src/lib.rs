@@ -12,21 +12,24 @@
 mod chunked;
 mod decoder;
 mod frames;
+mod proxy;
 
 pub use chunked::chunked_body;
 pub use decoder::request_decoder;
 pub use frames::{lobby_frames, worker_frames};
+pub use proxy::proxy_header;
 
 /// A target's body: it panics on an input that breaks a property.
 pub type Target = fn(&[u8]);
 
 /// Every fuzz target: its name (that of its corpus directory and of its harness binary) and
 /// its body.
-pub const TARGETS: [(&str, Target); 4] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("request_decoder", request_decoder),
     ("chunked_body", chunked_body),
     ("lobby_frames", lobby_frames),
     ("worker_frames", worker_frames),
+    ("proxy_header", proxy_header),
 ];
 
 /// The fuzzer's bytes: a few choices, then the data that is fed.

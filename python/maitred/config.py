@@ -270,6 +270,85 @@ def _stats_address(text: str) -> str:
     return address
 
 
+def _address_list(text: str) -> list[str]:
+    """Comma-separated IP addresses and networks (CIDR), or ``*`` for every peer, as gunicorn's
+    --forwarded-allow-ips and --proxy-allow-from take them; empty: none."""
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    for entry in entries:
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError as error:
+            detail = f" ({error})" if "host bits" in str(error) else ""
+            raise ValueError(
+                f"{entry!r} is neither an IP address, a network such as 10.0.0.0/8, nor *{detail}"
+            ) from None
+    return entries
+
+
+def _address_list_value(value: object) -> list[str]:
+    """A config file's allow list: a comma-separated string, as gunicorn's, or a list of strings."""
+    if isinstance(value, str):
+        return _address_list(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return _address_list(",".join(value))
+    raise ValueError(f"expected a comma-separated string or a list of strings, got {value!r}")
+
+
+# gunicorn's default secure_scheme_headers: a trusted proxy's header that says https.
+SECURE_SCHEME_HEADERS = {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https", "X-FORWARDED-SSL": "on"}
+
+
+def _secure_scheme_headers(text: str) -> dict[str, str]:
+    """``NAME=VALUE,NAME=VALUE`` (empty: none), the command line's form of gunicorn's dict."""
+    pairs = [pair.strip() for pair in text.split(",") if pair.strip()]
+    headers = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals:
+            raise ValueError(f"expected NAME=VALUE, got {pair!r}")
+        headers[name.strip()] = value.strip()
+    return _checked_scheme_headers(headers)
+
+
+def _checked_scheme_headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ValueError(f"{name!r} is not a header name")
+        if not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ValueError(f"{name}: {value!r} is not a header value")
+    return {name.upper(): value for name, value in headers.items()}
+
+
+def _secure_scheme_headers_value(value: object) -> dict[str, str]:
+    """A config file's secure_scheme_headers: gunicorn's dict, or the command line's text."""
+    if isinstance(value, str):
+        return _secure_scheme_headers(value)
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return _checked_scheme_headers(value)
+    raise ValueError(f"expected a dict of header names to values, got {value!r}")
+
+
+PROXY_PROTOCOL_MODES = ("off", "v1", "v2", "auto")
+
+
+def _proxy_protocol(text: str) -> str:
+    mode = text.lower()
+    if mode not in PROXY_PROTOCOL_MODES:
+        raise ValueError(f"expected one of {', '.join(PROXY_PROTOCOL_MODES)}, got {text!r}")
+    return mode
+
+
+def _proxy_protocol_value(value: object) -> str:
+    """A config file's proxy_protocol: a mode, or True (auto) and False (off) as gunicorn takes."""
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    if isinstance(value, str):
+        return _proxy_protocol(value)
+    raise ValueError(f"expected one of {', '.join(PROXY_PROTOCOL_MODES)}, True or False, got {value!r}")
+
+
 # ---------------------------------------------------------------------------------------------
 # The table.
 
@@ -295,6 +374,12 @@ class Setting:
     file_settable: bool = True
     show: Callable[[object], str] = repr
     """How --print-config writes its value."""
+    from_python: Callable[[object], object] | None = None
+    """Checks a config file's value when it may be other than text (a dict, a list, a bool)."""
+    const: str | None = None
+    """The value of the flag given without one: its value is optional (``--proxy-protocol``)."""
+    environ: str | None = None
+    """The environment variable that, when set, gives the default, as under gunicorn."""
 
     @property
     def is_flag(self) -> bool:
@@ -561,6 +646,58 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head ceiling).",
     ),
     Setting(
+        "proxies",
+        "forwarded_allow_ips",
+        ("--forwarded-allow-ips",),
+        "LIST",
+        _address_list,
+        ["127.0.0.1", "::1"],
+        "Peers trusted to say who the client is: comma-separated addresses and networks (10.0.0.0/8), or * "
+        "for all. From them (and from any Unix-socket peer) X-Forwarded-For or Forwarded set REMOTE_ADDR, and "
+        "secure_scheme_headers set wsgi.url_scheme (docs/PROXIES.md).",
+        default_text="127.0.0.1,::1, or $FORWARDED_ALLOW_IPS",
+        from_python=_address_list_value,
+        environ="FORWARDED_ALLOW_IPS",
+    ),
+    Setting(
+        "proxies",
+        "secure_scheme_headers",
+        ("--secure-scheme-headers",),
+        "NAME=VALUE,...",
+        _secure_scheme_headers,
+        SECURE_SCHEME_HEADERS,
+        "Headers by which a trusted peer says the client used https: with this value https, with any other "
+        "http; headers that disagree get 400. A dict in a config file, as in gunicorn's; empty: none. The "
+        "default is gunicorn's: X-FORWARDED-PROTO https, X-FORWARDED-SSL on, X-FORWARDED-PROTOCOL ssl.",
+        default_text="gunicorn's three",
+        from_python=_secure_scheme_headers_value,
+    ),
+    Setting(
+        "proxies",
+        "proxy_protocol",
+        ("--proxy-protocol",),
+        "MODE",
+        _proxy_protocol,
+        "off",
+        "Every connection must begin with a PROXY protocol header (HAProxy's send-proxy), whose client becomes "
+        "REMOTE_ADDR: v1, v2, or auto for either (the flag alone); off. Put the flag after the application, or "
+        "give its mode, as its value is optional.",
+        from_python=_proxy_protocol_value,
+        const="auto",
+    ),
+    Setting(
+        "proxies",
+        "proxy_allow_ips",
+        ("--proxy-allow-from",),
+        "LIST",
+        _address_list,
+        ["127.0.0.1", "::1"],
+        "Peers that may send a PROXY protocol header (addresses, networks, or *); under --proxy-protocol any "
+        "other gets 400.",
+        default_text="127.0.0.1,::1",
+        from_python=_address_list_value,
+    ),
+    Setting(
         "logging",
         "access_logfile",
         ("--access-logfile",),
@@ -804,6 +941,16 @@ def build_parser() -> argparse.ArgumentParser:
         text = f"{setting.help} (default: {setting.shown_default})"
         if setting.is_flag:
             group.add_argument(*setting.flags, dest=setting.name, action="store_true", help=text)
+        elif setting.const is not None:
+            group.add_argument(
+                *setting.flags,
+                dest=setting.name,
+                metavar=setting.metavar,
+                type=_argparse_type(setting),
+                nargs="?",
+                const=setting.const,
+                help=text,
+            )
         else:
             group.add_argument(
                 *setting.flags,
@@ -828,6 +975,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _from_python(setting: Setting, value: object) -> object:
     """Checks a value given in a config file, with the same parser as the command line."""
+    if setting.from_python is not None:
+        return setting.from_python(value)
     if setting.is_flag:
         if not isinstance(value, bool):
             raise ValueError(f"expected True or False, got {value!r}")
@@ -1108,7 +1257,8 @@ def _merge(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     settings: dict[str, object] = {}
     sources: dict[str, str] = {}
     for setting in SETTINGS:
-        value, source = setting.default, "default"
+        value = default(setting)
+        source = setting.environ if setting.environ is not None and setting.environ in os.environ else "default"
         for where, values in layers:
             if setting.name in values:
                 value, source = values[setting.name], where
@@ -1132,6 +1282,18 @@ def _complete(settings: dict[str, object], sources: dict[str, str]) -> None:
         ) from None
     settings["group"] = entry.pw_gid
     sources["group"] = f"the primary group of user {entry.pw_name}"
+
+
+def default(setting: Setting) -> object:
+    """A setting's default: its environment variable's value when it has one that is set."""
+    text = os.environ.get(setting.environ) if setting.environ is not None else None
+    if text is None:
+        return setting.default
+    assert setting.parse is not None
+    try:
+        return setting.parse(text)
+    except ValueError as error:
+        raise UsageError(f"{setting.environ} (the default of {setting.flags[-1]}): {error}") from None
 
 
 def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -1310,7 +1472,8 @@ def markdown_table() -> str:
         "|---|---|---|---|",
     ]
     for setting in SETTINGS:
-        flags = ", ".join(f"`{flag}`" if setting.is_flag else f"`{flag} {setting.metavar}`" for flag in setting.flags)
+        value = f"[{setting.metavar}]" if setting.const is not None else setting.metavar
+        flags = ", ".join(f"`{flag}`" if setting.is_flag else f"`{flag} {value}`" for flag in setting.flags)
         name = f"`{setting.name}`" if setting.file_settable else ""
         default = setting.default_text if setting.default_text is not None else f"`{setting.shown_default}`"
         help_text = setting.help.replace("|", "\\|")

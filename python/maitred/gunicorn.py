@@ -207,19 +207,8 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "the lobby keeps large request bodies in temporary files of its own (TMPDIR)",
         _OFF,
     ),
-    GunicornSetting(
-        "secure_scheme_headers",
-        (),
-        _IGNORED,
-        "maitred does not trust forwarding headers: wsgi.url_scheme is the scheme the lobby served; let the "
-        "application read X-Forwarded-Proto (e.g. Django's SECURE_PROXY_SSL_HEADER)",
-    ),
-    GunicornSetting(
-        "forwarded_allow_ips",
-        ("--forwarded-allow-ips",),
-        _IGNORED,
-        "maitred does not trust forwarding headers from any address",
-    ),
+    GunicornSetting("secure_scheme_headers", (), _SAME),
+    GunicornSetting("forwarded_allow_ips", ("--forwarded-allow-ips",), _SAME),
     GunicornSetting(
         "pythonpath",
         ("--pythonpath",),
@@ -231,14 +220,8 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "paste", ("--paste", "--paster"), _IGNORED, "give the application as MODULE:CALLABLE; no PasteDeploy", _OFF
     ),
     GunicornSetting("raw_paste_global_conf", ("--paste-global",), _IGNORED, "no PasteDeploy", _OFF),
-    GunicornSetting(
-        "proxy_protocol",
-        ("--proxy-protocol",),
-        _IGNORED,
-        "the lobby does not read the PROXY protocol: a proxy sending it gets 400",
-        (*_OFF, "off"),
-    ),
-    GunicornSetting("proxy_allow_ips", ("--proxy-allow-from",), _IGNORED, "the lobby does not read the PROXY protocol"),
+    GunicornSetting("proxy_protocol", ("--proxy-protocol",), _SAME),
+    GunicornSetting("proxy_allow_ips", ("--proxy-allow-from",), _SAME),
     GunicornSetting("protocol", ("--protocol",), _IGNORED, "maitred speaks HTTP only, not uwsgi", ("http",)),
     GunicornSetting("uwsgi_allow_ips", ("--uwsgi-allow-from",), _IGNORED, "maitred speaks HTTP only, not uwsgi"),
     GunicornSetting("permit_obsolete_folding", ("--permit-obsolete-folding",), _IGNORED, _PARSER, _OFF),

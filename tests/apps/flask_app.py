@@ -1,7 +1,9 @@
 """A Flask application for tests/test_frameworks.py: a form post, a JSON API, a file
-download and a streamed response."""
+download and a streamed response; and, for tests/test_proxies.py, what a body looks like to Flask."""
 
 from __future__ import annotations
+
+import hashlib
 
 from flask import Flask, Response, jsonify, request, send_file, stream_with_context
 from framework_support import DOWNLOAD, describe_upload, order_summary, reporting_result_type, stream_lines
@@ -21,6 +23,18 @@ def form() -> Response:
 @app.post("/api/orders")
 def orders() -> tuple[Response, int]:
     return jsonify(order_summary(request.get_json())), 201
+
+
+@app.post("/upload-length")
+def upload_length() -> Response:
+    """What Flask makes of a request body: the length it was told and the bytes it read."""
+    data = request.get_data()
+    return jsonify(
+        content_length=request.content_length,
+        transfer_encoding=request.headers.get("Transfer-Encoding"),
+        received=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
 
 
 @app.get("/download")

@@ -269,13 +269,14 @@ pub(crate) fn accept_backlog(
 /// Gives an accepted, non-blocking socket its connection task.
 fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
     let fd = OwnedFd::from(socket);
+    let proxy_protocol = lobby.settings().proxy_protocol.is_some();
     let started = match peer.as_socket() {
         // TCP_NODELAY comes from the listener (listen::bind).
         Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
-            connection::start(lobby, stream, Peer(Some(addr)), site.clone(), permit, 0);
+            connection::start(lobby, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
         }),
         None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
-            connection::start(lobby, stream, Peer(None), site.clone(), permit, 0);
+            connection::start(lobby, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
         }),
     };
     if let Err(e) = started {

@@ -3,9 +3,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use maitred_protocol::ProxyVersions;
+
 use crate::access_format::AccessFormat;
 use crate::log::Level;
 use crate::privileges::Credentials;
+use crate::proxies::{AllowList, Forwarding};
 
 /// One address to listen on, as given to `--bind`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,6 +105,12 @@ pub struct Config {
     pub stats: Option<BindAddress>,
     /// `--user` and `--group`: who the lobby becomes once its sockets are bound.
     pub drop_to: Option<Credentials>,
+    /// `--forwarded-allow-ips` and `secure_scheme_headers`: whose forwarded headers are read.
+    pub forwarding: Forwarding,
+    /// `--proxy-protocol`: the PROXY header versions each connection must begin with; None: off.
+    pub proxy_protocol: Option<ProxyVersions>,
+    /// `--proxy-allow-from`: the peers that may send a PROXY header.
+    pub proxy_allow_ips: AllowList,
 }
 
 #[cfg(test)]

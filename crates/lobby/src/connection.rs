@@ -9,6 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::future::poll_fn;
 use std::io::{self, Write};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use std::time::{Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use maitred_protocol::{
-    write_chunk, write_error_response, write_response_head, BodyLength, Event, Framing, RequestDecoder, RequestError,
-    RequestHead, ResponseContext, Version, LAST_CHUNK,
+    decode_proxy_header, write_chunk, write_error_response, write_response_head, BodyLength, Event, Framing,
+    ProxyHeader, RequestDecoder, RequestError, RequestHead, ResponseContext, Version, LAST_CHUNK,
 };
 use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
@@ -28,6 +29,7 @@ use tokio::time::sleep_until;
 use crate::connection_states::{ConnectionState, StateMark};
 use crate::hibernation::{Sleeper, StreamKind, HIBERNATE_AFTER};
 use crate::log::{self, debug};
+use crate::proxies::{self, Origin};
 use crate::seating::{Job, JobState, Served};
 use crate::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 use crate::Lobby;
@@ -76,20 +78,30 @@ client_stream!(tokio::net::UnixStream, StreamKind::Unix);
 /// Who is on the other end, for the environ and the logs: an address for TCP, none for a
 /// Unix socket. Kept as the socket address, not as text, so that it costs a hibernating
 /// connection no allocation of its own.
-pub struct Peer(pub Option<std::net::SocketAddr>);
+pub struct Peer {
+    /// The socket's peer; once a PROXY header has been read, the client it named.
+    pub addr: Option<SocketAddr>,
+    pub proxy: ProxyStage,
+}
+
+/// Where a connection stands with the PROXY protocol (`--proxy-protocol`, docs/PROXIES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyStage {
+    /// Off when the connection was accepted: the peer is the client.
+    Off,
+    /// The connection must begin with a PROXY header, which has not been read yet.
+    Awaited,
+    /// The header has been read.
+    Read,
+}
 
 impl Peer {
-    /// REMOTE_ADDR: the address without the port, empty for a Unix socket.
-    fn ip_text(&self) -> String {
-        self.0.map(|addr| addr.ip().to_string()).unwrap_or_default()
-    }
-
-    fn port(&self) -> u16 {
-        self.0.map_or(0, |addr| addr.port())
+    pub fn new(addr: Option<SocketAddr>, proxy_protocol: bool) -> Peer {
+        Peer { addr, proxy: if proxy_protocol { ProxyStage::Awaited } else { ProxyStage::Off } }
     }
 
     pub(crate) fn display(&self) -> String {
-        match self.0 {
+        match self.addr {
             Some(addr) => format!("{}:{}", addr.ip(), addr.port()),
             None => "unix socket".into(),
         }
@@ -252,7 +264,7 @@ impl<S: ClientStream> Connection<S> {
             }
             self.mark.set(ConnectionState::Reading);
             let stop = match Box::pin(self.next_request()).await {
-                Ok((head, body)) => match Box::pin(self.seat(&head, body)).await {
+                Ok((head, origin, body)) => match Box::pin(self.seat(&head, &origin, body)).await {
                     Ok(true) => continue,
                     Ok(false) => return,
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {
@@ -362,9 +374,15 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Reads one whole request: its head, then its body to the end.
-    async fn next_request(&mut self) -> Result<(RequestHead, Body), Stop> {
+    /// Reads one whole request: its head, then its body to the end. The client it comes from
+    /// is settled with its head, so that a contradiction is refused before the body is read.
+    async fn next_request(&mut self) -> Result<(RequestHead, Origin, Body), Stop> {
+        if self.peer.proxy == ProxyStage::Awaited {
+            self.read_proxy_header().await?;
+        }
         let head = self.read_head().await?;
+        let origin = proxies::origin(self.peer.addr, &head.headers, &self.lobby.settings().forwarding)
+            .map_err(|e| Stop::Refuse(400, e.to_string()))?;
         if head.expect_continue && !matches!(head.body, BodyLength::Empty) {
             self.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| Stop::Quietly)?;
         }
@@ -381,7 +399,7 @@ impl<S: ClientStream> Connection<S> {
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => body.push(&data, &descriptors)?,
-                Some(Event::End { .. }) => return Ok((head, body)),
+                Some(Event::End { .. }) => return Ok((head, origin, body)),
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
                     let gap_deadline = gap_started + config.header_timeout;
@@ -413,6 +431,49 @@ impl<S: ClientStream> Connection<S> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Reads the PROXY header the connection must begin with, from a peer in
+    /// `--proxy-allow-from` (any Unix-socket peer, as under gunicorn), within
+    /// `--header-timeout`; the client it names becomes the peer.
+    async fn read_proxy_header(&mut self) -> Result<(), Stop> {
+        let settings = self.lobby.settings();
+        let Some(versions) = settings.proxy_protocol else {
+            // A reload turned it off after this connection was accepted.
+            self.peer.proxy = ProxyStage::Off;
+            return Ok(());
+        };
+        if let Some(addr) = self.peer.addr.filter(|addr| !settings.proxy_allow_ips.allows(addr.ip())) {
+            return Err(Stop::Refuse(
+                400,
+                format!(
+                    "{} is not in --proxy-allow-from, and this server takes only PROXY protocol connections",
+                    addr.ip()
+                ),
+            ));
+        }
+        let deadline = Instant::now() + settings.header_timeout;
+        loop {
+            match decode_proxy_header(&self.buf, versions).map_err(|e| Stop::Refuse(400, e.to_string()))? {
+                Some((header, len)) => {
+                    let _ = self.buf.split_to(len);
+                    if let ProxyHeader::Proxied { client, .. } = header {
+                        self.peer.addr = Some(client);
+                    }
+                    self.peer.proxy = ProxyStage::Read;
+                    return Ok(());
+                }
+                None => tokio::select! {
+                    read = self.read_more() => match read {
+                        Ok(0) | Err(_) => return Err(Stop::Quietly),
+                        Ok(_) => {}
+                    },
+                    _ = sleep_until(deadline.into()) => {
+                        return Err(Stop::Refuse(400, "the PROXY protocol header did not arrive within --header-timeout".into()));
+                    }
+                },
             }
         }
     }
@@ -469,7 +530,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
-    async fn seat(&mut self, head: &RequestHead, body: Body) -> io::Result<bool> {
+    async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<bool> {
         let (respond, responses) = answer_channel(
             self.lobby.spill_budget.clone(),
             self.lobby.settings().max_spill,
@@ -483,7 +544,7 @@ impl<S: ClientStream> Connection<S> {
         )
         .into();
         // The body file's place under --max-connections is held until the answer is written.
-        let (job, _body_descriptor) = match self.job(head, body, respond, summary.clone()) {
+        let (job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone()) {
             Ok(job) => job,
             Err(detail) => {
                 log::info_limited!("431 to {}: {detail}", self.peer.display());
@@ -517,7 +578,7 @@ impl<S: ClientStream> Connection<S> {
             if last {
                 self.answered += 1;
                 self.lobby.metrics.answered(answer.status);
-                self.log_access(head, &answer, enqueued_at, served.as_deref());
+                self.log_access(head, origin, &answer, enqueued_at, served.as_deref());
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).
@@ -529,6 +590,7 @@ impl<S: ClientStream> Connection<S> {
     fn job(
         &self,
         head: &RequestHead,
+        origin: &Origin,
         body: Body,
         respond: AnswerSender,
         summary: Rc<str>,
@@ -538,7 +600,7 @@ impl<S: ClientStream> Connection<S> {
             Body::Memory(bytes) => (bytes, None, None),
             Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
         };
-        let peer_addr = self.peer.ip_text();
+        let peer_addr = origin.ip_text();
         let request = maitred_wire::Request {
             http_minor: match head.version {
                 Version::Http10 => 0,
@@ -547,9 +609,10 @@ impl<S: ClientStream> Connection<S> {
             method: &head.method,
             target: &head.target,
             peer_addr: peer_addr.as_bytes(),
-            peer_port: self.peer.port(),
+            peer_port: origin.port.unwrap_or(0),
             server_name: self.site.server_name.as_bytes(),
             server_port: self.site.server_port,
+            https: origin.https,
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
             body_len,
             inline_body: &inline,
@@ -766,14 +829,21 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    fn log_access(&self, head: &RequestHead, answer: &Answer, enqueued: Instant, served: Option<&Served>) {
+    fn log_access(
+        &self,
+        head: &RequestHead,
+        origin: &Origin,
+        answer: &Answer,
+        enqueued: Instant,
+        served: Option<&Served>,
+    ) {
         if !log::access_log_enabled() {
             return;
         }
         log::access(
             &self.lobby.settings().access_log_format,
             &log::AccessRecord {
-                peer: &self.peer.ip_text(),
+                peer: &origin.ip_text(),
                 method: &head.method,
                 target: &head.target,
                 version: version_text(head.version),

@@ -20,6 +20,7 @@ mod log;
 mod notify;
 mod offer;
 mod privileges;
+mod proxies;
 mod recycle;
 mod scoreboard;
 mod seating;
@@ -46,6 +47,8 @@ pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
 pub use log::Level;
 pub use privileges::Credentials;
+pub use maitred_protocol::ProxyVersions;
+pub use proxies::{AllowList, Forwarding};
 pub use supervisor::{Reread, Rereader};
 pub use upgrade::Succession;
 

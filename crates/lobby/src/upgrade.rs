@@ -32,9 +32,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
 
 use crate::config::BindAddress;
-use crate::connection::{Peer, Site};
+use crate::connection::{Peer, ProxyStage, Site};
 use crate::hibernation::{Sleeper, StreamKind};
-use crate::log::{info, warning, warning_limited};
+use crate::log::{debug, info, warning, warning_limited};
 use crate::spawn::{self, seqpacket_pair};
 use crate::{notify, Lobby};
 
@@ -201,8 +201,18 @@ pub(crate) struct Successor {
 
 impl Successor {
     /// Sends an idle connection, with what the new lobby needs to serve it as this one would.
-    /// If it cannot be sent, it is closed, as a shutdown would.
+    /// If it cannot be sent, it is closed, as a shutdown would. So is a connection under
+    /// `--proxy-protocol`: the client its header named does not travel with the descriptor, and
+    /// the new lobby would take the next request's first bytes for a header (the proxy opens a
+    /// new connection, with its header).
     pub(crate) fn hand_over(&self, sleeper: Sleeper) {
+        if sleeper.peer.proxy != ProxyStage::Off {
+            debug!(
+                "closing an idle PROXY protocol connection from {} instead of handing it over",
+                sleeper.peer.display()
+            );
+            return;
+        }
         let kind = match sleeper.kind {
             StreamKind::Tcp => "tcp",
             StreamKind::Unix => "unix",
@@ -311,7 +321,8 @@ fn adopt(
     let port = u16::try_from(number(next("port")?, "port")?).map_err(|_| "bad port".to_string())?;
     let name = next("server name")?;
     let permit = connections.clone().try_acquire_owned().map_err(|_| "no place under --max-connections".to_string())?;
-    let peer = Peer(SockRef::from(&socket).peer_addr().ok().and_then(|addr| addr.as_socket()));
+    // A connection that began with a PROXY header is never handed over (`hand_over`).
+    let peer = Peer::new(SockRef::from(&socket).peer_addr().ok().and_then(|addr| addr.as_socket()), false);
     let site = sites
         .iter()
         .find(|site| site.server_port == port && site.server_name == name)

@@ -5,7 +5,8 @@
 //! response side writes heads ([`write_response_head`]), chunks ([`write_chunk`]) and the
 //! server's own refusals ([`write_error_response`]) into byte buffers. Nothing here owns a
 //! socket, a task or a clock: the caller moves the bytes and keeps the time, and every state
-//! can be tested with plain byte strings.
+//! can be tested with plain byte strings. [`decode_proxy_header`] reads the PROXY protocol
+//! header a proxy may send before the first request.
 //!
 //! # Strictness
 //!
@@ -25,11 +26,13 @@ mod chunked;
 mod error;
 mod fields;
 mod head;
+mod proxy;
 mod request;
 mod response;
 mod syntax;
 
 pub use error::{ErrorKind, RequestError, Section};
+pub use proxy::{decode_proxy_header, ProxyError, ProxyHeader, ProxyVersions, V1_MAX_LINE, V2_FIXED_LEN, V2_SIGNATURE};
 pub use request::{BodyLength, Event, Limits, RequestDecoder, RequestHead, Version};
 pub use response::{
     reason_phrase, write_chunk, write_error_response, write_response_head, Framing, ResponseContext, CONTINUE,

@@ -141,12 +141,18 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
     environ.set_item(intern!(py, "SERVER_NAME"), latin1(py, request.server_name)?)?;
     environ.set_item(intern!(py, "SERVER_PORT"), request.server_port.to_string())?;
     environ.set_item(intern!(py, "REMOTE_ADDR"), latin1(py, request.peer_addr)?)?;
-    // A Unix-socket peer has no address and no port.
-    if !request.peer_addr.is_empty() {
+    // A Unix-socket peer has no address and no port; an address a proxy forwarded often comes
+    // without its port (0 on the wire).
+    if !request.peer_addr.is_empty() && request.peer_port != 0 {
         environ.set_item(intern!(py, "REMOTE_PORT"), request.peer_port.to_string())?;
     }
+    // The base environ says http.
+    if request.https {
+        environ.set_item(intern!(py, "wsgi.url_scheme"), intern!(py, "https"))?;
+    }
 
-    let mut content_length_header = false;
+    // Whether the request announced a body, by Content-Length or Transfer-Encoding.
+    let mut body_framed = false;
     let mut key_bytes = Vec::with_capacity(64);
     for &(name, value) in &request.headers {
         // CGI turns '-' into '_', so a client could pass "X_User" for a trusted proxy's
@@ -156,9 +162,10 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
         }
         let key = if name.eq_ignore_ascii_case(b"content-type") {
             intern!(py, "CONTENT_TYPE").clone()
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            // The body's actual length is authoritative; the lobby has de-chunked it.
-            content_length_header = true;
+        } else if name.eq_ignore_ascii_case(b"content-length") || name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // The lobby has read the whole body and de-chunked it: the application sees its
+            // length, as behind nginx, and no coding it would have to undo.
+            body_framed = true;
             continue;
         } else {
             key_bytes.clear();
@@ -175,7 +182,7 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
     if let Some(authority) = target.authority {
         environ.set_item(intern!(py, "HTTP_HOST"), latin1(py, authority)?)?;
     }
-    if request.body_len > 0 || content_length_header {
+    if request.body_len > 0 || body_framed {
         environ.set_item(intern!(py, "CONTENT_LENGTH"), request.body_len.to_string())?;
     }
     Ok(())

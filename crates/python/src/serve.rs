@@ -10,7 +10,10 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_lobby::{AccessFormat, BindAddress, Config, Credentials, Level, Reread, Rereader, Succession};
+use maitred_lobby::{
+    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, Level, ProxyVersions, Reread, Rereader,
+    Succession,
+};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -135,7 +138,31 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             gid,
             groups,
         }),
+        forwarding: Forwarding {
+            allow: allow_list(settings, "forwarded_allow_ips")?,
+            secure_scheme_headers: required::<HashMap<String, String>>(settings, "secure_scheme_headers")?
+                .into_iter()
+                .collect(),
+        },
+        proxy_protocol: proxy_versions(&required::<String>(settings, "proxy_protocol")?)?,
+        proxy_allow_ips: allow_list(settings, "proxy_allow_ips")?,
     })
+}
+
+/// `--proxy-protocol`'s modes, as gunicorn names them (the CLI has checked them).
+fn proxy_versions(mode: &str) -> PyResult<Option<ProxyVersions>> {
+    match mode {
+        "off" => Ok(None),
+        "v1" => Ok(Some(ProxyVersions::V1)),
+        "v2" => Ok(Some(ProxyVersions::V2)),
+        "auto" => Ok(Some(ProxyVersions::Both)),
+        other => Err(PyValueError::new_err(format!("setting 'proxy_protocol': unknown mode '{other}'"))),
+    }
+}
+
+fn allow_list(settings: &Bound<'_, PyDict>, key: &str) -> PyResult<AllowList> {
+    AllowList::parse(&required::<Vec<String>>(settings, key)?)
+        .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
 }
 
 fn required<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {

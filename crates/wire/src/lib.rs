@@ -111,6 +111,8 @@ pub enum WireError {
     TooLarge(usize),
     /// The payload had bytes left after its last field.
     TrailingBytes(usize),
+    /// A field holds a value it cannot have.
+    BadValue(&'static str, u8),
 }
 
 impl fmt::Display for WireError {
@@ -123,6 +125,7 @@ impl fmt::Display for WireError {
             }
             WireError::TooLarge(len) => write!(f, "payload of {len} bytes does not fit in a frame"),
             WireError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the last field"),
+            WireError::BadValue(field, value) => write!(f, "field '{field}' cannot be {value}"),
         }
     }
 }
@@ -280,6 +283,8 @@ pub struct Request<'a> {
     pub peer_port: u16,
     pub server_name: &'a [u8],
     pub server_port: u16,
+    /// `wsgi.url_scheme` is https (a trusted proxy said so); otherwise http.
+    pub https: bool,
     pub headers: Vec<(&'a [u8], &'a [u8])>,
     pub body_len: u64,
     /// The body when it travels inline; empty when it comes as a file descriptor.
@@ -297,6 +302,7 @@ impl<'a> Request<'a> {
         w.u16(self.peer_port);
         w.str16("server name", self.server_name)?;
         w.u16(self.server_port);
+        w.u8(u8::from(self.https));
         w.headers(&self.headers)?;
         w.u64(self.body_len);
         w.raw(self.inline_body);
@@ -313,6 +319,11 @@ impl<'a> Request<'a> {
         let peer_port = r.u16("peer port")?;
         let server_name = r.str16("server name")?;
         let server_port = r.u16("server port")?;
+        let https = match r.u8("url scheme")? {
+            0 => false,
+            1 => true,
+            other => return Err(WireError::BadValue("url scheme", other)),
+        };
         let headers = r.headers()?;
         let body_len = r.u64("body length")?;
         let inline_body = r.rest();
@@ -332,6 +343,7 @@ impl<'a> Request<'a> {
             peer_port,
             server_name,
             server_port,
+            https,
             headers,
             body_len,
             inline_body,
@@ -407,6 +419,7 @@ mod tests {
             peer_port: 40000,
             server_name: b"localhost",
             server_port: 8000,
+            https: true,
             headers: vec![(b"Host", b"example.org"), (b"X-Empty", b"")],
             body_len: 5,
             inline_body,
@@ -471,6 +484,17 @@ mod tests {
         let mut payload = Vec::new();
         sample_request(b"hello").encode_payload(&mut payload).unwrap();
         assert_eq!(Request::decode_payload(&payload[..3], false), Err(WireError::Truncated("method")));
+    }
+
+    #[test]
+    fn a_url_scheme_other_than_0_or_1_is_refused() {
+        let mut payload = Vec::new();
+        sample_request(b"hello").encode_payload(&mut payload).unwrap();
+        // The flag follows the version, the method, the target, the peer and the server.
+        let at = 1 + (2 + 4) + (2 + 10) + (2 + 9) + 2 + (2 + 9) + 2;
+        assert_eq!(payload[at], 1);
+        payload[at] = 2;
+        assert_eq!(Request::decode_payload(&payload, false), Err(WireError::BadValue("url scheme", 2)));
     }
 
     #[test]
