@@ -211,6 +211,7 @@ proc_name = "myapp"
 daemon = False
 keyfile = None
 forwarded_allow_ips = "*"
+access_log_format = '%(h)s "%(r)s" %(s)s %({user-agent}i)s'
 limit_request_line = 4094
 
 def post_fork(server, worker):
@@ -225,18 +226,21 @@ def test_gunicorn_config_file_renamed_works(maitred_server, tmp_path):
     (tmp_path / "hello.py").write_text(GREETER)
     (tmp_path / "maitred.conf.py").write_text(GUNICORN_CONF)
     server = maitred_server(env={"APP_WORKERS": "2", "LOG_DIR": str(tmp_path)})
-    assert requests.get(server.url, timeout=10).text == "from gunicorn.conf.py"
+    # From a proxy forwarded_allow_ips trusts (any), the client's address is the forwarded one.
+    forwarded = {"X-Forwarded-For": "203.0.113.9", "User-Agent": "probe/1"}
+    assert requests.get(server.url, headers=forwarded, timeout=10).text == "from gunicorn.conf.py"
     assert (tmp_path / "app.pid").read_text().strip() == str(server.pid)
     deadline = time.monotonic() + 10
     while not (tmp_path / "access.log").exists() or "GET / " not in (tmp_path / "access.log").read_text():
         assert time.monotonic() < deadline, "no access-log line"
         time.sleep(0.05)
+    assert (tmp_path / "access.log").read_text().splitlines()[0] == '203.0.113.9 "GET / HTTP/1.1" 200 probe/1'
     warnings = [line for line in server.stderr().splitlines() if " is ignored: " in line]
     ignored = sorted(re.search(r"config file \S+: (\w+) is ignored: ", line)[1] for line in warnings)
     # One line each for what maitred cannot honour; none for what it does, for hooks, or for
     # values that ask for nothing maitred does not do (worker_class "sync", daemon False,
     # keyfile None).
-    assert ignored == ["forwarded_allow_ips", "proc_name", "threads"], server.stderr()
+    assert ignored == ["proc_name", "threads"], server.stderr()
     assert any("threads is ignored: a maitred worker runs one request at a time" in line for line in warnings)
 
 
