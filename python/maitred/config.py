@@ -436,7 +436,8 @@ SETTINGS: tuple[Setting, ...] = (
         "ADDRESS",
         _stats_address,
         None,
-        "Address of the stats listener, HOST:PORT or unix:PATH: Prometheus metrics at /metrics "
+        "Address of the stats listener, HOST:PORT or unix:PATH: Prometheus metrics at /metrics, the same "
+        "with the worker scoreboard and the diagnoses at /status.json, and a live page at / "
         "(docs/METRICS.md), answered by the lobby without touching a worker. Keep it off the "
         "public network.",
         default_text="off",
