@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from maitred import _native, config, log, succession, zygote
+from maitred import _native, config, hooks, log, succession, zygote
 from maitred.app import load_app
 
 EXIT_USAGE = 2
@@ -48,8 +48,9 @@ def run(argv: Sequence[str]) -> int:
     except (ValueError, config.UsageError) as error:
         _print_error(str(error))
         return EXIT_USAGE
+    lobby_hooks = hooks.LobbyHooks(settings)
     # Made before --chdir applies: it reads the command line again for each reload.
-    reread = config.rereader(argv, settings)
+    reread = config.rereader(argv, settings, lobby_hooks.adopt)
     try:
         _prepare_process(settings)
     except _StartupFailure as error:
@@ -72,7 +73,7 @@ def run(argv: Sequence[str]) -> int:
         # maitred being replaced, which still serves if this one fails to start.
         if isinstance(pid_file, str) and inheritance is None:
             _write_pid_file(pid_file)
-        return _serve(settings, reread, upgrade)
+        return _serve(settings, reread, upgrade, lobby_hooks)
     except _StartupFailure as error:
         _print_error(str(error))
         return EXIT_STARTUP
@@ -168,7 +169,20 @@ def _remove_pid_file(path: str) -> None:
         pass  # already gone, or unreadable: nothing of ours left to remove
 
 
-def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade: dict[str, object]) -> int:
+def _serve(
+    settings: Mapping[str, object],
+    reread: config.Reread | None,
+    upgrade: dict[str, object],
+    lobby_hooks: hooks.LobbyHooks,
+) -> int:
+    # Before the zygote is forked, as gunicorn calls them before it forks workers: what they
+    # set up in this process, the zygote and the workers inherit.
+    workers = settings["workers"]
+    assert isinstance(workers, int)
+    if not lobby_hooks.nworkers_changed(workers, None):
+        raise _StartupFailure(hooks.summary("nworkers_changed"))
+    if not lobby_hooks.on_starting():
+        raise _StartupFailure(hooks.summary("on_starting"))
     lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -182,11 +196,17 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade
         config.without_service_manager(os.environ)
         _run_zygote(zygote_end, settings)
     zygote_end.close()
+    # Hooks come from a config file; without one the lobby has none to call.
+    called = lobby_hooks if settings["config"] is not None else None
     try:
         # The lobby takes ownership of the control channel's descriptor.
-        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread)
+        return _native.serve(
+            config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread, called
+        )
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
+    finally:
+        lobby_hooks.on_exit()
 
 
 def _close_inherited_listeners(settings: Mapping[str, object]) -> None:
