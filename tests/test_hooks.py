@@ -21,7 +21,7 @@ from client import eventually, get
 from conftest import Server, wait_for_empty_group
 from test_lifecycle import parent_of, wait_for_workers, worker_pids
 
-APP = '''
+APP = """
 import os, time
 
 def app(environ, start_response):
@@ -33,10 +33,10 @@ def app(environ, start_response):
     body = str(os.getpid()).encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
-'''
+"""
 
 # Every hook, as typical hook code writes them: the attributes it reads, `log` calls.
-HOOKS = '''
+HOOKS = """
 import json, os, sys
 
 _RECORDS = {records!r}
@@ -109,7 +109,7 @@ def nworkers_changed(server, new_value, old_value):
 
 def on_exit(server):
     _record("on_exit", **_server(server))
-'''
+"""
 
 
 def records(file: Path) -> list[dict]:
@@ -149,7 +149,9 @@ def zygote_of(server: Server) -> int:
 def one_block(stderr: str, hook: str, error: str) -> bool:
     """The hook's traceback is in the log as one block: its line, then the traceback's lines
     with no other line between them."""
-    pattern = rf"\[ERROR\] the {hook} hook raised:\nTraceback \(most recent call last\):\n(?:  .*\n)+RuntimeError: {error}"
+    pattern = (
+        rf"\[ERROR\] the {hook} hook raised:\nTraceback \(most recent call last\):\n(?:  .*\n)+RuntimeError: {error}"
+    )
     return re.search(pattern, stderr) is not None
 
 
@@ -199,7 +201,12 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     answered_by = int(reply.body)
     (pre,) = [r for r in named(path, "pre_request") if r["path"] == "/hello%20there"]
     assert pre["pid"] == answered_by
-    assert (pre["method"], pre["query"], pre["uri"], pre["version"]) == ("GET", "x=1&y=2", "/hello%20there?x=1&y=2", [1, 1])
+    assert (pre["method"], pre["query"], pre["uri"], pre["version"]) == (
+        "GET",
+        "x=1&y=2",
+        "/hello%20there?x=1&y=2",
+        [1, 1],
+    )
     assert ["HOST", "test"] in pre["headers"]
     assert pre["remote_addr"][0] == "127.0.0.1" and isinstance(pre["remote_addr"][1], int)
     (post,) = [r for r in named(path, "post_request") if r["path"] == "/hello%20there"]
@@ -329,7 +336,7 @@ def test_a_new_maitred_started_by_sigusr2_comes_after_pre_exec(maitred_server, a
 
 # A post_fork as real deployments write it: the application, imported once by --preload, opened
 # a database connection; each worker must have its own, not share the one forked with it.
-STORE = '''
+STORE = """
 import os, sqlite3
 
 DATABASE = {database!r}
@@ -347,9 +354,9 @@ def app(environ, start_response):
     body = f"{{os.getpid()}} {{opened_in}}".encode()
     start_response("200 OK", [("Content-Length", str(len(body)))])
     return [body]
-'''
+"""
 
-RECONNECTING = '''
+RECONNECTING = """
 workers = 2
 preload = True
 
@@ -361,7 +368,7 @@ def post_fork(server, worker):
 
 def post_request(worker, req):
     pass
-'''
+"""
 
 
 def test_a_post_fork_that_reopens_a_preloaded_resource_gives_each_worker_its_own(maitred_server, app_dir, tmp_path):
@@ -404,7 +411,9 @@ def test_a_post_fork_that_reopens_a_preloaded_resource_gives_each_worker_its_own
         ),
     ],
 )
-def test_a_hook_gunicorn_lets_stop_the_start_stops_it_with_one_line(run_maitred, app_dir, tmp_path, hook, source, message):
+def test_a_hook_gunicorn_lets_stop_the_start_stops_it_with_one_line(
+    run_maitred, app_dir, tmp_path, hook, source, message
+):
     (app_dir / "app.py").write_text(APP)
     conf = tmp_path / "failing.conf.py"
     conf.write_text(source)
@@ -425,12 +434,16 @@ def test_a_hook_gunicorn_lets_stop_the_start_stops_it_with_one_line(run_maitred,
         ("post_request = 5\n", "post_request: expected a function of (worker, req, environ, resp), got 5"),
         (
             "def post_request(worker):\n    pass\n",
-            "post_request: the function must take (worker, req) or (worker, req, environ) or "
-            "(worker, req, environ, resp), but its signature is (worker)",
+            (
+                "post_request: the function must take (worker, req) or (worker, req, environ) or "
+                "(worker, req, environ, resp), but its signature is (worker)"
+            ),
         ),
     ],
 )
-def test_a_hook_that_takes_the_wrong_arguments_is_refused_with_one_line(run_maitred, app_dir, tmp_path, source, message):
+def test_a_hook_that_takes_the_wrong_arguments_is_refused_with_one_line(
+    run_maitred, app_dir, tmp_path, source, message
+):
     (app_dir / "app.py").write_text(APP)
     conf = tmp_path / "wrong.conf.py"
     conf.write_text(source)

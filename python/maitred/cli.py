@@ -200,9 +200,7 @@ def _serve(
     called = lobby_hooks if settings["config"] is not None else None
     try:
         # The lobby takes ownership of the control channel's descriptor.
-        return _native.serve(
-            config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread, called
-        )
+        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread, called)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
     finally:

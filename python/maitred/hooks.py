@@ -61,7 +61,8 @@ def checker(name: str) -> Callable[[object], Hook]:
 
     def check(value: object) -> Hook:
         if not callable(value):
-            raise ValueError(f"expected a function of ({', '.join(arguments)}), got {value!r}")
+            # ValueError, as for every other bad value: the caller makes each into one usage line.
+            raise ValueError(f"expected a function of ({', '.join(arguments)}), got {value!r}")  # noqa: TRY004
         try:
             signature = inspect.signature(value)
         except (TypeError, ValueError):

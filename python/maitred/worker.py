@@ -203,33 +203,43 @@ def _serve_requests_with_hooks(
     channel: WorkerChannel, application: Application, worker_hooks: hooks.WorkerHooks, me: hooks.Worker
 ) -> None:
     """_serve_requests, with pre_request before each request and post_request after it."""
-    pre_request = worker_hooks.get("pre_request")
-    post_request = worker_hooks.get("post_request")
     receive = channel.receive
     while True:
         request = receive()
         if request is None:
             return
         environ, start_response = request
-        req = hooks.Request(environ)
-        resp = hooks.Response()
+        _answer_with_hooks(channel, application, environ, start_response, worker_hooks, me)
 
-        def recording(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            write = start_response(status, headers, exc_info)
-            resp.started(status, headers)
-            return write
 
-        def hooked_application(environ: dict[str, Any], start_response: Any) -> Any:
-            # A pre_request that raises costs its request a 500, as under gunicorn.
-            if pre_request is not None:
-                pre_request(me, req)
-            return application(environ, recording)
+def _answer_with_hooks(
+    channel: WorkerChannel,
+    application: Application,
+    environ: dict[str, Any],
+    start_response: Any,
+    worker_hooks: hooks.WorkerHooks,
+    me: hooks.Worker,
+) -> None:
+    pre_request = worker_hooks.get("pre_request")
+    req = hooks.Request(environ)
+    resp = hooks.Response()
 
-        try:
-            _answer(channel, hooked_application, environ, start_response)
-        finally:
-            resp.answered(*channel.status)
-            hooks.call("post_request", post_request, me, req, environ, resp)
+    def recording(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        write = start_response(status, headers, exc_info)
+        resp.started(status, headers)
+        return write
+
+    def hooked_application(environ: dict[str, Any], start_response: Any) -> Any:
+        # A pre_request that raises costs its request a 500, as under gunicorn.
+        if pre_request is not None:
+            pre_request(me, req)
+        return application(environ, recording)
+
+    try:
+        _answer(channel, hooked_application, environ, start_response)
+    finally:
+        resp.answered(*channel.status)
+        hooks.call("post_request", worker_hooks.get("post_request"), me, req, environ, resp)
 
 
 def _answer(channel: WorkerChannel, application: Application, environ: dict[str, Any], start_response: Any) -> None:

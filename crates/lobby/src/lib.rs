@@ -14,8 +14,8 @@ mod connection_states;
 mod diagnosis;
 mod heads;
 mod health;
-mod hooks;
 mod hibernation;
+mod hooks;
 mod listen;
 mod log;
 mod notify;
@@ -103,6 +103,8 @@ pub(crate) struct Lobby {
     pub diagnoses: diagnosis::Diagnoses,
     /// The worker_abort hook is set: a worker past --timeout gets SIGABRT before SIGKILL.
     pub abort_on_timeout: bool,
+    /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
+    pub interrupt_workers: bool,
     pub started: std::time::Instant,
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
@@ -258,6 +260,7 @@ async fn supervise(
         connection_states: Rc::default(),
         diagnoses: diagnosis::Diagnoses::new(),
         abort_on_timeout,
+        interrupt_workers,
         started: std::time::Instant::now(),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -271,16 +274,8 @@ async fn supervise(
     let pid_file = succession.pid_file.clone();
     // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
     let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
-    let mut supervisor = Supervisor::new(
-        lobby.clone(),
-        events_tx,
-        signals,
-        rereader,
-        Rc::new(succession),
-        listener_fds,
-        hook_thread,
-        interrupt_workers,
-    );
+    let mut supervisor =
+        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds, hook_thread);
 
     if let Err(end) = supervisor.boot(&mut events).await {
         let workers = supervisor.stop_workers(false).await;

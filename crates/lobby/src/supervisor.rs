@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::hooks::{HookFailed, HookThread, LobbyHook};
 use crate::health;
+use crate::hooks::{HookFailed, HookThread, LobbyHook};
 use crate::log::{self, debug, error, info, warning};
 use crate::notify;
 use crate::recycle::{recycles, Recycle};
@@ -250,8 +250,6 @@ pub(crate) struct Supervisor {
     reload_zygote: Option<Zygote>,
     /// Runs the config file's server hooks, when it has any.
     hooks: Option<HookThread>,
-    /// The worker_int hook is set: SIGQUIT goes on to the workers.
-    interrupt_workers: bool,
     /// Each forked worker's age (its slot + 1), by pid, until the zygote reports its exit.
     ages: HashMap<i32, usize>,
 }
@@ -265,7 +263,6 @@ impl Supervisor {
         succession: Rc<Succession>,
         listeners: Vec<RawFd>,
         hooks: Option<HookThread>,
-        interrupt_workers: bool,
     ) -> Supervisor {
         let target = lobby.config.workers;
         Supervisor {
@@ -286,7 +283,6 @@ impl Supervisor {
             candidate: None,
             reload_zygote: None,
             hooks,
-            interrupt_workers,
             ages: HashMap::new(),
         }
     }
@@ -386,10 +382,7 @@ impl Supervisor {
                 ));
             };
             match event {
-                Some(Event::Report(_, Report::Spawned { slot, pid, channel })) => {
-                    self.ages.insert(pid, slot + 1);
-                    self.start_worker(slot, pid, channel)
-                }
+                Some(Event::Report(_, Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
                 Some(Event::Report(_, Report::PreloadFailed(message))) => return failed(message),
                 Some(Event::Report(from, Report::Exited { pid, .. })) => self.child_exited(from, pid),
                 Some(Event::WhenReady(Ok(()))) => break,
@@ -446,6 +439,7 @@ impl Supervisor {
     }
 
     fn start_worker(&mut self, id: usize, pid: i32, channel: OwnedFd) {
+        self.ages.insert(pid, id + 1);
         let Some(entry) = self.workers.get_mut(&id) else { return };
         entry.seat.card.pid.set(Some(pid));
         let lobby = self.lobby.clone();
@@ -559,7 +553,7 @@ impl Supervisor {
     /// SIGQUIT, runs the hook and exits; those still there after `QUIT_GRACE` are killed with
     /// the rest when the workers are stopped.
     async fn quit_workers(&self) {
-        if !self.interrupt_workers {
+        if !self.lobby.interrupt_workers {
             return;
         }
         let mut left = Vec::new();
@@ -648,9 +642,7 @@ impl Supervisor {
 
     async fn handle(&mut self, event: Event) -> Result<(), String> {
         match event {
-            Event::Report(from, Report::Spawned { slot, pid, channel }) => {
-                self.ages.insert(pid, slot + 1);
-                match self.workers.get(&slot) {
+            Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
                 Some(entry) if entry.pid().is_none() => {
                     let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation());
                     let role = if reload {
@@ -666,13 +658,13 @@ impl Supervisor {
                 _ => {
                     // Its reload was abandoned before the zygote forked it.
                     debug!("worker {pid} is no longer wanted; stopping it");
+                    self.ages.insert(pid, slot + 1);
                     drop(channel);
                     if from == self.lobby.zygotes.serving().pid {
                         let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
                     }
                 }
-                }
-            }
+            },
             Event::Report(from, Report::Exited { pid, how }) => {
                 info!("worker {pid} exited ({how})");
                 self.child_exited(from, pid);
