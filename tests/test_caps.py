@@ -210,6 +210,7 @@ def test_accept_without_descriptors_pauses_instead_of_spinning(maitred_server):
     assert 10 <= count <= 100, count
     assert re.search(
         # The connection just answered may not have been seen closed yet.
-        failed + r"; [01] connections open, descriptor limit \d+ \(ulimit -n\); retrying in 10 ms \(1 in a", log
+        failed + r"; [01] connections open, descriptor limit \d+ \(ulimit -n\); retrying in 10 ms \(1 in a",
+        log,
     )
     assert len(written) + int(summary.search(log).group(1).replace(",", "")) == count
