@@ -118,7 +118,7 @@ BAD_CONFIG_FILES = {
         ["KeyError", "NO_SUCH_VARIABLE", "line 2"],
     ),
     "config inside config": ("config = 'other.py'\n", ["unknown setting 'config'"]),
-    "a gunicorn server hook": ("def post_fork(server, worker):\n    pass\n", ["unknown setting 'post_fork'"]),
+    "a misspelt server hook": ("def post_forks(server, worker):\n    pass\n", ["unknown setting 'post_forks'", "'post_fork'"]),
     "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
@@ -473,7 +473,7 @@ class ZygoteProcess:
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
-        self.control.send(f"spawn {slot}".encode())
+        self.control.send(f"spawn {slot} 1".encode())
         fields, fds = self.receive()
         assert fields[:2] == ["spawned", str(slot)] and len(fds) == 1, fields
         channel = socket.socket(fileno=fds[0])

@@ -84,6 +84,8 @@ pub(crate) enum Event {
     WhenReady(Result<(), HookFailed>),
     /// The on_reload hook has run: the reload's workers may start.
     Reloading,
+    /// The pre_exec hook has run: the new maitred of a SIGUSR2 may start.
+    PreExecDone,
 }
 
 pub(crate) async fn read_control(zygote: Zygote, events: mpsc::UnboundedSender<Event>) {
@@ -252,6 +254,8 @@ pub(crate) struct Supervisor {
     hooks: Option<HookThread>,
     /// Each forked worker's age (its slot + 1), by pid, until the zygote reports its exit.
     ages: HashMap<i32, usize>,
+    /// SIGUSR2 came and its pre_exec hook is running.
+    pre_exec_running: bool,
 }
 
 impl Supervisor {
@@ -284,6 +288,7 @@ impl Supervisor {
             reload_zygote: None,
             hooks,
             ages: HashMap::new(),
+            pre_exec_running: false,
         }
     }
 
@@ -401,7 +406,13 @@ impl Supervisor {
                 }
                 Some(Event::ZygoteGone(_, reason)) => return failed(format!("{reason} before the workers were ready")),
                 // Held workers serve nothing, so none is recycled yet; no reload has begun.
-                Some(Event::Reread(_) | Event::ReloadFailed(_) | Event::Recycling { .. } | Event::Reloading) => {}
+                Some(
+                    Event::Reread(_)
+                    | Event::ReloadFailed(_)
+                    | Event::Recycling { .. }
+                    | Event::Reloading
+                    | Event::PreExecDone,
+                ) => {}
                 None => return failed("the supervisor lost its event channel".into()),
             }
         }
@@ -626,7 +637,19 @@ impl Supervisor {
             info!("SIGUSR2: the new maitred (pid {}) is still starting; ignored", candidate.pid());
             return;
         }
-        self.hook(LobbyHook::PreExec);
+        if self.pre_exec_running {
+            info!("SIGUSR2: the pre_exec hook is still running; ignored");
+            return;
+        }
+        // The new maitred starts once pre_exec has run, as gunicorn's execs after it.
+        self.pre_exec_running = self.hook_then(LobbyHook::PreExec, |_| Event::PreExecDone);
+        if !self.pre_exec_running {
+            self.start_candidate();
+        }
+    }
+
+    /// Starts the new maitred of a SIGUSR2.
+    fn start_candidate(&mut self) {
         match Candidate::start(&self.succession, &self.listeners) {
             Ok(candidate) => {
                 info!(
@@ -699,6 +722,12 @@ impl Supervisor {
             Event::Reloading => {
                 if self.reload.as_ref().is_some_and(|reload| reload.generation.is_none()) {
                     self.start_generation();
+                }
+            }
+            Event::PreExecDone => {
+                self.pre_exec_running = false;
+                if !*self.lobby.shutdown.borrow() {
+                    self.start_candidate();
                 }
             }
             // Only the start waits for when_ready.
