@@ -118,7 +118,10 @@ BAD_CONFIG_FILES = {
         ["KeyError", "NO_SUCH_VARIABLE", "line 2"],
     ),
     "config inside config": ("config = 'other.py'\n", ["unknown setting 'config'"]),
-    "a misspelt server hook": ("def post_forks(server, worker):\n    pass\n", ["unknown setting 'post_forks'", "'post_fork'"]),
+    "a misspelt server hook": (
+        "def post_forks(server, worker):\n    pass\n",
+        ["unknown setting 'post_forks'", "'post_fork'"],
+    ),
     "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
