@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from client import eventually, get
-from conftest import Server, wait_for_empty_group
+from conftest import Server, free_port, wait_for_empty_group
 from test_lifecycle import parent_of, wait_for_workers, worker_pids
 
 APP = """
@@ -133,6 +133,15 @@ def matches(record: dict, **fields: object) -> bool:
     return all(record.get(key) == value for key, value in fields.items())
 
 
+def the_record(file: Path, hook: str, **fields: object) -> dict:
+    """The one record of `hook` with `fields`, once it is there: post_request, for one, is
+    written after the client has its answer."""
+    if not eventually(lambda: any(matches(r, **fields) for r in named(file, hook)), 10):
+        pytest.fail(f"no {hook} record with {fields}: {records(file)}")
+    (record,) = [r for r in named(file, hook) if matches(r, **fields)]
+    return record
+
+
 def index_of(file: Path, hook: str, **fields: object) -> int:
     """Where the first record of `hook` with `fields` is among all the records in `file`."""
     for position, record in enumerate(records(file)):
@@ -199,7 +208,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     reply = get(server.port, "/hello%20there?x=1&y=2")
     assert reply.status == 200
     answered_by = int(reply.body)
-    (pre,) = [r for r in named(path, "pre_request") if r["path"] == "/hello%20there"]
+    pre = the_record(path, "pre_request", path="/hello%20there")
     assert pre["pid"] == answered_by
     assert (pre["method"], pre["query"], pre["uri"], pre["version"]) == (
         "GET",
@@ -209,7 +218,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     )
     assert ["HOST", "test"] in pre["headers"]
     assert pre["remote_addr"][0] == "127.0.0.1" and isinstance(pre["remote_addr"][1], int)
-    (post,) = [r for r in named(path, "post_request") if r["path"] == "/hello%20there"]
+    post = the_record(path, "post_request", path="/hello%20there")
     assert (post["pid"], post["path_info"], post["status"], post["status_code"]) == (
         answered_by,
         "/hello there",
@@ -222,7 +231,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     # A pre_request that raises costs its request a 500 (as under gunicorn), and post_request
     # still runs; a post_request that raises costs nothing. Both tracebacks in one block each.
     assert get(server.port, "/pre-fails").status == 500
-    (post,) = [r for r in named(path, "post_request") if r["path"] == "/pre-fails"]
+    post = the_record(path, "post_request", path="/pre-fails")
     assert (post["status"], post["status_code"], post["headers"]) == ("500 Internal Server Error", 500, [])
     assert get(server.port, "/post-fails").status == 200
     assert eventually(lambda: one_block(server.stderr(), "post_request", "post_request fails for /post-fails"), 5)
@@ -258,17 +267,16 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     # nworkers_changed raises going down from 3: logged, and the worker is retired all the same.
     server.send_signal(signal.SIGTTIN)
     wait_for(path, "post_worker_init", 5)
-    assert matches(named(path, "nworkers_changed")[-1], pid=lobby, new=3, old=2, num_workers=3)
+    assert matches(the_record(path, "nworkers_changed", new=3, old=2), pid=lobby, num_workers=3)
     assert named(path, "pre_fork")[-1]["num_workers"] == 3
     third = wait_for_workers(server, 3)
     server.send_signal(signal.SIGTTOU)
     wait_for_workers(server, 2)
-    assert matches(named(path, "nworkers_changed")[-1], pid=lobby, new=2, old=3)
+    assert the_record(path, "nworkers_changed", new=2, old=3)["pid"] == lobby
     assert eventually(lambda: one_block(server.stderr(), "nworkers_changed", "nworkers_changed fails going down"), 5)
     (retired,) = third - worker_pids(server)
-    wait_for(path, "child_exit", 3)
-    assert named(path, "worker_exit")[-1]["pid"] == retired
-    assert named(path, "child_exit")[-1]["worker_pid"] == retired
+    assert the_record(path, "child_exit", worker_pid=retired)["pid"] == lobby
+    assert index_of(path, "worker_exit", pid=retired) < index_of(path, "child_exit", worker_pid=retired)
 
     # --timeout: SIGABRT first, so worker_abort runs in the worker, then worker_exit; the client
     # gets its 504 and the lobby hears of the exit.
@@ -278,7 +286,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     stuck = abort["pid"]
     assert abort["worker_pid"] == stuck and abort["alive"] is False
     assert f"[{stuck}] [ERROR] worker_abort: worker {stuck} aborted" in server.stderr()
-    (post,) = [r for r in named(path, "post_request") if r["path"] == "/sleep"]
+    post = the_record(path, "post_request", path="/sleep")
     assert (post["pid"], post["status"], post["status_code"]) == (stuck, None, None)
     wait_for(path, "child_exit", 4)
     assert index_of(path, "worker_abort") < index_of(path, "worker_exit", pid=stuck)
@@ -417,7 +425,7 @@ def test_a_hook_gunicorn_lets_stop_the_start_stops_it_with_one_line(
     (app_dir / "app.py").write_text(APP)
     conf = tmp_path / "failing.conf.py"
     conf.write_text(source)
-    finished = run_maitred("-c", str(conf), "app:app", cwd=app_dir)
+    finished = run_maitred("-c", str(conf), "--bind", f"127.0.0.1:{free_port()}", "app:app", cwd=app_dir)
     assert finished.returncode == 1, finished.stderr
     assert finished.stderr.rstrip().splitlines()[-1] == message
     assert one_block(finished.stderr, hook, "no database")
