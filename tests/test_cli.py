@@ -121,7 +121,10 @@ BAD_CONFIG_FILES = {
         "import os\nworkers = int(os.environ['NO_SUCH_VARIABLE'])\n",
         ["KeyError", "NO_SUCH_VARIABLE", "line 2"],
     ),
-    "a misspelt server hook": ("def post_frok(server, worker):\n    pass\n", ["unknown setting 'post_frok'"]),
+    "a misspelt server hook": (
+        "def post_forks(server, worker):\n    pass\n",
+        ["unknown setting 'post_forks'", "'post_fork'"],
+    ),
     "sys.exit": ("import sys\nsys.exit(3)\n", ["SystemExit: 3", "line 2"]),
 }
 
@@ -481,7 +484,7 @@ class ZygoteProcess:
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
-        self.control.send(f"spawn {slot}".encode())
+        self.control.send(f"spawn {slot} 1".encode())
         fields, fds = self.receive()
         assert fields[:2] == ["spawned", str(slot)] and len(fds) == 1, fields
         channel = socket.socket(fileno=fds[0])

@@ -659,17 +659,20 @@ def test_reread_applies_the_file_keeps_what_needs_a_new_lobby_and_the_command_li
     conf.write_text("workers = 2\ntimeout = 10\nbind = '127.0.0.1:9000'\n")
     argv = ["-c", str(conf), "--timeout", "5", "hello:app"]
     started = config.resolve(argv)
-    reread = config.rereader(argv, started)
+    adopted = []
+    reread = config.rereader(argv, started, adopted.append)
     assert reread is not None
     conf.write_text("workers = 4\ntimeout = 20\nbind = '127.0.0.1:9001'\nkeep_alive = 5\nenv = ['A=1']\n")
     lobby, kept = reread()
     assert kept == ["bind", "env"]
     assert (lobby["workers"], lobby["keep_alive"], lobby["timeout"]) == (4, 5.0, 5.0)
     assert lobby["bind"] == ["127.0.0.1:9000"]
+    assert [settings["workers"] for settings in adopted] == [4]
     conf.write_text("workers = 'many'\n")
     with pytest.raises(config.UsageError, match="workers"):
         reread()
-    assert config.rereader(["hello:app"], config.resolve(["hello:app"])) is None
+    assert len(adopted) == 1
+    assert config.rereader(["hello:app"], config.resolve(["hello:app"]), adopted.append) is None
 
 
 def zygotes_of(server: Server) -> set[int]:

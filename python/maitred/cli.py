@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from maitred import _native, config, log, privileges, reload, succession, zygote
+from maitred import _native, config, hooks, log, privileges, reload, succession, zygote
 from maitred.app import AppLoadError, load_app
 
 EXIT_USAGE = 2
@@ -58,8 +58,9 @@ def run(argv: Sequence[str]) -> int:
         return 0
     if settings["check_config"]:
         return _check(settings)
+    lobby_hooks = hooks.LobbyHooks(settings)
     # Made before --chdir applies: it reads the command line again for each reload.
-    reread = config.rereader(argv, settings)
+    reread = config.rereader(argv, settings, lobby_hooks.adopt)
     try:
         _prepare_process(settings)
     except _StartupFailure as error:
@@ -86,7 +87,7 @@ def run(argv: Sequence[str]) -> int:
         # maitred being replaced, which still serves if this one fails to start.
         if isinstance(pid_file, str) and inheritance is None:
             _write_pid_file(pid_file)
-        return _serve(settings, reread, upgrade)
+        return _serve(settings, reread, upgrade, lobby_hooks)
     except _StartupFailure as error:
         _print_error(str(error))
         return EXIT_STARTUP
@@ -225,7 +226,20 @@ def _remove_pid_file(path: str) -> None:
         pass  # already gone, or unreadable: nothing of ours left to remove
 
 
-def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade: dict[str, object]) -> int:
+def _serve(
+    settings: Mapping[str, object],
+    reread: config.Reread | None,
+    upgrade: dict[str, object],
+    lobby_hooks: hooks.LobbyHooks,
+) -> int:
+    # Before the zygote is forked, as gunicorn calls them before it forks workers: what they
+    # set up in this process, the zygote and the workers inherit.
+    workers = settings["workers"]
+    assert isinstance(workers, int)
+    if not lobby_hooks.nworkers_changed(workers, None):
+        raise _StartupFailure(hooks.summary("nworkers_changed"))
+    if not lobby_hooks.on_starting():
+        raise _StartupFailure(hooks.summary("on_starting"))
     lobby_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     report_address = None
     if settings["reload"]:
@@ -253,14 +267,17 @@ def _serve(settings: Mapping[str, object], reread: config.Reread | None, upgrade
         # Started after the fork: the zygote is forked from a process with a single thread.
         watcher = reload.Watcher(report_address, extra_files)
         watcher.start()
+    # Hooks come from a config file; without one the lobby has none to call.
+    called = lobby_hooks if settings["config"] is not None else None
     try:
         # The lobby takes ownership of the control channel's descriptor.
-        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread)
+        return _native.serve(config.lobby_settings(settings), lobby_end.detach(), zygote_pid, upgrade, reread, called)
     except _native.StartupError as error:
         raise _StartupFailure(str(error)) from None
     finally:
         if watcher is not None:
             watcher.stop()
+        lobby_hooks.on_exit()
 
 
 def _become_user(control: socket.socket, settings: Mapping[str, object]) -> None:

@@ -27,9 +27,9 @@ import sys
 import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from maitred import __version__, _native, gunicorn, privileges
+from maitred import __version__, _native, gunicorn, hooks, privileges
 from maitred.app import AppLoadError, parse_spec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -362,7 +362,8 @@ class Setting:
     flags: tuple[str, ...]
     metavar: str | None
     """None for an on/off flag, which takes no value."""
-    parse: Callable[[str], object] | None
+    parse: Callable[[Any], object] | None
+    """Text -> value; for a hook, the config file's function -> the function to call."""
     default: object
     help: str
     default_text: str | None = None
@@ -380,6 +381,8 @@ class Setting:
     """The value of the flag given without one: its value is optional (``--proxy-protocol``)."""
     environ: str | None = None
     """The environment variable that, when set, gives the default, as under gunicorn."""
+    hook: bool = False
+    """A server hook (docs/HOOKS.md): a function, set only in a config file."""
 
     @property
     def is_flag(self) -> bool:
@@ -880,6 +883,37 @@ SETTINGS: tuple[Setting, ...] = (
         repeatable=True,
         for_lobby=False,
     ),
+    *(
+        Setting(
+            "server hooks",
+            name,
+            (),
+            "FUNCTION",
+            hooks.checker(name),
+            None,
+            f"Server hook: a function of ({', '.join(hooks.ARGUMENTS[name])}), called {when} (docs/HOOKS.md).",
+            default_text="none",
+            for_lobby=False,
+            hook=True,
+        )
+        for name, when in (
+            ("on_starting", "in the maitred command before the server starts"),
+            ("when_ready", "in the lobby once every worker is ready"),
+            ("on_reload", "in the lobby on SIGHUP, before the new workers start"),
+            ("pre_fork", "in the zygote before it forks a worker"),
+            ("post_fork", "in a new worker before it loads the application"),
+            ("post_worker_init", "in a worker once it has loaded the application"),
+            ("worker_int", "in a worker on SIGINT or SIGQUIT"),
+            ("worker_abort", "in a worker on SIGABRT, which --timeout sends"),
+            ("pre_exec", "in the lobby as SIGUSR2 starts a new maitred"),
+            ("pre_request", "in a worker before each request"),
+            ("post_request", "in a worker after each answer (the last two arguments may be left out)"),
+            ("child_exit", "in the lobby when a worker has exited"),
+            ("worker_exit", "in a worker as it exits"),
+            ("nworkers_changed", "in the lobby when the number of workers changes"),
+            ("on_exit", "in the maitred command once the server has stopped"),
+        )
+    ),
 )
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -936,6 +970,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("app", nargs="?", metavar=APP_METAVAR, help=argparse.SUPPRESS)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for setting in SETTINGS:
+        if setting.hook:
+            continue  # a function, given in a config file only
         if setting.section not in groups:
             groups[setting.section] = parser.add_argument_group(setting.section)
         group = groups[setting.section]
@@ -983,6 +1019,8 @@ def _from_python(setting: Setting, value: object) -> object:
             raise ValueError(f"expected True or False, got {value!r}")
         return value
     assert setting.parse is not None
+    if setting.hook:
+        return setting.parse(value)
     if value is None:
         if setting.default is None:
             return None
@@ -1078,9 +1116,10 @@ def _settings_from(origin: str, namespace: Mapping[str, object], module_name: st
             raise UsageError(f"{origin}: {written}: {error}") from None
 
     for name, value in namespace.items():
-        if name.startswith("_") or _is_imported(value, module_name):
-            continue
         setting = BY_NAME.get(name)
+        # A hook may be imported from a module of the operator's (from myhooks import post_fork).
+        if name.startswith("_") or (_is_imported(value, module_name) and not (setting is not None and setting.hook)):
+            continue
         if setting is not None and setting.file_settable:
             take(name, value, name)
             continue
@@ -1424,10 +1463,14 @@ KEPT_ON_RELOAD = (
 Reread = Callable[[], tuple[dict[str, object], list[str]]]
 
 
-def rereader(argv: Sequence[str], settings: Mapping[str, object]) -> Reread | None:
+def rereader(
+    argv: Sequence[str], settings: Mapping[str, object], adopt: Callable[[Mapping[str, object]], None]
+) -> Reread | None:
     """What the lobby calls to read the config file again for a reload: None when there is no
     config file. Call it where `resolve` was called, before --chdir is applied: it reads the
-    command line and MAITRED_CMD_ARGS again, relative to the directory maitred was started in."""
+    command line and MAITRED_CMD_ARGS again, relative to the directory maitred was started in.
+    `adopt` is given every setting of a file read without error (the lobby's server hooks among
+    them)."""
     location = settings["config"]
     if location is None:
         return None
@@ -1437,11 +1480,15 @@ def rereader(argv: Sequence[str], settings: Mapping[str, object]) -> Reread | No
     command_line.pop("app", None)
     layers = _layers_below_the_file(parser, os.environ, command_line)
     started = dict(settings)
-    return lambda: reread(location, layers.below, layers.above, started)
+    return lambda: reread(location, layers.below, layers.above, started, adopt)
 
 
 def reread(
-    location: str, below: Sequence[Layer], above: Sequence[Layer], started: Mapping[str, object]
+    location: str,
+    below: Sequence[Layer],
+    above: Sequence[Layer],
+    started: Mapping[str, object],
+    adopt: Callable[[Mapping[str, object]], None],
 ) -> tuple[dict[str, object], list[str]]:
     """Reads the config file at `location` again and returns the lobby's new settings (as
     `lobby_settings` makes them) and the names of the settings in KEPT_ON_RELOAD that the file
@@ -1463,6 +1510,7 @@ def reread(
     kept = [name for name in KEPT_ON_RELOAD if settings[name] != started[name]]
     for name in kept:
         settings[name] = started[name]
+    adopt(settings)
     return lobby_settings(settings), kept
 
 
@@ -1475,6 +1523,8 @@ def markdown_table() -> str:
     for setting in SETTINGS:
         value = f"[{setting.metavar}]" if setting.const is not None else setting.metavar
         flags = ", ".join(f"`{flag}`" if setting.is_flag else f"`{flag} {value}`" for flag in setting.flags)
+        if setting.hook:
+            flags = "(config file only)"
         name = f"`{setting.name}`" if setting.file_settable else ""
         default = setting.default_text if setting.default_text is not None else f"`{setting.shown_default}`"
         help_text = setting.help.replace("|", "\\|")

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from maitred import __version__, reload
+from maitred import __version__, hooks, reload
 from maitred import log as error_log
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
@@ -26,6 +26,9 @@ from maitred.log import log
 from maitred.wsgi import ErrorStream, FileWrapper
 
 Application = Callable[..., Any]
+
+# A worker's hooks and its `worker` argument, when the config file set hooks.
+Hooked = tuple[hooks.WorkerHooks, hooks.Worker] | None
 
 # The signals the lobby acts on (docs/SIGNALS.md). A Ctrl-C, a `systemctl stop` or a `kill` of
 # the whole process group reaches every process of maitred; the zygote and the workers leave
@@ -72,16 +75,82 @@ def _reopen_log(signum: int, frame: object) -> None:
     error_log.reopen()
 
 
-def serve(channel_fd: int, load_app: Callable[[], Application], report_address: str | None = None) -> int:
+class _Leaving(SystemExit):
+    """After worker_int on SIGQUIT (code 0) or worker_abort on SIGABRT (code 1): the worker
+    leaves at once, abandoning the request it holds, through worker_exit, as gunicorn's do."""
+
+
+def _catch_hook_signals(worker_hooks: hooks.WorkerHooks, me: hooks.Worker) -> None:
+    """When worker_int is set, SIGINT and SIGQUIT run it; when worker_abort is set, SIGABRT
+    runs it. After SIGINT the worker goes on: it is maitred's graceful stop, and the lobby
+    decides when requests may be abandoned (docs/HOOKS.md)."""
+    worker_int = worker_hooks.get("worker_int")
+    worker_abort = worker_hooks.get("worker_abort")
+
+    def interrupted(signum: int, frame: object) -> None:
+        if me.alive:
+            me.alive = False
+            hooks.call("worker_int", worker_int, me)
+        if signum == signal.SIGQUIT:
+            raise _Leaving(0)
+
+    def aborted(signum: int, frame: object) -> None:
+        me.alive = False
+        hooks.call("worker_abort", worker_abort, me)
+        raise _Leaving(1)
+
+    if worker_int is not None:
+        signal.signal(signal.SIGINT, interrupted)
+        # Caught only to call the hook: the application's system calls go on.
+        signal.siginterrupt(signal.SIGINT, False)
+        signal.signal(signal.SIGQUIT, interrupted)
+    if worker_abort is not None:
+        signal.signal(signal.SIGABRT, aborted)
+
+
+def serve(
+    channel_fd: int, load_app: Callable[[], Application], hooked: Hooked = None, report_address: str | None = None
+) -> int:
     """Loads the application with `load_app`, then serves the requests that arrive on
     `channel_fd` (the worker's end of its channel, which this takes over) until the lobby
     closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
-    application did not load or the channel broke (an I/O error, a frame against the
-    protocol). With --reload, `report_address` is the watcher's, told which files the
-    application was imported from (or was being imported from, when that failed) before the
-    worker says it is ready (or failed)."""
+    application did not load, a hook failed its boot, the channel broke (an I/O error, a
+    frame against the protocol) or SIGABRT came (--timeout). With --reload, `report_address`
+    is the watcher's, told which files the application was imported from (or was being
+    imported from, when that failed) before the worker says it is ready (or failed)."""
     leave_signals_to_the_lobby()
+    if hooked is not None:
+        hooked[1].pid = os.getpid()
+        _catch_hook_signals(*hooked)
     channel = WorkerChannel(channel_fd, base_environ())
+    try:
+        return _boot_and_serve(channel, load_app, hooked, report_address)
+    except _Leaving as leaving:
+        assert isinstance(leaving.code, int)
+        return leaving.code
+    finally:
+        if hooked is not None:
+            worker_hooks, me = hooked
+            me.alive = False
+            hooks.call("worker_exit", worker_hooks.get("worker_exit"), worker_hooks.server, me)
+
+
+def _boot_failed(channel: WorkerChannel, message: str) -> int:
+    try:
+        channel.boot_failed(message)
+    except ChannelClosed:
+        pass  # the lobby is already gone (another worker's failure may have stopped it)
+    return 1
+
+
+def _boot_and_serve(
+    channel: WorkerChannel, load_app: Callable[[], Application], hooked: Hooked, report_address: str | None
+) -> int:
+    if hooked is not None:
+        worker_hooks, me = hooked
+        # As under gunicorn, a worker whose post_fork raises has failed to boot.
+        if not hooks.call("post_fork", worker_hooks.get("post_fork"), worker_hooks.server, me):
+            return _boot_failed(channel, hooks.summary("post_fork"))
     try:
         application = load_app()
     except AppLoadError as error:
@@ -89,16 +158,19 @@ def serve(channel_fd: int, load_app: Callable[[], Application], report_address: 
             log("debug", "".join(traceback.format_exception(error.__cause__)).rstrip())
         if report_address is not None:
             reload.report_modules(report_address, failure=error.__cause__)
-        try:
-            channel.boot_failed(str(error))
-        except ChannelClosed:
-            pass  # the lobby is already gone (another worker's failure may have stopped it)
-        return 1
+        return _boot_failed(channel, str(error))
     if report_address is not None:
         reload.report_modules(report_address)
+    if hooked is not None:
+        worker_hooks, me = hooked
+        if not hooks.call("post_worker_init", worker_hooks.get("post_worker_init"), me):
+            return _boot_failed(channel, hooks.summary("post_worker_init"))
     try:
         channel.ready()
-        _serve_requests(channel, application)
+        if hooked is not None and hooked[0].around_requests:
+            _serve_requests_with_hooks(channel, application, *hooked)
+        else:
+            _serve_requests(channel, application)
     except ChannelClosed as error:
         # The lobby let go in the middle of an exchange: it is shutting down or went away,
         # and it is the one to say so.
@@ -134,25 +206,73 @@ def _serve_requests(channel: WorkerChannel, application: Application) -> None:
         if request is None:
             return
         environ, start_response = request
+        _answer(channel, application, environ, start_response)
+
+
+def _serve_requests_with_hooks(
+    channel: WorkerChannel, application: Application, worker_hooks: hooks.WorkerHooks, me: hooks.Worker
+) -> None:
+    """_serve_requests, with pre_request before each request and post_request after it."""
+    receive = channel.receive
+    while True:
+        request = receive()
+        if request is None:
+            return
+        environ, start_response = request
+        _answer_with_hooks(channel, application, environ, start_response, worker_hooks, me)
+
+
+def _answer_with_hooks(
+    channel: WorkerChannel,
+    application: Application,
+    environ: dict[str, Any],
+    start_response: Any,
+    worker_hooks: hooks.WorkerHooks,
+    me: hooks.Worker,
+) -> None:
+    pre_request = worker_hooks.get("pre_request")
+    req = hooks.Request(environ)
+    resp = hooks.Response()
+
+    def recording(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        write = start_response(status, headers, exc_info)
+        resp.started(status, headers)
+        return write
+
+    def hooked_application(environ: dict[str, Any], start_response: Any) -> Any:
+        # A pre_request that raises costs its request a 500, as under gunicorn.
+        if pre_request is not None:
+            pre_request(me, req)
+        return application(environ, recording)
+
+    try:
+        _answer(channel, hooked_application, environ, start_response)
+    finally:
+        resp.answered(*channel.status)
+        hooks.call("post_request", worker_hooks.get("post_request"), me, req, environ, resp)
+
+
+def _answer(channel: WorkerChannel, application: Application, environ: dict[str, Any], start_response: Any) -> None:
+    """Runs the application for one request and sends its answer."""
+    try:
+        result = application(environ, start_response)
         try:
-            result = application(environ, start_response)
-            try:
-                _send(channel, result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-        except ChannelError:
-            raise
-        except ClientDisconnected:
-            # The lobby cancelled the response (docs/PROTOCOL.md, section 2): nothing is wrong
-            # with the application, and nobody is left to receive the rest.
-            log("info", f"client went away during {channel.request_line}; response abandoned")
-            channel.fail("the client went away")
-        except BaseException as error:
-            _fail(channel, error)
-            if not isinstance(error, Exception):
-                raise  # SystemExit and the like end the worker once the client has its answer
+            _send(channel, result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+    except (ChannelError, _Leaving):
+        raise
+    except ClientDisconnected:
+        # The lobby cancelled the response (docs/PROTOCOL.md, section 2): nothing is wrong
+        # with the application, and nobody is left to receive the rest.
+        log("info", f"client went away during {channel.request_line}; response abandoned")
+        channel.fail("the client went away")
+    except BaseException as error:
+        _fail(channel, error)
+        if not isinstance(error, Exception):
+            raise  # SystemExit and the like end the worker once the client has its answer
 
 
 def _send(channel: WorkerChannel, result: Any) -> None:

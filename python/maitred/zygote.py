@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from maitred import log, reload, worker
+from maitred import hooks, log, reload, worker
 from maitred.app import AppLoadError
 
 LoadApp = Callable[[], Callable[..., object]]
@@ -66,7 +66,8 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
         worker_load_app = lambda: application
     grace = settings["graceful_timeout"]
     assert isinstance(grace, float)
-    return _Zygote(control, worker_load_app, grace, report_address).serve()
+    worker_hooks = hooks.WorkerHooks(settings) if hooks.configured(settings) else None
+    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address).serve()
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -94,11 +95,19 @@ def _log_cause(error: AppLoadError) -> None:
 
 
 class _Zygote:
-    def __init__(self, control: socket.socket, load_app: LoadApp, grace: float, report_address: str | None) -> None:
+    def __init__(
+        self,
+        control: socket.socket,
+        load_app: LoadApp,
+        grace: float,
+        worker_hooks: hooks.WorkerHooks | None,
+        report_address: str | None,
+    ) -> None:
         self._control = control
         self._load_app = load_app
         self._report_address = report_address
         self._grace = grace
+        self._hooks = worker_hooks
         self._children: set[int] = set()
         self._pid = os.getpid()
         self._reopen_wanted = False
@@ -142,8 +151,8 @@ class _Zygote:
         if not message:
             raise _LobbyGone()
         match _fields(message):
-            case ["spawn", slot] if slot.isdigit():
-                self._spawn(int(slot))
+            case ["spawn", slot, workers] if slot.isdigit() and workers.isdigit():
+                self._spawn(int(slot), int(workers))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
             case ["reopen"]:
@@ -194,11 +203,18 @@ class _Zygote:
         except OSError:
             raise _LobbyGone() from None
 
-    def _spawn(self, slot: int) -> None:
+    def _spawn(self, slot: int, workers: int) -> None:
         try:
             lobby_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as error:
             raise _SpawnFailed(f"cannot create a channel for worker {slot}: {error}") from None
+        hooked = None
+        if self._hooks is not None:
+            self._hooks.server.num_workers = workers
+            # Slots count from 0; gunicorn's ages from 1.
+            hooked = (self._hooks, hooks.Worker(slot + 1, self._pid, self._hooks.cfg))
+            # Raising does not stop the fork: the worker is wanted all the same.
+            hooks.call("pre_fork", self._hooks.get("pre_fork"), self._hooks.server, hooked[1])
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -208,7 +224,7 @@ class _Zygote:
             worker_end.close()
             raise _SpawnFailed(f"cannot fork worker {slot}: {error}") from None
         if pid == 0:
-            self._become_worker(lobby_end, worker_end)
+            self._become_worker(lobby_end, worker_end, hooked)
         worker_end.close()
         # Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
         self._children.add(pid)
@@ -220,8 +236,9 @@ class _Zygote:
             lobby_end.close()
         log.log("debug", f"zygote: forked worker {pid} for slot {slot}")
 
-    def _become_worker(self, lobby_end: socket.socket, worker_end: socket.socket) -> None:
-        """In the forked child: drop the zygote's state and serve; never returns."""
+    def _become_worker(self, lobby_end: socket.socket, worker_end: socket.socket, hooked: worker.Hooked) -> None:
+        """In the forked child: drop the zygote's state and serve; never returns. `hooked`: the
+        hooks and the worker's `worker` argument, when there are hooks."""
         code = 1
         try:
             signal.set_wakeup_fd(-1)
@@ -231,7 +248,7 @@ class _Zygote:
             os.close(self._wakeup_write)
             self._control.close()
             lobby_end.close()
-            code = worker.serve(worker_end.detach(), self._load_app, self._report_address)
+            code = worker.serve(worker_end.detach(), self._load_app, hooked, self._report_address)
         except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
         finally:

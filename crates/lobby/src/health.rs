@@ -123,6 +123,28 @@ pub async fn dump_stack(lobby: &Lobby, pid: i32) {
     }
 }
 
+/// How long a worker sent SIGABRT at --timeout (its worker_abort hook) has to exit before it is
+/// killed.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// How often, during `ABORT_GRACE`, the lobby looks whether the worker has exited.
+const ABORT_POLL: Duration = Duration::from_millis(10);
+
+/// Sends SIGABRT to a worker that timed out, as gunicorn does, so that its worker_abort hook
+/// runs, and waits until it has exited, `ABORT_GRACE` at most. A worker stuck where no Python
+/// runs (a C call holding the GIL) costs the whole grace, and is killed after it.
+pub async fn abort(lobby: &Lobby, pid: i32) {
+    let stat = ProcStat::open(pid);
+    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGABRT).await {
+        warning!("could not ask the zygote to send SIGABRT to worker {pid}: {e}");
+        return;
+    }
+    let deadline = Instant::now() + ABORT_GRACE;
+    while stat.is_alive() && Instant::now() < deadline {
+        tokio::time::sleep(ABORT_POLL).await;
+    }
+}
+
 /// How long a request sent to an idle worker may stay unread on its channel before the lobby
 /// looks whether the worker is wedged: alive, but its main thread never gets to read (another
 /// thread holds the GIL in a C call, a deadlock in a signal handler). A healthy idle worker

@@ -15,6 +15,7 @@ mod diagnosis;
 mod heads;
 mod health;
 mod hibernation;
+mod hooks;
 mod listen;
 mod log;
 mod notify;
@@ -45,6 +46,7 @@ use tokio::task::{JoinHandle, LocalSet};
 
 pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
+pub use hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
 pub use log::Level;
 pub use maitred_protocol::ProxyVersions;
 pub use privileges::Credentials;
@@ -75,6 +77,10 @@ impl std::fmt::Display for StartupError {
 /// How long the lobby waits, as it exits, for its logs to write what they hold.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the lobby waits, as it exits, for the server hooks still queued (child_exit …) to
+/// run, before the CLI calls on_exit.
+const HOOKS_FINISH_WAIT: Duration = Duration::from_secs(5);
+
 /// What the connection and worker tasks share.
 pub(crate) struct Lobby {
     /// The settings as the lobby started. Those a reload (SIGHUP) may change are read from
@@ -102,6 +108,10 @@ pub(crate) struct Lobby {
     pub connection_states: Rc<connection_states::ConnectionStates>,
     /// The failures happening now, named in the log (`diagnosis.rs`).
     pub diagnoses: diagnosis::Diagnoses,
+    /// The worker_abort hook is set: a worker past --timeout gets SIGABRT before SIGKILL.
+    pub abort_on_timeout: bool,
+    /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
+    pub interrupt_workers: bool,
     pub started: std::time::Instant,
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
@@ -150,13 +160,15 @@ impl Lobby {
 
 /// Runs the lobby until a shutdown completes. Returns the process exit code. `rereader`, when
 /// there is a config file, reads it again for a reload (SIGHUP); `succession` says how to
-/// start a new maitred (SIGUSR2), and whether this one replaces another.
+/// start a new maitred (SIGUSR2), and whether this one replaces another; `hooks`, the config
+/// file's server hooks (docs/HOOKS.md).
 pub fn run(
     config: Config,
     control: OwnedFd,
     zygote_pid: i32,
     rereader: Option<Rereader>,
     succession: Succession,
+    hooks: Option<ServerHooks>,
 ) -> Result<i32, StartupError> {
     log::set_level(config.log_level);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -164,7 +176,7 @@ pub fn run(
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader, succession));
+    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader, succession, hooks));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
     // A config file still being read for a reload is not waited for.
@@ -179,6 +191,7 @@ async fn supervise(
     zygote_pid: i32,
     rereader: Option<Rereader>,
     mut succession: Succession,
+    hooks: Option<ServerHooks>,
 ) -> Result<i32, StartupError> {
     // First, so that no signal the lobby acts on can end it by its default action.
     let signals = Signals::install()?;
@@ -233,6 +246,17 @@ async fn supervise(
     let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };
     let (shutdown_tx, shutdown) = watch::channel(false);
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
+    let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {
+        Some(hooks) => (
+            Some(
+                hooks::HookThread::start(hooks.call)
+                    .map_err(|e| StartupError(format!("cannot start the thread for the server hooks: {e}")))?,
+            ),
+            hooks.interrupt_workers,
+            hooks.abort_on_timeout,
+        ),
+        None => (None, false, false),
+    };
     let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
     let heads = heads::HeadBudget::new(config.max_head_memory);
     let lobby = Rc::new(Lobby {
@@ -249,6 +273,8 @@ async fn supervise(
         scoreboard: scoreboard::Scoreboard::default(),
         connection_states: Rc::default(),
         diagnoses: diagnosis::Diagnoses::new(),
+        abort_on_timeout,
+        interrupt_workers,
         started: std::time::Instant::now(),
     });
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -263,14 +289,16 @@ async fn supervise(
     // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
     let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
     let mut supervisor =
-        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds);
+        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds, hook_thread);
 
     if let Err(end) = supervisor.boot(&mut events).await {
         let workers = supervisor.stop_workers(false).await;
         control_reader.abort();
         watcher.abort();
+        let hooks = supervisor.take_hooks();
         drop(supervisor);
         close_control_and_reap(lobby, &workers).await;
+        finish_hooks(hooks);
         for listener in listeners {
             if let Some(path) = &listener.unix_path {
                 let _ = std::fs::remove_file(path);
@@ -395,8 +423,23 @@ async fn supervise(
     lobby.seating.clear();
     control_reader.abort();
     watcher.abort();
+    let hooks = supervisor.take_hooks();
     drop(supervisor);
     close_control_and_reap(lobby, &workers).await;
+    finish_hooks(hooks);
     info!("shutdown complete");
     Ok(exit_code)
+}
+
+/// Lets the lobby's hooks still queued run before the lobby returns (the CLI calls on_exit
+/// then), for a bounded time.
+fn finish_hooks(hooks: Option<hooks::HookThread>) {
+    if let Some(hooks) = hooks {
+        if !hooks.finish(HOOKS_FINISH_WAIT) {
+            warning!(
+                "the server hooks were still running {} s after the server stopped; not waiting for them",
+                HOOKS_FINISH_WAIT.as_secs()
+            );
+        }
+    }
 }

@@ -20,6 +20,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::health;
+use crate::hooks::{HookFailed, HookThread, LobbyHook};
 use crate::log::{self, debug, error, info, warning};
 use crate::notify;
 use crate::recycle::{recycles, Recycle};
@@ -37,6 +39,10 @@ const MAX_REBOOT_BACKOFF: Duration = Duration::from_secs(30);
 /// During a shutdown, how often the supervisor looks whether requests wait in the queue with
 /// fewer workers than it should have (one was lost, and was not replaced while none waited).
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
+/// With the worker_int hook, how long workers sent SIGQUIT have to run it and exit before the
+/// lobby stops them itself.
+const QUIT_GRACE: Duration = Duration::from_secs(1);
+const QUIT_POLL: Duration = Duration::from_millis(10);
 
 /// The config file read again for a SIGHUP: the lobby's new settings, and the names of the
 /// settings that changed but cannot change without a new lobby (they keep their values).
@@ -74,6 +80,12 @@ pub(crate) enum Event {
     Reread(Box<Result<Reread, String>>),
     /// A reload could not go on; the reason.
     ReloadFailed(String),
+    /// The when_ready hook has run.
+    WhenReady(Result<(), HookFailed>),
+    /// The on_reload hook has run: the reload's workers may start.
+    Reloading,
+    /// The pre_exec hook has run: the new maitred of a SIGUSR2 may start.
+    PreExecDone,
 }
 
 pub(crate) async fn read_control(zygote: Zygote, events: mpsc::UnboundedSender<Event>) {
@@ -238,6 +250,12 @@ pub(crate) struct Supervisor {
     candidate: Option<Candidate>,
     /// A reload's own zygote (--preload), until its workers serve or the reload is abandoned.
     reload_zygote: Option<Zygote>,
+    /// Runs the config file's server hooks, when it has any.
+    hooks: Option<HookThread>,
+    /// Each forked worker's age (its slot + 1), by pid, until the zygote reports its exit.
+    ages: HashMap<i32, usize>,
+    /// SIGUSR2 came and its pre_exec hook is running.
+    pre_exec_running: bool,
 }
 
 impl Supervisor {
@@ -248,6 +266,7 @@ impl Supervisor {
         rereader: Option<Rereader>,
         succession: Rc<Succession>,
         listeners: Vec<RawFd>,
+        hooks: Option<HookThread>,
     ) -> Supervisor {
         let target = lobby.config.workers;
         Supervisor {
@@ -267,6 +286,39 @@ impl Supervisor {
             listeners,
             candidate: None,
             reload_zygote: None,
+            hooks,
+            ages: HashMap::new(),
+            pre_exec_running: false,
+        }
+    }
+
+    /// The hook thread, to be finished once the server has stopped.
+    pub(crate) fn take_hooks(&mut self) -> Option<HookThread> {
+        self.hooks.take()
+    }
+
+    /// Queues a lobby hook, if the config file has hooks.
+    fn hook(&self, hook: LobbyHook) {
+        if let Some(hooks) = &self.hooks {
+            hooks.call(hook);
+        }
+    }
+
+    /// Queues a lobby hook, and the event `then` makes of its result once it has run. False
+    /// when the config file has no hooks: then there is nothing to wait for.
+    fn hook_then(&self, hook: LobbyHook, then: impl FnOnce(Result<(), HookFailed>) -> Event + Send + 'static) -> bool {
+        let Some(hooks) = &self.hooks else { return false };
+        let events = self.events_tx.clone();
+        hooks.call_then(hook, move |result| {
+            let _ = events.send(then(result));
+        });
+        true
+    }
+
+    /// The zygote `zygote` reports that worker `pid` exited: the child_exit hook.
+    fn child_exited(&mut self, zygote: i32, pid: i32) {
+        if let Some(age) = self.ages.remove(&pid) {
+            self.hook(LobbyHook::ChildExit { pid, age, zygote });
         }
     }
 
@@ -282,13 +334,14 @@ impl Supervisor {
         pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
     }
 
-    /// Starts every worker and waits until all are ready; the first failure ends the start,
-    /// and so does SIGTERM, SIGINT or SIGQUIT. Other signals wait until the server serves.
+    /// Starts every worker and waits until all are ready, then for the when_ready hook; the
+    /// first failure ends the start, and so does SIGTERM, SIGINT or SIGQUIT. Other signals wait
+    /// until the server serves.
     pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
         // Held until all are ready, so that a --max-worker-lifetime counts from when they serve.
         for _ in 0..self.target {
             let id = self.add_worker(self.generation, Phase::Hold);
-            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id).await {
+            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id, self.target).await {
                 // The zygote is gone; its last report (a preload failure) says why.
                 debug!("cannot ask the zygote for worker {id}: {e}");
                 break;
@@ -296,10 +349,25 @@ impl Supervisor {
         }
         let mut ready = 0;
         let deadline = Instant::now() + self.lobby.config.timeout;
+        // Asked for once every worker is ready; like gunicorn's, it may take as long as it takes.
+        let mut awaiting_when_ready = false;
         let failed = |message: String| Err(BootEnd::Failed(StartupError(message)));
-        while ready < self.target {
+        loop {
+            if ready >= self.target && !awaiting_when_ready {
+                if !self.hook_then(LobbyHook::WhenReady, Event::WhenReady) {
+                    break;
+                }
+                awaiting_when_ready = true;
+            }
+            let next = async {
+                if awaiting_when_ready {
+                    Ok(events.recv().await)
+                } else {
+                    tokio::time::timeout_at(deadline, events.recv()).await
+                }
+            };
             let event = tokio::select! {
-                event = tokio::time::timeout_at(deadline, events.recv()) => event,
+                event = next => event,
                 sig = self.signals.next() => {
                     if matches!(sig, Sig::Terminate | Sig::Interrupt | Sig::Quit) {
                         info!("{}: stopping before the workers were ready", sig.name());
@@ -321,7 +389,11 @@ impl Supervisor {
             match event {
                 Some(Event::Report(_, Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
                 Some(Event::Report(_, Report::PreloadFailed(message))) => return failed(message),
-                Some(Event::Report(_, Report::Exited { .. })) => {}
+                Some(Event::Report(from, Report::Exited { pid, .. })) => self.child_exited(from, pid),
+                Some(Event::WhenReady(Ok(()))) => break,
+                Some(Event::WhenReady(Err(HookFailed))) => {
+                    return failed("the when_ready hook raised an exception (its traceback is in the error log)".into())
+                }
                 Some(Event::Ready { id, .. }) => {
                     if let Some(worker) = self.workers.get_mut(&id) {
                         worker.seat.card.ready.set(true);
@@ -333,8 +405,14 @@ impl Supervisor {
                     return failed(format!("worker {pid} failed to start: {gone:?}"))
                 }
                 Some(Event::ZygoteGone(_, reason)) => return failed(format!("{reason} before the workers were ready")),
-                // Held workers serve nothing, so none is recycled yet.
-                Some(Event::Reread(_) | Event::ReloadFailed(_) | Event::Recycling { .. }) => {}
+                // Held workers serve nothing, so none is recycled yet; no reload has begun.
+                Some(
+                    Event::Reread(_)
+                    | Event::ReloadFailed(_)
+                    | Event::Recycling { .. }
+                    | Event::Reloading
+                    | Event::PreExecDone,
+                ) => {}
                 None => return failed("the supervisor lost its event channel".into()),
             }
         }
@@ -362,15 +440,17 @@ impl Supervisor {
             Some(zygote) if self.pending_generation() == Some(generation) => zygote.clone(),
             _ => self.lobby.zygotes.serving(),
         };
+        let target = self.target;
         tokio::task::spawn_local(async move {
             tokio::time::sleep(pause).await;
-            if let Err(e) = zygote.control.spawn(id).await {
+            if let Err(e) = zygote.control.spawn(id, target).await {
                 error!("cannot ask the zygote for a worker: {e}");
             }
         });
     }
 
     fn start_worker(&mut self, id: usize, pid: i32, channel: OwnedFd) {
+        self.ages.insert(pid, id + 1);
         let Some(entry) = self.workers.get_mut(&id) else { return };
         entry.seat.card.pid.set(Some(pid));
         let lobby = self.lobby.clone();
@@ -455,6 +535,7 @@ impl Supervisor {
             }
             Sig::Quit => {
                 info!("SIGQUIT: immediate shutdown");
+                self.quit_workers().await;
                 return Some(Stop::Immediate);
             }
             Sig::Hangup => self.begin_reload(),
@@ -463,6 +544,7 @@ impl Supervisor {
             Sig::MoreWorkers => {
                 self.target += 1;
                 info!("SIGTTIN: {} (one more)", workers(self.target));
+                self.hook(LobbyHook::WorkersChanged { new: self.target, old: self.target - 1 });
                 self.balance(Duration::ZERO).await;
             }
             Sig::FewerWorkers if self.target == 1 => {
@@ -471,10 +553,31 @@ impl Supervisor {
             Sig::FewerWorkers => {
                 self.target -= 1;
                 info!("SIGTTOU: {} (one fewer)", workers(self.target));
+                self.hook(LobbyHook::WorkersChanged { new: self.target, old: self.target + 1 });
                 self.balance(Duration::ZERO).await;
             }
         }
         None
+    }
+
+    /// SIGQUIT with the worker_int hook set: as gunicorn's master does, every worker gets
+    /// SIGQUIT, runs the hook and exits; those still there after `QUIT_GRACE` are killed with
+    /// the rest when the workers are stopped.
+    async fn quit_workers(&self) {
+        if !self.lobby.interrupt_workers {
+            return;
+        }
+        let mut left = Vec::new();
+        for pid in self.workers.values().filter_map(WorkerEntry::pid) {
+            left.push(health::ProcStat::open(pid));
+            if let Err(e) = self.lobby.zygotes.kill(pid, libc::SIGQUIT).await {
+                error!("could not ask the zygote to pass SIGQUIT to worker {pid}: {e}");
+            }
+        }
+        let deadline = Instant::now() + QUIT_GRACE;
+        while left.iter().any(health::ProcStat::is_alive) && Instant::now() < deadline {
+            tokio::time::sleep(QUIT_POLL).await;
+        }
     }
 
     /// Waits until every connection has closed or `deadline` passes, still replacing lost
@@ -508,6 +611,7 @@ impl Supervisor {
                 sig = self.signals.next() => match sig {
                     Sig::Quit => {
                         info!("SIGQUIT: stopping at once, during the graceful shutdown");
+                        self.quit_workers().await;
                         return false;
                     }
                     Sig::User1 => self.reopen_logs().await,
@@ -533,6 +637,19 @@ impl Supervisor {
             info!("SIGUSR2: the new maitred (pid {}) is still starting; ignored", candidate.pid());
             return;
         }
+        if self.pre_exec_running {
+            info!("SIGUSR2: the pre_exec hook is still running; ignored");
+            return;
+        }
+        // The new maitred starts once pre_exec has run, as gunicorn's execs after it.
+        self.pre_exec_running = self.hook_then(LobbyHook::PreExec, |_| Event::PreExecDone);
+        if !self.pre_exec_running {
+            self.start_candidate();
+        }
+    }
+
+    /// Starts the new maitred of a SIGUSR2.
+    fn start_candidate(&mut self) {
         match Candidate::start(&self.succession, &self.listeners) {
             Ok(candidate) => {
                 info!(
@@ -564,13 +681,17 @@ impl Supervisor {
                 _ => {
                     // Its reload was abandoned before the zygote forked it.
                     debug!("worker {pid} is no longer wanted; stopping it");
+                    self.ages.insert(pid, slot + 1);
                     drop(channel);
                     if from == self.lobby.zygotes.serving().pid {
                         let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
                     }
                 }
             },
-            Event::Report(_, Report::Exited { pid, how }) => info!("worker {pid} exited ({how})"),
+            Event::Report(from, Report::Exited { pid, how }) => {
+                info!("worker {pid} exited ({how})");
+                self.child_exited(from, pid);
+            }
             Event::Report(from, Report::PreloadFailed(message)) if self.is_reload_zygote(from) => {
                 self.abandon_reload(&format!("the new zygote could not load the application: {message}")).await;
             }
@@ -598,6 +719,19 @@ impl Supervisor {
             Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
             Event::Reread(result) => self.on_reread(*result).await,
             Event::ReloadFailed(reason) => self.abandon_reload(&reason).await,
+            Event::Reloading => {
+                if self.reload.as_ref().is_some_and(|reload| reload.generation.is_none()) {
+                    self.start_generation();
+                }
+            }
+            Event::PreExecDone => {
+                self.pre_exec_running = false;
+                if !*self.lobby.shutdown.borrow() {
+                    self.start_candidate();
+                }
+            }
+            // Only the start waits for when_ready.
+            Event::WhenReady(_) => {}
         }
         Ok(())
     }
@@ -796,8 +930,13 @@ impl Supervisor {
                 self.abandon_reload(&reason).await;
             }
             Ok(Reread { config, kept }) => {
+                let old = self.target;
                 self.apply(config, &kept).await;
-                self.start_generation();
+                // As gunicorn's reload does, whether the number changed or not.
+                self.hook(LobbyHook::WorkersChanged { new: self.target, old });
+                if !self.hook_then(LobbyHook::OnReload, |_| Event::Reloading) {
+                    self.start_generation();
+                }
             }
         }
     }

@@ -565,6 +565,9 @@ async fn relay_response(
                     job.summary
                 );
                 health::dump_stack(lobby, pid).await;
+                if lobby.abort_on_timeout {
+                    health::abort(lobby, pid).await;
+                }
                 if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                     error!("could not ask the zygote to kill worker {pid}: {e}");
                 }

@@ -138,8 +138,10 @@ impl Control {
         Ok(Control { socket })
     }
 
-    pub async fn spawn(&self, slot: usize) -> io::Result<()> {
-        self.send(format!("spawn {slot}")).await
+    /// Asks for a worker; `workers` is how many the lobby keeps serving (for the hooks'
+    /// `server.num_workers`).
+    pub async fn spawn(&self, slot: usize, workers: usize) -> io::Result<()> {
+        self.send(format!("spawn {slot} {workers}")).await
     }
 
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {

@@ -762,6 +762,14 @@ impl WorkerChannel {
         }
     }
 
+    /// The status of the current request's answer, `(code, reason)`: the application's, or
+    /// the worker's 500 when it answered in the application's place. For the post_request hook.
+    #[getter]
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<(u16, Bound<'py, PyString>)> {
+        let (code, reason) = self.response.status();
+        Ok((code, latin1(py, reason)?))
+    }
+
     /// The current request's line, e.g. `GET /x?y HTTP/1.1`, for the error log.
     #[getter]
     fn request_line<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyString>> {

@@ -112,6 +112,11 @@ impl Response {
         self.produced = 0;
     }
 
+    /// The status code and reason of the head that went out, or is to go out.
+    pub fn status(&self) -> (u16, &[u8]) {
+        (self.status, &self.reason)
+    }
+
     pub fn head_sent(&self) -> bool {
         matches!(self.phase, Phase::HeadSent | Phase::Cancelled | Phase::Complete)
     }

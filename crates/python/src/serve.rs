@@ -1,9 +1,10 @@
 //! The lobby's entry point for the CLI:
-//! `maitred._native.serve(settings, control_fd, zygote_pid, reread=None)`.
+//! `maitred._native.serve(settings, control_fd, zygote_pid, succession, reread=None, hooks=None)`.
 //!
 //! The CLI has validated every setting and forked the zygote; from here this process is the
 //! lobby. The GIL is released for the whole run: no Python code runs in the lobby, except the
-//! config file read again for a reload (SIGHUP), on a thread of its own.
+//! config file read again for a reload (SIGHUP) and the server hooks, each on a thread of its
+//! own.
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, Level, ProxyVersions, Reread, Rereader,
-    Succession,
+    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, HookFailed, Level, LobbyHook, ProxyVersions,
+    Reread, Rereader, ServerHooks, Succession,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
@@ -34,8 +35,12 @@ pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
 /// `predecessor`, the descriptor of the channel to the lobby this one replaces, if any, and
 /// `inherited`, the listen sockets it passed, by the --bind address each listens on (the lobby
 /// takes ownership of them all).
+///
+/// `hooks`, given when there is a config file, is maitred.hooks.LobbyHooks: the lobby calls its
+/// methods (on a thread of its own, with the GIL) to run the config file's server hooks, and
+/// reads `names`, the hooks that are set.
 #[pyfunction]
-#[pyo3(signature = (settings, control_fd, zygote_pid, succession, reread=None))]
+#[pyo3(signature = (settings, control_fd, zygote_pid, succession, reread=None, hooks=None))]
 fn serve(
     py: Python<'_>,
     settings: &Bound<'_, PyDict>,
@@ -43,6 +48,7 @@ fn serve(
     zygote_pid: i32,
     succession: &Bound<'_, PyDict>,
     reread: Option<Py<PyAny>>,
+    hooks: Option<Bound<'_, PyAny>>,
 ) -> PyResult<i32> {
     let config = config_from(settings)?;
     let succession = Succession {
@@ -61,13 +67,49 @@ fn serve(
             .collect::<PyResult<_>>()?,
     };
     let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
+    let hooks = hooks.map(|hooks| server_hooks(&hooks)).transpose()?;
     // SAFETY: the CLI hands this descriptor over and no longer uses it.
     let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
     // Python's SIGINT handler only sets a flag for the interpreter, which will not run
     // until the lobby returns; the lobby handles SIGINT itself.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
-    py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader, succession))
+    py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader, succession, hooks))
         .map_err(|e| StartupError::new_err(e.0))
+}
+
+/// The lobby's view of the CLI's LobbyHooks.
+fn server_hooks(hooks: &Bound<'_, PyAny>) -> PyResult<ServerHooks> {
+    let names: std::collections::HashSet<String> = hooks.getattr("names")?.extract()?;
+    let hooks = hooks.clone().unbind();
+    Ok(ServerHooks {
+        call: Arc::new(move |hook| call_hook(&hooks, hook)),
+        interrupt_workers: names.contains("worker_int"),
+        abort_on_timeout: names.contains("worker_abort"),
+    })
+}
+
+/// Calls the LobbyHooks method for `hook`, which logs the traceback of a hook that raises and
+/// returns False.
+fn call_hook(hooks: &Py<PyAny>, hook: &LobbyHook) -> Result<(), HookFailed> {
+    Python::attach(|py| {
+        let hooks = hooks.bind(py);
+        let returned = match *hook {
+            LobbyHook::WhenReady => hooks.call_method0("when_ready"),
+            LobbyHook::OnReload => hooks.call_method0("on_reload"),
+            LobbyHook::PreExec => hooks.call_method0("pre_exec"),
+            LobbyHook::WorkersChanged { new, old } => hooks.call_method1("nworkers_changed", (new, old)),
+            LobbyHook::ChildExit { pid, age, zygote } => hooks.call_method1("child_exit", (pid, age, zygote)),
+        };
+        match returned.and_then(|succeeded| succeeded.extract::<bool>()) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(HookFailed),
+            Err(e) => {
+                // Not the hook: maitred's own call of it (a BaseException the hook raised).
+                e.print(py);
+                Err(HookFailed)
+            }
+        }
+    })
 }
 
 /// Calls the CLI's `reread`; Err is one line for the log.
