@@ -128,10 +128,11 @@ def test_flask_behind_the_example_nginx_sees_the_clients_address(processes, tmp_
     start(processes, [nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], tmp_path / "nginx.log")
     assert eventually(lambda: accepts_connections(port), 10), (tmp_path / "nginx-error.log").read_text()
     assert ask_from_another_address(port) == {"addr": CLIENT, "scheme": "http"}
-    log = (tmp_path / "maitred.log").read_text()
     # The access log (standard error, as the example says) names the client, with the queue
     # and application times; the post_fork hook ran in each worker.
-    assert f"{CLIENT} - - [" in log and '"GET /who HTTP/1.1" 200' in log, log
+    assert eventually(lambda: f"{CLIENT} - - [" in (tmp_path / "maitred.log").read_text(), 5)
+    log = (tmp_path / "maitred.log").read_text()
+    assert '"GET /who HTTP/1.1" 200' in log, log
     assert log.count("ready to open its connections") >= 2, log
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0

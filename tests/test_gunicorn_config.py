@@ -280,6 +280,8 @@ def test_every_gunicorn_setting_is_classified_consistently():
         if setting.verdict is gunicorn.Verdict.SAME:
             assert ours is not None, f"{setting.name}: SAME, but maitred has no such setting"
             assert set(setting.flags) <= set(ours.flags), f"{setting.name}: gunicorn's flags are not all maitred's"
+        elif setting.verdict is gunicorn.Verdict.HOOK:
+            assert ours is not None and ours.hook, f"{setting.name}: a hook, but not maitred's"
         else:
             assert ours is None, f"{setting.name} is maitred's own name: it cannot also be {setting.verdict}"
         if setting.verdict is gunicorn.Verdict.MAPPED:
@@ -478,7 +480,7 @@ def test_sighup_imports_a_config_module_again(clean_environment, tmp_path):
     module.write_text("timeout = 5\n")
     argv = ["-c", "python:reloaded_settings", "hello:app"]
     started = config.resolve(argv)
-    reread = config.rereader(argv, started)
+    reread = config.rereader(argv, started, lambda settings: None)
     assert reread is not None
     # A different size as well as a later time: the import system's cache compares both.
     module.write_text("timeout = 25.5\n")
