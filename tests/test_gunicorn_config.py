@@ -218,7 +218,7 @@ def post_fork(server, worker):
     server.log.info("forked %s", worker.pid)
 
 def when_ready(server):
-    pass
+    server.log.info("ready with %s workers", server.num_workers)
 """
 
 
@@ -241,6 +241,9 @@ def test_gunicorn_config_file_renamed_works(maitred_server, tmp_path):
     # values that ask for nothing maitred does not do (worker_class "sync", daemon False,
     # keyfile None).
     assert ignored == ["proc_name", "threads"], server.stderr()
+    # The hooks ran where gunicorn runs them, with the arguments its documentation shows.
+    assert "ready with 2 workers" in server.stderr()
+    assert server.stderr().count("forked ") >= 2, server.stderr()
     assert any("threads is ignored: a maitred worker runs one request at a time" in line for line in warnings)
 
 
