@@ -10,6 +10,7 @@ calling the application, iterating what it returns, and always calling its ``clo
 from __future__ import annotations
 
 import faulthandler
+import functools
 import io
 import os
 import signal
@@ -168,9 +169,10 @@ def _boot_and_serve(
     try:
         channel.ready()
         if hooked is not None and hooked[0].around_requests:
-            _serve_requests_with_hooks(channel, application, *hooked)
+            # pre_request before each request, post_request after it.
+            _serve_requests(channel, functools.partial(_answer_with_hooks, channel, application, *hooked))
         else:
-            _serve_requests(channel, application)
+            _serve_requests(channel, functools.partial(_answer, channel, application))
     except ChannelClosed as error:
         # The lobby let go in the middle of an exchange: it is shutting down or went away,
         # and it is the one to say so.
@@ -199,36 +201,24 @@ def base_environ() -> dict[str, Any]:
     }
 
 
-def _serve_requests(channel: WorkerChannel, application: Application) -> None:
+def _serve_requests(channel: WorkerChannel, answer: Callable[[dict[str, Any], Any], None]) -> None:
+    """Answers each request the lobby sends with `answer(environ, start_response)`, until the
+    lobby closes the channel."""
     receive = channel.receive
     while True:
         request = receive()
         if request is None:
             return
-        environ, start_response = request
-        _answer(channel, application, environ, start_response)
-
-
-def _serve_requests_with_hooks(
-    channel: WorkerChannel, application: Application, worker_hooks: hooks.WorkerHooks, me: hooks.Worker
-) -> None:
-    """_serve_requests, with pre_request before each request and post_request after it."""
-    receive = channel.receive
-    while True:
-        request = receive()
-        if request is None:
-            return
-        environ, start_response = request
-        _answer_with_hooks(channel, application, environ, start_response, worker_hooks, me)
+        answer(*request)
 
 
 def _answer_with_hooks(
     channel: WorkerChannel,
     application: Application,
-    environ: dict[str, Any],
-    start_response: Any,
     worker_hooks: hooks.WorkerHooks,
     me: hooks.Worker,
+    environ: dict[str, Any],
+    start_response: Any,
 ) -> None:
     pre_request = worker_hooks.get("pre_request")
     req = hooks.Request(environ)
