@@ -96,9 +96,9 @@ def run(argv: Sequence[str]) -> int:
             _remove_pid_file(pid_file)
 
 
-# Set by the lobby when it starts a fresh zygote, for a reload with --preload
-# (crates/lobby/src/zygote.rs): the descriptor of the zygote's end of its control channel.
-ZYGOTE_VARIABLE = "MAITRED_ZYGOTE_FD"
+# Set by the lobby when it starts a fresh zygote, for a reload with --preload: the descriptor of
+# the zygote's end of its control channel. The lobby owns the name.
+ZYGOTE_VARIABLE = _native.ZYGOTE_CHANNEL_VARIABLE
 
 
 def _be_zygote(argv: Sequence[str], channel: str) -> NoReturn:

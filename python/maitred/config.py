@@ -262,6 +262,19 @@ def _bind_address(text: str) -> str:
     return f"{host}:{_port(port_text, text)}"
 
 
+def bind_parts(address: str) -> tuple[object, ...]:
+    """A canonical listen address (what `_bind_address` returns) in the parsed form the lobby
+    takes: ``("tcp", host, port)`` (an IPv6 host without its brackets), ``("unix", path)`` or
+    ``("fd", n)``. This module owns the grammar: the lobby asks this function for the parts of
+    each address it is given, and never parses one itself."""
+    if address.startswith("unix:"):
+        return ("unix", address[len("unix:") :])
+    if address.startswith("fd://"):
+        return ("fd", int(address[len("fd://") :]))
+    host, _, port = address.rpartition(":")
+    return ("tcp", host.removeprefix("[").removesuffix("]"), int(port))
+
+
 def _stats_address(text: str) -> str:
     """A stats listener's address: a --bind address, but not an inherited descriptor."""
     address = _bind_address(text)
@@ -1355,8 +1368,9 @@ def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[st
 # ---------------------------------------------------------------------------------------------
 # A service manager's environment (docs/SYSTEMD.md).
 
-# The first descriptor socket activation passes (SD_LISTEN_FDS_START in sd_listen_fds(3)).
-LISTEN_FDS_START = 3
+# The first descriptor socket activation passes (SD_LISTEN_FDS_START in sd_listen_fds(3)); the
+# lobby, which names the sockets it serves by it too, owns the number.
+LISTEN_FDS_START = _native.LISTEN_FDS_START
 
 # What systemd tells the process it starts: the sockets passed by socket activation, the notify
 # socket and the watchdog. They are the lobby's; the zygote, and so the workers and the

@@ -2,7 +2,8 @@
 
 The running lobby starts the command it was started with (`command`, in `directory`), passing
 its listen sockets and one end of a channel through the environment
-(crates/lobby/src/upgrade.rs names the same variables). The new maitred's CLI takes those here:
+(the lobby owns their names: `_native.UPGRADE_CHANNEL_VARIABLE` and
+`_native.UPGRADE_LISTENERS_VARIABLE`). The new maitred's CLI takes those here:
 a listen socket already bound to an address in --bind is used as it is (``fd://N``), so that no
 connection waiting in its queue is lost (the lobby takes it for that address, which stays the
 one logged and, for a Unix socket, the file removed at exit); one that --bind no longer names is
@@ -17,10 +18,10 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
-from maitred import log
+from maitred import _native, config, log
 
-CHANNEL_VARIABLE = "MAITRED_UPGRADE_FD"
-LISTENERS_VARIABLE = "MAITRED_LISTEN_FDS"
+CHANNEL_VARIABLE = _native.UPGRADE_CHANNEL_VARIABLE
+LISTENERS_VARIABLE = _native.UPGRADE_LISTENERS_VARIABLE
 
 
 @dataclass
@@ -96,15 +97,14 @@ def _describe(address: object) -> str:
 
 def _names(bind: str, fd: int, address: object) -> bool:
     """Whether `bind` is the address `address`, the inherited socket `fd` listens on."""
-    if bind.startswith("fd://"):
-        return bind == f"fd://{fd}"
-    if bind.startswith("unix:"):
-        path = bind[len("unix:") :]
-        return isinstance(address, str) and os.path.abspath(path) == os.path.abspath(address)
+    parts = config.bind_parts(bind)
+    if parts[0] == "fd":
+        return parts[1] == fd
+    if parts[0] == "unix":
+        return isinstance(address, str) and os.path.abspath(parts[1]) == os.path.abspath(address)
     if not isinstance(address, tuple):
         return False
-    host, _, port = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]") or "0.0.0.0"
+    _, host, port = parts
     try:
         candidates = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     except (OSError, ValueError):

@@ -10,7 +10,8 @@ use crate::log::Level;
 use crate::privileges::Credentials;
 use crate::proxies::{AllowList, Forwarding};
 
-/// One address to listen on, as given to `--bind`.
+/// One address to listen on, as given to `--bind`. The CLI owns the grammar (python/maitred/config)
+/// and hands each one over parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BindAddress {
     /// `HOST:PORT` or `[V6]:PORT`; the host is resolved when binding.
@@ -19,33 +20,6 @@ pub enum BindAddress {
     Unix(PathBuf),
     /// `fd://N`: a socket inherited already listening (systemd socket activation and the like).
     Fd(i32),
-}
-
-impl BindAddress {
-    /// Parses the forms the CLI accepts; the CLI reports errors to the user first.
-    pub fn parse(text: &str) -> Result<BindAddress, String> {
-        if let Some(path) = text.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(format!("bind '{text}': empty Unix socket path"));
-            }
-            return Ok(BindAddress::Unix(PathBuf::from(path)));
-        }
-        if let Some(fd) = text.strip_prefix("fd://") {
-            return fd
-                .parse::<i32>()
-                .ok()
-                .filter(|fd| *fd >= 0)
-                .map(BindAddress::Fd)
-                .ok_or_else(|| format!("bind '{text}': fd:// needs a file descriptor number"));
-        }
-        let (host, port) = text
-            .rsplit_once(':')
-            .ok_or_else(|| format!("bind '{text}': expected HOST:PORT, [::1]:PORT, unix:PATH or fd://N"))?;
-        let port = port.parse::<u16>().map_err(|_| format!("bind '{text}': '{port}' is not a port number"))?;
-        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-        let host = if host.is_empty() { "0.0.0.0" } else { host };
-        Ok(BindAddress::Tcp { host: host.to_string(), port })
-    }
 }
 
 /// Every setting the lobby acts on.
@@ -111,26 +85,4 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyVersions>,
     /// `--proxy-allow-from`: the peers that may send a PROXY header.
     pub proxy_allow_ips: AllowList,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_every_bind_form() {
-        assert_eq!(BindAddress::parse("127.0.0.1:8000"), Ok(BindAddress::Tcp { host: "127.0.0.1".into(), port: 8000 }));
-        assert_eq!(BindAddress::parse("[::1]:80"), Ok(BindAddress::Tcp { host: "::1".into(), port: 80 }));
-        assert_eq!(BindAddress::parse(":80"), Ok(BindAddress::Tcp { host: "0.0.0.0".into(), port: 80 }));
-        assert_eq!(BindAddress::parse("unix:/tmp/s"), Ok(BindAddress::Unix("/tmp/s".into())));
-        assert_eq!(BindAddress::parse("fd://3"), Ok(BindAddress::Fd(3)));
-    }
-
-    #[test]
-    fn names_what_is_wrong_with_a_bind() {
-        assert!(BindAddress::parse("localhost").unwrap_err().contains("expected HOST:PORT"));
-        assert!(BindAddress::parse("h:99999").unwrap_err().contains("not a port number"));
-        assert!(BindAddress::parse("fd://x").unwrap_err().contains("file descriptor"));
-        assert!(BindAddress::parse("unix:").unwrap_err().contains("empty"));
-    }
 }

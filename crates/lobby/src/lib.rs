@@ -47,12 +47,14 @@ use tokio::task::{JoinHandle, LocalSet};
 pub use access_format::AccessFormat;
 pub use config::{BindAddress, Config};
 pub use hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
+pub use listen::LISTEN_FDS_START;
 pub use log::Level;
 pub use maitred_protocol::ProxyVersions;
 pub use privileges::Credentials;
 pub use proxies::{AllowList, Forwarding};
 pub use supervisor::{Reread, Rereader};
-pub use upgrade::Succession;
+pub use upgrade::{Succession, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
+pub use zygote::ZYGOTE_CHANNEL_VARIABLE;
 
 use crate::accept::{accept_backlog, accept_loop, announce, CapWatch, Descriptors};
 use crate::connection::Site;

@@ -178,7 +178,7 @@ fn activation_name(fd: i32) -> Option<String> {
 }
 
 /// The first descriptor socket activation passes (SD_LISTEN_FDS_START).
-const LISTEN_FDS_START: i32 = 3;
+pub const LISTEN_FDS_START: i32 = 3;
 
 fn describe_bind(address: &BindAddress) -> String {
     match address {

@@ -124,8 +124,8 @@ impl Offers {
         let bufs = [IoSlice::new(&job.frame)];
         let fd = self.socket(self.len()).sender.as_raw_fd();
         let sent = match &job.body_file {
-            Some(file) => maitred_fdpass::send_with_fd(fd, &bufs, file.as_raw_fd(), libc::MSG_DONTWAIT),
-            None => maitred_fdpass::send(fd, &bufs, libc::MSG_DONTWAIT),
+            Some(file) => maitred_sys::fdpass::send_with_fd(fd, &bufs, file.as_raw_fd(), libc::MSG_DONTWAIT),
+            None => maitred_sys::fdpass::send(fd, &bufs, libc::MSG_DONTWAIT),
         };
         match sent {
             Ok(n) if n == job.frame.len() => {
@@ -183,7 +183,7 @@ impl Offers {
 fn take_back(receiver: RawFd) -> bool {
     let mut byte = [MaybeUninit::<u8>::uninit(); 1];
     let mut fds = VecDeque::new();
-    matches!(maitred_fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
+    matches!(maitred_sys::fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
 }
 
 #[cfg(test)]
@@ -196,7 +196,7 @@ mod tests {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); OFFER_MAX];
         let mut fds = VecDeque::new();
         let fd = offers.receivers().nth(which).unwrap().as_raw_fd();
-        match maitred_fdpass::recv_with_fds(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
+        match maitred_sys::fdpass::recv_with_fds(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
             // SAFETY: the kernel wrote the first n bytes.
             Ok(n) => Some(buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect()),
             Err(_) => None,

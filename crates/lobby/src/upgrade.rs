@@ -39,9 +39,9 @@ use crate::spawn::{self, seqpacket_pair};
 use crate::{notify, Lobby};
 
 /// The descriptor of the new lobby's end of the pair.
-const CHANNEL_VARIABLE: &str = "MAITRED_UPGRADE_FD";
+pub const UPGRADE_CHANNEL_VARIABLE: &str = "MAITRED_UPGRADE_FD";
 /// The listen sockets passed, comma-separated descriptor numbers.
-const LISTENERS_VARIABLE: &str = "MAITRED_LISTEN_FDS";
+pub const UPGRADE_LISTENERS_VARIABLE: &str = "MAITRED_LISTEN_FDS";
 /// How long the new maitred may take to start its workers and say it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 /// How long handing one connection over may block before it is closed instead.
@@ -111,8 +111,8 @@ impl Candidate {
         let mut command = spawn::command_keeping(&succession.command, inherited).map_err(UpgradeError::Start)?;
         command
             .current_dir(&succession.directory)
-            .env(CHANNEL_VARIABLE, theirs_raw.to_string())
-            .env(LISTENERS_VARIABLE, listed)
+            .env(UPGRADE_CHANNEL_VARIABLE, theirs_raw.to_string())
+            .env(UPGRADE_LISTENERS_VARIABLE, listed)
             // The watchdog is for whichever process is the service's main one; the new lobby
             // becomes it with MAINPID= (sd_watchdog_enabled(3) then applies it to itself).
             .env_remove("WATCHDOG_PID")
@@ -220,7 +220,7 @@ impl Successor {
         let patience = sleeper.deadline.saturating_duration_since(Instant::now()).as_millis();
         let message =
             format!("{kind} {} {patience} {} {}", sleeper.answered, sleeper.site.server_port, sleeper.site.server_name);
-        let sent = maitred_fdpass::send_with_fd(
+        let sent = maitred_sys::fdpass::send_with_fd(
             self.channel.as_raw_fd(),
             &[IoSlice::new(message.as_bytes())],
             sleeper.socket.as_raw_fd(),
@@ -240,7 +240,7 @@ impl Successor {
 
     /// Tells the new lobby that it is the service's main process now.
     pub(crate) fn confirm_main(&self) {
-        if let Err(e) = maitred_fdpass::send(self.channel.as_raw_fd(), &[IoSlice::new(MAIN)], 0) {
+        if let Err(e) = maitred_sys::fdpass::send(self.channel.as_raw_fd(), &[IoSlice::new(MAIN)], 0) {
             warning!("cannot tell the new maitred that it is the main process: {e}");
         }
     }
@@ -259,7 +259,7 @@ pub(crate) async fn take_over(
     sites: Vec<Rc<Site>>,
     connections: Arc<Semaphore>,
 ) {
-    if let Err(e) = maitred_fdpass::send(predecessor.as_raw_fd(), &[IoSlice::new(READY)], 0) {
+    if let Err(e) = maitred_sys::fdpass::send(predecessor.as_raw_fd(), &[IoSlice::new(READY)], 0) {
         warning!("cannot tell the maitred being replaced that this one is ready: {e}");
         return;
     }
@@ -338,7 +338,8 @@ async fn receive(channel: &AsyncFd<OwnedFd>, fds: &mut VecDeque<OwnedFd>) -> io:
     loop {
         let mut ready = channel.readable().await?;
         match ready.try_io(|inner| {
-            maitred_fdpass::recv_with_fds(inner.as_raw_fd(), &mut buf, fds, libc::MSG_DONTWAIT).map_err(io::Error::from)
+            maitred_sys::fdpass::recv_with_fds(inner.as_raw_fd(), &mut buf, fds, libc::MSG_DONTWAIT)
+                .map_err(io::Error::from)
         }) {
             Ok(Ok(0)) => return Ok(None),
             Ok(Ok(n)) => {

@@ -87,7 +87,12 @@ impl Channel {
             let room = self.buf.spare_capacity_mut().len();
             let fds_before = self.fds.len();
             let read = ready.try_io(|socket| {
-                Ok(maitred_fdpass::recv_with_fds(socket.as_raw_fd(), self.buf.spare_capacity_mut(), &mut self.fds, 0)?)
+                Ok(maitred_sys::fdpass::recv_with_fds(
+                    socket.as_raw_fd(),
+                    self.buf.spare_capacity_mut(),
+                    &mut self.fds,
+                    0,
+                )?)
             });
             match read {
                 Ok(Ok(n)) => {
@@ -115,8 +120,8 @@ impl Channel {
             let bufs = [IoSlice::new(&frame[sent..])];
             let attached = if sent == 0 { fd } else { None };
             let result = ready.try_io(|socket| match attached {
-                Some(fd) => Ok(maitred_fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
-                None => Ok(maitred_fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
+                Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
+                None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
             });
             match result {
                 Ok(Ok(n)) => sent += n,

@@ -44,7 +44,7 @@ impl std::fmt::Display for Exit {
 
 /// The variable that tells the `maitred` command to be a zygote on this control channel
 /// (read by `maitred.cli`).
-const ZYGOTE_VARIABLE: &str = "MAITRED_ZYGOTE_FD";
+pub const ZYGOTE_CHANNEL_VARIABLE: &str = "MAITRED_ZYGOTE_FD";
 /// How often a retired zygote is looked for, until it has exited.
 const REAP_POLL: Duration = Duration::from_millis(100);
 
@@ -63,7 +63,7 @@ impl Zygote {
         let (ours, theirs) = spawn::seqpacket_pair()?;
         let theirs_raw = theirs.as_raw_fd();
         let mut child = spawn::command_keeping(command, vec![theirs_raw])?;
-        child.current_dir(directory).env(ZYGOTE_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
+        child.current_dir(directory).env(ZYGOTE_CHANNEL_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
         let child = child.spawn()?;
         let pid = child.id() as i32;
         // Reaped with waitpid, as the first zygote is (`reap`).
@@ -185,7 +185,7 @@ impl Control {
         let len = self
             .socket
             .async_io(Interest::READABLE, |socket| {
-                Ok(maitred_fdpass::recv_with_fds(socket.as_raw_fd(), buf.spare_capacity_mut(), &mut fds, 0)?)
+                Ok(maitred_sys::fdpass::recv_with_fds(socket.as_raw_fd(), buf.spare_capacity_mut(), &mut fds, 0)?)
             })
             .await?;
         if len == 0 {

@@ -18,7 +18,7 @@ use maitred_lobby::{
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 pyo3::create_exception!(_native, StartupError, pyo3::exceptions::PyException);
 
@@ -60,7 +60,7 @@ fn serve(
         inherited: required::<HashMap<String, i32>>(succession, "inherited")?
             .into_iter()
             .map(|(bind, fd)| {
-                let bind = BindAddress::parse(&bind).map_err(PyValueError::new_err)?;
+                let bind = bind_address(py, &bind)?;
                 // SAFETY: as `predecessor`: a listen socket the CLI hands over, one per bind.
                 Ok((bind, unsafe { OwnedFd::from_raw_fd(fd) }))
             })
@@ -132,9 +132,9 @@ fn check_access_log_format(format: &str) -> PyResult<()> {
 }
 
 fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
-    let binds: Vec<String> = required(settings, "bind")?;
+    let py = settings.py();
     let binds =
-        binds.iter().map(|b| BindAddress::parse(b)).collect::<Result<Vec<_>, _>>().map_err(PyValueError::new_err)?;
+        required::<Vec<String>>(settings, "bind")?.iter().map(|b| bind_address(py, b)).collect::<PyResult<Vec<_>>>()?;
     let log_level: String = required(settings, "log_level")?;
     Ok(Config {
         binds,
@@ -171,10 +171,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         queue_timeout: optional::<f64>(settings, "queue_timeout")?.map(Duration::from_secs_f64),
         max_connections: optional(settings, "max_connections")?,
         app: required(settings, "app")?,
-        stats: optional::<String>(settings, "stats")?
-            .map(|text| BindAddress::parse(&text))
-            .transpose()
-            .map_err(PyValueError::new_err)?,
+        stats: optional::<String>(settings, "stats")?.map(|text| bind_address(py, &text)).transpose()?,
         drop_to: optional::<(u32, u32, Vec<u32>)>(settings, "drop_to")?.map(|(uid, gid, groups)| Credentials {
             uid,
             gid,
@@ -189,6 +186,21 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         proxy_protocol: proxy_versions(&required::<String>(settings, "proxy_protocol")?)?,
         proxy_allow_ips: allow_list(settings, "proxy_allow_ips")?,
     })
+}
+
+/// A listen address the CLI has checked, in its parts: the CLI owns the grammar of addresses,
+/// and `maitred.config.bind_parts` gives `("tcp", host, port)`, `("unix", path)` or
+/// `("fd", n)`.
+fn bind_address(py: Python<'_>, address: &str) -> PyResult<BindAddress> {
+    let parts = py.import("maitred.config")?.getattr("bind_parts")?.call1((address,))?;
+    let parts = parts.cast::<PyTuple>()?;
+    let kind: String = parts.get_item(0)?.extract()?;
+    match (kind.as_str(), parts.len()) {
+        ("tcp", 3) => Ok(BindAddress::Tcp { host: parts.get_item(1)?.extract()?, port: parts.get_item(2)?.extract()? }),
+        ("unix", 2) => Ok(BindAddress::Unix(parts.get_item(1)?.extract::<String>()?.into())),
+        ("fd", 2) => Ok(BindAddress::Fd(parts.get_item(1)?.extract()?)),
+        _ => Err(PyValueError::new_err(format!("not an address: {parts}"))),
+    }
 }
 
 /// `--proxy-protocol`'s modes, as gunicorn names them (the CLI has checked them).
@@ -237,5 +249,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StartupError", m.py().get_type::<StartupError>())?;
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(check_access_log_format, m)?)?;
+    // The variables that carry inherited descriptors across exec: the lobby owns their names.
+    m.add("UPGRADE_CHANNEL_VARIABLE", maitred_lobby::UPGRADE_CHANNEL_VARIABLE)?;
+    m.add("UPGRADE_LISTENERS_VARIABLE", maitred_lobby::UPGRADE_LISTENERS_VARIABLE)?;
+    m.add("ZYGOTE_CHANNEL_VARIABLE", maitred_lobby::ZYGOTE_CHANNEL_VARIABLE)?;
+    m.add("LISTEN_FDS_START", maitred_lobby::LISTEN_FDS_START)?;
     Ok(())
 }

@@ -7,17 +7,17 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
-pub use maitred_fdpass::{send, send_with_fd, RecvError};
+pub use maitred_sys::fdpass::{send, send_with_fd, RecvError};
 
 /// One `recvmsg` appended to `buf`, with any descriptors that came along appended to `fds`
-/// (see `maitred_fdpass::recv_with_fds`). `Ok(0)` is end-of-file.
+/// (see `maitred_sys::fdpass::recv_with_fds`). `Ok(0)` is end-of-file.
 pub fn recv_into(
     fd: RawFd,
     buf: &mut Vec<u8>,
     fds: &mut VecDeque<OwnedFd>,
     flags: libc::c_int,
 ) -> Result<usize, RecvError> {
-    let n = maitred_fdpass::recv_with_fds(fd, buf.spare_capacity_mut(), fds, flags)?;
+    let n = maitred_sys::fdpass::recv_with_fds(fd, buf.spare_capacity_mut(), fds, flags)?;
     // SAFETY: the kernel initialised the first n bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     Ok(n)
