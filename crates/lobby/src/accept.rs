@@ -55,32 +55,22 @@ impl Descriptors {
     /// the hard limit when none is asked for), and leaves room for everything else.
     pub(crate) fn raise(workers: usize, wanted: Option<usize>) -> Descriptors {
         let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit and setrlimit read or write one rlimit.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-                // An unlimited hard limit still stops at the kernel's fs.nr_open.
-                let ceiling = limit.rlim_max.min(nr_open());
-                let target = wanted.map_or(ceiling, |n| (n as u64).saturating_add(reserved).min(ceiling));
-                if limit.rlim_cur < target {
-                    let raised = libc::rlimit { rlim_cur: target, rlim_max: limit.rlim_max };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                        limit = raised;
-                    }
-                }
-            }
+        let (soft, hard) = maitred_sys::limits::open_files();
+        let mut soft = soft.unwrap_or(u64::MAX);
+        // An unlimited hard limit still stops at the kernel's fs.nr_open.
+        let ceiling = hard.unwrap_or(u64::MAX).min(nr_open());
+        let target = wanted.map_or(ceiling, |n| (n as u64).saturating_add(reserved).min(ceiling));
+        if soft < target && maitred_sys::limits::set_open_files(target).is_ok() {
+            soft = target;
         }
-        let room = limit.rlim_cur.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize;
-        Descriptors { limit: limit.rlim_cur, reserved, room }
+        let room = soft.saturating_sub(reserved).clamp(1, Semaphore::MAX_PERMITS as u64 / 2) as usize;
+        Descriptors { limit: soft, reserved, room }
     }
 }
 
 /// The soft descriptor limit as it is now.
 fn fd_limit() -> u64 {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit.
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    limit.rlim_cur
+    maitred_sys::limits::open_files().0.unwrap_or(u64::MAX)
 }
 
 /// The most descriptors a process may have (`fs.nr_open`), or no bound if the kernel does not say.

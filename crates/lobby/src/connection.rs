@@ -10,7 +10,7 @@ use std::fs::File;
 use std::future::poll_fn;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -44,7 +44,7 @@ const LINGER_BYTES: usize = 1 << 20;
 const READ_CHUNK: usize = 4 * 1024;
 
 /// A client stream: TCP or Unix.
-pub trait ClientStream: AsyncRead + AsyncWrite + AsRawFd + Unpin + 'static {
+pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'static {
     const KIND: StreamKind;
     /// Leaves the event loop, keeping the connection open.
     fn into_fd(self) -> io::Result<OwnedFd>;
@@ -742,20 +742,15 @@ impl<S: ClientStream> Connection<S> {
     /// Writes everything, giving up only on a client that takes nothing for `--send-timeout`:
     /// a client that keeps reading, however slowly, is never cut.
     async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        self.send_all(data, libc::MSG_NOSIGNAL).await
+        self.send_all(data, false).await
     }
 
-    /// `send(2)`s all of `data` with `flags`, each call as soon as the client can take bytes.
-    async fn send_all(&mut self, mut data: &[u8], flags: libc::c_int) -> io::Result<()> {
-        let fd = self.stream.as_raw_fd();
+    /// `send(2)`s all of `data` (with MSG_MORE when `more`), each call as soon as the client
+    /// can take bytes.
+    async fn send_all(&mut self, mut data: &[u8], more: bool) -> io::Result<()> {
+        let fd = self.stream.as_fd();
         while !data.is_empty() {
-            let sent = self.write_when_ready(|| {
-                // SAFETY: `data` is a live slice of `data.len()` bytes.
-                match unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), flags) } {
-                    n if n < 0 => Err(io::Error::last_os_error()),
-                    n => Ok(n as u64),
-                }
-            });
+            let sent = self.write_when_ready(|| maitred_sys::socket::send(fd, data, more).map(|n| n as u64));
             data = &data[sent.await? as usize..];
         }
         Ok(())
@@ -766,22 +761,17 @@ impl<S: ClientStream> Connection<S> {
     /// segment: per connection one packet fewer for both kernels to process and one wake-up
     /// fewer for the client (T2).
     async fn write_closing(&mut self, data: &[u8]) -> io::Result<()> {
-        let more = if matches!(S::KIND, StreamKind::Tcp) { libc::MSG_MORE } else { 0 };
-        self.send_all(data, more | libc::MSG_NOSIGNAL).await
+        self.send_all(data, matches!(S::KIND, StreamKind::Tcp)).await
     }
 
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
     async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
-        let (out_fd, in_fd): (RawFd, RawFd) = (self.stream.as_raw_fd(), file.as_raw_fd());
+        let (out_fd, in_fd) = (self.stream.as_fd(), file.as_fd());
         while count > 0 {
             let sent = self.write_when_ready(|| {
-                let mut off = offset as libc::off_t;
                 let chunk = count.min(1 << 30) as usize;
-                // SAFETY: both descriptors are open for as long as this call.
-                match unsafe { libc::sendfile(out_fd, in_fd, &mut off, chunk) } {
-                    n if n < 0 => Err(io::Error::last_os_error()),
-                    n => Ok(n as u64),
-                }
+                let mut at = offset;
+                maitred_sys::socket::sendfile(out_fd, in_fd, &mut at, chunk).map(|n| n as u64)
             });
             match sent.await? {
                 0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced")),
@@ -802,7 +792,7 @@ impl<S: ClientStream> Connection<S> {
     /// gone, which a client reading a few KiB a second takes minutes to do.
     async fn write_when_ready(&self, mut write: impl FnMut() -> io::Result<u64>) -> io::Result<u64> {
         let limit = self.lobby.settings().send_timeout;
-        let mut unsent = unsent_bytes(self.stream.as_raw_fd());
+        let mut unsent = maitred_sys::socket::unsent_bytes(self.stream.as_fd());
         loop {
             let attempt = async {
                 loop {
@@ -816,7 +806,7 @@ impl<S: ClientStream> Connection<S> {
             if let Ok(result) = tokio::time::timeout(limit, attempt).await {
                 return result;
             }
-            let now = unsent_bytes(self.stream.as_raw_fd());
+            let now = maitred_sys::socket::unsent_bytes(self.stream.as_fd());
             match (unsent, now) {
                 (Some(before), Some(now)) if now < before => unsent = Some(now),
                 _ => {
@@ -969,16 +959,6 @@ impl Answer {
     }
 }
 
-/// Bytes written to the socket that its peer has not taken yet (`SIOCOUTQ`), if the kernel says.
-pub(crate) fn unsent_bytes(fd: RawFd) -> Option<libc::c_int> {
-    let mut unsent: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ writes one c_int through the pointer, which points at a live c_int.
-    match unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) } {
-        0 => Some(unsent),
-        _ => None,
-    }
-}
-
 /// A temporary file for a request body, and its place under --max-connections.
 fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermit), Stop> {
     let descriptor = descriptors.clone().try_acquire_owned().map_err(|_| {
@@ -998,17 +978,7 @@ fn spill_failed(e: &io::Error) -> Stop {
 /// One read attempt that does not wait: Pending when nothing is there, and then the stream
 /// is registered to wake `cx` when there is.
 fn read_now<S: AsyncRead + Unpin>(stream: &mut S, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-    let mut read_buf = tokio::io::ReadBuf::uninit(buf.spare_capacity_mut());
-    match std::pin::Pin::new(stream).poll_read(cx, &mut read_buf) {
-        Poll::Ready(Ok(())) => {
-            let n = read_buf.filled().len();
-            // SAFETY: poll_read initialised the first n bytes of the spare capacity.
-            unsafe { buf.set_len(buf.len() + n) };
-            Poll::Ready(Ok(n))
-        }
-        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-        Poll::Pending => Poll::Pending,
-    }
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(stream), cx, buf)
 }
 
 fn version_text(version: Version) -> &'static str {

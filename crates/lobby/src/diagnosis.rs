@@ -7,6 +7,7 @@
 //! makes one episode, not a line per burst.
 
 use std::cell::{Cell, RefCell};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,7 +71,7 @@ pub struct Watched {
 impl Watched {
     /// Connections waiting in its accept queue now; None for a Unix socket or when unknown.
     pub fn queue(&self) -> Option<u32> {
-        self.is_tcp.then(|| listen::queue_depth(&self.socket).ok()).flatten()
+        self.is_tcp.then(|| maitred_sys::socket::listen_queue_depth(self.socket.as_fd()).ok()).flatten()
     }
 }
 

@@ -2,7 +2,7 @@
 //! (docs/SIGNALS.md, "--timeout and worker health").
 
 use std::fs::File;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 use std::time::Duration;
@@ -166,8 +166,8 @@ const STOP_POLL: Duration = Duration::from_millis(5);
 /// it cannot start meanwhile, the worker is stopped (SIGSTOP) and seen stopped before the
 /// bytes are counted; a worker found to have read it all is continued (SIGCONT) and waits for
 /// --timeout like any slow request. `channel` is the lobby's end of the worker's channel.
-pub async fn never_read(lobby: &Lobby, pid: i32, channel: RawFd) -> bool {
-    if crate::connection::unsent_bytes(channel).is_none_or(|unsent| unsent <= 0) {
+pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>) -> bool {
+    if maitred_sys::socket::unsent_bytes(channel).is_none_or(|unsent| unsent == 0) {
         return false;
     }
     let stat = ProcStat::open(pid);
@@ -178,7 +178,7 @@ pub async fn never_read(lobby: &Lobby, pid: i32, channel: RawFd) -> bool {
     while !stat.is_stopped() && Instant::now() < deadline {
         tokio::time::sleep(STOP_POLL).await;
     }
-    let unread = stat.is_stopped() && crate::connection::unsent_bytes(channel).is_some_and(|unsent| unsent > 0);
+    let unread = stat.is_stopped() && maitred_sys::socket::unsent_bytes(channel).is_some_and(|unsent| unsent > 0);
     if !unread {
         let _ = lobby.zygotes.kill(pid, libc::SIGCONT).await;
     }
@@ -223,8 +223,7 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id() as i32;
         let stat = ProcStat::open(pid);
-        // SAFETY: kill(2) on our own unreaped child.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        maitred_sys::process::kill(pid, libc::SIGSTOP).unwrap();
         let stopped = (0..200).any(|_| {
             std::thread::sleep(Duration::from_millis(5));
             stat.is_stopped()

@@ -14,7 +14,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -70,15 +70,7 @@ pub struct Hibernation {
 
 impl Hibernation {
     pub fn new() -> io::Result<Hibernation> {
-        // SAFETY: epoll_create1 has no memory-safety preconditions.
-        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: the OwnedFd stays open, with this descriptor, for as long as it is owned.
-        let epoll = unsafe { AsyncFd::register(epoll) }.map_err(io::Error::from)?;
+        let epoll = maitred_sys::reactor::register(maitred_sys::sleepers::create()?)?;
         Ok(Hibernation {
             epoll,
             sleepers: RefCell::new(Slots::default()),
@@ -89,15 +81,15 @@ impl Hibernation {
 
     /// Puts a connection to sleep. If the kernel will not watch it, it is closed.
     pub fn put(&self, sleeper: Sleeper) {
-        let fd = sleeper.socket.as_raw_fd();
-        let key = self.sleepers.borrow_mut().insert(sleeper);
-        let mut event = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: key as u64 };
-        // SAFETY: `event` is a live epoll_event; both descriptors are open.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) } < 0 {
-            debug!("closing an idle connection that cannot hibernate: {}", io::Error::last_os_error());
-            self.sleepers.borrow_mut().remove(key);
+        let mut sleepers = self.sleepers.borrow_mut();
+        let key = sleepers.insert(sleeper);
+        let socket = sleepers.get(key).map(|sleeper| sleeper.socket.as_fd()).expect("just inserted");
+        if let Err(e) = maitred_sys::sleepers::watch(self.epoll.get_ref().as_fd(), socket, key as u64) {
+            debug!("closing an idle connection that cannot hibernate: {e}");
+            sleepers.remove(key);
             return;
         }
+        drop(sleepers);
         self.put_since_trim.set(self.put_since_trim.get() + 1);
     }
 
@@ -107,19 +99,15 @@ impl Hibernation {
 
     /// Takes the sleepers the kernel reports readable (a request, or the client closing).
     fn take_woken(&self, woken: &mut Vec<Sleeper>) -> io::Result<usize> {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAIT];
-        // SAFETY: `events` has room for EVENTS_PER_WAIT entries; a zero timeout never blocks.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), EVENTS_PER_WAIT as i32, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let mut keys = Vec::with_capacity(EVENTS_PER_WAIT);
+        let n = maitred_sys::sleepers::ready(self.epoll.get_ref().as_fd(), &mut keys, EVENTS_PER_WAIT)?;
         let mut sleepers = self.sleepers.borrow_mut();
-        for event in &events[..n as usize] {
-            let Some(sleeper) = sleepers.remove(event.u64 as usize) else { continue };
+        for key in keys {
+            let Some(sleeper) = sleepers.remove(key as usize) else { continue };
             self.unwatch(&sleeper);
             woken.push(sleeper);
         }
-        Ok(n as usize)
+        Ok(n)
     }
 
     /// Takes every sleeper out of the watch, for a new maitred to take over (SIGUSR2). The
@@ -135,15 +123,7 @@ impl Hibernation {
     }
 
     fn unwatch(&self, sleeper: &Sleeper) {
-        // SAFETY: a null event is allowed for EPOLL_CTL_DEL; both descriptors are open.
-        unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                sleeper.socket.as_raw_fd(),
-                std::ptr::null_mut(),
-            )
-        };
+        let _ = maitred_sys::sleepers::unwatch(self.epoll.get_ref().as_fd(), &sleeper.socket);
     }
 
     /// Closes the sleepers whose deadline has passed, and at a shutdown every sleeper that
@@ -165,11 +145,7 @@ impl Hibernation {
         }
         self.put_since_trim.set(0);
         self.put_at_last_tick.set(0);
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only releases free memory.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        maitred_sys::limits::trim_memory();
     }
 }
 
@@ -250,6 +226,10 @@ impl<T> Slots<T> {
                 self.entries.len() - 1
             }
         }
+    }
+
+    fn get(&self, key: usize) -> Option<&T> {
+        self.entries.get(key)?.as_ref()
     }
 
     fn remove(&mut self, key: usize) -> Option<T> {

@@ -6,6 +6,8 @@
 //! requests and writes answers, `seating.rs` queues them, `worker.rs` relays them to a worker,
 //! and `supervisor.rs` keeps the workers running and answers the signals.
 
+#![forbid(unsafe_code)]
+
 mod accept;
 mod access_format;
 mod config;

@@ -4,10 +4,10 @@
 use std::cell::Cell;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
-use socket2::{Domain, SockAddr, Socket, Type};
+use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
 use crate::config::BindAddress;
@@ -88,9 +88,11 @@ pub fn bind(address: &BindAddress, backlog: Option<u32>, inherited: Option<Owned
             (socket, format!("unix:{name}"), name, 0, Some(path.clone()))
         }
         BindAddress::Fd(fd) => {
-            // SAFETY: the operator, or the service manager (socket activation), handed us this
+            // The operator, or the service manager (socket activation), handed us this
             // descriptor to own (fd://N).
-            let socket = unsafe { Socket::from_raw_fd(*fd) };
+            let socket = Socket::from(
+                maitred_sys::fd::adopt(*fd).map_err(|e| format!("fd://{fd}: file descriptor {fd} is not open: {e}"))?,
+            );
             let activation = activation_name(*fd);
             let origin = match &activation {
                 None => format!("fd {fd}"),
@@ -213,7 +215,7 @@ fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
 /// when it is empty. Unix sockets have no such reading and keep the plain loop. (The queue's
 /// fill is watched apart from this, by `diagnosis.rs`, also while nothing is accepted.)
 pub struct Acceptor {
-    socket: AsyncFd<Socket>,
+    socket: AsyncFd<OwnedFd>,
     /// The listener's address, for the log.
     display: String,
     /// Connections known to be queued; no need to look at the queue again until they are taken.
@@ -227,8 +229,7 @@ impl Acceptor {
     pub fn new(listener: &Listener) -> io::Result<Acceptor> {
         let socket = listener.socket.try_clone()?;
         let is_tcp = socket.local_addr()?.as_socket().is_some();
-        // SAFETY: `socket` is a fresh duplicate that this Acceptor alone owns.
-        let socket = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
+        let socket = maitred_sys::reactor::register(socket.into())?;
         Ok(Acceptor {
             socket,
             display: listener.display.clone(),
@@ -250,7 +251,7 @@ impl Acceptor {
                 // by then, and they are taken without waiting for the event loop to report them.
                 tokio::task::yield_now().await;
                 let mut ready = self.socket.readable().await?;
-                match queue_depth(self.socket.get_ref()) {
+                match maitred_sys::socket::listen_queue_depth(self.socket.get_ref().as_fd()) {
                     Ok(0) => {
                         ready.clear_ready();
                         continue;
@@ -261,7 +262,9 @@ impl Acceptor {
                 }
             }
             let mut ready = self.socket.readable().await?;
-            match ready.try_io(|socket| socket.get_ref().accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)) {
+            match ready
+                .try_io(|socket| SockRef::from(socket.get_ref()).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC))
+            {
                 Ok(Ok(accepted)) => {
                     let known = self.known_queued.get().saturating_sub(1);
                     self.known_queued.set(known);
@@ -273,27 +276,6 @@ impl Acceptor {
             }
         }
     }
-}
-
-/// How many connections wait in a TCP listener's accept queue (what `ss -l` shows as Recv-Q).
-pub(crate) fn queue_depth(socket: &Socket) -> io::Result<u32> {
-    // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most `len` bytes into it.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    let result = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if result < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // For a listener the kernel reports the accept queue's length in tcpi_unacked.
-    Ok(info.tcpi_unacked)
 }
 
 #[cfg(test)]

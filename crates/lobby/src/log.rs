@@ -25,7 +25,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -114,7 +114,7 @@ pub fn write(level: Level, message: std::fmt::Arguments<'_>) {
         // Debug lines may come once per request: they do not get the lifecycle lines' room.
         Some(sink) => sink.push(line, level > Level::Debug),
         None => {
-            let _ = write_all(libc::STDERR_FILENO, line.as_bytes());
+            let _ = write_all(stderr(), line.as_bytes());
         }
     }
 }
@@ -276,7 +276,7 @@ enum DropReport {
 
 impl Sink {
     /// Starts a writer thread for `fd`, which stays open for the life of the process.
-    fn start(fd: RawFd, ordinary_bytes: usize, report: DropReport) -> io::Result<&'static Sink> {
+    fn start(fd: BorrowedFd<'static>, ordinary_bytes: usize, report: DropReport) -> io::Result<&'static Sink> {
         let sink: &'static Sink = Box::leak(Box::new(Sink {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -321,7 +321,7 @@ impl Sink {
 
     /// The writer thread: takes what is queued, writes it, reports what was dropped; and
     /// between lines, writes the summaries of rate-limit windows as they end.
-    fn drain(&self, fd: RawFd, report: DropReport) {
+    fn drain(&self, fd: BorrowedFd<'_>, report: DropReport) {
         let mut batch = VecDeque::new();
         // The writer has waited `LINGER` since it last found the queue empty.
         let mut lingered = true;
@@ -395,7 +395,7 @@ impl Sink {
     }
 
     /// A line of the writer's own: written here (the error log), or queued in the error log.
-    fn report(&self, fd: RawFd, report: DropReport, level: Level, message: String) {
+    fn report(&self, fd: BorrowedFd<'_>, report: DropReport, level: Level, message: String) {
         let line = format_line(SystemTime::now(), level, message);
         match report {
             DropReport::Here => {
@@ -442,7 +442,7 @@ impl Sink {
 }
 
 /// Writes lines, several per write(2) as long as they fit in `WRITE_BATCH` bytes.
-fn write_lines(fd: RawFd, lines: impl Iterator<Item = String>) -> io::Result<()> {
+fn write_lines(fd: BorrowedFd<'_>, lines: impl Iterator<Item = String>) -> io::Result<()> {
     let mut buffer = Vec::with_capacity(WRITE_BATCH);
     for line in lines {
         if !buffer.is_empty() && buffer.len() + line.len() > WRITE_BATCH {
@@ -463,36 +463,21 @@ fn write_lines(fd: RawFd, lines: impl Iterator<Item = String>) -> io::Result<()>
 
 /// Writes everything, waiting as long as it takes: this runs on a log's own thread. The
 /// descriptor may have been made non-blocking by another process that shares it.
-fn write_all(fd: RawFd, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        // SAFETY: `bytes` is a live slice; write(2) reads at most its length.
-        let written = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-        if written > 0 {
-            bytes = &bytes[written as usize..];
-            continue;
-        }
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => {}
-            io::ErrorKind::WouldBlock => {
-                let mut poll = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut poll, 1, -1) };
-            }
-            _ => return Err(e),
-        }
-    }
-    Ok(())
+fn write_all(fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
+    maitred_sys::fd::write_all_waiting(fd, bytes)
+}
+
+/// Standard error, where the CLI has put the error log, for the life of the process.
+fn stderr() -> BorrowedFd<'static> {
+    static STDERR: OnceLock<std::io::Stderr> = OnceLock::new();
+    STDERR.get_or_init(std::io::stderr).as_fd()
 }
 
 /// The error log's queue and writer, started with the first line; None if no thread could be
 /// started, and then lines are written directly, as a last resort.
 fn error_log() -> Option<&'static Sink> {
     static ERROR_LOG: OnceLock<Option<&'static Sink>> = OnceLock::new();
-    *ERROR_LOG.get_or_init(|| Sink::start(libc::STDERR_FILENO, ORDINARY_BYTES, DropReport::Here).ok())
+    *ERROR_LOG.get_or_init(|| Sink::start(stderr(), ORDINARY_BYTES, DropReport::Here).ok())
 }
 
 static ACCESS_LOG: OnceLock<&'static Sink> = OnceLock::new();
@@ -527,13 +512,13 @@ static ACCESS_FILE: OnceLock<String> = OnceLock::new();
 /// Opens the access log: `-` is standard output. Lines are appended.
 pub fn open_access_log(target: &str) -> io::Result<()> {
     let file = if target == "-" {
-        use std::os::fd::AsFd;
         File::from(std::io::stdout().as_fd().try_clone_to_owned()?)
     } else {
         open_log_file(target, ACCESS_LOG_MODE)?
     };
     // The file stays open, for its writer, for the life of the process.
-    let fd = std::mem::ManuallyDrop::new(file).as_raw_fd();
+    let file: &'static File = Box::leak(Box::new(file));
+    let fd = file.as_fd();
     let sink = Sink::start(fd, QUEUE_BYTES, DropReport::ErrorLog)?;
     ACCESS_LOG.set(sink).map_err(|_| io::Error::other("the access log is already open"))?;
     if target != "-" {
@@ -554,19 +539,10 @@ fn open_log_file(path: &str, mode: u32) -> io::Result<File> {
 
 /// Opens `path` again (creating it) and puts it in the place of descriptor `fd`: whoever
 /// writes to `fd` writes to the new file from the next write on.
-fn reopen_onto(path: &str, fd: RawFd, mode: u32) -> io::Result<()> {
+fn reopen_onto(path: &str, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     let file = open_log_file(path, mode)?;
-    // SAFETY: fcntl and dup3 act on descriptor numbers: dup3 replaces `fd`, which stays open
-    // for the life of the process, with a descriptor of the file just opened (keeping `fd`'s
-    // close-on-exec flag); `file` closes its own when dropped.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFD);
-        let cloexec = flags > 0 && flags & libc::FD_CLOEXEC != 0;
-        if libc::dup3(file.as_raw_fd(), fd, if cloexec { libc::O_CLOEXEC } else { 0 }) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    // `fd` stays open for the life of the process; `file` closes its own when dropped.
+    maitred_sys::fd::replace(fd, file.as_fd())
 }
 
 /// Reopens the error log (standard error, which the CLI pointed at `--error-logfile`) at
@@ -576,7 +552,7 @@ pub fn reopen_error_log(path: &str) {
     match error_log() {
         Some(sink) => sink.reopen(path, ERROR_LOG_MODE),
         None => {
-            if let Err(e) = reopen_onto(path, libc::STDERR_FILENO, ERROR_LOG_MODE) {
+            if let Err(e) = reopen_onto(path, stderr(), ERROR_LOG_MODE) {
                 error!("SIGUSR1: cannot reopen {path}: {e}; writing on to the old file");
             }
         }
@@ -597,15 +573,7 @@ pub fn reopen_access_log() -> Option<&'static str> {
 /// and send the signal again, without end. A thread that blocks the signal writes through.
 /// Threads that may write to a terminal call this (the logs' writers, the config re-read).
 pub(crate) fn block_terminal_signals() {
-    // SAFETY: a sigset_t is plain data, filled by sigemptyset; pthread_sigmask changes only
-    // this thread's mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTTOU);
-        libc::sigaddset(&mut set, libc::SIGTTIN);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+    maitred_sys::process::block_in_this_thread(&[libc::SIGTTOU, libc::SIGTTIN]);
 }
 
 pub fn access_log_enabled() -> bool {
@@ -764,11 +732,10 @@ mod tests {
 
     #[test]
     fn a_stalled_destination_costs_the_caller_nothing_and_the_drops_are_counted() {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills two descriptors.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let [read_end, write_end] = fds;
-        let sink = Sink::start(write_end, ORDINARY_BYTES, DropReport::Here).unwrap();
+        let (read_end, write_end) = io::pipe().unwrap();
+        // The writer's descriptor stays open for the life of the test process, as in the lobby.
+        let write_end: &'static io::PipeWriter = Box::leak(Box::new(write_end));
+        let sink = Sink::start(write_end.as_fd(), ORDINARY_BYTES, DropReport::Here).unwrap();
         // Nobody reads: the pipe fills, then the queue, then lines are dropped, all at once.
         let sent = 3_000;
         let started = Instant::now();
@@ -780,18 +747,15 @@ mod tests {
         // done so since the last drop. 3 MB against at most the queue, one batch taken from it
         // and the pipe's 64 KiB: some were dropped, and the report read below says how many.
         // Now the log is read: every line kept arrives whole, then the count of the others.
-        // SAFETY: `read_end` is ours; from here on it is owned by the File.
-        let mut reader = io::BufReader::new(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(read_end) });
+        let mut reader = io::BufReader::new(read_end);
         // The writer reports the drops it took with each batch: there may be several reports.
         let (mut kept, mut dropped) = (0u64, 0u64);
         let mut line = String::new();
         while kept + dropped < sent {
             line.clear();
             if reader.buffer().is_empty() {
-                let mut ready = libc::pollfd { fd: read_end, events: libc::POLLIN, revents: 0 };
-                // SAFETY: poll reads and writes one live pollfd.
-                let n = unsafe { libc::poll(&mut ready, 1, 10_000) };
-                assert_eq!(n, 1, "nothing more to read after {kept} lines kept and {dropped} reported dropped");
+                let ready = maitred_sys::fd::wait_readable(reader.get_ref().as_fd(), Some(Duration::from_secs(10)));
+                assert!(ready.unwrap(), "nothing more to read after {kept} lines kept and {dropped} reported dropped");
             }
             assert!(io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0);
             if let Some(count) = line.strip_suffix(" log lines dropped while the log was not being read\n") {
@@ -814,7 +778,8 @@ mod tests {
         let rotated = dir.path().join("maitred.log.1");
         let path_text = path.to_str().unwrap();
         // The writer's descriptor stays open for the life of the test process, as in the lobby.
-        let fd = std::mem::ManuallyDrop::new(open_log_file(path_text, ERROR_LOG_MODE).unwrap()).as_raw_fd();
+        let file: &'static File = Box::leak(Box::new(open_log_file(path_text, ERROR_LOG_MODE).unwrap()));
+        let fd = file.as_fd();
         let sink = Sink::start(fd, ORDINARY_BYTES, DropReport::Here).unwrap();
         sink.push("one\n".into(), true);
         sink.push("two\n".into(), true);

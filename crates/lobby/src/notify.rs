@@ -196,10 +196,7 @@ pub fn stopping() {
 
 /// CLOCK_MONOTONIC in microseconds, the clock systemd compares MONOTONIC_USEC with.
 fn monotonic_usec() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+    maitred_sys::limits::monotonic_usec()
 }
 
 /// One line for `systemctl status`: "serving, 4 workers (3 idle), 0 queued".

@@ -13,11 +13,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::Instant;
 
 use maitred_wire::OFFER_MAX;
+use socket2::{Domain, Socket, Type};
 
 use crate::seating::{Job, JobState};
 
@@ -55,22 +56,8 @@ struct OfferSocket {
 
 impl OfferSocket {
     fn new() -> io::Result<OfferSocket> {
-        let mut ends = [0; 2];
-        // SAFETY: socketpair writes two descriptors into `ends` on success.
-        let made = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-                ends.as_mut_ptr(),
-            )
-        };
-        if made < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just created and are owned by nobody else.
-        let (sender, receiver) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
-        Ok(OfferSocket { sender, receiver })
+        let (sender, receiver) = Socket::pair(Domain::UNIX, Type::SEQPACKET.nonblocking(), None)?;
+        Ok(OfferSocket { sender: sender.into(), receiver: receiver.into() })
     }
 }
 
@@ -193,12 +180,11 @@ mod tests {
 
     /// What the worker receives on its socket `which`, if anything is there.
     fn worker_receives(offers: &Offers, which: usize) -> Option<Vec<u8>> {
-        let mut buf = vec![MaybeUninit::<u8>::uninit(); OFFER_MAX];
+        let mut buf = bytes::BytesMut::with_capacity(OFFER_MAX);
         let mut fds = VecDeque::new();
         let fd = offers.receivers().nth(which).unwrap().as_raw_fd();
-        match maitred_sys::fdpass::recv_with_fds(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
-            // SAFETY: the kernel wrote the first n bytes.
-            Ok(n) => Some(buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect()),
+        match maitred_sys::fdpass::recv_into(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
+            Ok(_) => Some(buf.to_vec()),
             Err(_) => None,
         }
     }

@@ -5,6 +5,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use maitred_sys::ids;
+
 /// Who the lobby becomes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
@@ -52,20 +54,11 @@ pub fn drop_to(credentials: &Credentials, paths: &[PathBuf]) -> Result<(), DropE
         std::os::unix::fs::chown(path, Some(credentials.uid), Some(credentials.gid))
             .map_err(|e| DropError::Chown(path.clone(), e))?;
     }
-    // SAFETY: the pointer and length describe `groups`, which outlives the call.
-    if unsafe { libc::setgroups(credentials.groups.len(), credentials.groups.as_ptr()) } != 0 {
-        return Err(DropError::SetGroups(io::Error::last_os_error()));
-    }
-    // SAFETY: plain system calls on integers. glibc applies them to every thread of the process.
-    if unsafe { libc::setresgid(credentials.gid, credentials.gid, credentials.gid) } != 0 {
-        return Err(DropError::SetGid(io::Error::last_os_error()));
-    }
-    // SAFETY: as above.
-    if unsafe { libc::setresuid(credentials.uid, credentials.uid, credentials.uid) } != 0 {
-        return Err(DropError::SetUid(io::Error::last_os_error()));
-    }
-    // SAFETY: as above. Succeeding here would mean a saved or real id of 0 survived.
-    if credentials.uid != 0 && unsafe { libc::setuid(0) } == 0 {
+    ids::set_groups(&credentials.groups).map_err(DropError::SetGroups)?;
+    // glibc applies these to every thread of the process.
+    ids::set_gid(credentials.gid).map_err(DropError::SetGid)?;
+    ids::set_uid(credentials.uid).map_err(DropError::SetUid)?;
+    if credentials.uid != 0 && ids::regains_root() {
         return Err(DropError::Regained);
     }
     if !already(credentials) {
@@ -76,40 +69,18 @@ pub fn drop_to(credentials: &Credentials, paths: &[PathBuf]) -> Result<(), DropE
 
 /// Whether the real, effective and saved ids and the supplementary groups are already these.
 fn already(credentials: &Credentials) -> bool {
-    let (mut ruid, mut euid, mut suid) = (0, 0, 0);
-    let (mut rgid, mut egid, mut sgid) = (0, 0, 0);
-    // SAFETY: each pointer is to a local that outlives the call.
-    let ids_known = unsafe {
-        libc::getresuid(&mut ruid, &mut euid, &mut suid) == 0 && libc::getresgid(&mut rgid, &mut egid, &mut sgid) == 0
-    };
-    let uid = credentials.uid;
-    let gid = credentials.gid;
-    ids_known && [ruid, euid, suid] == [uid; 3] && [rgid, egid, sgid] == [gid; 3] && {
+    let ids_are_these =
+        ids::current().is_some_and(|(uids, gids)| uids == [credentials.uid; 3] && gids == [credentials.gid; 3]);
+    ids_are_these && {
         let mut wanted = credentials.groups.clone();
         wanted.sort_unstable();
         wanted.dedup();
-        supplementary_groups().is_ok_and(|mut groups| {
+        ids::groups().is_ok_and(|mut groups| {
             groups.sort_unstable();
             groups.dedup();
             groups == wanted
         })
     }
-}
-
-fn supplementary_groups() -> io::Result<Vec<u32>> {
-    // SAFETY: a size of 0 asks only for the count.
-    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-    if count < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut groups = vec![0; count as usize];
-    // SAFETY: `groups` has room for `count` entries.
-    let count = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
-    if count < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    groups.truncate(count as usize);
-    Ok(groups)
 }
 
 #[cfg(test)]
@@ -118,9 +89,8 @@ mod tests {
 
     #[test]
     fn the_current_identity_needs_no_switch() {
-        // SAFETY: plain system calls.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let current = Credentials { uid, gid, groups: supplementary_groups().unwrap() };
+        let (uid, gid) = ids::real();
+        let current = Credentials { uid, gid, groups: ids::groups().unwrap() };
         // Runs as root or not: becoming who one already is changes nothing and needs no right.
         assert!(drop_to(&current, &[PathBuf::from("/nonexistent/never-chowned")]).is_ok());
     }

@@ -163,9 +163,7 @@ fn parse_resident_pages(statm: &[u8]) -> Option<u64> {
 }
 
 fn page_size() -> u64 {
-    // SAFETY: sysconf reads a system constant; it has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).unwrap_or(4096)
+    maitred_sys::limits::page_size()
 }
 
 /// A random whole number from 0 to `spread`, as --max-requests-jitter has always drawn it.

@@ -4,7 +4,6 @@
 
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use socket2::{Domain, Socket, Type};
@@ -22,17 +21,6 @@ pub fn command_keeping(command_line: &[String], inherited: Vec<RawFd>) -> io::Re
         command_line.split_first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
     let mut command = Command::new(program);
     command.args(args);
-    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe; the
-    // descriptors are open in the child (inherited from this process).
-    unsafe {
-        command.pre_exec(move || {
-            for &fd in &inherited {
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    maitred_sys::process::keep_across_exec(&mut command, inherited);
     Ok(command)
 }

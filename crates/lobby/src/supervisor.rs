@@ -1162,15 +1162,12 @@ pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, workers: &[i32]) {
         if tokio::time::Instant::now() >= deadline {
             for &zygote in &left {
                 warning!("the zygote {zygote} did not exit; killing it and its workers");
-                // SAFETY: kill(2) and waitpid(2) on our own children, and on the workers the
-                // zygote was told to stop (not yet reaped: it has not exited).
-                unsafe {
-                    libc::kill(zygote, libc::SIGKILL);
-                    for &pid in workers {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                    libc::waitpid(zygote, std::ptr::null_mut(), 0);
+                // The workers the zygote was told to stop are not reaped yet: it has not exited.
+                let _ = maitred_sys::process::kill(zygote, libc::SIGKILL);
+                for &pid in workers {
+                    let _ = maitred_sys::process::kill(pid, libc::SIGKILL);
                 }
+                maitred_sys::process::wait(zygote);
             }
             return;
         }

@@ -18,7 +18,6 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -27,6 +26,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Semaphore;
@@ -119,9 +119,8 @@ impl Candidate {
             .stdin(Stdio::null());
         let child = command.spawn().map_err(UpgradeError::Start)?;
         drop(theirs);
-        // SAFETY: `ours` stays open, with this descriptor, for as long as the AsyncFd owns it.
         // Reads use MSG_DONTWAIT, so the socket itself may stay blocking.
-        let channel = unsafe { AsyncFd::register(ours) }.map_err(|e| UpgradeError::Channel(e.into()))?;
+        let channel = maitred_sys::reactor::register(ours).map_err(UpgradeError::Channel)?;
         Ok(Candidate { child, channel, started: Instant::now() })
     }
 
@@ -166,8 +165,8 @@ impl Candidate {
     /// Stops a new maitred that will not take over: SIGTERM (it stops its workers), then
     /// SIGKILL if it lingers.
     pub(crate) fn stop(&mut self) {
-        // SAFETY: kill(2) on our own child, which has not been reaped.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        // Our own child, which has not been reaped.
+        let _ = maitred_sys::process::kill(self.pid(), libc::SIGTERM);
         if self.exit_status(Duration::from_secs(10)).is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -263,8 +262,7 @@ pub(crate) async fn take_over(
         warning!("cannot tell the maitred being replaced that this one is ready: {e}");
         return;
     }
-    // SAFETY: as in `Candidate::start`.
-    let channel = match unsafe { AsyncFd::register(predecessor) }.map_err(io::Error::from) {
+    let channel = match maitred_sys::reactor::register(predecessor) {
         Ok(channel) => channel,
         Err(e) => {
             warning!("cannot take connections from the maitred being replaced: {e}");
@@ -334,19 +332,15 @@ fn adopt(
 
 /// The next message on the pair, and the descriptors that came with it; None at its end.
 async fn receive(channel: &AsyncFd<OwnedFd>, fds: &mut VecDeque<OwnedFd>) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = [MaybeUninit::<u8>::uninit(); MAX_MESSAGE];
+    let mut buf = BytesMut::with_capacity(MAX_MESSAGE);
     loop {
         let mut ready = channel.readable().await?;
         match ready.try_io(|inner| {
-            maitred_sys::fdpass::recv_with_fds(inner.as_raw_fd(), &mut buf, fds, libc::MSG_DONTWAIT)
+            maitred_sys::fdpass::recv_into(inner.as_raw_fd(), &mut buf, fds, libc::MSG_DONTWAIT)
                 .map_err(io::Error::from)
         }) {
             Ok(Ok(0)) => return Ok(None),
-            Ok(Ok(n)) => {
-                // SAFETY: recvmsg initialised the first n bytes.
-                let bytes = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
-                return Ok(Some(bytes));
-            }
+            Ok(Ok(_)) => return Ok(Some(buf.to_vec())),
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }

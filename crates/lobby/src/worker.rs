@@ -39,9 +39,8 @@ pub struct Channel {
 
 impl Channel {
     pub fn new(fd: OwnedFd) -> io::Result<Channel> {
-        crate::zygote::set_nonblocking(&fd)?;
-        // SAFETY: an OwnedFd stays open and keeps its descriptor for as long as it is owned.
-        let socket = unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?;
+        socket2::SockRef::from(&fd).set_nonblocking(true)?;
+        let socket = maitred_sys::reactor::register(fd)?;
         Ok(Channel { socket, buf: BytesMut::new(), fds: VecDeque::new() })
     }
 
@@ -87,17 +86,10 @@ impl Channel {
             let room = self.buf.spare_capacity_mut().len();
             let fds_before = self.fds.len();
             let read = ready.try_io(|socket| {
-                Ok(maitred_sys::fdpass::recv_with_fds(
-                    socket.as_raw_fd(),
-                    self.buf.spare_capacity_mut(),
-                    &mut self.fds,
-                    0,
-                )?)
+                Ok(maitred_sys::fdpass::recv_into(socket.as_raw_fd(), &mut self.buf, &mut self.fds, 0)?)
             });
             match read {
                 Ok(Ok(n)) => {
-                    // SAFETY: the kernel wrote the first n bytes of the spare capacity.
-                    unsafe { self.buf.set_len(self.buf.len() + n) };
                     // A Unix stream read stops short only when the socket is empty (or at a
                     // message carrying descriptors). Knowing it is empty saves the read that
                     // would otherwise find out, once per request, when the worker goes idle.
@@ -140,13 +132,7 @@ impl Channel {
         loop {
             let mut ready = self.socket.readable().await?;
             // Readiness can be stale (left over from the last frame); a peek tells.
-            let peeked = ready.try_io(|socket| {
-                let mut byte = 0u8;
-                match unsafe { libc::recv(socket.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK) } {
-                    n if n < 0 => Err(io::Error::last_os_error()),
-                    _ => Ok(()),
-                }
-            });
+            let peeked = ready.try_io(|socket| maitred_sys::socket::peek(socket.as_fd()).map(drop));
             match peeked {
                 Ok(result) => return result,
                 Err(_would_block) => continue,
@@ -550,7 +536,7 @@ async fn relay_response(
             }
             Next::ReadCheck => {
                 read_check = None;
-                if health::never_read(lobby, pid, channel.socket.as_raw_fd()).await {
+                if health::never_read(lobby, pid, channel.socket.as_fd()).await {
                     if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                         error!("could not ask the zygote to kill worker {pid}: {e}");
                     }

@@ -6,11 +6,13 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::rc::Rc;
 use std::time::Duration;
 
+use bytes::BytesMut;
+use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -120,9 +122,7 @@ impl Zygotes {
 
 /// Whether the child `pid` has exited (and is reaped now).
 pub fn reaped(pid: i32) -> bool {
-    let mut status = 0;
-    // SAFETY: waitpid on our own child, WNOHANG: it never blocks.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) != 0 }
+    maitred_sys::process::reaped(pid)
 }
 
 /// The SOCK_SEQPACKET control channel: one datagram per message.
@@ -132,9 +132,8 @@ pub struct Control {
 
 impl Control {
     pub fn new(socket: OwnedFd) -> io::Result<Control> {
-        set_nonblocking(&socket)?;
-        // SAFETY: the descriptor is owned by the AsyncFd and closed only when it is dropped.
-        let socket = unsafe { AsyncFd::register(socket) }.map_err(|e| e.into_parts().1)?;
+        SockRef::from(&socket).set_nonblocking(true)?;
+        let socket = maitred_sys::reactor::register(socket)?;
         Ok(Control { socket })
     }
 
@@ -160,39 +159,30 @@ impl Control {
 
     /// Tells the zygote to finish: it exits once its workers have.
     pub fn close(&self) {
-        unsafe { libc::shutdown(self.socket.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = SockRef::from(self.socket.get_ref()).shutdown(std::net::Shutdown::Both);
     }
 
     async fn send(&self, message: String) -> io::Result<()> {
         self.socket
             .async_io(Interest::WRITABLE, |socket| {
-                let sent = unsafe {
-                    libc::send(socket.as_raw_fd(), message.as_ptr().cast(), message.len(), libc::MSG_NOSIGNAL)
-                };
-                if sent < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(())
-                }
+                maitred_sys::socket::send(socket.as_fd(), message.as_bytes(), false).map(drop)
             })
             .await
     }
 
     /// The next report, or None when the zygote has gone away.
     pub async fn receive(&self) -> io::Result<Option<Report>> {
-        let mut buf = Vec::with_capacity(MAX_REPORT);
+        let mut buf = BytesMut::with_capacity(MAX_REPORT);
         let mut fds = VecDeque::new();
         let len = self
             .socket
             .async_io(Interest::READABLE, |socket| {
-                Ok(maitred_sys::fdpass::recv_with_fds(socket.as_raw_fd(), buf.spare_capacity_mut(), &mut fds, 0)?)
+                Ok(maitred_sys::fdpass::recv_into(socket.as_raw_fd(), &mut buf, &mut fds, 0)?)
             })
             .await?;
         if len == 0 {
             return Ok(None);
         }
-        // SAFETY: the kernel wrote the first `len` bytes.
-        unsafe { buf.set_len(len) };
         let text = String::from_utf8_lossy(&buf);
         parse_report(&text, fds.pop_front()).map(Some)
     }
@@ -236,15 +226,6 @@ fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
         "failed" => Ok(Report::PreloadFailed(rest.to_string())),
         _ => Err(bad()),
     }
-}
-
-pub fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    let raw = fd.as_raw_fd();
-    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
-    if flags < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use std::mem::{self, MaybeUninit};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 
+use bytes::BytesMut;
+
 /// Room for this many descriptors in one received message. Every sender here attaches at most
 /// one per message; the margin only keeps a surplus from being silently truncated.
 const MAX_FDS_PER_RECV: usize = 8;
@@ -138,6 +140,19 @@ pub fn recv_with_fds(
         return Err(RecvError::DescriptorsTruncated);
     }
     Ok(received as usize)
+}
+
+/// `recv_with_fds` into the spare capacity of `buf`, whose length grows by what arrived.
+pub fn recv_into(
+    socket: RawFd,
+    buf: &mut BytesMut,
+    fds: &mut VecDeque<OwnedFd>,
+    flags: libc::c_int,
+) -> Result<usize, RecvError> {
+    let received = recv_with_fds(socket, buf.spare_capacity_mut(), fds, flags)?;
+    // SAFETY: recvmsg initialised the first `received` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + received) };
+    Ok(received)
 }
 
 #[cfg(test)]

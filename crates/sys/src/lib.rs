@@ -1,12 +1,20 @@
 //! Every raw system call maitred makes, each behind a safe function.
 //!
-//! This is the one crate of maitred with `unsafe` code: the lobby declares
-//! `#![forbid(unsafe_code)]` and the Python extension `#![deny(unsafe_code)]`, so whatever
-//! touches raw descriptors, pointers or libc goes through here. Each function does one call
-//! (or a short fixed sequence of them), has one `unsafe` block, and says in a `SAFETY` comment
-//! why the call cannot break memory safety. Callers decide how to wait and what an error
-//! means: nothing here owns a task, a clock or a policy.
+//! This is the one crate of maitred with `unsafe` code. The lobby declares
+//! `#![forbid(unsafe_code)]` and the Python extension `#![deny(unsafe_code)]` (PyO3's macros
+//! allow unsafe code in their expansions, which `forbid` would reject), so whatever touches raw
+//! descriptors, uninitialised memory or libc comes here. Where rustix covers a call safely it is
+//! used; the rest are libc calls, each function with one `unsafe` block and a `SAFETY` comment
+//! saying why it cannot break memory safety. Callers decide how to wait and what an error means:
+//! nothing here owns a task, a clock or a policy.
 //!
 //! It imports nothing of maitred's.
 
+pub mod fd;
 pub mod fdpass;
+pub mod ids;
+pub mod limits;
+pub mod process;
+pub mod reactor;
+pub mod sleepers;
+pub mod socket;

@@ -1,0 +1,73 @@
+//! Descriptors as numbers: taking one over that this process was given, putting a file in the
+//! place of another, waiting on one, and writing to one whatever its mode.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use rustix::event::{PollFd, PollFlags};
+
+/// Takes ownership of descriptor `fd`, which this process was handed to own (by its parent, a
+/// service manager, or an operator's fd://N), once it has checked that it is open.
+pub fn adopt(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; if it is open, it is this
+    // process's to own: callers adopt each inherited descriptor once, and nothing else of this
+    // process holds it.
+    unsafe {
+        if libc::fcntl(fd, libc::F_GETFD) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Whether descriptor `fd` is open.
+pub fn is_open(fd: RawFd) -> bool {
+    // SAFETY: fcntl(F_GETFD) only reads the flags of a descriptor number, open or not.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+}
+
+/// Puts `file` in the place of descriptor `fd` (dup3), keeping `fd`'s close-on-exec flag:
+/// whoever writes to `fd` writes to `file` from the next write on.
+pub fn replace(fd: BorrowedFd<'_>, file: BorrowedFd<'_>) -> io::Result<()> {
+    let cloexec = rustix::io::fcntl_getfd(fd).map_err(io::Error::from)?.contains(rustix::io::FdFlags::CLOEXEC);
+    // SAFETY: dup3 acts on descriptor numbers: it closes `fd` and makes it a copy of `file`,
+    // atomically; both are borrowed, so open, and `fd` stays open with its number.
+    if unsafe { libc::dup3(file.as_raw_fd(), fd.as_raw_fd(), if cloexec { libc::O_CLOEXEC } else { 0 }) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes`, waiting as long as it takes, also when the descriptor was made
+/// non-blocking by another process that shares it.
+pub fn write_all_waiting(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match rustix::io::write(fd, bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => bytes = &bytes[written..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                wait_for(fd, PollFlags::OUT, None)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Waits until `fd` can be read, or `timeout` passes (None: however long it takes); returns
+/// whether it can.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    wait_for(fd, PollFlags::IN, timeout)
+}
+
+fn wait_for(fd: BorrowedFd<'_>, flags: PollFlags, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let timeout =
+        timeout.map(|t| rustix::time::Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
+    let mut polled = [PollFd::new(&fd, flags)];
+    match rustix::event::poll(&mut polled, timeout.as_ref()) {
+        Ok(ready) => Ok(ready > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
