@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use maitred_protocol::ProxyVersions;
 
-use crate::access_format::AccessFormat;
+use crate::client::proxies::{AllowList, Forwarding};
+use crate::log::access_format::AccessFormat;
 use crate::log::Level;
-use crate::privileges::Credentials;
-use crate::proxies::{AllowList, Forwarding};
 
 /// One address to listen on, as given to `--bind`. The CLI owns the grammar (python/maitred/config)
 /// and hands each one over parsed.
@@ -85,4 +84,14 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyVersions>,
     /// `--proxy-allow-from`: the peers that may send a PROXY header.
     pub proxy_allow_ips: AllowList,
+}
+
+/// Who the lobby becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// The whole supplementary group list: --group alone, or with `--initgroups` the user's
+    /// groups from the group database.
+    pub groups: Vec<u32>,
 }

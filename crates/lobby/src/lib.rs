@@ -1,72 +1,45 @@
 //! The maitred lobby: the one process that owns the listen sockets, accepts connections,
 //! reads requests completely, queues them in one FIFO and seats each at an idle worker.
-//! See docs/DESIGN.md for why it is shaped this way.
+//! See docs/DESIGN.md for why it is shaped this way, and its map of this source tree.
 //!
-//! This file wires the parts together: `accept.rs` takes connections, `connection.rs` reads
-//! requests and writes answers, `seating.rs` queues them, `worker.rs` relays them to a worker,
-//! and `supervisor.rs` keeps the workers running and answers the signals.
+//! The parts, one folder each, in the order a request meets them: `listen/` takes
+//! connections, `client/` reads each request and writes its answer, `seating/` queues it,
+//! `worker/` relays it to a worker and back, `supervise/` keeps the workers running and answers
+//! the signals, `process/` is the process's own life (upgrade, hooks, systemd, privileges),
+//! `observe/` counts and explains, `log/` writes it all down. `lobby.rs` is the context they
+//! share; `run.rs` starts, serves, drains and stops; `config.rs` is the typed settings.
+//!
+//! No `unsafe` here: raw system calls are `maitred_sys`'s.
 
 #![forbid(unsafe_code)]
 
-mod accept;
-mod access_format;
+mod client;
 mod config;
-mod connection;
-mod connection_states;
-mod diagnosis;
-mod heads;
-mod health;
-mod hibernation;
-mod hooks;
 mod listen;
+mod lobby;
 mod log;
-mod notify;
-mod offer;
-mod privileges;
-mod proxies;
-mod recycle;
-mod scoreboard;
+mod observe;
+mod process;
+mod run;
 mod seating;
-mod spawn;
-mod spool;
-mod stats;
-mod stats_page;
-mod supervisor;
-mod upgrade;
+mod supervise;
 mod worker;
-mod zygote;
 
-use std::cell::RefCell;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use maitred_protocol::Limits;
-use tokio::sync::{mpsc, watch, Semaphore};
-use tokio::task::{JoinHandle, LocalSet};
+use tokio::task::LocalSet;
 
-pub use access_format::AccessFormat;
-pub use config::{BindAddress, Config};
-pub use hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
-pub use listen::LISTEN_FDS_START;
+pub use client::proxies::{AllowList, Forwarding};
+pub use config::{BindAddress, Config, Credentials};
+pub use listen::bind::LISTEN_FDS_START;
+pub use log::access_format::AccessFormat;
 pub use log::Level;
 pub use maitred_protocol::ProxyVersions;
-pub use privileges::Credentials;
-pub use proxies::{AllowList, Forwarding};
-pub use supervisor::{Reread, Rereader};
-pub use upgrade::{Succession, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
-pub use zygote::ZYGOTE_CHANNEL_VARIABLE;
-
-use crate::accept::{accept_backlog, accept_loop, announce, CapWatch, Descriptors};
-use crate::connection::Site;
-use crate::hibernation::Hibernation;
-use crate::listen::Acceptor;
-use crate::log::{error, info, warning};
-use crate::seating::Seating;
-use crate::supervisor::{close_control_and_reap, read_control, BootEnd, Signals, Stop, Supervisor};
-use crate::upgrade::Successor;
-use crate::zygote::{Control, Zygote, Zygotes};
+pub use process::hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
+pub use process::upgrade::{Succession, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
+pub use supervise::zygote::ZYGOTE_CHANNEL_VARIABLE;
+pub use supervise::{Reread, Rereader};
 
 /// Why the server could not start: one line for the operator.
 #[derive(Debug)]
@@ -80,87 +53,6 @@ impl std::fmt::Display for StartupError {
 
 /// How long the lobby waits, as it exits, for its logs to write what they hold.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
-
-/// How long the lobby waits, as it exits, for the server hooks still queued (child_exit …) to
-/// run, before the CLI calls on_exit.
-const HOOKS_FINISH_WAIT: Duration = Duration::from_secs(5);
-
-/// What the connection and worker tasks share.
-pub(crate) struct Lobby {
-    /// The settings as the lobby started. Those a reload (SIGHUP) may change are read from
-    /// `settings()`; these stay for what cannot change without a new lobby: the listeners,
-    /// --max-connections and the budgets, the logs' paths, the application and --preload.
-    pub config: Config,
-    /// The settings now: `config`, or what the last SIGHUP read from the config file.
-    settings: RefCell<Rc<Config>>,
-    pub seating: Seating,
-    /// The zygote that forks workers, and retired ones (a reload with --preload).
-    pub zygotes: Rc<Zygotes>,
-    /// Turns true once a shutdown has begun.
-    pub shutdown: watch::Receiver<bool>,
-    /// Keep-alive connections idle long enough to give up their tasks.
-    pub hibernation: Hibernation,
-    /// Answer bytes waiting in temporary files for slow clients (`--max-spill-total`).
-    pub spill_budget: Rc<spool::SpillBudget>,
-    /// Incomplete request heads' memory (`--max-head-memory`).
-    pub heads: Rc<heads::HeadBudget>,
-    /// What `--stats` shows.
-    pub metrics: stats::Metrics,
-    /// Every worker's state and current request, and why workers left.
-    pub scoreboard: scoreboard::Scoreboard,
-    /// How many connections are in each state, and for how long.
-    pub connection_states: Rc<connection_states::ConnectionStates>,
-    /// The failures happening now, named in the log (`diagnosis.rs`).
-    pub diagnoses: diagnosis::Diagnoses,
-    /// The worker_abort hook is set: a worker past --timeout gets SIGABRT before SIGKILL.
-    pub abort_on_timeout: bool,
-    /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
-    pub interrupt_workers: bool,
-    pub started: std::time::Instant,
-    /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
-    /// being closed.
-    successor: RefCell<Option<Rc<Successor>>>,
-}
-
-impl Lobby {
-    /// The settings in force now (see `config`).
-    pub fn settings(&self) -> Rc<Config> {
-        self.settings.borrow().clone()
-    }
-
-    /// Takes the settings a reload read; connections and workers use them from their next
-    /// request on.
-    pub fn set_settings(&self, config: Config) {
-        *self.settings.borrow_mut() = Rc::new(config);
-    }
-
-    /// Whether connections close once answered: a shutdown has begun and no new maitred takes
-    /// them over.
-    pub fn closing(&self) -> bool {
-        *self.shutdown.borrow() && self.successor.borrow().is_none()
-    }
-
-    /// Whether a new maitred takes this one's idle connections (SIGUSR2).
-    pub fn handing_over(&self) -> bool {
-        self.successor.borrow().is_some()
-    }
-
-    /// The new maitred that takes this one's idle connections, during an upgrade.
-    pub fn successor(&self) -> Option<Rc<Successor>> {
-        self.successor.borrow().clone()
-    }
-
-    /// The request limits in force now.
-    pub fn limits(&self) -> Limits {
-        let settings = self.settings.borrow();
-        Limits {
-            max_request_line: settings.limit_request_line,
-            max_headers: settings.limit_request_fields,
-            max_header_size: settings.limit_request_field_size,
-            max_body: settings.max_body,
-        }
-    }
-}
 
 /// Runs the lobby until a shutdown completes. Returns the process exit code. `rereader`, when
 /// there is a config file, reads it again for a reload (SIGHUP); `succession` says how to
@@ -180,270 +72,11 @@ pub fn run(
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    let result = local.block_on(&runtime, supervise(config, control, zygote_pid, rereader, succession, hooks));
+    let result = local.block_on(&runtime, run::until_stopped(config, control, zygote_pid, rereader, succession, hooks));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
     // A config file still being read for a reload is not waited for.
     runtime.shutdown_timeout(Duration::ZERO);
     log::flush(LOG_FLUSH_WAIT);
     result
-}
-
-async fn supervise(
-    config: Config,
-    control: OwnedFd,
-    zygote_pid: i32,
-    rereader: Option<Rereader>,
-    mut succession: Succession,
-    hooks: Option<ServerHooks>,
-) -> Result<i32, StartupError> {
-    // First, so that no signal the lobby acts on can end it by its default action.
-    let signals = Signals::install()?;
-    // A reload holds two sets of workers for a moment.
-    let descriptors = Descriptors::raise(2 * config.workers, config.max_connections);
-    let max_connections = match config.max_connections {
-        None => descriptors.room,
-        Some(wanted) if wanted > descriptors.room => {
-            warning!(
-                "--max-connections {wanted} is more than the descriptor limit allows: of its {} (ulimit -n), {} are \
-                 kept for listeners, workers, logs and files; using --max-connections {}. Raise the limit (ulimit \
-                 -n, systemd's LimitNOFILE=) to {} to allow {wanted}",
-                descriptors.limit,
-                descriptors.reserved,
-                descriptors.room,
-                wanted as u64 + descriptors.reserved
-            );
-            descriptors.room
-        }
-        Some(wanted) => wanted,
-    };
-    let mut inherited = std::mem::take(&mut succession.inherited);
-    let listeners = config
-        .binds
-        .iter()
-        .map(|bind| {
-            let socket = inherited.iter().position(|(address, _)| address == bind).map(|i| inherited.swap_remove(i).1);
-            listen::bind(bind, config.backlog, socket)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(StartupError)?;
-    let stats_listener = config
-        .stats
-        .as_ref()
-        .map(|address| {
-            let socket = inherited.iter().position(|(bound, _)| bound == address).map(|i| inherited.swap_remove(i).1);
-            listen::bind(address, None, socket)
-        })
-        .transpose()
-        .map_err(StartupError)?;
-    if let Some(target) = &config.access_logfile {
-        log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
-    }
-    // Everything that needs root is done: the listen sockets are bound and the logs open.
-    if let Some(credentials) = &config.drop_to {
-        let unix_sockets = listeners.iter().chain(&stats_listener).filter_map(|l| l.unix_path.clone());
-        let logs = [&config.access_logfile, &config.error_logfile].into_iter().flatten().filter(|path| *path != "-");
-        let paths: Vec<_> = unix_sockets.chain(logs.map(std::path::PathBuf::from)).collect();
-        privileges::drop_to(credentials, &paths).map_err(|e| StartupError(e.to_string()))?;
-    }
-    let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
-    let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };
-    let (shutdown_tx, shutdown) = watch::channel(false);
-    let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
-    let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {
-        Some(hooks) => (
-            Some(
-                hooks::HookThread::start(hooks.call)
-                    .map_err(|e| StartupError(format!("cannot start the thread for the server hooks: {e}")))?,
-            ),
-            hooks.interrupt_workers,
-            hooks.abort_on_timeout,
-        ),
-        None => (None, false, false),
-    };
-    let spill_budget = Rc::new(spool::SpillBudget::new(config.max_spill_total));
-    let heads = heads::HeadBudget::new(config.max_head_memory);
-    let lobby = Rc::new(Lobby {
-        settings: RefCell::new(Rc::new(config.clone())),
-        config,
-        seating: Seating::default(),
-        zygotes: Rc::new(Zygotes::new(first_zygote.clone())),
-        shutdown,
-        hibernation,
-        spill_budget,
-        heads,
-        successor: RefCell::new(None),
-        metrics: stats::Metrics::new(),
-        scoreboard: scoreboard::Scoreboard::default(),
-        connection_states: Rc::default(),
-        diagnoses: diagnosis::Diagnoses::new(),
-        abort_on_timeout,
-        interrupt_workers,
-        started: std::time::Instant::now(),
-    });
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
-    let watcher = tokio::task::spawn_local(hibernation::watch(lobby.clone()));
-    // A new lobby started by a binary upgrade speaks to systemd once it is the main process.
-    if succession.predecessor.is_none() {
-        notify::watch(&lobby);
-    }
-    let predecessor = succession.predecessor.take();
-    let pid_file = succession.pid_file.clone();
-    // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
-    let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
-    let mut supervisor =
-        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds, hook_thread);
-
-    if let Err(end) = supervisor.boot(&mut events).await {
-        let workers = supervisor.stop_workers(false).await;
-        control_reader.abort();
-        watcher.abort();
-        let hooks = supervisor.take_hooks();
-        drop(supervisor);
-        close_control_and_reap(lobby, &workers).await;
-        finish_hooks(hooks);
-        for listener in listeners {
-            if let Some(path) = &listener.unix_path {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        return match end {
-            BootEnd::Failed(e) => Err(e),
-            BootEnd::Stopped => {
-                info!("shutdown complete");
-                Ok(0)
-            }
-        };
-    }
-
-    let connections = Arc::new(Semaphore::new(max_connections));
-    let cap = Rc::new(CapWatch::new(max_connections, &descriptors, lobby.shutdown.clone()));
-    let sites: Vec<Rc<Site>> = listeners
-        .iter()
-        .map(|l| Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port }))
-        .collect();
-    let accepting: Vec<JoinHandle<()>> = listeners
-        .iter()
-        .zip(&sites)
-        .map(|(listener, site)| {
-            announce(listener);
-            let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
-            let accepting = accept_loop(lobby.clone(), accept, site.clone(), connections.clone(), cap.clone());
-            Ok(tokio::task::spawn_local(accepting))
-        })
-        .collect::<Result<_, StartupError>>()?;
-    lobby.diagnoses.watch_listeners(&listeners);
-    let diagnosing = tokio::task::spawn_local(diagnosis::watch(lobby.clone(), connections.clone(), max_connections));
-    let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
-    if let Some(listener) = stats_listener {
-        info!("stats at {}/metrics, {0}/status.json and {0}/", listener.display);
-        let serving = stats::serve(lobby.clone(), listener, max_connections);
-        tokio::task::spawn_local(serving);
-    }
-    info!(
-        "serving {} with {} workers (pids {}); at most {max_connections} connections",
-        lobby.config.app,
-        lobby.config.workers,
-        supervisor.pids()
-    );
-    match predecessor {
-        Some(predecessor) => {
-            // The pid file names this lobby only once it serves: a new maitred that fails to
-            // start leaves the running one's pid there.
-            if let Some(path) = &pid_file {
-                if let Err(e) = std::fs::write(path, format!("{}\n", std::process::id())) {
-                    warning!("cannot write the pid file {}: {e}", path.display());
-                }
-            }
-            let handover = upgrade::take_over(lobby.clone(), predecessor, sites.clone(), connections.clone());
-            tokio::task::spawn_local(handover);
-        }
-        None => notify::ready(),
-    }
-
-    let mut exit_code = 0;
-    let stop = match supervisor.run(&mut events).await {
-        Ok(stop) => stop,
-        Err(reason) => {
-            error!("{reason}; shutting down");
-            exit_code = 1;
-            Stop::Graceful
-        }
-    };
-    let graceful = !matches!(stop, Stop::Immediate);
-    match stop {
-        Stop::Upgrade(successor) => {
-            // Before the shutdown is announced, so that no connection closes for it.
-            notify::main_pid(successor.pid);
-            successor.confirm_main();
-            *lobby.successor.borrow_mut() = Some(Rc::new(successor));
-        }
-        _ => notify::stopping(),
-    }
-    let _ = shutdown_tx.send(true);
-    // A drain empties the queue with fewer and fewer workers: nothing to diagnose. And the
-    // copies of the listen sockets go, so that they close with the listeners below.
-    diagnosing.abort();
-    lobby.diagnoses.stop_watching();
-    for task in &accepting {
-        task.abort();
-    }
-    for task in accepting {
-        // Aborted accept loops give back the connection permit they were holding.
-        let _ = task.await;
-    }
-    let successor = lobby.successor();
-    if successor.is_none() {
-        if graceful {
-            let taken: usize =
-                listeners.iter().zip(&sites).map(|(l, site)| accept_backlog(&lobby, l, site, &connections)).sum();
-            if taken > 0 {
-                info!("accepted {taken} connections still waiting in the listen queue");
-            }
-        }
-        // The new maitred listens on the same sockets, files included.
-        for path in listeners.iter().filter_map(|l| l.unix_path.as_ref()).chain(&stats_path) {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    drop(listeners);
-    let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
-    let in_use = max_connections - connections.available_permits();
-    info!(
-        "shutting down: no new connections; {in_use} open ({} of them idle long enough to hibernate), {} requests \
-         queued; waiting up to {} s",
-        lobby.hibernation.sleeping(),
-        lobby.seating.queued(),
-        deadline.as_secs_f64()
-    );
-    let drained = supervisor.drain(&mut events, &connections, max_connections, deadline).await;
-    if let Some(successor) = successor {
-        info!("handed {} idle connections to the new maitred (pid {})", successor.handed(), successor.pid);
-        // Closing the channel tells the new lobby that no more come.
-        lobby.successor.borrow_mut().take();
-    }
-    let workers = supervisor.stop_workers(!drained).await;
-    lobby.seating.clear();
-    control_reader.abort();
-    watcher.abort();
-    let hooks = supervisor.take_hooks();
-    drop(supervisor);
-    close_control_and_reap(lobby, &workers).await;
-    finish_hooks(hooks);
-    info!("shutdown complete");
-    Ok(exit_code)
-}
-
-/// Lets the lobby's hooks still queued run before the lobby returns (the CLI calls on_exit
-/// then), for a bounded time.
-fn finish_hooks(hooks: Option<hooks::HookThread>) {
-    if let Some(hooks) = hooks {
-        if !hooks.finish(HOOKS_FINISH_WAIT) {
-            warning!(
-                "the server hooks were still running {} s after the server stopped; not waiting for them",
-                HOOKS_FINISH_WAIT.as_secs()
-            );
-        }
-    }
 }

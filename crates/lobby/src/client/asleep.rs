@@ -1,0 +1,229 @@
+//! Hibernation: a keep-alive connection that stays idle gives up its task and its place in the
+//! event loop, and waits as a descriptor and a few words of state until the client speaks.
+//!
+//! A connection task, with its futures and its registration in tokio, costs about 3 KB; a
+//! hibernating connection costs about a tenth of that (M1). Moving in and out costs four
+//! system calls (the two epoll registrations), so only a connection idle for `HIBERNATE_AFTER`
+//! moves: a busy keep-alive connection (T1) never does.
+//!
+//! The sleepers are watched by one epoll instance of their own, level-triggered, whose
+//! descriptor is registered with tokio like any socket. The watcher's tick also closes
+//! sleepers whose `--keep-alive` (or, before a first request, `--header-timeout`) has passed,
+//! and, once a shutdown has begun, those that have been answered: after waking the ones whose
+//! client has spoken, so that a request sent before the shutdown is answered.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::peer::{Peer, Site, StreamKind};
+use crate::log::debug;
+
+/// How long a connection waits in its task before it hibernates.
+pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
+/// How often the watcher looks for sleepers whose time is up. It is also the lobby's
+/// heartbeat: tokio interrupts its event loop (a write to an eventfd) whenever a new timer is
+/// due sooner than every timer it has, and with this one always due soon, the deadlines set
+/// for each request (keep-alive, --timeout) never are (docs/PERFORMANCE.md).
+pub(super) const TICK: Duration = Duration::from_millis(250);
+/// Sleepers polled at once.
+pub(super) const EVENTS_PER_WAIT: usize = 64;
+/// After many connections went to sleep, freed task memory is handed back to the system: a
+/// burst of connections that then idle would otherwise keep the burst's peak. That is done
+/// once this many went to sleep, or once a smaller wave of at least `TRIM_SETTLED` has
+/// settled (none went to sleep in the last tick).
+const TRIM_AFTER: usize = 1024;
+const TRIM_SETTLED: usize = 64;
+
+/// A hibernating connection: everything its task would need to start again.
+pub struct Sleeper {
+    pub socket: OwnedFd,
+    pub kind: StreamKind,
+    pub peer: Peer,
+    pub site: Rc<Site>,
+    pub permit: OwnedSemaphorePermit,
+    pub answered: u64,
+    /// When it closes if the client says nothing.
+    pub deadline: Instant,
+}
+
+pub struct Hibernation {
+    pub(super) epoll: AsyncFd<OwnedFd>,
+    sleepers: RefCell<Slots<Sleeper>>,
+    /// Connections put to sleep since memory was last handed back, and as of the last tick.
+    put_since_trim: Cell<usize>,
+    put_at_last_tick: Cell<usize>,
+}
+
+impl Hibernation {
+    pub fn new() -> io::Result<Hibernation> {
+        let epoll = maitred_sys::reactor::register(maitred_sys::sleepers::create()?)?;
+        Ok(Hibernation {
+            epoll,
+            sleepers: RefCell::new(Slots::default()),
+            put_since_trim: Cell::new(0),
+            put_at_last_tick: Cell::new(0),
+        })
+    }
+
+    /// Puts a connection to sleep. If the kernel will not watch it, it is closed.
+    pub fn put(&self, sleeper: Sleeper) {
+        let mut sleepers = self.sleepers.borrow_mut();
+        let key = sleepers.insert(sleeper);
+        let socket = sleepers.get(key).map(|sleeper| sleeper.socket.as_fd()).expect("just inserted");
+        if let Err(e) = maitred_sys::sleepers::watch(self.epoll.get_ref().as_fd(), socket, key as u64) {
+            debug!("closing an idle connection that cannot hibernate: {e}");
+            sleepers.remove(key);
+            return;
+        }
+        drop(sleepers);
+        self.put_since_trim.set(self.put_since_trim.get() + 1);
+    }
+
+    pub fn sleeping(&self) -> usize {
+        self.sleepers.borrow().len()
+    }
+
+    /// Takes the sleepers the kernel reports readable (a request, or the client closing).
+    pub(super) fn take_woken(&self, woken: &mut Vec<Sleeper>) -> io::Result<usize> {
+        let mut keys = Vec::with_capacity(EVENTS_PER_WAIT);
+        let n = maitred_sys::sleepers::ready(self.epoll.get_ref().as_fd(), &mut keys, EVENTS_PER_WAIT)?;
+        let mut sleepers = self.sleepers.borrow_mut();
+        for key in keys {
+            let Some(sleeper) = sleepers.remove(key as usize) else { continue };
+            self.unwatch(&sleeper);
+            woken.push(sleeper);
+        }
+        Ok(n)
+    }
+
+    /// Takes every sleeper out of the watch, for a new maitred to take over (SIGUSR2). The
+    /// descriptor is removed from the epoll set explicitly: the new lobby's copy keeps the
+    /// socket open, and with it the registration closing ours would otherwise have removed.
+    pub(super) fn take_all(&self) -> Vec<Sleeper> {
+        let mut sleepers = self.sleepers.borrow_mut();
+        let taken = sleepers.take_all();
+        for sleeper in &taken {
+            self.unwatch(sleeper);
+        }
+        taken
+    }
+
+    fn unwatch(&self, sleeper: &Sleeper) {
+        let _ = maitred_sys::sleepers::unwatch(self.epoll.get_ref().as_fd(), &sleeper.socket);
+    }
+
+    /// Closes the sleepers whose deadline has passed, and at a shutdown every sleeper that
+    /// has been answered (one that has not yet sent its first request may still send it).
+    pub(super) fn close_expired(&self, now: Instant, shutting_down: bool) -> usize {
+        // Closing a descriptor also removes it from the epoll set.
+        self.sleepers
+            .borrow_mut()
+            .remove_where(|sleeper| sleeper.deadline <= now || (shutting_down && sleeper.answered > 0))
+    }
+
+    /// Hands freed memory back to the system after many connections went to sleep.
+    pub(super) fn trim_memory(&self) {
+        let put = self.put_since_trim.get();
+        let settled = put == self.put_at_last_tick.get();
+        self.put_at_last_tick.set(put);
+        if put < TRIM_AFTER && !(settled && put >= TRIM_SETTLED) {
+            return;
+        }
+        self.put_since_trim.set(0);
+        self.put_at_last_tick.set(0);
+        maitred_sys::limits::trim_memory();
+    }
+}
+
+/// A vector of optional entries with a free list: stable keys for the epoll data word.
+struct Slots<T> {
+    entries: Vec<Option<T>>,
+    free: Vec<usize>,
+    len: usize,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Slots { entries: Vec::new(), free: Vec::new(), len: 0 }
+    }
+}
+
+impl<T> Slots<T> {
+    fn insert(&mut self, value: T) -> usize {
+        self.len += 1;
+        match self.free.pop() {
+            Some(key) => {
+                self.entries[key] = Some(value);
+                key
+            }
+            None => {
+                self.entries.push(Some(value));
+                self.entries.len() - 1
+            }
+        }
+    }
+
+    fn get(&self, key: usize) -> Option<&T> {
+        self.entries.get(key)?.as_ref()
+    }
+
+    fn remove(&mut self, key: usize) -> Option<T> {
+        let value = self.entries.get_mut(key)?.take()?;
+        self.free.push(key);
+        self.len -= 1;
+        Some(value)
+    }
+
+    fn take_all(&mut self) -> Vec<T> {
+        self.free.clear();
+        self.len = 0;
+        std::mem::take(&mut self.entries).into_iter().flatten().collect()
+    }
+
+    fn remove_where(&mut self, mut doomed: impl FnMut(&T) -> bool) -> usize {
+        let mut removed = 0;
+        for (key, entry) in self.entries.iter_mut().enumerate() {
+            if entry.as_ref().is_some_and(&mut doomed) {
+                *entry = None;
+                self.free.push(key);
+                removed += 1;
+            }
+        }
+        self.len -= removed;
+        removed
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Slots;
+
+    #[test]
+    fn slots_reuse_keys_and_count() {
+        let mut slots = Slots::default();
+        let a = slots.insert("a");
+        let b = slots.insert("b");
+        assert_eq!(slots.remove(a), Some("a"));
+        assert_eq!(slots.remove(a), None);
+        let c = slots.insert("c");
+        assert_eq!(c, a);
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots.remove_where(|v| *v == "b"), 1);
+        assert_eq!(slots.remove(b), None);
+        assert_eq!(slots.len(), 1);
+        assert_eq!(slots.remove(99), None);
+        assert_eq!(slots.take_all(), vec!["c"]);
+        assert_eq!(slots.len(), 0);
+        assert_eq!(slots.insert("d"), 0);
+    }
+}

@@ -1,0 +1,87 @@
+//! What a connection is, whatever state it is in: its stream, who is on the other end, and
+//! the listener it came through. A leaf: it imports nothing of the lobby's.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
+
+/// What kind of stream a sleeper is, to wake it as the same.
+#[derive(Clone, Copy)]
+pub enum StreamKind {
+    Tcp,
+    Unix,
+}
+
+/// A client stream: TCP or Unix.
+pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'static {
+    const KIND: StreamKind;
+    /// Leaves the event loop, keeping the connection open.
+    fn into_fd(self) -> io::Result<OwnedFd>;
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+}
+
+macro_rules! client_stream {
+    ($t:ty, $kind:expr) => {
+        impl ClientStream for $t {
+            const KIND: StreamKind = $kind;
+            fn into_fd(self) -> io::Result<OwnedFd> {
+                Ok(self.into_std()?.into())
+            }
+            fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_read_ready(self, cx)
+            }
+            fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_write_ready(self, cx)
+            }
+            fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+                <$t>::try_io(self, interest, f)
+            }
+        }
+    };
+}
+client_stream!(tokio::net::TcpStream, StreamKind::Tcp);
+client_stream!(tokio::net::UnixStream, StreamKind::Unix);
+
+/// Who is on the other end, for the environ and the logs: an address for TCP, none for a
+/// Unix socket. Kept as the socket address, not as text, so that it costs a hibernating
+/// connection no allocation of its own.
+pub struct Peer {
+    /// The socket's peer; once a PROXY header has been read, the client it named.
+    pub addr: Option<SocketAddr>,
+    pub proxy: ProxyStage,
+}
+
+/// Where a connection stands with the PROXY protocol (`--proxy-protocol`, docs/PROXIES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyStage {
+    /// Off when the connection was accepted: the peer is the client.
+    Off,
+    /// The connection must begin with a PROXY header, which has not been read yet.
+    Awaited,
+    /// The header has been read.
+    Read,
+}
+
+impl Peer {
+    pub fn new(addr: Option<SocketAddr>, proxy_protocol: bool) -> Peer {
+        Peer { addr, proxy: if proxy_protocol { ProxyStage::Awaited } else { ProxyStage::Off } }
+    }
+
+    pub(crate) fn display(&self) -> String {
+        match self.addr {
+            Some(addr) => format!("{}:{}", addr.ip(), addr.port()),
+            None => "unix socket".into(),
+        }
+    }
+}
+
+/// The listener a connection came through.
+pub struct Site {
+    pub server_name: String,
+    pub server_port: u16,
+}

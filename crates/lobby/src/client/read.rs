@@ -1,0 +1,247 @@
+//! Reading a request completely: the PROXY header a connection may begin with, the head
+//! within `--header-timeout` and `--max-head-memory`, then the body to its end, in memory or,
+//! past `BODY_MEMORY_LIMIT`, in a temporary file (S1: only whole requests reach the queue).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use maitred_protocol::{decode_proxy_header, BodyLength, Event, ProxyHeader, RequestHead};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::sleep_until;
+
+use super::peer::{ClientStream, ProxyStage};
+use super::proxies::{self, Origin};
+use super::task::Connection;
+use super::Stop;
+
+/// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
+/// unlinked temporary file whose descriptor the worker reads.
+const BODY_MEMORY_LIMIT: usize = 256 * 1024;
+
+/// Reads take at least this much free room; most request heads fit in one.
+pub(super) const READ_CHUNK: usize = 4 * 1024;
+
+/// A complete request body.
+pub(super) enum Body {
+    Memory(Vec<u8>),
+    /// Spilled to an unlinked temporary file, whose descriptor takes a place under
+    /// --max-connections as a connection does, until the answer is written.
+    File {
+        file: File,
+        len: u64,
+        descriptor: OwnedSemaphorePermit,
+    },
+}
+
+impl Body {
+    fn for_length(expected: Option<u64>, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
+        match expected {
+            Some(len) if len > BODY_MEMORY_LIMIT as u64 => {
+                let (file, descriptor) = spill_file(descriptors)?;
+                Ok(Body::File { file, len: 0, descriptor })
+            }
+            Some(len) => Ok(Body::Memory(Vec::with_capacity(len as usize))),
+            None => Ok(Body::Memory(Vec::new())),
+        }
+    }
+
+    fn push(&mut self, data: &[u8], descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
+        if let Body::Memory(bytes) = self {
+            if bytes.len() + data.len() <= BODY_MEMORY_LIMIT {
+                bytes.extend_from_slice(data);
+                return Ok(());
+            }
+            let (mut file, descriptor) = spill_file(descriptors)?;
+            file.write_all(bytes).map_err(|e| spill_failed(&e))?;
+            *self = Body::File { file, len: bytes.len() as u64, descriptor };
+        }
+        if let Body::File { file, len, .. } = self {
+            file.write_all(data).map_err(|e| spill_failed(&e))?;
+            *len += data.len() as u64;
+        }
+        Ok(())
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        match self {
+            Body::Memory(bytes) => bytes.len() as u64,
+            Body::File { len, .. } => *len,
+        }
+    }
+}
+
+impl<S: ClientStream> Connection<S> {
+    /// Reads one whole request: its head, then its body to the end. The client it comes from
+    /// is settled with its head, so that a contradiction is refused before the body is read.
+    pub(super) async fn next_request(&mut self) -> Result<(RequestHead, Origin, Body), Stop> {
+        if self.peer.proxy == ProxyStage::Awaited {
+            self.read_proxy_header().await?;
+        }
+        let head = self.read_head().await?;
+        let origin = proxies::origin(self.peer.addr, &head.headers, &self.lobby.settings().forwarding)
+            .map_err(|e| Stop::Refuse(400, e.to_string()))?;
+        if head.expect_continue && !matches!(head.body, BodyLength::Empty) {
+            self.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| Stop::Quietly)?;
+        }
+        let expected = match head.body {
+            BodyLength::Length(n) => Some(n),
+            BodyLength::Empty => Some(0),
+            BodyLength::Chunked => None,
+        };
+        let descriptors = self.permit.semaphore().clone();
+        let mut body = Body::for_length(expected, &descriptors)?;
+        let started = Instant::now();
+        let mut gap_started = started;
+        let config = self.lobby.settings();
+        loop {
+            match self.decoder.decode(&mut self.buf)? {
+                Some(Event::Data(data)) => body.push(&data, &descriptors)?,
+                Some(Event::End { .. }) => return Ok((head, origin, body)),
+                Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
+                None => {
+                    let gap_deadline = gap_started + config.header_timeout;
+                    // Each byte received earns 1/--body-min-rate s more, after a first
+                    // --header-timeout: a body trickled slower than that ends however steady it is.
+                    let rate_deadline = (config.body_min_rate > 0).then(|| {
+                        started
+                            + config.header_timeout
+                            + std::time::Duration::from_secs_f64(body.len() as f64 / config.body_min_rate as f64)
+                    });
+                    let deadline = rate_deadline.map_or(gap_deadline, |rate| rate.min(gap_deadline));
+                    tokio::select! {
+                        read = self.read_more() => match read {
+                            Ok(0) | Err(_) => return Err(Stop::Quietly),
+                            Ok(_) => gap_started = Instant::now(),
+                        },
+                        _ = sleep_until(deadline.into()) => {
+                            let reason = if rate_deadline.is_some_and(|rate| rate < gap_deadline) {
+                                format!(
+                                    "the request body arrived slower than --body-min-rate ({} bytes/s): {} bytes in {:.0} s",
+                                    config.body_min_rate,
+                                    body.len(),
+                                    started.elapsed().as_secs_f64()
+                                )
+                            } else {
+                                "the request body stalled for longer than --header-timeout".into()
+                            };
+                            return Err(Stop::Refuse(408, reason));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the PROXY header the connection must begin with, from a peer in
+    /// `--proxy-allow-from` (any Unix-socket peer, as under gunicorn), within
+    /// `--header-timeout`; the client it names becomes the peer.
+    async fn read_proxy_header(&mut self) -> Result<(), Stop> {
+        let settings = self.lobby.settings();
+        let Some(versions) = settings.proxy_protocol else {
+            // A reload turned it off after this connection was accepted.
+            self.peer.proxy = ProxyStage::Off;
+            return Ok(());
+        };
+        if let Some(addr) = self.peer.addr.filter(|addr| !settings.proxy_allow_ips.allows(addr.ip())) {
+            return Err(Stop::Refuse(
+                400,
+                format!(
+                    "{} is not in --proxy-allow-from, and this server takes only PROXY protocol connections",
+                    addr.ip()
+                ),
+            ));
+        }
+        let deadline = Instant::now() + settings.header_timeout;
+        loop {
+            match decode_proxy_header(&self.buf, versions).map_err(|e| Stop::Refuse(400, e.to_string()))? {
+                Some((header, len)) => {
+                    let _ = self.buf.split_to(len);
+                    if let ProxyHeader::Proxied { client, .. } = header {
+                        self.peer.addr = Some(client);
+                    }
+                    self.peer.proxy = ProxyStage::Read;
+                    return Ok(());
+                }
+                None => tokio::select! {
+                    read = self.read_more() => match read {
+                        Ok(0) | Err(_) => return Err(Stop::Quietly),
+                        Ok(_) => {}
+                    },
+                    _ = sleep_until(deadline.into()) => {
+                        return Err(Stop::Refuse(400, "the PROXY protocol header did not arrive within --header-timeout".into()));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Reads up to a request head, which must arrive within `--header-timeout`.
+    /// Its buffer counts against --max-head-memory meanwhile (`heads.rs`).
+    async fn read_head(&mut self) -> Result<RequestHead, Stop> {
+        let started = Instant::now();
+        let mut ticket = None;
+        loop {
+            match self.decoder.decode(&mut self.buf)? {
+                Some(Event::Head(head)) => {
+                    self.request_started = started;
+                    return Ok(head);
+                }
+                Some(_) => unreachable!("the decoder yields a Head first"),
+                None => {}
+            }
+            // Most heads arrive whole in their first read and never need a ticket.
+            let ticket = ticket.get_or_insert_with(|| self.lobby.heads.ticket());
+            self.make_room();
+            ticket.hold(self.buf.capacity());
+            let deadline = started + self.lobby.settings().header_timeout;
+            tokio::select! {
+                read = self.read_more() => match read {
+                    Ok(0) | Err(_) => return Err(Stop::Quietly),
+                    Ok(_) => {}
+                },
+                _ = sleep_until(deadline.into()) => {
+                    return Err(Stop::Refuse(408, "the request head did not arrive within --header-timeout".into()));
+                }
+                _ = ticket.evicted() => {
+                    return Err(Stop::Refuse(
+                        408,
+                        "the memory for incomplete request heads (--max-head-memory) is full; the oldest are refused first"
+                            .into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    pub(super) async fn read_more(&mut self) -> io::Result<usize> {
+        self.make_room();
+        self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Makes room in the buffer for the next read: it grows geometrically for a large head or
+    /// body.
+    fn make_room(&mut self) {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            self.buf.reserve(READ_CHUNK.max(self.buf.len()));
+        }
+    }
+}
+
+/// A temporary file for a request body, and its place under --max-connections.
+fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermit), Stop> {
+    let descriptor = descriptors.clone().try_acquire_owned().map_err(|_| {
+        Stop::Refuse(
+            503,
+            "every descriptor under --max-connections is in use: no temporary file for this request body".into(),
+        )
+    })?;
+    let file = tempfile::tempfile().map_err(|e| spill_failed(&e))?;
+    Ok((file, descriptor))
+}
+
+fn spill_failed(e: &io::Error) -> Stop {
+    Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
+}

@@ -1,0 +1,414 @@
+//! One client connection: read each request completely, queue it, write its answer.
+//!
+//! A connection costs no worker at any point: while idle it holds no buffer and waits for
+//! readability (S4, S5); a request reaches the queue only when its body is complete (S1);
+//! the answer is taken from the worker as fast as it comes and written here at the client's
+//! pace.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::io;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
+use maitred_wire::{build_frame, Kind, FLAG_FD};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::sleep_until;
+
+use super::asleep::{Sleeper, HIBERNATE_AFTER};
+use super::peer::{ClientStream, Peer, Site, StreamKind};
+use super::proxies::Origin;
+use super::read::{Body, READ_CHUNK};
+use super::states::{ConnectionState, StateMark};
+use super::write::{http_date, Answer};
+use super::Stop;
+use crate::lobby::Lobby;
+use crate::log::{self, debug};
+use crate::seating::job::{Job, JobState, Served};
+use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
+
+/// How long, and how much input, a refused connection is drained before it is closed.
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Serves a connection from its first request (`answered` 0) or after hibernating.
+pub fn start<S: ClientStream>(
+    lobby: &Rc<Lobby>,
+    stream: S,
+    peer: Peer,
+    site: Rc<Site>,
+    permit: OwnedSemaphorePermit,
+    answered: u64,
+) {
+    let decoder = RequestDecoder::new(lobby.limits());
+    let connection = Connection {
+        lobby: lobby.clone(),
+        stream,
+        peer,
+        site,
+        permit,
+        buf: BytesMut::new(),
+        decoder,
+        answered,
+        request_started: Instant::now(),
+        mark: lobby.connection_states.mark(ConnectionState::Idle),
+    };
+    tokio::task::spawn_local(connection.run());
+}
+
+/// Wakes a hibernating connection whose client has spoken (or closed).
+pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
+    let Sleeper { socket, kind, peer, site, permit, answered, .. } = sleeper;
+    let started = match kind {
+        StreamKind::Tcp => tokio::net::TcpStream::from_std(socket.into())
+            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+        StreamKind::Unix => tokio::net::UnixStream::from_std(socket.into())
+            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+    };
+    if let Err(e) = started {
+        debug!("could not wake an idle connection: {e}");
+    }
+}
+
+pub(super) struct Connection<S> {
+    pub(super) lobby: Rc<Lobby>,
+    pub(super) stream: S,
+    pub(super) peer: Peer,
+    site: Rc<Site>,
+    /// Its place under --max-connections, given back when the connection closes.
+    pub(super) permit: OwnedSemaphorePermit,
+    pub(super) buf: BytesMut,
+    pub(super) decoder: RequestDecoder,
+    /// Requests answered so far: a shutdown closes idle connections that have had one (once
+    /// they have been idle for `HIBERNATE_AFTER`), but lets a new connection send its first
+    /// request.
+    answered: u64,
+    /// When the current request's head began to be read, for the access log's request time.
+    pub(super) request_started: Instant,
+    /// Its place in `maitred_connections`.
+    mark: StateMark,
+}
+
+/// How the wait for a request ended.
+enum Wait {
+    /// Bytes arrived and are in the buffer.
+    Request,
+    /// Idle for `HIBERNATE_AFTER`: the connection leaves its task until the client speaks (or,
+    /// during a binary upgrade, goes to the new maitred at once).
+    Hibernate { deadline: tokio::time::Instant },
+    /// The client closed, the patience ran out, or it idled `HIBERNATE_AFTER` during a shutdown.
+    Close,
+}
+
+impl<S: ClientStream> Connection<S> {
+    /// Only the wait between requests runs inline: everything that holds buffers while a
+    /// request is read or answered runs in a boxed future that exists only meanwhile.
+    async fn run(mut self) {
+        // A connection just accepted or woken from hibernation has, most often, its request
+        // waiting already: read it before asking the event loop.
+        let mut read_first = true;
+        loop {
+            if self.buf.is_empty() && self.decoder.is_idle() {
+                self.mark.set(ConnectionState::Idle);
+                match self.wait_for_request(std::mem::take(&mut read_first)).await {
+                    Wait::Request => {}
+                    Wait::Close => return,
+                    Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
+                }
+            }
+            self.mark.set(ConnectionState::Reading);
+            let stop = match Box::pin(self.next_request()).await {
+                Ok((head, origin, body)) => match Box::pin(self.seat(&head, &origin, body)).await {
+                    Ok(true) => continue,
+                    Ok(false) => return,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        log::info_limited!("connection from {} cut while answering: {e}", self.peer.display());
+                        return;
+                    }
+                    Err(e) => {
+                        debug!("connection from {} ended while answering: {e}", self.peer.display());
+                        return;
+                    }
+                },
+                Err(stop) => stop,
+            };
+            if let Stop::Refuse(status, reason) = stop {
+                // What was read is not needed to refuse it; a head given up for
+                // --max-head-memory must give its memory back now, not after the linger.
+                self.buf = BytesMut::new();
+                Box::pin(self.refuse(status, &reason)).await;
+            }
+            return;
+        }
+    }
+
+    fn hibernate(self, deadline: Instant) {
+        let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
+        match stream.into_fd() {
+            Ok(socket) => {
+                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline };
+                match lobby.successor() {
+                    Some(successor) => successor.hand_over(sleeper),
+                    None => lobby.hibernation.put(sleeper),
+                }
+            }
+            Err(e) => debug!("closing an idle connection that cannot hibernate: {e}"),
+        }
+    }
+
+    /// Waits, holding no buffer, until the client sends something, and reads it; or until
+    /// the connection should close: the client closed it, or it idled past `--keep-alive`
+    /// (`--header-timeout` for a first request); or until it has idled long enough to
+    /// hibernate.
+    ///
+    /// During a shutdown a connection that has been answered does not hibernate: it closes
+    /// once it has idled for `HIBERNATE_AFTER`. Its last answer may have said keep-alive just
+    /// before the shutdown began, and a client in a hurry sends its next request at once:
+    /// that request is answered, with `Connection: close`, instead of meeting a connection
+    /// closed under it (docs/SIGNALS.md).
+    async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
+        self.buf = BytesMut::new();
+        let settings = self.lobby.settings();
+        let patience = if self.answered == 0 { settings.header_timeout } else { settings.keep_alive };
+        let now = tokio::time::Instant::now();
+        let deadline = now + patience;
+        let hibernate_at = now + HIBERNATE_AFTER;
+        // A new maitred has taken over (SIGUSR2): it gets the connection now, with whatever
+        // the client has sent and this lobby has not read, rather than once it has idled.
+        if self.lobby.handing_over() {
+            return Wait::Hibernate { deadline };
+        }
+        loop {
+            if !std::mem::take(&mut read_first) {
+                tokio::select! {
+                    ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
+                    _ = sleep_until(deadline.min(hibernate_at)) => {
+                        let closing = self.answered > 0 && self.lobby.closing();
+                        return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
+                    }
+                }
+            }
+            // Nothing may be there yet (or readiness was stale, left from the last request):
+            // then the buffer goes again until the client really sends.
+            self.buf.reserve(READ_CHUNK);
+            match poll_fn(|cx| Poll::Ready(read_now(&mut self.stream, cx, &mut self.buf))).await {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Wait::Close,
+                Poll::Ready(Ok(_)) => return Wait::Request,
+                Poll::Pending => self.buf = BytesMut::new(),
+            }
+        }
+    }
+
+    async fn refuse(&mut self, status: u16, reason: &str) {
+        self.mark.set(ConnectionState::Writing);
+        log::info_limited!("{status} to {}: {reason}", self.peer.display());
+        self.lobby.metrics.refused(status);
+        let mut out = Vec::new();
+        write_error_response(&mut out, status, reason, &http_date(), false, None);
+        if self.write_closing(&out).await.is_ok() {
+            self.linger().await;
+        }
+    }
+
+    /// Closing a socket with unread input makes the kernel send a reset, which can destroy
+    /// the refusal just written before the client reads it. So: stop writing, then read and
+    /// discard what the client is still sending, within bounds, before closing.
+    async fn linger(&mut self) {
+        if self.stream.shutdown().await.is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + LINGER_TIME;
+        let mut discarded = 0;
+        let mut sink = vec![0u8; 4096];
+        while discarded < LINGER_BYTES {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => discarded += n,
+                _ => return,
+            }
+        }
+    }
+
+    /// Queues the request, then writes its answer. Returns whether the connection stays open.
+    async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<bool> {
+        let (respond, responses) = answer_channel(
+            self.lobby.spill_budget.clone(),
+            self.lobby.settings().max_spill,
+            self.permit.semaphore().clone(),
+        );
+        let summary: Rc<str> = format!(
+            "{} {} {}",
+            String::from_utf8_lossy(&head.method),
+            String::from_utf8_lossy(&head.target),
+            version_text(head.version)
+        )
+        .into();
+        // The body file's place under --max-connections is held until the answer is written.
+        let (job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone()) {
+            Ok(job) => job,
+            Err(detail) => {
+                log::info_limited!("431 to {}: {detail}", self.peer.display());
+                let mut out = Vec::new();
+                write_error_response(&mut out, 431, &detail, &http_date(), false, None);
+                self.write_closing(&out).await?;
+                return Ok(false);
+            }
+        };
+        let state = job.state.clone();
+        let enqueued_at = job.enqueued_at;
+        let served = job.served.clone();
+        self.lobby.seating.submit(job);
+        self.mark.set(ConnectionState::Awaiting);
+        let context = ResponseContext {
+            head_request: head.method.as_ref() == b"HEAD",
+            version: head.version,
+            // --keep-alive 0 closes after each answer, and says so.
+            keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.lobby.closing(),
+        };
+        let mut answer = Answer::new(&context);
+        loop {
+            let part = match self.next_part(&responses, &state, enqueued_at).await {
+                Some(part) => part,
+                // The lobby dropped the job: it is shutting down past --graceful-timeout.
+                None => return Ok(false),
+            };
+            self.mark.set(ConnectionState::Writing);
+            let last = part.is_last();
+            let keep_open = self.write_part(&mut answer, part, &responses).await?;
+            if last {
+                self.answered += 1;
+                self.lobby.metrics.answered(answer.status);
+                self.log_access(head, origin, &answer, enqueued_at, served.as_deref());
+                // An answer that said keep-alive keeps the connection open, even if a shutdown
+                // began while it was written: the client may send its next request at once, and
+                // that one is answered with `Connection: close` (wait_for_request).
+                return Ok(keep_open);
+            }
+        }
+    }
+
+    fn job(
+        &self,
+        head: &RequestHead,
+        origin: &Origin,
+        body: Body,
+        respond: AnswerSender,
+        summary: Rc<str>,
+    ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
+        let body_len = body.len();
+        let (inline, body_file, body_descriptor) = match body {
+            Body::Memory(bytes) => (bytes, None, None),
+            Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
+        };
+        let peer_addr = origin.ip_text();
+        let request = maitred_wire::Request {
+            http_minor: match head.version {
+                Version::Http10 => 0,
+                Version::Http11 => 1,
+            },
+            method: &head.method,
+            target: &head.target,
+            peer_addr: peer_addr.as_bytes(),
+            peer_port: origin.port.unwrap_or(0),
+            server_name: self.site.server_name.as_bytes(),
+            server_port: self.site.server_port,
+            https: origin.https,
+            headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
+            body_len,
+            inline_body: &inline,
+        };
+        let flags = if body_file.is_some() { FLAG_FD } else { 0 };
+        let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
+        let job = Job {
+            frame,
+            body_file,
+            state: Rc::new(Cell::new(JobState::Queued)),
+            respond,
+            enqueued_at: Instant::now(),
+            summary,
+            served: log::access_log_enabled().then(Rc::default),
+        };
+        Ok((job, body_descriptor))
+    }
+
+    /// The next part of the answer. Before the first part, a request still waiting for a
+    /// worker after `--queue-timeout` (in the queue, or offered to a busy worker that has not
+    /// taken it) is withdrawn and answered 503.
+    async fn next_part(
+        &mut self,
+        responses: &AnswerReceiver,
+        state: &Rc<Cell<JobState>>,
+        enqueued_at: Instant,
+    ) -> Option<ResponsePart> {
+        let Some(limit) = self.lobby.settings().queue_timeout.filter(|_| state.get() == JobState::Queued) else {
+            return responses.recv().await;
+        };
+        tokio::select! {
+            part = responses.recv() => part,
+            _ = sleep_until((enqueued_at + limit).into()) => {
+                let withdrawn = match state.get() {
+                    JobState::Queued => {
+                        state.set(JobState::Cancelled);
+                        true
+                    }
+                    JobState::Offered => self.lobby.seating.withdraw_offer(state),
+                    JobState::Seated | JobState::Cancelled => false,
+                };
+                if !withdrawn {
+                    return responses.recv().await;
+                }
+                Some(ResponsePart::Refused {
+                    status: 503,
+                    detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
+                })
+            }
+        }
+    }
+
+    fn log_access(
+        &self,
+        head: &RequestHead,
+        origin: &Origin,
+        answer: &Answer,
+        enqueued: Instant,
+        served: Option<&Served>,
+    ) {
+        if !log::access_log_enabled() {
+            return;
+        }
+        log::access(
+            &self.lobby.settings().access_log_format,
+            &log::AccessRecord {
+                peer: &origin.ip_text(),
+                method: &head.method,
+                target: &head.target,
+                version: version_text(head.version),
+                request_headers: &head.headers,
+                status: answer.status,
+                body_bytes: answer.body_bytes,
+                response_headers: &answer.headers,
+                started: self.request_started,
+                enqueued,
+                seated: served.and_then(|served| served.seated.get()),
+                answered: served.and_then(|served| served.answered.get()),
+                worker: served.and_then(|served| served.worker.get()),
+            },
+        );
+    }
+}
+
+/// One read attempt that does not wait: Pending when nothing is there, and then the stream
+/// is registered to wake `cx` when there is.
+fn read_now<S: AsyncRead + Unpin>(stream: &mut S, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(stream), cx, buf)
+}
+
+fn version_text(version: Version) -> &'static str {
+    match version {
+        Version::Http10 => "HTTP/1.0",
+        Version::Http11 => "HTTP/1.1",
+    }
+}

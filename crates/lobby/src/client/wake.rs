@@ -1,0 +1,62 @@
+//! The watcher of hibernating connections: wakes a sleeper when its client speaks (it gets a
+//! task again, `task::resume`), closes it when its time is up, and at a binary upgrade hands
+//! every sleeper to the new maitred.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::asleep::{EVENTS_PER_WAIT, TICK};
+use super::task;
+use crate::lobby::Lobby;
+use crate::log::debug;
+
+/// The watcher: wakes sleepers when their client speaks, closes them when their time is up.
+pub async fn watch(lobby: Rc<Lobby>) {
+    let hibernation = &lobby.hibernation;
+    let mut ticks = tokio::time::interval(TICK);
+    let mut shutdown = lobby.shutdown.clone();
+    let mut woken = Vec::new();
+    loop {
+        tokio::select! {
+            ready = hibernation.epoll.readable() => {
+                let Ok(mut ready) = ready else { return };
+                match hibernation.take_woken(&mut woken) {
+                    Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
+                    Ok(_) => {}
+                    Err(e) => debug!("waiting for hibernating connections failed: {e}"),
+                }
+                for sleeper in woken.drain(..) {
+                    task::resume(&lobby, sleeper);
+                }
+            }
+            _ = ticks.tick() => {
+                let shutting_down = *shutdown.borrow();
+                if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
+                    // A binary upgrade: the new maitred takes every idle connection, those
+                    // whose client has spoken too (it reads what they sent).
+                    for sleeper in hibernation.take_all() {
+                        successor.hand_over(sleeper);
+                    }
+                } else if shutting_down {
+                    // A request that has arrived is answered (with `Connection: close`), not
+                    // lost with its connection.
+                    while let Ok(n) = hibernation.take_woken(&mut woken) {
+                        for sleeper in woken.drain(..) {
+                            task::resume(&lobby, sleeper);
+                        }
+                        if n < EVENTS_PER_WAIT {
+                            break;
+                        }
+                    }
+                }
+                let closed = hibernation.close_expired(Instant::now(), shutting_down);
+                if closed > 0 {
+                    debug!("closed {closed} idle connections");
+                }
+                hibernation.trim_memory();
+            }
+            // Wake the tick at once when a shutdown begins, so idle connections close now.
+            _ = shutdown.changed() => ticks.reset_immediately(),
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Diagnoses: the lobby looks at itself every `TICK` and names, in one log line with the
+//! operator's fix, each failure of docs/SCENARIOS.md that is happening (and a few cousins),
+//! within a second of its start. `/status.json` lists those in force (docs/METRICS.md).
+//!
+//! A finding is logged when it starts, again every `REPEAT` while it lasts (with the figures
+//! of the moment), and once more when it has been gone for `HOLD`: a queue that fills in bursts
+//! makes one episode, not a line per burst.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use super::findings::{kernel_counters, Finding, KERNEL_COUNTERS};
+use crate::client::states::{ConnectionState, OLD_AFTER, TICK};
+use crate::listen::bind::somaxconn;
+use crate::lobby::Lobby;
+use crate::worker::scoreboard::{ExitReason, Scoreboard, WorkerState};
+
+/// Every worker busy, with requests waiting, for this long: S4/S5.
+const SATURATED_AFTER: Duration = Duration::from_secs(1);
+/// A listen queue at least this full (in quarters of its backlog): S1/S2.
+const FILLING_QUARTERS: u64 = 3;
+/// Connections slow to send or to read, held for over `OLD_AFTER`, that make "many".
+const SLOW_CLIENTS: u32 = 10;
+/// Worker failures (crashes, timeouts) in a minute that make "frequent".
+const FREQUENT_FAILURES: usize = 2;
+/// Recycles in a minute that make "frequent": at least this many, and at least one per worker.
+const FREQUENT_RECYCLES: usize = 3;
+
+/// Looks every `TICK` until the lobby stops; ages the connection counts as it goes.
+pub async fn watch(lobby: Rc<Lobby>, connections: Arc<Semaphore>, max_connections: usize) {
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        lobby.connection_states.tick();
+        let at_capacity = connections.available_permits() == 0;
+        let mut findings = Vec::new();
+        listen_queues(&lobby, at_capacity, max_connections, &mut findings);
+        kernel_overflows(&lobby, &mut findings);
+        saturation(&lobby, &mut findings);
+        long_requests(&lobby, &mut findings);
+        worker_exits(&lobby, &mut findings);
+        slow_clients(&lobby, max_connections, &mut findings);
+        lobby.diagnoses.update(findings);
+    }
+}
+
+/// S1/S2: a listener's accept queue three quarters full.
+fn listen_queues(lobby: &Lobby, at_capacity: bool, max_connections: usize, findings: &mut Vec<Finding>) {
+    for listener in lobby.diagnoses.listeners().iter() {
+        let Some(queued) = listener.queue() else { continue };
+        if (queued as u64) * 4 < listener.backlog as u64 * FILLING_QUARTERS || queued == 0 {
+            continue;
+        }
+        let capacity = if at_capacity {
+            format!(
+                "; maitred holds --max-connections ({max_connections}) connections, so it accepts no more until one \
+                 closes: raise --max-connections (and the descriptor limit) first"
+            )
+        } else {
+            String::new()
+        };
+        findings.push(Finding {
+            name: "listen_queue",
+            scenario: "S1/S2",
+            subject: listener.name.clone(),
+            message: format!(
+                "the listen queue of {} held {queued} of its {} connections: when it is full the kernel drops \
+                 connects (clients retry after 1 s, 3 s, ...)",
+                listener.name, listener.backlog
+            ),
+            fix: format!(
+                "raise --backlog (asked {}, granted {}; net.core.somaxconn {} caps it){capacity}",
+                listener.backlog_requested,
+                listener.backlog,
+                somaxconn()
+            ),
+        });
+    }
+}
+
+/// S1/S2: the kernel's overflow counters moved since the last tick.
+fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
+    let Some(now) = kernel_counters() else { return };
+    let seen = lobby.diagnoses.kernel_seen.replace(Some(now)).unwrap_or(now);
+    let moved = [now[0].saturating_sub(seen[0]), now[1].saturating_sub(seen[1])];
+    if moved == [0, 0] {
+        return;
+    }
+    findings.push(Finding {
+        name: "listen_overflows",
+        scenario: "S1/S2",
+        subject: String::new(),
+        message: format!(
+            "the kernel lost {} connects for a full listen queue in the last {:.1} s ({} +{}, {} +{}; counted for \
+             the whole machine: maitred_listen_queue says whether one of maitred's queues is the full one)",
+            moved[0].max(moved[1]),
+            TICK.as_secs_f64(),
+            KERNEL_COUNTERS[0],
+            moved[0],
+            KERNEL_COUNTERS[1],
+            moved[1]
+        ),
+        fix: format!(
+            "raise --backlog and net.core.somaxconn (now {}); clients whose connect was dropped retry after 1 s, 3 s, \
+             ...",
+            somaxconn()
+        ),
+    });
+}
+
+/// S4/S5: every worker busy for over a second, with requests waiting.
+fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
+    let counts = lobby.scoreboard.counts();
+    let busy = counts[WorkerState::Busy as usize];
+    let waiting = lobby.seating.waiting();
+    let saturated = busy > 0 && counts[WorkerState::Idle as usize] == 0 && waiting > 0;
+    if !saturated {
+        lobby.diagnoses.saturated_since.set(None);
+        return;
+    }
+    let since = *lobby.diagnoses.saturated_since.get().get_or_insert_with(Instant::now);
+    lobby.diagnoses.saturated_since.set(Some(since));
+    if since.elapsed() < SATURATED_AFTER {
+        return;
+    }
+    let oldest = lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64());
+    let mut running: Vec<(Duration, String, i32)> = lobby
+        .scoreboard
+        .cards()
+        .iter()
+        .filter_map(|card| {
+            let request = card.request.borrow();
+            let (summary, since) = request.as_ref()?;
+            Some((since.elapsed(), summary.to_string(), card.pid.get()?))
+        })
+        .collect();
+    running.sort_by_key(|(took, ..)| std::cmp::Reverse(*took));
+    let longest: Vec<String> = running
+        .iter()
+        .take(3)
+        .map(|(took, summary, pid)| format!("{summary} for {:.1} s (worker {pid})", took.as_secs_f64()))
+        .collect();
+    let settings = lobby.settings();
+    let queue_timeout = settings.queue_timeout.map_or("off".to_string(), |limit| format!("{} s", limit.as_secs_f64()));
+    findings.push(Finding {
+        name: "workers_saturated",
+        scenario: "S4/S5",
+        subject: String::new(),
+        message: format!(
+            "every worker ({busy}) has been busy for {:.1} s with {waiting} requests waiting, the oldest for {oldest:.1} \
+             s; running longest: {}",
+            since.elapsed().as_secs_f64(),
+            longest.join(", ")
+        ),
+        fix: format!(
+            "more workers (-w {}, or one more now with SIGTTIN) if CPU and memory allow; --timeout ({} s) ends a \
+             stuck request; --queue-timeout ({queue_timeout}) answers 503 instead of a long wait",
+            settings.workers,
+            settings.timeout.as_secs_f64()
+        ),
+    });
+}
+
+/// A worker in one request for over half of `--timeout`.
+fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
+    let timeout = lobby.settings().timeout;
+    let threshold = timeout / 2;
+    for card in lobby.scoreboard.cards() {
+        let request = card.request.borrow();
+        let (Some((summary, since)), Some(pid)) = (request.as_ref(), card.pid.get()) else { continue };
+        let took = since.elapsed();
+        if took < threshold {
+            continue;
+        }
+        findings.push(Finding {
+            name: "long_request",
+            scenario: "long request",
+            // The request, not only the worker: the next long one is a new finding.
+            subject: format!("{pid} {}", card.served.get()),
+            message: format!(
+                "worker {pid} has been in {summary} for {:.1} s, over half of --timeout ({} s), when it is killed",
+                took.as_secs_f64(),
+                timeout.as_secs_f64()
+            ),
+            fix: "if such a request is expected, raise --timeout; if not, the worker's Python stack is logged when \
+                  --timeout kills it"
+                .into(),
+        });
+    }
+}
+
+/// Workers recycled or lost often in the last minute.
+fn worker_exits(lobby: &Lobby, findings: &mut Vec<Finding>) {
+    let board = &lobby.scoreboard;
+    let workers = lobby.settings().workers;
+    let recycled = board.recent_exits(ExitReason::is_recycling);
+    if recycled >= FREQUENT_RECYCLES.max(workers) {
+        let by_reason = reasons(board, ExitReason::is_recycling);
+        findings.push(Finding {
+            name: "frequent_recycling",
+            scenario: "recycling",
+            subject: String::new(),
+            message: format!(
+                "{recycled} workers were recycled in the last minute ({by_reason}); each replacement loads the \
+                 application again"
+            ),
+            fix: "raise --max-requests, --max-worker-memory or --max-worker-lifetime, or find what grows".into(),
+        });
+    }
+    let failed = board.recent_exits(ExitReason::is_failure);
+    if failed >= FREQUENT_FAILURES {
+        let by_reason = reasons(board, ExitReason::is_failure);
+        findings.push(Finding {
+            name: "frequent_failures",
+            scenario: "worker failures",
+            subject: String::new(),
+            message: format!("{failed} workers were lost in the last minute ({by_reason})"),
+            fix: "the lines 'worker N timed out' (with its stack) and 'worker N lost' above name the requests; for \
+                  timeouts fix the slow path or raise --timeout, for crashes see the application's traceback"
+                .into(),
+        });
+    }
+}
+
+/// `2 timeout, 1 crash`
+fn reasons(board: &Scoreboard, select: fn(ExitReason) -> bool) -> String {
+    ExitReason::ALL
+        .iter()
+        .filter(|reason| select(**reason))
+        .map(|reason| (board.recent_exits(|r| r == *reason), reason.label()))
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, label)| format!("{count} {label}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Many connections held by clients slow to send their request or to read their answer.
+fn slow_clients(lobby: &Lobby, max_connections: usize, findings: &mut Vec<Finding>) {
+    let states = &lobby.connection_states;
+    let sending = states.old(ConnectionState::Reading);
+    let reading = states.old(ConnectionState::Writing);
+    if sending + reading < SLOW_CLIENTS {
+        return;
+    }
+    let settings = lobby.settings();
+    findings.push(Finding {
+        name: "slow_clients",
+        scenario: "slow clients",
+        subject: String::new(),
+        message: format!(
+            "{sending} connections have been sending their request, and {reading} reading their answer, for over {} \
+             s; they hold the lobby's memory, never a worker",
+            OLD_AFTER.as_secs_f64()
+        ),
+        fix: format!(
+            "nothing, while they are few against --max-connections ({max_connections}); to shed them sooner lower \
+             --header-timeout ({} s), raise --body-min-rate ({} bytes/s), lower --send-timeout ({} s)",
+            settings.header_timeout.as_secs_f64(),
+            settings.body_min_rate,
+            settings.send_timeout.as_secs_f64()
+        ),
+    });
+}

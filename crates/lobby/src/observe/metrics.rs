@@ -1,0 +1,221 @@
+//! What the lobby counts, as the `prometheus` library keeps it: counters and histograms are
+//! updated where things happen (atomic adds); gauges, and the counters kept elsewhere, are
+//! read when a scrape comes (`Now`, read by `status.rs`). A leaf: the lobby holds its
+//! `Metrics`, so it takes no `Lobby`.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use super::findings::KERNEL_COUNTERS;
+use crate::worker::scoreboard::{ExitReason, WorkerState};
+
+pub(super) const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+pub struct Metrics {
+    pub(super) registry: Registry,
+    /// `maitred_requests_total` for 1xx to 5xx, looked up once: an answer costs one atomic add.
+    pub(super) requests: [IntCounter; 5],
+    pub(super) refusals: IntCounterVec,
+    pub(super) request_duration: Histogram,
+    pub(super) queue_wait: Histogram,
+    pub(super) queue_requests: IntGauge,
+    pub(super) workers: IntGaugeVec,
+    pub(super) connections: IntGaugeVec,
+    pub(super) worker_exits: IntCounterVec,
+    pub(super) listen_overflows: IntCounterVec,
+    pub(super) listen_queue: IntGaugeVec,
+    pub(super) listen_backlog: IntGaugeVec,
+    /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
+    /// reached at the last scrape, to add what they moved since.
+    pub(super) exits_reported: Cell<[u64; ExitReason::ALL.len()]>,
+    pub(super) overflows_reported: Cell<[u64; 2]>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        // Every name and label below is fixed and valid: none of these can fail.
+        let registry = Registry::new_custom(Some("maitred".into()), None).expect("a valid prefix");
+        let register = |collector: Box<dyn prometheus::core::Collector>| {
+            registry.register(collector).expect("each family registered once, with a valid name")
+        };
+        let by_class = IntCounterVec::new(
+            Opts::new("requests_total", "Requests answered, by the class of their status"),
+            &["class"],
+        )
+        .expect("valid");
+        register(Box::new(by_class.clone()));
+        let requests = STATUS_CLASSES.map(|class| by_class.with_label_values(&[class]));
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "refusals_total",
+                "Requests refused by the lobby without a worker (bad requests, limits, --queue-timeout)",
+            ),
+            &["status"],
+        )
+        .expect("valid");
+        register(Box::new(refusals.clone()));
+        // 1 ms to about 65 s.
+        let request_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "request_duration_seconds",
+                "Time a worker spent on a request, from its seating to the end of its answer",
+            )
+            .buckets(exponential_buckets(0.001, 2.0, 17).expect("valid")),
+        )
+        .expect("valid");
+        register(Box::new(request_duration.clone()));
+        // 0.1 ms to about 6.5 s.
+        let queue_wait = Histogram::with_opts(
+            HistogramOpts::new("queue_wait_seconds", "Time a request waited in the lobby's queue for a worker")
+                .buckets(exponential_buckets(0.0001, 2.0, 17).expect("valid")),
+        )
+        .expect("valid");
+        register(Box::new(queue_wait.clone()));
+        let queue_requests = IntGauge::new("queue_requests", "Requests waiting for a worker now").expect("valid");
+        register(Box::new(queue_requests.clone()));
+        let workers = IntGaugeVec::new(
+            Opts::new("workers", "Workers, by state: starting, held (the spare, a reload's), idle, busy, retiring"),
+            &["state"],
+        )
+        .expect("valid");
+        register(Box::new(workers.clone()));
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "connections",
+                "Client connections held, by state: reading, queued, in_service, writing, idle, hibernating",
+            ),
+            &["state"],
+        )
+        .expect("valid");
+        register(Box::new(connections.clone()));
+        let worker_exits = IntCounterVec::new(
+            Opts::new("worker_exits_total", "Workers that left the service, by reason"),
+            &["reason"],
+        )
+        .expect("valid");
+        register(Box::new(worker_exits.clone()));
+        for reason in ExitReason::ALL {
+            worker_exits.with_label_values(&[reason.label()]);
+        }
+        let listen_overflows = IntCounterVec::new(
+            Opts::new(
+                "listen_overflows_total",
+                "Connections the kernel dropped or refused for a full listen queue since maitred started \
+                 (/proc/net/netstat: machine-wide, every listener)",
+            ),
+            &["counter", "scope"],
+        )
+        .expect("valid");
+        register(Box::new(listen_overflows.clone()));
+        for counter in KERNEL_COUNTERS {
+            listen_overflows.with_label_values(&[counter, "machine"]);
+        }
+        let listen_queue = IntGaugeVec::new(
+            Opts::new("listen_queue", "Connections waiting in a listener's accept queue now (TCP listeners)"),
+            &["listener"],
+        )
+        .expect("valid");
+        register(Box::new(listen_queue.clone()));
+        let listen_backlog = IntGaugeVec::new(
+            Opts::new("listen_backlog", "The accept queue's size the kernel granted a listener"),
+            &["listener"],
+        )
+        .expect("valid");
+        register(Box::new(listen_backlog.clone()));
+        Metrics {
+            registry,
+            requests,
+            refusals,
+            request_duration,
+            queue_wait,
+            queue_requests,
+            workers,
+            connections,
+            worker_exits,
+            listen_overflows,
+            listen_queue,
+            listen_backlog,
+            exits_reported: Cell::new([0; ExitReason::ALL.len()]),
+            overflows_reported: Cell::new([0; 2]),
+        }
+    }
+
+    /// An answer written to a client, worker's or lobby's.
+    pub fn answered(&self, status: u16) {
+        let class = (status / 100).clamp(1, 5) as usize - 1;
+        self.requests[class].inc();
+    }
+
+    /// A request the lobby answered itself, with an error.
+    pub fn refused(&self, status: u16) {
+        self.refusals.with_label_values(&[&status.to_string()]).inc();
+        self.answered(status);
+    }
+
+    pub fn waited(&self, wait: Duration) {
+        self.queue_wait.observe(wait.as_secs_f64());
+    }
+
+    pub fn served(&self, took: Duration) {
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    /// Reads the gauges, and the counters kept elsewhere, now.
+    pub(super) fn refresh(&self, now: &Now) {
+        self.queue_requests.set(now.waiting as i64);
+        for (state, count) in WorkerState::ALL.iter().zip(now.workers) {
+            self.workers.with_label_values(&[state.label()]).set(count as i64);
+        }
+        for (state, count) in now.connections {
+            self.connections.with_label_values(&[state]).set(count as i64);
+        }
+        for listener in &now.listeners {
+            self.listen_backlog.with_label_values(&[&listener.name]).set(listener.backlog as i64);
+            if let Some(queued) = listener.queue {
+                self.listen_queue.with_label_values(&[&listener.name]).set(queued as i64);
+            }
+        }
+        let reported = self.exits_reported.replace(now.exits);
+        for (index, reason) in ExitReason::ALL.iter().enumerate() {
+            self.worker_exits
+                .with_label_values(&[reason.label()])
+                .inc_by(now.exits[index].saturating_sub(reported[index]));
+        }
+        let reported = self.overflows_reported.replace(now.overflows);
+        for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
+            self.listen_overflows
+                .with_label_values(&[counter, "machine"])
+                .inc_by(now.overflows[index].saturating_sub(reported[index]));
+        }
+    }
+
+    /// The exposition (Prometheus text format 0.0.4), with the gauges read now.
+    pub(super) fn render(&self, now: &Now) -> prometheus::Result<String> {
+        self.refresh(now);
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+/// The figures read at a scrape, shared by `/metrics` and `/status.json`.
+pub(super) struct Now {
+    pub(super) waiting: usize,
+    pub(super) workers: [usize; WorkerState::ALL.len()],
+    pub(super) connections: [(&'static str, usize); 6],
+    pub(super) listeners: Vec<ListenerNow>,
+    /// Worker exits by reason, and the kernel's listen overflows, as counted elsewhere.
+    pub(super) exits: [u64; ExitReason::ALL.len()],
+    pub(super) overflows: [u64; 2],
+}
+
+pub(super) struct ListenerNow {
+    pub(super) name: String,
+    pub(super) queue: Option<u32>,
+    pub(super) backlog: u32,
+}

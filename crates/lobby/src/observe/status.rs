@@ -1,0 +1,158 @@
+//! `/status.json` (docs/METRICS.md): the metrics' figures with the worker scoreboard and the
+//! diagnoses in force, for the page at `/` and `maitred top`; and the figures a scrape reads
+//! from the lobby (`Now::read`).
+
+use prometheus::core::{Collector, Metric};
+use prometheus::Histogram;
+use serde_json::{json, Value};
+
+use super::findings::KERNEL_COUNTERS;
+use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
+use crate::client::states::ConnectionState;
+use crate::lobby::Lobby;
+use crate::worker::recycle::resident_of;
+use crate::worker::scoreboard::{ExitReason, WorkerState};
+
+/// `/metrics`: the exposition (Prometheus text format 0.0.4), with the gauges read now.
+pub(super) fn metrics(lobby: &Lobby) -> prometheus::Result<String> {
+    lobby.metrics.render(&Now::read(lobby))
+}
+
+/// `/status.json` (docs/METRICS.md): the same figures, the scoreboard and the diagnoses.
+pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
+    let metrics = &lobby.metrics;
+    let now = Now::read(lobby);
+    metrics.refresh(&now);
+    let settings = lobby.settings();
+    let requests: serde_json::Map<String, Value> = STATUS_CLASSES
+        .iter()
+        .zip(&metrics.requests)
+        .map(|(class, count)| (class.to_string(), json!(count.get())))
+        .collect();
+    let refusals: serde_json::Map<String, Value> = metrics
+        .refusals
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .filter_map(|metric| {
+            let status = metric.get_label().first()?.value().to_string();
+            Some((status, json!(metric.get_counter().get_value() as u64)))
+        })
+        .collect();
+    let workers: serde_json::Map<String, Value> =
+        WorkerState::ALL.iter().zip(now.workers).map(|(state, count)| (state.label().into(), json!(count))).collect();
+    let connections: serde_json::Map<String, Value> =
+        now.connections.iter().map(|(state, count)| (state.to_string(), json!(count))).collect();
+    let listeners: Vec<Value> =
+        now.listeners.iter().map(|l| json!({"name": l.name, "queue": l.queue, "backlog": l.backlog})).collect();
+    let (overflows, exits) = (now.overflows, now.exits);
+    let worker_exits: serde_json::Map<String, Value> =
+        ExitReason::ALL.iter().zip(exits).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
+    let scoreboard: Vec<Value> = lobby
+        .scoreboard
+        .cards()
+        .iter()
+        .map(|card| {
+            let request = card.request.borrow().as_ref().map(|(summary, since)| {
+                let mut words = summary.split(' ');
+                let method = words.next().unwrap_or_default();
+                let target = words.next().unwrap_or_default();
+                let path = target.split('?').next().unwrap_or_default();
+                json!({"method": method, "path": path, "elapsed_seconds": since.elapsed().as_secs_f64()})
+            });
+            let pid = card.pid.get();
+            json!({
+                "pid": pid,
+                "generation": card.generation,
+                "state": card.state().label(),
+                "served": card.served.get(),
+                "rss_bytes": pid.and_then(resident_of),
+                "age_seconds": card.born.elapsed().as_secs_f64(),
+                "request": request,
+            })
+        })
+        .collect();
+    let diagnoses: Vec<Value> = lobby
+        .diagnoses
+        .current()
+        .into_iter()
+        .map(|(finding, lasted)| {
+            json!({
+                "name": finding.name,
+                "scenario": finding.scenario,
+                "subject": finding.subject,
+                "since_seconds": lasted.as_secs_f64(),
+                "message": finding.message,
+                "fix": finding.fix,
+            })
+        })
+        .collect();
+    let status = json!({
+        "server": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_seconds": lobby.started.elapsed().as_secs_f64(),
+            "generation": lobby.scoreboard.generation.get(),
+            "workers_target": settings.workers,
+            "max_connections": max_connections,
+        },
+        "requests": requests,
+        "refusals": refusals,
+        "queue": {
+            "waiting": now.waiting,
+            "oldest_wait_seconds": lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64()),
+        },
+        "queue_wait_seconds": histogram(&metrics.queue_wait),
+        "request_duration_seconds": histogram(&metrics.request_duration),
+        "workers": workers,
+        "connections": connections,
+        "listeners": listeners,
+        "listen_overflows": {KERNEL_COUNTERS[0]: overflows[0], KERNEL_COUNTERS[1]: overflows[1]},
+        "worker_exits": worker_exits,
+        "scoreboard": scoreboard,
+        "diagnoses": diagnoses,
+    });
+    status.to_string()
+}
+
+/// A cumulative histogram as `/status.json` gives it: `counts[i]` observations at most
+/// `bounds[i]`, and a last count of them all.
+fn histogram(histogram: &Histogram) -> Value {
+    let metric = histogram.metric();
+    let buckets = metric.get_histogram().get_bucket();
+    let bounds: Vec<f64> = buckets.iter().map(|bucket| bucket.upper_bound()).collect();
+    let mut counts: Vec<u64> = buckets.iter().map(|bucket| bucket.cumulative_count()).collect();
+    counts.push(histogram.get_sample_count());
+    json!({"bounds": bounds, "counts": counts, "count": histogram.get_sample_count(), "sum": histogram.get_sample_sum()})
+}
+
+impl Now {
+    pub(super) fn read(lobby: &Lobby) -> Now {
+        let states = &lobby.connection_states;
+        let waiting = lobby.seating.waiting();
+        let awaiting = states.count(ConnectionState::Awaiting) as usize;
+        // A request offered to a busy worker is still waiting; once its worker has it, it
+        // is in service.
+        let queued = waiting.min(awaiting);
+        Now {
+            waiting,
+            workers: lobby.scoreboard.counts(),
+            connections: [
+                ("reading", states.count(ConnectionState::Reading) as usize),
+                ("queued", queued),
+                ("in_service", awaiting - queued),
+                ("writing", states.count(ConnectionState::Writing) as usize),
+                ("idle", states.count(ConnectionState::Idle) as usize),
+                ("hibernating", lobby.hibernation.sleeping()),
+            ],
+            listeners: lobby
+                .diagnoses
+                .listeners()
+                .iter()
+                .map(|l| ListenerNow { name: l.name.clone(), queue: l.queue(), backlog: l.backlog })
+                .collect(),
+            exits: lobby.scoreboard.exits(),
+            overflows: lobby.diagnoses.kernel_overflows(),
+        }
+    }
+}

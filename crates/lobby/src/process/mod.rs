@@ -1,0 +1,13 @@
+//! The process's own life, apart from serving: the binary upgrade (`upgrade/`), starting a
+//! maitred process that talks to this one (`spawn.rs`), the config file's server hooks
+//! (`hooks.rs`), telling systemd how things stand (`notify.rs`) and dropping root
+//! (`privileges.rs`).
+//!
+//! It may import the client connections' sleeping state (an upgrade hands idle connections
+//! over), the logs, the settings and the shared context; never the supervisor, which drives it.
+
+pub(crate) mod hooks;
+pub(crate) mod notify;
+pub(crate) mod privileges;
+pub(crate) mod spawn;
+pub(crate) mod upgrade;

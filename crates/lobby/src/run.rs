@@ -1,0 +1,302 @@
+//! The lobby's life: boot (privileges dropped once the sockets are bound, the workers started
+//! and ready), serve (accepting, the diagnoses and the stats listener running, a binary
+//! upgrade's connections taken over), drain (no new connections, the queue emptied within
+//! `--graceful-timeout`, idle connections closed or handed to a new maitred) and exit.
+
+use std::cell::RefCell;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::client::asleep::Hibernation;
+use crate::client::heads::HeadBudget;
+use crate::client::peer::Site;
+use crate::client::wake;
+use crate::config::Config;
+use crate::listen::accept::{accept_backlog, accept_loop, announce, Acceptor};
+use crate::listen::bind;
+use crate::listen::cap::{CapWatch, Descriptors};
+use crate::lobby::Lobby;
+use crate::log::{self, error, info, warning};
+use crate::observe::findings::Diagnoses;
+use crate::observe::metrics::Metrics;
+use crate::observe::{diagnosis, server};
+use crate::process::hooks::{self, ServerHooks};
+use crate::process::upgrade::{takeover, Succession};
+use crate::process::{notify, privileges};
+use crate::seating::spool::SpillBudget;
+use crate::seating::Seating;
+use crate::supervise::boot::BootEnd;
+use crate::supervise::signals::Signals;
+use crate::supervise::stop::{close_control_and_reap, Stop};
+use crate::supervise::zygote::{Control, Zygote, Zygotes};
+use crate::supervise::{read_control, Rereader, Supervisor};
+use crate::worker::scoreboard::Scoreboard;
+use crate::StartupError;
+
+/// How long the lobby waits, as it exits, for the server hooks still queued (child_exit …) to
+/// run, before the CLI calls on_exit.
+const HOOKS_FINISH_WAIT: Duration = Duration::from_secs(5);
+
+pub(crate) async fn until_stopped(
+    config: Config,
+    control: OwnedFd,
+    zygote_pid: i32,
+    rereader: Option<Rereader>,
+    mut succession: Succession,
+    hooks: Option<ServerHooks>,
+) -> Result<i32, StartupError> {
+    // First, so that no signal the lobby acts on can end it by its default action.
+    let signals = Signals::install()?;
+    // A reload holds two sets of workers for a moment.
+    let descriptors = Descriptors::raise(2 * config.workers, config.max_connections);
+    let max_connections = match config.max_connections {
+        None => descriptors.room,
+        Some(wanted) if wanted > descriptors.room => {
+            warning!(
+                "--max-connections {wanted} is more than the descriptor limit allows: of its {} (ulimit -n), {} are \
+                 kept for listeners, workers, logs and files; using --max-connections {}. Raise the limit (ulimit \
+                 -n, systemd's LimitNOFILE=) to {} to allow {wanted}",
+                descriptors.limit,
+                descriptors.reserved,
+                descriptors.room,
+                wanted as u64 + descriptors.reserved
+            );
+            descriptors.room
+        }
+        Some(wanted) => wanted,
+    };
+    let mut inherited = std::mem::take(&mut succession.inherited);
+    let listeners = config
+        .binds
+        .iter()
+        .map(|address| {
+            let socket = inherited.iter().position(|(bound, _)| bound == address).map(|i| inherited.swap_remove(i).1);
+            bind::bind(address, config.backlog, socket)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StartupError)?;
+    let stats_listener = config
+        .stats
+        .as_ref()
+        .map(|address| {
+            let socket = inherited.iter().position(|(bound, _)| bound == address).map(|i| inherited.swap_remove(i).1);
+            bind::bind(address, None, socket)
+        })
+        .transpose()
+        .map_err(StartupError)?;
+    if let Some(target) = &config.access_logfile {
+        log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
+    }
+    // Everything that needs root is done: the listen sockets are bound and the logs open.
+    if let Some(credentials) = &config.drop_to {
+        let unix_sockets = listeners.iter().chain(&stats_listener).filter_map(|l| l.unix_path.clone());
+        let logs = [&config.access_logfile, &config.error_logfile].into_iter().flatten().filter(|path| *path != "-");
+        let paths: Vec<_> = unix_sockets.chain(logs.map(std::path::PathBuf::from)).collect();
+        privileges::drop_to(credentials, &paths).map_err(|e| StartupError(e.to_string()))?;
+    }
+    let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
+    let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
+    let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {
+        Some(hooks) => (
+            Some(
+                hooks::HookThread::start(hooks.call)
+                    .map_err(|e| StartupError(format!("cannot start the thread for the server hooks: {e}")))?,
+            ),
+            hooks.interrupt_workers,
+            hooks.abort_on_timeout,
+        ),
+        None => (None, false, false),
+    };
+    let spill_budget = Rc::new(SpillBudget::new(config.max_spill_total));
+    let heads = HeadBudget::new(config.max_head_memory);
+    let lobby = Rc::new(Lobby {
+        settings: RefCell::new(Rc::new(config.clone())),
+        config,
+        seating: Seating::default(),
+        zygotes: Rc::new(Zygotes::new(first_zygote.clone())),
+        shutdown,
+        hibernation,
+        spill_budget,
+        heads,
+        successor: RefCell::new(None),
+        metrics: Metrics::new(),
+        scoreboard: Scoreboard::default(),
+        connection_states: Rc::default(),
+        diagnoses: Diagnoses::new(),
+        abort_on_timeout,
+        interrupt_workers,
+        started: std::time::Instant::now(),
+    });
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
+    let watcher = tokio::task::spawn_local(wake::watch(lobby.clone()));
+    // A new lobby started by a binary upgrade speaks to systemd once it is the main process.
+    if succession.predecessor.is_none() {
+        notify::watch(&lobby);
+    }
+    let predecessor = succession.predecessor.take();
+    let pid_file = succession.pid_file.clone();
+    // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
+    let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
+    let mut supervisor =
+        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds, hook_thread);
+
+    if let Err(end) = supervisor.boot(&mut events).await {
+        let workers = supervisor.stop_workers(false).await;
+        control_reader.abort();
+        watcher.abort();
+        let hooks = supervisor.take_hooks();
+        drop(supervisor);
+        close_control_and_reap(lobby, &workers).await;
+        finish_hooks(hooks);
+        for listener in listeners {
+            if let Some(path) = &listener.unix_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        return match end {
+            BootEnd::Failed(e) => Err(e),
+            BootEnd::Stopped => {
+                info!("shutdown complete");
+                Ok(0)
+            }
+        };
+    }
+
+    let connections = Arc::new(Semaphore::new(max_connections));
+    let cap = Rc::new(CapWatch::new(max_connections, &descriptors, lobby.shutdown.clone()));
+    let sites: Vec<Rc<Site>> = listeners
+        .iter()
+        .map(|l| Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port }))
+        .collect();
+    let accepting: Vec<JoinHandle<()>> = listeners
+        .iter()
+        .zip(&sites)
+        .map(|(listener, site)| {
+            announce(listener);
+            let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
+            let accepting = accept_loop(lobby.clone(), accept, site.clone(), connections.clone(), cap.clone());
+            Ok(tokio::task::spawn_local(accepting))
+        })
+        .collect::<Result<_, StartupError>>()?;
+    lobby.diagnoses.watch_listeners(&listeners);
+    let diagnosing = tokio::task::spawn_local(diagnosis::watch(lobby.clone(), connections.clone(), max_connections));
+    let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
+    if let Some(listener) = stats_listener {
+        info!("stats at {}/metrics, {0}/status.json and {0}/", listener.display);
+        let serving = server::serve(lobby.clone(), listener, max_connections);
+        tokio::task::spawn_local(serving);
+    }
+    info!(
+        "serving {} with {} workers (pids {}); at most {max_connections} connections",
+        lobby.config.app,
+        lobby.config.workers,
+        supervisor.pids()
+    );
+    match predecessor {
+        Some(predecessor) => {
+            // The pid file names this lobby only once it serves: a new maitred that fails to
+            // start leaves the running one's pid there.
+            if let Some(path) = &pid_file {
+                if let Err(e) = std::fs::write(path, format!("{}\n", std::process::id())) {
+                    warning!("cannot write the pid file {}: {e}", path.display());
+                }
+            }
+            let handover = takeover::take_over(lobby.clone(), predecessor, sites.clone(), connections.clone());
+            tokio::task::spawn_local(handover);
+        }
+        None => notify::ready(),
+    }
+
+    let mut exit_code = 0;
+    let stop = match supervisor.run(&mut events).await {
+        Ok(stop) => stop,
+        Err(reason) => {
+            error!("{reason}; shutting down");
+            exit_code = 1;
+            Stop::Graceful
+        }
+    };
+    let graceful = !matches!(stop, Stop::Immediate);
+    match stop {
+        Stop::Upgrade(successor) => {
+            // Before the shutdown is announced, so that no connection closes for it.
+            notify::main_pid(successor.pid);
+            successor.confirm_main();
+            *lobby.successor.borrow_mut() = Some(Rc::new(successor));
+        }
+        _ => notify::stopping(),
+    }
+    let _ = shutdown_tx.send(true);
+    // A drain empties the queue with fewer and fewer workers: nothing to diagnose. And the
+    // copies of the listen sockets go, so that they close with the listeners below.
+    diagnosing.abort();
+    lobby.diagnoses.stop_watching();
+    for task in &accepting {
+        task.abort();
+    }
+    for task in accepting {
+        // Aborted accept loops give back the connection permit they were holding.
+        let _ = task.await;
+    }
+    let successor = lobby.successor();
+    if successor.is_none() {
+        if graceful {
+            let taken: usize =
+                listeners.iter().zip(&sites).map(|(l, site)| accept_backlog(&lobby, l, site, &connections)).sum();
+            if taken > 0 {
+                info!("accepted {taken} connections still waiting in the listen queue");
+            }
+        }
+        // The new maitred listens on the same sockets, files included.
+        for path in listeners.iter().filter_map(|l| l.unix_path.as_ref()).chain(&stats_path) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    drop(listeners);
+    let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
+    let in_use = max_connections - connections.available_permits();
+    info!(
+        "shutting down: no new connections; {in_use} open ({} of them idle long enough to hibernate), {} requests \
+         queued; waiting up to {} s",
+        lobby.hibernation.sleeping(),
+        lobby.seating.queued(),
+        deadline.as_secs_f64()
+    );
+    let drained = supervisor.drain(&mut events, &connections, max_connections, deadline).await;
+    if let Some(successor) = successor {
+        info!("handed {} idle connections to the new maitred (pid {})", successor.handed(), successor.pid);
+        // Closing the channel tells the new lobby that no more come.
+        lobby.successor.borrow_mut().take();
+    }
+    let workers = supervisor.stop_workers(!drained).await;
+    lobby.seating.clear();
+    control_reader.abort();
+    watcher.abort();
+    let hooks = supervisor.take_hooks();
+    drop(supervisor);
+    close_control_and_reap(lobby, &workers).await;
+    finish_hooks(hooks);
+    info!("shutdown complete");
+    Ok(exit_code)
+}
+
+/// Lets the lobby's hooks still queued run before the lobby returns (the CLI calls on_exit
+/// then), for a bounded time.
+fn finish_hooks(hooks: Option<hooks::HookThread>) {
+    if let Some(hooks) = hooks {
+        if !hooks.finish(HOOKS_FINISH_WAIT) {
+            warning!(
+                "the server hooks were still running {} s after the server stopped; not waiting for them",
+                HOOKS_FINISH_WAIT.as_secs()
+            );
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The one FIFO queue of complete requests, and the idle workers waiting for them.
+//!
+//! A request is only queued once it is complete, so a worker that takes one never waits on a
+//! client (docs/SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
+//! connection to be closed: it waits here, in arrival order (S4). A request offered ahead to a
+//! busy worker (`offer.rs`) still counts as waiting: a worker that goes idle takes it back.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::log::debug;
+
+use job::{Job, JobState};
+use offer::Offers;
+
+pub(crate) mod job;
+pub(crate) mod offer;
+pub(crate) mod spool;
+
+/// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
+#[derive(Default)]
+pub struct Seating {
+    queue: RefCell<VecDeque<Job>>,
+    idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
+    /// Every worker's offer socket.
+    offers: RefCell<Vec<Rc<Offers>>>,
+}
+
+/// What a worker gets when it asks for work.
+pub enum Next {
+    Now(Job),
+    Later(oneshot::Receiver<Job>),
+}
+
+impl Seating {
+    /// Seats `job` at the longest-idle worker, or queues it behind the others.
+    pub fn submit(&self, job: Job) {
+        let mut job = job;
+        loop {
+            let seat = self.idle.borrow_mut().pop_front();
+            match seat {
+                Some(seat) => match seat.send(job) {
+                    Ok(()) => return,
+                    // That worker went away while idle; try the next one.
+                    Err(returned) => job = returned,
+                },
+                None => break,
+            }
+        }
+        self.queue.borrow_mut().push_back(job);
+    }
+
+    /// Puts back a job a worker took but never started, ahead of everything else.
+    pub fn return_unstarted(&self, job: Job) {
+        job.state.set(JobState::Queued);
+        match self.idle.borrow_mut().pop_front() {
+            Some(seat) => {
+                if let Err(job) = seat.send(job) {
+                    self.queue.borrow_mut().push_front(job);
+                }
+            }
+            None => self.queue.borrow_mut().push_front(job),
+        }
+    }
+
+    /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
+    /// offered to a busy worker that has not taken it yet is the oldest live job.
+    pub fn next(&self) -> Next {
+        if let Some(job) = self.take_queued().or_else(|| self.recall_oldest_offer()) {
+            return Next::Now(job);
+        }
+        let (seat, wait) = oneshot::channel();
+        self.idle.borrow_mut().push_back(seat);
+        Next::Later(wait)
+    }
+
+    /// The oldest live job in the queue, if any.
+    pub fn take_queued(&self) -> Option<Job> {
+        let mut queue = self.queue.borrow_mut();
+        while let Some(job) = queue.pop_front() {
+            if job.state.get() == JobState::Queued {
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    /// Takes back the oldest offer, from the busy worker holding it. Offers come back newest
+    /// first, so the newer ones that come back with it are offered to that worker again: it
+    /// stays as busy as it was.
+    fn recall_oldest_offer(&self) -> Option<Job> {
+        let mut holders: Vec<(Instant, Rc<Offers>)> = Vec::new();
+        for offers in self.offers.borrow().iter() {
+            if let Some(enqueued_at) = offers.oldest_enqueued_at() {
+                holders.push((enqueued_at, offers.clone()));
+            }
+        }
+        holders.sort_by_key(|(enqueued_at, _)| *enqueued_at);
+        for (_, offers) in holders {
+            let mut recalled = offers.recall_until(|_| false);
+            if !recalled.is_empty() {
+                let oldest = recalled.remove(0);
+                self.offer_again(&offers, recalled);
+                debug!("{} was offered to a busy worker; an idle one takes it back", oldest.summary);
+                return Some(oldest);
+            }
+        }
+        None
+    }
+
+    /// Takes back the offer of the job whose state is `state`, unless its worker has taken
+    /// it; the job is dropped, cancelled, and newer offers that came back with it are offered
+    /// again. Returns whether it came back.
+    pub fn withdraw_offer(&self, state: &Rc<Cell<JobState>>) -> bool {
+        let holder = self.offers.borrow().iter().find(|offers| offers.holds(state)).cloned();
+        let Some(offers) = holder else {
+            return false;
+        };
+        let (withdrawn, others): (Vec<Job>, Vec<Job>) = offers
+            .recall_until(|job| Rc::ptr_eq(&job.state, state))
+            .into_iter()
+            .partition(|job| Rc::ptr_eq(&job.state, state));
+        self.offer_again(&offers, others);
+        for job in &withdrawn {
+            job.state.set(JobState::Cancelled);
+        }
+        !withdrawn.is_empty()
+    }
+
+    /// Offers recalled jobs to the same worker again, oldest first; any it cannot take go back
+    /// to the front of the queue.
+    fn offer_again(&self, offers: &Offers, jobs: Vec<Job>) {
+        let mut refused = Vec::new();
+        for job in jobs {
+            if let Err(job) = offers.make(job) {
+                refused.push(job);
+            }
+        }
+        self.requeue_front(refused);
+    }
+
+    /// Puts recalled jobs back at the front of the queue, oldest first.
+    pub fn requeue_front(&self, jobs: Vec<Job>) {
+        for job in jobs.into_iter().rev() {
+            self.return_unstarted(job);
+        }
+    }
+
+    pub fn add_offers(&self, offers: Rc<Offers>) {
+        self.offers.borrow_mut().push(offers);
+    }
+
+    pub fn remove_offers(&self, offers: &Rc<Offers>) {
+        self.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, offers));
+    }
+
+    /// Requests waiting for a worker (cancelled ones not yet swept included).
+    pub fn queued(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
+    /// Workers serving (each registers its offer sockets while it does), for the status line.
+    pub fn workers(&self) -> usize {
+        self.offers.borrow().len()
+    }
+
+    /// Requests waiting for a worker, those offered to a busy one and not taken yet included,
+    /// for the status line.
+    pub fn waiting(&self) -> usize {
+        self.queued() + self.offers.borrow().iter().map(|offers| offers.len()).sum::<usize>()
+    }
+
+    /// When the request waiting longest came: in the queue, or offered to a busy worker.
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        let queued =
+            self.queue.borrow().iter().find(|job| job.state.get() == JobState::Queued).map(|job| job.enqueued_at);
+        let offered = self.offers.borrow().iter().filter_map(|offers| offers.oldest_enqueued_at()).min();
+        queued.into_iter().chain(offered).min()
+    }
+
+    /// Workers waiting for a request, for the status line.
+    pub fn idle(&self) -> usize {
+        self.idle.borrow().iter().filter(|seat| !seat.is_closed()).count()
+    }
+
+    /// Drops every waiting job; their connections see their response channel close.
+    pub fn clear(&self) {
+        self.queue.borrow_mut().clear();
+        self.idle.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job::tests::job;
+    use super::*;
+
+    fn take_now(seating: &Seating) -> Job {
+        match seating.next() {
+            Next::Now(job) => job,
+            Next::Later(_) => panic!("expected a queued job"),
+        }
+    }
+
+    #[test]
+    fn jobs_are_served_in_arrival_order() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        seating.submit(a);
+        seating.submit(b);
+        assert_eq!(seating.queued(), 2);
+        assert_eq!(take_now(&seating).frame, b"a");
+        assert_eq!(take_now(&seating).frame, b"b");
+    }
+
+    #[test]
+    fn an_idle_worker_gets_the_next_job_directly() {
+        let seating = Seating::default();
+        let Next::Later(mut wait) = seating.next() else { panic!("queue should be empty") };
+        let (a, _ra) = job("a");
+        seating.submit(a);
+        assert_eq!(wait.try_recv().unwrap().frame, b"a");
+        assert_eq!(seating.queued(), 0);
+    }
+
+    #[test]
+    fn a_vanished_idle_worker_does_not_lose_the_job() {
+        let seating = Seating::default();
+        let Next::Later(gone) = seating.next() else { panic!() };
+        drop(gone);
+        let Next::Later(mut alive) = seating.next() else { panic!() };
+        let (a, _ra) = job("a");
+        seating.submit(a);
+        assert_eq!(alive.try_recv().unwrap().frame, b"a");
+    }
+
+    #[test]
+    fn cancelled_jobs_are_skipped() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        a.state.set(JobState::Cancelled);
+        seating.submit(a);
+        seating.submit(b);
+        assert_eq!(take_now(&seating).frame, b"b");
+    }
+
+    fn offers_of(seating: &Seating) -> Rc<Offers> {
+        let offers = Rc::new(Offers::new().unwrap());
+        seating.add_offers(offers.clone());
+        offers
+    }
+
+    #[test]
+    fn counts_workers_idle_seats_and_waiting_requests_offers_included() {
+        let seating = Seating::default();
+        let busy = offers_of(&seating);
+        let _idle = offers_of(&seating);
+        let Next::Later(seat) = seating.next() else { panic!("queue should be empty") };
+        let Next::Later(gone) = seating.next() else { panic!("queue should be empty") };
+        drop(gone);
+        assert_eq!((seating.workers(), seating.idle(), seating.waiting()), (2, 1, 0));
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        let (c, _rc) = job("c");
+        seating.submit(a);
+        assert!(busy.make(b).is_ok());
+        seating.submit(c);
+        assert_eq!((seating.idle(), seating.queued(), seating.waiting()), (0, 1, 2));
+        drop(seat);
+    }
+
+    #[test]
+    fn an_idle_worker_takes_back_the_oldest_offer_and_the_busy_one_keeps_the_rest() {
+        let seating = Seating::default();
+        let newer = offers_of(&seating);
+        let older = offers_of(&seating);
+        let (a, _ra) = job("a");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let (b, _rb) = job("b");
+        let (c, _rc) = job("c");
+        assert!(older.make(a).is_ok());
+        assert!(older.make(b).is_ok());
+        assert!(newer.make(c).is_ok());
+        assert_eq!(take_now(&seating).frame, b"a");
+        assert_eq!(older.len(), 1, "b is offered to its worker again");
+        assert_eq!(seating.queued(), 0);
+        assert_eq!(take_now(&seating).frame, b"b");
+        assert_eq!(take_now(&seating).frame, b"c");
+        assert!(matches!(seating.next(), Next::Later(_)));
+    }
+
+    #[test]
+    fn a_connection_withdraws_its_offer_unless_the_worker_took_it() {
+        let seating = Seating::default();
+        let offers = offers_of(&seating);
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        let (state_a, state_b) = (a.state.clone(), b.state.clone());
+        assert!(offers.make(a).is_ok());
+        assert!(offers.make(b).is_ok());
+        assert_eq!(state_a.get(), JobState::Offered);
+        // Withdrawing the older takes the newer back on the way: it is offered again.
+        assert!(seating.withdraw_offer(&state_a));
+        assert_eq!((state_a.get(), state_b.get()), (JobState::Cancelled, JobState::Offered));
+        assert_eq!(offers.len(), 1);
+        assert_eq!(offers.take_accepted().unwrap().frame, b"b");
+
+        let (c, _rc) = job("c");
+        let state_c = c.state.clone();
+        assert!(offers.make(c).is_ok());
+        offers.take_accepted().unwrap();
+        assert!(!seating.withdraw_offer(&state_c));
+        assert_eq!(state_c.get(), JobState::Seated);
+    }
+
+    #[test]
+    fn queued_jobs_come_before_offers() {
+        let seating = Seating::default();
+        let offers = offers_of(&seating);
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        assert!(offers.make(a).is_ok());
+        seating.submit(b);
+        assert_eq!(take_now(&seating).frame, b"b");
+        assert!(!offers.is_empty());
+    }
+
+    #[test]
+    fn an_unstarted_job_goes_back_to_the_front() {
+        let seating = Seating::default();
+        let (a, _ra) = job("a");
+        let (b, _rb) = job("b");
+        seating.submit(b);
+        a.state.set(JobState::Seated);
+        seating.return_unstarted(a);
+        assert_eq!(take_now(&seating).frame, b"a");
+    }
+}

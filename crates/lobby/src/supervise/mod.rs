@@ -1,0 +1,355 @@
+//! The worker supervisor: starts the workers through the zygote, replaces those that are lost,
+//! answers the signals (docs/SIGNALS.md), and stops the workers at the end.
+//!
+//! Workers are numbered by the lobby (the `SLOT` of the zygote's `spawn`, never reused) and
+//! belong to a generation: the set that serves, or the set a reload (SIGHUP) is starting. A
+//! reload's workers are held, ready but seated at nothing, until the whole set has loaded the
+//! application; then in one step they serve and the old ones retire, each after the requests it
+//! holds. If one of them fails, the reload is abandoned and the old set never stopped serving.
+//!
+//! Here: the supervisor's state, its event loop and the events it hears. Its other work is
+//! spread over files by concern, each an `impl Supervisor`: `boot.rs` (the start), `workers.rs`
+//! (starting, replacing, retiring and recycling workers), `reload.rs` (SIGHUP), `signals.rs`
+//! (every other signal), `stop.rs` (the drain and the end); `zygote.rs` is the control channel
+//! to the zygote that forks the workers.
+//!
+//! It may import the workers (`worker`), the process's own life (`process`: upgrade, hooks,
+//! notify), the logs and the shared context; never the client connections.
+
+pub(crate) mod boot;
+mod reload;
+pub(crate) mod signals;
+pub(crate) mod stop;
+mod workers;
+pub(crate) mod zygote;
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::lobby::Lobby;
+use crate::log::{debug, error, info};
+use crate::process::hooks::{HookFailed, HookThread, LobbyHook};
+use crate::process::upgrade::handover::Candidate;
+use crate::process::upgrade::Succession;
+use crate::worker::scoreboard::{ExitReason, Phase};
+use crate::worker::seat::Gone;
+use reload::Reload;
+pub use reload::{Reread, Rereader};
+use signals::{Sig, Signals};
+use stop::Stop;
+use workers::WorkerEntry;
+use zygote::{Report, Zygote};
+
+/// What the supervisor hears from the worker tasks, the zygote and the config re-read.
+pub(crate) enum Event {
+    /// A report from the zygote with this pid.
+    Report(i32, Report),
+    /// The zygote with this pid closed its channel, or the channel failed.
+    ZygoteGone(i32, String),
+    Ready {
+        id: usize,
+        pid: i32,
+    },
+    /// The worker's task retires it (recycling); the detail is one line for the log.
+    Recycling {
+        id: usize,
+        pid: i32,
+        reason: ExitReason,
+        detail: String,
+    },
+    Gone {
+        id: usize,
+        pid: i32,
+        gone: Gone,
+    },
+    Reread(Box<Result<Reread, String>>),
+    /// A reload could not go on; the reason.
+    ReloadFailed(String),
+    /// The when_ready hook has run.
+    WhenReady(Result<(), HookFailed>),
+    /// The on_reload hook has run: the reload's workers may start.
+    Reloading,
+    /// The pre_exec hook has run: the new maitred of a SIGUSR2 may start.
+    PreExecDone,
+}
+
+pub(crate) async fn read_control(zygote: Zygote, events: mpsc::UnboundedSender<Event>) {
+    loop {
+        let event = match zygote.control.receive().await {
+            Ok(Some(report)) => Event::Report(zygote.pid, report),
+            Ok(None) => Event::ZygoteGone(zygote.pid, "the zygote exited".into()),
+            Err(e) => Event::ZygoteGone(zygote.pid, format!("the control channel failed: {e}")),
+        };
+        let last = matches!(event, Event::ZygoteGone(..));
+        if events.send(event).is_err() || last {
+            return;
+        }
+    }
+}
+
+pub(crate) struct Supervisor {
+    pub(crate) lobby: Rc<Lobby>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    signals: Signals,
+    rereader: Option<Rereader>,
+    workers: HashMap<usize, WorkerEntry>,
+    next_id: usize,
+    /// The generation that serves; a reload's is the next.
+    generation: u64,
+    next_generation: u64,
+    /// How many workers should serve: `--workers`, changed by SIGTTIN and SIGTTOU.
+    target: usize,
+    reload: Option<Reload>,
+    /// Consecutive application load failures since the last worker became ready.
+    boot_failures: u32,
+    /// Signals that came during the start, acted on once the server serves.
+    deferred: Vec<Sig>,
+    /// How to start a new maitred for SIGUSR2, and the listen sockets it gets.
+    succession: Rc<Succession>,
+    listeners: Vec<RawFd>,
+    /// A new maitred started by SIGUSR2, until it is ready or has failed.
+    candidate: Option<Candidate>,
+    /// A reload's own zygote (--preload), until its workers serve or the reload is abandoned.
+    reload_zygote: Option<Zygote>,
+    /// Runs the config file's server hooks, when it has any.
+    hooks: Option<HookThread>,
+    /// Each forked worker's age (its slot + 1), by pid, until the zygote reports its exit.
+    ages: HashMap<i32, usize>,
+    /// SIGUSR2 came and its pre_exec hook is running.
+    pre_exec_running: bool,
+}
+
+impl Supervisor {
+    pub(crate) fn new(
+        lobby: Rc<Lobby>,
+        events_tx: mpsc::UnboundedSender<Event>,
+        signals: Signals,
+        rereader: Option<Rereader>,
+        succession: Rc<Succession>,
+        listeners: Vec<RawFd>,
+        hooks: Option<HookThread>,
+    ) -> Supervisor {
+        let target = lobby.config.workers;
+        Supervisor {
+            lobby,
+            events_tx,
+            signals,
+            rereader,
+            workers: HashMap::new(),
+            next_id: 0,
+            generation: 1,
+            next_generation: 2,
+            target,
+            reload: None,
+            boot_failures: 0,
+            deferred: Vec::new(),
+            succession,
+            listeners,
+            candidate: None,
+            reload_zygote: None,
+            hooks,
+            ages: HashMap::new(),
+            pre_exec_running: false,
+        }
+    }
+
+    /// The hook thread, to be finished once the server has stopped.
+    pub(crate) fn take_hooks(&mut self) -> Option<HookThread> {
+        self.hooks.take()
+    }
+
+    /// Queues a lobby hook, if the config file has hooks.
+    pub(super) fn hook(&self, hook: LobbyHook) {
+        if let Some(hooks) = &self.hooks {
+            hooks.call(hook);
+        }
+    }
+
+    /// Queues a lobby hook, and the event `then` makes of its result once it has run. False
+    /// when the config file has no hooks: then there is nothing to wait for.
+    pub(super) fn hook_then(
+        &self,
+        hook: LobbyHook,
+        then: impl FnOnce(Result<(), HookFailed>) -> Event + Send + 'static,
+    ) -> bool {
+        let Some(hooks) = &self.hooks else { return false };
+        let events = self.events_tx.clone();
+        hooks.call_then(hook, move |result| {
+            let _ = events.send(then(result));
+        });
+        true
+    }
+
+    /// The zygote `zygote` reports that worker `pid` exited: the child_exit hook.
+    pub(super) fn child_exited(&mut self, zygote: i32, pid: i32) {
+        if let Some(age) = self.ages.remove(&pid) {
+            self.hook(LobbyHook::ChildExit { pid, age, zygote });
+        }
+    }
+
+    /// The pids of the workers that serve, in order.
+    pub(crate) fn pids(&self) -> String {
+        let mut pids: Vec<i32> = self
+            .workers
+            .values()
+            .filter(|w| w.generation() == self.generation && w.seat.phase() == Phase::Serve)
+            .filter_map(|w| w.pid())
+            .collect();
+        pids.sort();
+        pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Serves until a signal asks to stop, or a new maitred takes over. Err for a fatal loss.
+    pub(crate) async fn run(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<Stop, String> {
+        // The spare, when recycling wants one.
+        self.balance(Duration::ZERO).await;
+        for sig in std::mem::take(&mut self.deferred) {
+            if let Some(stop) = self.on_signal(sig).await {
+                return Ok(stop);
+            }
+        }
+        loop {
+            let reload_deadline = self.reload.as_ref().and_then(|reload| reload.deadline);
+            tokio::select! {
+                sig = self.signals.next() => {
+                    if let Some(stop) = self.on_signal(sig).await {
+                        return Ok(stop);
+                    }
+                }
+                event = events.recv() => match event {
+                    Some(event) => self.handle(event).await?,
+                    None => return Err("the supervisor lost its event channel".into()),
+                },
+                ready = async { self.candidate.as_mut().expect("checked").ready().await }, if self.candidate.is_some() => {
+                    let candidate = self.candidate.take().expect("checked");
+                    match ready {
+                        Ok(()) => {
+                            info!("SIGUSR2: the new maitred (pid {}) is ready; this one hands over to it", candidate.pid());
+                            return Ok(Stop::Upgrade(candidate.into_successor()));
+                        }
+                        Err(e) => error!("SIGUSR2: {e}; this maitred goes on serving"),
+                    }
+                }
+                _ = tokio::time::sleep_until(reload_deadline.unwrap_or_else(Instant::now)), if reload_deadline.is_some() => {
+                    let settings = self.lobby.settings();
+                    let reason = format!(
+                        "the new workers did not finish loading {} within --timeout ({} s)",
+                        settings.app,
+                        settings.timeout.as_secs_f64()
+                    );
+                    self.abandon_reload(&reason).await;
+                }
+            }
+        }
+    }
+
+    /// SIGUSR2: starts a new maitred, which takes over once it says it is ready (`run`).
+    fn begin_upgrade(&mut self) {
+        if let Some(candidate) = &self.candidate {
+            info!("SIGUSR2: the new maitred (pid {}) is still starting; ignored", candidate.pid());
+            return;
+        }
+        if self.pre_exec_running {
+            info!("SIGUSR2: the pre_exec hook is still running; ignored");
+            return;
+        }
+        // The new maitred starts once pre_exec has run, as gunicorn's execs after it.
+        self.pre_exec_running = self.hook_then(LobbyHook::PreExec, |_| Event::PreExecDone);
+        if !self.pre_exec_running {
+            self.start_candidate();
+        }
+    }
+
+    /// Starts the new maitred of a SIGUSR2.
+    fn start_candidate(&mut self) {
+        match Candidate::start(&self.succession, &self.listeners) {
+            Ok(candidate) => {
+                info!(
+                    "SIGUSR2: binary upgrade: started `{}` (pid {}); it takes over once its workers are ready",
+                    self.succession.command.join(" "),
+                    candidate.pid()
+                );
+                self.candidate = Some(candidate);
+            }
+            Err(e) => error!("SIGUSR2: {e}; this maitred goes on serving"),
+        }
+    }
+
+    async fn handle(&mut self, event: Event) -> Result<(), String> {
+        match event {
+            Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
+                Some(entry) if entry.pid().is_none() => {
+                    let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation());
+                    let role = if reload {
+                        " for the reload"
+                    } else if entry.seat.phase() == Phase::Hold {
+                        " as the spare"
+                    } else {
+                        ""
+                    };
+                    info!("booting worker {pid}{role}");
+                    self.start_worker(slot, pid, channel);
+                }
+                _ => {
+                    // Its reload was abandoned before the zygote forked it.
+                    debug!("worker {pid} is no longer wanted; stopping it");
+                    self.ages.insert(pid, slot + 1);
+                    drop(channel);
+                    if from == self.lobby.zygotes.serving().pid {
+                        let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                    }
+                }
+            },
+            Event::Report(from, Report::Exited { pid, how }) => {
+                info!("worker {pid} exited ({how})");
+                self.child_exited(from, pid);
+            }
+            Event::Report(from, Report::PreloadFailed(message)) if self.is_reload_zygote(from) => {
+                self.abandon_reload(&format!("the new zygote could not load the application: {message}")).await;
+            }
+            Event::Report(_, Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
+            Event::ZygoteGone(from, reason) if from == self.lobby.zygotes.serving().pid => {
+                return Err(format!("{reason}; no worker can be replaced"))
+            }
+            Event::ZygoteGone(from, reason) if self.is_reload_zygote(from) => {
+                self.abandon_reload(&format!("the new zygote: {reason}")).await;
+            }
+            Event::ZygoteGone(from, reason) => debug!("retired zygote {from}: {reason}"),
+            Event::Ready { id, pid } => {
+                let Some(entry) = self.workers.get_mut(&id) else { return Ok(()) };
+                entry.seat.card.ready.set(true);
+                let generation = entry.generation();
+                if generation == self.generation {
+                    debug!("worker {pid} is ready");
+                    self.boot_failures = 0;
+                } else if self.pending_generation() == Some(generation) {
+                    debug!("worker {pid} is ready for the reload");
+                    self.switch_if_ready().await;
+                }
+            }
+            Event::Recycling { id, pid, reason, detail } => self.on_recycling(id, pid, reason, &detail).await,
+            Event::Gone { id, pid, gone } => self.on_gone(id, pid, gone).await,
+            Event::Reread(result) => self.on_reread(*result).await,
+            Event::ReloadFailed(reason) => self.abandon_reload(&reason).await,
+            Event::Reloading => {
+                if self.reload.as_ref().is_some_and(|reload| reload.generation.is_none()) {
+                    self.start_generation();
+                }
+            }
+            Event::PreExecDone => {
+                self.pre_exec_running = false;
+                if !*self.lobby.shutdown.borrow() {
+                    self.start_candidate();
+                }
+            }
+            // Only the start waits for when_ready.
+            Event::WhenReady(_) => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! The end: how serving stopped, the drain (requests finish within --graceful-timeout while
+//! lost workers are still replaced), stopping the workers, and reaping the zygote.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+
+use super::signals::Sig;
+use super::{zygote, Event, Supervisor};
+use crate::lobby::Lobby;
+use crate::log::{error, info, warning};
+use crate::process::upgrade::handover::Successor;
+
+/// How long the zygote gets to exit once its control channel is closed.
+const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// During a shutdown, how often the supervisor looks whether requests wait in the queue with
+/// fewer workers than it should have (one was lost, and was not replaced while none waited).
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
+
+/// How serving ended.
+pub(crate) enum Stop {
+    /// SIGTERM, SIGINT, or a fatal error: requests under way are finished.
+    Graceful,
+    /// SIGQUIT: workers are stopped at once.
+    Immediate,
+    /// SIGUSR2: a new maitred serves; this one finishes its requests and hands it the rest.
+    Upgrade(Successor),
+}
+
+/// Closes the control channel (the zygote then exits once its workers have) and reaps it,
+/// and any zygote a reload retired. If one is stuck, it and the workers it was asked to stop
+/// are killed, so that nothing outlives the server.
+pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, workers: &[i32]) {
+    // Tasks not yet dropped may still hold the Lobby, so shut the socket rather than wait
+    // for the last reference to close it.
+    let serving = lobby.zygotes.serving();
+    serving.control.close();
+    let mut left = lobby.zygotes.retired();
+    left.push(serving.pid);
+    drop(lobby);
+    let deadline = tokio::time::Instant::now() + ZYGOTE_EXIT_WAIT;
+    loop {
+        left.retain(|pid| !zygote::reaped(*pid));
+        if left.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for &zygote in &left {
+                warning!("the zygote {zygote} did not exit; killing it and its workers");
+                // The workers the zygote was told to stop are not reaped yet: it has not exited.
+                let _ = maitred_sys::process::kill(zygote, libc::SIGKILL);
+                for &pid in workers {
+                    let _ = maitred_sys::process::kill(pid, libc::SIGKILL);
+                }
+                maitred_sys::process::wait(zygote);
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl Supervisor {
+    /// Waits until every connection has closed or `deadline` passes, still replacing lost
+    /// workers while requests wait in the queue. Returns whether everything finished; SIGQUIT
+    /// ends the wait at once.
+    pub(crate) async fn drain(
+        &mut self,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+        connections: &Arc<Semaphore>,
+        max_connections: usize,
+        deadline: Duration,
+    ) -> bool {
+        self.abandon_reload("a shutdown began").await;
+        if let Some(mut candidate) = self.candidate.take() {
+            info!("stopping the new maitred (pid {}) that SIGUSR2 started: a shutdown began", candidate.pid());
+            candidate.stop();
+        }
+        let all_closed = connections.acquire_many(max_connections as u32);
+        tokio::pin!(all_closed);
+        let timer = tokio::time::sleep(deadline);
+        tokio::pin!(timer);
+        let mut checks = tokio::time::interval(DRAIN_CHECK);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut all_closed => return true,
+                _ = &mut timer => {
+                    warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
+                    return false;
+                }
+                sig = self.signals.next() => match sig {
+                    Sig::Quit => {
+                        info!("SIGQUIT: stopping at once, during the graceful shutdown");
+                        self.quit_workers().await;
+                        return false;
+                    }
+                    Sig::User1 => self.reopen_logs().await,
+                    other => info!("{}: ignored during the shutdown", other.name()),
+                },
+                event = events.recv() => match event {
+                    Some(event) => {
+                        if let Err(reason) = self.handle(event).await {
+                            error!("{reason}");
+                            return false;
+                        }
+                    }
+                    None => return false,
+                },
+                _ = checks.tick() => self.balance(Duration::ZERO).await,
+            }
+        }
+    }
+
+    /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,
+    /// workers still busy are killed first.
+    /// Returns the pids of the workers stopped.
+    pub(crate) async fn stop_workers(&mut self, kill: bool) -> Vec<i32> {
+        let mut pids = Vec::new();
+        self.lobby.scoreboard.clear();
+        for (_, worker) in self.workers.drain() {
+            let Some(pid) = worker.pid() else { continue };
+            if kill {
+                let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
+            }
+            if let Some(task) = worker.task {
+                task.abort();
+            }
+            pids.push(pid);
+        }
+        pids
+    }
+}

@@ -1,0 +1,262 @@
+//! The lobby's side of the control channel to the zygote (docs/PROTOCOL.md, section 1), and
+//! the zygotes themselves: the CLI forks the first; a reload with `--preload` has the lobby start
+//! a fresh one, which imports the application anew, and retire the old one once the new
+//! workers serve.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use socket2::SockRef;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::process::spawn;
+
+/// The longest report the zygote sends (`failed` with its message) fits in this.
+const MAX_REPORT: usize = 4096;
+
+/// A message from the zygote.
+#[derive(Debug)]
+pub enum Report {
+    Spawned { slot: usize, pid: i32, channel: OwnedFd },
+    Exited { pid: i32, how: Exit },
+    PreloadFailed(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit code {code}"),
+            Exit::Signal(signal) => write!(f, "signal {signal}"),
+        }
+    }
+}
+
+/// The variable that tells the `maitred` command to be a zygote on this control channel
+/// (read by `maitred.cli`).
+pub const ZYGOTE_CHANNEL_VARIABLE: &str = "MAITRED_ZYGOTE_FD";
+/// How often a retired zygote is looked for, until it has exited.
+const REAP_POLL: Duration = Duration::from_millis(100);
+
+/// A zygote: its pid and its control channel.
+#[derive(Clone)]
+pub struct Zygote {
+    pub pid: i32,
+    pub control: Rc<Control>,
+}
+
+impl Zygote {
+    /// Starts a fresh zygote: `command` (the one maitred was started with, from `directory`)
+    /// told to be a zygote on the channel it is given. It reads the settings and imports the
+    /// application as the first one did.
+    pub fn start(command: &[String], directory: &std::path::Path) -> io::Result<Zygote> {
+        let (ours, theirs) = spawn::seqpacket_pair()?;
+        let theirs_raw = theirs.as_raw_fd();
+        let mut child = spawn::command_keeping(command, vec![theirs_raw])?;
+        child.current_dir(directory).env(ZYGOTE_CHANNEL_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
+        let child = child.spawn()?;
+        let pid = child.id() as i32;
+        // Reaped with waitpid, as the first zygote is (`reap`).
+        std::mem::forget(child);
+        Ok(Zygote { pid, control: Rc::new(Control::new(ours)?) })
+    }
+}
+
+/// The zygote that forks workers now, and retired ones that have not exited yet.
+pub struct Zygotes {
+    serving: RefCell<Zygote>,
+    retired: RefCell<Vec<i32>>,
+}
+
+impl Zygotes {
+    pub fn new(first: Zygote) -> Zygotes {
+        Zygotes { serving: RefCell::new(first), retired: RefCell::new(Vec::new()) }
+    }
+
+    pub fn serving(&self) -> Zygote {
+        self.serving.borrow().clone()
+    }
+
+    /// Makes `new` the zygote that forks workers; returns the one it replaces.
+    pub fn replace(&self, new: Zygote) -> Zygote {
+        std::mem::replace(&mut *self.serving.borrow_mut(), new)
+    }
+
+    /// Signals a worker through the serving zygote. A retired zygote's workers are its own to
+    /// stop: it kills those still running --graceful-timeout after it was retired.
+    pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
+        self.serving().control.kill(pid, signal).await
+    }
+
+    /// Closes a zygote's channel: it exits once its workers have (killing them after its
+    /// --graceful-timeout). It is reaped in the background; `reap_all` waits for what is left.
+    pub fn retire(self: &Rc<Self>, zygote: Zygote) {
+        zygote.control.close();
+        self.retired.borrow_mut().push(zygote.pid);
+        let zygotes = self.clone();
+        tokio::task::spawn_local(async move {
+            while !reaped(zygote.pid) {
+                tokio::time::sleep(REAP_POLL).await;
+            }
+            zygotes.retired.borrow_mut().retain(|pid| *pid != zygote.pid);
+        });
+    }
+
+    /// The retired zygotes not yet reaped.
+    pub fn retired(&self) -> Vec<i32> {
+        self.retired.borrow().clone()
+    }
+}
+
+/// Whether the child `pid` has exited (and is reaped now).
+pub fn reaped(pid: i32) -> bool {
+    maitred_sys::process::reaped(pid)
+}
+
+/// The SOCK_SEQPACKET control channel: one datagram per message.
+pub struct Control {
+    socket: AsyncFd<OwnedFd>,
+}
+
+impl Control {
+    pub fn new(socket: OwnedFd) -> io::Result<Control> {
+        SockRef::from(&socket).set_nonblocking(true)?;
+        let socket = maitred_sys::reactor::register(socket)?;
+        Ok(Control { socket })
+    }
+
+    /// Asks for a worker; `workers` is how many the lobby keeps serving (for the hooks'
+    /// `server.num_workers`).
+    pub async fn spawn(&self, slot: usize, workers: usize) -> io::Result<()> {
+        self.send(format!("spawn {slot} {workers}")).await
+    }
+
+    pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
+        self.send(format!("kill {pid} {signal}")).await
+    }
+
+    /// Asks the zygote to reopen its error log and to have every worker reopen theirs (SIGUSR1).
+    pub async fn reopen_logs(&self) -> io::Result<()> {
+        self.send("reopen".into()).await
+    }
+
+    /// Sets the zygote's log level, which the workers it forks from now on inherit.
+    pub async fn set_log_level(&self, level: crate::log::Level) -> io::Result<()> {
+        self.send(format!("level {}", level.name())).await
+    }
+
+    /// Tells the zygote to finish: it exits once its workers have.
+    pub fn close(&self) {
+        let _ = SockRef::from(self.socket.get_ref()).shutdown(std::net::Shutdown::Both);
+    }
+
+    async fn send(&self, message: String) -> io::Result<()> {
+        self.socket
+            .async_io(Interest::WRITABLE, |socket| {
+                maitred_sys::socket::send(socket.as_fd(), message.as_bytes(), false).map(drop)
+            })
+            .await
+    }
+
+    /// The next report, or None when the zygote has gone away.
+    pub async fn receive(&self) -> io::Result<Option<Report>> {
+        let mut buf = BytesMut::with_capacity(MAX_REPORT);
+        let mut fds = VecDeque::new();
+        let len = self
+            .socket
+            .async_io(Interest::READABLE, |socket| {
+                Ok(maitred_sys::fdpass::recv_into(socket.as_raw_fd(), &mut buf, &mut fds, 0)?)
+            })
+            .await?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let text = String::from_utf8_lossy(&buf);
+        parse_report(&text, fds.pop_front()).map(Some)
+    }
+}
+
+fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("unexpected message from the zygote: {text:?}"));
+    let mut fields = text.splitn(2, ' ');
+    let verb = fields.next().unwrap_or("");
+    let rest = fields.next().unwrap_or("");
+    let numbers = |count: usize| -> io::Result<Vec<i64>> {
+        let values: Vec<i64> = rest.split(' ').filter_map(|f| f.parse().ok()).collect();
+        if values.len() == count {
+            Ok(values)
+        } else {
+            Err(bad())
+        }
+    };
+    match verb {
+        "spawned" => {
+            let values = numbers(2)?;
+            let channel = fd.ok_or_else(bad)?;
+            Ok(Report::Spawned { slot: values[0] as usize, pid: values[1] as i32, channel })
+        }
+        "exited" => {
+            let parts: Vec<&str> = rest.split(' ').collect();
+            match parts.as_slice() {
+                [pid, kind, value] => {
+                    let pid = pid.parse().map_err(|_| bad())?;
+                    let value = value.parse().map_err(|_| bad())?;
+                    let how = match *kind {
+                        "code" => Exit::Code(value),
+                        "signal" => Exit::Signal(value),
+                        _ => return Err(bad()),
+                    };
+                    Ok(Report::Exited { pid, how })
+                }
+                _ => Err(bad()),
+            }
+        }
+        "failed" => Ok(Report::PreloadFailed(rest.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_reports() {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        assert!(matches!(
+            parse_report("spawned 2 4321", Some(fd)).unwrap(),
+            Report::Spawned { slot: 2, pid: 4321, .. }
+        ));
+        assert!(matches!(
+            parse_report("exited 4321 signal 9", None).unwrap(),
+            Report::Exited { pid: 4321, how: Exit::Signal(9) }
+        ));
+        assert!(matches!(
+            parse_report("exited 4321 code 0", None).unwrap(),
+            Report::Exited { pid: 4321, how: Exit::Code(0) }
+        ));
+        match parse_report("failed cannot import 'x': No module named 'x'", None).unwrap() {
+            Report::PreloadFailed(message) => assert_eq!(message, "cannot import 'x': No module named 'x'"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_reports() {
+        assert!(parse_report("spawned 2 4321", None).is_err());
+        assert!(parse_report("exited 1 dumped 3", None).is_err());
+        assert!(parse_report("hello", None).is_err());
+    }
+}

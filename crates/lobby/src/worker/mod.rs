@@ -1,0 +1,17 @@
+//! The workers, seen from the lobby, and what keeps them healthy: each worker's channel
+//! (`channel.rs`), the task that seats requests at it (`serve.rs`) and relays its answers
+//! (`relay.rs`), the seat it shares with the supervisor (`seat.rs`), its health (`health.rs`:
+//! stopped, wedged, past --timeout), recycling (`recycle.rs`) and its line on the scoreboard
+//! (`scoreboard.rs`).
+//!
+//! It may import the queue (`seating`), the logs and the shared context (`Lobby`); never the
+//! client connections, which it meets only through the queue, nor the supervisor, which drives
+//! it.
+
+pub(crate) mod channel;
+pub(crate) mod health;
+pub(crate) mod recycle;
+mod relay;
+pub(crate) mod scoreboard;
+pub(crate) mod seat;
+pub(crate) mod serve;

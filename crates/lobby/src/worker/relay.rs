@@ -1,0 +1,257 @@
+//! Relaying one request's answer from a worker to its connection: each frame the worker sends
+//! goes to the answer's spool as it comes; a client that leaves gets the worker told
+//! (`CANCEL`); a worker past `--timeout`, wedged, or gone ends the request with 504 or 502, or,
+//! when it provably never read it, sends it back to the queue.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::rc::Rc;
+use std::time::Instant;
+
+use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead};
+
+use super::channel::{Channel, Frame};
+use super::health;
+use super::scoreboard::ExitReason;
+use crate::lobby::Lobby;
+use crate::log::{debug, error, warning};
+use crate::seating::job::Job;
+use crate::seating::offer::Offers;
+use crate::seating::spool::{Held, ResponsePart};
+
+/// How a worker was lost during a request.
+pub(super) enum Lost {
+    /// The request has been answered (502/504) or cut; why, and the detail for the log.
+    Answered(ExitReason, String),
+    /// The worker provably never had the whole request, so it never ran: it may run
+    /// elsewhere.
+    Unread(Unread),
+}
+
+/// Why a worker never read a request.
+pub(super) enum Unread {
+    /// It exited (after an answer: `SystemExit`, a crash).
+    Exited,
+    /// It is alive but did not read within `health::READ_WITHIN`, and was killed.
+    Wedged,
+}
+
+/// Reads the worker's answer to `job` and hands it to the job's connection. If the client
+/// goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the answer.
+/// Errors mean the worker is lost; the job has been answered (502/504) or cut, or the worker
+/// never read it. `offered`: the job went on an offer socket, not on the channel.
+pub(super) async fn relay_response(
+    lobby: &Lobby,
+    pid: i32,
+    channel: &mut Channel,
+    offers: &Offers,
+    job: &Job,
+    offered: bool,
+) -> Result<(), Lost> {
+    enum Next {
+        Frame(io::Result<Option<Frame>>),
+        ReadCheck,
+        TimedOut,
+        ClientGone,
+    }
+    let timeout = lobby.settings().timeout;
+    let seated_at = Instant::now();
+    if let Some(served) = &job.served {
+        served.seated.set(Some(seated_at));
+        served.worker.set(Some(pid));
+    }
+    let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
+    // A request sent on the channel to an idle worker: if it is still unread after a moment,
+    // the worker may be wedged (health::never_read). Offered ones were taken by the worker.
+    let mut read_check = (!offered).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    let mut head_sent = false;
+    let mut cancelled = false;
+    loop {
+        // A slow client's answer past its caps: stop reading from the worker until the client
+        // catches up. The time spent so is the client's, not the application's: --timeout
+        // does not count it. Said when it starts, since a client that never reads makes it last
+        // until --send-timeout.
+        if let Some(held) = job.respond.held() {
+            let (waiting, cap) = match held {
+                Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
+                Held::TotalCap => (lobby.spill_budget.waiting(), "--max-spill-total"),
+            };
+            crate::log::warning_limited!(
+                "reading the answer to {} from worker {pid} paused: {waiting} bytes are waiting for slow clients \
+                 ({cap}); it goes on as they read",
+                job.summary
+            );
+            let holding_since = tokio::time::Instant::now();
+            job.respond.room().await;
+            deadline += holding_since.elapsed();
+            crate::log::info_limited!(
+                "reading the answer to {} from worker {pid} went on after {:.1} s",
+                job.summary,
+                holding_since.elapsed().as_secs_f64()
+            );
+        }
+        let check_first = read_check.filter(|at| *at < deadline && !head_sent && !cancelled);
+        let next = tokio::select! {
+            biased;
+            read = tokio::time::timeout_at(check_first.unwrap_or(deadline), channel.read_frame()) => match read {
+                Ok(read) => Next::Frame(read),
+                Err(_) if check_first.is_some() => Next::ReadCheck,
+                Err(_) => Next::TimedOut,
+            },
+            _ = job.respond.closed(), if !cancelled => Next::ClientGone,
+        };
+        let frame = match next {
+            Next::Frame(Ok(Some(frame))) => frame,
+            Next::Frame(closed @ (Ok(None) | Err(_))) => {
+                // A worker that leaves after an answer (SystemExit, a crash) may do so while the
+                // lobby sends it the next request. That request never ran if the worker never
+                // had all of it: an offer the lobby can still take back from its socket, or
+                // bytes the worker left unread on its channel, which the kernel reports as
+                // ECONNRESET when the worker's end closes. Only the request (and a CANCEL for
+                // it, hence `cancelled`) is sent on the channel after the last answer's end.
+                if !head_sent && !cancelled {
+                    let unread = if offered {
+                        offers.recall_accepted()
+                    } else {
+                        matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET))
+                    };
+                    if unread {
+                        return Err(Lost::Unread(Unread::Exited));
+                    }
+                }
+                return Err(Lost::Answered(
+                    ExitReason::Crash,
+                    match closed {
+                        Ok(_) => fail(job, head_sent, 502, "the worker exited while handling this request"),
+                        Err(e) => fail(job, head_sent, 502, &format!("the worker's channel failed: {e}")),
+                    },
+                ));
+            }
+            Next::ClientGone => {
+                cancelled = true;
+                // A CANCEL must not reach the worker after it has moved on to an offered
+                // request: it would stop that one. Either all offers come back, and the worker
+                // has nothing after this response, or it has received one and is past this one.
+                lobby.seating.requeue_front(offers.recall_until(|_| false));
+                if !offers.is_empty() {
+                    continue;
+                }
+                debug!("the client of {} went away; telling worker {pid}", job.summary);
+                let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
+                if let Err(e) = channel.send(&cancel, None).await {
+                    return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
+                }
+                continue;
+            }
+            Next::ReadCheck => {
+                read_check = None;
+                if health::never_read(lobby, pid, channel.socket.as_fd()).await {
+                    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                        error!("could not ask the zygote to kill worker {pid}: {e}");
+                    }
+                    return Err(Lost::Unread(Unread::Wedged));
+                }
+                continue;
+            }
+            Next::TimedOut => {
+                // Said before the stack, which the worker writes to the same log
+                // (health::dump_stack); the lobby says nothing more until it is written.
+                let elapsed = seated_at.elapsed().as_secs_f64();
+                let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
+                error!(
+                    "worker {pid} timed out after {} s on {} (seated {elapsed:.1} s ago{answering}); its Python \
+                     stack follows, then it is killed (--timeout)",
+                    timeout.as_secs_f64(),
+                    job.summary
+                );
+                health::dump_stack(lobby, pid).await;
+                if lobby.abort_on_timeout {
+                    health::abort(lobby, pid).await;
+                }
+                if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                    error!("could not ask the zygote to kill worker {pid}: {e}");
+                }
+                let detail = if head_sent {
+                    "the application did not finish its response within --timeout"
+                } else {
+                    "the application did not answer within --timeout"
+                };
+                return Err(Lost::Answered(ExitReason::Timeout, fail(job, head_sent, 504, detail)));
+            }
+        };
+        let part = match decode_part(frame) {
+            Ok(part) => part,
+            Err(e) => {
+                let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                return Err(Lost::Answered(
+                    ExitReason::Crash,
+                    fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
+                ));
+            }
+        };
+        if matches!(part, ResponsePart::Abort) && !cancelled {
+            warning!("the application failed while sending the response to {}; connection cut", job.summary);
+        }
+        head_sent = true;
+        let last = part.is_last();
+        if let Some(served) = job.served.as_ref().filter(|_| last) {
+            served.answered.set(Some(Instant::now()));
+        }
+        // A connection that has gone away no longer listens; the worker is still in step.
+        if let Err(e) = job.respond.send(part) {
+            // The client is cut; dropping its end makes `closed()` tell the worker to stop.
+            crate::log::error_limited!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
+            let _ = job.respond.send(ResponsePart::Abort);
+        }
+        if last {
+            lobby.metrics.served(seated_at.elapsed());
+            return Ok(());
+        }
+    }
+}
+
+/// Answers `job` for a lost worker and returns the reason for the log.
+pub(super) fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> String {
+    if head_sent {
+        error!("{} cut off: {detail}", job.summary);
+    } else {
+        error!("{status} for {}: {detail}", job.summary);
+    }
+    let part =
+        if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
+    // Parts without body bytes are never spilled: this send cannot fail.
+    let _ = job.respond.send(part);
+    detail.to_string()
+}
+
+fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
+    let end = frame.header.is_end();
+    match frame.header.kind {
+        Kind::ResponseHead => {
+            let (head, body) = ResponseHead::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            let slice = |s: &[u8]| frame.payload.slice_ref(s);
+            Ok(ResponsePart::Head {
+                status: head.status,
+                reason: slice(head.reason),
+                headers: head.headers.iter().map(|(n, v)| (slice(n), slice(v))).collect(),
+                body: slice(body),
+                end,
+            })
+        }
+        Kind::ResponseBody => Ok(ResponsePart::Body { data: frame.payload, end }),
+        Kind::ResponseFile => {
+            let range = FileRange::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            let fd = frame.fd.ok_or("RESPONSE_FILE without a descriptor")?;
+            Ok(ResponsePart::File {
+                file: Rc::new(File::from(fd)),
+                offset: range.offset,
+                count: range.count,
+                end,
+                spilled: false,
+            })
+        }
+        Kind::ResponseAbort => Ok(ResponsePart::Abort),
+        other => Err(format!("unexpected {other:?} frame during a response")),
+    }
+}
