@@ -32,9 +32,9 @@ use crate::seating::spool::SpillBudget;
 use crate::seating::Seating;
 use crate::supervise::boot::BootEnd;
 use crate::supervise::signals::Signals;
-use crate::supervise::stop::{close_control_and_reap, Stop};
+use crate::supervise::stop::close_control_and_reap;
 use crate::supervise::zygote::{Control, Zygote, Zygotes};
-use crate::supervise::{read_control, Rereader, Supervisor};
+use crate::supervise::{read_control, Rereader, Stop, Supervisor};
 use crate::worker::scoreboard::Scoreboard;
 use crate::StartupError;
 

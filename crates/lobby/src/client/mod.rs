@@ -18,7 +18,16 @@ pub(crate) mod task;
 pub(crate) mod wake;
 mod write;
 
-use maitred_protocol::RequestError;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use maitred_protocol::{RequestDecoder, RequestError};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::lobby::Lobby;
+use peer::{Peer, Site};
+use states::StateMark;
 
 /// Why a connection stops reading requests.
 enum Stop {
@@ -32,4 +41,25 @@ impl From<RequestError> for Stop {
     fn from(e: RequestError) -> Stop {
         Stop::Refuse(e.status(), e.to_string())
     }
+}
+
+/// A connection's task, in whatever it is doing. Its `impl` is spread over files by concern:
+/// `task.rs` (the life between requests, and the queue), `read.rs` and `write.rs`.
+struct Connection<S> {
+    lobby: Rc<Lobby>,
+    stream: S,
+    peer: Peer,
+    site: Rc<Site>,
+    /// Its place under --max-connections, given back when the connection closes.
+    permit: OwnedSemaphorePermit,
+    buf: BytesMut,
+    decoder: RequestDecoder,
+    /// Requests answered so far: a shutdown closes idle connections that have had one (once
+    /// they have been idle for `HIBERNATE_AFTER`), but lets a new connection send its first
+    /// request.
+    answered: u64,
+    /// When the current request's head began to be read, for the access log's request time.
+    request_started: Instant,
+    /// Its place in `maitred_connections`.
+    mark: StateMark,
 }

@@ -14,8 +14,7 @@ use tokio::time::sleep_until;
 
 use super::peer::{ClientStream, ProxyStage};
 use super::proxies::{self, Origin};
-use super::task::Connection;
-use super::Stop;
+use super::{Connection, Stop};
 
 /// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
 /// unlinked temporary file whose descriptor the worker reads.

@@ -23,9 +23,9 @@ use super::asleep::{Sleeper, HIBERNATE_AFTER};
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{Body, READ_CHUNK};
-use super::states::{ConnectionState, StateMark};
+use super::states::ConnectionState;
 use super::write::{http_date, Answer};
-use super::Stop;
+use super::{Connection, Stop};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
@@ -72,25 +72,6 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
     if let Err(e) = started {
         debug!("could not wake an idle connection: {e}");
     }
-}
-
-pub(super) struct Connection<S> {
-    pub(super) lobby: Rc<Lobby>,
-    pub(super) stream: S,
-    pub(super) peer: Peer,
-    site: Rc<Site>,
-    /// Its place under --max-connections, given back when the connection closes.
-    pub(super) permit: OwnedSemaphorePermit,
-    pub(super) buf: BytesMut,
-    pub(super) decoder: RequestDecoder,
-    /// Requests answered so far: a shutdown closes idle connections that have had one (once
-    /// they have been idle for `HIBERNATE_AFTER`), but lets a new connection send its first
-    /// request.
-    answered: u64,
-    /// When the current request's head began to be read, for the access log's request time.
-    pub(super) request_started: Instant,
-    /// Its place in `maitred_connections`.
-    mark: StateMark,
 }
 
 /// How the wait for a request ended.

@@ -14,7 +14,7 @@ use maitred_protocol::{write_chunk, write_error_response, write_response_head, F
 use tokio::io::Interest;
 
 use super::peer::{ClientStream, StreamKind};
-use super::task::Connection;
+use super::Connection;
 use crate::log;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
 

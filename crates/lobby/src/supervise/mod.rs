@@ -34,16 +34,25 @@ use tokio::time::Instant;
 use crate::lobby::Lobby;
 use crate::log::{debug, error, info};
 use crate::process::hooks::{HookFailed, HookThread, LobbyHook};
-use crate::process::upgrade::handover::Candidate;
+use crate::process::upgrade::handover::{Candidate, Successor};
 use crate::process::upgrade::Succession;
 use crate::worker::scoreboard::{ExitReason, Phase};
 use crate::worker::seat::Gone;
 use reload::Reload;
 pub use reload::{Reread, Rereader};
 use signals::{Sig, Signals};
-use stop::Stop;
 use workers::WorkerEntry;
 use zygote::{Report, Zygote};
+
+/// How serving ended.
+pub(crate) enum Stop {
+    /// SIGTERM, SIGINT, or a fatal error: requests under way are finished.
+    Graceful,
+    /// SIGQUIT: workers are stopped at once.
+    Immediate,
+    /// SIGUSR2: a new maitred serves; this one finishes its requests and hands it the rest.
+    Upgrade(Successor),
+}
 
 /// What the supervisor hears from the worker tasks, the zygote and the config re-read.
 pub(crate) enum Event {

@@ -9,9 +9,8 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use super::stop::Stop;
 use super::workers::WorkerEntry;
-use super::Supervisor;
+use super::{Stop, Supervisor};
 use crate::log::{self, error, info};
 use crate::process::hooks::LobbyHook;
 use crate::worker::health;

@@ -11,7 +11,6 @@ use super::signals::Sig;
 use super::{zygote, Event, Supervisor};
 use crate::lobby::Lobby;
 use crate::log::{error, info, warning};
-use crate::process::upgrade::handover::Successor;
 
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -19,16 +18,6 @@ const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// During a shutdown, how often the supervisor looks whether requests wait in the queue with
 /// fewer workers than it should have (one was lost, and was not replaced while none waited).
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
-
-/// How serving ended.
-pub(crate) enum Stop {
-    /// SIGTERM, SIGINT, or a fatal error: requests under way are finished.
-    Graceful,
-    /// SIGQUIT: workers are stopped at once.
-    Immediate,
-    /// SIGUSR2: a new maitred serves; this one finishes its requests and hands it the rest.
-    Upgrade(Successor),
-}
 
 /// Closes the control channel (the zygote then exits once its workers have) and reaps it,
 /// and any zygote a reload retired. If one is stuck, it and the workers it was asked to stop
