@@ -1,14 +1,14 @@
 //! `lobby_frames` and `worker_frames`: the frames of the worker channel (docs/PROTOCOL.md,
 //! section 2), read by each end.
 //!
-//! Neither end's reading can be called without a socket: the lobby's is
-//! `Channel::read_frame` and `decode_part` in crates/lobby/src/worker.rs (async, over a
-//! registered descriptor), the worker's is `WorkerChannel::next_request`, `receive_offer` and
-//! `take_request` in crates/python/src/channel.rs (inside the pyo3 module, which only links
-//! into a Python process). Both are thin loops around crates/wire: `FrameHeader::decode`, the
-//! payload decoders and `Reader`. So the targets run the real crates/wire decoders inside a
-//! copy of each loop that keeps its buffer arithmetic (what it reserves, where it slices) and
-//! drops the I/O; a change to either loop must be mirrored here (docs/FUZZING.md).
+//! Neither end's reading can be called without a socket: the lobby's is `Channel::read_frame`
+//! and `decode_part` in crates/lobby/src/worker.rs (async, over a registered descriptor), the
+//! worker's is `WorkerChannel::next_request`, `receive_offer` and `take_request` in
+//! crates/python/src/channel/receive.rs (inside the pyo3 module, which only links into a Python
+//! process). Both are thin loops around crates/wire: `FrameHeader::decode`, the payload
+//! decoders and `Reader`. So the targets run the real crates/wire decoders inside a copy of
+//! each loop that keeps its buffer arithmetic (what it reserves, where it slices) and drops the
+//! I/O; a change to either loop must be mirrored here (docs/FUZZING.md).
 //!
 //! Properties: no panic; the same events whether the stream arrives whole, a byte at a time
 //! or cut into reads of every size; no read reserves more than [`MOST_RESERVED`] (the copies
@@ -184,17 +184,17 @@ pub fn lobby_frames(data: &[u8]) {
 }
 
 /// The worker's receive buffer: `inbox`, `inbox_start` and the loops that use them in
-/// crates/python/src/channel.rs.
+/// crates/python/src/channel/receive.rs.
 struct WorkerChannel {
     inbox: Vec<u8>,
     inbox_start: usize,
     offers: usize,
 }
 
-/// `READ_SIZE` and `HAND_OVER_BODY` in channel.rs.
+/// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
 const READ_SIZE: usize = 64 * 1024;
 const HAND_OVER_BODY: usize = 16 * 1024;
-/// `MAX_OFFER_SOCKETS` in channel.rs.
+/// `MAX_OFFER_SOCKETS` in channel/receive.rs.
 const MAX_OFFER_SOCKETS: usize = 8;
 
 /// What the worker made of the lobby's frames.
@@ -295,7 +295,7 @@ impl WorkerChannel {
     }
 
     /// `take_request`, without the environ (which needs Python): the request, its inline body
-    /// cut out of the inbox where channel.rs cuts it.
+    /// cut out of the inbox where channel/receive.rs cuts it.
     fn take_request(&mut self, frame: FrameAt) -> Result<WorkerEvent, String> {
         if frame.header.kind != Kind::Request {
             return Err(format!("a {:?} frame; a worker only receives REQUEST frames", frame.header.kind));
@@ -316,7 +316,7 @@ impl WorkerChannel {
         } else {
             assert_eq!(inline_len as u64, request.body_len, "an inline body of the wrong length");
         }
-        // channel.rs takes the inline body as the last inline_len bytes of the frame.
+        // channel/receive.rs takes the inline body as the last inline_len bytes of the frame.
         let tail = &payload[payload.len() - inline_len..];
         assert!(std::ptr::eq(tail, request.inline_body), "the inline body is not the end of the payload");
         let mut event = WorkerEvent::Request {

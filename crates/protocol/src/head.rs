@@ -5,9 +5,8 @@ use std::ops::Range;
 
 use crate::error::{quoted, ErrorKind, Section};
 use crate::fields::{FieldLine, FieldScanner, FieldSpan};
-use crate::request::{BodyLength, Limits, Version};
 use crate::syntax::{is_absolute_form, is_host_and_port, is_tchar, is_token, is_vchar, list_members, parse_decimal};
-use crate::MAX_HEAD_SIZE;
+use crate::{BodyLength, Limits, Version, MAX_HEAD_SIZE};
 
 /// A complete head, as ranges of the buffer it was read from (which starts with it).
 pub(crate) struct ParsedHead {

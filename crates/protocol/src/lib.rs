@@ -21,6 +21,15 @@
 //! target. Every refusal is a [`RequestError`] with the status to answer and a short reason;
 //! `docs/CONFORMANCE.md` lists where this differs from the gunicorn and llhttp test corpora,
 //! and why.
+//!
+//! # Layout
+//!
+//! The words several files share live here, in the crate root: [`Limits`], [`Version`],
+//! [`BodyLength`], [`MAX_HEAD_SIZE`] and [`MAX_CHUNK_LINE`]; the files import them from here.
+//! `error` and `syntax` import nothing of this crate, nor does `proxy`. `fields` (field lines),
+//! `chunked` (chunk-size lines) and `head` (the request line and header section, with
+//! `fields`) build on `error` and `syntax`; `request`, the decoder, drives those three;
+//! `response` uses `syntax` only. No file imports one that imports it.
 
 mod chunked;
 mod error;
@@ -33,11 +42,68 @@ mod syntax;
 
 pub use error::{ErrorKind, RequestError, Section};
 pub use proxy::{decode_proxy_header, ProxyError, ProxyHeader, ProxyVersions, V1_MAX_LINE, V2_FIXED_LEN, V2_SIGNATURE};
-pub use request::{BodyLength, Event, Limits, RequestDecoder, RequestHead, Version};
+pub use request::{Event, RequestDecoder, RequestHead};
 pub use response::{
     reason_phrase, write_chunk, write_error_response, write_response_head, Framing, ResponseContext, CONTINUE,
     LAST_CHUNK,
 };
+
+/// How much a client may send. The defaults are gunicorn's but for the request line, which
+/// gets 8190 bytes where gunicorn allows 4094: RFC 9112 §3 recommends supporting request
+/// lines of at least 8000 octets.
+///
+/// As in gunicorn, 0 means "no limit" for `max_request_line`, `max_headers` and
+/// `max_header_size`; [`crate::MAX_HEAD_SIZE`] still bounds every head and trailer section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes in the request line, not counting its CRLF. Beyond: 414, or 400 if the method
+    /// alone reaches the limit (a long method is not a long URI).
+    pub max_request_line: usize,
+    /// Field lines in the header section (and, separately, in a trailer section). Beyond: 431.
+    pub max_headers: usize,
+    /// Bytes in one field line: name, colon, value, the whitespace around it, and the CRLF
+    /// (gunicorn counts it here, though not for the request line). Beyond: 431.
+    pub max_header_size: usize,
+    /// Bytes of body, after removing the chunked coding. `None`: no limit. Beyond: 413, as
+    /// soon as a Content-Length or a chunk size announces it.
+    pub max_body: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { max_request_line: 8190, max_headers: 100, max_header_size: 8190, max_body: None }
+    }
+}
+
+/// The protocol version of a request. HTTP/1.2 to HTTP/1.9 are read as HTTP/1.1
+/// (RFC 9110 §2.5); other major versions are refused with 505.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Version {
+    Http10,
+    Http11,
+}
+
+impl Version {
+    /// `"HTTP/1.0"` or `"HTTP/1.1"`, as a WSGI `SERVER_PROTOCOL` wants it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::Http10 => "HTTP/1.0",
+            Version::Http11 => "HTTP/1.1",
+        }
+    }
+}
+
+/// How the body of a request is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyLength {
+    /// No body: no Content-Length and no Transfer-Encoding (a request is never delimited by
+    /// the connection closing, RFC 9112 §6.3), or `Content-Length: 0`.
+    Empty,
+    /// Exactly this many bytes (more than 0).
+    Length(u64),
+    /// The chunked transfer coding; the length is known at the end.
+    Chunked,
+}
 
 /// The most a header section (request line and field lines) or a trailer section may hold,
 /// whatever the limits say: 64 KiB, counted from its first byte to the last byte of its last

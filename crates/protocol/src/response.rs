@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
-use crate::request::Version;
 use crate::syntax::{list_members, parse_decimal};
+use crate::Version;
 
 /// What the request being answered says about its answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,4 +1,6 @@
 //! `wsgi.input`: the request body, from the frame's bytes or from the file the lobby passed.
+//!
+//! Imports `sys` of this crate, for `pread`.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -2,6 +2,8 @@
 //!
 //! The lobby has already checked the request strictly, so this module only translates: every
 //! byte string becomes a latin-1 `str`, as PEP 3333 asks of "native strings".
+//!
+//! Imports no module of this crate.
 
 use std::borrow::Cow;
 

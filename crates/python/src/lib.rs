@@ -1,5 +1,9 @@
 //! `maitred._native`: the lobby's entry point (`serve`) and the worker's per-request path
 //! (`WorkerChannel`, whose `receive` returns each request's environ and `start_response`).
+//!
+//! The modules import one another in one direction only: `channel` (a folder) uses `body`,
+//! `environ`, `response` and `sys`; `body` uses `sys`; `environ`, `response`, `serve` and
+//! `sys` import no module of this crate.
 
 use pyo3::prelude::*;
 

@@ -1,5 +1,7 @@
 //! One request's response as the worker builds it: what `start_response` accepts (PEP 3333 and
 //! RFC 9110), where the response stands, and how its head is encoded for the lobby.
+//!
+//! Imports no module of this crate.
 
 use std::borrow::Cow;
 use std::mem;

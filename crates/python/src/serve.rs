@@ -5,6 +5,8 @@
 //! lobby. The GIL is released for the whole run: no Python code runs in the lobby, except the
 //! config file read again for a reload (SIGHUP) and the server hooks, each on a thread of its
 //! own.
+//!
+//! Imports no module of this crate: the lobby is `maitred_lobby`.
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -2,6 +2,8 @@
 //!
 //! Nothing here touches Python: callers decide whether to detach from the interpreter around a
 //! call that may block, and what to do with `EINTR` (they must run Python's signal handlers).
+//!
+//! Imports no module of this crate.
 
 use std::collections::VecDeque;
 use std::io;

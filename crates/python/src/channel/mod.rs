@@ -1,0 +1,360 @@
+//! The worker's end of its channel to the lobby (docs/PROTOCOL.md, section 2), and the
+//! `start_response` callable that belongs to each request it receives.
+//!
+//! The per-request work that does not need the application runs here, in Rust: reading the
+//! `REQUEST` frame, building the environ, checking the status and headers, framing the
+//! response. The Python loop in `maitred.worker` only calls the application and hands over
+//! what it returns.
+//!
+//! This file holds [`WorkerChannel`]'s state, the methods Python calls, and [`StartResponse`].
+//! The rest of the type's `impl` lies in the other files of this folder, by concern: `receive`
+//! (what the lobby sends), `respond` (framing the application's response), `link` (writing to
+//! the socket) and `errors` (the exceptions, and what becomes of each failure). They import
+//! what they share from here (the type, `bytes_arg`) and the exceptions from `errors`, never one
+//! another otherwise; `errors` and `link` import nothing from here.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::body::RequestBody;
+use crate::environ::latin1;
+use crate::response::{latin1_bytes, Phase, Response, ERROR_BODY};
+use crate::sys;
+
+mod errors;
+mod link;
+mod receive;
+mod respond;
+
+use errors::{client_disconnected, wire_error};
+pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
+use link::Link;
+
+/// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
+const MAX_MESSAGE: usize = 4096;
+
+/// `message` on one line, cut (at a character boundary) to `MAX_MESSAGE` bytes.
+fn one_line(message: &str) -> String {
+    let mut line: String = message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
+    if line.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+    line
+}
+
+fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    match data.cast::<PyBytes>() {
+        Ok(bytes) => Ok(bytes.as_bytes()),
+        Err(_) => {
+            let kind = data.get_type().name()?;
+            Err(PyTypeError::new_err(format!("the response body must be bytes, and the application gave {kind}")))
+        }
+    }
+}
+
+/// The worker's end of the channel: `WorkerChannel(fd, base_environ)`. It owns `fd` (and
+/// closes it when collected); `base_environ` holds the keys every request shares, and its
+/// `SCRIPT_NAME` is the mount point stripped from each path.
+#[pyclass(module = "maitred._native")]
+pub struct WorkerChannel {
+    link: Link,
+    base_environ: Py<PyDict>,
+    script_name: Vec<u8>,
+    /// Received bytes; those before `inbox_start` are consumed.
+    inbox: Vec<u8>,
+    inbox_start: usize,
+    /// Received descriptors not yet given to a frame, oldest first.
+    fds: VecDeque<OwnedFd>,
+    /// The worker's ends of its offer sockets, once the lobby has sent them, and which of them
+    /// the next offer comes on (they take turns).
+    offers: Vec<OwnedFd>,
+    offer_turn: usize,
+    /// Where frame heads are encoded.
+    out: Vec<u8>,
+    response: Response,
+    /// Counts requests, so that a `start_response` kept from an earlier one is refused.
+    generation: u64,
+    body: Option<Py<RequestBody>>,
+    method: Vec<u8>,
+    target: Vec<u8>,
+    http_minor: u8,
+}
+
+#[pymethods]
+impl WorkerChannel {
+    #[new]
+    fn new(fd: RawFd, base_environ: Bound<'_, PyDict>) -> PyResult<WorkerChannel> {
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!("invalid channel descriptor {fd}")));
+        }
+        let script_name = match base_environ.get_item("SCRIPT_NAME")? {
+            None => Vec::new(),
+            Some(value) => {
+                let text = value
+                    .cast::<PyString>()
+                    .map_err(|_| PyTypeError::new_err("SCRIPT_NAME in the base environ must be a str"))?;
+                latin1_bytes(text)?
+                    .ok_or_else(|| PyValueError::new_err(format!("SCRIPT_NAME {text} is not latin-1")))?
+                    .into_owned()
+            }
+        };
+        // SAFETY: the caller hands the descriptor over; from here on the channel owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        sys::prepare_channel(fd.as_raw_fd())?;
+        Ok(WorkerChannel {
+            link: Link { fd, broken: false },
+            base_environ: base_environ.unbind(),
+            script_name,
+            inbox: Vec::new(),
+            inbox_start: 0,
+            fds: VecDeque::new(),
+            offers: Vec::new(),
+            offer_turn: 0,
+            out: Vec::new(),
+            response: Response::new(),
+            generation: 0,
+            body: None,
+            method: Vec::new(),
+            target: Vec::new(),
+            http_minor: 1,
+        })
+    }
+
+    /// Sends `READY` with this process's id.
+    fn ready(&mut self, py: Python<'_>) -> PyResult<()> {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        self.send_frame(py, Kind::Ready, 0, &pid.to_le_bytes())
+    }
+
+    /// Sends `BOOT_FAILED` with `message` on one line.
+    fn boot_failed(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
+        self.send_frame(py, Kind::BootFailed, 0, one_line(message).as_bytes())
+    }
+
+    /// Waits (detached from the interpreter) for the next `REQUEST` and returns
+    /// `(environ, start_response)`, or None when the lobby closed the channel.
+    fn receive<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let py = slf.py();
+        let mut guard = slf.borrow_mut();
+        let this = &mut *guard;
+        if this.response.phase != Phase::Complete {
+            return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
+        }
+        this.release_body(py);
+        let Some(frame) = this.next_request(py)? else {
+            return Ok(None);
+        };
+        let environ = this.take_request(py, frame)?;
+        this.generation += 1;
+        this.response.begin(this.method == b"HEAD");
+        let start_response = StartResponse { channel: slf.clone().unbind(), generation: this.generation };
+        let start_response = Bound::new(py, start_response)?;
+        Ok(Some(PyTuple::new(py, [environ.into_any(), start_response.into_any()])?))
+    }
+
+    /// Sends one chunk the application's iterable yielded. An empty chunk sends nothing. Raises
+    /// `ClientDisconnected` once the lobby has cancelled the response.
+    fn send_body(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.send_chunk(py, bytes_arg(data)?, false, false)
+    }
+
+    /// The application's iterable is exhausted: ends the response.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.send_chunk(py, b"", true, false)
+    }
+
+    /// Sends a list or tuple of chunks, the whole body, as one piece: with the head not sent
+    /// yet, the whole response is one frame, with a Content-Length when the application gave
+    /// none.
+    fn respond(&mut self, py: Python<'_>, chunks: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(list) = chunks.cast::<PyList>() {
+            self.respond_with(py, list.len(), list.iter())
+        } else {
+            let tuple = chunks.cast::<PyTuple>()?;
+            self.respond_with(py, tuple.len(), tuple.iter())
+        }
+    }
+
+    /// Ends the response with the bytes of the open file `fd` from `offset`, of which
+    /// `available` remain: a `RESPONSE_FILE` frame that passes `fd`, so the lobby sends them
+    /// itself. The count is the application's Content-Length (less what `write` sent), or all
+    /// that remains.
+    fn send_file(&mut self, py: Python<'_>, fd: RawFd, offset: u64, available: u64) -> PyResult<()> {
+        // A bad descriptor must fail here, as the application's error, not in sendmsg, where
+        // it would look like the channel's.
+        sys::check_open(fd)?;
+        let count = match self.response.length_to_match() {
+            Some(declared) => {
+                let wanted = declared.saturating_sub(self.response.produced());
+                if wanted > available {
+                    return Err(PyValueError::new_err(format!(
+                        "the application's Content-Length {declared} needs {wanted} more bytes, but its file has {available} after offset {offset}"
+                    )));
+                }
+                wanted
+            }
+            None => available,
+        };
+        match self.response.phase {
+            Phase::AwaitingStart => {
+                return Err(PyRuntimeError::new_err("the application returned without calling start_response()"))
+            }
+            Phase::Complete if count > 0 => {
+                return Err(PyValueError::new_err("the application returned a file after its body was complete"))
+            }
+            Phase::Complete => return Ok(()),
+            Phase::Cancelled => return Err(client_disconnected()),
+            Phase::HeadPending => {
+                let end = count == 0 || !self.response.has_body();
+                let added = self.response.added_length(count);
+                self.send_head(py, end, added, b"")?;
+            }
+            Phase::HeadSent if count == 0 || !self.response.has_body() => {
+                self.check_cancel()?;
+                self.send_body_frames(py, true, b"")?
+            }
+            Phase::HeadSent => self.check_cancel()?,
+        }
+        if count > 0 && self.response.has_body() {
+            let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
+            let header =
+                FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN).map_err(wire_error)?;
+            frame[..HEADER_LEN].copy_from_slice(&header.encode());
+            frame[HEADER_LEN..].copy_from_slice(&FileRange { offset, count }.encode_payload());
+            self.link.write_with_fd(py, &frame, fd)?;
+        }
+        self.response.add_produced(count);
+        self.response.phase = Phase::Complete;
+        Ok(())
+    }
+
+    /// The application failed, or its client went away. Before the head went out, the client
+    /// gets a 500 instead; after, `RESPONSE_ABORT` with `message` cuts its connection; after
+    /// the response was complete, nothing is sent.
+    fn fail(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
+        match self.response.phase {
+            Phase::AwaitingStart | Phase::HeadPending => {
+                self.response.set_error_head();
+                let body = if self.response.has_body() { ERROR_BODY } else { b"" };
+                self.send_head(py, true, None, body)?;
+                self.response.phase = Phase::Complete;
+                Ok(())
+            }
+            Phase::HeadSent | Phase::Cancelled => {
+                self.response.phase = Phase::Complete;
+                self.send_frame(py, Kind::ResponseAbort, 0, one_line(message).as_bytes())
+            }
+            Phase::Complete => Ok(()),
+        }
+    }
+
+    /// The status of the current request's answer, `(code, reason)`: the application's, or
+    /// the worker's 500 when it answered in the application's place. For the post_request hook.
+    #[getter]
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<(u16, Bound<'py, PyString>)> {
+        let (code, reason) = self.response.status();
+        Ok((code, latin1(py, reason)?))
+    }
+
+    /// The current request's line, e.g. `GET /x?y HTTP/1.1`, for the error log.
+    #[getter]
+    fn request_line<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyString>> {
+        let mut line = Vec::with_capacity(self.method.len() + self.target.len() + 10);
+        line.extend_from_slice(&self.method);
+        line.push(b' ');
+        line.extend_from_slice(&self.target);
+        line.extend_from_slice(if self.http_minor == 0 { b" HTTP/1.0" } else { b" HTTP/1.1" });
+        latin1(py, &line)
+    }
+}
+
+impl WorkerChannel {
+    fn check_generation(&self, generation: u64) -> PyResult<()> {
+        if generation != self.generation {
+            return Err(PyRuntimeError::new_err("start_response() or write() of a finished request was called"));
+        }
+        Ok(())
+    }
+}
+
+/// The `start_response` of one request (PEP 3333). Calling it checks the status and headers
+/// at once, so a bad header fails inside the application, where its traceback is useful.
+#[pyclass(module = "maitred._native")]
+pub struct StartResponse {
+    channel: Py<WorkerChannel>,
+    generation: u64,
+}
+
+#[pymethods]
+impl StartResponse {
+    #[pyo3(signature = (status, headers, exc_info = None))]
+    fn __call__<'py>(
+        slf: &Bound<'py, Self>,
+        status: &Bound<'py, PyAny>,
+        headers: &Bound<'py, PyAny>,
+        exc_info: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        {
+            let me = slf.borrow();
+            let mut channel = me.channel.bind(py).borrow_mut();
+            channel.check_generation(me.generation)?;
+            match exc_info.filter(|info| !info.is_none()) {
+                // The head is out: the application's error cannot become a new status, so it
+                // propagates (PEP 3333, "The start_response() Callable").
+                Some(info) if channel.response.head_sent() => {
+                    let error = info.get_item(1)?;
+                    let traceback = info.get_item(2)?;
+                    let error =
+                        if traceback.is_none() { error } else { error.call_method1("with_traceback", (traceback,))? };
+                    return Err(PyErr::from_value(error));
+                }
+                Some(_) => {}
+                None if channel.response.phase != Phase::AwaitingStart => {
+                    return Err(PyRuntimeError::new_err(
+                        "start_response() was called twice; a second call must pass exc_info",
+                    ));
+                }
+                None => {}
+            }
+            channel.response.start(status, headers)?;
+        }
+        slf.getattr(intern!(py, "write"))
+    }
+
+    /// PEP 3333's `write()`: sends `data` (and the head, the first time) before returning.
+    /// Raises `ClientDisconnected` (an `OSError`) once the client has gone away.
+    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut channel = self.channel.bind(py).borrow_mut();
+        channel.check_generation(self.generation)?;
+        if channel.response.phase == Phase::AwaitingStart {
+            return Err(PyRuntimeError::new_err("write() was called before start_response()"));
+        }
+        channel.send_chunk(py, bytes_arg(data)?, false, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_become_one_bounded_line() {
+        assert_eq!(one_line("ValueError: bad\r\nsecond line\n"), "ValueError: bad second line");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = one_line(&long);
+        assert!(cut.len() <= MAX_MESSAGE && cut.len() > MAX_MESSAGE - 2);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}
