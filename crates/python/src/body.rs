@@ -9,8 +9,6 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::sys;
-
 /// How much of a body file one refill reads ahead for `readline`.
 const READ_AHEAD: usize = 64 * 1024;
 
@@ -86,7 +84,7 @@ impl RequestBody {
         while filled < dst.len() {
             let offset = self.file_pos + filled as u64;
             let rest = &mut dst[filled..];
-            match py.detach(|| sys::pread(file, rest, offset)) {
+            match py.detach(|| maitred_sys::fd::pread(file, rest, offset)) {
                 Ok(0) => {
                     return Err(PyOSError::new_err(format!(
                         "the request body file ended at byte {offset} of {}",

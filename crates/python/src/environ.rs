@@ -103,6 +103,11 @@ pub fn strip_script_name<'a>(path: &'a [u8], script_name: &[u8]) -> &'a [u8] {
 }
 
 /// Bytes as the latin-1 `str` PEP 3333 calls a native string: one code point per byte.
+///
+/// CPython's own decoder, which PyO3 offers no safe wrapper for: the one `unsafe` block of this
+/// crate, and no system call (those are `maitred_sys`'s). Going through a `bytes` object or a
+/// UTF-8 `String` instead would copy every header value once more, per request.
+#[allow(unsafe_code)]
 pub fn latin1<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyString>> {
     // SAFETY: the pointer and length describe a live slice; the result is a new reference.
     unsafe {

@@ -9,7 +9,6 @@
 //! Imports no module of this crate: the lobby is `maitred_lobby`.
 
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,24 +56,24 @@ fn serve(
         command: required(succession, "command")?,
         directory: required::<String>(succession, "directory")?.into(),
         pid_file: optional::<String>(succession, "pid_file")?.map(Into::into),
-        // SAFETY: the CLI hands this descriptor over and no longer uses it.
-        predecessor: optional::<i32>(succession, "predecessor")?.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+        // The CLI hands these descriptors over and no longer uses them.
+        predecessor: optional::<i32>(succession, "predecessor")?.map(maitred_sys::fd::adopt).transpose()?,
         inherited: required::<HashMap<String, i32>>(succession, "inherited")?
             .into_iter()
             .map(|(bind, fd)| {
                 let bind = bind_address(py, &bind)?;
-                // SAFETY: as `predecessor`: a listen socket the CLI hands over, one per bind.
-                Ok((bind, unsafe { OwnedFd::from_raw_fd(fd) }))
+                // As `predecessor`: a listen socket the CLI hands over, one per bind.
+                Ok((bind, maitred_sys::fd::adopt(fd)?))
             })
             .collect::<PyResult<_>>()?,
     };
     let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
     let hooks = hooks.map(|hooks| server_hooks(&hooks)).transpose()?;
-    // SAFETY: the CLI hands this descriptor over and no longer uses it.
-    let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
+    // The CLI hands this descriptor over and no longer uses it.
+    let control = maitred_sys::fd::adopt(control_fd)?;
     // Python's SIGINT handler only sets a flag for the interpreter, which will not run
     // until the lobby returns; the lobby handles SIGINT itself.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+    maitred_sys::process::default_action(libc::SIGINT);
     py.detach(move || maitred_lobby::run(config, control, zygote_pid, rereader, succession, hooks))
         .map_err(|e| StartupError::new_err(e.0))
 }

@@ -20,10 +20,48 @@ pub fn adopt(fd: RawFd) -> io::Result<OwnedFd> {
     }
 }
 
-/// Whether descriptor `fd` is open.
-pub fn is_open(fd: RawFd) -> bool {
+/// Fails with `EBADF` unless `fd` is an open descriptor.
+pub fn check_open(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl(F_GETFD) only reads the flags of a descriptor number, open or not.
-    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes `fd` blocking and close-on-exec.
+pub fn set_blocking_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let status = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, status - rustix::fs::OFlags::NONBLOCK)?;
+    let flags = rustix::io::fcntl_getfd(fd)?;
+    rustix::io::fcntl_setfd(fd, flags | rustix::io::FdFlags::CLOEXEC)?;
+    Ok(())
+}
+
+/// One `pread(2)` into `buf` at `offset`; `Ok(0)` is end-of-file.
+pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes, which pread writes at most.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Waits until `first`, or `second` when given, has input (or has been closed), and says which
+/// of the two; with `wait` false, only looks.
+pub fn wait_readable_either(first: RawFd, second: Option<RawFd>, wait: bool) -> io::Result<(bool, bool)> {
+    // poll(2) skips an entry whose descriptor is negative.
+    let mut polled = [
+        libc::pollfd { fd: first, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: second.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: `polled` is an array of two live pollfds, which poll reads and writes.
+    if unsafe { libc::poll(polled.as_mut_ptr(), 2, if wait { -1 } else { 0 }) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((polled[0].revents != 0, polled[1].revents != 0))
 }
 
 /// Puts `file` in the place of descriptor `fd` (dup3), keeping `fd`'s close-on-exec flag:

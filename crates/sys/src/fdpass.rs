@@ -13,7 +13,7 @@ use std::mem::{self, MaybeUninit};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 
-use bytes::BytesMut;
+use bytes::BufMut;
 
 /// Room for this many descriptors in one received message. Every sender here attaches at most
 /// one per message; the margin only keeps a surplus from being silently truncated.
@@ -142,17 +142,21 @@ pub fn recv_with_fds(
     Ok(received as usize)
 }
 
-/// `recv_with_fds` into the spare capacity of `buf`, whose length grows by what arrived.
+/// `recv_with_fds` into the spare capacity of `buf` (a `Vec<u8>` or a `BytesMut`), whose
+/// length grows by what arrived. The caller reserves the room first.
 pub fn recv_into(
     socket: RawFd,
-    buf: &mut BytesMut,
+    buf: &mut impl BufMut,
     fds: &mut VecDeque<OwnedFd>,
     flags: libc::c_int,
 ) -> Result<usize, RecvError> {
-    let received = recv_with_fds(socket, buf.spare_capacity_mut(), fds, flags)?;
-    // SAFETY: recvmsg initialised the first `received` bytes of the spare capacity.
-    unsafe { buf.set_len(buf.len() + received) };
-    Ok(received)
+    // SAFETY: recvmsg writes into the spare room, and `advance_mut` counts as written only the
+    // `received` bytes it initialised.
+    unsafe {
+        let received = recv_with_fds(socket, buf.chunk_mut().as_uninit_slice_mut(), fds, flags)?;
+        buf.advance_mut(received);
+        Ok(received)
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::sys::RecvError;
+use maitred_sys::fdpass::RecvError;
 
 create_exception!(
     maitred._native,

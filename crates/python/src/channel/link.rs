@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use pyo3::prelude::*;
 
 use super::errors::{socket_error, ChannelError};
-use crate::sys;
+use maitred_sys::fdpass::{send, send_with_fd};
 
 /// The socket itself. Once a write fails the stream may hold half a frame, so every later
 /// write fails too rather than send the lobby garbage.
@@ -32,9 +32,9 @@ impl Link {
         while left > 0 {
             let result = if wait {
                 let pending: &[IoSlice<'_>] = bufs;
-                py.detach(|| sys::send(fd, pending, 0))
+                py.detach(|| send(fd, pending, 0))
             } else {
-                sys::send(fd, bufs, libc::MSG_DONTWAIT)
+                send(fd, bufs, libc::MSG_DONTWAIT)
             };
             match result {
                 Ok(n) => {
@@ -66,7 +66,7 @@ impl Link {
         }
         let fd = self.fd.as_raw_fd();
         loop {
-            match py.detach(|| sys::send_with_fd(fd, &[IoSlice::new(frame)], passed, 0)) {
+            match py.detach(|| send_with_fd(fd, &[IoSlice::new(frame)], passed, 0)) {
                 Ok(n) => return self.write_all(py, &mut [IoSlice::new(&frame[n..])]),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
                 Err(error) => {

@@ -14,7 +14,7 @@
 //! another otherwise; `errors` and `link` import nothing from here.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 
 use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -25,7 +25,6 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::body::RequestBody;
 use crate::environ::latin1;
 use crate::response::{latin1_bytes, Phase, Response, ERROR_BODY};
-use crate::sys;
 
 mod errors;
 mod link;
@@ -108,9 +107,11 @@ impl WorkerChannel {
                     .into_owned()
             }
         };
-        // SAFETY: the caller hands the descriptor over; from here on the channel owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        sys::prepare_channel(fd.as_raw_fd())?;
+        // The caller hands the descriptor over; from here on the channel owns it. It waits in
+        // blocking calls (detached from the interpreter), and programs the application runs
+        // must not inherit it.
+        let fd = maitred_sys::fd::adopt(fd)?;
+        maitred_sys::fd::set_blocking_cloexec(fd.as_fd())?;
         Ok(WorkerChannel {
             link: Link { fd, broken: false },
             base_environ: base_environ.unbind(),
@@ -132,8 +133,7 @@ impl WorkerChannel {
 
     /// Sends `READY` with this process's id.
     fn ready(&mut self, py: Python<'_>) -> PyResult<()> {
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u32;
+        let pid = std::process::id();
         self.send_frame(py, Kind::Ready, 0, &pid.to_le_bytes())
     }
 
@@ -193,7 +193,7 @@ impl WorkerChannel {
     fn send_file(&mut self, py: Python<'_>, fd: RawFd, offset: u64, available: u64) -> PyResult<()> {
         // A bad descriptor must fail here, as the application's error, not in sendmsg, where
         // it would look like the channel's.
-        sys::check_open(fd)?;
+        maitred_sys::fd::check_open(fd)?;
         let count = match self.response.length_to_match() {
             Some(declared) => {
                 let wanted = declared.saturating_sub(self.response.produced());

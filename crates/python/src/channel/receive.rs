@@ -20,7 +20,8 @@ use super::WorkerChannel;
 use crate::body::RequestBody;
 use crate::environ;
 use crate::response::Phase;
-use crate::sys::{self, RecvError};
+use maitred_sys::fd::wait_readable_either;
+use maitred_sys::fdpass::{recv_into, RecvError};
 
 /// The receive buffer grows by at least this much, so that one `recvmsg` usually takes a
 /// whole request.
@@ -108,11 +109,16 @@ impl WorkerChannel {
             let between_frames = available == 0;
             let channel = self.link.fd.as_raw_fd();
             let offers = self.offers.get(self.offer_turn).filter(|_| between_frames).map(|fd| fd.as_raw_fd());
-            // Only a wait that may block lets other Python threads run meanwhile.
+            // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
+            // Unix socket sleeps on the socket's one wait queue, where the peer reading what this
+            // side sent earlier wakes it too (room to write again), for nothing: once per request,
+            // as the lobby reads each response while the worker waits for the next request
+            // (docs/PERFORMANCE.md). Only a wait that may block lets other Python threads run
+            // meanwhile.
             let ready = if wait {
-                py.detach(|| sys::wait_readable(channel, offers, true))
+                py.detach(|| wait_readable_either(channel, offers, true))
             } else {
-                sys::wait_readable(channel, offers, false)
+                wait_readable_either(channel, offers, false)
             };
             let (channel_ready, offer_ready) = match ready {
                 Ok(ready) => ready,
@@ -128,7 +134,7 @@ impl WorkerChannel {
             if channel_ready {
                 self.compact();
                 self.inbox.reserve(missing.max(READ_SIZE));
-                match sys::recv_into(channel, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+                match recv_into(channel, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
                     Ok(0) if self.inbox.is_empty() => return Ok(None),
                     Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
                     Ok(_) => {}
@@ -172,7 +178,7 @@ impl WorkerChannel {
         self.compact();
         self.inbox.reserve(OFFER_MAX);
         let start = self.inbox.len();
-        match sys::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+        match recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
             // The lobby let go of this worker's offers: it is retiring it or shutting down.
             Ok(0) => {
                 self.offers.clear();
@@ -208,7 +214,7 @@ impl WorkerChannel {
             self.compact();
             self.inbox.reserve(HEADER_LEN);
             let fd = self.link.fd.as_raw_fd();
-            match sys::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+            match recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
                 // At end-of-file too: a lobby retiring this worker lets it finish the response.
                 Ok(_) => {}
                 Err(RecvError::Os(error))
