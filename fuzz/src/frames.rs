@@ -2,7 +2,8 @@
 //! section 2), read by each end.
 //!
 //! Neither end's reading can be called without a socket: the lobby's is `Channel::read_frame`
-//! and `decode_part` in crates/lobby/src/worker.rs (async, over a registered descriptor), the
+//! and `decode_part` in crates/lobby/src/worker/{channel,relay}.rs (async, over a registered
+//! descriptor), the
 //! worker's is `WorkerChannel::next_request`, `receive_offer` and `take_request` in
 //! crates/python/src/channel/receive.rs (inside the pyo3 module, which only links into a Python
 //! process). Both are thin loops around crates/wire: `FrameHeader::decode`, the payload
@@ -70,7 +71,7 @@ enum LobbyEvent {
     },
 }
 
-/// The lobby's end: `Channel`'s buffer and `read_frame`, in crates/lobby/src/worker.rs.
+/// The lobby's end: `Channel`'s buffer and `read_frame`, in crates/lobby/src/worker/channel.rs.
 struct LobbyChannel {
     buf: BytesMut,
 }
@@ -97,7 +98,7 @@ impl LobbyChannel {
     }
 }
 
-/// `decode_part` in crates/lobby/src/worker.rs, with the descriptor of an `FD` frame taken as
+/// `decode_part` in crates/lobby/src/worker/relay.rs, with the descriptor of an `FD` frame taken as
 /// having come with it.
 fn decode_part(header: FrameHeader, payload: Bytes) -> Result<LobbyEvent, String> {
     let end = header.is_end();

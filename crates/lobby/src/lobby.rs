@@ -48,7 +48,7 @@ pub(crate) struct Lobby {
     pub scoreboard: Scoreboard,
     /// How many connections are in each state, and for how long.
     pub connection_states: Rc<ConnectionStates>,
-    /// The failures happening now, named in the log (`diagnosis.rs`).
+    /// The failures happening now, named in the log (`observe/diagnosis.rs`).
     pub diagnoses: Diagnoses,
     /// The worker_abort hook is set: a worker past --timeout gets SIGABRT before SIGKILL.
     pub abort_on_timeout: bool,

@@ -125,7 +125,7 @@ fn call_reread(reread: &Py<PyAny>) -> Result<Reread, String> {
 }
 
 /// Checks an `--access-logformat` for the CLI: raises ValueError with one line saying what is
-/// wrong. The lobby owns the format's grammar (maitred_lobby's access_format.rs); the CLI asks
+/// wrong. The lobby owns the format's grammar (maitred_lobby's log/access_format.rs); the CLI asks
 /// here rather than keeping a second copy of it.
 #[pyfunction]
 fn check_access_log_format(format: &str) -> PyResult<()> {

@@ -7,7 +7,8 @@
 //! moves: a busy keep-alive connection (T1) never does.
 //!
 //! The sleepers are watched by one epoll instance of their own, level-triggered, whose
-//! descriptor is registered with tokio like any socket. The watcher's tick also closes
+//! descriptor is registered with tokio like any socket. Here the sleepers and their set; the
+//! watcher is `wake.rs`. Its tick also closes
 //! sleepers whose `--keep-alive` (or, before a first request, `--header-timeout`) has passed,
 //! and, once a shutdown has begun, those that have been answered: after waking the ones whose
 //! client has spoken, so that a request sent before the shutdown is answered.
@@ -23,6 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::peer::{Peer, Site, StreamKind};
 use crate::log::debug;
+
 
 /// How long a connection waits in its task before it hibernates.
 pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);

@@ -1,18 +1,28 @@
 //! How many connections are in each state of their life, and how many have been in it for
 //! over a second (clients slow to send or to read), for `maitred_connections` and the
-//! diagnoses. Hibernating connections are counted by `hibernation.rs`; the queued and
-//! in-service split of `Awaiting` comes from the queue (`seating.rs`).
+//! diagnoses. Hibernating connections are counted by `asleep.rs`; the queued and
+//! in-service split of `Awaiting` comes from the queue (`crate::seating`).
 //!
 //! Each connection holds a `StateMark`; moving it costs a few increments on one thread. The
 //! age is kept without a timer per connection: the diagnoses tick every `TICK`, each tick
 //! starts an epoch, and a connection counts in its epoch's slot until `SLOTS` ticks have
 //! passed, when the slot's count moves to the state's "old" count.
+//!
+//! Every state a connection's task moves through, and what moves it on (h11's rule: the table
+//! lives in the file that owns the states; docs/DESIGN.md has the whole life, asleep included):
+//!
+//! | state | the task is | next |
+//! |---|---|---|
+//! | `Idle` | waiting, without a buffer, for a request (`task.rs`) | `Reading` when bytes arrive; asleep after `HIBERNATE_AFTER`; closed at `--keep-alive` |
+//! | `Reading` | reading a head or a body (`read.rs`) | `Awaiting` once the request is whole; `Writing` to refuse it |
+//! | `Awaiting` | queued, or with a worker (`task.rs`) | `Writing` with the answer's first part |
+//! | `Writing` | writing the answer (`write.rs`) | `Idle` when it keeps alive; closed otherwise |
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// How often `tick` is called (by `diagnosis.rs`).
+/// How often `tick` is called (by `observe/diagnosis.rs`).
 pub const TICK: Duration = Duration::from_millis(500);
 /// A connection in a state for this many ticks is old: 1 to 1.5 s with a 0.5 s tick.
 const SLOTS: usize = 3;

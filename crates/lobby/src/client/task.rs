@@ -1,4 +1,5 @@
-//! One client connection: read each request completely, queue it, write its answer.
+//! A connection's task: wait for a request (holding no buffer), read it (`read.rs`), queue it
+//! and take its answer, write it (`write.rs`), then keep alive or go to sleep (`asleep.rs`).
 //!
 //! A connection costs no worker at any point: while idle it holds no buffer and waits for
 //! readability (S4, S5); a request reaches the queue only when its body is complete (S1);

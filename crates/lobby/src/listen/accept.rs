@@ -44,7 +44,7 @@ pub(crate) fn announce(listener: &Listener) {
 /// lobby instead reads the accept queue's depth (TCP_INFO on a listener) once the connections
 /// it knew of are taken and other tasks have run, takes that many, and waits for readiness
 /// when it is empty. Unix sockets have no such reading and keep the plain loop. (The queue's
-/// fill is watched apart from this, by `diagnosis.rs`, also while nothing is accepted.)
+/// fill is watched apart from this, by `observe/diagnosis.rs`, also while nothing is accepted.)
 pub struct Acceptor {
     socket: AsyncFd<OwnedFd>,
     /// The listener's address, for the log.

@@ -4,6 +4,10 @@
 //! client (docs/SCENARIOS.md, S1). Busy workers never cause a request to be dropped or its
 //! connection to be closed: it waits here, in arrival order (S4). A request offered ahead to a
 //! busy worker (`offer.rs`) still counts as waiting: a worker that goes idle takes it back.
+//!
+//! Here the FIFO and the idle seats; a request is a `Job` (`job.rs`), its answer comes back
+//! through the spool (`spool.rs`). This is where client connections and workers meet: it
+//! imports neither, only the logs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;

@@ -161,7 +161,7 @@ const STOP_POLL: Duration = Duration::from_millis(5);
 /// another worker, and this one is killed.
 ///
 /// The worker reads the request on its main thread, holding the GIL, and calls the
-/// application only once the whole frame is in (crates/python/src/channel.rs): while bytes of
+/// application only once the whole frame is in (crates/python/src/channel/receive.rs): while bytes of
 /// it are still in the channel (`SIOCOUTQ`), the application has not been called. To be sure
 /// it cannot start meanwhile, the worker is stopped (SIGSTOP) and seen stopped before the
 /// bytes are counted; a worker found to have read it all is continued (SIGCONT) and waits for

@@ -1,0 +1,181 @@
+"""The source layout's rules, checked on the source itself (docs/DESIGN.md, "The map of the
+lobby's source"): a layout that only a document states drifts with the first hurried change.
+
+- The lobby's folders and top-level files are exactly those DESIGN.md's map lists.
+- No two sibling modules import each other, in any Rust crate: words two files share live in
+  their parent module or in a leaf. The lobby's shared context (`lobby.rs`) is the one
+  exception at the top, and it holds only types whose files never reach back to it.
+- Client connections and workers meet only through the queue: neither imports the other.
+- Every raw system call is in `crates/sys`: it alone has `unsafe` blocks, the lobby forbids
+  unsafe code, the Python extension denies it (and allows its one CPython call where it stands).
+- No file does two jobs: no code file passes 500 lines before its tests.
+
+The import graph is read from `use` lines and paths (`crate::a::b`, `super::c`, groups in
+braces) with comments and `#[cfg(test)]` modules left out: what the compiler resolves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CRATES = ROOT / "crates"
+LOBBY = CRATES / "lobby" / "src"
+MAX_CODE_LINES = 500
+
+Module = tuple[str, ...]
+
+
+def _module_of(source_root: Path, path: Path) -> Module:
+    parts = list(path.relative_to(source_root).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib"):
+        parts.pop()
+    return tuple(parts)
+
+
+def _code(path: Path) -> str:
+    """The file without comments and from its first `#[cfg(test)]` on."""
+    text = path.read_text()
+    cut = text.find("#[cfg(test)]")
+    if cut >= 0:
+        text = text[:cut]
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _source_files(source_root: Path) -> dict[Module, Path]:
+    return {
+        _module_of(source_root, path): path
+        for path in source_root.rglob("*.rs")
+        if "tests" not in path.relative_to(source_root).parts
+    }
+
+
+def _imports(source_root: Path) -> dict[Module, set[Module]]:
+    """For each module (file), the modules (files) it names."""
+    files = _source_files(source_root)
+
+    def resolve(path: list[str]) -> Module | None:
+        for length in range(len(path), -1, -1):
+            if tuple(path[:length]) in files:
+                return tuple(path[:length])
+        return None
+
+    edges: dict[Module, set[Module]] = defaultdict(set)
+    for module, path in files.items():
+        text = _code(path)
+
+        def base(anchor: str) -> list[str]:
+            return [] if anchor == "crate" else list(module)[: -anchor.count("super")]
+
+        for match in re.finditer(r"\b(crate|super(?:::super)*)((?:::\w+)+)", text):
+            target = resolve(base(match.group(1)) + match.group(2).split("::")[1:])
+            if target is not None and target != module:
+                edges[module].add(target)
+        for match in re.finditer(r"\b(crate|super(?:::super)*)::((?:\w+::)*)\{([^}]*)\}", text):
+            prefix = base(match.group(1)) + [part for part in match.group(2).split("::") if part]
+            for item in match.group(3).split(","):
+                name = item.strip().split(" as ")[0]
+                target = resolve(prefix + ([] if name in ("", "self") else name.split("::")))
+                if target is not None and target != module:
+                    edges[module].add(target)
+    return edges
+
+
+def _sibling_cycles(source_root: Path, exempt: frozenset[Module] = frozenset()) -> list[str]:
+    """Pairs of sibling modules (files or folders under one parent) that import each other;
+    a folder imports what any file in it imports."""
+    cycles = []
+    edges = _imports(source_root)
+    parents = {module[:-1] for module in _source_files(source_root) if module}
+    for parent in parents:
+        depth = len(parent)
+        reach: dict[Module, set[Module]] = defaultdict(set)
+        for source, targets in edges.items():
+            for target in targets:
+                if source[:depth] != parent or target[:depth] != parent:
+                    continue
+                if len(source) <= depth or len(target) <= depth:
+                    continue  # the parent itself: its children may use its shared words
+                a, b = source[: depth + 1], target[: depth + 1]
+                if a != b and a not in exempt and b not in exempt:
+                    reach[a].add(b)
+        for a, targets in reach.items():
+            for b in targets:
+                if a < b and a in reach.get(b, set()):
+                    cycles.append(f"{'/'.join(a)} <-> {'/'.join(b)}")
+    return sorted(cycles)
+
+
+def _crates() -> list[Path]:
+    return sorted(path for path in CRATES.iterdir() if (path / "src" / "lib.rs").exists())
+
+
+def test_the_lobby_is_laid_out_as_design_md_maps_it():
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    section = design.split("## The map of the lobby's source", 1)[1].split("\n## ", 1)[0]
+    mapped = set(re.findall(r"^\| `([\w./]+)` \|", section, re.M))
+    present = {path.name + "/" if path.is_dir() else path.name for path in LOBBY.iterdir()}
+    assert mapped == present, f"only in DESIGN.md: {mapped - present}; only in the tree: {present - mapped}"
+
+
+def test_no_two_sibling_modules_import_each_other():
+    found = {}
+    for crate in _crates():
+        # The lobby's shared context is used by every part and holds some of their types.
+        exempt = frozenset({("lobby",)}) if crate.name == "lobby" else frozenset()
+        cycles = _sibling_cycles(crate / "src", exempt)
+        if cycles:
+            found[crate.name] = cycles
+    assert not found
+
+
+def test_the_shared_context_holds_only_what_never_reaches_back():
+    edges = _imports(LOBBY)
+    held, frontier = set(), list(edges[("lobby",)])
+    while frontier:
+        module = frontier.pop()
+        if module not in held:
+            held.add(module)
+            frontier.extend(edges[module])
+    reaching_back = sorted("/".join(module) for module in held if ("lobby",) in edges[module])
+    assert not reaching_back, f"lobby.rs holds types from files that import it: {reaching_back}"
+
+
+def test_client_connections_and_workers_meet_only_through_the_queue():
+    edges = _imports(LOBBY)
+    crossings = sorted(
+        f"{'/'.join(source)} -> {'/'.join(target)}"
+        for source, targets in edges.items()
+        for target in targets
+        if (source[:1] == ("client",) and target[:1] in (("worker",), ("supervise",)))
+        or (source[:1] == ("worker",) and target[:1] == ("client",))
+    )
+    assert not crossings
+
+
+def test_unsafe_code_is_only_in_crates_sys():
+    assert "#![forbid(unsafe_code)]" in (LOBBY / "lib.rs").read_text()
+    assert "#![deny(unsafe_code)]" in (CRATES / "python" / "src" / "lib.rs").read_text()
+    outside = []
+    for crate in _crates():
+        if crate.name == "sys":
+            continue
+        for path in (crate / "src").rglob("*.rs"):
+            text = path.read_text()
+            blocks = len(re.findall(r"\bunsafe\s*(\{|fn\b|impl\b)", text))
+            allowed = len(re.findall(r"#\[allow\(unsafe_code\)\]", text))
+            if blocks > allowed:
+                outside.append(str(path.relative_to(ROOT)))
+    assert not outside, f"unsafe code outside crates/sys: {outside}"
+
+
+def test_no_code_file_passes_500_lines_before_its_tests():
+    long = {}
+    for crate in _crates():
+        for module, path in _source_files(crate / "src").items():
+            lines = _code(path).count("\n")
+            if lines > MAX_CODE_LINES:
+                long[str(path.relative_to(ROOT))] = lines
+    assert not long
