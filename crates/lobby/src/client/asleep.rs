@@ -25,7 +25,6 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::peer::{Peer, Site, StreamKind};
 use crate::log::debug;
 
-
 /// How long a connection waits in its task before it hibernates.
 pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
 /// How often the watcher looks for sleepers whose time is up. It is also the lobby's
