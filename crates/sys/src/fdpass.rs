@@ -50,12 +50,14 @@ impl From<RecvError> for io::Error {
 /// One `sendmsg` of `bufs` with no descriptor, never raising `SIGPIPE` (a peer that is gone is
 /// an error); `flags` adds e.g. `MSG_DONTWAIT`.
 pub fn send(socket: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
-    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let sent = unsafe { libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL) };
+    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec, and
+    // `bufs` outlives the call, which only reads them.
+    let sent = unsafe {
+        let mut msg: libc::msghdr = mem::zeroed();
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
+        libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL)
+    };
     if sent < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -70,25 +72,25 @@ pub fn send_with_fd(socket: RawFd, bufs: &[IoSlice<'_>], passed: RawFd, flags: l
     let fd_len = mem::size_of::<RawFd>() as u32;
     // u64 elements keep the control buffer aligned for cmsghdr.
     let mut control = [0u64; 4];
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
-    debug_assert!(space <= mem::size_of_val(&control));
-    // SAFETY: an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible with iovec.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer has room for one cmsghdr with one descriptor, as sized above.
-    unsafe {
+    // SAFETY: CMSG_SPACE only computes a size, which the control buffer has room for (checked
+    // below in debug builds); an all-zero msghdr is valid; IoSlice is guaranteed ABI-compatible
+    // with iovec; the one cmsghdr with its one descriptor is written inside the control buffer
+    // with libc's accessors; every buffer outlives the call, which only reads them.
+    let sent = unsafe {
+        let space = libc::CMSG_SPACE(fd_len) as usize;
+        debug_assert!(space <= mem::size_of_val(&control));
+        let mut msg: libc::msghdr = mem::zeroed();
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
         (*cmsg).cmsg_len = libc::CMSG_LEN(fd_len) as _;
         ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), passed);
-    }
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let sent = unsafe { libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL) };
+        libc::sendmsg(socket, &msg, flags | libc::MSG_NOSIGNAL)
+    };
     if sent < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -107,23 +109,24 @@ pub fn recv_with_fds(
 ) -> Result<usize, RecvError> {
     let fd_len = (MAX_FDS_PER_RECV * mem::size_of::<RawFd>()) as u32;
     let mut control = [0u64; 16];
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
-    debug_assert!(space <= mem::size_of_val(&control));
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: an all-zero msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: iov covers `buf`; the kernel writes at most iov_len bytes.
-    let received = unsafe { libc::recvmsg(socket, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
-    if received < 0 {
-        return Err(RecvError::Os(io::Error::last_os_error()));
-    }
-    // SAFETY: walking the control messages the kernel wrote, with the libc accessors.
-    unsafe {
+    // SAFETY: CMSG_SPACE only computes a size, which the control buffer has room for (checked
+    // below in debug builds); an all-zero msghdr is valid; the iovec covers `buf`, of which the
+    // kernel writes at most iov_len bytes; the control messages are walked with libc's
+    // accessors inside the length the kernel wrote, and each descriptor in them is new to this
+    // process (MSG_CMSG_CLOEXEC), so it is owned once, here.
+    let (received, truncated) = unsafe {
+        let space = libc::CMSG_SPACE(fd_len) as usize;
+        debug_assert!(space <= mem::size_of_val(&control));
+        let mut msg: libc::msghdr = mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let received = libc::recvmsg(socket, &mut msg, flags | libc::MSG_CMSG_CLOEXEC);
+        if received < 0 {
+            return Err(RecvError::Os(io::Error::last_os_error()));
+        }
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
@@ -135,8 +138,9 @@ pub fn recv_with_fds(
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        (received, msg.msg_flags & libc::MSG_CTRUNC != 0)
+    };
+    if truncated {
         return Err(RecvError::DescriptorsTruncated);
     }
     Ok(received as usize)
@@ -176,6 +180,7 @@ mod tests {
         let mut buf = [MaybeUninit::<u8>::uninit(); 16];
         let mut fds = VecDeque::new();
         let n = recv_with_fds(b.as_raw_fd(), &mut buf, &mut fds, 0).unwrap();
+        // SAFETY: recvmsg initialised the first n bytes.
         let bytes: Vec<u8> = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
         assert_eq!(bytes, b"frame");
         let mut received = std::fs::File::from(fds.pop_front().unwrap());

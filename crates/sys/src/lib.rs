@@ -5,10 +5,13 @@
 //! allow unsafe code in their expansions, which `forbid` would reject), so whatever touches raw
 //! descriptors, uninitialised memory or libc comes here. Where rustix covers a call safely it is
 //! used; the rest are libc calls, each function with one `unsafe` block and a `SAFETY` comment
-//! saying why it cannot break memory safety. Callers decide how to wait and what an error means:
+//! saying why it cannot break memory safety (clippy's `undocumented_unsafe_blocks` holds every
+//! block to that). Callers decide how to wait and what an error means:
 //! nothing here owns a task, a clock or a policy.
 //!
 //! It imports nothing of maitred's.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod fd;
 pub mod fdpass;
