@@ -72,7 +72,7 @@ def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], i
     return parse
 
 
-def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+def seconds(*, allow_zero: bool) -> Callable[[str], float]:
     expected = "a number of seconds" + (" (0 or more)" if allow_zero else " greater than 0")
 
     def parse(text: str) -> float:
@@ -472,7 +472,7 @@ SETTINGS: tuple[Setting, ...] = (
         "timeout",
         ("-t", "--timeout"),
         "SECONDS",
-        _seconds(allow_zero=False),
+        seconds(allow_zero=False),
         30.0,
         "A worker busy with one request for longer than this is killed and replaced.",
     ),
@@ -481,7 +481,7 @@ SETTINGS: tuple[Setting, ...] = (
         "graceful_timeout",
         ("--graceful-timeout",),
         "SECONDS",
-        _seconds(allow_zero=True),
+        seconds(allow_zero=True),
         30.0,
         "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed.",
     ),
@@ -518,7 +518,7 @@ SETTINGS: tuple[Setting, ...] = (
         "max_worker_lifetime",
         ("--max-worker-lifetime",),
         "SECONDS",
-        _seconds(allow_zero=False),
+        seconds(allow_zero=False),
         None,
         "Replace a worker after it has served for this long: once it has answered the request it holds, "
         "at once if it is idle.",
@@ -529,7 +529,7 @@ SETTINGS: tuple[Setting, ...] = (
         "max_worker_lifetime_jitter",
         ("--max-worker-lifetime-jitter",),
         "SECONDS",
-        _seconds(allow_zero=True),
+        seconds(allow_zero=True),
         0.0,
         "Add a random 0 to N seconds to each worker's --max-worker-lifetime, so that workers do not all "
         "restart at once.",
@@ -549,7 +549,7 @@ SETTINGS: tuple[Setting, ...] = (
         "keep_alive",
         ("--keep-alive",),
         "SECONDS",
-        _seconds(allow_zero=True),
+        seconds(allow_zero=True),
         75.0,
         "How long an idle keep-alive connection is held open (0: close after each response). "
         "An idle connection costs no worker; keep this above your proxy's idle timeout.",
@@ -559,7 +559,7 @@ SETTINGS: tuple[Setting, ...] = (
         "header_timeout",
         ("--header-timeout",),
         "SECONDS",
-        _seconds(allow_zero=False),
+        seconds(allow_zero=False),
         10.0,
         "Time allowed for a request's head, and for each gap in its body, to arrive; the client gets 408 after that.",
     ),
@@ -579,7 +579,7 @@ SETTINGS: tuple[Setting, ...] = (
         "send_timeout",
         ("--send-timeout",),
         "SECONDS",
-        _seconds(allow_zero=False),
+        seconds(allow_zero=False),
         60.0,
         "A client that takes no byte of its answer for this long is disconnected. A client that keeps reading "
         "is never cut, however slowly it reads.",
@@ -620,7 +620,7 @@ SETTINGS: tuple[Setting, ...] = (
         "queue_timeout",
         ("--queue-timeout",),
         "SECONDS",
-        _seconds(allow_zero=False),
+        seconds(allow_zero=False),
         None,
         "A request that has waited longer than this for a free worker gets 503 with Retry-After.",
         default_text="off",
@@ -948,27 +948,29 @@ _CONFIG_MODULE = "__maitred_config__"
 # The command line.
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are exceptions, so that the CLI prints one line."""
+class ArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are UsageError, so that the CLI prints one line."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
-def _argparse_type(setting: Setting) -> Callable[[str], object]:
+def argument_type(parse: Callable[[str], object], name: str) -> Callable[[str], object]:
+    """A value parser (text -> value, raising ValueError) as an argparse type: argparse prints
+    a parser's own message only when it raises ArgumentTypeError."""
+
     def convert(text: str) -> object:
-        assert setting.parse is not None
         try:
-            return setting.parse(text)
+            return parse(text)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
 
-    convert.__name__ = setting.name
+    convert.__name__ = name
     return convert
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgumentParser(
         prog="maitred",
         usage=f"maitred [OPTIONS] {APP_METAVAR}",
         description="Serve a WSGI application. The application is the callable CALLABLE "
@@ -996,7 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
                 *setting.flags,
                 dest=setting.name,
                 metavar=setting.metavar,
-                type=_argparse_type(setting),
+                type=argument_type(setting.parse, setting.name),
                 nargs="?",
                 const=setting.const,
                 help=text,
@@ -1006,7 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
                 *setting.flags,
                 dest=setting.name,
                 metavar=setting.metavar,
-                type=_argparse_type(setting),
+                type=argument_type(setting.parse, setting.name),
                 action="append" if setting.repeatable else "store",
                 help=text,
             )
