@@ -1,15 +1,15 @@
 """The settings table's rows whose values the lobby receives (`for_lobby`): listening, workers,
 requests, proxies and logging, in --help's order. table.py puts them first.
 
-May import: setting.py and values.py.
+May import: setting.py and values.py (and maitred.log, for the level names).
 """
 
 from __future__ import annotations
 
+from maitred import log
 from maitred.config.setting import Setting
 from maitred.config.values import (
     ACCESS_LOG_FORMAT,
-    LOG_LEVELS,
     SECURE_SCHEME_HEADERS,
     _access_log_format,
     _address_list,
@@ -371,6 +371,6 @@ ROWS: tuple[Setting, ...] = (
         "LEVEL",
         _log_level,
         "info",
-        f"Lowest level written to the error log: {', '.join(LOG_LEVELS)}.",
+        f"Lowest level written to the error log: {', '.join(log.LEVELS)}.",
     ),
 )

@@ -7,7 +7,7 @@ the file-mode mask, log levels, the access-log format (which the lobby checks), 
 address itself), peer address lists, secure scheme headers and PROXY protocol modes. A value a
 config file may give as other than text (a list, a dict, a bool) has a `..._value` parser too.
 
-May import: maitred._native; no other module of maitred, none of this package.
+May import: maitred._native and maitred.log; none of this package.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import re
 import stat
 from collections.abc import Callable
 
-from maitred import _native
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+from maitred import _native, log
 
 # Longest path that fits in `sockaddr_un.sun_path` (108 bytes with the terminating NUL).
 UNIX_PATH_MAX = 107
@@ -161,8 +159,8 @@ def _umask(text: str) -> int:
 
 def _log_level(text: str) -> str:
     level = text.lower()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    if level not in log.LEVELS:
+        raise ValueError(f"expected one of {', '.join(log.LEVELS)}, got {text!r}")
     return level
 
 
