@@ -19,6 +19,8 @@ listed before it:
 - rereading.py: the config file read again for a reload.
 
 A name with a leading underscore in these modules is the package's own, shared among them.
+
+May import: every module of the package, to re-export what the rest of maitred uses.
 """
 
 from __future__ import annotations
