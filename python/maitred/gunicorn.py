@@ -1,9 +1,10 @@
 """Every setting gunicorn documents, and what maitred does with it in a config file.
 
-One table, read by the config-file reader (config.py) and by docs/GUNICORN.md's migration
-table (`markdown_table()`; tests/test_gunicorn_config.py checks that the committed document is
-what it makes). The list is gunicorn's settings reference (docs/content/reference/settings.md in
-benoitc/gunicorn, release 26.1), which includes every setting of the releases before it.
+One table, read by the config-file reader (config/config_file.py) and by docs/GUNICORN.md's
+migration table (`markdown_table()`; tests/test_gunicorn_config.py checks that the committed
+document is what it makes). The list is gunicorn's settings reference
+(docs/content/reference/settings.md in benoitc/gunicorn, release 26.1), which includes every
+setting of the releases before it.
 
 A row's `verdict` says what a gunicorn config file renamed to maitred.conf.py gets:
 

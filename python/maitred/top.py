@@ -11,7 +11,6 @@ answer never keeps `q` from being read; only the main thread touches the termina
 
 from __future__ import annotations
 
-import argparse
 import curses
 import http.client
 import json
@@ -20,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from maitred import config
@@ -51,22 +50,9 @@ class Options:
     interval: float
 
 
-def _argument_type(parse: Callable[[str], object], name: str) -> Callable[[str], object]:
-    """argparse prints a parser's own message only when it raises ArgumentTypeError."""
-
-    def convert(text: str) -> object:
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    convert.__name__ = name
-    return convert
-
-
 def parse_arguments(argv: Sequence[str]) -> Options:
     """`maitred top`'s command line. Raises config.UsageError; --help prints and exits."""
-    parser = config._Parser(
+    parser = config.ArgumentParser(
         prog="maitred top",
         description="Show a running maitred live: its counts, diagnoses and workers, read from "
         "the stats listener's /status.json (a maitred started with --stats ADDRESS). q quits.",
@@ -77,13 +63,13 @@ def parse_arguments(argv: Sequence[str]) -> Options:
         required=True,
         metavar="ADDRESS",
         # The server's own --stats grammar, so that the address given to both reads the same.
-        type=_argument_type(config.BY_NAME["stats"].parse, "stats"),
+        type=config.argument_type(config.BY_NAME["stats"].parse, "stats"),
         help="The stats listener's address, as given to the server's --stats: HOST:PORT or unix:PATH.",
     )
     parser.add_argument(
         "--interval",
         metavar="SECONDS",
-        type=_argument_type(config._seconds(allow_zero=False), "interval"),
+        type=config.argument_type(config.seconds(allow_zero=False), "interval"),
         default=1.0,
         help="Seconds between two readings (default: 1).",
     )

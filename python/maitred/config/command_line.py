@@ -1,0 +1,116 @@
+"""The command line: maitred's argument parser, made from the settings table (`build_parser`),
+and words read with it (`_parse_arguments`: the command line's, or MAITRED_CMD_ARGS's).
+`ArgumentParser` and `argument_type` serve `maitred top` too.
+
+May import: table.py and usage.py (and maitred.gunicorn, to name gunicorn's flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Callable
+from typing import NoReturn
+
+from maitred import __version__, gunicorn
+from maitred.config.table import SETTINGS
+from maitred.config.usage import APP_METAVAR, UsageError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are UsageError, so that the CLI prints one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def argument_type(parse: Callable[[str], object], name: str) -> Callable[[str], object]:
+    """A value parser (text -> value, raising ValueError) as an argparse type: argparse prints
+    a parser's own message only when it raises ArgumentTypeError."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="maitred",
+        usage=f"maitred [OPTIONS] {APP_METAVAR}",
+        description="Serve a WSGI application. The application is the callable CALLABLE "
+        "(default: application) of the Python module MODULE, e.g. myproject.wsgi:application.",
+        epilog="Signals: SIGTERM or SIGINT stops gracefully (requests in progress finish, up to "
+        "--graceful-timeout); SIGQUIT stops at once; SIGHUP reloads the application and the config file; "
+        "SIGUSR1 reopens the log files; SIGTTIN and SIGTTOU add and remove a worker.",
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=36),
+    )
+    parser.add_argument("app", nargs="?", metavar=APP_METAVAR, help=argparse.SUPPRESS)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for setting in SETTINGS:
+        if setting.hook:
+            continue  # a function, given in a config file only
+        if setting.section not in groups:
+            groups[setting.section] = parser.add_argument_group(setting.section)
+        group = groups[setting.section]
+        text = f"{setting.help} (default: {setting.shown_default})"
+        if setting.is_flag:
+            group.add_argument(*setting.flags, dest=setting.name, action="store_true", help=text)
+        elif setting.const is not None:
+            group.add_argument(
+                *setting.flags,
+                dest=setting.name,
+                metavar=setting.metavar,
+                type=argument_type(setting.parse, setting.name),
+                nargs="?",
+                const=setting.const,
+                help=text,
+            )
+        else:
+            group.add_argument(
+                *setting.flags,
+                dest=setting.name,
+                metavar=setting.metavar,
+                type=argument_type(setting.parse, setting.name),
+                action="append" if setting.repeatable else "store",
+                help=text,
+            )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"maitred {__version__}",
+        help="Print the version and exit.",
+    )
+    return parser
+
+
+def _parse_arguments(parser: argparse.ArgumentParser, words: list[str], where: str) -> dict[str, object]:
+    try:
+        parsed, extra = parser.parse_known_args(words)
+    except UsageError as error:
+        raise UsageError(f"{where}{error}") from None
+    if extra:
+        raise UsageError(where + _unexpected_argument_message(parser, extra))
+    return vars(parsed)
+
+
+def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """Names the first unknown option, or else the first surplus argument. (argparse lists
+    them all, including the value that followed an unknown option.)"""
+    for argument in extra:
+        if argument.startswith("-") and argument != "-":
+            option = argument.partition("=")[0]
+            known = [flag for action in parser._actions for flag in action.option_strings]
+            theirs = gunicorn.BY_FLAG.get(option)
+            if theirs is not None and theirs.verdict in (gunicorn.Verdict.IGNORED, gunicorn.Verdict.REFUSED):
+                return f"unknown option {option!r}: gunicorn's {theirs.name} is not supported: {theirs.why}"
+            close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"unknown option {option!r}{hint}"
+    return f"unexpected argument {extra[0]!r}: give one application, MODULE[:CALLABLE]"

@@ -1,0 +1,376 @@
+"""The settings table's rows whose values the lobby receives (`for_lobby`): listening, workers,
+requests, proxies and logging, in --help's order. table.py puts them first.
+
+May import: setting.py and values.py (and maitred.log, for the level names).
+"""
+
+from __future__ import annotations
+
+from maitred import log
+from maitred.config.setting import Setting
+from maitred.config.values import (
+    ACCESS_LOG_FORMAT,
+    SECURE_SCHEME_HEADERS,
+    _access_log_format,
+    _address_list,
+    _address_list_value,
+    _bind_address,
+    _log_destination,
+    _log_level,
+    _proxy_protocol,
+    _proxy_protocol_value,
+    _secure_scheme_headers,
+    _secure_scheme_headers_value,
+    _stats_address,
+    _whole_number,
+    seconds,
+)
+
+# The worker channel carries the request-target and header names as `str16` and the header
+# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of
+# 0 (none of its own) is safe too: the lobby never takes a head larger than 64 KiB
+# (crates/protocol MAX_HEAD_SIZE), and no target or name that fits in one reaches 65535 bytes.
+WIRE_LIMIT = 65535
+
+ROWS: tuple[Setting, ...] = (
+    Setting(
+        "listening",
+        "bind",
+        ("-b", "--bind"),
+        "ADDRESS",
+        _bind_address,
+        ("127.0.0.1:8000",),
+        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
+        "listening socket). Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
+        "docs/SYSTEMD.md) the sockets passed are served instead.",
+        repeatable=True,
+    ),
+    Setting(
+        "listening",
+        "backlog",
+        ("--backlog",),
+        "INT",
+        _whole_number(1, 2**31 - 1),
+        None,
+        "Length of the listen queue. The kernel caps it at net.core.somaxconn; the log says what was granted.",
+        default_text="net.core.somaxconn",
+    ),
+    Setting(
+        "listening",
+        "max_connections",
+        ("--max-connections",),
+        "INT",
+        _whole_number(1),
+        None,
+        "Most client connections held open at once.",
+        default_text="as many as the file-descriptor limit allows",
+    ),
+    Setting(
+        "listening",
+        "stats",
+        ("--stats",),
+        "ADDRESS",
+        _stats_address,
+        None,
+        "Address of the stats listener, HOST:PORT or unix:PATH: Prometheus metrics at /metrics, the same "
+        "with the worker scoreboard and the diagnoses at /status.json, and a live page at / "
+        "(docs/METRICS.md), answered by the lobby without touching a worker. Keep it off the "
+        "public network.",
+        default_text="off",
+    ),
+    Setting(
+        "workers",
+        "workers",
+        ("-w", "--workers"),
+        "INT",
+        _whole_number(1),
+        1,
+        "Number of worker processes running the application.",
+    ),
+    Setting(
+        "workers",
+        "timeout",
+        ("-t", "--timeout"),
+        "SECONDS",
+        seconds(allow_zero=False),
+        30.0,
+        "A worker busy with one request for longer than this is killed and replaced.",
+    ),
+    Setting(
+        "workers",
+        "graceful_timeout",
+        ("--graceful-timeout",),
+        "SECONDS",
+        seconds(allow_zero=True),
+        30.0,
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed.",
+    ),
+    Setting(
+        "workers",
+        "max_requests",
+        ("--max-requests",),
+        "INT",
+        _whole_number(0),
+        0,
+        "Replace a worker after it has served this many requests (0: never).",
+    ),
+    Setting(
+        "workers",
+        "max_requests_jitter",
+        ("--max-requests-jitter",),
+        "INT",
+        _whole_number(0),
+        0,
+        "Add a random 0 to N to each worker's --max-requests, so that workers do not all restart at once.",
+    ),
+    Setting(
+        "workers",
+        "max_worker_memory",
+        ("--max-worker-memory",),
+        "MB",
+        _whole_number(0),
+        0,
+        "Replace a worker whose resident memory is above this many megabytes (MiB) after a request: it takes "
+        "no further request (0: no limit).",
+    ),
+    Setting(
+        "workers",
+        "max_worker_lifetime",
+        ("--max-worker-lifetime",),
+        "SECONDS",
+        seconds(allow_zero=False),
+        None,
+        "Replace a worker after it has served for this long: once it has answered the request it holds, "
+        "at once if it is idle.",
+        default_text="off",
+    ),
+    Setting(
+        "workers",
+        "max_worker_lifetime_jitter",
+        ("--max-worker-lifetime-jitter",),
+        "SECONDS",
+        seconds(allow_zero=True),
+        0.0,
+        "Add a random 0 to N seconds to each worker's --max-worker-lifetime, so that workers do not all "
+        "restart at once.",
+    ),
+    Setting(
+        "workers",
+        "preload",
+        ("--preload",),
+        None,
+        None,
+        False,
+        "Import the application once, before forking the workers.",
+        default_text="off",
+    ),
+    Setting(
+        "requests",
+        "keep_alive",
+        ("--keep-alive",),
+        "SECONDS",
+        seconds(allow_zero=True),
+        75.0,
+        "How long an idle keep-alive connection is held open (0: close after each response). "
+        "An idle connection costs no worker; keep this above your proxy's idle timeout.",
+    ),
+    Setting(
+        "requests",
+        "header_timeout",
+        ("--header-timeout",),
+        "SECONDS",
+        seconds(allow_zero=False),
+        10.0,
+        "Time allowed for a request's head, and for each gap in its body, to arrive; the client gets 408 after that.",
+    ),
+    Setting(
+        "requests",
+        "body_min_rate",
+        ("--body-min-rate",),
+        "BYTES",
+        _whole_number(0),
+        500,
+        "Slowest a request body may arrive, in bytes per second, after its first --header-timeout: a body "
+        "must be complete within --header-timeout plus its size divided by this, or the client gets 408 "
+        "(0: no such deadline; the gap limit of --header-timeout still applies).",
+    ),
+    Setting(
+        "requests",
+        "send_timeout",
+        ("--send-timeout",),
+        "SECONDS",
+        seconds(allow_zero=False),
+        60.0,
+        "A client that takes no byte of its answer for this long is disconnected. A client that keeps reading "
+        "is never cut, however slowly it reads.",
+    ),
+    Setting(
+        "requests",
+        "max_spill",
+        ("--max-spill",),
+        "BYTES",
+        _whole_number(0),
+        1 << 30,
+        "Most bytes of one answer that wait for a slow client in a temporary file (past the 256 KiB kept in "
+        "memory); beyond it the lobby stops reading that answer from its worker until the client has caught up "
+        "(0: no file; the worker waits for the client).",
+    ),
+    Setting(
+        "requests",
+        "max_spill_total",
+        ("--max-spill-total",),
+        "BYTES",
+        _whole_number(0),
+        4 << 30,
+        "Most bytes of all answers waiting in temporary files at once; beyond it, answers that spill wait for "
+        "their clients as with --max-spill.",
+    ),
+    Setting(
+        "requests",
+        "max_head_memory",
+        ("--max-head-memory",),
+        "BYTES",
+        _whole_number(1),
+        64 << 20,
+        "Memory shared by all requests whose head has not fully arrived; beyond it the oldest incomplete heads "
+        "get 408 first, and complete requests are served as usual.",
+    ),
+    Setting(
+        "requests",
+        "queue_timeout",
+        ("--queue-timeout",),
+        "SECONDS",
+        seconds(allow_zero=False),
+        None,
+        "A request that has waited longer than this for a free worker gets 503 with Retry-After.",
+        default_text="off",
+    ),
+    Setting(
+        "requests",
+        "max_body",
+        ("--max-body",),
+        "BYTES",
+        _whole_number(0),
+        None,
+        "Largest request body accepted.",
+        default_text="unlimited",
+    ),
+    Setting(
+        "requests",
+        "limit_request_line",
+        ("--limit-request-line",),
+        "BYTES",
+        _whole_number(0, WIRE_LIMIT),
+        8190,
+        "Longest request line (method, target and version) accepted (0: no limit beyond the 64 KiB head ceiling).",
+    ),
+    Setting(
+        "requests",
+        "limit_request_fields",
+        ("--limit-request-fields",),
+        "INT",
+        _whole_number(1, WIRE_LIMIT),
+        100,
+        "Most header fields accepted in one request.",
+    ),
+    Setting(
+        "requests",
+        "limit_request_field_size",
+        ("--limit-request-field_size",),
+        "BYTES",
+        _whole_number(0, WIRE_LIMIT),
+        8190,
+        "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head ceiling).",
+    ),
+    Setting(
+        "proxies",
+        "forwarded_allow_ips",
+        ("--forwarded-allow-ips",),
+        "LIST",
+        _address_list,
+        ["127.0.0.1", "::1"],
+        "Peers trusted to say who the client is: comma-separated addresses and networks (10.0.0.0/8), or * "
+        "for all. From them (and from any Unix-socket peer) X-Forwarded-For or Forwarded set REMOTE_ADDR, and "
+        "secure_scheme_headers set wsgi.url_scheme (docs/PROXIES.md).",
+        default_text="127.0.0.1,::1, or $FORWARDED_ALLOW_IPS",
+        from_python=_address_list_value,
+        environ="FORWARDED_ALLOW_IPS",
+    ),
+    Setting(
+        "proxies",
+        "secure_scheme_headers",
+        ("--secure-scheme-headers",),
+        "NAME=VALUE,...",
+        _secure_scheme_headers,
+        SECURE_SCHEME_HEADERS,
+        "Headers by which a trusted peer says the client used https: with this value https, with any other "
+        "http; headers that disagree get 400. A dict in a config file, as in gunicorn's; empty: none. The "
+        "default is gunicorn's: X-FORWARDED-PROTO https, X-FORWARDED-SSL on, X-FORWARDED-PROTOCOL ssl.",
+        default_text="gunicorn's three",
+        from_python=_secure_scheme_headers_value,
+    ),
+    Setting(
+        "proxies",
+        "proxy_protocol",
+        ("--proxy-protocol",),
+        "MODE",
+        _proxy_protocol,
+        "off",
+        "Every connection must begin with a PROXY protocol header (HAProxy's send-proxy), whose client becomes "
+        "REMOTE_ADDR: v1, v2, or auto for either (the flag alone); off. Put the flag after the application, or "
+        "give its mode, as its value is optional.",
+        from_python=_proxy_protocol_value,
+        const="auto",
+    ),
+    Setting(
+        "proxies",
+        "proxy_allow_ips",
+        ("--proxy-allow-from",),
+        "LIST",
+        _address_list,
+        ["127.0.0.1", "::1"],
+        "Peers that may send a PROXY protocol header (addresses, networks, or *); under --proxy-protocol any "
+        "other gets 400.",
+        default_text="127.0.0.1,::1",
+        from_python=_address_list_value,
+    ),
+    Setting(
+        "logging",
+        "access_logfile",
+        ("--access-logfile",),
+        "FILE",
+        _log_destination,
+        None,
+        "Where to write one line per request ('-': standard output).",
+        default_text="off",
+    ),
+    Setting(
+        "logging",
+        "access_log_format",
+        ("--access-logformat",),
+        "FORMAT",
+        _access_log_format,
+        ACCESS_LOG_FORMAT,
+        "What each access-log line says: gunicorn's atoms, maitred's queue_ms and app_ms, or 'json' for "
+        "one JSON object per line (docs/LIMITS.md, The access log's format).",
+        default_text="gunicorn's combined log format",
+    ),
+    Setting(
+        "logging",
+        "error_logfile",
+        ("--error-logfile",),
+        "FILE",
+        _log_destination,
+        "-",
+        "Where every process of maitred writes its log ('-': standard error).",
+    ),
+    Setting(
+        "logging",
+        "log_level",
+        ("--log-level",),
+        "LEVEL",
+        _log_level,
+        "info",
+        f"Lowest level written to the error log: {', '.join(log.LEVELS)}.",
+    ),
+)
