@@ -1,6 +1,6 @@
 """`--user`, `--group`, `--initgroups`: who maitred's processes run as.
 
-The lobby switches in Rust (crates/lobby/src/privileges.rs) once its listen sockets are bound;
+The lobby switches in Rust (crates/lobby/src/process/privileges.rs) once its listen sockets are bound;
 the zygote switches here, right after it is forked and before it imports anything of the
 application, so no worker ever runs as root. Both drop the supplementary groups, the group and
 the user, in that order, and check that root cannot be regained.

@@ -109,5 +109,5 @@ def _names(bind: str, fd: int, address: object) -> bool:
         candidates = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     except (OSError, ValueError):
         return False
-    # The lobby binds the first address a name resolves to (crates/lobby/src/listen.rs).
+    # The lobby binds the first address a name resolves to (crates/lobby/src/listen/bind.rs).
     return bool(candidates) and candidates[0][4][:2] == address[:2]

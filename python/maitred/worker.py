@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from maitred import __version__, hooks, reload
+from maitred import __version__, _native, hooks, reload
 from maitred import log as error_log
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
@@ -52,9 +52,8 @@ LOBBY_SIGNALS = (
 # Before it kills a worker at --timeout, the lobby asks for the worker's Python stack with this
 # signal (docs/SIGNALS.md, "--timeout and worker health"). A real-time signal: no terminal, shell
 # or service manager sends one, so a signal to the whole process group never dumps every
-# worker's stack. The lobby uses the same number (crates/lobby/src/worker.rs, STACK_SIGNAL): it
-# runs in the process this one was forked from, with the same C library's SIGRTMIN.
-STACK_SIGNAL = signal.SIGRTMIN + 2
+# worker's stack. The lobby owns the number (SIGRTMIN + 2, crates/lobby/src/worker/health.rs).
+STACK_SIGNAL = _native.STACK_SIGNAL
 
 
 def leave_signals_to_the_lobby() -> None:

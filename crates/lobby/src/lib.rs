@@ -40,6 +40,7 @@ pub use process::hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
 pub use process::upgrade::{Succession, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
 pub use supervise::zygote::ZYGOTE_CHANNEL_VARIABLE;
 pub use supervise::{Reread, Rereader};
+pub use worker::health::stack_signal;
 
 /// Why the server could not start: one line for the operator.
 #[derive(Debug)]

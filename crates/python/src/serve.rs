@@ -255,5 +255,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UPGRADE_LISTENERS_VARIABLE", maitred_lobby::UPGRADE_LISTENERS_VARIABLE)?;
     m.add("ZYGOTE_CHANNEL_VARIABLE", maitred_lobby::ZYGOTE_CHANNEL_VARIABLE)?;
     m.add("LISTEN_FDS_START", maitred_lobby::LISTEN_FDS_START)?;
+    // The signal that has a worker write its Python stack (before a kill at --timeout).
+    m.add("STACK_SIGNAL", maitred_lobby::stack_signal())?;
     Ok(())
 }

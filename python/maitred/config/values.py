@@ -91,7 +91,7 @@ ACCESS_LOG_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"
 
 def _access_log_format(text: str) -> str:
     """A format the lobby can write. The lobby owns the format's grammar
-    (crates/lobby/src/access_format.rs): this asks it, so that a wrong format is refused here,
+    (crates/lobby/src/log/access_format.rs): this asks it, so that a wrong format is refused here,
     with one line, rather than when the lobby starts or reloads."""
     _native.check_access_log_format(text)
     return text

@@ -165,7 +165,7 @@ fn inherited_listener(socket: &Socket) -> Result<SockAddr, String> {
 
 /// The name a service manager gave `fd` (LISTEN_FDNAMES, empty when it gave none), when `fd` is
 /// one of the sockets it passed to this process by socket activation (LISTEN_FDS from fd 3, for
-/// the process LISTEN_PID); None otherwise. The CLI (python/maitred/config.py) turned those
+/// the process LISTEN_PID); None otherwise. The CLI (python/maitred/config/service_manager.py) turned those
 /// sockets into `fd://N` binds; this only says where they came from, in the log.
 fn activation_name(fd: i32) -> Option<String> {
     let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;

@@ -452,7 +452,7 @@ mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
 
-    /// gunicorn's default, and maitred's (python/maitred/config.py): the combined log format.
+    /// gunicorn's default, and maitred's (python/maitred/config/values.py): the combined log format.
     const DEFAULT: &str = r#"%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s""#;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> Vec<(Bytes, Bytes)> {

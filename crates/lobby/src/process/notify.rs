@@ -6,7 +6,7 @@
 //! line when the figures change (at most one a second), and, when WATCHDOG_USEC is set for this
 //! process, `WATCHDOG=1` at half that interval from a task on the event loop, so that a loop that
 //! stops turning stops the heartbeat too. The zygote and the workers never see these variables:
-//! the CLI removes them from the zygote's environment (python/maitred/config.py).
+//! the CLI removes them from the zygote's environment (python/maitred/config/service_manager.py).
 //!
 //! A few lines over a std `UnixDatagram` rather than the `sd-notify` crate: that crate opens a
 //! blocking socket for each message, so a manager slow to read would stall the event loop, and

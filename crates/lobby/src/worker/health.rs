@@ -44,7 +44,7 @@ const LINE_FIRST: Duration = Duration::from_millis(200);
 const LINE_POLL: Duration = Duration::from_millis(2);
 
 /// The signal that makes a worker write every thread's Python stack to the error log
-/// (python/maitred/worker.py, STACK_SIGNAL: faulthandler, from the C signal handler).
+/// (faulthandler, from the C signal handler). The worker asks `maitred._native.STACK_SIGNAL`.
 pub fn stack_signal() -> i32 {
     libc::SIGRTMIN() + 2
 }
