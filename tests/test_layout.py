@@ -8,7 +8,8 @@ lobby's source"): a layout that only a document states drifts with the first hur
 - Client connections and workers meet only through the queue: neither imports the other.
 - Every raw system call is in `crates/sys`: it alone has `unsafe` blocks, the lobby forbids
   unsafe code, the Python extension denies it (and allows its one CPython call where it stands).
-- No file does two jobs: no code file passes 500 lines before its tests.
+- No file does two jobs: no code file passes 500 lines before its tests, no Python module 500
+  lines; other modules use `maitred.config` through its public names.
 
 The import graph is read from `use` lines and paths (`crate::a::b`, `super::c`, groups in
 braces) with comments and `#[cfg(test)]` modules left out: what the compiler resolves.
@@ -179,3 +180,20 @@ def test_no_code_file_passes_500_lines_before_its_tests():
             if lines > MAX_CODE_LINES:
                 long[str(path.relative_to(ROOT))] = lines
     assert not long
+
+
+def test_no_python_module_passes_500_lines_or_reaches_into_config():
+    package = ROOT / "python" / "maitred"
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in package.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_CODE_LINES
+    }
+    assert not long
+    # `maitred top` and the rest use config's public interface (python/maitred/config/__init__.py).
+    private = sorted(
+        str(path.relative_to(ROOT))
+        for path in package.rglob("*.py")
+        if "config" not in path.relative_to(package).parts and re.search(r"\bconfig\._[a-z]", path.read_text())
+    )
+    assert not private
