@@ -8,6 +8,7 @@ use maitred_protocol::ProxyVersions;
 use crate::client::proxies::{AllowList, Forwarding};
 use crate::log::access_format::AccessFormat;
 use crate::log::Level;
+use crate::seating::overload::Policy;
 
 /// One address to listen on, as given to `--bind`. The CLI owns the grammar (python/maitred/config)
 /// and hands each one over parsed.
@@ -70,6 +71,12 @@ pub struct Config {
     pub max_body: Option<u64>,
     /// None: a request waits for a worker as long as it takes.
     pub queue_timeout: Option<Duration>,
+    /// `--queue-policy`: adaptive sheds what cannot be answered in time; fifo serves all.
+    pub queue_policy: QueuePolicy,
+    /// `--request-deadline`: how long a client waits, counted from X-Request-Start if trusted.
+    pub request_deadline: Option<Duration>,
+    /// `--half-close`: what a client that shuts its sending side while its request waits means.
+    pub half_close: HalfClose,
     /// None: as many as the file-descriptor limit allows.
     pub max_connections: Option<usize>,
     /// The application spec, for log lines.
@@ -94,4 +101,29 @@ pub struct Credentials {
     /// The whole supplementary group list: --group alone, or with `--initgroups` the user's
     /// groups from the group database.
     pub groups: Vec<u32>,
+}
+
+/// `--queue-policy` (docs/TUNING.md, "Overload").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueuePolicy {
+    /// Past capacity, answer 503 to what can no longer be answered in time.
+    Adaptive,
+    /// Serve every request in arrival order, however long it waited.
+    Fifo,
+}
+
+/// `--half-close`: a client that shuts its sending side while its request waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfClose {
+    /// It has left, as when it closes (nginx's default): its request is dropped.
+    Abandon,
+    /// It still reads: its request is answered.
+    Serve,
+}
+
+impl Config {
+    /// What the queue needs to know of overload (`seating/overload.rs`).
+    pub(crate) fn overload_policy(&self) -> Policy {
+        Policy { adaptive: self.queue_policy == QueuePolicy::Adaptive, deadline: self.request_deadline }
+    }
 }

@@ -69,6 +69,7 @@ impl Lobby {
     /// Takes the settings a reload read; connections and workers use them from their next
     /// request on.
     pub fn set_settings(&self, config: Config) {
+        self.seating.configure(config.overload_policy());
         *self.settings.borrow_mut() = Rc::new(config);
     }
 

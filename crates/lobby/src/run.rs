@@ -134,6 +134,7 @@ pub(crate) async fn until_stopped(
         interrupt_workers,
         started: std::time::Instant::now(),
     });
+    lobby.seating.configure(lobby.config.overload_policy());
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let control_reader = tokio::task::spawn_local(read_control(first_zygote, events_tx.clone()));
     let watcher = tokio::task::spawn_local(wake::watch(lobby.clone()));

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, HookFailed, Level, LobbyHook, ProxyVersions,
-    Reread, Rereader, ServerHooks, Succession,
+    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, HalfClose, HookFailed, Level, LobbyHook,
+    ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
@@ -170,6 +170,17 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             .ok_or_else(|| PyValueError::new_err(format!("unknown log level '{log_level}'")))?,
         max_body: optional(settings, "max_body")?,
         queue_timeout: optional::<f64>(settings, "queue_timeout")?.map(Duration::from_secs_f64),
+        queue_policy: match required::<String>(settings, "queue_policy")?.as_str() {
+            "adaptive" => QueuePolicy::Adaptive,
+            "fifo" => QueuePolicy::Fifo,
+            other => return Err(PyValueError::new_err(format!("setting 'queue_policy': unknown policy '{other}'"))),
+        },
+        request_deadline: optional::<f64>(settings, "request_deadline")?.map(Duration::from_secs_f64),
+        half_close: match required::<String>(settings, "half_close")?.as_str() {
+            "abandon" => HalfClose::Abandon,
+            "serve" => HalfClose::Serve,
+            other => return Err(PyValueError::new_err(format!("setting 'half_close': unknown action '{other}'"))),
+        },
         max_connections: optional(settings, "max_connections")?,
         app: required(settings, "app")?,
         stats: optional::<String>(settings, "stats")?.map(|text| bind_address(py, &text)).transpose()?,

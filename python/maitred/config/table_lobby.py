@@ -23,6 +23,7 @@ from maitred.config.values import (
     _secure_scheme_headers_value,
     _stats_address,
     _whole_number,
+    one_of,
     seconds,
 )
 
@@ -244,6 +245,39 @@ ROWS: tuple[Setting, ...] = (
         None,
         "A request that has waited longer than this for a free worker gets 503 with Retry-After.",
         default_text="off",
+    ),
+    Setting(
+        "requests",
+        "queue_policy",
+        ("--queue-policy",),
+        "POLICY",
+        one_of("adaptive", "fifo"),
+        "adaptive",
+        "Past capacity: adaptive answers 503 with Retry-After to the requests that can no longer be answered in "
+        "time, once clients are seen giving up or --request-deadline says how long they wait; fifo serves every "
+        "request in arrival order however long it waited (docs/TUNING.md, Overload).",
+    ),
+    Setting(
+        "requests",
+        "request_deadline",
+        ("--request-deadline",),
+        "SECONDS",
+        seconds(allow_zero=False),
+        None,
+        "How long clients wait for an answer, counted from the X-Request-Start of a proxy in "
+        "--forwarded-allow-ips, or else from when the request was read: one that used it up gets 503 without "
+        "running (and, with --queue-policy adaptive, one that waited over half of it).",
+        default_text="off",
+    ),
+    Setting(
+        "requests",
+        "half_close",
+        ("--half-close",),
+        "ACTION",
+        one_of("abandon", "serve"),
+        "abandon",
+        "A client that shuts its sending side while its request waits: abandon takes it as gone and drops the "
+        "request, as nginx does; serve answers it (for clients that half-close after sending).",
     ),
     Setting(
         "requests",

@@ -318,14 +318,21 @@ def _secure_scheme_headers_value(value: object) -> dict[str, str]:
     raise ValueError(f"expected a dict of header names to values, got {value!r}")
 
 
+def one_of(*choices: str) -> Callable[[str], str]:
+    """A parser for a setting that takes one of `choices`, in any case."""
+
+    def parse(text: str) -> str:
+        choice = text.lower()
+        if choice not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return choice
+
+    return parse
+
+
 PROXY_PROTOCOL_MODES = ("off", "v1", "v2", "auto")
 
-
-def _proxy_protocol(text: str) -> str:
-    mode = text.lower()
-    if mode not in PROXY_PROTOCOL_MODES:
-        raise ValueError(f"expected one of {', '.join(PROXY_PROTOCOL_MODES)}, got {text!r}")
-    return mode
+_proxy_protocol = one_of(*PROXY_PROTOCOL_MODES)
 
 
 def _proxy_protocol_value(value: object) -> str:

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use ipnet::IpNet;
@@ -80,11 +81,25 @@ pub struct Origin {
     pub port: Option<u16>,
     /// `wsgi.url_scheme` is https.
     pub https: bool,
+    /// When the trusted proxy in front received the request (its `X-Request-Start`), if it said.
+    pub upstream_start: Option<SystemTime>,
 }
 
 impl Origin {
     fn of(peer: Option<SocketAddr>) -> Origin {
-        Origin { ip: peer.map(|addr| addr.ip()), port: peer.map(|addr| addr.port()), https: false }
+        Origin {
+            ip: peer.map(|addr| addr.ip()),
+            port: peer.map(|addr| addr.port()),
+            https: false,
+            upstream_start: None,
+        }
+    }
+
+    /// How long the request had already waited in front of this server when it arrived at
+    /// `now`: zero unless a trusted proxy said when it received it (`X-Request-Start`). A start
+    /// in the future (clocks that disagree) counts as none.
+    pub fn upstream_wait(&self, now: SystemTime) -> Duration {
+        self.upstream_start.and_then(|start| now.duration_since(start).ok()).unwrap_or_default()
     }
 
     /// REMOTE_ADDR's text: empty for a Unix socket.
@@ -146,6 +161,8 @@ pub fn origin(
             forwarded_for.push(value);
         } else if name.eq_ignore_ascii_case(b"forwarded") {
             forwarded.push(value);
+        } else if name.eq_ignore_ascii_case(b"x-request-start") {
+            origin.upstream_start = request_start(value);
         }
         let secure =
             forwarding.secure_scheme_headers.iter().find(|(secure, _)| name.eq_ignore_ascii_case(secure.as_bytes()));
@@ -181,6 +198,23 @@ pub fn origin(
     }
     origin.https = scheme.first.is_some_and(|(_, https)| https);
     Ok(origin)
+}
+
+/// When the proxy in front received the request, from its `X-Request-Start`: a time since the
+/// epoch, with or without `t=`, in seconds (nginx's `$msec`, `t=1732560000.123`), milliseconds
+/// (Heroku's router), microseconds (Apache's `%t`) or nanoseconds, told apart by size. Anything
+/// else, or a time before 2001, is no time at all.
+fn request_start(value: &[u8]) -> Option<SystemTime> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let number: f64 = text.strip_prefix("t=").unwrap_or(text).parse().ok()?;
+    let seconds = match number {
+        n if !n.is_finite() || n < 1e9 => return None,
+        n if n < 1e11 => n,
+        n if n < 1e14 => n / 1e3,
+        n if n < 1e17 => n / 1e6,
+        n => n / 1e9,
+    };
+    SystemTime::UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(seconds).ok()?)
 }
 
 /// The headers that spoke on the scheme must agree.
@@ -271,7 +305,7 @@ mod tests {
     }
 
     fn client(ip: &str, port: Option<u16>, https: bool) -> Result<Origin, ContradictoryScheme> {
-        Ok(Origin { ip: Some(ip.parse().unwrap()), port, https })
+        Ok(Origin { ip: Some(ip.parse().unwrap()), port, https, upstream_start: None })
     }
 
     const LOCAL: &[&str] = &["127.0.0.1", "::1"];
@@ -395,6 +429,35 @@ mod tests {
     fn a_unix_socket_peer_is_trusted_as_under_gunicorn() {
         let said = headers(&[("X-Forwarded-For", "203.0.113.5"), ("X-Forwarded-Proto", "https")]);
         assert_eq!(origin(None, &said, &forwarding(&[])), client("203.0.113.5", None, true));
-        assert_eq!(origin(None, &[], &forwarding(&[])), Ok(Origin { ip: None, port: None, https: false }));
+        assert_eq!(
+            origin(None, &[], &forwarding(&[])),
+            Ok(Origin { ip: None, port: None, https: false, upstream_start: None })
+        );
+    }
+
+    #[test]
+    fn x_request_start_is_read_in_any_unit_and_only_from_a_trusted_peer() {
+        let at = |seconds: f64| Some(SystemTime::UNIX_EPOCH + Duration::from_secs_f64(seconds));
+        for (value, seconds) in [
+            ("t=1732560000.123", 1_732_560_000.123),
+            ("1732560000123", 1_732_560_000.123),
+            ("t=1732560000123456", 1_732_560_000.123_456),
+            ("t=1732560000123456789", 1_732_560_000.123_456),
+        ] {
+            let start = request_start(value.as_bytes()).unwrap();
+            let expected = at(seconds).unwrap();
+            let gap = start.duration_since(expected).unwrap_or_else(|e| e.duration());
+            assert!(gap < Duration::from_micros(1), "{value}: {start:?} against {expected:?}");
+        }
+        for bad in ["", "t=", "soon", "t=-5", "t=12", "t=NaN", "t=inf"] {
+            assert_eq!(request_start(bad.as_bytes()), None, "{bad}");
+        }
+        let start = [("X-Request-Start", "t=1732560000.5")];
+        let trusted = from("127.0.0.1:1", &start, LOCAL).unwrap();
+        assert_eq!(trusted.upstream_start, at(1_732_560_000.5));
+        assert_eq!(trusted.upstream_wait(at(1_732_560_001.75).unwrap()), Duration::from_millis(1250));
+        assert_eq!(trusted.upstream_wait(at(1_732_559_999.0).unwrap()), Duration::ZERO);
+        let stranger = from("203.0.113.9:1", &start, LOCAL).unwrap();
+        assert_eq!(stranger.upstream_start, None);
     }
 }

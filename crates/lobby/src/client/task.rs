@@ -11,12 +11,12 @@ use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
 use maitred_wire::{build_frame, Kind, FLAG_FD};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
@@ -27,13 +27,20 @@ use super::read::{Body, READ_CHUNK};
 use super::states::ConnectionState;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
+use crate::config::HalfClose;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
+use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 
+/// How long a request waits before its client is watched for leaving. Watching costs a peek
+/// (recv with MSG_PEEK) per request, as the socket's readiness is still set from reading the
+/// request; a request answered sooner never pays it, and a client gone sooner than this is
+/// found as soon as its request has waited this long.
+const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// How long, and how much input, a refused connection is drained before it is closed.
-const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 1 << 20;
 
 /// Serves a connection from its first request (`answered` 0) or after hibernating.
@@ -228,8 +235,9 @@ impl<S: ClientStream> Connection<S> {
             version_text(head.version)
         )
         .into();
+        let upstream = origin.upstream_wait(SystemTime::now());
         // The body file's place under --max-connections is held until the answer is written.
-        let (job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone()) {
+        let (job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone(), upstream) {
             Ok(job) => job,
             Err(detail) => {
                 log::info_limited!("431 to {}: {detail}", self.peer.display());
@@ -239,8 +247,7 @@ impl<S: ClientStream> Connection<S> {
                 return Ok(false);
             }
         };
-        let state = job.state.clone();
-        let enqueued_at = job.enqueued_at;
+        let waiting = Waiting { state: job.state.clone(), enqueued_at: job.enqueued_at, upstream };
         let served = job.served.clone();
         self.lobby.seating.submit(job);
         self.mark.set(ConnectionState::Awaiting);
@@ -251,10 +258,12 @@ impl<S: ClientStream> Connection<S> {
             keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.lobby.closing(),
         };
         let mut answer = Answer::new(&context);
+        let mut next = self.first_part(&responses, &waiting).await;
         loop {
-            let part = match self.next_part(&responses, &state, enqueued_at).await {
+            let part = match next {
                 Some(part) => part,
-                // The lobby dropped the job: it is shutting down past --graceful-timeout.
+                // The client left, or the lobby dropped the job: it is shutting down past
+                // --graceful-timeout.
                 None => return Ok(false),
             };
             self.mark.set(ConnectionState::Writing);
@@ -263,12 +272,13 @@ impl<S: ClientStream> Connection<S> {
             if last {
                 self.answered += 1;
                 self.lobby.metrics.answered(answer.status);
-                self.log_access(head, origin, &answer, enqueued_at, served.as_deref());
+                self.log_access(head, origin, &answer, &waiting, served.as_deref());
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).
                 return Ok(keep_open);
             }
+            next = responses.recv().await;
         }
     }
 
@@ -279,6 +289,7 @@ impl<S: ClientStream> Connection<S> {
         body: Body,
         respond: AnswerSender,
         summary: Rc<str>,
+        upstream: Duration,
     ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
         let body_len = body.len();
         let (inline, body_file, body_descriptor) = match body {
@@ -310,43 +321,98 @@ impl<S: ClientStream> Connection<S> {
             state: Rc::new(Cell::new(JobState::Queued)),
             respond,
             enqueued_at: Instant::now(),
+            upstream,
             summary,
             served: log::access_log_enabled().then(Rc::default),
         };
         Ok((job, body_descriptor))
     }
 
-    /// The next part of the answer. Before the first part, a request still waiting for a
-    /// worker after `--queue-timeout` (in the queue, or offered to a busy worker that has not
-    /// taken it) is withdrawn and answered 503.
-    async fn next_part(
-        &mut self,
-        responses: &AnswerReceiver,
-        state: &Rc<Cell<JobState>>,
-        enqueued_at: Instant,
-    ) -> Option<ResponsePart> {
-        let Some(limit) = self.lobby.settings().queue_timeout.filter(|_| state.get() == JobState::Queued) else {
-            return responses.recv().await;
-        };
-        tokio::select! {
-            part = responses.recv() => part,
-            _ = sleep_until((enqueued_at + limit).into()) => {
-                let withdrawn = match state.get() {
-                    JobState::Queued => {
-                        state.set(JobState::Cancelled);
-                        true
+    /// The first part of the answer. Meanwhile the wait is watched:
+    /// - past `--queue-timeout`, a request still waiting for a worker (in the queue, or offered
+    ///   to a busy worker that has not taken it) is withdrawn and answered 503;
+    /// - from `WATCH_AFTER` on, a client that leaves has its request dropped (`abandon`), and
+    ///   None comes back: the connection ends.
+    async fn first_part(&self, responses: &AnswerReceiver, waiting: &Waiting) -> Option<ResponsePart> {
+        let queue_timeout = self.lobby.settings().queue_timeout;
+        let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + WATCH_AFTER);
+        let mut watching = true;
+        loop {
+            let unseated = matches!(waiting.state.get(), JobState::Queued | JobState::Offered);
+            let timeout = queue_timeout.filter(|_| unseated);
+            let timed_out = waiting.enqueued_at + timeout.unwrap_or_default();
+            tokio::select! {
+                part = responses.recv() => return part,
+                _ = sleep_until(timed_out.into()), if timeout.is_some() => {
+                    let Some(limit) = timeout else { continue };
+                    if self.withdraw(waiting) {
+                        self.lobby.seating.overload.count(ShedReason::QueueTimeout);
+                        return Some(ResponsePart::Refused {
+                            status: 503,
+                            detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
+                            retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
+                        });
                     }
-                    JobState::Offered => self.lobby.seating.withdraw_offer(state),
-                    JobState::Seated | JobState::Cancelled => false,
-                };
-                if !withdrawn {
-                    return responses.recv().await;
                 }
-                Some(ResponsePart::Refused {
-                    status: 503,
-                    detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
-                })
+                left = async { sleep_until(watch_from).await; self.client_left().await }, if watching => {
+                    if left {
+                        self.abandon(waiting);
+                        return None;
+                    }
+                    watching = false;
+                }
             }
+        }
+    }
+
+    /// Takes the request back from the queue (or from the busy worker it was offered to) if no
+    /// worker has begun it; it is then never seated.
+    fn withdraw(&self, waiting: &Waiting) -> bool {
+        match waiting.state.get() {
+            JobState::Queued => {
+                waiting.state.set(JobState::Cancelled);
+                true
+            }
+            JobState::Offered => self.lobby.seating.withdraw_offer(&waiting.state),
+            JobState::Seated | JobState::Cancelled => false,
+        }
+    }
+
+    /// Waits until the client does something while its request waits, and says whether it
+    /// left: it closed or reset the connection or, under `--half-close abandon`, shut its
+    /// sending side (which looks the same as a close until the answer is written). False when it
+    /// sent more (a pipelined request) or half-closed under `--half-close serve`: it is still
+    /// there to read the answer, and is not watched further.
+    async fn client_left(&self) -> bool {
+        loop {
+            if poll_fn(|cx| self.stream.poll_read_ready(cx)).await.is_err() {
+                return true;
+            }
+            let fd = self.stream.as_fd();
+            match self.stream.try_io(Interest::READABLE, || maitred_sys::socket::peek(fd)) {
+                Ok(0) => return self.lobby.settings().half_close == HalfClose::Abandon,
+                Ok(_) => return false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// The client left while its request waited: a request no worker has begun is dropped, and
+    /// counted (its wait teaches the queue how long clients wait, `overload.rs`); one a worker
+    /// has is stopped as the connection ends (its relay tells the worker, CANCEL).
+    fn abandon(&self, waiting: &Waiting) {
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(waiting.enqueued_at) + waiting.upstream;
+        if self.withdraw(waiting) {
+            self.lobby.seating.overload.left(now, waited);
+            debug!(
+                "the client {} left after {:.3} s; its request is dropped",
+                self.peer.display(),
+                waited.as_secs_f64()
+            );
+        } else {
+            debug!("the client {} left while its request was served; its worker is told", self.peer.display());
         }
     }
 
@@ -355,7 +421,7 @@ impl<S: ClientStream> Connection<S> {
         head: &RequestHead,
         origin: &Origin,
         answer: &Answer,
-        enqueued: Instant,
+        waiting: &Waiting,
         served: Option<&Served>,
     ) {
         if !log::access_log_enabled() {
@@ -373,13 +439,21 @@ impl<S: ClientStream> Connection<S> {
                 body_bytes: answer.body_bytes,
                 response_headers: &answer.headers,
                 started: self.request_started,
-                enqueued,
+                enqueued: waiting.enqueued_at,
+                upstream: waiting.upstream,
                 seated: served.and_then(|served| served.seated.get()),
                 answered: served.and_then(|served| served.answered.get()),
                 worker: served.and_then(|served| served.worker.get()),
             },
         );
     }
+}
+
+/// What a connection keeps of its request while it waits for the answer.
+struct Waiting {
+    state: Rc<Cell<JobState>>,
+    enqueued_at: Instant,
+    upstream: Duration,
 }
 
 /// One read attempt that does not wait: Pending when nothing is there, and then the stream

@@ -64,17 +64,10 @@ impl<S: ClientStream> Connection<S> {
                 end
             }
             ResponsePart::Abort => return Ok(false),
-            ResponsePart::Refused { status, detail } => {
-                // A 503 comes from --queue-timeout: the connection is healthy, and the client
-                // may try again after about as long as this request waited.
-                let overloaded = status == 503;
-                let keep_alive = answer.context.keep_alive && overloaded && !self.lobby.closing();
-                let retry_after = self
-                    .lobby
-                    .settings()
-                    .queue_timeout
-                    .filter(|_| overloaded)
-                    .map(|t| t.as_secs_f64().ceil().max(1.0) as u64);
+            ResponsePart::Refused { status, detail, retry_after } => {
+                // A 503 is the queue refusing a request it could not serve in time: the
+                // connection is healthy, and the client may try again after Retry-After.
+                let keep_alive = answer.context.keep_alive && status == 503 && !self.lobby.closing();
                 write_error_response(&mut out, status, &detail, &http_date(), keep_alive, retry_after);
                 answer.status = status;
                 answer.keep_alive = keep_alive;

@@ -78,7 +78,8 @@ pub enum Atom {
     ResponseHeader(String),
     /// `{name}e`: the variable's value when the format was parsed (escaped), if set.
     Environment(String, Option<String>),
-    /// `queue_ms`: how long the request waited for a worker, in milliseconds.
+    /// `queue_ms`: how long the request waited for a worker, in milliseconds, the wait in front
+    /// of this server included when a trusted proxy says (`X-Request-Start`).
     QueueMs,
     /// `app_ms`: how long the worker took to answer it, in milliseconds.
     AppMs,
@@ -273,6 +274,9 @@ pub struct AccessRecord<'a> {
     pub started: Instant,
     /// When the request, read whole, joined the queue.
     pub enqueued: Instant,
+    /// How long it had waited in front of this server, when a trusted proxy said
+    /// (`X-Request-Start`); zero otherwise.
+    pub upstream: Duration,
     /// When a worker began it, and when its answer had come whole from the worker.
     pub seated: Option<Instant>,
     pub answered: Option<Instant>,
@@ -292,10 +296,10 @@ impl AccessRecord<'_> {
         }
     }
 
-    /// Until a worker began it; a request never seated (a 503 after --queue-timeout) waited
-    /// until it was answered.
+    /// Until a worker began it, the wait upstream included; a request never seated (a 503 from
+    /// the queue) waited until it was answered.
     fn queue_wait(&self, now: Instant) -> Option<Duration> {
-        Some(self.seated.unwrap_or(now).saturating_duration_since(self.enqueued))
+        Some(self.seated.unwrap_or(now).saturating_duration_since(self.enqueued) + self.upstream)
     }
 
     fn app_time(&self) -> Option<Duration> {
@@ -480,6 +484,7 @@ mod tests {
             response_headers: &response,
             started,
             enqueued: started + Duration::from_millis(10),
+            upstream: Duration::ZERO,
             seated: Some(started + Duration::from_millis(12)),
             answered: Some(started + Duration::from_millis(52)),
             worker: Some(4242),

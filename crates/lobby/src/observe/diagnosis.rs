@@ -14,8 +14,10 @@ use tokio::sync::Semaphore;
 
 use super::findings::{kernel_counters, Finding, KERNEL_COUNTERS};
 use crate::client::states::{ConnectionState, OLD_AFTER, TICK};
+use crate::config::QueuePolicy;
 use crate::listen::bind::somaxconn;
 use crate::lobby::Lobby;
+use crate::seating::overload::ShedReason;
 use crate::worker::scoreboard::{ExitReason, Scoreboard, WorkerState};
 
 /// Every worker busy, with requests waiting, for this long: S4/S5.
@@ -41,6 +43,7 @@ pub async fn watch(lobby: Rc<Lobby>, connections: Arc<Semaphore>, max_connection
         listen_queues(&lobby, at_capacity, max_connections, &mut findings);
         kernel_overflows(&lobby, &mut findings);
         saturation(&lobby, &mut findings);
+        overload(&lobby, &mut findings);
         long_requests(&lobby, &mut findings);
         worker_exits(&lobby, &mut findings);
         slow_clients(&lobby, max_connections, &mut findings);
@@ -161,6 +164,44 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
              stuck request; --queue-timeout ({queue_timeout}) answers 503 instead of a long wait",
             settings.workers,
             settings.timeout.as_secs_f64()
+        ),
+    });
+}
+
+/// Clients that gave up while their requests waited, or requests refused because they could no
+/// longer be answered in time, since the last look: more arrives than the workers answer (O1).
+fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
+    let counts = lobby.seating.overload.counts();
+    let seen = lobby.diagnoses.shed_seen.replace(counts);
+    let moved = |reason: ShedReason| counts[reason as usize].saturating_sub(seen[reason as usize]);
+    let abandoned = moved(ShedReason::Abandoned);
+    let refused = moved(ShedReason::Overload) + moved(ShedReason::Deadline);
+    if abandoned + refused == 0 {
+        return;
+    }
+    let settings = lobby.settings();
+    let shedding = match (settings.queue_policy, lobby.seating.overload.patience(Instant::now())) {
+        (QueuePolicy::Fifo, _) => "--queue-policy fifo serves the rest however late".to_string(),
+        (QueuePolicy::Adaptive, Some(patience)) => format!(
+            "requests that wait over {:.2} s, half of the {:.2} s clients wait, are answered 503",
+            patience.as_secs_f64() / 2.0,
+            patience.as_secs_f64()
+        ),
+        (QueuePolicy::Adaptive, None) => "too few clients have given up yet to tell how long they wait".to_string(),
+    };
+    findings.push(Finding {
+        name: "overload",
+        scenario: "O1",
+        subject: String::new(),
+        message: format!(
+            "requests arrive faster than the workers answer them: in the last {:.1} s {abandoned} clients gave up \
+             while their requests waited and {refused} requests were refused as too late; {shedding}",
+            TICK.as_secs_f64()
+        ),
+        fix: format!(
+            "more workers (-w {}, or one more now with SIGTTIN) if CPU and memory allow, or a faster application; \
+             meanwhile the queue sheds what it cannot answer in time (docs/TUNING.md, \"Overload\")",
+            settings.workers
         ),
     });
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::client::states::TICK;
 use crate::listen::bind::Listener;
 use crate::log::{info, warning};
+use crate::seating::overload::ShedReason;
 
 /// How often a lasting finding is logged again.
 const REPEAT: Duration = Duration::from_secs(30);
@@ -24,7 +25,7 @@ pub const KERNEL_COUNTERS: [&str; 2] = ["ListenOverflows", "ListenDrops"];
 #[derive(Clone)]
 pub struct Finding {
     /// A stable name: `listen_queue`, `listen_overflows`, `workers_saturated`,
-    /// `long_request`, `frequent_recycling`, `frequent_failures`, `slow_clients`.
+    /// `long_request`, `frequent_recycling`, `frequent_failures`, `slow_clients`, `overload`.
     pub name: &'static str,
     /// The failure of docs/SCENARIOS.md it is, or what kind of trouble.
     pub scenario: &'static str,
@@ -67,6 +68,8 @@ pub struct Diagnoses {
     pub(super) kernel_seen: Cell<Option<[u64; 2]>>,
     /// Since when every worker has been busy with requests waiting.
     pub(super) saturated_since: Cell<Option<Instant>>,
+    /// The queue's counts of requests not served, as of the last look.
+    pub(super) shed_seen: Cell<[u64; ShedReason::ALL.len()]>,
 }
 
 impl Diagnoses {

@@ -12,6 +12,7 @@ use prometheus::{
 };
 
 use super::findings::KERNEL_COUNTERS;
+use crate::seating::overload::ShedReason;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
 pub(super) const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -30,10 +31,12 @@ pub struct Metrics {
     pub(super) listen_overflows: IntCounterVec,
     pub(super) listen_queue: IntGaugeVec,
     pub(super) listen_backlog: IntGaugeVec,
+    pub(super) shed: IntCounterVec,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
     /// reached at the last scrape, to add what they moved since.
     pub(super) exits_reported: Cell<[u64; ExitReason::ALL.len()]>,
     pub(super) overflows_reported: Cell<[u64; 2]>,
+    pub(super) shed_reported: Cell<[u64; ShedReason::ALL.len()]>,
 }
 
 impl Metrics {
@@ -127,6 +130,19 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(listen_backlog.clone()));
+        let shed = IntCounterVec::new(
+            Opts::new(
+                "shed_total",
+                "Requests not served, by reason: abandoned (the client left while it waited), overload (it could no \
+                 longer be answered in time), deadline (--request-deadline), queue_timeout (--queue-timeout)",
+            ),
+            &["reason"],
+        )
+        .expect("valid");
+        register(Box::new(shed.clone()));
+        for reason in ShedReason::ALL {
+            shed.with_label_values(&[reason.label()]);
+        }
         Metrics {
             registry,
             requests,
@@ -140,8 +156,10 @@ impl Metrics {
             listen_overflows,
             listen_queue,
             listen_backlog,
+            shed,
             exits_reported: Cell::new([0; ExitReason::ALL.len()]),
             overflows_reported: Cell::new([0; 2]),
+            shed_reported: Cell::new([0; ShedReason::ALL.len()]),
         }
     }
 
@@ -186,6 +204,10 @@ impl Metrics {
                 .with_label_values(&[reason.label()])
                 .inc_by(now.exits[index].saturating_sub(reported[index]));
         }
+        let reported = self.shed_reported.replace(now.shed);
+        for (index, reason) in ShedReason::ALL.iter().enumerate() {
+            self.shed.with_label_values(&[reason.label()]).inc_by(now.shed[index].saturating_sub(reported[index]));
+        }
         let reported = self.overflows_reported.replace(now.overflows);
         for (index, counter) in KERNEL_COUNTERS.iter().enumerate() {
             self.listen_overflows
@@ -209,9 +231,11 @@ pub(super) struct Now {
     pub(super) workers: [usize; WorkerState::ALL.len()],
     pub(super) connections: [(&'static str, usize); 6],
     pub(super) listeners: Vec<ListenerNow>,
-    /// Worker exits by reason, and the kernel's listen overflows, as counted elsewhere.
+    /// Worker exits by reason, the kernel's listen overflows and the requests the queue did not
+    /// serve, as counted elsewhere.
     pub(super) exits: [u64; ExitReason::ALL.len()],
     pub(super) overflows: [u64; 2],
+    pub(super) shed: [u64; ShedReason::ALL.len()],
 }
 
 pub(super) struct ListenerNow {

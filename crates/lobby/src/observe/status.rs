@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use super::findings::KERNEL_COUNTERS;
 use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
+use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
+use crate::seating::overload::ShedReason;
 use crate::worker::recycle::resident_of;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
@@ -46,6 +48,8 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
     let listeners: Vec<Value> =
         now.listeners.iter().map(|l| json!({"name": l.name, "queue": l.queue, "backlog": l.backlog})).collect();
     let (overflows, exits) = (now.overflows, now.exits);
+    let shed: serde_json::Map<String, Value> =
+        ShedReason::ALL.iter().zip(now.shed).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
     let worker_exits: serde_json::Map<String, Value> =
         ExitReason::ALL.iter().zip(exits).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
     let scoreboard: Vec<Value> = lobby
@@ -102,6 +106,11 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             "waiting": now.waiting,
             "oldest_wait_seconds": lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64()),
         },
+        "overload": {
+            "policy": if settings.queue_policy == QueuePolicy::Adaptive { "adaptive" } else { "fifo" },
+            "patience_seconds": lobby.seating.overload.patience(std::time::Instant::now()).map(|p| p.as_secs_f64()),
+            "shed": shed,
+        },
         "queue_wait_seconds": histogram(&metrics.queue_wait),
         "request_duration_seconds": histogram(&metrics.request_duration),
         "workers": workers,
@@ -152,6 +161,7 @@ impl Now {
                 .map(|l| ListenerNow { name: l.name.clone(), queue: l.queue(), backlog: l.backlog })
                 .collect(),
             exits: lobby.scoreboard.exits(),
+            shed: lobby.seating.overload.counts(),
             overflows: lobby.diagnoses.kernel_overflows(),
         }
     }

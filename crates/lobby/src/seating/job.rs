@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::fs::File;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::spool::AnswerSender;
 
@@ -16,7 +16,8 @@ pub enum JobState {
     /// Sent ahead to a busy worker (`offer.rs`); still the queue's until that worker takes it.
     Offered,
     Seated,
-    /// The connection gave up waiting (`--queue-timeout`); a worker skips it.
+    /// Not to be served: its client left, or it was refused (`--queue-timeout`, overload); a
+    /// worker skips it.
     Cancelled,
 }
 
@@ -29,10 +30,20 @@ pub struct Job {
     pub state: Rc<Cell<JobState>>,
     pub respond: AnswerSender,
     pub enqueued_at: Instant,
+    /// How long it had waited in front of this server before (`X-Request-Start` from a trusted
+    /// proxy); zero when unknown.
+    pub upstream: Duration,
     /// `GET /path HTTP/1.1`, for log lines about this request.
     pub summary: Rc<str>,
     /// For the access log's timing atoms; None when there is no access log.
     pub served: Option<Rc<Served>>,
+}
+
+impl Job {
+    /// How long it has waited for an answer at `now`: in the queue, and upstream before.
+    pub fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.enqueued_at) + self.upstream
+    }
 }
 
 /// Which worker took a request, when, and when its answer had come whole: what the worker
@@ -60,6 +71,7 @@ pub(crate) mod tests {
             state: Rc::new(Cell::new(JobState::Queued)),
             respond,
             enqueued_at: Instant::now(),
+            upstream: Duration::ZERO,
             summary: name.into(),
             served: None,
         };

@@ -16,13 +16,16 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::log::debug;
+use crate::log::{debug, info_limited};
 
 use job::{Job, JobState};
 use offer::Offers;
+use overload::{Overload, Policy};
+use spool::ResponsePart;
 
 pub(crate) mod job;
 pub(crate) mod offer;
+pub(crate) mod overload;
 pub(crate) mod spool;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
@@ -32,6 +35,8 @@ pub struct Seating {
     idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
     /// Every worker's offer socket.
     offers: RefCell<Vec<Rc<Offers>>>,
+    /// Which requests are still served past capacity, and the count of those that are not.
+    pub overload: Overload,
 }
 
 /// What a worker gets when it asks for work.
@@ -41,9 +46,18 @@ pub enum Next {
 }
 
 impl Seating {
-    /// Seats `job` at the longest-idle worker, or queues it behind the others.
+    /// Takes the settings on overload (at the start, and at each reload).
+    pub fn configure(&self, policy: Policy) {
+        self.overload.configure(policy);
+    }
+
+    /// Seats `job` at the longest-idle worker, or queues it behind the others; a request that
+    /// had already waited too long upstream is refused at once.
     pub fn submit(&self, job: Job) {
         let mut job = job;
+        if !job.upstream.is_zero() && self.refuses(&job, Instant::now()) {
+            return;
+        }
         loop {
             let seat = self.idle.borrow_mut().pop_front();
             match seat {
@@ -82,15 +96,30 @@ impl Seating {
         Next::Later(wait)
     }
 
-    /// The oldest live job in the queue, if any.
+    /// The oldest live job in the queue that can still be answered in time, if any; those
+    /// before it that cannot are answered 503 (`overload.rs`).
     pub fn take_queued(&self) -> Option<Job> {
-        let mut queue = self.queue.borrow_mut();
-        while let Some(job) = queue.pop_front() {
-            if job.state.get() == JobState::Queued {
+        let now = Instant::now();
+        loop {
+            let job = self.queue.borrow_mut().pop_front()?;
+            if job.state.get() == JobState::Queued && !self.refuses(&job, now) {
                 return Some(job);
             }
         }
-        None
+    }
+
+    /// Refuses `job` with 503 and Retry-After if it can no longer be answered in time.
+    fn refuses(&self, job: &Job, now: Instant) -> bool {
+        let Some(verdict) = self.overload.verdict(now, job.age(now)) else { return false };
+        job.state.set(JobState::Cancelled);
+        info_limited!("503 for {} ({}): {}", job.summary, verdict.reason.label(), verdict.detail);
+        // Parts without body bytes are never spilled: this send cannot fail.
+        let _ = job.respond.send(ResponsePart::Refused {
+            status: 503,
+            detail: verdict.detail,
+            retry_after: Some(verdict.retry_after),
+        });
+        true
     }
 
     /// Takes back the oldest offer, from the busy worker holding it. Offers come back newest

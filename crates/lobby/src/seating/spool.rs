@@ -60,10 +60,12 @@ pub enum ResponsePart {
     },
     /// The response broke after its head was sent: the connection must be cut.
     Abort,
-    /// The lobby answers instead of the application (502, 504, ...).
+    /// The lobby answers instead of the application (502, 504, 503 for a request it will not
+    /// serve), with Retry-After when the client may try again.
     Refused {
         status: u16,
         detail: String,
+        retry_after: Option<u64>,
     },
 }
 

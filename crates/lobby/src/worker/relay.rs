@@ -218,8 +218,11 @@ pub(super) fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> Str
     } else {
         error!("{status} for {}: {detail}", job.summary);
     }
-    let part =
-        if head_sent { ResponsePart::Abort } else { ResponsePart::Refused { status, detail: detail.to_string() } };
+    let part = if head_sent {
+        ResponsePart::Abort
+    } else {
+        ResponsePart::Refused { status, detail: detail.to_string(), retry_after: None }
+    };
     // Parts without body bytes are never spilled: this send cannot fail.
     let _ = job.respond.send(part);
     detail.to_string()
