@@ -215,6 +215,7 @@ def _duration(seconds: float | None) -> str:
 WORKER_STATES = ("idle", "busy", "starting", "retiring")
 CONNECTION_STATES = ("reading", "queued", "in_service", "writing", "idle", "hibernating")
 KERNEL_COUNTERS = ("ListenOverflows", "ListenDrops")
+SHED_REASONS = ("abandoned", "overload", "deadline", "queue_timeout")
 EXIT_REASONS = (
     "crash",
     "timeout",
@@ -370,6 +371,15 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
         )
     )
     lines.append((f"worker exits {_counts(status['worker_exits'], EXIT_REASONS)}", PLAIN))
+    overload = status["overload"]
+    patience = overload["patience_seconds"]
+    lines.append(
+        (
+            f"overload: {_printable(overload['policy'])}, clients wait {'-' if patience is None else _duration(patience)}"
+            f"   shed {_counts(overload['shed'], SHED_REASONS)}",
+            ALERT if earlier and overload["shed"] != earlier.status["overload"]["shed"] else PLAIN,
+        )
+    )
 
     lines.append(("", PLAIN))
     diagnoses = status["diagnoses"]

@@ -32,6 +32,7 @@ const CHARTS = [
       { label: "4xx", value: perSecond(now, before, seconds, (s) => s.requests["4xx"]) },
       { label: "5xx", value: perSecond(now, before, seconds, (s) => s.requests["5xx"]) },
       { label: "refused by the lobby", value: perSecond(now, before, seconds, (s) => sum(Object.values(s.refusals))) },
+      { label: "shed (not served)", value: perSecond(now, before, seconds, (s) => sum(Object.values(s.overload.shed))) },
     ],
   },
   {
