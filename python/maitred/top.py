@@ -372,11 +372,10 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     )
     lines.append((f"worker exits {_counts(status['worker_exits'], EXIT_REASONS)}", PLAIN))
     overload = status["overload"]
-    patience = overload["patience_seconds"]
+    patience = "-" if overload["patience_seconds"] is None else _duration(overload["patience_seconds"])
     lines.append(
         (
-            f"overload: {_printable(overload['policy'])}, clients wait {'-' if patience is None else _duration(patience)}"
-            f"   shed {_counts(overload['shed'], SHED_REASONS)}",
+            f"overload: {_printable(overload['policy'])}, clients wait {patience}   shed {_counts(overload['shed'], SHED_REASONS)}",
             ALERT if earlier and overload["shed"] != earlier.status["overload"]["shed"] else PLAIN,
         )
     )
