@@ -20,3 +20,20 @@ def sleep_1ms(environ, start_response):
     time.sleep(0.001)
     start_response("200 OK", _HEADERS)
     return [HELLO_BODY]
+
+
+# O1's cost per request: enough CPU that 2 workers on this machine serve a few hundred requests a
+# second, so that overload is reached by a client that is far from its own limit.
+CPU_SECONDS_PER_REQUEST = 0.003
+
+
+def cpu_3ms(environ, start_response):
+    """An application that computes for 3 ms, like rendering a page (scenario O1). It spins on its
+    own thread's CPU clock rather than sleeping, so that it holds the CPU as real work does; the
+    thread's clock, not the process's, so that a threaded server's other threads (its I/O, other
+    requests) do not shorten it."""
+    done_at = time.thread_time() + CPU_SECONDS_PER_REQUEST
+    while time.thread_time() < done_at:
+        pass
+    start_response("200 OK", _HEADERS)
+    return [HELLO_BODY]

@@ -51,6 +51,27 @@ MAX_HEAD = 16384
 CONNECTING, AWAITING, HOLDING, GONE = "connecting", "awaiting", "holding", "gone"
 
 
+def response_status(received: bytes) -> str | None:
+    """The status code of the HTTP response at the start of received ("" if its status line has
+    none) once all of it is in: its head and Content-Length bytes of body; None until then.
+    Raises ValueError when the head runs past MAX_HEAD."""
+    end = received.find(b"\r\n\r\n")
+    if end < 0:
+        if len(received) > MAX_HEAD:
+            raise ValueError(f"a response head over {MAX_HEAD} bytes")
+        return None
+    head = received[:end].decode("latin-1").split("\r\n")
+    length = 0
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    if len(received) - (end + 4) < length:
+        return None
+    status_line = head[0].split(" ", 2)
+    return status_line[1] if len(status_line) > 1 else ""
+
+
 class Connection:
     __slots__ = ("answered", "received", "sent", "sock", "state")
 
@@ -141,26 +162,18 @@ class Crowd:
             self.counts["answered"] += 1
 
     def read_response(self, connection: Connection) -> None:
-        received = connection.received
-        end = received.find(b"\r\n\r\n")
-        if end < 0:
-            if len(received) > MAX_HEAD:
-                self.server_closed(connection)
+        try:
+            status = response_status(connection.received)
+        except ValueError:  # a head longer than MAX_HEAD
+            self.server_closed(connection)
             return
-        head = received[:end].decode("latin-1").split("\r\n")
-        length = 0
-        for line in head[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value.strip())
-        if len(received) - (end + 4) < length:
+        if status is None:
             return
-        status = head[0].split(" ", 2)
         connection.received = b""
         connection.answered = True
         self.move(connection, HOLDING)
         self.counts["answered"] += 1
-        if len(status) < 2 or not status[1].startswith("2"):
+        if not status.startswith("2"):
             self.counts["non2xx"] += 1
 
     def server_closed(self, connection: Connection) -> None:

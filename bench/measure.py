@@ -1,5 +1,5 @@
-"""Load tools (ab, wrk): their command lines and how to read their output, plus the kernel's
-TCP counters read around each run.
+"""Load tools (ab, wrk, bench/deadline_clients.py): their command lines and how to read their
+output, plus the kernel's TCP counters read around each run.
 
 Every tool's output is reduced to the same dict, a "measurement":
     requests       completed requests
@@ -14,14 +14,19 @@ Every tool's output is reduced to the same dict, a "measurement":
     connect_max_ms the slowest TCP connect (ab only: shows SYN retransmits, 1 s / 3 s / 7 s steps)
     gave_up        None, or why the tool stopped before the end of its load (then the requests it
                    never got an answer for count as failed, and latencies are unknown)
+    figures        (deadline_clients.py only) the tool's own figures, which the run moves into its
+                   "extra" for the scenario's Columns
+    good_per_second (deadline_clients.py only) good answers in each second of the run (O1's chart)
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 HERE = Path(__file__).resolve().parent
 
@@ -202,7 +207,117 @@ class Wrk:
         }
 
 
-Load = Ab | Wrk
+@dataclass(frozen=True)
+class DeadlineClients:
+    """bench/deadline_clients.py: each request on a new connection and given up after `deadline`
+    s, requests starting for `seconds`; ClosedLoop and OpenLoop say when each one starts."""
+
+    seconds: float
+    deadline: float
+
+    tool = "deadline_clients.py"
+    mode: ClassVar[str]
+
+    def pace(self) -> list[str]:
+        """The flag that sets when requests start."""
+        raise NotImplementedError
+
+    def arguments(self, url: str) -> list[str]:
+        return [self.mode, "--seconds", f"{self.seconds:g}", "--deadline", f"{self.deadline:g}", *self.pace(), url]
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        return [sys.executable, str(HERE / "deadline_clients.py"), *self.arguments(url)]
+
+    def describe(self) -> str:
+        return " ".join(["python3", "bench/deadline_clients.py", *self.arguments("http://127.0.0.1:PORT/")])
+
+    def default_time_limit(self) -> float:
+        return self.seconds + self.deadline + 10.0
+
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        return _deadline_clients_measurement(output)
+
+
+@dataclass(frozen=True)
+class ClosedLoop(DeadlineClients):
+    """`concurrency` clients, each starting its next request as soon as its last one is over: its
+    req/s is the server's capacity for this client (O1)."""
+
+    concurrency: int = 16
+
+    mode = "closed"
+
+    def pace(self) -> list[str]:
+        return ["--concurrency", str(self.concurrency)]
+
+    def shortened(self) -> ClosedLoop:
+        return replace(self, seconds=min(self.seconds, 1))
+
+
+@dataclass(frozen=True)
+class OpenLoop(DeadlineClients):
+    """Requests arriving at `rate` per second, each started at its due time whatever the earlier
+    ones are doing. O1 sets the rate per round: `times_capacity` x the best capacity measured just
+    before (at_rate)."""
+
+    times_capacity: float = 1.0
+    rate: float | None = None
+
+    mode = "open"
+
+    def pace(self) -> list[str]:
+        return ["--rate", "RATE" if self.rate is None else f"{self.rate:g}"]
+
+    def describe(self) -> str:
+        unset = f" (RATE: {self.times_capacity:g} x the best capacity of the round)" if self.rate is None else ""
+        return super().describe() + unset
+
+    def at_rate(self, rate: float) -> OpenLoop:
+        return replace(self, rate=round(rate))
+
+    def shortened(self) -> OpenLoop:
+        return replace(self, seconds=min(self.seconds, 3))
+
+
+Load = Ab | Wrk | ClosedLoop | OpenLoop
+
+
+def _deadline_clients_measurement(output: str) -> dict:
+    """The common measurement from deadline_clients.py's report: requests and latencies are the
+    good answers' (200 within the deadline), rps their rate; failed counts the requests given up and
+    the connections refused or reset, non2xx the answers with another status (503: shed). Its own
+    figures (shed, late, errors, the generator's schedule and CPU) are in "figures", the good
+    answers per second in "good_per_second"."""
+    found = re.search(r"^DEADLINE-CLIENTS-JSON (.*)$", output, re.MULTILINE)
+    if not found:
+        raise ParseError(f"no report in deadline_clients.py's output:\n{_tail(output)}")
+    report = json.loads(found.group(1))
+    lateness = report["lateness_ms"]
+    return {
+        "requests": report["good"],
+        "rps": report["good_rps"],
+        "duration_s": report["wall_s"],
+        "failed": report["late"] + report["refused"] + report["reset"],
+        "failed_detail": {key: report[key] for key in ("late", "refused", "reset")},
+        "non2xx": report["shed"] + report["other_status"],
+        "keepalive": None,
+        "latency_ms": report["good_latency_ms"],
+        "max_ms": report["good_max_ms"],
+        "mean_ms": report["good_mean_ms"],
+        "connect_max_ms": None,
+        "gave_up": None,
+        "good_per_second": report["good_per_second"],
+        "figures": {
+            "rate_asked": report["rate"],
+            "shed": report["shed"],
+            "late": report["late"],
+            "errors": report["refused"] + report["reset"],
+            "arrival_rps": report["arrival_rps"],
+            "lateness_p99_ms": lateness.get("99"),
+            "lateness_max_ms": lateness.get("max"),
+            "generator_cpu_pct": report["cpu_percent"],
+        },
+    }
 
 
 def _tail(text: str, lines: int = 15) -> str:

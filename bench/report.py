@@ -86,7 +86,13 @@ def _summaries(record: dict) -> dict[str, dict | None]:
 
 
 def _is_peer(label: str) -> bool:
-    return label != REFERENCE and label not in CEILINGS
+    # maitred with other settings of its own (O1's "maitred --queue-timeout 0.5") is not a peer.
+    return label != REFERENCE and label not in CEILINGS and not label.startswith(REFERENCE + " ")
+
+
+def _has_timeline(record: dict) -> bool:
+    """Whether the runs counted good answers second by second (O1)."""
+    return any(run["measurement"] and "good_per_second" in run["measurement"] for run in record["runs"])
 
 
 def _peers(summaries: dict[str, dict | None]) -> list[dict]:
@@ -220,6 +226,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         elif scenario.alone_first:
             twice = " (on each server twice: alone, then with the connections held)"
         lines += [f"Load: `{load}`{twice}", ""]
+    if record.get("capacity"):
+        lines += [f"Capacity, measured first in each round: `{record['capacity']}`", ""]
     if record.get("front"):
         lines += [
             "Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):",
@@ -271,13 +279,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             )
             lines.append(f"- {target.text}: {verdict}")
         lines.append("")
-    lines += [
-        (
-            f"![{scenario.id}: {_headline(scenario)[1]}"
-            f"{' and latency percentiles' if rate else ''}](charts/{scenario.id}.png)"
-        ),
-        "",
-    ]
+    beside = " and good answers per second" if _has_timeline(record) else " and latency percentiles" if rate else ""
+    lines += [f"![{scenario.id}: {_headline(scenario)[1]}{beside}](charts/{scenario.id}.png)", ""]
 
     columns = scenario.columns
     lines += [
@@ -349,14 +352,15 @@ def _cell(text: str) -> str:
 
 def _chart(path: Path, record: dict, scenario) -> Path:
     """Left: the median of the scenario's headline figure (req/s unless it names another) per
-    server, whiskers from the lowest to the highest run. Right, where there are latencies: median
-    latency per percentile on a scale that spreads the tail (50, 90, 99, 99.9 ...), max at the end."""
+    server, whiskers from the lowest to the highest run. Right, where the runs counted good answers
+    second by second (O1): those, per server; else where there are latencies: median latency per
+    percentile on a scale that spreads the tail (50, 90, 99, 99.9 ...), max at the end."""
     key, name, digits, lower = _headline(scenario)
     summaries = {label: s for label, s in _summaries(record).items() if s is not None}
+    with_timeline = _has_timeline(record)
     with_latencies = any(s["latency_ms"] for s in summaries.values())
-    figure, panels = plt.subplots(
-        1, 2 if with_latencies else 1, figsize=(12 if with_latencies else 7, 4.5), squeeze=False
-    )
+    two_panels = with_timeline or with_latencies
+    figure, panels = plt.subplots(1, 2 if two_panels else 1, figsize=(12 if two_panels else 7, 4.5), squeeze=False)
     bars = panels[0][0]
     figure.suptitle(
         f"{scenario.id}: {scenario.title}\n"
@@ -381,7 +385,9 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     above = [max(span) - median for median, span in zip(medians, spans)]
     colors = ["tab:red" if label == REFERENCE else "tab:gray" for label in labels]
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
-    bars.set_xticks(range(len(labels)), [label.replace(" (", "\n(") for label in labels], fontsize=8)
+    bars.set_xticks(
+        range(len(labels)), [label.replace(" (", "\n(").replace(" --", "\n--") for label in labels], fontsize=8
+    )
     bars.set_ylabel(
         ("requests per second" if key == "rps" else name) + " (median of runs)" + (", lower is better" if lower else "")
     )
@@ -396,11 +402,10 @@ def _chart(path: Path, record: dict, scenario) -> Path:
             xytext=(0, 2),
             textcoords="offset points",
         )
-    if not with_latencies:
-        figure.tight_layout()
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        return path
+    if with_timeline:
+        _goodput_over_time(panels[0][1], record, summaries)
+    if with_timeline or not with_latencies:
+        return _save(figure, path)
     curves = panels[0][1]
 
     def nines(percentile: float) -> float:
@@ -435,6 +440,31 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     curves.set_ylabel("latency, ms (median of runs)")
     curves.grid(True, which="both", alpha=0.3)
     curves.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _goodput_over_time(axes, record: dict, summaries: dict[str, dict]) -> None:
+    """Good answers in each second of the load, the median over each server's runs, and the
+    arrivals asked (the median over the rounds)."""
+    for label in summaries:
+        series = [
+            run["measurement"]["good_per_second"]
+            for run in record["runs"]
+            if run["server"] == label and run["measurement"]
+        ]
+        per_second = [statistics.median(counts) for counts in zip(*series)]
+        style = {"color": "tab:red", "linewidth": 2.5} if label == REFERENCE else {}
+        axes.plot(range(len(per_second)), per_second, marker=".", label=label, **style)
+    rates = [run["extra"]["rate_asked"] for run in record["runs"] if run["measurement"]]
+    axes.axhline(statistics.median(rates), color="black", linestyle="--", linewidth=1, label="arrivals asked")
+    axes.set_xlabel("second of the load (good answers by the second they arrived in)")
+    axes.set_ylabel("good answers per second (200 within the deadline)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+
+
+def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

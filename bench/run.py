@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import procs
-from measure import strace_argv
+from measure import Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
 from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server
@@ -231,6 +231,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     records of the scenarios this invocation has run so far."""
     load = scenario.load and (scenario.load.shortened() if quick else scenario.load)
     crowd = scenario.crowd and (scenario.crowd.shortened() if quick else scenario.crowd)
+    capacity = scenario.capacity and (scenario.capacity.shortened() if quick else scenario.capacity)
     entries = [entry for entry in scenario.lineup if entry.server in available]
     labels = {entry: _label(entry) for entry in scenario.lineup}
     alone = _alone_figures(scenario, earlier)
@@ -258,6 +259,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         "commit": _git_commit(),
         "load": load.describe() if load else None,
         "crowd": crowd.describe() if crowd else None,
+        "capacity": capacity.describe() if capacity else None,
         "front": scenario.front.describe() if scenario.front else None,
         "time_limit_s": scenario.limit(),
         "alone_from": scenario.alone_from if alone else None,
@@ -271,10 +273,34 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         print(f"  warning: {warning}", file=sys.stderr)
     began = time.monotonic()
     for repetition in range(1, runs + 1):
+        round_load = load
+        if capacity:
+            capacity_runs = _capacity_round(scenario, capacity, entries, labels, repetition, runs)
+            capacities = {
+                label: run["measurement"]["rps"]
+                for label, run in capacity_runs.items()
+                if run["measurement"] and not run["error"]
+            }
+            if not capacities:
+                record["runs"] += [
+                    dict(run, measurement=None, error=f"no capacity measured in this round ({run['error']})")
+                    for run in capacity_runs.values()
+                ]
+                continue
+            round_load = load.at_rate(load.times_capacity * max(capacities.values()))
+            print(f"  run {repetition}/{runs} load: {round_load.describe()}", file=sys.stderr)
         for entry in entries:
             result = run_once(
-                scenario, load, crowd, entry, labels[entry], repetition, alone=alone.get((labels[entry], repetition))
+                scenario,
+                round_load,
+                crowd,
+                entry,
+                labels[entry],
+                repetition,
+                alone=alone.get((labels[entry], repetition)),
             )
+            if capacity:
+                _add_capacity(result, capacity_runs[labels[entry]], capacities.get(labels[entry]))
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
@@ -283,8 +309,32 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     return record
 
 
+def _capacity_round(
+    scenario: Scenario, capacity: Load, entries: list[Entry], labels: dict[Entry, str], repetition: int, runs: int
+) -> dict[str, dict]:
+    """O1: every server's capacity run of one round, each on a fresh server, by label."""
+    capacity_runs = {}
+    for entry in entries:
+        result = run_once(scenario, capacity, None, entry, labels[entry], repetition, stage="capacity")
+        capacity_runs[labels[entry]] = result
+        print(f"  run {repetition}/{runs} {labels[entry]:<28} capacity: {brief(result)}", file=sys.stderr)
+        time.sleep(SETTLE_SECONDS)
+    return capacity_runs
+
+
+def _add_capacity(result: dict, capacity_run: dict, capacity: float | None) -> None:
+    """O1: the server's capacity (None: its capacity run of the round measured none) and its
+    goodput as a share of it; the capacity run itself is kept in the result, raw."""
+    goodput = result["measurement"]["rps"] if result["measurement"] else None
+    result["extra"]["capacity_rps"] = capacity
+    result["extra"]["pct_capacity"] = 100 * goodput / capacity if capacity and goodput is not None else None
+    result["capacity"] = {key: capacity_run[key] for key in ("measurement", "error", "extra", "wall_s")}
+    if capacity is None:
+        result["detail"] = f"capacity run: {capacity_run['error']}"
+
+
 def _label(entry: Entry) -> str:
-    return SERVERS[entry.server].label(entry.threads, entry.workers)
+    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.maitred_options])
 
 
 def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], dict]:
@@ -387,8 +437,9 @@ def _print_registry() -> None:
     print("scenarios:")
     for scenario in SCENARIOS.values():
         loads = [part.describe() for part in (scenario.crowd, scenario.load) if part]
+        first = f"capacity first: {scenario.capacity.describe()}; then " if scenario.capacity else ""
         print(
-            f"  {scenario.id:<8} {scenario.title}\n           {' + '.join(loads)}; "
+            f"  {scenario.id:<8} {scenario.title}\n           {first}{' + '.join(loads)}; "
             f"{scenario.workers} workers; {', '.join(_label(e) for e in scenario.lineup)}"
         )
     print("servers:")

@@ -60,13 +60,15 @@ def run_once(
     label: str,
     repetition: int,
     alone: dict | None = None,
+    stage: str = "",
 ) -> dict:
     """alone (C1): the figure without the crowd, from a run of the same server under the same load
     in another scenario of this invocation ({"measurement", "source"}); None: measure it here,
-    on this server instance, before the crowd arrives."""
+    on this server instance, before the crowd arrives. stage: names a run that measures what the
+    scenario's runs need first (O1's "capacity"); its logs go beside theirs, into <run>-<stage>."""
     server = SERVERS[entry.server]
     slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
-    workdir = WORK / "runs" / scenario.id / slug / str(repetition)
+    workdir = WORK / "runs" / scenario.id / slug / (f"{repetition}-{stage}" if stage else str(repetition))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     port = procs.free_port()
@@ -168,6 +170,7 @@ def run_once(
             result["extra"].update(figures)
         elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
+            result["extra"].update(measurement.pop("figures", {}))
         else:
             measurement = crowd_measurement(holding, time.monotonic() - began)
         phases.end("load")

@@ -15,7 +15,7 @@ from pathlib import Path
 import lifecycle
 from front import NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
-from measure import Ab, Load, Wrk
+from measure import Ab, ClosedLoop, Load, OpenLoop, Wrk
 from servers import Launch
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +30,12 @@ class Entry:
     server: str
     threads: int | None = None
     workers: int | None = None
+    # maitred's own settings under test (O1), named in its label: "maitred --queue-timeout 0.5".
+    maitred_options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.maitred_options and self.server != "maitred":
+            raise ValueError(f"maitred_options given to {self.server}")
 
 
 # A summary is a dict of medians over a server's runs (see report.summarize): rps, failed,
@@ -134,11 +140,15 @@ class Scenario:
     headline_lower_is_better: bool = False
     # R1, U1: reloads or a binary upgrade while the load runs (bench/lifecycle.py).
     lifecycle: Lifecycle | None = None
+    # O1: each round of runs first measures every server's capacity with this load, each on a
+    # fresh server; the scenario's load (an OpenLoop) then arrives at its times_capacity x the
+    # best of them, the same rate for every server of the round.
+    capacity: ClosedLoop | None = None
 
     def launch(self, entry: Entry, port: int) -> Launch:
         workers = self.workers if entry.workers is None else entry.workers
         pid_file = lifecycle.PID_FILE if isinstance(self.lifecycle, Upgrade) else None
-        return Launch(self.app, port, workers, entry.threads, self.backlog, pid_file)
+        return Launch(self.app, port, workers, entry.threads, self.backlog, pid_file, entry.maitred_options)
 
     def limit(self) -> float:
         if self.time_limit is not None:
@@ -210,6 +220,18 @@ RELOAD = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
 # U1, the binary upgrade: gunicorn's USR2 with both its workers (the sync worker keeps no
 # connection alive, gthread does), and granian, which has none (the results say why).
 UPGRADE = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
+# O1, overload: maitred with its defaults and with each queue policy it offers, the prefork peers
+# (gunicorn's sync worker, uWSGI), and the threaded ones at their default threading (gthread,
+# granian), whose queues are their threads' and the listen socket's.
+OVERLOAD = (
+    MAITRED,
+    Entry("maitred", maitred_options=("--queue-policy", "fifo")),
+    Entry("maitred", maitred_options=("--queue-timeout", "0.5")),
+    GUNICORN_SYNC,
+    GTHREAD,
+    GRANIAN,
+    UWSGI,
+)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -228,6 +250,13 @@ def _leads(summary: Summary, peers: list[Summary]) -> bool:
 
 
 LEADS = Target("req/s >= every peer", _leads)
+
+
+def _percent_at_least(key: str, percent: float, text: str) -> Target:
+    """A share (the summary's `key`, in %) that must reach `percent`."""
+    return Target(text, lambda summary, peers: summary[key] is not None and summary[key] >= percent)
+
+
 NO_FAILURES = Target("0 failed, 0 non-2xx", _no_failures)
 
 
@@ -511,12 +540,7 @@ SCENARIOS: dict[str, Scenario] = {
             alone_first=True,
             alone_from="T1",
             open_files=2200,
-            targets=(
-                Target(
-                    "req/s with the slow clients >= 90% of req/s without them",
-                    lambda summary, peers: summary["pct_alone"] is not None and summary["pct_alone"] >= 90,
-                ),
-            ),
+            targets=(_percent_at_least("pct_alone", 90, "req/s with the slow clients >= 90% of req/s without them"),),
             columns=(
                 Column("alone_rps", "req/s without them"),
                 Column("pct_alone", "with / without", suffix="%"),
@@ -660,6 +684,45 @@ SCENARIOS: dict[str, Scenario] = {
             "\"upgrade took\" runs from SIGUSR2 to the old master's exit. gunicorn's keep-alive "
             "timeout is 2 s by default: gthread closes the idle connections before the upgrade, and "
             "the sync worker keeps none alive. The app's import takes 1 s, as in R1.",
+        ),
+        Scenario(
+            id="O1-WSGI",
+            title="overload goodput: a 3 ms CPU app at 1.5 x the best capacity, clients with a 1 s deadline",
+            app="apps:cpu_3ms",
+            workers=2,
+            capacity=ClosedLoop(seconds=3, deadline=1.0, concurrency=16),
+            load=OpenLoop(seconds=15, deadline=1.0, times_capacity=1.5),
+            lineup=OVERLOAD,
+            # The generator stops itself at 15 s plus the last deadline.
+            time_limit=30.0,
+            open_files=2000,
+            targets=(_percent_at_least("pct_capacity", 90, "goodput >= 90% of its own capacity"),),
+            columns=(
+                Column("capacity_rps", "capacity, req/s"),
+                Column("pct_capacity", "goodput / capacity", suffix="%"),
+                Column("rate_asked", "arrivals asked, /s"),
+                Column("shed", "shed (503)"),
+                Column("late", "late (given up at 1 s)"),
+                Column("errors", "errors (refused, reset)"),
+                Column("arrival_rps", "arrivals made, /s"),
+                Column("lateness_p99_ms", "arrival lateness p99", digits=1, suffix=" ms"),
+                Column("lateness_max_ms", "max", digits=1, suffix=" ms"),
+                Column("generator_cpu_pct", "generator CPU, % of a core"),
+            ),
+            headline=Column("pct_capacity", "goodput, % of own capacity"),
+            note="Each round first measures every server's capacity, each on a fresh server: "
+            "bench/deadline_clients.py closed, 16 clients each opening a new connection per "
+            "request for 3 s, 200s answered per second. Then, again on a fresh server each, 15 s "
+            "of requests arriving at 1.5 x the best capacity of the round (the same rate for every "
+            "server), each on a new connection, started at its due time whatever the earlier ones "
+            "are doing, and given up (its socket closed) 1 s after its start, as a user or a proxy "
+            "with a 1 s deadline does. The req/s column is the goodput: answers 200 within the "
+            "deadline per second of the 15 s; p50-max are their latencies. Shed: answered 503 within "
+            "the deadline; late: no answer within it (a connect whose SYN was dropped is retried "
+            "only after 1 s, so it is late too); errors: refused or reset before an answer. The app "
+            "spins 3 ms on its thread's CPU clock. The generator runs on the same 2 cores as the "
+            "server: its CPU and how late it started requests are shown, and its capacity runs pay "
+            "the same client's cost per request.",
         ),
     )
 }

@@ -36,6 +36,8 @@ class Launch:
     # A pid file, relative to the run's directory (U1 reads the new master's pid from it); None: none.
     # Only the servers whose binary upgrade is measured (maitred, gunicorn) are given one.
     pid_file: str | None = None
+    # maitred's own settings under test (O1's queue policies), before the app on its command line.
+    maitred_options: tuple[str, ...] = ()
 
 
 # Server.default_threads for a server that picks its own thread count from other settings.
@@ -259,6 +261,7 @@ SERVERS: dict[str, Server] = {
                 f"127.0.0.1:{launch.port}",
                 *_backlog(launch),
                 *_pid_file(launch),
+                *launch.maitred_options,
                 launch.app,
             ],
             ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
