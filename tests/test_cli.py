@@ -463,7 +463,7 @@ import functools, socket, sys
 from maitred import zygote
 from maitred.app import load_app
 control = socket.socket(fileno=int(sys.argv[1]))
-settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0}
+settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto"}
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """
 

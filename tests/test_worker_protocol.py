@@ -1366,5 +1366,6 @@ def test_wsgiref_validator_finds_nothing(start_worker: Callable[..., Worker], pa
     ]
     assert worker.close_and_wait() == 0
     log = worker.stderr()
-    assert log.count("validated request\ntwo\nlines\n") == 4
+    # wsgi.errors' lines, each marked as the application's (docs/LIMITS.md).
+    assert log.count("[app] validated request\n") == log.count("[app] two\n") == log.count("[app] lines\n") == 4
     assert "Error" not in log and "Warning" not in log and "Exception" not in log

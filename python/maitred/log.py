@@ -12,11 +12,18 @@ is, blocking: the other processes share it, and the application's own writes to 
 business. Instead, where standard error is a pipe or a terminal this writes through a
 second, non-blocking opening of it, and where it is a socket (the journal) it sends with
 MSG_DONTWAIT. A regular file is written directly: it never waits for a reader.
+
+The application's own lines (`wsgi.errors`, and its standard output and error under
+--capture-output, which the zygote forwards) take the same path, marked ``[app]`` after the
+level, and at most `AppLines.PER_SECOND` of them a second per worker: a runaway loop costs
+bounded memory and CPU (docs/LIMITS.md, "The application's output").
 """
 
 import os
+import re
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 
@@ -43,11 +50,27 @@ _file: str | None = None
 """The error log's path when standard error is a file the CLI opened (--error-logfile), for
 `reopen`."""
 
+_destination = 2
+"""The descriptor of the error log: standard error, or, in a worker whose standard error the
+zygote captures (--capture-output), the copy of it kept before."""
+
+_lock = threading.RLock()
+"""One line at a time, whatever the thread (a signal handler that logs runs in the thread it
+interrupted, hence re-entrant)."""
+
 
 def configure(level: str) -> None:
     """Sets the lowest level that is written; `level` is one of LEVELS."""
     global _threshold
     _threshold = LEVELS.index(level)
+
+
+def set_destination(fd: int) -> None:
+    """Writes the log to descriptor `fd` (a copy of standard error kept before it was captured)
+    instead of 2."""
+    global _destination, _send
+    _destination = fd
+    _send = None
 
 
 def set_file(path: str) -> None:
@@ -68,7 +91,7 @@ def reopen() -> None:
     except OSError as error:
         log("error", f"cannot reopen the error log {_file}: {error.strerror}; writing on to the old file")
         return
-    os.dup2(fd, 2)
+    os.dup2(fd, _destination)
     os.close(fd)
     _send = None
 
@@ -81,12 +104,75 @@ def log(level: str, message: str) -> None:
     _write(_format(level, message))
 
 
-def _format(level: str, message: str) -> str:
+def _format(level: str, message: str, pid: int | None = None) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    return f"[{stamp}] [{os.getpid()}] [{level.upper()}] {message}\n"
+    return f"[{stamp}] [{pid or os.getpid()}] [{level.upper()}] {message}\n"
+
+
+# A line that begins with a level name, as Python's logging writes them ("WARNING:root:..."),
+# and most other loggers ("[ERROR] ...", "ERROR ...").
+_LEADING_LEVEL = re.compile(r"\s*\[?(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+_LEVEL_NAMES = {"WARN": "warning", "FATAL": "critical"}
+
+
+class AppLines:
+    """The application's lines of one worker, on their way to the log: each at the level it
+    begins with, or `default`; at most PER_SECOND a second (BURST at once), the rest counted and
+    said in one line once lines get through again, or at `finish`."""
+
+    PER_SECOND = 1000
+    BURST = 1000
+
+    def __init__(self, default: str, pid: int | None = None) -> None:
+        self.default = default
+        self.pid = pid
+        self._tokens = float(self.BURST)
+        self._refilled = time.monotonic()
+        self._over = 0
+
+    def write(self, line: str) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.BURST, self._tokens + (now - self._refilled) * self.PER_SECOND)
+        self._refilled = now
+        if self._tokens < 1:
+            self._over += 1
+            return
+        self._tokens -= 1
+        self.finish()
+        found = _LEADING_LEVEL.match(line)
+        level = _LEVEL_NAMES.get(found[1], found[1].lower()) if found else self.default
+        if LEVELS.index(level) >= _threshold:
+            _write(_format(level, f"[app] {line}", self.pid))
+
+    def over(self, lines: int) -> None:
+        """Counts `lines` left out unread (a runaway writer, over the rate)."""
+        self._over += lines
+
+    def finish(self) -> None:
+        """Says how many lines were left out, if any."""
+        if self._over:
+            over, self._over = self._over, 0
+            message = f"[app] {over:,} lines of the application's output left out: over {self.PER_SECOND:,} a second"
+            _write(_format("warning", message, self.pid))
+
+    def allows(self) -> bool:
+        """Whether a line now would be written (without taking its place)."""
+        now = time.monotonic()
+        return min(self.BURST, self._tokens + (now - self._refilled) * self.PER_SECOND) >= 1
+
+
+def raw(line: str) -> None:
+    """Writes `line` as it is, without a stamp: a Python stack a worker wrote (faulthandler's
+    format, as the lines around it expect), forwarded by the zygote."""
+    _write(line + "\n")
 
 
 def _write(line: str) -> None:
+    with _lock:
+        _write_locked(line)
+
+
+def _write_locked(line: str) -> None:
     global _dropped, _cut, _send
     # Kept for the whole line: a signal handler may `reopen` in the middle of it.
     send = _send
@@ -138,12 +224,12 @@ def _pieces(data: bytes) -> list[bytes]:
 def _open() -> Callable[[bytes], int]:
     """A way to write to standard error that does not wait; a blocking one as a last resort."""
     try:
-        mode = os.fstat(2).st_mode
+        mode = os.fstat(_destination).st_mode
     except OSError:
         mode = 0
     if stat.S_ISSOCK(mode):
         try:
-            stream = socket.socket(fileno=os.dup(2))
+            stream = socket.socket(fileno=os.dup(_destination))
         except OSError:
             pass
         else:
@@ -152,12 +238,13 @@ def _open() -> Callable[[bytes], int]:
         # A second opening of the same pipe or terminal, with flags of its own. (A regular file
         # is not reopened: another opening would have its own offset.)
         try:
-            fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            fd = os.open(f"/proc/self/fd/{_destination}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:
             pass
         else:
             return lambda data: os.write(fd, data)
-    return lambda data: os.write(2, data)
+    destination = _destination
+    return lambda data: os.write(destination, data)
 
 
 def _forget_count() -> None:

@@ -65,9 +65,9 @@ def leave_signals_to_the_lobby() -> None:
     signal.signal(signal.SIGUSR1, _reopen_log)
     # faulthandler writes from the C signal handler, so the stack comes even when the
     # application is stuck in C code where a Python handler would never run. It writes to
-    # descriptor 2, the error log, directly and blocking (log.py's queue-less, non-blocking
-    # path is for lines a worker writes while it serves; this one is about to be killed), and
-    # to whatever file SIGUSR1's reopen has put there since.
+    # descriptor 2 directly and blocking (log.py's queue-less, non-blocking path is for lines a
+    # worker writes while it serves; this one is about to be killed): the error log, or under
+    # --capture-output the pipe the zygote forwards, after whatever the worker wrote before.
     faulthandler.register(STACK_SIGNAL, file=2, all_threads=True, chain=False)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import sys
+import threading
 from collections.abc import Iterable
 from typing import IO
+
+from maitred import log
 
 
 class FileWrapper:
@@ -35,17 +37,30 @@ class FileWrapper:
 
 
 class ErrorStream:
-    """``wsgi.errors``: text goes straight to standard error (the error log), flushed at
-    once so that it interleaves correctly with the server's own lines."""
+    """``wsgi.errors``: the application's lines go to the error log through the worker's
+    non-blocking path (`maitred.log`), marked ``[app]`` at INFO (or at the level a line begins
+    with), never waiting: lines that find no room are dropped and counted, as maitred's own
+    are, and a runaway loop is held to `log.AppLines.PER_SECOND` lines a second. A line is
+    written once its newline comes, or at `flush`."""
+
+    def __init__(self) -> None:
+        self._lines = log.AppLines("info")
+        self._partial = ""
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
-        written = sys.stderr.write(text)
-        sys.stderr.flush()
-        return written
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
+            for line in lines:
+                self._lines.write(line)
+        return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
-        sys.stderr.writelines(lines)
-        sys.stderr.flush()
+        for text in lines:
+            self.write(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        with self._lock:
+            if self._partial:
+                self._lines.write(self._partial)
+                self._partial = ""

@@ -6,12 +6,14 @@ datagram per message over a SOCK_SEQPACKET socketpair. It runs nothing but this 
 with --preload, the application's import), so that it stays small and hard to break.
 
 It leaves the lobby's signals to the lobby (docs/SIGNALS.md); SIGUSR1, or the lobby's `reopen`,
-reopens its error log and is passed on to every worker.
+reopens its error log and is passed on to every worker. Under --capture-output it also forwards
+each worker's standard output and error to the error log (capture.py).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import socket
@@ -20,7 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from maitred import hooks, log, reload, worker
+from maitred import capture, hooks, log, reload, worker
 from maitred.app import AppLoadError
 
 LoadApp = Callable[[], Callable[..., object]]
@@ -67,7 +69,8 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     grace = settings["graceful_timeout"]
     assert isinstance(grace, float)
     worker_hooks = hooks.WorkerHooks(settings) if hooks.configured(settings) else None
-    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address).serve()
+    captures = capture.wanted(settings["capture_output"])
+    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures).serve()
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -102,8 +105,14 @@ class _Zygote:
         grace: float,
         worker_hooks: hooks.WorkerHooks | None,
         report_address: str | None,
+        captures: bool,
     ) -> None:
         self._control = control
+        self._captures = captures
+        # Each worker's captured output (--capture-output), by the descriptor it is read from:
+        # kept until every process that could write to it has gone, which may be after the
+        # worker itself (a program it started), so that no line is lost with it.
+        self._outputs: dict[int, capture.Output] = {}
         self._load_app = load_app
         self._report_address = report_address
         self._grace = grace
@@ -125,11 +134,14 @@ class _Zygote:
         log.log("debug", "zygote ready")
         try:
             while True:
-                for key, _ in self._selector.select():
+                for key, _ in self._selector.select(self._partial_wait()):
                     if key.fileobj is self._control:
                         self._receive()
-                    else:
+                    elif key.fileobj == self._wakeup_read:
                         self._drain_wakeups()
+                    else:
+                        self._forward(key.data)
+                self._flush_partials()
                 if self._reopen_wanted:
                     self._reopen_logs()
                 self._reap(report=True)
@@ -206,6 +218,7 @@ class _Zygote:
     def _spawn(self, slot: int, workers: int) -> None:
         try:
             lobby_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            output = os.pipe2(os.O_CLOEXEC) if self._captures else None
         except OSError as error:
             raise _SpawnFailed(f"cannot create a channel for worker {slot}: {error}") from None
         hooked = None
@@ -222,10 +235,16 @@ class _Zygote:
         except OSError as error:
             lobby_end.close()
             worker_end.close()
+            for end in output or ():
+                os.close(end)
             raise _SpawnFailed(f"cannot fork worker {slot}: {error}") from None
         if pid == 0:
-            self._become_worker(lobby_end, worker_end, hooked)
+            self._become_worker(lobby_end, worker_end, hooked, output)
         worker_end.close()
+        if output is not None:
+            os.close(output[1])
+            self._outputs[output[0]] = capture.Output(output[0], pid)
+            self._selector.register(output[0], selectors.EVENT_READ, output[0])
         # Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
         self._children.add(pid)
         try:
@@ -236,9 +255,16 @@ class _Zygote:
             lobby_end.close()
         log.log("debug", f"zygote: forked worker {pid} for slot {slot}")
 
-    def _become_worker(self, lobby_end: socket.socket, worker_end: socket.socket, hooked: worker.Hooked) -> None:
+    def _become_worker(
+        self,
+        lobby_end: socket.socket,
+        worker_end: socket.socket,
+        hooked: worker.Hooked,
+        output: tuple[int, int] | None,
+    ) -> None:
         """In the forked child: drop the zygote's state and serve; never returns. `hooked`: the
-        hooks and the worker's `worker` argument, when there are hooks."""
+        hooks and the worker's `worker` argument, when there are hooks; `output`: the pipe its
+        standard output and error become (--capture-output)."""
         code = 1
         try:
             signal.set_wakeup_fd(-1)
@@ -248,6 +274,11 @@ class _Zygote:
             os.close(self._wakeup_write)
             self._control.close()
             lobby_end.close()
+            for fd in self._outputs:
+                os.close(fd)
+            if output is not None:
+                os.close(output[0])
+                capture.redirect(output[1])
             code = worker.serve(worker_end.detach(), self._load_app, hooked, self._report_address)
         except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
@@ -265,6 +296,43 @@ class _Zygote:
             return
         # A child is only forgotten once reaped, so `pid` cannot have been reused yet.
         os.kill(pid, number)
+
+    def _forward(self, fd: int) -> None:
+        """Forwards what a worker's output pipe holds; at its end, lets it go."""
+        output = self._outputs[fd]
+        try:
+            more = output.read()
+        except OSError as error:
+            log.log("error", f"zygote: cannot read worker {output.pid}'s output: {error}")
+            more = False
+        if not more:
+            output.finish()
+            self._selector.unregister(fd)
+            os.close(fd)
+            del self._outputs[fd]
+
+    def _partial_wait(self) -> float | None:
+        """How long the loop may wait before a partial line is due to be written."""
+        now = time.monotonic()
+        due = [at for output in self._outputs.values() if (at := output.partial_due(now)) is not None]
+        return max(0.0, min(due) - now) if due else None
+
+    def _flush_partials(self) -> None:
+        now = time.monotonic()
+        for output in self._outputs.values():
+            due = output.partial_due(now)
+            if due is not None and due <= now:
+                output.flush_partial()
+
+    def _forward_what_is_left(self) -> None:
+        """At the end: forwards what the pipes still hold, without waiting for more."""
+        for fd in list(self._outputs):
+            while fd in self._outputs and select.select([fd], [], [], 0)[0]:
+                self._forward(fd)
+            if fd in self._outputs:
+                self._outputs.pop(fd).finish()
+                self._selector.unregister(fd)
+                os.close(fd)
 
     def _drain_wakeups(self) -> None:
         try:
@@ -307,7 +375,11 @@ class _Zygote:
                 for pid in list(self._children):
                     os.waitpid(pid, 0)
                 self._children.clear()
-                return
-            self._selector.select(remaining)
-            self._drain_wakeups()
+                break
+            for key, _ in self._selector.select(remaining):
+                if key.fileobj == self._wakeup_read:
+                    self._drain_wakeups()
+                else:
+                    self._forward(key.data)
             self._reap(report=False)
+        self._forward_what_is_left()

@@ -122,6 +122,11 @@ pub enum HalfClose {
 }
 
 impl Config {
+    /// Whether a client that shuts its sending side while its request waits has left.
+    pub(crate) fn half_close_leaves(&self) -> bool {
+        self.half_close == HalfClose::Abandon
+    }
+
     /// What the queue needs to know of overload (`seating/overload.rs`).
     pub(crate) fn overload_policy(&self) -> Policy {
         Policy { adaptive: self.queue_policy == QueuePolicy::Adaptive, deadline: self.request_deadline }

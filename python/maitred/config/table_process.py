@@ -1,13 +1,14 @@
 """The settings table's rows the lobby does not receive (`for_lobby=False`): what the maitred
-command does with its processes (process), --reload (development) and the server hooks, which
-are functions given in a config file. table.py puts them after table_lobby.py's.
+command does with its processes (process), the workers' own output (logging), --reload
+(development) and the server hooks, which are functions given in a config file. table.py puts
+them after table_lobby.py's.
 
-May import: setting.py, values.py and maitred.hooks.
+May import: setting.py, values.py, maitred.capture and maitred.hooks.
 """
 
 from __future__ import annotations
 
-from maitred import hooks
+from maitred import capture, hooks
 from maitred.config.setting import Setting
 from maitred.config.values import (
     _config_location,
@@ -18,7 +19,18 @@ from maitred.config.values import (
     _group,
     _umask,
     _user,
+    one_of,
 )
+
+
+def _capture_output_value(value: object) -> str:
+    """A config file's capture_output: a choice, or True and False, as gunicorn takes it."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return one_of(*capture.CHOICES)(value)
+    raise ValueError(f"expected one of {', '.join(capture.CHOICES)}, True or False, got {value!r}")
+
 
 ROWS: tuple[Setting, ...] = (
     Setting(
@@ -139,6 +151,20 @@ ROWS: tuple[Setting, ...] = (
         "Print every setting's value and where it came from, then exit.",
         default_text="off",
         for_lobby=False,
+    ),
+    Setting(
+        "logging",
+        "capture_output",
+        ("--capture-output",),
+        "WHEN",
+        one_of(*capture.CHOICES),
+        "auto",
+        "The workers' standard output and error (print(), logging to stderr, C extensions) go to the error log "
+        "as the application's lines, which the zygote forwards so that the application never waits for the "
+        "log: yes (the flag alone), no, or auto, which captures unless the error log is a terminal.",
+        for_lobby=False,
+        const="yes",
+        from_python=_capture_output_value,
     ),
     Setting(
         "development",

@@ -27,7 +27,6 @@ use super::read::{Body, READ_CHUNK};
 use super::states::ConnectionState;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
-use crate::config::HalfClose;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
@@ -390,7 +389,7 @@ impl<S: ClientStream> Connection<S> {
             }
             let fd = self.stream.as_fd();
             match self.stream.try_io(Interest::READABLE, || maitred_sys::socket::peek(fd)) {
-                Ok(0) => return self.lobby.settings().half_close == HalfClose::Abandon,
+                Ok(0) => return self.lobby.settings().half_close_leaves(),
                 Ok(_) => return false,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return true,
