@@ -51,6 +51,28 @@ def occupy(port: int, tally: Path, seconds: float) -> threading.Thread:
     return busy
 
 
+def clients_leave_at_0_3_s(server, stats, tally) -> None:
+    """Six clients whose requests wait behind a 1 s request leave after 0.3 s."""
+    busy = occupy(server.port, tally, 1)
+    leaving = [send(server.port, f"/left{n}") for n in range(6)]
+    time.sleep(0.3)  # the leaving clients' patience
+    for sock in leaving:
+        sock.close()
+    assert eventually(lambda: shed(stats)["abandoned"] == 6, timeout=10)
+    busy.join(timeout=10)
+
+
+def six_at_once(port: int) -> list:
+    """The replies to six requests of a 0.1 s app sent at once."""
+    replies: list = []
+    queued = [threading.Thread(target=lambda n=n: replies.append(get(port, f"/q{n}?sleep=0.1"))) for n in range(6)]
+    for thread in queued:
+        thread.start()
+    for thread in queued:
+        thread.join(timeout=20)
+    return replies
+
+
 def test_requests_of_clients_who_left_are_never_run(maitred_server, tmp_path):
     """The issue's case: ten requests to one worker of a 0.5 s app, every client closing after
     0.2 s. The first is in service and runs; the nine waiting behind it are dropped."""
@@ -137,23 +159,10 @@ def test_once_clients_give_up_what_waits_past_half_their_patience_gets_503(maitr
     queue behind a 0.1 s app, those that waited over 0.15 s are answered 503 with Retry-After
     instead of late, and the log names the overload with its fix."""
     server, stats, tally = tally_server(maitred_server, tmp_path, "-w", "1")
-    busy = occupy(server.port, tally, 1)
-    leaving = [send(server.port, f"/left{n}") for n in range(6)]
-    time.sleep(0.3)  # the leaving clients' patience
-    for sock in leaving:
-        sock.close()
-    assert eventually(lambda: shed(stats)["abandoned"] == 6, timeout=10)
+    clients_leave_at_0_3_s(server, stats, tally)
     patience = status_of(stats)["overload"]["patience_seconds"]
     assert 0.3 <= patience < 1, patience
-    busy.join(timeout=10)
-    replies: list = []
-    queued = [
-        threading.Thread(target=lambda n=n: replies.append(get(server.port, f"/q{n}?sleep=0.1"))) for n in range(6)
-    ]
-    for thread in queued:
-        thread.start()
-    for thread in queued:
-        thread.join(timeout=20)
+    replies = six_at_once(server.port)
     statuses = sorted(reply.status for reply in replies)
     assert len(statuses) == 6 and set(statuses) <= {200, 503}, statuses
     assert 503 in statuses and 200 in statuses, statuses
@@ -186,21 +195,8 @@ def test_a_standing_queue_of_patient_clients_is_served_whole_in_order(maitred_se
 
 def test_fifo_serves_every_request_however_long_it_waited(maitred_server, tmp_path):
     server, stats, tally = tally_server(maitred_server, tmp_path, "-w", "1", "--queue-policy", "fifo")
-    busy = occupy(server.port, tally, 1)
-    leaving = [send(server.port, f"/left{n}") for n in range(6)]
-    time.sleep(0.3)
-    for sock in leaving:
-        sock.close()
-    assert eventually(lambda: shed(stats)["abandoned"] == 6, timeout=10)
-    busy.join(timeout=10)
-    replies: list = []
-    queued = [
-        threading.Thread(target=lambda n=n: replies.append(get(server.port, f"/q{n}?sleep=0.1"))) for n in range(6)
-    ]
-    for thread in queued:
-        thread.start()
-    for thread in queued:
-        thread.join(timeout=20)
+    clients_leave_at_0_3_s(server, stats, tally)
+    replies = six_at_once(server.port)
     assert [reply.status for reply in replies] == [200] * 6
     assert shed(stats)["overload"] == 0
     assert status_of(stats)["overload"]["policy"] == "fifo"
