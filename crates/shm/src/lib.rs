@@ -31,7 +31,9 @@
 //! | 4096 + `slots` x `slot_size` | `ring_size` | the answer ring |
 //!
 //! The rest of the 4096-byte header block is zero. [`Layout::DEFAULT`] is 4 slots of 64 KiB and
-//! a 1 MiB ring.
+//! a 1 MiB ring. A request frame longer than a slot holds, or an answer frame longer than the ring
+//! takes, is refused ([`QueueError::TooLarge`], [`AnswerError::TooLarge`]): it has to travel
+//! another way.
 //!
 //! ## Request slots (lobby -> worker)
 //!

@@ -104,7 +104,7 @@ impl Region {
     /// change size, and that its header is this version's and describes exactly its size.
     pub fn open(file: OwnedFd) -> io::Result<Region> {
         let refuse = |why: String| io::Error::new(io::ErrorKind::InvalidData, format!("shared region: {why}"));
-        let seals = rustix::fs::fcntl_get_seals(&file)?;
+        let seals = rustix::fs::fcntl_get_seals(&file).map_err(|e| refuse(format!("the file's seals: {e}")))?;
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
             return Err(refuse("the file is not sealed against shrinking and growing".into()));
         }
@@ -286,6 +286,12 @@ mod tests {
         rustix::fs::ftruncate(&tiny, 100).unwrap();
         rustix::fs::fcntl_add_seals(&tiny, SealFlags::SHRINK | SealFlags::GROW).unwrap();
         assert!(refusal(Region::open(tiny)).contains("a file of 100 bytes"));
+    }
+
+    #[test]
+    fn open_refuses_a_descriptor_that_has_no_seals() {
+        let socket = std::os::unix::net::UnixStream::pair().unwrap().0;
+        assert!(refusal(Region::open(socket.into())).contains("the file's seals"));
     }
 
     #[test]
