@@ -4,7 +4,9 @@
 The seeds come from the project's own tests: the byte-string literals of the decoder's unit
 tests (crates/protocol/src/tests/, src/chunked.rs) become request_decoder and chunked_body
 inputs, and frames built like those of crates/wire's tests become lobby_frames and
-worker_frames inputs. Each input starts with the choice bytes its target reads first.
+worker_frames inputs, and operations of a lobby and an honest or hostile worker, in the encoding of
+fuzz/src/shared_region.rs, become shared_region inputs. Each input starts with the choice bytes
+its target reads first.
 
     python3 fuzz/seed.py OUT_DIR     # writes OUT_DIR/<target>/seed-NNNN
 
@@ -80,6 +82,47 @@ def response_head(status=404, reason=b"Not Found", pairs=((b"Content-Type", b"te
     return frame(3, 1 if end else 0, payload)
 
 
+def queue(slot, id, seq, length):
+    return bytes([0, slot, id, seq]) + struct.pack("<H", length)
+
+
+def answer(pick, length, flags=0):
+    return bytes([3, pick]) + struct.pack("<H", length) + bytes([flags])
+
+
+def poke_word(field, slot, value):
+    return bytes([9, field, slot]) + struct.pack("<Q", value)
+
+
+TAKE, READ, DRAIN = b"\x02", b"\x04", b"\x0b"
+
+
+def shared_region_seeds():
+    """A layout byte, then operations (the table in fuzz/src/shared_region.rs)."""
+    # 2 slots of 128 bytes and a 64-byte ring, where the second round of answers wraps.
+    honest = queue(0, 3, 9, 20) + queue(1, 4, 2, 5) + TAKE + TAKE + answer(0, 10) + answer(1, 16, 1)
+    honest += answer(1, 16, 1) + READ + READ + READ + bytes([5, 0, 5, 1, 6, 0, 6, 1])
+    wraps = queue(0, 1, 0, 64) + TAKE + (answer(0, 8) + answer(0, 0) + answer(0, 16) + DRAIN) * 6
+    recalls = queue(0, 1, 5, 10) + bytes([1, 0]) + TAKE + queue(0, 1, 6, 10) + TAKE + bytes([1, 0])
+    recalls += queue(1, 2, 1, 0) + queue(2, 2, 1, 0) + queue(0, 255, 1, 0) + queue(1, 3, 1, 200)
+    flags = bytes([7, 0, 7, 2, 7, 2, 7, 1, 7, 0, 7, 1, 7, 3, 7, 5, 7, 4, 7, 3, 7, 4])
+    hostile = queue(0, 1, 0, 8) + TAKE + poke_word(0, 0, 240) + DRAIN + poke_word(0, 0, 24)
+    hostile += poke_word(8, 0, 24 | 1 << 32) + DRAIN + bytes([10, 8]) + b"MAITRED\x02"
+    hostile += bytes([10, 8]) + b"MAITRED\x01" + TAKE + poke_word(4, 0, 1) + TAKE
+    lies = queue(0, 1, 0, 8) + answer(0x81, 8, 1) + DRAIN + poke_word(2, 0, 5) + bytes([7, 4])
+    scribbles = queue(0, 1, 0, 8) + TAKE + answer(0, 4) + bytes([8, 0x0C, 0x11, 3, 1, 2, 3, 4]) + DRAIN
+    return [
+        bytes([0x01]) + honest,
+        bytes([0x01]) + wraps,
+        bytes([0x0B]) + wraps,
+        bytes([0x03]) + recalls,
+        bytes([0x00]) + flags,
+        bytes([0x00]) + hostile,
+        bytes([0x22]) + lies,
+        bytes([0x01]) + scribbles,
+    ]
+
+
 def main(out):
     tests = sorted((ROOT / "crates/protocol/src/tests").glob("*.rs"))
     found = literals(tests)
@@ -142,6 +185,7 @@ def main(out):
         )
         for choice in (0, 1, 2)
     ]
+    seeds["shared_region"] = shared_region_seeds()
     for target, inputs in seeds.items():
         directory = Path(out) / target
         directory.mkdir(parents=True, exist_ok=True)

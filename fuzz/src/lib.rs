@@ -13,23 +13,26 @@ mod chunked;
 mod decoder;
 mod frames;
 mod proxy;
+mod shared_region;
 
 pub use chunked::chunked_body;
 pub use decoder::request_decoder;
 pub use frames::{lobby_frames, worker_frames};
 pub use proxy::proxy_header;
+pub use shared_region::shared_region;
 
 /// A target's body: it panics on an input that breaks a property.
 pub type Target = fn(&[u8]);
 
 /// Every fuzz target: its name (that of its corpus directory and of its harness binary) and
 /// its body.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("request_decoder", request_decoder),
     ("chunked_body", chunked_body),
     ("lobby_frames", lobby_frames),
     ("worker_frames", worker_frames),
     ("proxy_header", proxy_header),
+    ("shared_region", shared_region),
 ];
 
 /// The fuzzer's bytes: a few choices, then the data that is fed.
@@ -55,6 +58,10 @@ impl<'a> Input<'a> {
 
     fn u16(&mut self) -> u16 {
         u16::from_le_bytes([self.byte(), self.byte()])
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rest.is_empty()
     }
 
     /// What is left: the data to feed.

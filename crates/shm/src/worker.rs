@@ -1,0 +1,192 @@
+//! The worker's end of a region: it takes queued requests in order and writes answer records
+//! into the ring.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HEADER_SIZE};
+use crate::region::{copy_in, copy_out, Region};
+use crate::{Corrupt, SlotState};
+
+/// A request [`WorkerEnd::take_next`] took: its slot and the lobby's id for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub slot: usize,
+    pub id: u32,
+}
+
+/// Why [`WorkerEnd::write_answer`] did not write an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnswerError {
+    /// The ring lacks room now: the caller prepares to sleep, rechecks with
+    /// [`WorkerEnd::room_for`], and waits for the lobby's wake.
+    NoRoom,
+    /// The frame is longer than the ring ever takes ([`Layout::max_answer_frame`]).
+    TooLarge {
+        len: usize,
+        most: usize,
+    },
+    /// The bytes are not one whole frame: shorter than a frame header, or of another length
+    /// than their header says.
+    NotAFrame {
+        len: usize,
+    },
+    /// `u32::MAX` marks padding; the lobby gives no request that id.
+    ReservedId,
+    Corrupt(Corrupt),
+}
+
+impl fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnswerError::NoRoom => f.write_str("no room in the answer ring now"),
+            AnswerError::TooLarge { len, most } => {
+                write!(f, "an answer frame of {len} bytes, where the ring takes {most}")
+            }
+            AnswerError::NotAFrame { len } => write!(f, "{len} bytes that are not one whole frame"),
+            AnswerError::ReservedId => write!(f, "request id {PADDING_ID} is reserved"),
+            AnswerError::Corrupt(corrupt) => corrupt.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for AnswerError {}
+
+/// The worker's end of its region.
+pub struct WorkerEnd {
+    region: Region,
+    /// Bytes written into the ring: the `ring_head` this end last stored. A region serves one
+    /// worker from its creation, so it starts at 0.
+    head: u64,
+}
+
+impl WorkerEnd {
+    /// The end of the region the lobby passed ([`Region::open`]).
+    pub fn new(region: Region) -> WorkerEnd {
+        WorkerEnd { region, head: 0 }
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.region.layout()
+    }
+
+    /// Takes the queued request of the lowest `seq`, appending its frame to `out`. `None`:
+    /// nothing is queued.
+    pub fn take_next(&self, out: &mut Vec<u8>) -> Result<Option<Taken>, Corrupt> {
+        // Round again only when the lobby took the chosen request back meanwhile: each round
+        // follows a recall of the lobby's.
+        loop {
+            let mut first: Option<(usize, u64)> = None;
+            for slot in 0..self.layout().slots as usize {
+                match self.region.slot_state(slot).load(Ordering::Acquire) {
+                    SlotState::QUEUED => {
+                        let seq = self.region.slot_seq(slot).load(Ordering::Relaxed);
+                        if first.is_none_or(|(_, lowest)| seq < lowest) {
+                            first = Some((slot, seq));
+                        }
+                    }
+                    SlotState::EMPTY | SlotState::TAKEN => {}
+                    state => return Err(Corrupt::SlotState { slot, state }),
+                }
+            }
+            let Some((slot, _)) = first else { return Ok(None) };
+            let state = self.region.slot_state(slot);
+            // Acquires what the lobby wrote before it stored QUEUED.
+            if state.compare_exchange(SlotState::QUEUED, SlotState::TAKEN, Ordering::AcqRel, Ordering::Relaxed).is_err()
+            {
+                continue;
+            }
+            let len = self.region.slot_len(slot).load(Ordering::Relaxed);
+            if len as usize > self.layout().max_request_frame() {
+                return Err(Corrupt::SlotLength { slot, len });
+            }
+            let id = self.region.slot_id(slot).load(Ordering::Relaxed);
+            let start = out.len();
+            out.resize(start + len as usize, 0);
+            copy_out(self.region.slot_frame(slot, len as usize), &mut out[start..]);
+            return Ok(Some(Taken { slot, id }));
+        }
+    }
+
+    /// Whether a request is queued: the recheck after [`WorkerEnd::prepare_to_sleep`] when the
+    /// worker waits for one.
+    pub fn has_request(&self) -> bool {
+        (0..self.layout().slots as usize)
+            .any(|slot| self.region.slot_state(slot).load(Ordering::SeqCst) == SlotState::QUEUED)
+    }
+
+    /// Writes `frame`, one whole wire frame, as the answer (or part of the answer) to request
+    /// `id`, then [`WorkerEnd::wake_lobby`].
+    pub fn write_answer(&mut self, id: u32, frame: &[u8]) -> Result<(), AnswerError> {
+        if id == PADDING_ID {
+            return Err(AnswerError::ReservedId);
+        }
+        let announced = frame.get(4..FRAME_HEADER_SIZE).map(|len| u32::from_le_bytes(len.try_into().expect("4 bytes")));
+        if announced.is_none_or(|payload_len| FRAME_HEADER_SIZE + payload_len as usize != frame.len()) {
+            return Err(AnswerError::NotAFrame { len: frame.len() });
+        }
+        let most = self.layout().max_answer_frame();
+        if frame.len() > most {
+            return Err(AnswerError::TooLarge { len: frame.len(), most });
+        }
+        let len = record_len(frame.len());
+        let padding = self.placement(len).map_err(AnswerError::Corrupt)?.ok_or(AnswerError::NoRoom)?;
+        if padding > 0 {
+            self.write_record(padding, PADDING_ID, &[]);
+        }
+        self.write_record(len, id, frame);
+        // Releases the records to the lobby's acquiring load; sequentially consistent for the
+        // wake protocol.
+        self.region.ring_head().store(self.head, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether an answer frame of `frame_len` bytes fits in the ring now: the recheck after
+    /// [`WorkerEnd::prepare_to_sleep`] when the worker waits for room.
+    pub fn room_for(&self, frame_len: usize) -> Result<bool, Corrupt> {
+        Ok(self.placement(record_len(frame_len))?.is_some())
+    }
+
+    /// After writing an answer: clears the lobby's waiting flag and says whether it was set, so
+    /// that the caller sends the lobby a wake.
+    pub fn wake_lobby(&self) -> bool {
+        self.region.lobby_waiting().swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Says that the worker is about to sleep until a request comes or the ring has room; then
+    /// it looks again with [`WorkerEnd::has_request`] or [`WorkerEnd::room_for`], and sleeps
+    /// only when it still has to wait.
+    pub fn prepare_to_sleep(&self) {
+        self.region.worker_waiting().store(1, Ordering::SeqCst);
+    }
+
+    /// Takes back [`WorkerEnd::prepare_to_sleep`] when the recheck found work. True when the
+    /// lobby had already claimed the flag: its wake is on its way, to be read and ignored.
+    pub fn sleep_cancelled(&self) -> bool {
+        self.region.worker_waiting().swap(0, Ordering::SeqCst) == 0
+    }
+
+    /// Where a record of `len` bytes goes next: `Some(padding)`, the bytes of padding record to
+    /// write before it (0 when it fits before the ring's end), or `None` when the ring lacks room.
+    fn placement(&self, len: usize) -> Result<Option<usize>, Corrupt> {
+        let ring = u64::from(self.layout().ring_size);
+        // Acquires the lobby's reads of what it consumed, before this end overwrites it.
+        let tail = self.region.ring_tail().load(Ordering::SeqCst);
+        if tail > self.head || self.head - tail > ring || !tail.is_multiple_of(8) {
+            return Err(Corrupt::RingIndices { head: self.head, tail });
+        }
+        let to_end = (ring - self.head % ring) as usize;
+        let padding = if len <= to_end { 0 } else { to_end };
+        let room = (ring - (self.head - tail)) as usize;
+        Ok((padding + len <= room).then_some(padding))
+    }
+
+    /// Writes one record at the head, which has room for it, and moves the head past it.
+    fn write_record(&mut self, len: usize, id: u32, frame: &[u8]) {
+        let at = (self.head % u64::from(self.layout().ring_size)) as usize;
+        let header = u64::from(len as u32) | u64::from(id) << 32;
+        self.region.ring_words(at, 1)[0].store(header, Ordering::Relaxed);
+        copy_in(self.region.ring_words(at + RECORD_HEADER_SIZE, frame.len().div_ceil(8)), frame);
+        self.head += len as u64;
+    }
+}
