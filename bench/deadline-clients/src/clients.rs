@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
+use crate::alarm::Alarm;
 use crate::cli::Target;
 use crate::response::Response;
 
@@ -74,7 +75,9 @@ async fn exchange(target: &Target) -> Ending {
 async fn answer(stream: &mut TcpStream, request: &[u8]) -> io::Result<Option<String>> {
     stream.write_all(request).await?;
     let mut response = Response::default();
-    let mut buffer = [0; 4096];
+    // Answers here are a head and a few bytes of body; the buffer is part of each request's task,
+    // which is copied when it is spawned, so it is kept small.
+    let mut buffer = [0; 1024];
     loop {
         let count = stream.read(&mut buffer).await?;
         if count == 0 {
@@ -110,14 +113,20 @@ pub async fn closed(target: Arc<Target>, deadline: Duration, concurrency: usize,
 }
 
 /// Starts request i at `began` + i / `rate`, whatever the earlier ones are doing, for `count`
-/// requests; returns once each has ended, which its deadline bounds.
-pub async fn open(target: Arc<Target>, deadline: Duration, rate: f64, count: u64, began: Instant) -> Vec<Outcome> {
+/// requests; returns once each has ended, which its deadline bounds. Fails only if the timer
+/// cannot be made or set.
+pub async fn open(
+    target: Arc<Target>,
+    deadline: Duration,
+    rate: f64,
+    count: u64,
+    began: Instant,
+) -> io::Result<Vec<Outcome>> {
+    let alarm = Alarm::new()?;
     let mut in_flight = Vec::with_capacity(count as usize);
     for number in 0..count {
         let due = began + Duration::from_secs_f64(number as f64 / rate);
-        if due > Instant::now() {
-            sleep_until(due).await;
-        }
+        alarm.sleep_until(due).await?;
         let target = Arc::clone(&target);
         in_flight.push(tokio::spawn(async move { request(&target, deadline, Some(due)).await }));
     }
@@ -125,5 +134,5 @@ pub async fn open(target: Arc<Target>, deadline: Duration, rate: f64, count: u64
     for request in in_flight {
         outcomes.push(request.await.expect("a request task panicked"));
     }
-    outcomes
+    Ok(outcomes)
 }

@@ -41,6 +41,7 @@
 //! One thread (tokio's current-thread runtime) does it all: at O1's rates the work per request is
 //! a few system calls, and one thread keeps the CPU it takes from the server under test small.
 
+mod alarm;
 mod cli;
 mod clients;
 mod report;
@@ -79,9 +80,16 @@ fn main() -> ExitCode {
         .enable_time()
         .build()
         .expect("a current-thread runtime builds");
-    let report = runtime.block_on(run(&args, target));
-    println!("DEADLINE-CLIENTS-JSON {report}");
-    ExitCode::SUCCESS
+    match runtime.block_on(run(&args, target)) {
+        Ok(report) => {
+            println!("DEADLINE-CLIENTS-JSON {report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("deadline-clients: the open loop's timer failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn usage_error(error: &str) -> ExitCode {
@@ -89,7 +97,7 @@ fn usage_error(error: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-async fn run(args: &Args, target: cli::Target) -> serde_json::Value {
+async fn run(args: &Args, target: cli::Target) -> std::io::Result<serde_json::Value> {
     let target = Arc::new(target);
     let deadline = Duration::from_secs_f64(args.deadline);
     let cpu_before = cpu_seconds();
@@ -99,7 +107,7 @@ async fn run(args: &Args, target: cli::Target) -> serde_json::Value {
         (Mode::Open, Some(rate)) => {
             // Python's round(), half to even, as the generator this one replaces counted.
             let count = (rate * args.seconds).round_ties_even() as u64;
-            clients::open(target, deadline, rate, count, began).await
+            clients::open(target, deadline, rate, count, began).await?
         }
         _ => {
             let end = began + Duration::from_secs_f64(args.seconds);
@@ -108,7 +116,7 @@ async fn run(args: &Args, target: cli::Target) -> serde_json::Value {
     };
     let wall_s = began.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds() - cpu_before;
-    report::report(args, began, &outcomes, wall_s, cpu_s)
+    Ok(report::report(args, began, &outcomes, wall_s, cpu_s))
 }
 
 /// This process's user and system CPU time so far, in seconds.
