@@ -1,5 +1,5 @@
-"""Load tools (ab, wrk, bench/deadline_clients.py): their command lines and how to read their
-output, plus the kernel's TCP counters read around each run.
+"""Load tools (ab, wrk, bench/deadline-clients): their command lines and how to read their output,
+plus the kernel's TCP counters read around each run.
 
 Every tool's output is reduced to the same dict, a "measurement":
     requests       completed requests
@@ -14,21 +14,24 @@ Every tool's output is reduced to the same dict, a "measurement":
     connect_max_ms the slowest TCP connect (ab only: shows SYN retransmits, 1 s / 3 s / 7 s steps)
     gave_up        None, or why the tool stopped before the end of its load (then the requests it
                    never got an answer for count as failed, and latencies are unknown)
-    figures        (deadline_clients.py only) the tool's own figures, which the run moves into its
+    figures        (deadline-clients only) the tool's own figures, which the run moves into its
                    "extra" for the scenario's Columns
-    good_per_second (deadline_clients.py only) good answers in each second of the run (O1's chart)
+    good_per_second (deadline-clients only) good answers in each second of the run (O1's chart)
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
 HERE = Path(__file__).resolve().parent
+# O1's load generator, a Rust program of its own (its own cargo workspace, not the project's):
+# bench/run.py builds it with cargo before any scenario that uses it.
+DEADLINE_CLIENTS_MANIFEST = HERE / "deadline-clients" / "Cargo.toml"
+DEADLINE_CLIENTS = HERE / "deadline-clients" / "target" / "release" / "deadline-clients"
 
 
 class ParseError(Exception):
@@ -209,13 +212,13 @@ class Wrk:
 
 @dataclass(frozen=True)
 class DeadlineClients:
-    """bench/deadline_clients.py: each request on a new connection and given up after `deadline`
-    s, requests starting for `seconds`; ClosedLoop and OpenLoop say when each one starts."""
+    """bench/deadline-clients: each request on a new connection and given up after `deadline` s,
+    requests starting for `seconds`; ClosedLoop and OpenLoop say when each one starts."""
 
     seconds: float
     deadline: float
 
-    tool = "deadline_clients.py"
+    tool = "deadline-clients"
     mode: ClassVar[str]
 
     def pace(self) -> list[str]:
@@ -226,10 +229,10 @@ class DeadlineClients:
         return [self.mode, "--seconds", f"{self.seconds:g}", "--deadline", f"{self.deadline:g}", *self.pace(), url]
 
     def argv(self, url: str, workdir: Path) -> list[str]:
-        return [sys.executable, str(HERE / "deadline_clients.py"), *self.arguments(url)]
+        return [str(DEADLINE_CLIENTS), *self.arguments(url)]
 
     def describe(self) -> str:
-        return " ".join(["python3", "bench/deadline_clients.py", *self.arguments("http://127.0.0.1:PORT/")])
+        return " ".join([self.tool, *self.arguments("http://127.0.0.1:PORT/")])
 
     def default_time_limit(self) -> float:
         return self.seconds + self.deadline + 10.0
@@ -283,14 +286,14 @@ Load = Ab | Wrk | ClosedLoop | OpenLoop
 
 
 def _deadline_clients_measurement(output: str) -> dict:
-    """The common measurement from deadline_clients.py's report: requests and latencies are the
+    """The common measurement from deadline-clients' report: requests and latencies are the
     good answers' (200 within the deadline), rps their rate; failed counts the requests given up and
     the connections refused or reset, non2xx the answers with another status (503: shed). Its own
     figures (shed, late, errors, the generator's schedule and CPU) are in "figures", the good
     answers per second in "good_per_second"."""
     found = re.search(r"^DEADLINE-CLIENTS-JSON (.*)$", output, re.MULTILINE)
     if not found:
-        raise ParseError(f"no report in deadline_clients.py's output:\n{_tail(output)}")
+        raise ParseError(f"no report in deadline-clients' output:\n{_tail(output)}")
     report = json.loads(found.group(1))
     lateness = report["lateness_ms"]
     return {

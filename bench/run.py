@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import procs
-from measure import Load, strace_argv
+from measure import DEADLINE_CLIENTS_MANIFEST, DeadlineClients, Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
 from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server
@@ -72,6 +72,8 @@ def main(argv: list[str]) -> int:
         return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
     if "maitred" in wanted and not MAITRED.exists():
         return _fail(f"{MAITRED} is missing: run `make` first to build it (or leave maitred out with --servers)")
+    if any(_uses_deadline_clients(scenario) for scenario in scenarios) and (error := _build_deadline_clients()):
+        return _fail(error)
 
     installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
     available = {name for name in wanted if installs.get(name, "ok") == "ok"}
@@ -164,6 +166,25 @@ def _debian_installed(package: str) -> str | None:
     )
     status, _, version = result.stdout.partition("\t")
     return version if result.returncode == 0 and status == "install ok installed" else None
+
+
+def _uses_deadline_clients(scenario: Scenario) -> bool:
+    return isinstance(scenario.load, DeadlineClients) or isinstance(scenario.capacity, DeadlineClients)
+
+
+def _build_deadline_clients() -> str | None:
+    """Builds O1's load generator, bench/deadline-clients (Rust, its own Cargo.lock), once per
+    invocation: a no-op when it is up to date. None, or why it could not be built."""
+    package = DEADLINE_CLIENTS_MANIFEST.parent.relative_to(REPO)
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        return f"cargo is missing: it builds {package}, O1-WSGI's load generator (install Rust, or leave O1-WSGI out with -s)"
+    print(f"bench: building {package}", file=sys.stderr)
+    argv = [cargo, "build", "--release", "--quiet", "--locked", "--manifest-path", str(DEADLINE_CLIENTS_MANIFEST)]
+    result = subprocess.run(argv, check=False)
+    if result.returncode != 0:
+        return f"building {package} failed: cargo {' '.join(argv[1:])} exited with status {result.returncode}"
+    return None
 
 
 def _create_peers_venv() -> None:

@@ -711,7 +711,7 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             headline=Column("pct_capacity", "goodput, % of own capacity"),
             note="Each round first measures every server's capacity, each on a fresh server: "
-            "bench/deadline_clients.py closed, 16 clients each opening a new connection per "
+            "bench/deadline-clients closed, 16 clients each opening a new connection per "
             "request for 3 s, 200s answered per second. Then, again on a fresh server each, 15 s "
             "of requests arriving at 1.5 x the best capacity of the round (the same rate for every "
             "server), each on a new connection, started at its due time whatever the earlier ones "
