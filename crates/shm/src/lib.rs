@@ -143,7 +143,7 @@
 //! region, as a hostile worker would: it writes arbitrary bytes into the memfd with `pwrite`
 //! between operations of both ends. So this crate has no entry point for tests only.
 
-#![deny(clippy::undocumented_unsafe_blocks)]
+#![forbid(unsafe_code)]
 
 mod layout;
 mod lobby;

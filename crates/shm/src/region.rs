@@ -1,84 +1,21 @@
 //! The mapping: creating the memfd, mapping it, checking a mapped one, and the atomic words
-//! every other module reads and writes it through. All the crate's `unsafe` is here.
+//! every other module reads and writes it through. The mapping itself, the crate's only need for
+//! `unsafe`, is crates/sys's [`SharedMapping`].
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::ptr::{self, NonNull};
-use std::slice;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use rustix::fs::{MemfdFlags, SealFlags};
-use rustix::mm::{MapFlags, ProtFlags};
+
+use maitred_sys::shared_memory::SharedMapping;
 
 use crate::layout::*;
-
-/// A mapping of a region's file, shared read-write; unmapped when dropped.
-struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(file: impl AsFd, len: usize) -> io::Result<Mapping> {
-        // SAFETY: a new mapping at an address the kernel chooses replaces nothing of this
-        // process's memory; the pointer it returns is owned by the Mapping, which unmaps it
-        // once, when dropped.
-        let base = unsafe {
-            rustix::mm::mmap(ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, file, 0)?
-        };
-        let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
-        Ok(Mapping { base, len })
-    }
-
-    /// The `count` 8-byte words from byte `offset`.
-    ///
-    /// # Panics
-    ///
-    /// When they are not inside the mapping or `offset` is not a multiple of 8: every offset
-    /// comes from a checked layout or a checked record, so that is a bug of this crate.
-    fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
-        assert!(offset.is_multiple_of(8) && count <= (self.len.saturating_sub(offset)) / 8, "words {offset}+{count}x8");
-        // SAFETY: the words are inside the mapping (checked above), which lives as long as
-        // `self`, and aligned: the mapping starts on a page and `offset` is a multiple of 8.
-        // AtomicU64 may be changed behind a shared reference, as the other process does; every
-        // access to the region from this process is atomic, so none races with a plain one.
-        unsafe { slice::from_raw_parts(self.base.as_ptr().add(offset).cast::<AtomicU64>(), count) }
-    }
-
-    /// The 4-byte word at byte `offset`.
-    ///
-    /// # Panics
-    ///
-    /// As [`Mapping::words`], for a 4-byte word.
-    fn word32(&self, offset: usize) -> &AtomicU32 {
-        assert!(
-            offset.is_multiple_of(4) && offset.checked_add(4).is_some_and(|end| end <= self.len),
-            "word32 {offset}"
-        );
-        // SAFETY: as in `words`: inside the mapping, aligned to 4, only ever accessed atomically.
-        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU32>() }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is this Mapping's; no reference into it outlives it (they all
-        // borrow it), so nothing touches the memory after it is gone. An error could only
-        // leave it mapped, which nothing would notice.
-        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
-    }
-}
-
-// SAFETY: a Mapping is its memory's owner, and that memory is only accessed through atomics, so
-// moving the Mapping to another thread, or sharing it, is as safe as sharing the atomics.
-unsafe impl Send for Mapping {}
-// SAFETY: as for Send.
-unsafe impl Sync for Mapping {}
 
 /// One mapping of a worker's region, with the layout it was made or checked with. The lobby and
 /// the worker each have one; [`crate::LobbyEnd`] and [`crate::WorkerEnd`] wrap it.
 pub struct Region {
-    map: Mapping,
+    map: SharedMapping,
     layout: Layout,
 }
 
@@ -95,7 +32,7 @@ impl Region {
         // SEAL too: the worker shares the file, and may not take the size seals off (it cannot
         // anyway) nor add a write seal the lobby would not expect.
         rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-        let region = Region { map: Mapping::new(&file, layout.region_size() as usize)?, layout };
+        let region = Region { map: SharedMapping::new(&file, layout.region_size() as usize)?, layout };
         region.write_header();
         Ok((region, file))
     }
@@ -112,7 +49,7 @@ impl Region {
         if size < REGION_HEADER_SIZE as u64 || size > MAX_REGION_SIZE {
             return Err(refuse(format!("a file of {size} bytes")));
         }
-        let map = Mapping::new(&file, size as usize)?;
+        let map = SharedMapping::new(&file, size as usize)?;
         let magic = map.words(MAGIC_AT, 1)[0].load(Ordering::Relaxed);
         if magic != MAGIC {
             return Err(refuse(format!("magic {:?}", magic.to_le_bytes().escape_ascii().to_string())));

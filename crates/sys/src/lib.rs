@@ -19,5 +19,6 @@ pub mod ids;
 pub mod limits;
 pub mod process;
 pub mod reactor;
+pub mod shared_memory;
 pub mod sleepers;
 pub mod socket;
