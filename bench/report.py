@@ -176,13 +176,27 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
         )
         lines.append(
             f"| [{name}](#{name.lower()}) | {figure}{' (lower is better)' if lower else ''} | "
-            f"{_figure(ours and ours.get(key), digits)} | {best_label} | "
+            f"{_reference_figure(summaries, key, digits)} | {best_label} | "
             f"{_figure(best and best.get(key), digits)} | {_ratio(ours, best, key)} | {met} |"
         )
     lines.append("")
     for name, record in records.items():
         lines += _section(record, scenarios[name], environment)
     return "\n".join(lines) + "\n"
+
+
+def _reference_figure(summaries: dict[str, dict | None], key: str, digits: int) -> str:
+    """maitred's figure for the summary; where maitred ran at several concurrencies instead
+    (H1-hop: "maitred c=4"), each one's."""
+    if REFERENCE in summaries:
+        ours = summaries[REFERENCE]
+        return _figure(ours and ours.get(key), digits)
+    levels = {
+        label.removeprefix(REFERENCE + " "): summary
+        for label, summary in summaries.items()
+        if label.startswith(REFERENCE + " c=")
+    }
+    return ", ".join(f"{level}: {_figure(s and s.get(key), digits)}" for level, s in levels.items()) or "-"
 
 
 def _section(record: dict, scenario, environment: dict) -> list[str]:
@@ -266,6 +280,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         row += [_number(s[name]) for name in KERNEL_COUNTERS]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if any(run.get("hop") for run in record["runs"]):
+        lines += _calls_by_name(record)
 
     if scenario.targets:
         lines += ["Targets for maitred (bench/README.md):", ""]
@@ -320,6 +336,57 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     return lines
 
 
+# H1-hop's table of system calls by name: a call made less often than this per request at every
+# concurrency is counted in "other" (one-offs, and the lobby's timers: a few per second).
+CALLS_SHOWN_FROM = 0.01
+
+
+def _calls_by_name(record: dict) -> list[str]:
+    """H1-hop: each side's system calls per request by name, from the strace runs: per
+    concurrency, the median over its runs."""
+    labels = list(dict.fromkeys(run["server"] for run in record["runs"]))
+    traced = [run for run in record["runs"] if run.get("hop") and run["hop"]["traced"]["requests"]]
+    lines = [
+        (
+            "System calls per request by name, each side's strace apart (medians over the runs; "
+            f'calls under {CALLS_SHOWN_FROM:g} per request at every concurrency are summed in "other"):'
+        ),
+        "",
+        "| side | call | " + " | ".join(labels) + " |",
+        "|---|---|" + "---:|" * len(labels),
+    ]
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    for side in ("lobby", "workers"):
+        # {label: [{call: calls per request} for each run]}
+        per_run = {
+            label: [
+                {name: count / run["hop"]["traced"]["requests"] for name, count in run["hop"]["calls"][side].items()}
+                for run in traced
+                if run["server"] == label
+            ]
+            for label in labels
+        }
+        medians = {
+            label: {name: median([calls.get(name, 0) for calls in runs]) for name in set().union(*runs)}
+            for label, runs in per_run.items()
+        }
+        shown = sorted(
+            {name for calls in medians.values() for name, value in calls.items() if value >= CALLS_SHOWN_FROM},
+            key=lambda name: -max(calls.get(name, 0) for calls in medians.values()),
+        )
+        rows = [(name, [medians[label].get(name, 0) for label in labels]) for name in shown]
+        rows.append(("other", [sum(v for n, v in medians[label].items() if n not in shown) for label in labels]))
+        rows.append(("total", [median([sum(calls.values()) for calls in per_run[label]]) for label in labels]))
+        lines += [
+            f"| {side} | {name} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in values) + " |"
+            for name, values in rows
+        ]
+    return lines + [""]
+
+
 def _number(value: float | None) -> str:
     if value is None:
         return "-"
@@ -364,7 +431,8 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     bars = panels[0][0]
     figure.suptitle(
         f"{scenario.id}: {scenario.title}\n"
-        + " + ".join(part for part in (record.get("crowd"), record["load"]) if part),
+        # A load run at several concurrencies (H1-hop) is one command per line.
+        + " + ".join(part for part in (record.get("crowd"), record["load"]) if part).replace("; ", "\n"),
         fontsize=10,
     )
 

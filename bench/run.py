@@ -278,7 +278,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         "id": scenario.id,
         "started": _now(),
         "commit": _git_commit(),
-        "load": load.describe() if load else None,
+        "load": scenario.describe_load(load, entries) if load else None,
         "crowd": crowd.describe() if crowd else None,
         "capacity": capacity.describe() if capacity else None,
         "front": scenario.front.describe() if scenario.front else None,
@@ -313,7 +313,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         for entry in entries:
             result = run_once(
                 scenario,
-                round_load,
+                scenario.load_for(entry, round_load),
                 crowd,
                 entry,
                 labels[entry],
@@ -355,7 +355,8 @@ def _add_capacity(result: dict, capacity_run: dict, capacity: float | None) -> N
 
 
 def _label(entry: Entry) -> str:
-    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.maitred_options])
+    clients = [] if entry.clients is None else [f"c={entry.clients}"]
+    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.maitred_options, *clients])
 
 
 def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], dict]:
@@ -457,7 +458,8 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
 def _print_registry() -> None:
     print("scenarios:")
     for scenario in SCENARIOS.values():
-        loads = [part.describe() for part in (scenario.crowd, scenario.load) if part]
+        loads = [scenario.crowd.describe()] if scenario.crowd else []
+        loads += [scenario.describe_load(scenario.load, scenario.lineup)] if scenario.load else []
         first = f"capacity first: {scenario.capacity.describe()}; then " if scenario.capacity else ""
         print(
             f"  {scenario.id:<8} {scenario.title}\n           {first}{' + '.join(loads)}; "

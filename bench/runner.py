@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import hop
 import lifecycle
 import procs
 from measure import (
@@ -168,6 +169,11 @@ def run_once(
                 lambda: _load(load, url, workdir, env, scenario.limit()),
             )
             result["extra"].update(figures)
+        elif scenario.count_hop:
+            measurement, result["cut_short"], figures, result["hop"] = hop.run(
+                process, launch.workers, workdir, env, lambda where: _load(load, url, where, env, scenario.limit())
+            )
+            result["extra"].update(figures)
         elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures", {}))
@@ -193,7 +199,7 @@ def run_once(
         result["measurement"] = measurement
     except procs.StartError as error:
         result["error"] = f"did not start: {error}"
-    except (RunError, lifecycle.LifecycleError) as error:
+    except (RunError, lifecycle.LifecycleError, hop.HopError) as error:
         result["error"] = str(error)
     finally:
         phases.end("measured")

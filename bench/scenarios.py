@@ -1,9 +1,9 @@
 """The scenarios: which app, how many workers, which load, which servers, and what maitred must show.
 
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
-docs/SCENARIOS.md, T1, L1, T2, C1, M1, and the lifecycle's R1 and U1); where a scenario needs two
-measurements, each is a scenario of its own (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and
-S3-accept, S5-c5 and S5-c50, R1 and R1-broken).
+docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, and H1-hop, the cost
+of the lobby-worker hop); where a scenario needs two measurements, each is a scenario of its own
+(S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ class Entry:
     workers: int | None = None
     # maitred's own settings under test (O1), named in its label: "maitred --queue-timeout 0.5".
     maitred_options: tuple[str, ...] = ()
+    # The load's concurrency for this entry, named in its label: "maitred c=4" (H1-hop measures
+    # maitred alone at several); None: the scenario's load as it is.
+    clients: int | None = None
 
     def __post_init__(self) -> None:
         if self.maitred_options and self.server != "maitred":
@@ -144,6 +147,19 @@ class Scenario:
     # fresh server; the scenario's load (an OpenLoop) then arrives at its times_capacity x the
     # best of them, the same rate for every server of the round.
     capacity: ClosedLoop | None = None
+    # H1-hop: the load runs twice on each server, plain with each side's voluntary context switches
+    # read around it, then with strace attached to each side counting its system calls
+    # (bench/hop.py).
+    count_hop: bool = False
+
+    def load_for(self, entry: Entry, load: Load | None) -> Load | None:
+        """The load this entry is given: the scenario's, at the entry's own concurrency where it
+        names one (only ab's loads have one to change)."""
+        return load if entry.clients is None else replace(load, concurrency=entry.clients)
+
+    def describe_load(self, load: Load, entries: list[Entry] | tuple[Entry, ...]) -> str:
+        """The load as the entries run it: its command, or one per concurrency (H1-hop)."""
+        return "; ".join(dict.fromkeys(self.load_for(entry, load).describe() for entry in entries))
 
     def launch(self, entry: Entry, port: int) -> Launch:
         workers = self.workers if entry.workers is None else entry.workers
@@ -232,6 +248,10 @@ OVERLOAD = (
     GRANIAN,
     UWSGI,
 )
+# H1-hop, the hop between the lobby and the workers: maitred alone (the hop is its own), at one
+# client (every request waits for the hop), 4 (as many as the 2 cores and 2 workers can keep busy)
+# and 100 (T1's connections: the queue is never empty, and workers are offered requests ahead).
+HOP_LEVELS = tuple(Entry("maitred", clients=clients) for clients in (1, 4, 100))
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -377,6 +397,40 @@ SCENARIOS: dict[str, Scenario] = {
             load=Wrk(threads=1, connections=1, seconds=10),
             lineup=ONE_CLIENT,
             targets=(NO_FAILURES, LEADS),
+        ),
+        Scenario(
+            id="H1-hop",
+            title="the hop between lobby and workers: system calls and sleeps per request, each side",
+            app="apps:hello",
+            workers=2,
+            # Each entry runs it at its own concurrency (HOP_LEVELS).
+            load=Ab(concurrency=1, requests=20000, keepalive=True),
+            lineup=HOP_LEVELS,
+            count_hop=True,
+            # Per load: the run under strace is the slower, 1,000-3,500 req/s here (20 s at most).
+            time_limit=60.0,
+            columns=(
+                Column("lobby_calls", "lobby calls / request", digits=2),
+                Column("worker_calls", "workers' calls / request", digits=2),
+                Column("lobby_switches", "lobby voluntary switches / request", digits=2),
+                Column("worker_switches", "workers' voluntary switches / request", digits=2),
+                Column("zygote_switches", "zygote's voluntary switches"),
+                Column("traced_rps", "req/s under strace"),
+            ),
+            headline=Column("hop_calls", "calls / request, both sides", digits=1),
+            headline_lower_is_better=True,
+            note="maitred alone, at 1, 4 and 100 keep-alive clients, each on a fresh server that serves "
+            "the load twice. First plain: the voluntary context switches (sleeps) of every thread of "
+            "each side are read from /proc/PID/task/*/status just before and just after it; req/s and "
+            "the latencies are this load's. Then the same load with strace attached to each side "
+            "apart, `strace -f -c -p LOBBY` and `strace -f -c -p WORKER1 -p WORKER2`, counting every "
+            "system call of every thread. Each figure is divided by the requests ab completed in its "
+            "own load. The lobby is the process started, the zygote its only child, the workers the "
+            "zygote's children (from /proc); the zygote takes no part in a request: its calls are not "
+            "counted, and its voluntary switches over the plain load are shown whole. Every call of a "
+            "traced process stops it for strace, so the second load is slower (its req/s is shown); "
+            "where a call serves whatever is ready at once (c=4, c=100), how many requests one call "
+            "finds ready, and so the calls per request, can differ from a run at full speed.",
         ),
         Scenario(
             id="S1",
