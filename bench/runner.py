@@ -2,8 +2,8 @@
 until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
 compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
 memory while they are held (M1), run the load (beside it, reloads or a binary upgrade: R1, U1,
-bench/lifecycle.py), read the kernel's counters around it, and stop everything that was started,
-in reverse order.
+bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py), read the
+kernel's counters around it, and stop everything that was started, in reverse order.
 
 A run's result is a dict: server, run, measurement (measure.py's dict, None when the run failed),
 error, cut_short, kernel (counter changes) and extra (the scenario's own figures, named by the
