@@ -64,8 +64,7 @@ pub(super) async fn relay_response(
     // A request sent on the channel: the worker took its place in the slots, but if the frame
     // is still unread after a moment, the worker may be wedged (health::never_read). One taken
     // from a slot was copied out whole.
-    let mut read_check =
-        taken.on_channel.then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    let mut read_check = taken.on_channel.then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
     loop {

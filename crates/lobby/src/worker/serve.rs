@@ -129,8 +129,8 @@ async fn seat_jobs(
             // answered was running then, and is not looked at (health::LOOK_AFTER_IDLE).
             // Its first request is looked at whatever the time: the lobby may have read
             // its READY late, from a worker stopped since.
-            let look = card.served.get() == 0
-                || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
+            let look =
+                card.served.get() == 0 || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
             if look && stat.is_stopped() {
                 lobby.seating.return_unstarted(job);
                 let bound = lobby.settings().timeout;
