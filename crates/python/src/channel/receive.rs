@@ -129,7 +129,7 @@ impl WorkerChannel {
                 continue;
             }
             // Nothing to do: say so, look once more, and sleep until the bell or the channel.
-            if let Some(region) = &self.region {
+            if let Some(region) = self.ready_region() {
                 region.prepare_to_sleep();
                 if region.has_request() {
                     // A bell rung meanwhile is silenced at the next sleep, which it cuts short.
@@ -138,7 +138,7 @@ impl WorkerChannel {
                 }
             }
             let received = self.wait_and_read(py)?;
-            if let Some(region) = &self.region {
+            if let Some(region) = self.ready_region() {
                 region.sleep_cancelled();
             }
             if let Received::Closed = received {
@@ -150,9 +150,16 @@ impl WorkerChannel {
         }
     }
 
+    /// The region, once the bell that wakes the worker for it has come too (`take_from_slot`
+    /// asks the same): the lobby sends both before any request, but the second may arrive after
+    /// the first has been read.
+    fn ready_region(&self) -> Option<&WorkerEnd> {
+        self.region.as_ref().filter(|_| self.bell.is_some())
+    }
+
     /// The request in the oldest queued slot, copied out. Its place alone sets `on_channel`.
     fn take_from_slot(&mut self) -> PyResult<Option<FrameAt>> {
-        let Some(region) = &self.region else { return Ok(None) };
+        let Some(region) = self.region.as_ref().filter(|_| self.bell.is_some()) else { return Ok(None) };
         self.slot_frame.clear();
         let taken = region
             .take_next(&mut self.slot_frame)
