@@ -4,7 +4,7 @@
 
 use std::os::fd::AsFd;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use maitred_shm::Corrupt;
 use maitred_wire::{FrameHeader, Kind, FLAG_FD};
@@ -21,6 +21,10 @@ use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::Next;
+
+/// The longest the lobby goes without looking whether its worker has taken a request queued at
+/// it, while the worker writes nothing.
+const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
 /// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
 /// idle, until it may serve.
@@ -212,9 +216,9 @@ fn broken(offers: &Offers) -> String {
 ///
 /// A worker that has just answered, or was just woken with a request, takes it within
 /// microseconds; the lobby looks at its slots when it writes (its answer's first frame) or
-/// closes its channel, and at `health::READ_WITHIN` after it became free. One that has taken
-/// nothing by then is wedged or stopped: what it was queued comes back, provably never begun,
-/// and it is killed.
+/// closes its channel, at growing intervals meanwhile, and at `health::READ_WITHIN` after it
+/// became free. One that has taken nothing by then is wedged or stopped: what it was queued
+/// comes back, provably never begun, and it is killed.
 async fn wait_taken(
     lobby: &Rc<Lobby>,
     pid: i32,
@@ -223,6 +227,11 @@ async fn wait_taken(
     free_since: Instant,
 ) -> Result<Option<Taken>, Gone> {
     let read_by = tokio::time::Instant::from_std(free_since + health::READ_WITHIN);
+    // A request that writes nothing for a while (a slow application) is seen taken by a look at
+    // its slot: after 1 ms, then at doubling intervals up to `LOOK_AT_MOST_EVERY`, so that the
+    // scoreboard and the diagnoses name it. A fast one answers before the first look.
+    let mut look_after = Duration::from_millis(1);
+    let mut next_look = tokio::time::Instant::now() + look_after;
     loop {
         match offers.take_taken() {
             Ok(Some(taken)) => return Ok(Some(taken)),
@@ -233,6 +242,10 @@ async fn wait_taken(
         tokio::select! {
             biased;
             _ = offers.recall() => {}
+            _ = tokio::time::sleep_until(next_look), if next_look < read_by => {
+                look_after = (look_after * 2).min(LOOK_AT_MOST_EVERY);
+                next_look += look_after;
+            }
             _ = channel.closed_while_idle() => {
                 match offers.take_taken() {
                     Ok(Some(taken)) => return Ok(Some(taken)),
