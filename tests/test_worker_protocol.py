@@ -38,10 +38,11 @@ REQUEST, CANCEL, REGION, BELL, ON_CHANNEL = 16, 17, 19, 20, 21
 END, FD = 1, 2
 
 # The shared region (crates/shm's tables): its layout, as the lobby makes it, and the states of a
-# request slot.
+# request slot, in the low two bits of its state word (the ticket, the low 30 bits of the
+# request's sequence number, above them).
 SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64
 HEADER_BLOCK, SLOT_HEADER = 4096, 64
-EMPTY, QUEUED, TAKEN = 0, 1, 2
+EMPTY, QUEUED, TAKEN, STATE_BITS = 0, 1, 2, 3
 
 TIMEOUT = 10.0
 
@@ -521,8 +522,11 @@ class LobbyRegion:
         self.next_id = 0
         self.slot_of: dict[int, int] = {}
 
-    def state(self, slot: int) -> int:
+    def word(self, slot: int) -> int:
         return struct.unpack_from("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE)[0]
+
+    def state(self, slot: int) -> int:
+        return self.word(slot) & STATE_BITS
 
     def queue(self, data: bytes) -> int:
         """Writes `data` into a free slot, the oldest in order, and rings the bell (always: the
@@ -537,7 +541,7 @@ class LobbyRegion:
         at = HEADER_BLOCK + slot * SLOT_SIZE
         struct.pack_into("<IIIIQ", self.map, at, EMPTY, len(data), request_id, 0, request_id)
         self.map[at + SLOT_HEADER : at + SLOT_HEADER + len(data)] = data
-        struct.pack_into("<I", self.map, at, QUEUED)
+        struct.pack_into("<I", self.map, at, request_id << 2 | QUEUED)
         os.eventfd_write(self.bell, 1)
         self.slot_of[request_id] = slot
         return request_id
@@ -546,9 +550,9 @@ class LobbyRegion:
         """Takes back a queued request, as the lobby does, while the worker is busy elsewhere
         (so that a plain read and write stand for the lobby's compare-and-swap)."""
         slot = self.slot_of[request_id]
-        if self.state(slot) != QUEUED:
+        if self.word(slot) != request_id << 2 | QUEUED:
             return False
-        struct.pack_into("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE, EMPTY)
+        struct.pack_into("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE, request_id << 2 | EMPTY)
         return True
 
     def close(self) -> None:

@@ -292,10 +292,11 @@ mod tests {
         (offers, WorkerEnd::new(Region::open(file).unwrap()))
     }
 
-    /// The worker takes its next request; the lobby sees which.
+    /// The worker, done with the request before, takes its next one; the lobby counts the
+    /// oldest offer as that one.
     fn worker_takes(offers: &Offers, worker: &WorkerEnd) -> Job {
         worker.take_next(&mut Vec::new()).unwrap().unwrap();
-        offers.take_taken().unwrap().unwrap().job
+        offers.take_accepted().unwrap().job
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //!
 //! Every request reaches a worker through a slot: the one seated at an idle worker, and those
 //! offered ahead to a busy one, so that it takes the next as soon as it has answered, without
-//! waiting for the lobby to read that answer and send another. The worker takes the oldest
-//! queued slot with a compare-and-swap; the lobby takes a slot back with one, which succeeds
-//! only while the worker has not taken it. So an idle worker can take back what a busy one
-//! was offered and has not begun, and "never read" is a state word, not a guess. While the
-//! worker is busy, queueing costs no system call; the worker's bell (an eventfd) is rung only
-//! when it has said that it sleeps.
+//! waiting for the lobby to read that answer and send another. The worker takes the queued
+//! requests strictly in order, each with a compare-and-swap; the lobby takes one back with
+//! one, which succeeds only while the worker has not taken it. So an idle worker can take back
+//! what a busy one was offered and has not begun, "never read" is a state word, not a guess,
+//! and the request answered next is always the oldest not taken back. While the worker is
+//! busy, queueing costs no system call; the worker's bell (an eventfd) is rung only when it
+//! has said that it sleeps.
 //!
 //! A request that does not fit a slot (a frame over 64 KiB, or a body in a file, whose
 //! descriptor has to travel) goes on the channel, and an `ON_CHANNEL` frame takes its place in
@@ -22,9 +23,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use maitred_shm::{Corrupt, Layout, LobbyEnd, Region, SlotState, PADDING_ID};
+use maitred_shm::{Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
 use maitred_wire::{FrameHeader, Kind};
-use tokio::sync::Notify;
 
 use super::job::{Job, JobState};
 
@@ -37,16 +37,16 @@ pub const DEPTH: usize = 2;
 /// the ring is the smallest a region may have.
 const LAYOUT: Layout = Layout { slots: DEPTH as u32 + 1, slot_size: 64 << 10, ring_size: 64 };
 
-/// A request in one of the worker's slots, not yet known to be taken.
+/// A request offered in one of the worker's slots.
 struct Queued {
     slot: usize,
     id: u32,
     job: Job,
-    /// False for a request that went on the channel: only its place is in the slot.
-    recallable: bool,
 }
 
-/// The request a worker took from its slots: the one whose answer comes next.
+/// The request whose answer comes next: seated at the worker idle, or the oldest offer once
+/// the worker has answered the request before it. The worker may not have taken it from its
+/// slot yet ([`Offers::recall_answering`]).
 pub struct Taken {
     pub job: Job,
     /// Its id in the region, which a `CANCEL` names.
@@ -66,9 +66,6 @@ pub struct Offers {
     answering: Cell<Option<usize>>,
     next_id: Cell<u32>,
     next_seq: Cell<u64>,
-    /// Told when queued requests are taken back, so that a worker's task waiting for the
-    /// worker to take one notices when none is left.
-    recalled: Notify,
     /// What the worker broke in its region: the lobby then gives up on it.
     broken: RefCell<Option<Corrupt>>,
 }
@@ -85,7 +82,6 @@ impl Offers {
             answering: Cell::new(None),
             next_id: Cell::new(0),
             next_seq: Cell::new(0),
-            recalled: Notify::new(),
             broken: RefCell::new(None),
         };
         Ok((offers, file))
@@ -109,7 +105,7 @@ impl Offers {
 
     /// When the oldest queued request was queued: an idle worker takes back the oldest first.
     pub fn oldest_enqueued_at(&self) -> Option<Instant> {
-        self.queued.borrow().iter().find(|queued| queued.recallable).map(|queued| queued.job.enqueued_at)
+        self.queued.borrow().front().map(|queued| queued.job.enqueued_at)
     }
 
     /// Whether the request whose state is `state` is queued here.
@@ -127,8 +123,8 @@ impl Offers {
         job.body_file.is_none() && job.frame.len() <= LAYOUT.max_request_frame()
     }
 
-    /// Queues `job` in a slot of the worker; gives it back if it cannot be: the worker holds
-    /// `DEPTH` already, it does not fit a slot, or the worker broke its region.
+    /// Offers `job` to the busy worker, in a slot; gives it back if it cannot be: the worker
+    /// holds `DEPTH` already, it does not fit a slot, or the worker broke its region.
     pub fn make(&self, job: Job) -> Result<(), Job> {
         if self.is_full() || !self.fits(&job) {
             return Err(job);
@@ -136,22 +132,33 @@ impl Offers {
         match self.queue(&job.frame) {
             Some((slot, id)) => {
                 job.state.set(JobState::Offered);
-                self.queued.borrow_mut().push_back(Queued { slot, id, job, recallable: true });
+                self.queued.borrow_mut().push_back(Queued { slot, id, job });
                 Ok(())
             }
             None => Err(job),
         }
     }
 
-    /// Queues the place of `job`, whose frame the caller has just sent on the channel; gives
-    /// it back when the worker broke its region.
-    pub fn make_on_channel(&self, job: Job) -> Result<(), Job> {
-        let stub = FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode();
-        match self.queue(&stub) {
+    /// Seats `job`, which fits a slot, at the idle worker; gives it back when the worker broke
+    /// its region.
+    pub fn seat(&self, job: Job) -> Result<Taken, Job> {
+        let frame = job.frame.clone();
+        self.seat_frame(job, &frame, false)
+    }
+
+    /// Seats `job`, whose frame the caller has just sent on the channel, at the idle worker: its
+    /// place goes in a slot. Gives it back when the worker broke its region.
+    pub fn seat_on_channel(&self, job: Job) -> Result<Taken, Job> {
+        self.seat_frame(job, &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode(), true)
+    }
+
+    fn seat_frame(&self, job: Job, frame: &[u8], on_channel: bool) -> Result<Taken, Job> {
+        debug_assert!(self.is_empty() && self.answering.get().is_none(), "a worker seated while busy");
+        match self.queue(frame) {
             Some((slot, id)) => {
                 job.state.set(JobState::Seated);
-                self.queued.borrow_mut().push_back(Queued { slot, id, job, recallable: false });
-                Ok(())
+                self.answering.set(Some(slot));
+                Ok(Taken { job, id, on_channel })
             }
             None => Err(job),
         }
@@ -194,20 +201,31 @@ impl Offers {
         Some((slot, id))
     }
 
-    /// The queued request the worker has taken, if it has taken one: its answer is the next to
-    /// come. Its slot stays the worker's until [`Offers::answered`].
-    pub fn take_taken(&self) -> Result<Option<Taken>, Corrupt> {
-        let end = self.end.borrow();
-        let mut queued = self.queued.borrow_mut();
-        for at in 0..queued.len() {
-            if end.state(queued[at].slot)? == SlotState::Taken {
-                let Queued { slot, id, job, recallable } = queued.remove(at).expect("a queued request");
-                job.state.set(JobState::Seated);
-                self.answering.set(Some(slot));
-                return Ok(Some(Taken { job, id, on_channel: !recallable }));
+    /// The oldest offer, once the worker has answered the request before it: the worker takes
+    /// the queued requests in order, so its answer comes next, and it is no longer taken back.
+    pub fn take_accepted(&self) -> Option<Taken> {
+        let Queued { slot, id, job } = self.queued.borrow_mut().pop_front()?;
+        job.state.set(JobState::Seated);
+        self.answering.set(Some(slot));
+        Some(Taken { job, id, on_channel: false })
+    }
+
+    /// Takes back the request being answered if the worker has not taken it from its slot yet:
+    /// true when it came back, so it never ran. Only when giving up on the worker.
+    pub fn recall_answering(&self) -> bool {
+        let Some(slot) = self.answering.get() else { return false };
+        match self.end.borrow_mut().recall(slot) {
+            Ok(recalled) => {
+                if recalled {
+                    self.answering.set(None);
+                }
+                recalled
+            }
+            Err(corrupt) => {
+                self.broken.replace(Some(corrupt));
+                false
             }
         }
-        Ok(None)
     }
 
     /// The answer to the request taken last has come whole: its slot is free again.
@@ -228,9 +246,6 @@ impl Offers {
             let mut at = queued.len();
             while at > 0 {
                 at -= 1;
-                if !queued[at].recallable {
-                    continue;
-                }
                 match end.recall(queued[at].slot) {
                     Ok(true) => {}
                     // The worker has it: its answer comes next.
@@ -249,16 +264,12 @@ impl Offers {
                 }
             }
         }
-        if !recalled.is_empty() {
-            self.recalled.notify_one();
-        }
         recalled.reverse();
         recalled
     }
 
-    /// Takes back everything queued that the worker has not taken, a request on the channel
-    /// included: the lobby gives up on the worker, which will read nothing more. Returns them
-    /// oldest first, queued again.
+    /// Takes back every offer the worker has not taken: the lobby gives up on the worker.
+    /// Returns them oldest first, queued again.
     pub fn give_up(&self) -> Vec<Job> {
         let mut end = self.end.borrow_mut();
         let mut queued = self.queued.borrow_mut();
@@ -286,11 +297,6 @@ impl Offers {
     /// them on the channel, when it was lost.
     pub fn drain(&self) -> Vec<Job> {
         self.queued.borrow_mut().drain(..).map(|queued| queued.job).collect()
-    }
-
-    /// Waits until queued requests are taken back ([`Offers::recall_until`]).
-    pub async fn recall(&self) {
-        self.recalled.notified().await
     }
 }
 
@@ -325,21 +331,39 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_takes_requests_in_order_and_the_lobby_sees_which() {
+    fn the_worker_takes_requests_in_order_and_the_oldest_offer_is_answered_next() {
         let (offers, file) = Offers::new().unwrap();
         let worker = worker(file);
-        offer(&offers, "GET /a");
+        let seated = offers.seat(request("GET /a")).ok().unwrap();
+        assert_eq!((seated.job.frame.as_slice(), seated.job.state.get()), (&b"GET /a"[..], JobState::Seated));
         offer(&offers, "GET /b");
-        assert!(offers.is_full());
-        assert!(offers.take_taken().unwrap().is_none());
-        assert_eq!(takes(&worker).unwrap(), b"GET /a");
-        let taken = offers.take_taken().unwrap().unwrap();
-        assert_eq!((taken.job.frame.as_slice(), taken.job.state.get()), (&b"GET /a"[..], JobState::Seated));
-        assert!(!taken.on_channel);
-        offers.answered().unwrap();
         offer(&offers, "GET /c");
+        assert!(offers.is_full());
+        assert_eq!(takes(&worker).unwrap(), b"GET /a");
+        offers.answered().unwrap();
+        let accepted = offers.take_accepted().unwrap();
+        assert_eq!((accepted.job.frame.as_slice(), accepted.job.state.get()), (&b"GET /b"[..], JobState::Seated));
         assert_eq!(takes(&worker).unwrap(), b"GET /b");
-        assert_eq!(offers.take_taken().unwrap().unwrap().job.frame, b"GET /b");
+        offers.answered().unwrap();
+        offer(&offers, "GET /d");
+        assert_eq!(takes(&worker).unwrap(), b"GET /c");
+        assert_eq!(offers.take_accepted().unwrap().job.frame, b"GET /c");
+    }
+
+    #[test]
+    fn a_request_not_yet_taken_comes_back_when_the_worker_is_given_up() {
+        let (offers, file) = Offers::new().unwrap();
+        let idle = worker(file);
+        let seated = offers.seat(request("GET /a")).ok().unwrap();
+        assert!(offers.recall_answering());
+        assert!(takes(&idle).is_none(), "the worker must not get a request taken back");
+        assert_eq!(seated.job.frame, b"GET /a");
+
+        let (offers, file) = Offers::new().unwrap();
+        let taker = worker(file);
+        offers.seat(request("GET /a")).ok().unwrap();
+        takes(&taker).unwrap();
+        assert!(!offers.recall_answering());
     }
 
     #[test]
@@ -363,7 +387,7 @@ mod tests {
         offer(&offers, "GET /b");
         takes(&worker).unwrap();
         assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b"]);
-        assert_eq!(offers.take_taken().unwrap().unwrap().job.frame, b"GET /a");
+        assert_eq!(frames(&offers.drain()), [b"GET /a"]);
     }
 
     #[test]
@@ -387,17 +411,15 @@ mod tests {
     }
 
     #[test]
-    fn a_request_on_the_channel_keeps_its_place_and_is_never_recalled() {
+    fn a_request_on_the_channel_keeps_its_place() {
         let (offers, file) = Offers::new().unwrap();
         let worker = worker(file);
-        assert!(offers.make_on_channel(request("GET /big")).is_ok());
+        let seated = offers.seat_on_channel(request("GET /big")).ok().unwrap();
+        assert!(seated.on_channel);
         offer(&offers, "GET /a");
-        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /a"]);
         let stub = takes(&worker).unwrap();
         assert_eq!(FrameHeader::decode(stub[..8].try_into().unwrap()).unwrap().kind, Kind::OnChannel);
-        let taken = offers.take_taken().unwrap().unwrap();
-        assert!(taken.on_channel);
-        assert_eq!(taken.job.frame, b"GET /big");
+        assert_eq!(takes(&worker).unwrap(), b"GET /a");
     }
 
     #[test]
@@ -421,7 +443,6 @@ mod tests {
         offer(&offers, "GET /a");
         // The first slot's state word, at the start of the slots (crates/shm's table).
         std::os::unix::fs::FileExt::write_at(&std::fs::File::from(dup), &7u32.to_le_bytes(), 4096).unwrap();
-        assert!(offers.take_taken().is_err());
         assert!(offers.recall_until(|_| false).is_empty());
         assert!(offers.broken().is_some());
         assert!(offers.make(request("GET /b")).is_err());

@@ -17,7 +17,7 @@ use super::scoreboard::ExitReason;
 use crate::lobby::Lobby;
 use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
-use crate::seating::offer::Taken;
+use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::{Held, ResponsePart};
 
 /// How a worker was lost during a request.
@@ -40,13 +40,13 @@ pub(super) enum Unread {
 /// Reads the worker's answer to the request it took and hands it to the request's connection.
 /// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
 /// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
-/// the worker never read it. `seated_at`: when the worker was free to begin it.
+/// the worker never read it.
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
+    offers: &Offers,
     taken: &Taken,
-    seated_at: Instant,
 ) -> Result<(), Lost> {
     let job = &taken.job;
     enum Next {
@@ -56,15 +56,15 @@ pub(super) async fn relay_response(
         ClientGone,
     }
     let timeout = lobby.settings().timeout;
+    let seated_at = Instant::now();
     if let Some(served) = &job.served {
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
     let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
-    // A request sent on the channel: the worker took its place in the slots, but if the frame
-    // is still unread after a moment, the worker may be wedged (health::never_read). One taken
-    // from a slot was copied out whole.
-    let mut read_check = taken.on_channel.then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    // If the worker has not answered after a moment, it may be wedged: the request still in
+    // its slot, or (sent on the channel) with bytes unread (health::never_read).
+    let mut read_check = Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -104,15 +104,17 @@ pub(super) async fn relay_response(
         let frame = match next {
             Next::Frame(Ok(Some(frame))) => frame,
             Next::Frame(closed @ (Ok(None) | Err(_))) => {
-                // A request sent on the channel never ran if the worker never had all of it:
-                // bytes it left unread, which the kernel reports as ECONNRESET when the
-                // worker's end closes. One taken from a slot, the worker had whole.
-                let unread = taken.on_channel
-                    && !head_sent
-                    && !cancelled
-                    && matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET));
-                if unread {
-                    return Err(Lost::Unread(Unread::Exited));
+                // A worker that leaves after an answer (SystemExit, a crash) may do so while the
+                // lobby seats the next request at it. That request never ran if the worker never
+                // had all of it: still in its slot, which the lobby takes back, or, sent on the
+                // channel, with bytes the worker left unread, which the kernel reports as
+                // ECONNRESET when the worker's end closes.
+                if !head_sent && !cancelled {
+                    let unread = offers.recall_answering()
+                        || taken.on_channel && matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET));
+                    if unread {
+                        return Err(Lost::Unread(Unread::Exited));
+                    }
                 }
                 return Err(Lost::Answered(
                     ExitReason::Crash,
@@ -134,7 +136,9 @@ pub(super) async fn relay_response(
             }
             Next::ReadCheck => {
                 read_check = None;
-                if health::never_read(lobby, pid, channel.socket.as_fd()).await {
+                let never_read = offers.recall_answering()
+                    || taken.on_channel && health::never_read(lobby, pid, channel.socket.as_fd()).await;
+                if never_read {
                     if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                         error!("could not ask the zygote to kill worker {pid}: {e}");
                     }
