@@ -132,7 +132,8 @@ def main(out):
     chunked += [line + b"\r\nhello\r\n0\r\n\r\n" for line in lines]
     chunked += [b"5\r\nhello\r\n0\r\nVary: *\r\nX-Checksum: abc\r\n\r\n", b"0\r\n\r\n"]
 
-    offers = frame(18, 2, b"") * 3
+    # REGION and BELL, each with its descriptor
+    setup = frame(19, 2, b"") + frame(20, 2, b"")
     seeds = {
         # limits choice, split point (u16), then the request bytes
         "request_decoder": [
@@ -159,8 +160,8 @@ def main(out):
             struct.pack("<H", seed) + stream
             for seed, stream in enumerate(
                 [
-                    offers + request(),
-                    offers + request(in_file=True) + frame(17, 0, b"") + request(b"", minor=0),
+                    setup + request(),
+                    setup + request(in_file=True) + frame(17, 0, struct.pack("<I", 7)) + request(b"", minor=0),
                     request(b"z" * 300),
                 ]
             )

@@ -175,7 +175,7 @@ def cpu_seconds(pid: int) -> float:
 def test_accept_without_descriptors_pauses_instead_of_spinning(maitred_server):
     server = maitred_server("-w", "1", "--max-connections", "50", APP, cwd=APPS)
     # The port accepts connections as soon as it listens, before the worker is ready; the lobby
-    # still opens descriptors until then (the worker's channel, its offer sockets). One request
+    # still opens descriptors until then (the worker's channel, its bell, its shared region). One request
     # answered: it has them all.
     with socket.create_connection((HOST, server.port), timeout=10) as sock:
         sock.sendall(REQUEST)

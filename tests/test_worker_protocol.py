@@ -1,17 +1,20 @@
-"""The worker's side of the worker channel and its offer sockets (docs/PROTOCOL.md, sections 2
+"""The worker's side of the worker channel and its shared region (docs/PROTOCOL.md, sections 2
 and 3), driven by hand.
 
 Each test starts a real worker process (`maitred.worker.serve` on one end of a socketpair) and
-plays the lobby on the other end with frames built here with `struct`, independently of the
-Rust encoder, so that a mistake shared by both sides cannot hide.
+plays the lobby on the other end: frames built here with `struct`, and a shared region (a
+sealed memfd) whose request slots are written here by hand, independently of the Rust code, so
+that a mistake shared by both sides cannot hide.
 
 The applications live in this module too: the worker process imports it by name.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import mmap
 import os
 import signal
 import socket
@@ -31,8 +34,15 @@ import pytest
 
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
-REQUEST, CANCEL, OFFERS = 16, 17, 18
+REQUEST, CANCEL, REGION, BELL, ON_CHANNEL = 16, 17, 19, 20, 21
 END, FD = 1, 2
+
+# The shared region (crates/shm's tables): its layout, as the lobby makes it, and the states of a
+# request slot, in the low two bits of its state word (the ticket, the low 30 bits of the
+# request's sequence number, above them).
+SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64
+HEADER_BLOCK, SLOT_HEADER = 4096, 64
+EMPTY, QUEUED, TAKEN, STATE_BITS = 0, 1, 2, 3
 
 TIMEOUT = 10.0
 
@@ -302,6 +312,7 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/list-declared": lambda e, s: (s("200 OK", [*text, ("Content-Length", "5")]), [b"hello"])[1],
         "/list-many": lambda e, s: (s("200 OK", text), [b"a", b"bc", b"def"])[1],
         "/tuple": lambda e, s: (s("200 OK", text), (b"x",))[1],
+        "/echo": lambda e, s: (s("200 OK", text), [e["wsgi.input"].read()])[1],
         "/empty": lambda e, s: (s("200 OK", text), [])[1],
         "/empty-head": lambda e, s: (s("200 OK", text), [b""])[1],
         "/no-content": lambda e, s: (s("204 No Content", []), [])[1],
@@ -496,6 +507,60 @@ def parse_head(payload: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
     return status, reason, headers, payload[at:]
 
 
+class LobbyRegion:
+    """The lobby's end of a worker's shared region, written by hand: a sealed memfd with its
+    header, request slots filled and taken back here, and the worker's bell (an eventfd)."""
+
+    def __init__(self) -> None:
+        size = HEADER_BLOCK + SLOTS * SLOT_SIZE + RING_SIZE
+        self.fd = os.memfd_create("test-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        self.map = mmap.mmap(self.fd, size)
+        struct.pack_into("<8sIIII", self.map, 0, b"MAITRED\x01", 1, SLOTS, SLOT_SIZE, RING_SIZE)
+        self.bell = os.eventfd(0, os.EFD_CLOEXEC)
+        self.next_id = 0
+        self.slot_of: dict[int, int] = {}
+
+    def word(self, slot: int) -> int:
+        return struct.unpack_from("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE)[0]
+
+    def state(self, slot: int) -> int:
+        return self.word(slot) & STATE_BITS
+
+    def queue(self, data: bytes) -> int:
+        """Writes `data` into a free slot, the oldest in order, and rings the bell (always: the
+        worker takes a bell it did not ask for as one more look); returns its request id. A slot
+        the worker has taken counts as free: the tests read each answer before queueing more
+        than the slots hold."""
+        assert len(data) <= SLOT_SIZE - SLOT_HEADER
+        slot = next((s for s in range(SLOTS) if self.state(s) == EMPTY), None)
+        if slot is None:
+            slot = next(s for s in range(SLOTS) if self.state(s) == TAKEN)
+        request_id, self.next_id = self.next_id, self.next_id + 1
+        at = HEADER_BLOCK + slot * SLOT_SIZE
+        struct.pack_into("<IIIIQ", self.map, at, EMPTY, len(data), request_id, 0, request_id)
+        self.map[at + SLOT_HEADER : at + SLOT_HEADER + len(data)] = data
+        struct.pack_into("<I", self.map, at, request_id << 2 | QUEUED)
+        os.eventfd_write(self.bell, 1)
+        self.slot_of[request_id] = slot
+        return request_id
+
+    def recall(self, request_id: int) -> bool:
+        """Takes back a queued request, as the lobby does, while the worker is busy elsewhere
+        (so that a plain read and write stand for the lobby's compare-and-swap)."""
+        slot = self.slot_of[request_id]
+        if self.word(slot) != request_id << 2 | QUEUED:
+            return False
+        struct.pack_into("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE, request_id << 2 | EMPTY)
+        return True
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+        os.close(self.bell)
+
+
 class Worker:
     """A worker process and the lobby's end of its channel."""
 
@@ -516,6 +581,8 @@ class Worker:
         self._buffer = bytearray()
         self._fds: deque[int] = deque()
         self.received_fds: list[int] = []
+        self.region = LobbyRegion()
+        self.last_id = -1
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
@@ -526,6 +593,21 @@ class Worker:
         else:
             sent = socket.send_fds(self.socket, [data], [fd])
             self.socket.sendall(data[sent:])
+
+    def give_region(self) -> None:
+        """Sends the worker its shared region and its bell, as the lobby does once it is ready."""
+        self.send(frame(REGION, FD, b""), self.region.fd)
+        self.send(frame(BELL, FD, b""), self.region.bell)
+
+    def queue(self, data: bytes, fd: int | None = None) -> int:
+        """Seats a request as the lobby does: in a slot, or, with a descriptor or too large for
+        one, on the channel with its place in a slot. Returns its id."""
+        if fd is None and len(data) <= SLOT_SIZE - SLOT_HEADER:
+            self.last_id = self.region.queue(data)
+        else:
+            self.send(data, fd)
+            self.last_id = self.region.queue(frame(ON_CHANNEL, 0, b""))
+        return self.last_id
 
     def _fill(self, count: int) -> bytes:
         while len(self._buffer) < count:
@@ -575,7 +657,7 @@ class Worker:
         return response
 
     def request(self, *args: Any, body_file: int | None = None, **kwargs: Any) -> Response:
-        self.send(request_frame(*args, body_in_file=body_file is not None, **kwargs), body_file)
+        self.queue(request_frame(*args, body_in_file=body_file is not None, **kwargs), body_file)
         return self.read_response()
 
     def close_and_wait(self) -> int:
@@ -587,6 +669,7 @@ class Worker:
             self.process.kill()
             self.process.wait(timeout=TIMEOUT)
         self.socket.close()
+        self.region.close()
         for fd in self.received_fds:
             try:
                 os.close(fd)
@@ -605,6 +688,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         started.append(worker)
         if wait_ready:
             assert worker.ready() == worker.process.pid
+            worker.give_region()
         return worker
 
     yield start
@@ -648,7 +732,7 @@ def test_lobby_gone_before_boot_failed_is_quiet(start_worker: Callable[..., Work
 
 def test_lobby_closing_during_a_response_ends_the_worker_quietly(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
-    worker.send(request_frame(target="/big"))
+    worker.queue(request_frame(target="/big"))
     worker.socket.close()
     assert worker.process.wait(timeout=TIMEOUT) == 0
     assert worker.stderr() == ""
@@ -674,15 +758,19 @@ def test_application_signal_handlers_run_while_the_worker_waits(start_worker: Ca
     assert worker.request(target="/list").body == b"hello"
 
 
-def test_requests_in_one_write_and_frames_split_across_writes(start_worker: Callable[..., Worker]) -> None:
+def test_requests_queued_at_once_and_a_frame_split_across_writes(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
-    worker.send(request_frame(target="/list") + request_frame(target="/tuple") + request_frame(target="/list"))
+    for target in ("/list", "/tuple", "/list"):
+        worker.queue(request_frame(target=target))
     assert [worker.read_response().body for _ in range(3)] == [b"hello", b"x", b"hello"]
+    # A request on the channel arrives in pieces, which the sleeping worker reads as they come;
+    # its place in a slot comes after the whole frame, as the lobby queues it.
     reader = start_worker("app_input")
     data = request_frame("POST", "/?read", body=b"slow body")
     for piece in (data[:3], data[3:9], data[9:20], data[20:]):
         reader.send(piece)
         time.sleep(0.05)
+    reader.region.queue(frame(ON_CHANNEL, 0, b""))
     assert reader.read_response().json() == ["slow body"]
 
 
@@ -697,7 +785,7 @@ def test_response_frame_from_the_lobby_ends_the_worker(start_worker: Callable[..
     worker = start_worker()
     worker.send(frame(RESPONSE_BODY, 0, b"x"))
     assert worker.process.wait(timeout=TIMEOUT) == 1
-    assert "a worker only receives REQUEST frames" in worker.stderr()
+    assert "a worker only receives REQUEST, CANCEL, REGION and BELL" in worker.stderr()
 
 
 def test_end_of_file_inside_a_frame_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
@@ -1152,18 +1240,18 @@ def test_content_length_mismatch_after_the_head(start_worker: Callable[..., Work
 # --- CANCEL: the client went away ----------------------------------------------------------
 
 
-def cancel_frame() -> bytes:
-    return frame(CANCEL, 0, b"")
+def cancel_frame(request_id: int) -> bytes:
+    return frame(CANCEL, 0, struct.pack("<I", request_id))
 
 
 @pytest.mark.parametrize("path", ["/stream-past-cancel", "/write-past-cancel", "/file-past-cancel"])
 def test_cancel_mid_response_aborts_it(start_worker: Callable[..., Worker], tmp_path: Path, path: str) -> None:
     worker = start_worker()
     go = tmp_path / "go"
-    worker.send(request_frame(target=f"{path}?{go}"))
+    request_id = worker.queue(request_frame(target=f"{path}?{go}"))
     head = worker.read_frame()
     assert (head.kind, head.flags, parse_head(head.payload)[3]) == (RESPONSE_HEAD, 0, b"first")
-    worker.send(cancel_frame())
+    worker.send(cancel_frame(request_id))
     go.touch()
     # Nothing more of the body: the next frame the worker sends ends the response.
     assert worker.read_frame() == Frame(RESPONSE_ABORT, 0, b"the client went away")
@@ -1182,7 +1270,7 @@ def test_cancel_mid_response_aborts_it(start_worker: Callable[..., Worker], tmp_
 def test_cancel_after_the_response_ended_is_ignored(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
     assert worker.request(target="/generator").body == b"onetwo"
-    worker.send(cancel_frame())
+    worker.send(cancel_frame(worker.last_id))
     time.sleep(0.05)  # usually the worker reads the CANCEL alone, then waits again
     streamed = worker.request(target="/generator")
     assert (streamed.body, streamed.aborted, streamed.frames[-1].flags) == (b"onetwo", None, END)
@@ -1190,8 +1278,7 @@ def test_cancel_after_the_response_ended_is_ignored(start_worker: Callable[..., 
     # A CANCEL that arrives before the head: a response in one frame goes out whole, and the
     # CANCEL, read after it, is skipped like any other that came too late.
     go = tmp_path / "go"
-    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
-    worker.send(cancel_frame())
+    worker.send(cancel_frame(worker.queue(request_frame(target=f"/whole-after-wait?{go}"))))
     go.touch()
     whole = worker.read_response()
     assert (whole.body, len(whole.frames), whole.frames[0].flags) == (b"whole", 1, END)
@@ -1200,32 +1287,49 @@ def test_cancel_after_the_response_ended_is_ignored(start_worker: Callable[..., 
     assert worker.stderr() == ""
 
 
-def test_cancel_and_a_request_in_one_write(start_worker: Callable[..., Worker]) -> None:
+def test_cancels_for_earlier_requests_are_skipped(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
-    worker.send(cancel_frame() + cancel_frame() + request_frame(target="/generator"))
+    worker.send(cancel_frame(7) + cancel_frame(8))
+    worker.queue(request_frame(target="/generator"))
     response = worker.read_response()
     assert (response.body, response.aborted, response.frames[-1].flags) == (b"onetwo", None, END)
+    # During a response: a CANCEL naming the request before it (which crossed the end of its
+    # own response) does not stop this one.
+    go = tmp_path / "go"
+    earlier = worker.last_id
+    worker.queue(request_frame(target=f"/stream-past-cancel?{go}"))
+    assert worker.read_frame().kind == RESPONSE_HEAD
+    worker.send(cancel_frame(earlier))
+    go.touch()
+    rest = worker.read_frame()
+    while not rest.flags & END:
+        assert rest.kind == RESPONSE_BODY, rest
+        rest = worker.read_frame()
+    assert "client went away" not in worker.stderr()
 
-    # A large inline body is handed over with the receive buffer it arrived in, behind the CANCEL.
+    # A large inline body is handed over with the copy of the slot it came in.
     reader = start_worker("app_input")
     body = bytes(range(256)) * 100
-    reader.send(cancel_frame() + request_frame("POST", "/?read", body=body))
+    reader.send(cancel_frame(3))
+    reader.queue(request_frame("POST", "/?read", body=body))
     assert reader.read_response().json() == [body.decode("latin-1")]
     assert worker.close_and_wait() == 0 and reader.close_and_wait() == 0
-    assert worker.stderr() == "" and reader.stderr() == ""
+    # The streamed response ran to its end: its iterable was closed, and nothing else was said.
+    assert worker.stderr().endswith("[INFO] [app] closed /stream-past-cancel\n")
+    assert worker.stderr().count("\n") == 1 and reader.stderr() == ""
 
 
-def test_a_cancel_with_a_payload_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
+def test_a_cancel_without_a_request_id_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
-    worker.send(frame(CANCEL, 0, b"x") + request_frame(target="/list"))
+    worker.send(frame(CANCEL, 0, b"x"))
     assert worker.process.wait(timeout=TIMEOUT) == 1
-    assert "the lobby sent a CANCEL frame with flags 0 and a 1-byte payload; it has neither" in worker.stderr()
+    assert "the lobby sent a bad CANCEL frame: a CANCEL frame cannot have a 1-byte payload" in worker.stderr()
 
 
 def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
     go = tmp_path / "go"
-    worker.send(request_frame(target=f"/stream-past-cancel?{go}"))
+    worker.queue(request_frame(target=f"/stream-past-cancel?{go}"))
     assert worker.read_frame().kind == RESPONSE_HEAD
     worker.send(request_frame(target="/list"))
     go.touch()
@@ -1235,111 +1339,85 @@ def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[.
     assert "closed /stream-past-cancel" in log
 
 
-# --- Offers (docs/PROTOCOL.md, section 3) ----------------------------------------------------
+# --- The shared region (docs/PROTOCOL.md, section 3) -----------------------------------------
 
 
-OFFER_SOCKETS = 3
-
-
-def give_offer_sockets(worker: Worker) -> list[tuple[socket.socket, socket.socket]]:
-    """Sends the worker its offer sockets, as the lobby does; returns (lobby's end, copy of the
-    worker's end) of each, in turn order."""
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(OFFER_SOCKETS)]
-    for lobby_end, worker_end in pairs:
-        worker.send(frame(OFFERS, FD, b""), worker_end.fileno())
-        worker_end.setblocking(False)
-    return pairs
-
-
-def test_an_offer_is_taken_once_the_current_request_is_answered(
+def test_requests_queued_while_the_worker_is_busy_are_taken_in_order(
     start_worker: Callable[..., Worker], tmp_path: Path
 ) -> None:
     worker = start_worker()
-    offers = give_offer_sockets(worker)
-    for turn, (lobby_end, _) in enumerate([*offers, *offers]):
+    for turn in range(3):
         go = tmp_path / f"go-{turn}"
-        worker.send(request_frame(target=f"/whole-after-wait?{go}"))
-        lobby_end.send(request_frame(target="/list"))
+        worker.queue(request_frame(target=f"/whole-after-wait?{go}"))
+        worker.queue(request_frame(target="/list-many"))
+        worker.queue(request_frame(target="/generator"))
         go.touch()
-        # Both answers, in order, with no other word from the lobby; the sockets take turns.
-        assert worker.read_response().body == b"whole"
-        assert worker.read_response().body == b"hello"
-    # Offers on consecutive sockets while the worker is busy: taken one after the other.
-    go = tmp_path / "go-last"
-    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
-    offers[0][0].send(request_frame(target="/list-many"))
-    offers[1][0].send(request_frame(target="/generator"))
-    go.touch()
-    assert [worker.read_response().body for _ in range(3)] == [b"whole", b"abcdef", b"onetwo"]
+        # All three answers, in order, with no other word from the lobby.
+        assert [worker.read_response().body for _ in range(3)] == [b"whole", b"abcdef", b"onetwo"]
     assert worker.close_and_wait() == 0
     assert worker.stderr() == ""
 
 
-def test_a_request_on_the_channel_comes_before_an_offer(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+def test_a_request_on_the_channel_keeps_its_place(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
-    (lobby_end, _), *_ = give_offer_sockets(worker)
     go = tmp_path / "go"
-    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
-    worker.send(request_frame(target="/list-many"))
-    lobby_end.send(request_frame(target="/list"))
+    worker.queue(request_frame(target=f"/whole-after-wait?{go}"))
+    content = b"q" * 1000
+    worker.queue(request_frame("POST", "/echo", body=content, body_in_file=True), body_file(content))
+    worker.queue(request_frame(target="/list"))
     go.touch()
-    assert [worker.read_response().body for _ in range(3)] == [b"whole", b"abcdef", b"hello"]
+    assert [worker.read_response().body for _ in range(3)] == [b"whole", content, b"hello"]
     assert worker.close_and_wait() == 0
 
 
-def test_an_offer_the_lobby_took_back_is_never_served(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
+def test_a_request_the_lobby_took_back_is_never_served(start_worker: Callable[..., Worker], tmp_path: Path) -> None:
     worker = start_worker()
-    (lobby_end, worker_end), *_ = give_offer_sockets(worker)
     go = tmp_path / "go"
-    worker.send(request_frame(target=f"/whole-after-wait?{go}"))
-    lobby_end.send(request_frame(target="/list"))
-    assert worker_end.recv(1 << 16) == request_frame(target="/list")
+    worker.queue(request_frame(target=f"/whole-after-wait?{go}"))
+    taken_back = worker.queue(request_frame(target="/list"))
+    assert worker.region.recall(taken_back)
     go.touch()
     assert worker.read_response().body == b"whole"
-    # The next offer goes on the same socket: the one taken back did not count as a turn.
-    lobby_end.send(request_frame(target="/list-many"))
-    assert worker.read_response().body == b"abcdef"
+    assert worker.request(target="/list-many").body == b"abcdef"
     assert worker.close_and_wait() == 0
     assert worker.stderr() == ""
-
-
-def test_closed_offer_sockets_leave_the_channel_working(start_worker: Callable[..., Worker]) -> None:
-    worker = start_worker()
-    for lobby_end, worker_end in give_offer_sockets(worker):
-        lobby_end.close()
-        worker_end.close()
-    assert worker.request(target="/list").body == b"hello"
-    assert worker.request(target="/generator").body == b"onetwo"
-    assert worker.close_and_wait() == 0
 
 
 @pytest.mark.parametrize(
-    "offers, message",
+    "setup, message",
     [
-        (frame(OFFERS, 0, b""), "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8"),
-        (
-            frame(OFFERS, FD, b"x"),
-            "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than 8",
-        ),
+        (frame(REGION, 0, b""), "the lobby sent a REGION frame without a descriptor, with a payload, or a second time"),
+        (frame(BELL, FD, b"x"), "the lobby sent a BELL frame without a descriptor, with a payload, or a second time"),
+        (frame(BELL, FD, b""), "the lobby sent a BELL frame without a descriptor, with a payload, or a second time"),
     ],
 )
-def test_a_bad_offers_frame_breaks_the_channel(
-    start_worker: Callable[..., Worker], offers: bytes, message: str
+def test_a_bad_or_second_region_or_bell_breaks_the_channel(
+    start_worker: Callable[..., Worker], setup: bytes, message: str
 ) -> None:
     worker = start_worker()
     spare = os.open(os.devnull, os.O_RDONLY)
-    worker.send(offers + request_frame(target="/list"), spare if offers[1] & FD else None)
+    worker.send(setup, spare if setup[1] & FD else None)
     os.close(spare)
     assert worker.process.wait(timeout=TIMEOUT) == 1
     assert message in worker.stderr()
 
 
-def test_an_offer_that_is_not_one_request_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
-    worker = start_worker()
-    (lobby_end, _), *_ = give_offer_sockets(worker)
-    lobby_end.send(cancel_frame())
+def test_a_region_without_its_seals_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker(wait_ready=False)
+    assert worker.ready() == worker.process.pid
+    unsealed = os.memfd_create("unsealed", os.MFD_CLOEXEC)
+    os.ftruncate(unsealed, HEADER_BLOCK + SLOTS * SLOT_SIZE + RING_SIZE)
+    worker.send(frame(REGION, FD, b""), unsealed)
+    os.close(unsealed)
     assert worker.process.wait(timeout=TIMEOUT) == 1
-    assert "the lobby offered 8 bytes that are not one whole REQUEST frame" in worker.stderr()
+    assert "the shared region cannot be used" in worker.stderr()
+
+
+def test_a_slot_that_holds_no_request_breaks_the_channel(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    worker.region.queue(cancel_frame(0))
+    assert worker.process.wait(timeout=TIMEOUT) == 1
+    assert "the lobby queued 12 bytes that are not one whole REQUEST frame or ON_CHANNEL" in worker.stderr()
 
 
 # --- PEP 3333 conformance, checked by wsgiref's validator ----------------------------------

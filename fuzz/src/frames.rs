@@ -4,7 +4,7 @@
 //! Neither end's reading can be called without a socket: the lobby's is `Channel::read_frame`
 //! and `decode_part` in crates/lobby/src/worker/{channel,relay}.rs (async, over a registered
 //! descriptor), the
-//! worker's is `WorkerChannel::next_request`, `receive_offer` and `take_request` in
+//! worker's is `WorkerChannel::next_request`, `take_from_slot` and `take_request` in
 //! crates/python/src/channel/receive.rs (inside the pyo3 module, which only links into a Python
 //! process). Both are thin loops around crates/wire: `FrameHeader::decode`, the payload
 //! decoders and `Reader`. So the targets run the real crates/wire decoders inside a copy of
@@ -20,7 +20,7 @@
 use std::mem;
 
 use bytes::{Bytes, BytesMut};
-use maitred_wire::{FileRange, FrameHeader, Kind, Request, ResponseHead, WireError, HEADER_LEN};
+use maitred_wire::{decode_cancel, FileRange, FrameHeader, Kind, Request, ResponseHead, WireError, HEADER_LEN};
 
 use crate::{pieces, Input};
 
@@ -189,20 +189,21 @@ pub fn lobby_frames(data: &[u8]) {
 struct WorkerChannel {
     inbox: Vec<u8>,
     inbox_start: usize,
-    offers: usize,
+    /// Whether REGION and BELL came (each may come once).
+    region: bool,
+    bell: bool,
 }
 
 /// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
 const READ_SIZE: usize = 64 * 1024;
 const HAND_OVER_BODY: usize = 16 * 1024;
-/// `MAX_OFFER_SOCKETS` in channel/receive.rs.
-const MAX_OFFER_SOCKETS: usize = 8;
 
 /// What the worker made of the lobby's frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum WorkerEvent {
-    Cancel,
-    Offers,
+    Cancel(u32),
+    Region,
+    Bell,
     Request {
         http_minor: u8,
         method: Vec<u8>,
@@ -231,7 +232,7 @@ struct FrameAt {
 
 impl WorkerChannel {
     fn new() -> WorkerChannel {
-        WorkerChannel { inbox: Vec::new(), inbox_start: 0, offers: 0 }
+        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false }
     }
 
     fn buffered_header(&self) -> Result<Option<FrameHeader>, String> {
@@ -258,8 +259,10 @@ impl WorkerChannel {
         }
     }
 
-    /// `next_request` up to the point where it would wait: a whole frame other than CANCEL
-    /// and OFFERS (which it handles), or how many bytes are missing.
+    /// `next_request` up to the point where it would wait: a whole `REQUEST` (taken as the one
+    /// whose place the worker took in a slot: the lobby queues that place only after the frame),
+    /// after the CANCEL, REGION and BELL frames before it (which it handles), or how many bytes
+    /// are missing.
     fn next_request(&mut self, events: &mut Vec<WorkerEvent>) -> Result<Result<FrameAt, usize>, String> {
         loop {
             let available = self.inbox.len() - self.inbox_start;
@@ -269,22 +272,34 @@ impl WorkerChannel {
                 if available >= len {
                     let frame = FrameAt { header, start: self.inbox_start, end: self.inbox_start + len };
                     match header.kind {
+                        Kind::Request => return Ok(Ok(frame)),
                         Kind::Cancel => {
                             // check_cancel_frame
-                            if header.len != 0 || header.flags != 0 {
-                                return Err("a CANCEL frame with flags or a payload".into());
+                            if header.flags != 0 {
+                                return Err("a CANCEL frame with flags".into());
                             }
-                            events.push(WorkerEvent::Cancel);
+                            let id = decode_cancel(&self.inbox[frame.start + HEADER_LEN..frame.end])
+                                .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
+                            events.push(WorkerEvent::Cancel(id));
                         }
-                        Kind::Offers => {
-                            // take_offer_socket
-                            if !(header.has_fd() && header.len == 0 && self.offers < MAX_OFFER_SOCKETS) {
-                                return Err("a bad OFFERS frame".into());
+                        // open_region, take_bell: setup_descriptor
+                        Kind::Region | Kind::Bell => {
+                            let again = if header.kind == Kind::Region { &mut self.region } else { &mut self.bell };
+                            if !(header.has_fd() && header.len == 0 && !*again) {
+                                return Err(format!("a bad {:?} frame", header.kind));
                             }
-                            self.offers += 1;
-                            events.push(WorkerEvent::Offers);
+                            *again = true;
+                            events.push(if header.kind == Kind::Region {
+                                WorkerEvent::Region
+                            } else {
+                                WorkerEvent::Bell
+                            });
                         }
-                        _ => return Ok(Ok(frame)),
+                        other => {
+                            return Err(format!(
+                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION and BELL"
+                            ))
+                        }
                     }
                     self.consume_through(frame.end);
                     continue;
@@ -298,9 +313,6 @@ impl WorkerChannel {
     /// `take_request`, without the environ (which needs Python): the request, its inline body
     /// cut out of the inbox where channel/receive.rs cuts it.
     fn take_request(&mut self, frame: FrameAt) -> Result<WorkerEvent, String> {
-        if frame.header.kind != Kind::Request {
-            return Err(format!("a {:?} frame; a worker only receives REQUEST frames", frame.header.kind));
-        }
         let body_in_file = frame.header.has_fd();
         let payload = &self.inbox[frame.start + HEADER_LEN..frame.end];
         let request = Request::decode_payload(payload, body_in_file)
@@ -346,19 +358,24 @@ impl WorkerChannel {
         Ok(event)
     }
 
-    /// `receive_offer` once the datagram is in: it must be one whole REQUEST frame.
-    fn receive_offer(&mut self, datagram: &[u8]) -> Result<WorkerEvent, String> {
-        self.compact();
-        check_reserve(maitred_wire::OFFER_MAX);
-        let start = self.inbox.len();
-        self.inbox.extend_from_slice(datagram);
-        let n = datagram.len();
-        let header = self.buffered_header()?.filter(|header| HEADER_LEN + header.len as usize == n);
+    /// `take_from_slot` once the slot is copied out: one whole REQUEST frame without a
+    /// descriptor, or the place of one on the channel; then `take_request` from that copy.
+    fn take_from_slot(slot: &[u8]) -> Result<Option<WorkerEvent>, String> {
+        let header = slot
+            .first_chunk::<HEADER_LEN>()
+            .map(FrameHeader::decode)
+            .transpose()
+            .map_err(|e| format!("the lobby queued a bad frame: {e}"))?
+            .filter(|header| HEADER_LEN + header.len as usize == slot.len());
         match header {
-            Some(header) if header.kind == Kind::Request => {
-                self.take_request(FrameAt { header, start, end: start + n })
+            Some(header) if header.kind == Kind::Request && !header.has_fd() => {
+                let mut copy = WorkerChannel { inbox: slot.to_vec(), ..WorkerChannel::new() };
+                copy.take_request(FrameAt { header, start: 0, end: slot.len() }).map(Some)
             }
-            _ => Err(format!("the lobby offered {n} bytes that are not one whole REQUEST frame")),
+            Some(header) if header.kind == Kind::OnChannel && header.len == 0 => Ok(None),
+            _ => {
+                Err(format!("the lobby queued {} bytes that are not one whole REQUEST frame or ON_CHANNEL", slot.len()))
+            }
         }
     }
 }
@@ -414,8 +431,8 @@ fn worker_reads<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<WorkerEve
 }
 
 /// The fuzz target for the worker's end: two bytes choosing how the stream is cut into
-/// reads, then the bytes the lobby sent. The same bytes are also offered as one datagram on
-/// an offer socket.
+/// reads, then the bytes the lobby sent. The same bytes are also taken as the contents of a
+/// request slot.
 pub fn worker_frames(data: &[u8]) {
     let mut input = Input::new(data);
     let seed = input.u16();
@@ -423,9 +440,9 @@ pub fn worker_frames(data: &[u8]) {
     let whole = worker_reads([stream]);
     assert_eq!(worker_reads(stream.chunks(1)), whole, "byte by byte vs whole");
     assert_eq!(worker_reads(pieces(stream, seed)), whole, "in reads (seed {seed}) vs whole");
-    // An offer is accepted only as the one REQUEST the stream would have read first.
-    if let Ok(offered) = WorkerChannel::new().receive_offer(stream) {
-        assert_eq!(whole.first(), Some(&offered), "an offer vs the same bytes on the channel");
-        assert_eq!(whole.len(), 2, "an offer of more than one frame");
+    // A slot's request is accepted only as the one REQUEST the stream would have read first.
+    if let Ok(Some(taken)) = WorkerChannel::take_from_slot(stream) {
+        assert_eq!(whole.first(), Some(&taken), "a slot vs the same bytes on the channel");
+        assert_eq!(whole.len(), 2, "a slot of more than one frame");
     }
 }

@@ -42,13 +42,18 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 4 | `state`: `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2 |
+//! | 0 | 4 | `state`: bits 0-1 `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2; bits 2-31 the ticket, the low 30 bits of `seq` |
 //! | 4 | 4 | `len`: bytes of the frame |
 //! | 8 | 4 | `id`: the lobby's id of the request (never `u32::MAX`) |
 //! | 16 | 8 | `seq`: the order of the queue; the worker takes the `QUEUED` slot with the lowest |
 //! | 64 | `len` | the frame |
 //!
-//! The state changes only so:
+//! The ticket makes every compare-and-swap on the word fail when the slot holds another request
+//! than the one its caller looked at: without it, a worker that chose a request, which the
+//! lobby then took back and replaced by a newer one in the same slot, would take the newer one
+//! out of turn.
+//!
+//! The state changes only so (each keeping the ticket, but the first, which writes a new one):
 //!
 //! - `EMPTY` -> `QUEUED`, by the lobby ([`LobbyEnd::queue`]), after it wrote `len`, `id`, `seq`
 //!   and the frame: the store releases them to the worker.
@@ -61,9 +66,10 @@
 //!   ([`LobbyEnd::release`]).
 //!
 //! The worker never writes `EMPTY`, so a slot the lobby has emptied is the lobby's alone until it
-//! queues into it again. The order by `seq` holds except when the lobby recalls a slot and queues
-//! a newer request into it while the worker is choosing: the worker may then take that newer
-//! request first. It takes it whole, as the lobby wrote it; nothing is lost or torn.
+//! queues into it again. The worker takes requests strictly in the order of `seq`, skipping those
+//! taken back: it looks at the slots twice before it chooses ([`WorkerEnd::take_next`] says why),
+//! and the ticket keeps a recalled slot's new request from being taken in the old one's turn.
+//! So the lobby knows which request the worker answers next: the oldest it has not taken back.
 //!
 //! ## The answer ring (worker -> lobby)
 //!
@@ -170,15 +176,25 @@ impl SlotState {
     const EMPTY: u32 = 0;
     const QUEUED: u32 = 1;
     const TAKEN: u32 = 2;
+    /// The bits of a state word that hold the state; the others hold the slot's ticket.
+    const MASK: u32 = 3;
 
+    /// The state a word holds, whatever its ticket.
     fn from_word(word: u32) -> Option<SlotState> {
-        match word {
+        match word & SlotState::MASK {
             SlotState::EMPTY => Some(SlotState::Empty),
             SlotState::QUEUED => Some(SlotState::Queued),
             SlotState::TAKEN => Some(SlotState::Taken),
             _ => None,
         }
     }
+}
+
+/// The ticket of the request with sequence number `seq`: the low 30 bits of `seq`, in the state
+/// word above the state, so that a compare-and-swap on the word fails when the slot holds
+/// another request than the one its caller looked at.
+fn ticket(seq: u64) -> u32 {
+    (seq as u32) << 2
 }
 
 /// A value read from the region that the protocol does not allow: the other side broke it (or

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HEADER_SIZE};
 use crate::region::{copy_in, copy_out, Region};
-use crate::{waiting, Corrupt, SlotState};
+use crate::{ticket, waiting, Corrupt, SlotState};
 
 /// One answer frame [`LobbyEnd::next_answer`] copied out: for request `id`, which `slot` holds,
 /// `frame_len` bytes (header included).
@@ -52,12 +52,19 @@ impl fmt::Display for QueueError {
 
 impl std::error::Error for QueueError {}
 
+/// What the lobby put in a slot: the request's id, and the ticket its state word carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lent {
+    id: u32,
+    ticket: u32,
+}
+
 /// The lobby's end of one worker's region. Its own record of which slot holds which request, and
 /// of how far it has read the ring, is what it trusts; the region is only checked against it.
 pub struct LobbyEnd {
     region: Region,
-    /// The id of the request each slot holds, queued or taken; `None`: the slot is empty.
-    lent: Vec<Option<u32>>,
+    /// The request each slot holds, queued or taken; `None`: the slot is empty.
+    lent: Vec<Option<Lent>>,
     /// Bytes of the ring consumed: the `ring_tail` this end last stored.
     tail: u64,
 }
@@ -89,7 +96,7 @@ impl LobbyEnd {
         if id == PADDING_ID {
             return Err(QueueError::ReservedId);
         }
-        if self.lent.contains(&Some(id)) {
+        if self.lent.iter().flatten().any(|lent| lent.id == id) {
             return Err(QueueError::IdInUse(id));
         }
         let most = self.layout().max_request_frame();
@@ -97,7 +104,7 @@ impl LobbyEnd {
             return Err(QueueError::TooLarge { len: frame.len(), most });
         }
         let state = self.region.slot_state(slot).load(Ordering::Acquire);
-        if state != SlotState::EMPTY {
+        if SlotState::from_word(state) != Some(SlotState::Empty) {
             return Err(QueueError::Corrupt(Corrupt::SlotState { slot, state }));
         }
         // Fits in u32: a slot is at most 16 MiB.
@@ -107,8 +114,9 @@ impl LobbyEnd {
         copy_in(self.region.slot_frame(slot, frame.len()), frame);
         // Releases the fields above to the worker's acquiring compare-and-swap; sequentially
         // consistent for the wake protocol (the crate's documentation).
-        self.region.slot_state(slot).store(SlotState::QUEUED, Ordering::SeqCst);
-        self.lent[slot] = Some(id);
+        let ticket = ticket(seq);
+        self.region.slot_state(slot).store(ticket | SlotState::QUEUED, Ordering::SeqCst);
+        self.lent[slot] = Some(Lent { id, ticket });
         Ok(())
     }
 
@@ -120,16 +128,21 @@ impl LobbyEnd {
     ///
     /// When there is no slot `slot`.
     pub fn recall(&mut self, slot: usize) -> Result<bool, Corrupt> {
-        if self.lent[slot].is_none() {
+        let Some(Lent { ticket, .. }) = self.lent[slot] else {
             return Ok(false);
-        }
+        };
         let state = self.region.slot_state(slot);
-        match state.compare_exchange(SlotState::QUEUED, SlotState::EMPTY, Ordering::AcqRel, Ordering::Acquire) {
+        match state.compare_exchange(
+            ticket | SlotState::QUEUED,
+            ticket | SlotState::EMPTY,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 self.lent[slot] = None;
                 Ok(true)
             }
-            Err(SlotState::TAKEN) => Ok(false),
+            Err(word) if word == ticket | SlotState::TAKEN => Ok(false),
             Err(state) => Err(Corrupt::SlotState { slot, state }),
         }
     }
@@ -144,7 +157,11 @@ impl LobbyEnd {
         let word = self.region.slot_state(slot).load(Ordering::Acquire);
         match (self.lent[slot], SlotState::from_word(word)) {
             (None, Some(SlotState::Empty)) => Ok(SlotState::Empty),
-            (Some(_), Some(state @ (SlotState::Queued | SlotState::Taken))) => Ok(state),
+            (Some(Lent { ticket, .. }), Some(state @ (SlotState::Queued | SlotState::Taken)))
+                if word & !SlotState::MASK == ticket =>
+            {
+                Ok(state)
+            }
             _ => Err(Corrupt::SlotState { slot, state: word }),
         }
     }
@@ -156,11 +173,16 @@ impl LobbyEnd {
     ///
     /// When there is no slot `slot`.
     pub fn release(&mut self, slot: usize) -> Result<(), Corrupt> {
-        if self.lent[slot].is_none() {
+        let Some(Lent { ticket, .. }) = self.lent[slot] else {
             return Ok(());
-        }
+        };
         let state = self.region.slot_state(slot);
-        match state.compare_exchange(SlotState::TAKEN, SlotState::EMPTY, Ordering::AcqRel, Ordering::Acquire) {
+        match state.compare_exchange(
+            ticket | SlotState::TAKEN,
+            ticket | SlotState::EMPTY,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 self.lent[slot] = None;
                 Ok(())
@@ -273,9 +295,11 @@ impl LobbyEnd {
 
     /// The slot holding request `id`, which the worker must have taken to answer it.
     fn slot_answered(&self, id: u32) -> Result<usize, Corrupt> {
-        let slot = self.lent.iter().position(|lent| *lent == Some(id)).ok_or(Corrupt::AnswerId { id })?;
+        let slot =
+            self.lent.iter().position(|lent| lent.is_some_and(|lent| lent.id == id)).ok_or(Corrupt::AnswerId { id })?;
+        let ticket = self.lent[slot].expect("the slot holding the request").ticket;
         match self.region.slot_state(slot).load(Ordering::Acquire) {
-            SlotState::TAKEN => Ok(slot),
+            word if word == ticket | SlotState::TAKEN => Ok(slot),
             state => Err(Corrupt::AnswerNotTaken { id, slot, state }),
         }
     }

@@ -360,8 +360,9 @@ fn an_answer_for_a_request_not_taken_is_corrupt() {
 #[test]
 fn the_worker_refuses_a_region_that_makes_no_sense() {
     let mut pair = Pair::small();
-    pair.poke_slot(0, SLOT_STATE_AT, 9);
-    assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotState { slot: 0, state: 9 }));
+    // State bits 3, under ticket 2.
+    pair.poke_slot(0, SLOT_STATE_AT, 11);
+    assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotState { slot: 0, state: 11 }));
     pair.poke_slot(0, SLOT_STATE_AT, SlotState::QUEUED);
     pair.poke_slot(0, SLOT_LEN_AT, 65);
     assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotLength { slot: 0, len: 65 }));

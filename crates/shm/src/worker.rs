@@ -72,28 +72,25 @@ impl WorkerEnd {
 
     /// Takes the queued request of the lowest `seq`, appending its frame to `out`. `None`:
     /// nothing is queued.
+    ///
+    /// It looks at the slots twice before it chooses. One look can miss a slot queued while it
+    /// looked, and then take a newer request first. But a request the first look saw was queued
+    /// (its state stored with release, loaded here with acquire) after every older one, so the
+    /// second look sees all of those. The compare-and-swap is on the whole state word, ticket
+    /// included, so it fails if the lobby took the chosen request back and queued another in its
+    /// slot meanwhile.
     pub fn take_next(&self, out: &mut Vec<u8>) -> Result<Option<Taken>, Corrupt> {
         // Round again only when the lobby took the chosen request back meanwhile: each round
         // follows a recall of the lobby's.
         loop {
-            let mut first: Option<(usize, u64)> = None;
-            for slot in 0..self.layout().slots as usize {
-                match self.region.slot_state(slot).load(Ordering::Acquire) {
-                    SlotState::QUEUED => {
-                        let seq = self.region.slot_seq(slot).load(Ordering::Relaxed);
-                        if first.is_none_or(|(_, lowest)| seq < lowest) {
-                            first = Some((slot, seq));
-                        }
-                    }
-                    SlotState::EMPTY | SlotState::TAKEN => {}
-                    state => return Err(Corrupt::SlotState { slot, state }),
-                }
+            if self.lowest_queued()?.is_none() {
+                return Ok(None);
             }
-            let Some((slot, _)) = first else { return Ok(None) };
+            let Some((slot, word)) = self.lowest_queued()? else { continue };
             let state = self.region.slot_state(slot);
             // Acquires what the lobby wrote before it stored QUEUED.
-            if state.compare_exchange(SlotState::QUEUED, SlotState::TAKEN, Ordering::AcqRel, Ordering::Relaxed).is_err()
-            {
+            let taken = (word & !SlotState::MASK) | SlotState::TAKEN;
+            if state.compare_exchange(word, taken, Ordering::AcqRel, Ordering::Relaxed).is_err() {
                 continue;
             }
             let len = self.region.slot_len(slot).load(Ordering::Relaxed);
@@ -108,11 +105,31 @@ impl WorkerEnd {
         }
     }
 
+    /// The queued slot of the lowest `seq` in one look, with its state word.
+    fn lowest_queued(&self) -> Result<Option<(usize, u32)>, Corrupt> {
+        let mut lowest: Option<(usize, u32, u64)> = None;
+        for slot in 0..self.layout().slots as usize {
+            let word = self.region.slot_state(slot).load(Ordering::Acquire);
+            match SlotState::from_word(word) {
+                Some(SlotState::Queued) => {
+                    let seq = self.region.slot_seq(slot).load(Ordering::Relaxed);
+                    if lowest.is_none_or(|(_, _, first)| seq < first) {
+                        lowest = Some((slot, word, seq));
+                    }
+                }
+                Some(SlotState::Empty | SlotState::Taken) => {}
+                None => return Err(Corrupt::SlotState { slot, state: word }),
+            }
+        }
+        Ok(lowest.map(|(slot, word, _)| (slot, word)))
+    }
+
     /// Whether a request is queued: the recheck after [`WorkerEnd::prepare_to_sleep`] when the
     /// worker waits for one.
     pub fn has_request(&self) -> bool {
-        (0..self.layout().slots as usize)
-            .any(|slot| self.region.slot_state(slot).load(Ordering::SeqCst) == SlotState::QUEUED)
+        (0..self.layout().slots as usize).any(|slot| {
+            SlotState::from_word(self.region.slot_state(slot).load(Ordering::SeqCst)) == Some(SlotState::Queued)
+        })
     }
 
     /// Writes `frame`, one whole wire frame, as the answer (or part of the answer) to request

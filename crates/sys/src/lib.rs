@@ -13,6 +13,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod bell;
 pub mod fd;
 pub mod fdpass;
 pub mod ids;

@@ -8,10 +8,6 @@ use std::fmt;
 /// Every frame starts with this many bytes of header.
 pub const HEADER_LEN: usize = 8;
 
-/// The largest `REQUEST` frame, header included, that the lobby offers ahead: an offer is one
-/// datagram on the offer socket (docs/PROTOCOL.md, section 3), which must fit its send buffer.
-pub const OFFER_MAX: usize = 64 * 1024;
-
 /// The most body bytes one response frame carries: a worker splits a larger chunk, so that
 /// the lobby never holds more than this of one answer to read one frame (docs/LIMITS.md).
 pub const MAX_BODY_PER_FRAME: usize = 256 * 1024;
@@ -36,8 +32,15 @@ pub enum Kind {
     ResponseFile = 5,
     ResponseAbort = 6,
     Request = 16,
+    /// The lobby no longer wants the answer to the request whose id is its 4-byte payload.
     Cancel = 17,
-    Offers = 18,
+    /// The worker's shared region (crates/shm), a memfd passed with the frame.
+    Region = 19,
+    /// The eventfd that wakes the worker when it sleeps with nothing to do, passed with the frame.
+    Bell = 20,
+    /// In a request slot only, in place of a request too large for one or with a body file:
+    /// that request comes on the channel, next, as a `REQUEST` frame.
+    OnChannel = 21,
 }
 
 impl Kind {
@@ -51,7 +54,9 @@ impl Kind {
             6 => Kind::ResponseAbort,
             16 => Kind::Request,
             17 => Kind::Cancel,
-            18 => Kind::Offers,
+            19 => Kind::Region,
+            20 => Kind::Bell,
+            21 => Kind::OnChannel,
             _ => return None,
         })
     }
@@ -99,6 +104,20 @@ impl FrameHeader {
     }
 }
 
+/// A whole `CANCEL` frame for request `id`.
+pub fn cancel_frame(id: u32) -> [u8; HEADER_LEN + 4] {
+    let mut frame = [0u8; HEADER_LEN + 4];
+    frame[..HEADER_LEN].copy_from_slice(&FrameHeader { kind: Kind::Cancel, flags: 0, len: 4 }.encode());
+    frame[HEADER_LEN..].copy_from_slice(&id.to_le_bytes());
+    frame
+}
+
+/// The request id a `CANCEL` frame's payload names.
+pub fn decode_cancel(payload: &[u8]) -> Result<u32, WireError> {
+    let id: [u8; 4] = payload.try_into().map_err(|_| WireError::BadLength("CANCEL", payload.len()))?;
+    Ok(u32::from_le_bytes(id))
+}
+
 /// Why a frame could not be encoded or decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WireError {
@@ -113,6 +132,8 @@ pub enum WireError {
     TrailingBytes(usize),
     /// A field holds a value it cannot have.
     BadValue(&'static str, u8),
+    /// A frame of this kind has a payload of another length.
+    BadLength(&'static str, usize),
 }
 
 impl fmt::Display for WireError {
@@ -126,6 +147,7 @@ impl fmt::Display for WireError {
             WireError::TooLarge(len) => write!(f, "payload of {len} bytes does not fit in a frame"),
             WireError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the last field"),
             WireError::BadValue(field, value) => write!(f, "field '{field}' cannot be {value}"),
+            WireError::BadLength(kind, len) => write!(f, "a {kind} frame cannot have a {len}-byte payload"),
         }
     }
 }
@@ -519,5 +541,14 @@ mod tests {
     fn file_range_round_trips() {
         let range = FileRange { offset: 10, count: 1 << 40 };
         assert_eq!(FileRange::decode_payload(&range.encode_payload()).unwrap(), range);
+    }
+
+    #[test]
+    fn a_cancel_names_its_request() {
+        let frame = cancel_frame(0x0102_0304);
+        let header = FrameHeader::decode(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(header, FrameHeader { kind: Kind::Cancel, flags: 0, len: 4 });
+        assert_eq!(decode_cancel(&frame[HEADER_LEN..]), Ok(0x0102_0304));
+        assert_eq!(decode_cancel(&[1, 2, 3]), Err(WireError::BadLength("CANCEL", 3)));
     }
 }

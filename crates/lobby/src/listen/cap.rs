@@ -10,15 +10,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::log::{info, warning};
-use crate::seating::offer;
 
 /// Descriptors kept back from `--max-connections`' default for listeners, workers, logs and
 /// spilled bodies.
 const RESERVED_FDS: u64 = 64;
 
-/// Descriptors the lobby holds for each worker: its channel, both ends of each offer socket,
-/// and a file it may be passing.
-const FDS_PER_WORKER: u64 = 2 + 2 * offer::SOCKETS as u64;
+/// Descriptors the lobby holds for each worker: its channel and its bell, its shared region's
+/// memfd while passing it, and a file it may be passing.
+const FDS_PER_WORKER: u64 = 4;
 
 /// An episode at `--max-connections` ends once the lobby has not been at the cap for this long.
 const CAP_QUIET: Duration = Duration::from_secs(1);

@@ -231,6 +231,7 @@ impl Seating {
 mod tests {
     use super::job::tests::job;
     use super::*;
+    use maitred_shm::{Region, WorkerEnd};
 
     fn take_now(seating: &Seating) -> Job {
         match seating.next() {
@@ -283,16 +284,25 @@ mod tests {
         assert_eq!(take_now(&seating).frame, b"b");
     }
 
-    fn offers_of(seating: &Seating) -> Rc<Offers> {
-        let offers = Rc::new(Offers::new().unwrap());
+    /// A worker's offers, registered, and the worker's end of its region.
+    fn offers_of(seating: &Seating) -> (Rc<Offers>, WorkerEnd) {
+        let (offers, file) = Offers::new().unwrap();
+        let offers = Rc::new(offers);
         seating.add_offers(offers.clone());
-        offers
+        (offers, WorkerEnd::new(Region::open(file).unwrap()))
+    }
+
+    /// The worker, done with the request before, takes its next one; the lobby counts the
+    /// oldest offer as that one.
+    fn worker_takes(offers: &Offers, worker: &WorkerEnd) -> Job {
+        worker.take_next(&mut Vec::new()).unwrap().unwrap();
+        offers.take_accepted().unwrap().job
     }
 
     #[test]
     fn counts_workers_idle_seats_and_waiting_requests_offers_included() {
         let seating = Seating::default();
-        let busy = offers_of(&seating);
+        let (busy, _) = offers_of(&seating);
         let _idle = offers_of(&seating);
         let Next::Later(seat) = seating.next() else { panic!("queue should be empty") };
         let Next::Later(gone) = seating.next() else { panic!("queue should be empty") };
@@ -311,8 +321,8 @@ mod tests {
     #[test]
     fn an_idle_worker_takes_back_the_oldest_offer_and_the_busy_one_keeps_the_rest() {
         let seating = Seating::default();
-        let newer = offers_of(&seating);
-        let older = offers_of(&seating);
+        let (newer, _) = offers_of(&seating);
+        let (older, _) = offers_of(&seating);
         let (a, _ra) = job("a");
         std::thread::sleep(std::time::Duration::from_millis(1));
         let (b, _rb) = job("b");
@@ -331,7 +341,7 @@ mod tests {
     #[test]
     fn a_connection_withdraws_its_offer_unless_the_worker_took_it() {
         let seating = Seating::default();
-        let offers = offers_of(&seating);
+        let (offers, worker) = offers_of(&seating);
         let (a, _ra) = job("a");
         let (b, _rb) = job("b");
         let (state_a, state_b) = (a.state.clone(), b.state.clone());
@@ -342,12 +352,13 @@ mod tests {
         assert!(seating.withdraw_offer(&state_a));
         assert_eq!((state_a.get(), state_b.get()), (JobState::Cancelled, JobState::Offered));
         assert_eq!(offers.len(), 1);
-        assert_eq!(offers.take_accepted().unwrap().frame, b"b");
+        assert_eq!(worker_takes(&offers, &worker).frame, b"b");
+        offers.answered().unwrap();
 
         let (c, _rc) = job("c");
         let state_c = c.state.clone();
         assert!(offers.make(c).is_ok());
-        offers.take_accepted().unwrap();
+        worker_takes(&offers, &worker);
         assert!(!seating.withdraw_offer(&state_c));
         assert_eq!(state_c.get(), JobState::Seated);
     }
@@ -355,7 +366,7 @@ mod tests {
     #[test]
     fn queued_jobs_come_before_offers() {
         let seating = Seating::default();
-        let offers = offers_of(&seating);
+        let (offers, _) = offers_of(&seating);
         let (a, _ra) = job("a");
         let (b, _rb) = job("b");
         assert!(offers.make(a).is_ok());

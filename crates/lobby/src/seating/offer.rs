@@ -1,197 +1,329 @@
-//! Requests sent ahead to busy workers (docs/PROTOCOL.md, section 3).
+//! The requests queued at one worker, in the request slots of its shared region (crates/shm,
+//! docs/PROTOCOL.md, section 3).
 //!
-//! A worker that finishes a request while others wait would otherwise sleep until the lobby has
-//! read its answer and sent it the next one: two wake-ups across CPUs per request, with the
-//! worker idle in between. Instead, while the queue is not empty, a busy worker is offered the
-//! next queued requests at once, each as one datagram on a socket of its own. The worker takes
-//! an offer when it finishes; if another worker goes idle first, the lobby takes the offers
-//! back and seats them there, so a request never waits behind a slow one while a worker is
-//! free. Both sides receive from the same socket, so the kernel decides who gets a datagram:
-//! exactly one of them does.
+//! Every request reaches a worker through a slot: the one seated at an idle worker, and those
+//! offered ahead to a busy one, so that it takes the next as soon as it has answered, without
+//! waiting for the lobby to read that answer and send another. The worker takes the queued
+//! requests strictly in order, each with a compare-and-swap; the lobby takes one back with
+//! one, which succeeds only while the worker has not taken it. So an idle worker can take back
+//! what a busy one was offered and has not begun, "never read" is a state word, not a guess,
+//! and the request answered next is always the oldest not taken back. While the worker is
+//! busy, queueing costs no system call; the worker's bell (an eventfd) is rung only when it
+//! has said that it sleeps.
+//!
+//! A request that does not fit a slot (a frame over 64 KiB, or a body in a file, whose
+//! descriptor has to travel) goes on the channel, and an `ON_CHANNEL` frame takes its place in
+//! a slot, so that the worker still takes requests in order from the slots alone. Only an idle
+//! worker gets one, and it cannot be taken back: it is already on its way.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use maitred_wire::OFFER_MAX;
-use socket2::{Domain, Socket, Type};
+use maitred_shm::{Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
+use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
 
-/// How many requests a busy worker may hold offered. One would do if the lobby always read a
+/// How many requests a busy worker may hold queued. One would do if the lobby always read a
 /// worker's answer before the worker had finished the request after it; under load it often
 /// has not, and a second keeps the worker from sleeping meanwhile.
 pub const DEPTH: usize = 2;
 
-/// Offer sockets per worker: one per offer it may hold, and one more for an offer the lobby
-/// counts as accepted (the worker has finished the request before it) that the worker has
-/// not received yet.
-pub const SOCKETS: usize = DEPTH + 1;
+/// The request being answered, and `DEPTH` behind it. Answers still come on the channel, so
+/// the ring is the smallest a region may have.
+const LAYOUT: Layout = Layout { slots: DEPTH as u32 + 1, slot_size: 64 << 10, ring_size: 64 };
 
-/// One worker's offer sockets, and the requests offered on them, oldest first.
-///
-/// Offers go to the sockets in turn, and the worker reads them in the same turn. A socket
-/// never holds more than one datagram, so a recall takes exactly the offer it means; the
-/// lobby recalls newest first, so the offers left are always the next ones in the worker's
-/// turn.
+/// A request offered in one of the worker's slots.
+struct Queued {
+    slot: usize,
+    id: u32,
+    job: Job,
+}
+
+/// The request whose answer comes next: seated at the worker idle, or the oldest offer once
+/// the worker has answered the request before it. The worker may not have taken it from its
+/// slot yet ([`Offers::recall_answering`]).
+pub struct Taken {
+    pub job: Job,
+    /// Its id in the region, which a `CANCEL` names.
+    pub id: u32,
+    /// It went on the channel, so the worker may not have read all of it yet.
+    pub on_channel: bool,
+}
+
+/// One worker's shared region, seen from the lobby, and the requests queued in it.
 pub struct Offers {
-    sockets: Vec<OfferSocket>,
-    /// The socket of the oldest offer, or of the next one when there is none: it moves on with
-    /// each accepted offer, as the worker's reading does, and not with a recalled one.
-    turn: Cell<usize>,
-    jobs: RefCell<VecDeque<Job>>,
-}
-
-struct OfferSocket {
-    /// The lobby's end: offers are sent here.
-    sender: OwnedFd,
-    /// The worker's end (the worker holds a copy): the lobby receives from it to take an
-    /// offer back.
-    receiver: OwnedFd,
-}
-
-impl OfferSocket {
-    fn new() -> io::Result<OfferSocket> {
-        let (sender, receiver) = Socket::pair(Domain::UNIX, Type::SEQPACKET.nonblocking(), None)?;
-        Ok(OfferSocket { sender: sender.into(), receiver: receiver.into() })
-    }
+    end: RefCell<LobbyEnd>,
+    /// The lobby's copy of the worker's bell.
+    bell: OwnedFd,
+    /// Oldest first.
+    queued: RefCell<VecDeque<Queued>>,
+    /// The slot of the request being answered, freed when its answer has come whole.
+    answering: Cell<Option<usize>>,
+    next_id: Cell<u32>,
+    next_seq: Cell<u64>,
+    /// What the worker broke in its region: the lobby then gives up on it.
+    broken: RefCell<Option<Corrupt>>,
 }
 
 impl Offers {
-    /// New, empty offer sockets. The worker's ends are `receivers()`, to be passed to it in
-    /// this order.
-    pub fn new() -> io::Result<Offers> {
-        Ok(Offers {
-            sockets: (0..SOCKETS).map(|_| OfferSocket::new()).collect::<io::Result<_>>()?,
-            turn: Cell::new(0),
-            jobs: RefCell::new(VecDeque::new()),
-        })
+    /// A new region and bell. The region's descriptor is the worker's (the lobby's mapping
+    /// does not need it), to be sent with [`Offers::bell`].
+    pub fn new() -> io::Result<(Offers, OwnedFd)> {
+        let (region, file) = Region::create(LAYOUT)?;
+        let offers = Offers {
+            end: RefCell::new(LobbyEnd::new(region)),
+            bell: maitred_sys::bell::new()?,
+            queued: RefCell::new(VecDeque::new()),
+            answering: Cell::new(None),
+            next_id: Cell::new(0),
+            next_seq: Cell::new(0),
+            broken: RefCell::new(None),
+        };
+        Ok((offers, file))
     }
 
-    pub fn receivers(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
-        self.sockets.iter().map(|socket| socket.receiver.as_fd())
+    pub fn bell(&self) -> BorrowedFd<'_> {
+        self.bell.as_fd()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.jobs.borrow().is_empty()
+        self.queued.borrow().is_empty()
     }
 
     pub fn is_full(&self) -> bool {
-        self.jobs.borrow().len() >= DEPTH
+        self.queued.borrow().len() >= DEPTH
     }
 
     pub fn len(&self) -> usize {
-        self.jobs.borrow().len()
+        self.queued.borrow().len()
     }
 
-    /// When the oldest offered request was queued: an idle worker takes back the oldest first.
+    /// When the oldest queued request was queued: an idle worker takes back the oldest first.
     pub fn oldest_enqueued_at(&self) -> Option<Instant> {
-        self.jobs.borrow().front().map(|job| job.enqueued_at)
+        self.queued.borrow().front().map(|queued| queued.job.enqueued_at)
     }
 
-    /// Whether the request whose state is `state` is offered here.
+    /// Whether the request whose state is `state` is queued here.
     pub fn holds(&self, state: &Rc<Cell<JobState>>) -> bool {
-        self.jobs.borrow().iter().any(|job| Rc::ptr_eq(&job.state, state))
+        self.queued.borrow().iter().any(|queued| Rc::ptr_eq(&queued.job.state, state))
     }
 
-    fn socket(&self, position: usize) -> &OfferSocket {
-        &self.sockets[(self.turn.get() + position) % SOCKETS]
+    /// What the worker broke in its region, if it has.
+    pub fn broken(&self) -> Option<Corrupt> {
+        self.broken.borrow().clone()
     }
 
-    /// Offers `job` to the worker; gives it back if it cannot be offered: the worker holds
-    /// `DEPTH` offers already, or it is too large for one datagram.
+    /// Whether `job` fits in a slot.
+    pub fn fits(&self, job: &Job) -> bool {
+        job.body_file.is_none() && job.frame.len() <= LAYOUT.max_request_frame()
+    }
+
+    /// Offers `job` to the busy worker, in a slot; gives it back if it cannot be: the worker
+    /// holds `DEPTH` already, it does not fit a slot, or the worker broke its region.
     pub fn make(&self, job: Job) -> Result<(), Job> {
-        if job.frame.len() > OFFER_MAX || self.is_full() {
+        if self.is_full() || !self.fits(&job) {
             return Err(job);
         }
-        let bufs = [IoSlice::new(&job.frame)];
-        let fd = self.socket(self.len()).sender.as_raw_fd();
-        let sent = match &job.body_file {
-            Some(file) => maitred_sys::fdpass::send_with_fd(fd, &bufs, file.as_raw_fd(), libc::MSG_DONTWAIT),
-            None => maitred_sys::fdpass::send(fd, &bufs, libc::MSG_DONTWAIT),
-        };
-        match sent {
-            Ok(n) if n == job.frame.len() => {
+        match self.queue(&job.frame) {
+            Some((slot, id)) => {
                 job.state.set(JobState::Offered);
-                self.jobs.borrow_mut().push_back(job);
+                self.queued.borrow_mut().push_back(Queued { slot, id, job });
                 Ok(())
             }
-            _ => Err(job),
+            None => Err(job),
         }
     }
 
-    /// Takes offers back, newest first, until `last(job)` says so or the worker turns out to
-    /// have received the next one. Returns them oldest first, queued again.
+    /// Seats `job`, which fits a slot, at the idle worker; gives it back when the worker broke
+    /// its region.
+    pub fn seat(&self, job: Job) -> Result<Taken, Job> {
+        let frame = job.frame.clone();
+        self.seat_frame(job, &frame, false)
+    }
+
+    /// Seats `job`, whose frame the caller has just sent on the channel, at the idle worker: its
+    /// place goes in a slot. Gives it back when the worker broke its region.
+    pub fn seat_on_channel(&self, job: Job) -> Result<Taken, Job> {
+        self.seat_frame(job, &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode(), true)
+    }
+
+    fn seat_frame(&self, job: Job, frame: &[u8], on_channel: bool) -> Result<Taken, Job> {
+        debug_assert!(self.is_empty() && self.answering.get().is_none(), "a worker seated while busy");
+        match self.queue(frame) {
+            Some((slot, id)) => {
+                job.state.set(JobState::Seated);
+                self.answering.set(Some(slot));
+                Ok(Taken { job, id, on_channel })
+            }
+            None => Err(job),
+        }
+    }
+
+    /// Writes `frame` into a free slot and rings the worker's bell if it sleeps.
+    fn queue(&self, frame: &[u8]) -> Option<(usize, u32)> {
+        if self.broken.borrow().is_some() {
+            return None;
+        }
+        let mut end = self.end.borrow_mut();
+        let slot = end.free_slot()?;
+        let id = self.next_id.get();
+        // Ids are unique among the slots in use (at most `DEPTH + 1`): a counter does, skipping
+        // the one the ring reserves.
+        self.next_id.set(match id.wrapping_add(1) {
+            PADDING_ID => 0,
+            next => next,
+        });
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        if let Err(e) = end.queue(slot, id, seq, frame) {
+            // The lobby sized the frame and chose the slot and id: only the worker can have made
+            // this fail, by writing a slot's state.
+            self.broken.replace(Some(match e {
+                maitred_shm::QueueError::Corrupt(corrupt) => corrupt,
+                other => panic!("the lobby queued a request its region refuses: {other}"),
+            }));
+            return None;
+        }
+        match end.wake_worker() {
+            // An eventfd write fails only when its counter would overflow, which a bell rung
+            // once per sleep never comes near.
+            Ok(true) => drop(maitred_sys::bell::ring(self.bell.as_fd())),
+            Ok(false) => {}
+            Err(corrupt) => {
+                self.broken.replace(Some(corrupt));
+            }
+        }
+        Some((slot, id))
+    }
+
+    /// The oldest offer, once the worker has answered the request before it: the worker takes
+    /// the queued requests in order, so its answer comes next, and it is no longer taken back.
+    pub fn take_accepted(&self) -> Option<Taken> {
+        let Queued { slot, id, job } = self.queued.borrow_mut().pop_front()?;
+        job.state.set(JobState::Seated);
+        self.answering.set(Some(slot));
+        Some(Taken { job, id, on_channel: false })
+    }
+
+    /// Takes back the request being answered if the worker has not taken it from its slot yet:
+    /// true when it came back, so it never ran. Only when giving up on the worker.
+    pub fn recall_answering(&self) -> bool {
+        let Some(slot) = self.answering.get() else { return false };
+        match self.end.borrow_mut().recall(slot) {
+            Ok(recalled) => {
+                if recalled {
+                    self.answering.set(None);
+                }
+                recalled
+            }
+            Err(corrupt) => {
+                self.broken.replace(Some(corrupt));
+                false
+            }
+        }
+    }
+
+    /// The answer to the request taken last has come whole: its slot is free again.
+    pub fn answered(&self) -> Result<(), Corrupt> {
+        match self.answering.take() {
+            Some(slot) => self.end.borrow_mut().release(slot),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes back the queued requests the worker has not taken, newest first, until
+    /// `last(job)` says so. Returns them oldest first, queued again.
     pub fn recall_until(&self, last: impl Fn(&Job) -> bool) -> Vec<Job> {
         let mut recalled = Vec::new();
-        while !self.is_empty() {
-            if !take_back(self.socket(self.len() - 1).receiver.as_raw_fd()) {
-                break;
-            }
-            let Some(job) = self.jobs.borrow_mut().pop_back() else { break };
-            job.state.set(JobState::Queued);
-            let done = last(&job);
-            recalled.push(job);
-            if done {
-                break;
+        {
+            let mut end = self.end.borrow_mut();
+            let mut queued = self.queued.borrow_mut();
+            let mut at = queued.len();
+            while at > 0 {
+                at -= 1;
+                match end.recall(queued[at].slot) {
+                    Ok(true) => {}
+                    // The worker has it: its answer comes next.
+                    Ok(false) => continue,
+                    Err(corrupt) => {
+                        self.broken.replace(Some(corrupt));
+                        break;
+                    }
+                }
+                let job = queued.remove(at).expect("a queued request").job;
+                job.state.set(JobState::Queued);
+                let done = last(&job);
+                recalled.push(job);
+                if done {
+                    break;
+                }
             }
         }
         recalled.reverse();
         recalled
     }
 
-    /// Takes back the offer `take_accepted` gave last, if it is still on its socket: the
-    /// worker was counted as taking it when it finished the request before, but left before it
-    /// received it (it exited after that answer). True if it came back: the worker never had
-    /// it. Only for the offer being answered, before any other is accepted.
-    pub fn recall_accepted(&self) -> bool {
-        // `take_accepted` moved the turn past that offer's socket, which no newer offer uses:
-        // those take the sockets from the turn on, and there is one socket more than offers.
-        take_back(self.sockets[(self.turn.get() + SOCKETS - 1) % SOCKETS].receiver.as_raw_fd())
+    /// Takes back every offer the worker has not taken: the lobby gives up on the worker.
+    /// Returns them oldest first, queued again.
+    pub fn give_up(&self) -> Vec<Job> {
+        let mut end = self.end.borrow_mut();
+        let mut queued = self.queued.borrow_mut();
+        let mut never_taken = Vec::new();
+        let mut kept = VecDeque::new();
+        for entry in queued.drain(..) {
+            match end.recall(entry.slot) {
+                Ok(true) => {
+                    entry.job.state.set(JobState::Queued);
+                    never_taken.push(entry.job);
+                }
+                Ok(false) => kept.push_back(entry),
+                // Its state can no longer prove anything: it counts as begun.
+                Err(corrupt) => {
+                    self.broken.replace(Some(corrupt));
+                    kept.push_back(entry);
+                }
+            }
+        }
+        *queued = kept;
+        never_taken
     }
 
-    /// The oldest offered job, once the worker has finished the request before it: from
-    /// then on the worker is taking it (or has), and it can no longer be recalled.
-    pub fn take_accepted(&self) -> Option<Job> {
-        let job = self.jobs.borrow_mut().pop_front()?;
-        job.state.set(JobState::Seated);
-        self.turn.set((self.turn.get() + 1) % SOCKETS);
-        Some(job)
+    /// Every request still queued that could not be taken back: the worker has them, or had
+    /// them on the channel, when it was lost.
+    pub fn drain(&self) -> Vec<Job> {
+        self.queued.borrow_mut().drain(..).map(|queued| queued.job).collect()
     }
-}
-
-/// Reads the offer waiting on `receiver`, if the worker has not: true if one was there. A
-/// one-byte buffer: the rest of the datagram is discarded with it, and a descriptor that came
-/// along is closed; the job still holds its own.
-fn take_back(receiver: RawFd) -> bool {
-    let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-    let mut fds = VecDeque::new();
-    matches!(maitred_sys::fdpass::recv_with_fds(receiver, &mut byte, &mut fds, libc::MSG_DONTWAIT), Ok(n) if n > 0)
 }
 
 #[cfg(test)]
 mod tests {
+    use maitred_shm::WorkerEnd;
+
     use super::*;
     use crate::seating::job::tests::job;
 
-    /// What the worker receives on its socket `which`, if anything is there.
-    fn worker_receives(offers: &Offers, which: usize) -> Option<Vec<u8>> {
-        let mut buf = bytes::BytesMut::with_capacity(OFFER_MAX);
-        let mut fds = VecDeque::new();
-        let fd = offers.receivers().nth(which).unwrap().as_raw_fd();
-        match maitred_sys::fdpass::recv_into(fd, &mut buf, &mut fds, libc::MSG_DONTWAIT) {
-            Ok(_) => Some(buf.to_vec()),
-            Err(_) => None,
-        }
+    /// The worker's end of a region, from the descriptor the lobby sends it.
+    fn worker(file: OwnedFd) -> WorkerEnd {
+        WorkerEnd::new(Region::open(file).unwrap())
+    }
+
+    /// A request frame named `name`.
+    fn request(name: &str) -> Job {
+        job(name).0
     }
 
     fn offer(offers: &Offers, name: &str) {
-        let (job, _) = job(name);
-        assert!(offers.make(job).is_ok());
+        assert!(offers.make(request(name)).is_ok());
+    }
+
+    fn takes(worker: &WorkerEnd) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        worker.take_next(&mut out).unwrap().map(|_| out)
     }
 
     fn frames(jobs: &[Job]) -> Vec<&[u8]> {
@@ -199,45 +331,68 @@ mod tests {
     }
 
     #[test]
-    fn offers_reach_the_worker_as_one_datagram_each_in_turn() {
-        let offers = Offers::new().unwrap();
-        offer(&offers, "GET /a");
+    fn the_worker_takes_requests_in_order_and_the_oldest_offer_is_answered_next() {
+        let (offers, file) = Offers::new().unwrap();
+        let worker = worker(file);
+        let seated = offers.seat(request("GET /a")).ok().unwrap();
+        assert_eq!((seated.job.frame.as_slice(), seated.job.state.get()), (&b"GET /a"[..], JobState::Seated));
         offer(&offers, "GET /b");
-        assert!(offers.is_full());
-        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
-        assert_eq!(worker_receives(&offers, 1).unwrap(), b"GET /b");
-        let accepted = offers.take_accepted().unwrap();
-        assert_eq!((accepted.frame.as_slice(), accepted.state.get()), (&b"GET /a"[..], JobState::Seated));
         offer(&offers, "GET /c");
-        assert_eq!(worker_receives(&offers, 2).unwrap(), b"GET /c");
+        assert!(offers.is_full());
+        assert_eq!(takes(&worker).unwrap(), b"GET /a");
+        offers.answered().unwrap();
+        let accepted = offers.take_accepted().unwrap();
+        assert_eq!((accepted.job.frame.as_slice(), accepted.job.state.get()), (&b"GET /b"[..], JobState::Seated));
+        assert_eq!(takes(&worker).unwrap(), b"GET /b");
+        offers.answered().unwrap();
+        offer(&offers, "GET /d");
+        assert_eq!(takes(&worker).unwrap(), b"GET /c");
+        assert_eq!(offers.take_accepted().unwrap().job.frame, b"GET /c");
     }
 
     #[test]
-    fn offers_not_yet_received_are_recalled_newest_first_and_returned_oldest_first() {
-        let offers = Offers::new().unwrap();
+    fn a_request_not_yet_taken_comes_back_when_the_worker_is_given_up() {
+        let (offers, file) = Offers::new().unwrap();
+        let idle = worker(file);
+        let seated = offers.seat(request("GET /a")).ok().unwrap();
+        assert!(offers.recall_answering());
+        assert!(takes(&idle).is_none(), "the worker must not get a request taken back");
+        assert_eq!(seated.job.frame, b"GET /a");
+
+        let (offers, file) = Offers::new().unwrap();
+        let taker = worker(file);
+        offers.seat(request("GET /a")).ok().unwrap();
+        takes(&taker).unwrap();
+        assert!(!offers.recall_answering());
+    }
+
+    #[test]
+    fn requests_not_taken_are_recalled_newest_first_and_returned_oldest_first() {
+        let (offers, file) = Offers::new().unwrap();
+        let worker = worker(file);
         offer(&offers, "GET /a");
         offer(&offers, "GET /b");
         let recalled = offers.recall_until(|_| false);
         assert_eq!(frames(&recalled), [b"GET /a", b"GET /b"]);
         assert!(recalled.iter().all(|job| job.state.get() == JobState::Queued));
         assert!(offers.is_empty());
-        assert!(worker_receives(&offers, 0).is_none(), "the worker must not get a recalled offer");
-        assert!(worker_receives(&offers, 1).is_none());
+        assert!(takes(&worker).is_none(), "the worker must not get a recalled request");
     }
 
     #[test]
-    fn a_recall_stops_at_an_offer_the_worker_received() {
-        let offers = Offers::new().unwrap();
+    fn a_recall_leaves_the_request_the_worker_took() {
+        let (offers, file) = Offers::new().unwrap();
+        let worker = worker(file);
         offer(&offers, "GET /a");
         offer(&offers, "GET /b");
-        worker_receives(&offers, 0).unwrap();
+        takes(&worker).unwrap();
         assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b"]);
-        assert_eq!(offers.take_accepted().unwrap().frame, b"GET /a");
+        assert_eq!(frames(&offers.drain()), [b"GET /a"]);
     }
 
     #[test]
-    fn a_recall_can_stop_at_a_given_offer() {
-        let offers = Offers::new().unwrap();
+    fn a_recall_can_stop_at_a_given_request() {
+        let (offers, _file) = Offers::new().unwrap();
         offer(&offers, "GET /a");
         offer(&offers, "GET /b");
         assert_eq!(frames(&offers.recall_until(|job| job.frame == b"GET /b")), [b"GET /b"]);
@@ -245,50 +400,51 @@ mod tests {
     }
 
     #[test]
-    fn no_more_than_depth_offers_and_none_too_large() {
-        let offers = Offers::new().unwrap();
-        let (big, _rbig) = job(&"x".repeat(OFFER_MAX + 1));
+    fn no_more_than_depth_and_none_that_does_not_fit() {
+        let (offers, _file) = Offers::new().unwrap();
+        let big = request(&"x".repeat(LAYOUT.max_request_frame() + 1));
+        assert!(!offers.fits(&big));
         assert!(offers.make(big).is_err());
-        for name in ["GET /a", "GET /b"] {
-            offer(&offers, name);
-        }
-        let (c, _rc) = job("GET /c");
-        assert_eq!(offers.make(c).unwrap_err().frame, b"GET /c");
+        offer(&offers, "GET /a");
+        offer(&offers, "GET /b");
+        assert_eq!(offers.make(request("GET /c")).unwrap_err().frame, b"GET /c");
     }
 
     #[test]
-    fn a_recall_never_takes_an_offer_accepted_but_not_yet_received() {
-        let offers = Offers::new().unwrap();
+    fn a_request_on_the_channel_keeps_its_place() {
+        let (offers, file) = Offers::new().unwrap();
+        let worker = worker(file);
+        let seated = offers.seat_on_channel(request("GET /big")).ok().unwrap();
+        assert!(seated.on_channel);
         offer(&offers, "GET /a");
-        offer(&offers, "GET /b");
-        // The worker has finished the request before /a but not yet received /a.
-        offers.take_accepted().unwrap();
-        offer(&offers, "GET /c");
-        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b", b"GET /c"]);
-        // The turn did not move with the recall: the next offers go where the worker looks
-        // after /a.
-        offer(&offers, "GET /d");
-        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
-        assert_eq!(worker_receives(&offers, 1).unwrap(), b"GET /d");
+        let stub = takes(&worker).unwrap();
+        assert_eq!(FrameHeader::decode(stub[..8].try_into().unwrap()).unwrap().kind, Kind::OnChannel);
+        assert_eq!(takes(&worker).unwrap(), b"GET /a");
     }
 
     #[test]
-    fn an_accepted_offer_comes_back_only_if_the_worker_never_received_it() {
-        let offers = Offers::new().unwrap();
+    fn the_bell_rings_only_for_a_worker_that_said_it_sleeps() {
+        let (offers, file) = Offers::new().unwrap();
+        let worker = worker(file);
         offer(&offers, "GET /a");
+        assert!(!maitred_sys::bell::silence(offers.bell()).unwrap());
+        takes(&worker).unwrap();
+        worker.prepare_to_sleep();
+        assert!(!worker.has_request());
         offer(&offers, "GET /b");
-        offers.take_accepted().unwrap();
-        offer(&offers, "GET /c");
-        // The worker left before it received /a: /a comes back, and the newer offers with a
-        // recall, as they did before.
-        assert_eq!(frames(&offers.recall_until(|_| false)), [b"GET /b", b"GET /c"]);
-        assert!(offers.recall_accepted());
-        assert!(!offers.recall_accepted());
+        assert!(maitred_sys::bell::silence(offers.bell()).unwrap());
+    }
 
-        let offers = Offers::new().unwrap();
+    #[test]
+    fn a_worker_that_writes_a_slot_state_is_found_out() {
+        let (offers, file) = Offers::new().unwrap();
+        let dup = file.try_clone().unwrap();
+        let _worker = worker(file);
         offer(&offers, "GET /a");
-        offers.take_accepted().unwrap();
-        assert_eq!(worker_receives(&offers, 0).unwrap(), b"GET /a");
-        assert!(!offers.recall_accepted());
+        // The first slot's state word, at the start of the slots (crates/shm's table).
+        std::os::unix::fs::FileExt::write_at(&std::fs::File::from(dup), &7u32.to_le_bytes(), 4096).unwrap();
+        assert!(offers.recall_until(|_| false).is_empty());
+        assert!(offers.broken().is_some());
+        assert!(offers.make(request("GET /b")).is_err());
     }
 }

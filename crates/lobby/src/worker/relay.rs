@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
-use maitred_wire::{FileRange, FrameHeader, Kind, ResponseHead};
+use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead};
 
 use super::channel::{Channel, Frame};
 use super::health;
@@ -17,7 +17,7 @@ use super::scoreboard::ExitReason;
 use crate::lobby::Lobby;
 use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
-use crate::seating::offer::Offers;
+use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::{Held, ResponsePart};
 
 /// How a worker was lost during a request.
@@ -37,18 +37,18 @@ pub(super) enum Unread {
     Wedged,
 }
 
-/// Reads the worker's answer to `job` and hands it to the job's connection. If the client
-/// goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the answer.
-/// Errors mean the worker is lost; the job has been answered (502/504) or cut, or the worker
-/// never read it. `offered`: the job went on an offer socket, not on the channel.
+/// Reads the worker's answer to the request it took and hands it to the request's connection.
+/// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
+/// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
+/// the worker never read it.
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
-    job: &Job,
-    offered: bool,
+    taken: &Taken,
 ) -> Result<(), Lost> {
+    let job = &taken.job;
     enum Next {
         Frame(io::Result<Option<Frame>>),
         ReadCheck,
@@ -62,9 +62,9 @@ pub(super) async fn relay_response(
         served.worker.set(Some(pid));
     }
     let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
-    // A request sent on the channel to an idle worker: if it is still unread after a moment,
-    // the worker may be wedged (health::never_read). Offered ones were taken by the worker.
-    let mut read_check = (!offered).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    // If the worker has not answered after a moment, it may be wedged: the request still in
+    // its slot, or (sent on the channel) with bytes unread (health::never_read).
+    let mut read_check = Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -105,17 +105,13 @@ pub(super) async fn relay_response(
             Next::Frame(Ok(Some(frame))) => frame,
             Next::Frame(closed @ (Ok(None) | Err(_))) => {
                 // A worker that leaves after an answer (SystemExit, a crash) may do so while the
-                // lobby sends it the next request. That request never ran if the worker never
-                // had all of it: an offer the lobby can still take back from its socket, or
-                // bytes the worker left unread on its channel, which the kernel reports as
-                // ECONNRESET when the worker's end closes. Only the request (and a CANCEL for
-                // it, hence `cancelled`) is sent on the channel after the last answer's end.
+                // lobby seats the next request at it. That request never ran if the worker never
+                // had all of it: still in its slot, which the lobby takes back, or, sent on the
+                // channel, with bytes the worker left unread, which the kernel reports as
+                // ECONNRESET when the worker's end closes.
                 if !head_sent && !cancelled {
-                    let unread = if offered {
-                        offers.recall_accepted()
-                    } else {
-                        matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET))
-                    };
+                    let unread = offers.recall_answering()
+                        || taken.on_channel && matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET));
                     if unread {
                         return Err(Lost::Unread(Unread::Exited));
                     }
@@ -130,23 +126,19 @@ pub(super) async fn relay_response(
             }
             Next::ClientGone => {
                 cancelled = true;
-                // A CANCEL must not reach the worker after it has moved on to an offered
-                // request: it would stop that one. Either all offers come back, and the worker
-                // has nothing after this response, or it has received one and is past this one.
-                lobby.seating.requeue_front(offers.recall_until(|_| false));
-                if !offers.is_empty() {
-                    continue;
-                }
+                // It names the request: a worker that has already moved on to the next one
+                // skips it.
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
-                let cancel = FrameHeader { kind: Kind::Cancel, flags: 0, len: 0 }.encode();
-                if let Err(e) = channel.send(&cancel, None).await {
+                if let Err(e) = channel.send(&cancel_frame(taken.id), None).await {
                     return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
                 }
                 continue;
             }
             Next::ReadCheck => {
                 read_check = None;
-                if health::never_read(lobby, pid, channel.socket.as_fd()).await {
+                let never_read = offers.recall_answering()
+                    || taken.on_channel && health::never_read(lobby, pid, channel.socket.as_fd()).await;
+                if never_read {
                     if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
                         error!("could not ask the zygote to kill worker {pid}: {e}");
                     }

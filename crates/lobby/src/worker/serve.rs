@@ -1,11 +1,12 @@
-//! A worker's task: seats requests at it, one after the other, from the queue or from the
-//! offers it holds, until it goes away or is retired; offers it the next queued requests while
+//! A worker's task: seats requests at it, one after the other, through the slots of its
+//! shared region, until it goes away or is retired; offers it the next queued requests while
 //! it is busy (docs/DESIGN.md, "Offers keep busy workers busy").
 
 use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
+use maitred_shm::Corrupt;
 use maitred_wire::{FrameHeader, Kind, FLAG_FD};
 use tokio::sync::watch;
 
@@ -16,9 +17,9 @@ use super::relay::{fail, relay_response, Lost, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat};
 use crate::lobby::Lobby;
-use crate::log::debug;
-use crate::seating::job::JobState;
-use crate::seating::offer::Offers;
+use crate::log::{debug, error};
+use crate::seating::job::{Job, JobState};
+use crate::seating::offer::{Offers, Taken};
 use crate::seating::Next;
 
 /// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
@@ -27,15 +28,18 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
     // Made as soon as the worker is ready, held or not: the workers held at the start have all
     // their descriptors open before the server says it serves.
     let offers = match Offers::new() {
-        Ok(offers) => Rc::new(offers),
-        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its offer sockets: {e}")),
-    };
-    let frame = FrameHeader { kind: Kind::Offers, flags: FLAG_FD, len: 0 }.encode();
-    for receiver in offers.receivers() {
-        if let Err(e) = channel.send(&frame, Some(receiver)).await {
-            return Gone::Lost(ExitReason::Crash, format!("could not send its offer sockets: {e}"));
+        Ok((offers, region)) => {
+            let offers = Rc::new(offers);
+            for (kind, fd) in [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell())] {
+                let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
+                if let Err(e) = channel.send(&frame, Some(fd)).await {
+                    return Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}"));
+                }
+            }
+            offers
         }
-    }
+        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its shared region: {e}")),
+    };
     let mut phase = seat.card.phase.subscribe();
     loop {
         match *phase.borrow_and_update() {
@@ -66,13 +70,13 @@ async fn seat_jobs(
     card: &Card,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    // Recycled: it answers what it has taken from its offer socket, and takes nothing more.
+    // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
     loop {
-        let (job, offered) = match offers.take_accepted() {
-            // The worker takes it from its offer socket now that it has finished the last one.
-            Some(job) => (job, true),
+        let taken = match offers.take_accepted() {
+            // The worker takes it from its slot now that it has answered the one before.
+            Some(taken) => taken,
             None => {
                 if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
@@ -140,58 +144,102 @@ async fn seat_jobs(
                         ),
                     );
                 }
-                job.state.set(JobState::Seated);
                 let waited = job.enqueued_at.elapsed();
                 lobby.metrics.waited(waited);
                 debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
-                if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
-                    lobby.seating.return_unstarted(job);
-                    return Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}"));
+                match seat_idle(lobby, channel, offers, job).await {
+                    Ok(taken) => taken,
+                    Err(gone) => return gone,
                 }
-                (job, false)
             }
         };
-        card.begin(job.summary.clone());
+        card.begin(taken.job.summary.clone());
         let served = card.served.get();
         // A retiring worker is offered nothing: its offers went back to the queue.
         if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = relay_response(lobby, pid, channel, offers, &job, offered).await;
+        let relayed = relay_response(lobby, pid, channel, offers, &taken).await;
         card.end();
         if let Err(lost) = relayed {
-            // What the worker never received goes back to the queue; what it did, it had
-            // started when it was lost.
-            lobby.seating.requeue_front(offers.recall_until(|_| false));
-            while let Some(offered) = offers.take_accepted() {
-                fail(&offered, false, 502, "the worker exited while handling this request");
-            }
-            return match lost {
-                Lost::Answered(reason, detail) => Gone::Lost(reason, detail),
-                Lost::Unread(why) => {
-                    let (reason, why) = match why {
-                        Unread::Exited => (ExitReason::Crash, "exited without reading".to_string()),
-                        Unread::Wedged => (
-                            ExitReason::Wedged,
-                            format!(
-                            "was killed: alive but wedged (its main thread did not read, in {} s, the request sent \
-                             to it idle; another thread holding the GIL does this) before it read",
-                            health::READ_WITHIN.as_secs_f64()
-                        ),
-                        ),
-                    };
-                    let detail = format!("{why} {}, which goes to another worker", job.summary);
-                    // Older than the offers just queued again: it goes in front of them.
-                    lobby.seating.return_unstarted(job);
-                    Gone::Lost(reason, detail)
-                }
-            };
+            return lost_with(lobby, offers, taken.job, lost);
+        }
+        if let Err(corrupt) = offers.answered() {
+            return broke(lobby, pid, offers, corrupt).await;
         }
         if !recycled && recycle.check(served, true).is_some() {
             recycled = true;
-            // The offers it has not received go back to the queue, for the worker that takes
-            // its place; those it has, it answers.
+            // The offers it has not taken go back to the queue, for the worker that takes its
+            // place; those it has, it answers.
             lobby.seating.requeue_front(offers.recall_until(|_| false));
+        }
+    }
+}
+
+/// Seats `job` at the idle worker: in a slot, or, when it does not fit one, on the channel
+/// with its place in a slot.
+async fn seat_idle(lobby: &Lobby, channel: &mut Channel, offers: &Offers, job: Job) -> Result<Taken, Gone> {
+    let broken = |offers: &Offers| {
+        let corrupt = offers.broken().map(|corrupt| corrupt.to_string()).unwrap_or_default();
+        format!("it broke its shared region: {corrupt}")
+    };
+    if offers.fits(&job) {
+        return offers.seat(job).map_err(|job| {
+            lobby.seating.return_unstarted(job);
+            Gone::Lost(ExitReason::Crash, broken(offers))
+        });
+    }
+    if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
+        lobby.seating.return_unstarted(job);
+        return Err(Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}")));
+    }
+    offers.seat_on_channel(job).map_err(|job| {
+        // It is on the channel of a worker the lobby gives up on: it may have begun it.
+        let detail = broken(offers);
+        fail(&job, false, 502, &detail);
+        Gone::Lost(ExitReason::Crash, detail)
+    })
+}
+
+/// The worker broke its shared region: it is killed, and what it had not taken goes to
+/// another worker; what it had taken is answered 502.
+async fn broke(lobby: &Lobby, pid: i32, offers: &Offers, corrupt: Corrupt) -> Gone {
+    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+        error!("could not ask the zygote to kill worker {pid}: {e}");
+    }
+    let detail = format!("it broke its shared region: {corrupt}");
+    lobby.seating.requeue_front(offers.give_up());
+    for job in offers.drain() {
+        fail(&job, false, 502, &detail);
+    }
+    Gone::Lost(ExitReason::Crash, detail)
+}
+
+/// The worker was lost while answering `job`: what it had not taken goes back to the queue,
+/// and `job` too when it provably never read it.
+fn lost_with(lobby: &Lobby, offers: &Offers, job: Job, lost: Lost) -> Gone {
+    lobby.seating.requeue_front(offers.give_up());
+    for taken in offers.drain() {
+        fail(&taken, false, 502, "the worker exited while handling this request");
+    }
+    match lost {
+        Lost::Answered(reason, detail) => Gone::Lost(reason, detail),
+        Lost::Unread(why) => {
+            let (reason, why) = match why {
+                Unread::Exited => (ExitReason::Crash, "exited without reading".to_string()),
+                Unread::Wedged => (
+                    ExitReason::Wedged,
+                    format!(
+                        "was killed: alive but wedged (its main thread did not take, in {} s, the request \
+                         seated at it; another thread holding the GIL does this) before it read",
+                        health::READ_WITHIN.as_secs_f64()
+                    ),
+                ),
+            };
+            let detail = format!("{why} {}, which goes to another worker", job.summary);
+            // Older than the offers just queued again: it goes in front of them.
+            lobby.seating.return_unstarted(job);
+            Gone::Lost(reason, detail)
         }
     }
 }

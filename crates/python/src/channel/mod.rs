@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
+use maitred_shm::WorkerEnd;
 use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -74,10 +75,16 @@ pub struct WorkerChannel {
     inbox_start: usize,
     /// Received descriptors not yet given to a frame, oldest first.
     fds: VecDeque<OwnedFd>,
-    /// The worker's ends of its offer sockets, once the lobby has sent them, and which of them
-    /// the next offer comes on (they take turns).
-    offers: Vec<OwnedFd>,
-    offer_turn: usize,
+    /// The worker's end of its shared region and its bell, once the lobby has sent them: the
+    /// requests come through the region's slots (docs/PROTOCOL.md, section 3).
+    region: Option<WorkerEnd>,
+    bell: Option<OwnedFd>,
+    /// Where the request taken from a slot is copied.
+    slot_frame: Vec<u8>,
+    /// The slot taken last held the place of a request that comes on the channel.
+    on_channel: bool,
+    /// The id of the request taken last, which a `CANCEL` for it names.
+    request_id: u32,
     /// Where frame heads are encoded.
     out: Vec<u8>,
     response: Response,
@@ -119,8 +126,11 @@ impl WorkerChannel {
             inbox: Vec::new(),
             inbox_start: 0,
             fds: VecDeque::new(),
-            offers: Vec::new(),
-            offer_turn: 0,
+            region: None,
+            bell: None,
+            slot_frame: Vec::new(),
+            on_channel: false,
+            request_id: 0,
             out: Vec::new(),
             response: Response::new(),
             generation: 0,

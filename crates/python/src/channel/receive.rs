@@ -1,6 +1,7 @@
-//! What the lobby sends the worker: the receive buffer and the descriptors that came with it,
-//! the offer sockets, `CANCEL` while a response is in progress, and each `REQUEST` frame,
-//! turned into an environ and a `wsgi.input`.
+//! What the lobby sends the worker: the shared region and its bell, each request (taken from
+//! the region's slots, or read from the channel when a slot says it comes there), `CANCEL`
+//! while a response is in progress, and each `REQUEST` frame turned into an environ and a
+//! `wsgi.input`.
 //!
 //! Imports the type from `mod.rs` and `errors` of the channel's files; of this crate, `body`,
 //! `environ`, `response` (the response's phase, which a `CANCEL` ends) and `sys` for the system
@@ -8,9 +9,10 @@
 
 use std::io;
 use std::mem;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
-use maitred_wire::{FrameHeader, Kind, Request, HEADER_LEN, OFFER_MAX};
+use maitred_shm::{Region, WorkerEnd};
+use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -27,30 +29,23 @@ use maitred_sys::fdpass::{recv_into, RecvError};
 /// whole request.
 const READ_SIZE: usize = 64 * 1024;
 
-/// An inline body at least this large keeps the receive buffer it arrived in rather than
-/// being copied out of it.
+/// An inline body at least this large keeps the buffer it arrived in rather than being copied
+/// out of it.
 const HAND_OVER_BODY: usize = 16 * 1024;
 
-/// The most offer sockets a worker takes (the lobby sends three).
-const MAX_OFFER_SOCKETS: usize = 8;
-
-/// Where a complete frame lies in the receive buffer.
+/// Where a complete `REQUEST` frame lies: in the receive buffer, or in the copy of a slot.
 pub(super) struct FrameAt {
     header: FrameHeader,
     start: usize,
     end: usize,
+    from_slot: bool,
 }
 
-/// A `CANCEL` is its header alone: a payload or a descriptor would be out of step with
-/// everything after it.
-fn check_cancel_frame(header: &FrameHeader) -> PyResult<()> {
-    if header.len != 0 || header.flags != 0 {
-        return Err(ChannelError::new_err(format!(
-            "the lobby sent a CANCEL frame with flags {} and a {}-byte payload; it has neither",
-            header.flags, header.len
-        )));
-    }
-    Ok(())
+/// What one look at the channel found.
+enum Received {
+    Bytes,
+    Nothing,
+    Closed,
 }
 
 impl WorkerChannel {
@@ -61,6 +56,14 @@ impl WorkerChannel {
         };
         let header = FrameHeader::decode(bytes).map_err(|error| channel_error("the lobby sent a bad frame", error))?;
         Ok(Some(header))
+    }
+
+    /// The first unconsumed frame, when all of it has arrived: its header and where it ends.
+    fn buffered_frame(&self) -> PyResult<Option<(FrameHeader, usize)>> {
+        Ok(self.buffered_header()?.and_then(|header| {
+            let end = self.inbox_start + HEADER_LEN + header.len as usize;
+            (end <= self.inbox.len()).then_some((header, end))
+        }))
     }
 
     /// Moves the unconsumed bytes to the front of the receive buffer, before reading more.
@@ -80,164 +83,226 @@ impl WorkerChannel {
         }
     }
 
-    /// The next `REQUEST`: one on the channel first, then one offered on the offer socket,
-    /// then whichever of the two comes first (docs/PROTOCOL.md, section 3). None when the
-    /// lobby closed the channel.
+    /// The next `REQUEST` (docs/PROTOCOL.md, section 3): the oldest in the region's slots, or,
+    /// when that slot holds only its place, the one on the channel. With none, the worker says
+    /// it sleeps, looks again, and waits for its bell or the channel. None when the lobby
+    /// closed the channel.
     pub(super) fn next_request(&mut self, py: Python<'_>) -> PyResult<Option<FrameAt>> {
-        // The first look does not wait: under load the next request is usually there already.
-        let mut wait = false;
         loop {
-            let available = self.inbox.len() - self.inbox_start;
-            let mut missing = HEADER_LEN.saturating_sub(available);
-            if let Some(header) = self.buffered_header()? {
-                let len = HEADER_LEN + header.len as usize;
-                if available >= len {
-                    let frame = FrameAt { header, start: self.inbox_start, end: self.inbox_start + len };
-                    match header.kind {
-                        // It crossed the end of the response it was about, which had nothing
-                        // left to stop.
-                        Kind::Cancel => check_cancel_frame(&header)?,
-                        Kind::Offers => self.take_offer_socket(&header)?,
-                        _ => return Ok(Some(frame)),
+            // Whole frames at the front of the receive buffer, each in its turn.
+            while let Some((header, end)) = self.buffered_frame()? {
+                match header.kind {
+                    Kind::Request if self.on_channel => {
+                        self.on_channel = false;
+                        return Ok(Some(FrameAt { header, start: self.inbox_start, end, from_slot: false }));
                     }
-                    self.consume_through(frame.end);
-                    continue;
+                    // Its place in the slots has not been taken yet.
+                    Kind::Request => break,
+                    // It crossed the end of the response it was about, which had nothing left
+                    // to stop.
+                    Kind::Cancel => {
+                        self.check_cancel_frame(&header, end)?;
+                    }
+                    Kind::Region => self.open_region(&header)?,
+                    Kind::Bell => self.take_bell(&header)?,
+                    other => {
+                        return Err(ChannelError::new_err(format!(
+                            "the lobby sent a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION and BELL"
+                        )))
+                    }
                 }
-                missing = len - available;
+                self.consume_through(end);
             }
-            // An offer is a whole frame, never the rest of one already begun on the channel.
-            let between_frames = available == 0;
-            let channel = self.link.fd.as_raw_fd();
-            let offers = self.offers.get(self.offer_turn).filter(|_| between_frames).map(|fd| fd.as_raw_fd());
-            // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
-            // Unix socket sleeps on the socket's one wait queue, where the peer reading what this
-            // side sent earlier wakes it too (room to write again), for nothing: once per request,
-            // as the lobby reads each response while the worker waits for the next request
-            // (docs/PERFORMANCE.md). Only a wait that may block lets other Python threads run
-            // meanwhile.
-            let ready = if wait {
-                py.detach(|| wait_readable_either(channel, offers, true))
-            } else {
-                wait_readable_either(channel, offers, false)
-            };
-            let (channel_ready, offer_ready) = match ready {
-                Ok(ready) => ready,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {
-                    py.check_signals()?;
+            if self.on_channel {
+                // The request whose place was taken is on the channel, whole or still coming.
+                match self.wait_and_read(py)? {
+                    Received::Closed => {
+                        return Err(ChannelError::new_err("the lobby closed the channel before a request it had sent"))
+                    }
+                    Received::Bytes | Received::Nothing => continue,
+                }
+            }
+            if let Some(frame) = self.take_from_slot()? {
+                return Ok(Some(frame));
+            }
+            if self.on_channel {
+                continue;
+            }
+            // Nothing to do: say so, look once more, and sleep until the bell or the channel.
+            if let Some(region) = self.ready_region() {
+                region.prepare_to_sleep();
+                if region.has_request() {
+                    // A bell rung meanwhile is silenced at the next sleep, which it cuts short.
+                    region.sleep_cancelled();
                     continue;
                 }
-                Err(error) => return Err(socket_error("waiting for a request failed", error)),
-            };
-            wait = true;
-            // The channel before the offer socket: the lobby offers a request only after
-            // sending the one before it, so when both are readable the channel's comes first.
-            if channel_ready {
-                self.compact();
-                self.inbox.reserve(missing.max(READ_SIZE));
-                match recv_into(channel, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
-                    Ok(0) if self.inbox.is_empty() => return Ok(None),
-                    Ok(0) => return Err(ChannelError::new_err("the lobby closed the channel inside a frame")),
-                    Ok(_) => {}
-                    Err(RecvError::Os(error))
-                        if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
-                    {
-                        py.check_signals()?
-                    }
-                    Err(error) => return Err(recv_error(error)),
+            }
+            let received = self.wait_and_read(py)?;
+            if let Some(region) = self.ready_region() {
+                region.sleep_cancelled();
+            }
+            if let Received::Closed = received {
+                if self.inbox_start == self.inbox.len() {
+                    return Ok(None);
                 }
-            } else if offer_ready {
-                if let Some(frame) = self.receive_offer()? {
-                    return Ok(Some(frame));
-                }
+                return Err(ChannelError::new_err("the lobby closed the channel inside a frame"));
             }
         }
     }
 
-    /// Each `OFFERS` frame hands over the worker's end of an offer socket.
-    fn take_offer_socket(&mut self, header: &FrameHeader) -> PyResult<()> {
-        let fd = match (header.has_fd(), header.len) {
-            (true, 0) if self.offers.len() < MAX_OFFER_SOCKETS => self.fds.pop_front(),
-            _ => None,
-        };
-        let fd = fd.ok_or_else(|| {
-            ChannelError::new_err(format!(
-                "the lobby sent an OFFERS frame without a descriptor, with a payload, or more than {MAX_OFFER_SOCKETS}"
-            ))
-        })?;
-        self.offers.push(fd);
-        Ok(())
+    /// The region, once the bell that wakes the worker for it has come too (`take_from_slot`
+    /// asks the same): the lobby sends both before any request, but the second may arrive after
+    /// the first has been read.
+    fn ready_region(&self) -> Option<&WorkerEnd> {
+        self.region.as_ref().filter(|_| self.bell.is_some())
     }
 
-    /// A `REQUEST` offered on the offer socket, if one is waiting; it lands in the (empty)
-    /// receive buffer like one read from the channel.
-    fn receive_offer(&mut self) -> PyResult<Option<FrameAt>> {
-        let Some(offers) = self.offers.get(self.offer_turn) else {
-            return Ok(None);
-        };
-        let fd = offers.as_raw_fd();
-        self.compact();
-        self.inbox.reserve(OFFER_MAX);
-        let start = self.inbox.len();
-        match recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
-            // The lobby let go of this worker's offers: it is retiring it or shutting down.
-            Ok(0) => {
-                self.offers.clear();
+    /// The request in the oldest queued slot, copied out. Its place alone sets `on_channel`.
+    fn take_from_slot(&mut self) -> PyResult<Option<FrameAt>> {
+        let Some(region) = self.region.as_ref().filter(|_| self.bell.is_some()) else { return Ok(None) };
+        self.slot_frame.clear();
+        let taken = region
+            .take_next(&mut self.slot_frame)
+            .map_err(|error| channel_error("the shared region is corrupt", error))?;
+        let Some(taken) = taken else { return Ok(None) };
+        self.request_id = taken.id;
+        let header = self
+            .slot_frame
+            .first_chunk::<HEADER_LEN>()
+            .map(FrameHeader::decode)
+            .transpose()
+            .map_err(|error| channel_error("the lobby queued a bad frame", error))?
+            .filter(|header| HEADER_LEN + header.len as usize == self.slot_frame.len());
+        match header {
+            Some(header) if header.kind == Kind::Request && !header.has_fd() => {
+                Ok(Some(FrameAt { header, start: 0, end: self.slot_frame.len(), from_slot: true }))
+            }
+            Some(header) if header.kind == Kind::OnChannel && header.len == 0 => {
+                self.on_channel = true;
                 Ok(None)
             }
-            Ok(n) => {
-                let header = self.buffered_header()?.filter(|header| HEADER_LEN + header.len as usize == n);
-                match header {
-                    Some(header) if header.kind == Kind::Request => {
-                        self.offer_turn = (self.offer_turn + 1) % self.offers.len();
-                        Ok(Some(FrameAt { header, start, end: start + n }))
-                    }
-                    _ => Err(ChannelError::new_err(format!(
-                        "the lobby offered {n} bytes that are not one whole REQUEST frame"
-                    ))),
-                }
+            _ => Err(ChannelError::new_err(format!(
+                "the lobby queued {} bytes that are not one whole REQUEST frame or ON_CHANNEL",
+                self.slot_frame.len()
+            ))),
+        }
+    }
+
+    /// Waits (detached from the interpreter) until the channel or the bell is readable, silences
+    /// the bell, and reads what the channel holds.
+    fn wait_and_read(&mut self, py: Python<'_>) -> PyResult<Received> {
+        let channel = self.link.fd.as_raw_fd();
+        let bell = self.bell.as_ref().map(|bell| bell.as_raw_fd());
+        // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
+        // Unix socket sleeps on the socket's one wait queue, where the peer reading what this
+        // side sent earlier wakes it too (room to write again), for nothing: once per request,
+        // as the lobby reads each response while the worker waits for the next request
+        // (docs/PERFORMANCE.md). Other Python threads run meanwhile.
+        let (channel_ready, bell_ready) = match py.detach(|| wait_readable_either(channel, bell, true)) {
+            Ok(ready) => ready,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {
+                py.check_signals()?;
+                return Ok(Received::Nothing);
             }
+            Err(error) => return Err(socket_error("waiting for a request failed", error)),
+        };
+        if bell_ready {
+            if let Some(bell) = &self.bell {
+                maitred_sys::bell::silence(bell.as_fd())
+                    .map_err(|error| socket_error("silencing the bell failed", error))?;
+            }
+        }
+        if !channel_ready {
+            return Ok(Received::Nothing);
+        }
+        let received = self.read_available()?;
+        if let Received::Nothing = received {
+            py.check_signals()?;
+        }
+        Ok(received)
+    }
+
+    /// One nonblocking read of what the channel holds.
+    fn read_available(&mut self) -> PyResult<Received> {
+        let missing = match self.buffered_header()? {
+            Some(header) => (HEADER_LEN + header.len as usize).saturating_sub(self.inbox.len() - self.inbox_start),
+            None => HEADER_LEN,
+        };
+        self.compact();
+        self.inbox.reserve(missing.max(READ_SIZE));
+        match recv_into(self.link.fd.as_raw_fd(), &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+            Ok(0) => Ok(Received::Closed),
+            Ok(_) => Ok(Received::Bytes),
             Err(RecvError::Os(error))
                 if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
             {
-                Ok(None)
+                Ok(Received::Nothing)
             }
             Err(error) => Err(recv_error(error)),
         }
     }
 
-    /// Before a body frame of a response whose head is out: if the lobby has sent `CANCEL`,
-    /// consumes it, marks the response cancelled and fails with `ClientDisconnected`. Never
-    /// waits, and costs at most one nonblocking `recvmsg` (none when a header is buffered).
-    /// Nothing but a `CANCEL` may arrive while a response is in progress.
+    /// `REGION` hands over the shared region, once.
+    fn open_region(&mut self, header: &FrameHeader) -> PyResult<()> {
+        let file = self.setup_descriptor(header, "REGION", self.region.is_some())?;
+        let region = Region::open(file).map_err(|error| channel_error("the shared region cannot be used", error))?;
+        self.region = Some(WorkerEnd::new(region));
+        Ok(())
+    }
+
+    /// `BELL` hands over the eventfd the lobby rings when this worker sleeps, once.
+    fn take_bell(&mut self, header: &FrameHeader) -> PyResult<()> {
+        self.bell = Some(self.setup_descriptor(header, "BELL", self.bell.is_some())?);
+        Ok(())
+    }
+
+    /// The descriptor a `REGION` or `BELL` frame brings: it has one, no payload, and comes once.
+    fn setup_descriptor(&mut self, header: &FrameHeader, kind: &str, again: bool) -> PyResult<std::os::fd::OwnedFd> {
+        let fd = match (header.has_fd(), header.len, again) {
+            (true, 0, false) => self.fds.pop_front(),
+            _ => None,
+        };
+        fd.ok_or_else(|| {
+            ChannelError::new_err(format!(
+                "the lobby sent a {kind} frame without a descriptor, with a payload, or a second time"
+            ))
+        })
+    }
+
+    /// A `CANCEL` carries a request id and nothing else.
+    fn check_cancel_frame(&self, header: &FrameHeader, end: usize) -> PyResult<u32> {
+        if header.flags != 0 {
+            return Err(ChannelError::new_err(format!("the lobby sent a CANCEL frame with flags {}", header.flags)));
+        }
+        decode_cancel(&self.inbox[end - header.len as usize..end])
+            .map_err(|error| channel_error("the lobby sent a bad CANCEL frame", error))
+    }
+
+    /// Before a body frame of a response whose head is out: if the lobby has sent `CANCEL` for
+    /// this request, consumes it, marks the response cancelled and fails with
+    /// `ClientDisconnected`. One for an earlier request, which crossed the end of its response,
+    /// is skipped. Never waits, and costs at most one nonblocking `recvmsg` (none when a frame
+    /// is buffered). Nothing but a `CANCEL` may arrive while a response is in progress.
     pub(super) fn check_cancel(&mut self) -> PyResult<()> {
-        if self.inbox.len() - self.inbox_start < HEADER_LEN {
-            self.compact();
-            self.inbox.reserve(HEADER_LEN);
-            let fd = self.link.fd.as_raw_fd();
-            match recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
-                // At end-of-file too: a lobby retiring this worker lets it finish the response.
-                Ok(_) => {}
-                Err(RecvError::Os(error))
-                    if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) =>
-                {
-                    return Ok(())
-                }
-                Err(error) => return Err(recv_error(error)),
+        if self.buffered_frame()?.is_none() {
+            // At end-of-file too: a lobby retiring this worker lets it finish the response.
+            self.read_available()?;
+        }
+        while let Some((header, end)) = self.buffered_frame()? {
+            if header.kind != Kind::Cancel {
+                return Err(ChannelError::new_err(format!(
+                    "the lobby sent a {:?} frame while a response was in progress; only CANCEL may come then",
+                    header.kind
+                )));
+            }
+            let id = self.check_cancel_frame(&header, end)?;
+            self.consume_through(end);
+            if id == self.request_id {
+                self.response.phase = Phase::Cancelled;
+                return Err(client_disconnected());
             }
         }
-        let Some(header) = self.buffered_header()? else {
-            return Ok(());
-        };
-        if header.kind != Kind::Cancel {
-            return Err(ChannelError::new_err(format!(
-                "the lobby sent a {:?} frame while a response was in progress; only CANCEL may come then",
-                header.kind
-            )));
-        }
-        check_cancel_frame(&header)?;
-        self.consume_through(self.inbox_start + HEADER_LEN);
-        self.response.phase = Phase::Cancelled;
-        Err(client_disconnected())
+        Ok(())
     }
 
     /// Turns the `REQUEST` frame at `frame` into a new environ and consumes it.
@@ -255,7 +320,8 @@ impl WorkerChannel {
         } else {
             None
         };
-        let payload = &self.inbox[frame.start + HEADER_LEN..frame.end];
+        let buffer = if frame.from_slot { &mut self.slot_frame } else { &mut self.inbox };
+        let payload = &buffer[frame.start + HEADER_LEN..frame.end];
         let request = Request::decode_payload(payload, body_file.is_some())
             .map_err(|error| channel_error("the lobby sent a bad REQUEST frame", error))?;
         if request.http_minor > 1 {
@@ -276,12 +342,14 @@ impl WorkerChannel {
         let body_len = request.body_len;
         let body = match body_file {
             Some(file) => RequestBody::in_file(file, body_len),
-            None if inline_len >= HAND_OVER_BODY && frame.end == self.inbox.len() => {
-                RequestBody::inline(mem::take(&mut self.inbox), frame.end - inline_len, frame.end)
+            None if inline_len >= HAND_OVER_BODY && frame.end == buffer.len() => {
+                RequestBody::inline(mem::take(buffer), frame.end - inline_len, frame.end)
             }
-            None => RequestBody::inline(self.inbox[frame.end - inline_len..frame.end].to_vec(), 0, inline_len),
+            None => RequestBody::inline(buffer[frame.end - inline_len..frame.end].to_vec(), 0, inline_len),
         };
-        self.consume_through(frame.end);
+        if !frame.from_slot {
+            self.consume_through(frame.end);
+        }
         let body = Py::new(py, body)?;
         environ.set_item(intern!(py, "wsgi.input"), &body)?;
         self.body = Some(body);
