@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
-use super::asleep::{Sleeper, HIBERNATE_AFTER};
+use super::asleep::{Sleeper, HIBERNATE_AFTER, TICK};
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{Body, READ_CHUNK};
@@ -33,11 +33,16 @@ use crate::seating::job::{Job, JobState, Served};
 use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 
-/// How long a request waits before its client is watched for leaving. Watching costs a peek
-/// (recv with MSG_PEEK) per request, as the socket's readiness is still set from reading the
-/// request; a request answered sooner never pays it, and a client gone sooner than this is
-/// found as soon as its request has waited this long.
+/// How long a request that had to queue waits before its client is watched for leaving.
+/// Watching costs a peek (recv with MSG_PEEK) per request, as the socket's readiness is still
+/// set from reading the request; a request answered sooner never pays it, and a client gone
+/// sooner than this is found as soon as its request has waited this long.
 const WATCH_AFTER: Duration = Duration::from_millis(50);
+/// The same for a request handed to an idle worker at once: the heartbeat's period
+/// (`asleep::TICK`). Its timer is then never due before every other, which would make tokio
+/// write to its eventfd once per request (0.6 times per request at one client with 50 ms,
+/// H1-hop); and such a request is in service already, so the watch only cuts its answer short.
+const WATCH_SERVED_AFTER: Duration = TICK;
 /// How long, and how much input, a refused connection is drained before it is closed.
 const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 1 << 20;
@@ -246,9 +251,10 @@ impl<S: ClientStream> Connection<S> {
                 return Ok(false);
             }
         };
-        let waiting = Waiting { state: job.state.clone(), enqueued_at: job.enqueued_at, upstream };
+        let (state, enqueued_at) = (job.state.clone(), job.enqueued_at);
         let served = job.served.clone();
-        self.lobby.seating.submit(job);
+        let watch_after = if self.lobby.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
+        let waiting = Waiting { state, enqueued_at, upstream, watch_after };
         self.mark.set(ConnectionState::Awaiting);
         let context = ResponseContext {
             head_request: head.method.as_ref() == b"HEAD",
@@ -330,11 +336,12 @@ impl<S: ClientStream> Connection<S> {
     /// The first part of the answer. Meanwhile the wait is watched:
     /// - past `--queue-timeout`, a request still waiting for a worker (in the queue, or offered
     ///   to a busy worker that has not taken it) is withdrawn and answered 503;
-    /// - from `WATCH_AFTER` on, a client that leaves has its request dropped (`abandon`), and
+    /// - from `WATCH_AFTER` on (`WATCH_SERVED_AFTER` for a request an idle worker took at
+    ///   once), a client that leaves has its request dropped (`abandon`), and
     ///   None comes back: the connection ends.
     async fn first_part(&self, responses: &AnswerReceiver, waiting: &Waiting) -> Option<ResponsePart> {
         let queue_timeout = self.lobby.settings().queue_timeout;
-        let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + WATCH_AFTER);
+        let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + waiting.watch_after);
         let mut watching = true;
         loop {
             let unseated = matches!(waiting.state.get(), JobState::Queued | JobState::Offered);
@@ -453,6 +460,8 @@ struct Waiting {
     state: Rc<Cell<JobState>>,
     enqueued_at: Instant,
     upstream: Duration,
+    /// When its client begins to be watched for leaving.
+    watch_after: Duration,
 }
 
 /// One read attempt that does not wait: Pending when nothing is there, and then the stream

@@ -52,17 +52,17 @@ impl Seating {
     }
 
     /// Seats `job` at the longest-idle worker, or queues it behind the others; a request that
-    /// had already waited too long upstream is refused at once.
-    pub fn submit(&self, job: Job) {
+    /// had already waited too long upstream is refused at once. True when an idle worker took it.
+    pub fn submit(&self, job: Job) -> bool {
         let mut job = job;
         if !job.upstream.is_zero() && self.refuses(&job, Instant::now()) {
-            return;
+            return false;
         }
         loop {
             let seat = self.idle.borrow_mut().pop_front();
             match seat {
                 Some(seat) => match seat.send(job) {
-                    Ok(()) => return,
+                    Ok(()) => return true,
                     // That worker went away while idle; try the next one.
                     Err(returned) => job = returned,
                 },
@@ -70,6 +70,7 @@ impl Seating {
             }
         }
         self.queue.borrow_mut().push_back(job);
+        false
     }
 
     /// Puts back a job a worker took but never started, ahead of everything else.
