@@ -142,26 +142,27 @@ impl Offers {
     /// Seats `job`, which fits a slot, at the idle worker; gives it back when the worker broke
     /// its region.
     pub fn seat(&self, job: Job) -> Result<Taken, Job> {
-        let frame = job.frame.clone();
-        self.seat_frame(job, &frame, false)
+        match self.queue(&job.frame) {
+            Some((slot, id)) => Ok(self.seated(job, slot, id, false)),
+            None => Err(job),
+        }
     }
 
     /// Seats `job`, whose frame the caller has just sent on the channel, at the idle worker: its
     /// place goes in a slot. Gives it back when the worker broke its region.
     pub fn seat_on_channel(&self, job: Job) -> Result<Taken, Job> {
-        self.seat_frame(job, &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode(), true)
-    }
-
-    fn seat_frame(&self, job: Job, frame: &[u8], on_channel: bool) -> Result<Taken, Job> {
-        debug_assert!(self.is_empty() && self.answering.get().is_none(), "a worker seated while busy");
-        match self.queue(frame) {
-            Some((slot, id)) => {
-                job.state.set(JobState::Seated);
-                self.answering.set(Some(slot));
-                Ok(Taken { job, id, on_channel })
-            }
+        match self.queue(&FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode()) {
+            Some((slot, id)) => Ok(self.seated(job, slot, id, true)),
             None => Err(job),
         }
+    }
+
+    /// `job`, queued in `slot` at the idle worker, is the one it answers next.
+    fn seated(&self, job: Job, slot: usize, id: u32, on_channel: bool) -> Taken {
+        debug_assert!(self.is_empty() && self.answering.get().is_none(), "a worker seated while busy");
+        job.state.set(JobState::Seated);
+        self.answering.set(Some(slot));
+        Taken { job, id, on_channel }
     }
 
     /// Writes `frame` into a free slot and rings the worker's bell if it sleeps.
