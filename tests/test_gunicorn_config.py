@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from client import eventually
 from conftest import HOST, processes_in_group
 from maitred import config, gunicorn
 
@@ -121,7 +122,7 @@ def test_port_binds_every_interface(maitred_server, tmp_path):
     port = _free_port()
     server = maitred_server("hello:app", bind=False, port=port, env={"PORT": str(port)})
     assert requests.get(server.url, timeout=10).status_code == 200
-    assert f"0.0.0.0:{port}" in server.stderr()
+    server.wait_for_log(f"0.0.0.0:{port}", 10)
 
 
 def _free_port() -> int:
@@ -242,8 +243,8 @@ def test_gunicorn_config_file_renamed_works(maitred_server, tmp_path):
     # keyfile None).
     assert ignored == ["proc_name", "threads"], server.stderr()
     # The hooks ran where gunicorn runs them, with the arguments its documentation shows.
-    assert "ready with 2 workers" in server.stderr()
-    assert server.stderr().count("forked ") >= 2, server.stderr()
+    server.wait_for_log("ready with 2 workers", 10)
+    assert eventually(lambda: server.stderr().count("forked ") >= 2, 10), server.stderr()
     assert any("threads is ignored: a maitred worker runs one request at a time" in line for line in warnings)
 
 

@@ -201,8 +201,9 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     assert all(r["app_loaded"] and r["alive"] and r["timeout"] == 2.0 for r in inits)
     assert sorted(r["age"] for r in inits) == [1, 2]
     assert matches(named(path, "when_ready")[0], server_pid=lobby, num_workers=2)
-    assert f"[{lobby}] [INFO] when_ready: server {lobby} is ready" in server.stderr()
-    assert any(f"[{pid}] [INFO] post_fork: worker {pid} spawned" in server.stderr() for pid in first)
+    server.wait_for_log(f"[{lobby}] [INFO] when_ready: server {lobby} is ready", 10)
+    for pid in first:
+        server.wait_for_log(f"[{pid}] [INFO] post_fork: worker {pid} spawned", 10)
 
     # Requests: pre_request and post_request around each, in the worker that answers.
     reply = get(server.port, "/hello%20there?x=1&y=2")
@@ -235,7 +236,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     assert (post["status"], post["status_code"], post["headers"]) == ("500 Internal Server Error", 500, [])
     assert get(server.port, "/post-fails").status == 200
     assert eventually(lambda: one_block(server.stderr(), "post_request", "post_request fails for /post-fails"), 5)
-    assert "RuntimeError: pre_request refuses /pre-fails" in server.stderr()
+    server.wait_for_log("RuntimeError: pre_request refuses /pre-fails", 10)
     assert get(server.port, "/after").status == 200
 
     # SIGHUP: nworkers_changed and on_reload in the lobby, then the new workers are forked; the
@@ -285,7 +286,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     (abort,) = wait_for(path, "worker_abort")
     stuck = abort["pid"]
     assert abort["worker_pid"] == stuck and abort["alive"] is False
-    assert f"[{stuck}] [ERROR] worker_abort: worker {stuck} aborted" in server.stderr()
+    server.wait_for_log(f"[{stuck}] [ERROR] worker_abort: worker {stuck} aborted", 10)
     post = the_record(path, "post_request", path="/sleep")
     assert (post["pid"], post["status"], post["status_code"]) == (stuck, None, None)
     wait_for(path, "child_exit", 4)
@@ -307,7 +308,7 @@ def test_every_hook_runs_in_its_process_at_its_moment_with_gunicorns_arguments(m
     os.kill(interrupted, signal.SIGINT)
     (record,) = wait_for(path, "worker_int")
     assert (record["pid"], record["worker_pid"], record["alive"]) == (interrupted, interrupted, False)
-    assert f"[{interrupted}] [WARNING] worker_int: worker {interrupted} interrupted" in server.stderr()
+    server.wait_for_log(f"[{interrupted}] [WARNING] worker_int: worker {interrupted} interrupted", 10)
     time.sleep(0.2)
     assert interrupted in worker_pids(server)
 
@@ -395,7 +396,8 @@ def test_a_post_fork_that_reopens_a_preloaded_resource_gives_each_worker_its_own
     with sqlite3.connect(database) as db:
         rows = {pid for (pid,) in db.execute("select pid from hits")}
     assert rows == workers
-    assert all(f"worker {pid} has its own database connection" in server.stderr() for pid in workers)
+    for pid in workers:
+        server.wait_for_log(f"worker {pid} has its own database connection", 10)
     assert server.stop() == 0
 
 

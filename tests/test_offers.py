@@ -62,7 +62,7 @@ def test_an_idle_worker_takes_back_a_request_offered_to_a_busy_one(maitred_serve
     # free a moment later, took it back instead of leaving it 4 s behind the slow one.
     assert fast.finished_after < 2.5, f"the fast request waited {fast.finished_after:.1f} s"
     assert fast.reply.body != slow.reply.body, "both ran in the same worker"
-    assert "GET /pid HTTP/1.1 was offered to a busy worker; an idle one takes it back" in server.stderr()
+    server.wait_for_log("GET /pid HTTP/1.1 was offered to a busy worker; an idle one takes it back", 10)
 
 
 def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_server):
@@ -83,6 +83,7 @@ def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_se
     # and seated it at the other worker or the dying one's replacement.
     assert offered.reply is not None and offered.reply.status == 200, offered.error or offered.reply
     assert offered.finished_after < 2.5, f"/pid waited {offered.finished_after:.1f} s"
+    server.wait_for_log("502", 10)
     refused = [line for line in server.stderr().splitlines() if "502" in line]
     assert refused and not any("/pid" in line for line in refused), refused
     assert server.process.poll() is None
@@ -108,7 +109,7 @@ def test_a_client_leaving_while_its_worker_holds_an_offer_loses_nobody_else_thei
     # reached the drip and /pid was answered, long before the drip would have ended.
     assert offered.reply is not None and offered.reply.status == 200, offered.error
     assert offered.finished_after < 3.0, f"/pid waited {offered.finished_after:.1f} s"
-    assert "client went away during GET /drip?seconds=5 HTTP/1.1; response abandoned" in server.stderr()
+    server.wait_for_log("client went away during GET /drip?seconds=5 HTTP/1.1; response abandoned", 10)
     assert server.process.poll() is None
 
 

@@ -443,7 +443,7 @@ def test_ttin_and_ttou_add_and_retire_one_worker_never_below_one(maitred_server)
     server.send_signal(signal.SIGTTIN)
     three = wait_for_workers(server, 3)
     assert two < three
-    assert "SIGTTIN: 3 workers (one more)" in server.stderr()
+    server.wait_for_log("SIGTTIN: 3 workers (one more)", 10)
     with Load(server.port, clients=3, path="/sleep?seconds=0.01") as load:
         for expected in (2, 1):
             # One at a time: the kernel delivers signals of one kind sent together as one.
@@ -700,7 +700,7 @@ def test_with_preload_a_reload_starts_a_fresh_zygote_and_fails_no_request(maitre
     assert load.failures() == []
     versions = [version_of_body(a.body) for a in load.answers()]
     assert versions[0] == "v1" and versions[-1] == "v2", versions
-    assert "started a new zygote" in server.stderr()
+    server.wait_for_log("started a new zygote", 10)
     (second_zygote,) = zygotes_of(server)
     write_app(app_dir, "v3", source="def app(:\n")
     server.send_signal(signal.SIGHUP)

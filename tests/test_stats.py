@@ -69,7 +69,7 @@ def test_metrics_count_what_the_lobby_served_without_a_worker(maitred_server):
     assert value(families["maitred_queue_requests"], "maitred_queue_requests") == 0
     overflows = families["maitred_listen_overflows"]
     assert value(overflows, "maitred_listen_overflows_total", counter="ListenOverflows", scope="machine") >= 0
-    assert "stats at http://" in server.stderr()
+    server.wait_for_log("stats at http://", 10)
 
 
 def test_busy_workers_and_waiting_requests_show_while_they_wait(maitred_server):
