@@ -415,14 +415,18 @@ SCENARIOS: dict[str, Scenario] = {
                 Column("lobby_switches", "lobby voluntary switches / request", digits=2),
                 Column("worker_switches", "workers' voluntary switches / request", digits=2),
                 Column("zygote_switches", "zygote's voluntary switches"),
+                Column("lobby_cpu_us", "lobby CPU µs / request", digits=1),
+                Column("workers_cpu_us", "workers' CPU µs / request", digits=1),
+                Column("server_cpu_us", "server CPU µs / request (lobby, zygote, workers)", digits=1),
                 Column("traced_rps", "req/s under strace"),
             ),
             headline=Column("hop_calls", "calls / request, both sides", digits=1),
             headline_lower_is_better=True,
             note="maitred alone, at 1, 4 and 100 keep-alive clients, each on a fresh server that serves "
             "the load twice. First plain: the voluntary context switches (sleeps) of every thread of "
-            "each side are read from /proc/PID/task/*/status just before and just after it; req/s and "
-            "the latencies are this load's. Then the same load with strace attached to each side "
+            "each side are read from /proc/PID/task/*/status, and the CPU time (utime and stime, "
+            "every thread's) of each process from /proc/PID/stat, just before and just after it; "
+            "req/s, the latencies and the CPU per request are this load's. Then the same load with strace attached to each side "
             "apart, `strace -f -c -p LOBBY` and `strace -f -c -p WORKER1 -p WORKER2`, counting every "
             "system call of every thread. Each figure is divided by the requests ab completed in its "
             "own load. The lobby is the process started, the zygote its only child, the workers the "

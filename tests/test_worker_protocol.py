@@ -16,6 +16,7 @@ import io
 import json
 import mmap
 import os
+import select
 import signal
 import socket
 import struct
@@ -34,14 +35,17 @@ import pytest
 
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
-REQUEST, CANCEL, REGION, BELL, ON_CHANNEL = 16, 17, 19, 20, 21
+REQUEST, CANCEL, REGION, BELL, ON_CHANNEL, LOBBY_BELL = 16, 17, 19, 20, 21, 22
 END, FD = 1, 2
 
-# The shared region (crates/shm's tables): its layout, as the lobby makes it, and the states of a
-# request slot, in the low two bits of its state word (the ticket, the low 30 bits of the
-# request's sequence number, above them).
-SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64
+# The shared region (crates/shm's tables): its layout, and the states of a request slot, in the
+# low two bits of its state word (the ticket, the low 30 bits of the request's sequence number,
+# above them). The lobby's ring is 256 KiB; this one is smaller, so that the 1 MiB answer of
+# /big wraps it many times and finds it full.
+SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64 * 1024
 HEADER_BLOCK, SLOT_HEADER = 4096, 64
+LOBBY_WAITING_AT, WORKER_WAITING_AT, RING_HEAD_AT, RING_TAIL_AT = 64, 128, 192, 256
+PADDING_ID = 0xFFFFFFFF
 EMPTY, QUEUED, TAKEN, STATE_BITS = 0, 1, 2, 3
 
 TIMEOUT = 10.0
@@ -281,6 +285,10 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         start_response("200 OK", text)
         return [bytes(range(256)) * 4096]  # 1 MiB, more than the socket buffer holds
 
+    def huge_head(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", [("X-Huge", "h" * (RING_SIZE // 2))])  # more than the ring takes
+        return [b"after"]
+
     def exit_worker(environ: dict, start_response: Callable) -> list[bytes]:
         raise SystemExit(3)
 
@@ -356,6 +364,7 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         "/str-chunk": str_chunk,
         "/no-start": no_start,
         "/big": big,
+        "/huge-head": huge_head,
         "/exit": exit_worker,
         "/install-usr1-handler": install_usr1_handler,
         "/keep-start-response": keep_start_response,
@@ -509,7 +518,8 @@ def parse_head(payload: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
 
 class LobbyRegion:
     """The lobby's end of a worker's shared region, written by hand: a sealed memfd with its
-    header, request slots filled and taken back here, and the worker's bell (an eventfd)."""
+    header, request slots filled and taken back here, the answer ring read here, the worker's
+    bell and the lobby's (eventfds)."""
 
     def __init__(self) -> None:
         size = HEADER_BLOCK + SLOTS * SLOT_SIZE + RING_SIZE
@@ -519,8 +529,12 @@ class LobbyRegion:
         self.map = mmap.mmap(self.fd, size)
         struct.pack_into("<8sIIII", self.map, 0, b"MAITRED\x01", 1, SLOTS, SLOT_SIZE, RING_SIZE)
         self.bell = os.eventfd(0, os.EFD_CLOEXEC)
+        self.lobby_bell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.tail = 0
         self.next_id = 0
         self.slot_of: dict[int, int] = {}
+        # The requests queued and not yet answered whole, oldest first: answers come in order.
+        self.unanswered: deque[int] = deque()
 
     def word(self, slot: int) -> int:
         return struct.unpack_from("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE)[0]
@@ -544,6 +558,7 @@ class LobbyRegion:
         struct.pack_into("<I", self.map, at, request_id << 2 | QUEUED)
         os.eventfd_write(self.bell, 1)
         self.slot_of[request_id] = slot
+        self.unanswered.append(request_id)
         return request_id
 
     def recall(self, request_id: int) -> bool:
@@ -553,12 +568,46 @@ class LobbyRegion:
         if self.word(slot) != request_id << 2 | QUEUED:
             return False
         struct.pack_into("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE, request_id << 2 | EMPTY)
+        self.unanswered.remove(request_id)
         return True
+
+    def u32(self, at: int) -> int:
+        return struct.unpack_from("<I", self.map, at)[0]
+
+    def next_record_ready(self) -> bool:
+        return struct.unpack_from("<Q", self.map, RING_HEAD_AT)[0] != self.tail
+
+    def next_record(self) -> tuple[int, bytes] | None:
+        """The next answer record in the ring, `(request id, frame)`, checked as the lobby checks
+        it and consumed (padding skipped); then the worker's bell is rung (always, as `queue`
+        rings it: a worker waiting for room takes it as one more look). None: the ring is empty."""
+        while True:
+            head = struct.unpack_from("<Q", self.map, RING_HEAD_AT)[0]
+            if head == self.tail:
+                return None
+            assert head > self.tail and head - self.tail <= RING_SIZE and head % 8 == 0, (head, self.tail)
+            at = HEADER_BLOCK + SLOTS * SLOT_SIZE + self.tail % RING_SIZE
+            length, request_id = struct.unpack_from("<II", self.map, at)
+            assert length % 8 == 0 and 0 < length <= head - self.tail, (length, head, self.tail)
+            record = None
+            if request_id == PADDING_ID:
+                assert length == RING_SIZE - self.tail % RING_SIZE, "padding runs to the ring's end"
+            else:
+                assert length <= RING_SIZE // 2 and self.tail % RING_SIZE + length <= RING_SIZE
+                (payload_len,) = struct.unpack_from("<I", self.map, at + 12)
+                assert (8 + 8 + payload_len + 7) // 8 * 8 == length, "the record's length is its frame's"
+                record = request_id, bytes(self.map[at + 8 : at + 16 + payload_len])
+            self.tail += length
+            struct.pack_into("<Q", self.map, RING_TAIL_AT, self.tail)
+            os.eventfd_write(self.bell, 1)
+            if record is not None:
+                return record
 
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
         os.close(self.bell)
+        os.close(self.lobby_bell)
 
 
 class Worker:
@@ -592,12 +641,14 @@ class Worker:
             self.socket.sendall(data)
         else:
             sent = socket.send_fds(self.socket, [data], [fd])
-            self.socket.sendall(data[sent:])
+            if sent < len(data):  # a worker that has read a whole frame may have gone already
+                self.socket.sendall(data[sent:])
 
     def give_region(self) -> None:
-        """Sends the worker its shared region and its bell, as the lobby does once it is ready."""
+        """Sends the worker its shared region and both bells, as the lobby does once it is ready."""
         self.send(frame(REGION, FD, b""), self.region.fd)
         self.send(frame(BELL, FD, b""), self.region.bell)
+        self.send(frame(LOBBY_BELL, FD, b""), self.region.lobby_bell)
 
     def queue(self, data: bytes, fd: int | None = None) -> int:
         """Seats a request as the lobby does: in a slot, or, with a descriptor or too large for
@@ -628,6 +679,37 @@ class Worker:
         fd = self._fds.popleft() if flags & FD else None
         return Frame(kind, flags, payload, fd)
 
+    def read_answer_frame(self) -> Frame:
+        """The next frame of the answer to the oldest request not yet answered: from the ring, or
+        from the channel where the ring says `ON_CHANNEL`. While the ring is empty it says so in
+        the region and waits for the lobby's bell or the channel, looking at the ring again every
+        50 ms (this side's plain stores and loads are not the lobby's sequentially consistent
+        ones, so its flag alone cannot be trusted to get the bell rung)."""
+        deadline = time.monotonic() + TIMEOUT
+        while (record := self.region.next_record()) is None:
+            struct.pack_into("<I", self.region.map, LOBBY_WAITING_AT, 1)
+            if self.region.next_record_ready():
+                continue
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no answer within {TIMEOUT} s; stderr:\n{self.stderr()}"
+            readable, _, _ = select.select([self.region.lobby_bell, self.socket], [], [], min(remaining, 0.05))
+            if self.region.lobby_bell in readable:
+                os.eventfd_read(self.region.lobby_bell)
+            if self.socket in readable and not self.region.next_record_ready():
+                if not self.socket.recv(1, socket.MSG_PEEK):
+                    raise EOFError(f"the worker closed the channel; its stderr:\n{self.stderr()}")
+                raise AssertionError(f"a frame on the channel that the ring did not announce: {self.read_frame()}")
+        struct.pack_into("<I", self.region.map, LOBBY_WAITING_AT, 0)
+        request_id, data = record
+        unanswered = self.region.unanswered
+        assert unanswered and request_id == unanswered[0], (request_id, unanswered)
+        kind, flags, reserved, length = struct.unpack_from("<BBHI", data)
+        assert reserved == 0 and not flags & FD, data[:8]
+        answer = self.read_frame() if kind == ON_CHANNEL else Frame(kind, flags, data[8 : 8 + length])
+        if answer.flags & END or answer.kind == RESPONSE_ABORT:
+            unanswered.popleft()
+        return answer
+
     def ready(self) -> int:
         first = self.read_frame()
         assert first.kind == READY, f"expected READY, got {first}; stderr:\n{self.stderr()}"
@@ -635,13 +717,13 @@ class Worker:
         return pid
 
     def read_response(self) -> Response:
-        head = self.read_frame()
+        head = self.read_answer_frame()
         assert head.kind == RESPONSE_HEAD, f"expected a head, got {head}; stderr:\n{self.stderr()}"
         status, reason, headers, body = parse_head(head.payload)
         response = Response(status, reason, headers, body, [head])
         last = head
         while not last.flags & END:
-            last = self.read_frame()
+            last = self.read_answer_frame()
             response.frames.append(last)
             if last.kind == RESPONSE_BODY:
                 response.body += last.payload
@@ -785,7 +867,7 @@ def test_response_frame_from_the_lobby_ends_the_worker(start_worker: Callable[..
     worker = start_worker()
     worker.send(frame(RESPONSE_BODY, 0, b"x"))
     assert worker.process.wait(timeout=TIMEOUT) == 1
-    assert "a worker only receives REQUEST, CANCEL, REGION and BELL" in worker.stderr()
+    assert "a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL" in worker.stderr()
 
 
 def test_end_of_file_inside_a_frame_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
@@ -1249,12 +1331,12 @@ def test_cancel_mid_response_aborts_it(start_worker: Callable[..., Worker], tmp_
     worker = start_worker()
     go = tmp_path / "go"
     request_id = worker.queue(request_frame(target=f"{path}?{go}"))
-    head = worker.read_frame()
+    head = worker.read_answer_frame()
     assert (head.kind, head.flags, parse_head(head.payload)[3]) == (RESPONSE_HEAD, 0, b"first")
     worker.send(cancel_frame(request_id))
     go.touch()
     # Nothing more of the body: the next frame the worker sends ends the response.
-    assert worker.read_frame() == Frame(RESPONSE_ABORT, 0, b"the client went away")
+    assert worker.read_answer_frame() == Frame(RESPONSE_ABORT, 0, b"the client went away")
     assert worker.request(target="/generator").body == b"onetwo"  # the worker goes on
     assert worker.close_and_wait() == 0
     log = worker.stderr()
@@ -1298,13 +1380,13 @@ def test_cancels_for_earlier_requests_are_skipped(start_worker: Callable[..., Wo
     go = tmp_path / "go"
     earlier = worker.last_id
     worker.queue(request_frame(target=f"/stream-past-cancel?{go}"))
-    assert worker.read_frame().kind == RESPONSE_HEAD
+    assert worker.read_answer_frame().kind == RESPONSE_HEAD
     worker.send(cancel_frame(earlier))
     go.touch()
-    rest = worker.read_frame()
+    rest = worker.read_answer_frame()
     while not rest.flags & END:
         assert rest.kind == RESPONSE_BODY, rest
-        rest = worker.read_frame()
+        rest = worker.read_answer_frame()
     assert "client went away" not in worker.stderr()
 
     # A large inline body is handed over with the copy of the slot it came in.
@@ -1330,7 +1412,7 @@ def test_a_request_during_a_response_breaks_the_channel(start_worker: Callable[.
     worker = start_worker()
     go = tmp_path / "go"
     worker.queue(request_frame(target=f"/stream-past-cancel?{go}"))
-    assert worker.read_frame().kind == RESPONSE_HEAD
+    assert worker.read_answer_frame().kind == RESPONSE_HEAD
     worker.send(request_frame(target="/list"))
     go.touch()
     assert worker.process.wait(timeout=TIMEOUT) == 1
@@ -1389,6 +1471,14 @@ def test_a_request_the_lobby_took_back_is_never_served(start_worker: Callable[..
         (frame(REGION, 0, b""), "the lobby sent a REGION frame without a descriptor, with a payload, or a second time"),
         (frame(BELL, FD, b"x"), "the lobby sent a BELL frame without a descriptor, with a payload, or a second time"),
         (frame(BELL, FD, b""), "the lobby sent a BELL frame without a descriptor, with a payload, or a second time"),
+        (
+            frame(LOBBY_BELL, 0, b""),
+            "the lobby sent a LOBBY_BELL frame without a descriptor, with a payload, or a second time",
+        ),
+        (
+            frame(LOBBY_BELL, FD, b""),
+            "the lobby sent a LOBBY_BELL frame without a descriptor, with a payload, or a second time",
+        ),
     ],
 )
 def test_a_bad_or_second_region_or_bell_breaks_the_channel(
@@ -1447,3 +1537,61 @@ def test_wsgiref_validator_finds_nothing(start_worker: Callable[..., Worker], pa
     # wsgi.errors' lines, each marked as the application's (docs/LIMITS.md).
     assert log.count("[app] validated request\n") == log.count("[app] two\n") == log.count("[app] lines\n") == 4
     assert "Error" not in log and "Warning" not in log and "Exception" not in log
+
+
+# --- The answer ring: the lobby's bell, a full ring, frames too large for it -----------------
+
+
+def test_the_lobby_bell_rings_only_when_the_lobby_said_it_sleeps(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    region = worker.region
+    # Not sleeping: the answer lands in the ring, and the bell stays silent.
+    worker.queue(request_frame(target="/list"))
+    deadline = time.monotonic() + TIMEOUT
+    while not region.next_record_ready():
+        assert time.monotonic() < deadline, worker.stderr()
+        time.sleep(0.01)
+    assert select.select([region.lobby_bell], [], [], 0)[0] == []
+    assert worker.read_response().body == b"hello"
+    # Sleeping (the flag set before the request is queued, so no race): the worker rings once
+    # and clears the flag itself.
+    while region.next_record() is not None:
+        pass
+    struct.pack_into("<I", region.map, LOBBY_WAITING_AT, 1)
+    worker.queue(request_frame(target="/list"))
+    assert select.select([region.lobby_bell], [], [], TIMEOUT)[0] == [region.lobby_bell]
+    assert os.eventfd_read(region.lobby_bell) == 1
+    assert region.u32(LOBBY_WAITING_AT) == 0
+    assert worker.read_response().body == b"hello"
+    assert worker.close_and_wait() == 0
+
+
+def test_a_worker_waiting_for_room_in_the_ring_still_hears_cancel(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    request_id = worker.queue(request_frame(target="/big"))
+    # The 1 MiB answer fills the 64 KiB ring, and the worker says it sleeps until there is room.
+    deadline = time.monotonic() + TIMEOUT
+    while worker.region.u32(WORKER_WAITING_AT) != 1:
+        assert time.monotonic() < deadline, worker.stderr()
+        time.sleep(0.01)
+    worker.send(cancel_frame(request_id))
+    frames = [worker.read_answer_frame()]
+    while frames[-1].kind != RESPONSE_ABORT:
+        assert not frames[-1].flags & END, "the whole answer came, despite the CANCEL"
+        frames.append(worker.read_answer_frame())
+    assert frames[-1].payload == b"the client went away"
+    assert sum(len(frame.payload) for frame in frames[1:-1]) < 1 << 20
+    assert worker.request(target="/list").body == b"hello"  # the worker goes on
+    assert worker.close_and_wait() == 0
+    assert "client went away during GET /big HTTP/1.1" in worker.stderr()
+
+
+def test_a_frame_larger_than_the_ring_goes_on_the_channel_in_its_turn(start_worker: Callable[..., Worker]) -> None:
+    worker = start_worker()
+    response = worker.request(target="/huge-head")
+    assert (response.header("X-Huge"), response.body) == ("h" * (RING_SIZE // 2), b"after")
+    # The head came on the channel, announced by ON_CHANNEL; the body after it, in the ring.
+    assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_BODY, END)]
+    assert worker.request(target="/big").body == bytes(range(256)) * 4096
+    assert worker.close_and_wait() == 0
+

@@ -189,9 +189,10 @@ pub fn lobby_frames(data: &[u8]) {
 struct WorkerChannel {
     inbox: Vec<u8>,
     inbox_start: usize,
-    /// Whether REGION and BELL came (each may come once).
+    /// Whether REGION, BELL and LOBBY_BELL came (each may come once).
     region: bool,
     bell: bool,
+    lobby_bell: bool,
 }
 
 /// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
@@ -204,6 +205,7 @@ enum WorkerEvent {
     Cancel(u32),
     Region,
     Bell,
+    LobbyBell,
     Request {
         http_minor: u8,
         method: Vec<u8>,
@@ -232,7 +234,7 @@ struct FrameAt {
 
 impl WorkerChannel {
     fn new() -> WorkerChannel {
-        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false }
+        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false }
     }
 
     fn buffered_header(&self) -> Result<Option<FrameHeader>, String> {
@@ -282,22 +284,22 @@ impl WorkerChannel {
                                 .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
                             events.push(WorkerEvent::Cancel(id));
                         }
-                        // open_region, take_bell: setup_descriptor
-                        Kind::Region | Kind::Bell => {
-                            let again = if header.kind == Kind::Region { &mut self.region } else { &mut self.bell };
+                        // open_region, take_bell, take_lobby_bell: setup_descriptor
+                        Kind::Region | Kind::Bell | Kind::LobbyBell => {
+                            let (again, event) = match header.kind {
+                                Kind::Region => (&mut self.region, WorkerEvent::Region),
+                                Kind::Bell => (&mut self.bell, WorkerEvent::Bell),
+                                _ => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
+                            };
                             if !(header.has_fd() && header.len == 0 && !*again) {
                                 return Err(format!("a bad {:?} frame", header.kind));
                             }
                             *again = true;
-                            events.push(if header.kind == Kind::Region {
-                                WorkerEvent::Region
-                            } else {
-                                WorkerEvent::Bell
-                            });
+                            events.push(event);
                         }
                         other => {
                             return Err(format!(
-                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION and BELL"
+                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
                             ))
                         }
                     }

@@ -234,7 +234,7 @@ impl Run {
             frame.push(0); // one byte more than its header says
         }
         let room = self.worker.room_for(frame.len());
-        let result = self.worker.write_answer(id, &frame);
+        let result = self.worker.write_answer(id, &[&frame]);
         if !self.honest {
             if let Err(error) = &result {
                 one_line(error);

@@ -2,7 +2,7 @@
 //!
 //! Requests and answers pass through memory that both processes map, so that while both sides
 //! are busy, handing a request over and its answer back costs neither side a system call. A side
-//! is woken, with a byte on the worker's socket, only after it has said that it sleeps.
+//! is woken, by a write to its bell (an eventfd), only after it has said that it sleeps.
 //!
 //! # The region
 //!
@@ -95,11 +95,11 @@
 //!
 //! # Waking a side that sleeps
 //!
-//! A side that finds nothing to do sleeps on its socket, and the other side sends one byte to
-//! wake it, but only when it has said that it sleeps, so that a busy pair makes no system call.
+//! A side that finds nothing to do sleeps on its bell, an eventfd, and the other side rings it,
+//! but only when it has said that it sleeps, so that a busy pair makes no system call.
 //! The lobby sleeps until its worker answers, and the worker until a request is queued or, when
 //! the answer ring is full, until the lobby has consumed some of it. The sides do this (this
-//! crate provides the flag operations, the caller the sleep and the byte):
+//! crate provides the flag operations, the caller the sleep and the bell):
 //!
 //! - A side about to sleep stores 1 in its `*_waiting` flag ([`LobbyEnd::prepare_to_sleep`],
 //!   [`WorkerEnd::prepare_to_sleep`]), then looks at its condition again ([`LobbyEnd::has_answer`];
@@ -118,13 +118,13 @@
 //! came before P (it read an older value), and W before F (it read the flag from before F), so
 //! the order would hold F < R < P < W < F, a cycle. So at least one of them sees the other: the
 //! sleeper does not sleep, or the waker sends the wake. When both see each other, the wake
-//! arrives while the sleeper is awake: a stale byte, which costs one extra recheck later;
+//! arrives while the sleeper is awake: a stale ring, which costs one extra recheck later;
 //! `sleep_cancelled` says when the other side has claimed the flag, so that the caller knows such a
-//! byte is on its way. The flag counts what was promised, never what the queue holds: NGINX
+//! ring is on its way. The flag counts what was promised, never what the queue holds: NGINX
 //! Unit's `nxt_port_queue` learned to track its `notified` flag explicitly rather than infer it
 //! from the queue's length, which loses a wake when the two race.
 //!
-//! The waker clears the flag itself, so one sleep gets at most one byte, and the sleeper finds its
+//! The waker clears the flag itself, so one sleep gets at most one ring, and the sleeper finds its
 //! flag already 0 when it wakes.
 //!
 //! # Trust

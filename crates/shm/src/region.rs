@@ -141,6 +141,38 @@ pub(crate) fn copy_in(words: &[AtomicU64], bytes: &[u8]) {
     }
 }
 
+/// Copies the bytes of `parts`, one after the other, into `words`, little-endian, the last
+/// word's tail zero: a frame whose header and payload lie apart, without joining them first.
+pub(crate) fn copy_in_parts(words: &[AtomicU64], parts: &[&[u8]]) {
+    debug_assert_eq!(words.len(), parts.iter().map(|part| part.len()).sum::<usize>().div_ceil(8));
+    // The next word to store, and the bytes of it gathered so far when a part ended inside it.
+    let mut next = 0;
+    let mut pending = [0u8; 8];
+    let mut filled = 0;
+    for mut part in parts.iter().copied() {
+        if filled > 0 {
+            let take = part.len().min(8 - filled);
+            pending[filled..filled + take].copy_from_slice(&part[..take]);
+            filled += take;
+            part = &part[take..];
+            if filled < 8 {
+                continue;
+            }
+            words[next].store(u64::from_le_bytes(pending), Ordering::Relaxed);
+            next += 1;
+        }
+        let whole = part.len() / 8;
+        copy_in(&words[next..next + whole], &part[..whole * 8]);
+        next += whole;
+        filled = part.len() - whole * 8;
+        pending = [0u8; 8];
+        pending[..filled].copy_from_slice(&part[whole * 8..]);
+    }
+    if filled > 0 {
+        words[next].store(u64::from_le_bytes(pending), Ordering::Relaxed);
+    }
+}
+
 /// Fills `out` from `words`, which hold its bytes little-endian.
 pub(crate) fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
     debug_assert_eq!(words.len(), out.len().div_ceil(8));
@@ -229,6 +261,23 @@ mod tests {
     fn open_refuses_a_descriptor_that_has_no_seals() {
         let socket = std::os::unix::net::UnixStream::pair().unwrap().0;
         assert!(refusal(Region::open(socket.into())).contains("the file's seals"));
+    }
+
+    #[test]
+    fn parts_copy_as_one_whatever_their_boundaries() {
+        let (region, _file) = Region::create(small()).unwrap();
+        let whole = b"0123456789abcdefghijklmnopq";
+        for first in 0..=whole.len() {
+            for second in first..=whole.len() {
+                let words = region.ring_words(8, whole.len().div_ceil(8));
+                words.iter().for_each(|word| word.store(u64::MAX, Ordering::Relaxed));
+                copy_in_parts(words, &[&whole[..first], &whole[first..second], &whole[second..]]);
+                let mut out = [0u8; 27];
+                copy_out(words, &mut out);
+                assert_eq!(&out, whole, "split at {first} and {second}");
+                assert_eq!(words[3].load(Ordering::Relaxed) >> 24, 0, "the tail is zero");
+            }
+        }
     }
 
     #[test]

@@ -101,8 +101,8 @@ fn a_request_goes_over_and_its_answers_come_back() {
     assert_eq!(pair.worker.take_next(&mut Vec::new()).unwrap(), None);
 
     assert!(!pair.lobby.has_answer());
-    pair.worker.write_answer(41, &body(b"hello", false)).unwrap();
-    pair.worker.write_answer(41, &body(b"", true)).unwrap();
+    pair.worker.write_answer(41, &[&body(b"hello", false)]).unwrap();
+    pair.worker.write_answer(41, &[&body(b"", true)]).unwrap();
     assert!(pair.lobby.has_answer());
     let (answer, bytes) = pair.next_answer().unwrap().unwrap();
     assert_eq!(answer, Answer { id: 41, slot: 2, frame_len: HEADER_LEN + 5 });
@@ -156,7 +156,7 @@ fn a_recalled_request_cannot_be_answered() {
     let mut pair = Pair::small();
     pair.lobby.queue(0, 1, 0, &request(b"a")).unwrap();
     assert_eq!(pair.lobby.recall(0), Ok(true));
-    pair.worker.write_answer(1, &body(b"late", true)).unwrap();
+    pair.worker.write_answer(1, &[&body(b"late", true)]).unwrap();
     assert_eq!(pair.next_answer(), Err(Corrupt::AnswerId { id: 1 }));
 }
 
@@ -182,8 +182,8 @@ fn records_that_do_not_fit_before_the_end_start_again_at_zero() {
     for round in 0..50u8 {
         let short = body(&[round; 5], false);
         let long = body(&[round; 16], round % 2 == 1);
-        pair.worker.write_answer(9, &short).unwrap();
-        pair.worker.write_answer(9, &long).unwrap();
+        pair.worker.write_answer(9, &[&short]).unwrap();
+        pair.worker.write_answer(9, &[&long]).unwrap();
         assert_eq!(pair.next_answer().unwrap().unwrap().1, short);
         assert_eq!(pair.next_answer().unwrap().unwrap().1, long);
         assert_eq!(pair.next_answer().unwrap(), None);
@@ -196,18 +196,18 @@ fn the_worker_writes_only_into_room_the_lobby_has_freed() {
     pair.lend(0, 9);
     let frame = body(&[1; 8], false); // a 24-byte record
     assert_eq!(pair.lobby.layout().max_answer_frame(), 24);
-    pair.worker.write_answer(9, &frame).unwrap();
-    pair.worker.write_answer(9, &frame).unwrap();
+    pair.worker.write_answer(9, &[&frame]).unwrap();
+    pair.worker.write_answer(9, &[&frame]).unwrap();
     // 48 of 64 bytes used: 16 left, too few for a 24-byte record.
     assert_eq!(pair.worker.room_for(frame.len()), Ok(false));
     assert_eq!(pair.worker.room_for(8), Ok(true));
-    assert_eq!(pair.worker.write_answer(9, &frame), Err(AnswerError::NoRoom));
-    pair.worker.write_answer(9, &body(b"", false)).unwrap(); // 16 bytes: the ring is full
+    assert_eq!(pair.worker.write_answer(9, &[&frame]), Err(AnswerError::NoRoom));
+    pair.worker.write_answer(9, &[&body(b"", false)]).unwrap(); // 16 bytes: the ring is full
     assert_eq!(pair.worker.room_for(0), Ok(false));
     pair.next_answer().unwrap().unwrap();
     // 24 bytes free, but at the ring's start, and the record at the end would need padding.
     assert_eq!(pair.worker.room_for(frame.len()), Ok(true));
-    pair.worker.write_answer(9, &frame).unwrap();
+    pair.worker.write_answer(9, &[&frame]).unwrap();
     let mut count = 0;
     while pair.next_answer().unwrap().is_some() {
         count += 1;
@@ -220,7 +220,7 @@ fn an_answer_needing_padding_waits_for_room_for_both() {
     let mut pair = Pair::small();
     pair.lend(0, 9);
     for _ in 0..3 {
-        pair.worker.write_answer(9, &body(b"", false)).unwrap(); // 16 bytes each: 0..48
+        pair.worker.write_answer(9, &[&body(b"", false)]).unwrap(); // 16 bytes each: 0..48
     }
     pair.next_answer().unwrap().unwrap();
     // 32 bytes free, enough for a 24-byte record; but at 48 it needs 16 of padding and then 24
@@ -234,10 +234,10 @@ fn an_answer_needing_padding_waits_for_room_for_both() {
 fn write_answer_refuses_what_is_not_one_frame_that_fits() {
     let mut pair = Pair::small();
     let frame = body(b"x", true);
-    assert_eq!(pair.worker.write_answer(u32::MAX, &frame), Err(AnswerError::ReservedId));
-    assert_eq!(pair.worker.write_answer(1, &frame[..7]), Err(AnswerError::NotAFrame { len: 7 }));
-    assert_eq!(pair.worker.write_answer(1, &[&frame[..], b"!"].concat()), Err(AnswerError::NotAFrame { len: 10 }));
-    assert_eq!(pair.worker.write_answer(1, &body(&[0; 17], true)), Err(AnswerError::TooLarge { len: 25, most: 24 }));
+    assert_eq!(pair.worker.write_answer(u32::MAX, &[&frame]), Err(AnswerError::ReservedId));
+    assert_eq!(pair.worker.write_answer(1, &[&frame[..7]]), Err(AnswerError::NotAFrame { len: 7 }));
+    assert_eq!(pair.worker.write_answer(1, &[&[&frame[..], b"!"].concat()]), Err(AnswerError::NotAFrame { len: 10 }));
+    assert_eq!(pair.worker.write_answer(1, &[&body(&[0; 17], true)]), Err(AnswerError::TooLarge { len: 25, most: 24 }));
 }
 
 #[test]
@@ -292,7 +292,7 @@ fn slot_states_the_lobby_did_not_make_are_corrupt() {
 fn ring_indices_that_cannot_be_are_corrupt() {
     let mut pair = Pair::small();
     pair.lend(0, 9);
-    pair.worker.write_answer(9, &body(b"abc", false)).unwrap();
+    pair.worker.write_answer(9, &[&body(b"abc", false)]).unwrap();
     pair.next_answer().unwrap().unwrap();
     // An 11-byte frame: a 24-byte record.
     for head in [8, 24 + 64 + 8, 28, u64::MAX] {
@@ -333,8 +333,8 @@ fn records_that_cannot_be_are_corrupt_and_leave_the_tail() {
 fn records_must_stop_at_the_rings_end_and_padding_reach_it() {
     let mut pair = Pair::small();
     pair.lend(0, 9);
-    pair.worker.write_answer(9, &body(b"abcdefgh", false)).unwrap(); // 0..24
-    pair.worker.write_answer(9, &body(b"abcdefgh", false)).unwrap(); // 24..48
+    pair.worker.write_answer(9, &[&body(b"abcdefgh", false)]).unwrap(); // 0..24
+    pair.worker.write_answer(9, &[&body(b"abcdefgh", false)]).unwrap(); // 24..48
     pair.next_answer().unwrap().unwrap();
     pair.next_answer().unwrap().unwrap();
     // At 48: a 24-byte record would cross the end; padding of 8 would not reach it.
@@ -353,7 +353,7 @@ fn records_must_stop_at_the_rings_end_and_padding_reach_it() {
 fn an_answer_for_a_request_not_taken_is_corrupt() {
     let mut pair = Pair::small();
     pair.lobby.queue(1, 4, 0, &request(b"a")).unwrap();
-    pair.worker.write_answer(4, &body(b"too soon", true)).unwrap();
+    pair.worker.write_answer(4, &[&body(b"too soon", true)]).unwrap();
     assert_eq!(pair.next_answer(), Err(Corrupt::AnswerNotTaken { id: 4, slot: 1, state: 1 }));
 }
 
@@ -368,6 +368,15 @@ fn the_worker_refuses_a_region_that_makes_no_sense() {
     assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotLength { slot: 0, len: 65 }));
     pair.poke(RING_TAIL_AT, &8u64.to_le_bytes());
     let tail_ahead = Corrupt::RingIndices { head: 0, tail: 8 };
-    assert_eq!(pair.worker.write_answer(1, &body(b"", true)), Err(AnswerError::Corrupt(tail_ahead.clone())));
+    assert_eq!(pair.worker.write_answer(1, &[&body(b"", true)]), Err(AnswerError::Corrupt(tail_ahead.clone())));
     assert_eq!(pair.worker.room_for(0), Err(tail_ahead));
+}
+
+#[test]
+fn an_answer_written_in_parts_is_read_as_one_frame() {
+    let mut pair = Pair::small();
+    pair.lend(0, 9);
+    let frame = body(b"split", true);
+    pair.worker.write_answer(9, &[&frame[..3], &frame[3..10], &frame[10..]]).unwrap();
+    assert_eq!(pair.next_answer().unwrap().unwrap().1, frame);
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HEADER_SIZE};
-use crate::region::{copy_in, copy_out, Region};
+use crate::region::{copy_in_parts, copy_out, Region};
 use crate::{Corrupt, SlotState};
 
 /// A request [`WorkerEnd::take_next`] took: its slot and the lobby's id for it.
@@ -132,26 +132,35 @@ impl WorkerEnd {
         })
     }
 
-    /// Writes `frame`, one whole wire frame, as the answer (or part of the answer) to request
+    /// Writes one whole wire frame, the bytes of `parts` one after the other (a header and a
+    /// payload need not be joined first), as the answer (or part of the answer) to request
     /// `id`, then [`WorkerEnd::wake_lobby`].
-    pub fn write_answer(&mut self, id: u32, frame: &[u8]) -> Result<(), AnswerError> {
+    pub fn write_answer(&mut self, id: u32, parts: &[&[u8]]) -> Result<(), AnswerError> {
         if id == PADDING_ID {
             return Err(AnswerError::ReservedId);
         }
-        let announced = frame.get(4..FRAME_HEADER_SIZE).map(|len| u32::from_le_bytes(len.try_into().expect("4 bytes")));
-        if announced.is_none_or(|payload_len| FRAME_HEADER_SIZE + payload_len as usize != frame.len()) {
-            return Err(AnswerError::NotAFrame { len: frame.len() });
+        let frame_len: usize = parts.iter().map(|part| part.len()).sum();
+        let mut header = [0u8; FRAME_HEADER_SIZE];
+        let mut gathered = 0;
+        for part in parts {
+            let take = part.len().min(FRAME_HEADER_SIZE - gathered);
+            header[gathered..gathered + take].copy_from_slice(&part[..take]);
+            gathered += take;
+        }
+        let announced = u32::from_le_bytes(header[4..].try_into().expect("4 bytes")) as usize;
+        if gathered < FRAME_HEADER_SIZE || FRAME_HEADER_SIZE + announced != frame_len {
+            return Err(AnswerError::NotAFrame { len: frame_len });
         }
         let most = self.layout().max_answer_frame();
-        if frame.len() > most {
-            return Err(AnswerError::TooLarge { len: frame.len(), most });
+        if frame_len > most {
+            return Err(AnswerError::TooLarge { len: frame_len, most });
         }
-        let len = record_len(frame.len());
+        let len = record_len(frame_len);
         let padding = self.placement(len).map_err(AnswerError::Corrupt)?.ok_or(AnswerError::NoRoom)?;
         if padding > 0 {
             self.write_record(padding, PADDING_ID, &[]);
         }
-        self.write_record(len, id, frame);
+        self.write_record(len, id, parts);
         // Releases the records to the lobby's acquiring load; sequentially consistent for the
         // wake protocol.
         self.region.ring_head().store(self.head, Ordering::SeqCst);
@@ -199,11 +208,12 @@ impl WorkerEnd {
     }
 
     /// Writes one record at the head, which has room for it, and moves the head past it.
-    fn write_record(&mut self, len: usize, id: u32, frame: &[u8]) {
+    fn write_record(&mut self, len: usize, id: u32, frame: &[&[u8]]) {
         let at = (self.head % u64::from(self.layout().ring_size)) as usize;
         let header = u64::from(len as u32) | u64::from(id) << 32;
         self.region.ring_words(at, 1)[0].store(header, Ordering::Relaxed);
-        copy_in(self.region.ring_words(at + RECORD_HEADER_SIZE, frame.len().div_ceil(8)), frame);
+        let frame_len: usize = frame.iter().map(|part| part.len()).sum();
+        copy_in_parts(self.region.ring_words(at + RECORD_HEADER_SIZE, frame_len.div_ceil(8)), frame);
         self.head += len as u64;
     }
 }

@@ -98,7 +98,7 @@ fn worker(mut end: WorkerEnd, mut socket: UnixStream) -> (Vec<u32>, Counts) {
             })
             .unwrap();
             loop {
-                match end.write_answer(taken.id, &answer) {
+                match end.write_answer(taken.id, &[&answer]) {
                     Ok(()) => break,
                     Err(AnswerError::NoRoom) => {
                         end.prepare_to_sleep();

@@ -38,9 +38,13 @@ pub enum Kind {
     Region = 19,
     /// The eventfd that wakes the worker when it sleeps with nothing to do, passed with the frame.
     Bell = 20,
-    /// In a request slot only, in place of a request too large for one or with a body file:
-    /// that request comes on the channel, next, as a `REQUEST` frame.
+    /// In a request slot, in place of a request too large for one or with a body file: that
+    /// request comes on the channel, next, as a `REQUEST` frame. In the answer ring, in place of
+    /// an answer frame too large for it or with a descriptor: that frame comes on the channel.
     OnChannel = 21,
+    /// The eventfd the worker rings to wake the lobby when it has written an answer while the
+    /// lobby sleeps, passed with the frame.
+    LobbyBell = 22,
 }
 
 impl Kind {
@@ -57,6 +61,7 @@ impl Kind {
             19 => Kind::Region,
             20 => Kind::Bell,
             21 => Kind::OnChannel,
+            22 => Kind::LobbyBell,
             _ => return None,
         })
     }
@@ -86,12 +91,9 @@ impl FrameHeader {
         self.flags & FLAG_FD != 0
     }
 
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut out = [0u8; HEADER_LEN];
-        out[0] = self.kind as u8;
-        out[1] = self.flags;
-        out[4..8].copy_from_slice(&self.len.to_le_bytes());
-        out
+    pub const fn encode(&self) -> [u8; HEADER_LEN] {
+        let len = self.len.to_le_bytes();
+        [self.kind as u8, self.flags, 0, 0, len[0], len[1], len[2], len[3]]
     }
 
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {

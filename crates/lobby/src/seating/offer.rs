@@ -23,7 +23,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use maitred_shm::{Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
+use bytes::BytesMut;
+use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
 use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
@@ -33,9 +34,12 @@ use super::job::{Job, JobState};
 /// has not, and a second keeps the worker from sleeping meanwhile.
 pub const DEPTH: usize = 2;
 
-/// The request being answered, and `DEPTH` behind it. Answers still come on the channel, so
-/// the ring is the smallest a region may have.
-const LAYOUT: Layout = Layout { slots: DEPTH as u32 + 1, slot_size: 64 << 10, ring_size: 64 };
+/// The request being answered, and `DEPTH` behind it; a ring whose largest answer frame (128
+/// KiB less 8 bytes) holds the worker's body frames (it cuts them to fit), so that only a
+/// head with more than 128 KiB of headers, or a file, goes on the channel. A worker writes
+/// through the whole ring before it wraps, so each region costs the lobby and its worker some
+/// 450 KiB of shared memory once warm.
+const LAYOUT: Layout = Layout { slots: DEPTH as u32 + 1, slot_size: 64 << 10, ring_size: 256 << 10 };
 
 /// A request offered in one of the worker's slots.
 struct Queued {
@@ -200,6 +204,49 @@ impl Offers {
             }
         }
         Some((slot, id))
+    }
+
+    /// Copies the next answer frame out of the answer ring into `out` and frees its room,
+    /// ringing the worker's bell if it sleeps waiting for room. `None`: the ring is empty.
+    pub fn next_answer(&self, out: &mut BytesMut) -> Result<Option<Answer>, Corrupt> {
+        let mut end = self.end.borrow_mut();
+        let answer = end.next_answer(out).and_then(|answer| {
+            if answer.is_some() && end.wake_worker()? {
+                // As in `queue`: the write cannot fail.
+                drop(maitred_sys::bell::ring(self.bell.as_fd()));
+            }
+            Ok(answer)
+        });
+        if let Err(corrupt) = &answer {
+            self.broken.replace(Some(corrupt.clone()));
+        }
+        answer
+    }
+
+    /// Says in the region that the lobby is about to sleep until the worker answers, and looks
+    /// at the ring again: true when it is still empty, so that the caller sleeps; false when an
+    /// answer came meanwhile (the flag is cleared again).
+    pub fn prepare_to_sleep(&self) -> bool {
+        let end = self.end.borrow();
+        end.prepare_to_sleep();
+        if !end.has_answer() {
+            return true;
+        }
+        // A bell the worker rang meanwhile cuts the next sleep short, for one more look.
+        self.woke();
+        false
+    }
+
+    /// Whether the answer ring holds anything.
+    pub fn has_answer(&self) -> bool {
+        self.end.borrow().has_answer()
+    }
+
+    /// The lobby woke (or did not sleep after all): its waiting flag is cleared.
+    pub fn woke(&self) {
+        if let Err(corrupt) = self.end.borrow().sleep_cancelled() {
+            self.broken.replace(Some(corrupt));
+        }
     }
 
     /// The oldest offer, once the worker has answered the request before it: the worker takes

@@ -1,5 +1,6 @@
 //! The lobby's end of a worker's channel (docs/PROTOCOL.md, section 2): whole frames in, with
-//! the descriptors that came along, and whole frames out.
+//! the descriptors that came along, and whole frames out. Its reading of answers from the
+//! shared region is in `answers.rs`.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -16,18 +17,39 @@ pub struct Frame {
     pub fd: Option<OwnedFd>,
 }
 
+/// What the lobby keeps to read one worker's answers, in its `Channel`.
+pub(super) struct AnswerReader {
+    /// The bell the worker rings (`LOBBY_BELL`).
+    pub(super) bell: AsyncFd<OwnedFd>,
+    /// The last ring record was `ON_CHANNEL`: the next frame comes on the channel. Kept here,
+    /// not in a local, because the caller may drop `Channel::next_answer` (answers.rs) at any
+    /// await (a timeout, a client that leaves) and call it again.
+    pub(super) on_channel: bool,
+    pub(super) buf: BytesMut,
+}
+
+impl AnswerReader {
+    /// A new reader and its bell, registered with the lobby's reactor.
+    pub(super) fn new() -> io::Result<AnswerReader> {
+        let bell = maitred_sys::reactor::register(maitred_sys::bell::new()?)?;
+        Ok(AnswerReader { bell, on_channel: false, buf: BytesMut::new() })
+    }
+}
+
 /// The lobby's end of a worker channel.
 pub struct Channel {
     pub(super) socket: AsyncFd<OwnedFd>,
     buf: BytesMut,
     fds: VecDeque<OwnedFd>,
+    /// Reading answers from the shared region (`answers.rs`).
+    pub(super) answers: AnswerReader,
 }
 
 impl Channel {
     pub fn new(fd: OwnedFd) -> io::Result<Channel> {
         socket2::SockRef::from(&fd).set_nonblocking(true)?;
         let socket = maitred_sys::reactor::register(fd)?;
-        Ok(Channel { socket, buf: BytesMut::new(), fds: VecDeque::new() })
+        Ok(Channel { socket, buf: BytesMut::new(), fds: VecDeque::new(), answers: AnswerReader::new()? })
     }
 
     /// The next whole frame; None at a clean end-of-file between frames.
@@ -91,7 +113,7 @@ impl Channel {
     }
 
     /// Sends a whole frame, with `fd` attached to its first byte when given.
-    pub async fn send(&mut self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    pub async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let mut sent = 0;
         while sent < frame.len() {
             let mut ready = self.socket.writable().await?;

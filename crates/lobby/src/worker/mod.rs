@@ -1,6 +1,6 @@
 //! The workers, seen from the lobby, and what keeps them healthy: each worker's channel
 //! (`channel.rs`), the task that seats requests at it (`serve.rs`) and relays its answers
-//! (`relay.rs`), the seat it shares with the supervisor (`seat.rs`), its health (`health.rs`:
+//! (`relay.rs`), read from its answer ring (`answers.rs`), the seat it shares with the supervisor (`seat.rs`), its health (`health.rs`:
 //! stopped, wedged, past --timeout), recycling (`recycle.rs`) and its line on the scoreboard
 //! (`scoreboard.rs`).
 //!
@@ -8,6 +8,7 @@
 //! client connections, which it meets only through the queue, nor the supervisor, which drives
 //! it.
 
+mod answers;
 pub(crate) mod channel;
 pub(crate) mod health;
 pub(crate) mod recycle;

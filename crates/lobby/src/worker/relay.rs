@@ -94,7 +94,7 @@ pub(super) async fn relay_response(
         let check_first = read_check.filter(|at| *at < deadline && !head_sent && !cancelled);
         let next = tokio::select! {
             biased;
-            read = tokio::time::timeout_at(check_first.unwrap_or(deadline), channel.read_frame()) => match read {
+            read = tokio::time::timeout_at(check_first.unwrap_or(deadline), channel.next_answer(offers, taken.id)) => match read {
                 Ok(read) => Next::Frame(read),
                 Err(_) if check_first.is_some() => Next::ReadCheck,
                 Err(_) => Next::TimedOut,
@@ -103,6 +103,15 @@ pub(super) async fn relay_response(
         };
         let frame = match next {
             Next::Frame(Ok(Some(frame))) => frame,
+            // A bad ring record, an answer for another request, or a frame the ring did not
+            // announce: the worker is killed, as for a bad frame.
+            Next::Frame(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                return Err(Lost::Answered(
+                    ExitReason::Crash,
+                    fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
+                ));
+            }
             Next::Frame(closed @ (Ok(None) | Err(_))) => {
                 // A worker that leaves after an answer (SystemExit, a crash) may do so while the
                 // lobby seats the next request at it. That request never ran if the worker never

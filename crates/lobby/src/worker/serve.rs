@@ -30,7 +30,9 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
     let offers = match Offers::new() {
         Ok((offers, region)) => {
             let offers = Rc::new(offers);
-            for (kind, fd) in [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell())] {
+            let setup =
+                [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
+            for (kind, fd) in setup {
                 let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
                 if let Err(e) = channel.send(&frame, Some(fd)).await {
                     return Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}"));

@@ -8,8 +8,9 @@
 //!
 //! This file holds [`WorkerChannel`]'s state, the methods Python calls, and [`StartResponse`].
 //! The rest of the type's `impl` lies in the other files of this folder, by concern: `receive`
-//! (what the lobby sends), `respond` (framing the application's response), `link` (writing to
-//! the socket) and `errors` (the exceptions, and what becomes of each failure). They import
+//! (what the lobby sends), `respond` (framing the application's response), `ring` (writing it
+//! into the shared region's answer ring), `link` (writing to the socket) and `errors` (the
+//! exceptions, and what becomes of each failure). They import
 //! what they share from here (the type, `bytes_arg`) and the exceptions from `errors`, never one
 //! another otherwise; `errors` and `link` import nothing from here.
 
@@ -31,6 +32,7 @@ mod errors;
 mod link;
 mod receive;
 mod respond;
+mod ring;
 
 use errors::{client_disconnected, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
@@ -79,6 +81,8 @@ pub struct WorkerChannel {
     /// requests come through the region's slots (docs/PROTOCOL.md, section 3).
     region: Option<WorkerEnd>,
     bell: Option<OwnedFd>,
+    /// The lobby's bell, which the worker rings after writing an answer while the lobby sleeps.
+    lobby_bell: Option<OwnedFd>,
     /// Where the request taken from a slot is copied.
     slot_frame: Vec<u8>,
     /// The slot taken last held the place of a request that comes on the channel.
@@ -128,6 +132,7 @@ impl WorkerChannel {
             fds: VecDeque::new(),
             region: None,
             bell: None,
+            lobby_bell: None,
             slot_frame: Vec::new(),
             on_channel: false,
             request_id: 0,
@@ -144,12 +149,12 @@ impl WorkerChannel {
     /// Sends `READY` with this process's id.
     fn ready(&mut self, py: Python<'_>) -> PyResult<()> {
         let pid = std::process::id();
-        self.send_frame(py, Kind::Ready, 0, &pid.to_le_bytes())
+        self.send_control(py, Kind::Ready, &pid.to_le_bytes())
     }
 
     /// Sends `BOOT_FAILED` with `message` on one line.
     fn boot_failed(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
-        self.send_frame(py, Kind::BootFailed, 0, one_line(message).as_bytes())
+        self.send_control(py, Kind::BootFailed, one_line(message).as_bytes())
     }
 
     /// Waits (detached from the interpreter) for the next `REQUEST` and returns
@@ -242,7 +247,7 @@ impl WorkerChannel {
                 FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN).map_err(wire_error)?;
             frame[..HEADER_LEN].copy_from_slice(&header.encode());
             frame[HEADER_LEN..].copy_from_slice(&FileRange { offset, count }.encode_payload());
-            self.link.write_with_fd(py, &frame, fd)?;
+            self.send_answer(py, &[&frame], ring::Aside::Passing(fd))?;
         }
         self.response.add_produced(count);
         self.response.phase = Phase::Complete;

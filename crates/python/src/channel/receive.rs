@@ -1,4 +1,4 @@
-//! What the lobby sends the worker: the shared region and its bell, each request (taken from
+//! What the lobby sends the worker: the shared region and its two bells, each request (taken from
 //! the region's slots, or read from the channel when a slot says it comes there), `CANCEL`
 //! while a response is in progress, and each `REQUEST` frame turned into an environ and a
 //! `wsgi.input`.
@@ -42,7 +42,7 @@ pub(super) struct FrameAt {
 }
 
 /// What one look at the channel found.
-enum Received {
+pub(super) enum Received {
     Bytes,
     Nothing,
     Closed,
@@ -105,9 +105,10 @@ impl WorkerChannel {
                     }
                     Kind::Region => self.open_region(&header)?,
                     Kind::Bell => self.take_bell(&header)?,
+                    Kind::LobbyBell => self.take_lobby_bell(&header)?,
                     other => {
                         return Err(ChannelError::new_err(format!(
-                            "the lobby sent a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION and BELL"
+                            "the lobby sent a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
                         )))
                     }
                 }
@@ -150,18 +151,23 @@ impl WorkerChannel {
         }
     }
 
-    /// The region, once the bell that wakes the worker for it has come too (`take_from_slot`
-    /// asks the same): the lobby sends both before any request, but the second may arrive after
-    /// the first has been read.
+    /// The region, once both bells have come too: the lobby sends all three before any request,
+    /// but the later ones may arrive after the first has been read, and the worker answers
+    /// through the region (`ring`), which needs the lobby's bell.
     fn ready_region(&self) -> Option<&WorkerEnd> {
-        self.region.as_ref().filter(|_| self.bell.is_some())
+        self.region.as_ref().filter(|_| self.bell.is_some() && self.lobby_bell.is_some())
     }
 
     /// The request in the oldest queued slot, copied out. Its place alone sets `on_channel`.
     fn take_from_slot(&mut self) -> PyResult<Option<FrameAt>> {
-        let Some(region) = self.region.as_ref().filter(|_| self.bell.is_some()) else { return Ok(None) };
+        if self.ready_region().is_none() {
+            return Ok(None);
+        }
         self.slot_frame.clear();
-        let taken = region
+        let taken = self
+            .region
+            .as_ref()
+            .expect("the region, ready")
             .take_next(&mut self.slot_frame)
             .map_err(|error| channel_error("the shared region is corrupt", error))?;
         let Some(taken) = taken else { return Ok(None) };
@@ -190,7 +196,7 @@ impl WorkerChannel {
 
     /// Waits (detached from the interpreter) until the channel or the bell is readable, silences
     /// the bell, and reads what the channel holds.
-    fn wait_and_read(&mut self, py: Python<'_>) -> PyResult<Received> {
+    pub(super) fn wait_and_read(&mut self, py: Python<'_>) -> PyResult<Received> {
         let channel = self.link.fd.as_raw_fd();
         let bell = self.bell.as_ref().map(|bell| bell.as_raw_fd());
         // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
@@ -256,7 +262,13 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// The descriptor a `REGION` or `BELL` frame brings: it has one, no payload, and comes once.
+    /// `LOBBY_BELL` hands over the eventfd this worker rings when the lobby sleeps, once.
+    fn take_lobby_bell(&mut self, header: &FrameHeader) -> PyResult<()> {
+        self.lobby_bell = Some(self.setup_descriptor(header, "LOBBY_BELL", self.lobby_bell.is_some())?);
+        Ok(())
+    }
+
+    /// The descriptor a `REGION`, `BELL` or `LOBBY_BELL` frame brings: it has one, no payload, and comes once.
     fn setup_descriptor(&mut self, header: &FrameHeader, kind: &str, again: bool) -> PyResult<std::os::fd::OwnedFd> {
         let fd = match (header.has_fd(), header.len, again) {
             (true, 0, false) => self.fds.pop_front(),

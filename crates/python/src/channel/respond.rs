@@ -8,11 +8,12 @@
 
 use std::io::IoSlice;
 
-use maitred_wire::{FrameHeader, Kind, FLAG_END, MAX_BODY_PER_FRAME};
+use maitred_wire::{FrameHeader, Kind, FLAG_END, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use super::errors::{client_disconnected, wire_error};
+use super::ring::Aside;
 use super::{bytes_arg, WorkerChannel};
 use crate::response::Phase;
 
@@ -23,9 +24,16 @@ fn excess_error(excess: usize, declared: u64) -> PyErr {
 }
 
 impl WorkerChannel {
+    /// Sends `READY` or `BOOT_FAILED`, which go on the socket: they come before the region.
+    pub(super) fn send_control(&mut self, py: Python<'_>, kind: Kind, payload: &[u8]) -> PyResult<()> {
+        let header = FrameHeader::new(kind, 0, payload.len()).map_err(wire_error)?.encode();
+        self.link.write_all(py, &mut [IoSlice::new(&header), IoSlice::new(payload)])
+    }
+
+    /// Sends one frame of the answer.
     pub(super) fn send_frame(&mut self, py: Python<'_>, kind: Kind, flags: u8, payload: &[u8]) -> PyResult<()> {
         let header = FrameHeader::new(kind, flags, payload.len()).map_err(wire_error)?.encode();
-        self.link.write_all(py, &mut [IoSlice::new(&header), IoSlice::new(payload)])
+        self.send_answer(py, &[&header, payload], Aside::No)
     }
 
     /// Sends the pending head with the first `body` bytes.
@@ -36,18 +44,26 @@ impl WorkerChannel {
         added_length: Option<u64>,
         body: &[u8],
     ) -> PyResult<()> {
-        if body.len() > MAX_BODY_PER_FRAME {
+        let flags = if end { FLAG_END } else { 0 };
+        let most = self.max_body_per_frame();
+        let split = body.len() > most || {
+            self.response.encode_head(&mut self.out, flags, added_length, body.len()).map_err(wire_error)?;
+            // With the head, the body makes a frame larger than a body frame may be.
+            !body.is_empty() && self.out.len() - HEADER_LEN + body.len() > most
+        };
+        if split {
             self.send_head(py, false, added_length, b"")?;
             return self.send_body_frames(py, end, body);
         }
-        let flags = if end { FLAG_END } else { 0 };
-        self.response.encode_head(&mut self.out, flags, added_length, body.len()).map_err(wire_error)?;
-        self.link.write_all(py, &mut [IoSlice::new(&self.out), IoSlice::new(body)])
+        let head = std::mem::take(&mut self.out);
+        let sent = self.send_answer(py, &[&head, body], Aside::No);
+        self.out = head;
+        sent
     }
 
     pub(super) fn send_body_frames(&mut self, py: Python<'_>, end: bool, mut body: &[u8]) -> PyResult<()> {
         loop {
-            let piece = body.len().min(MAX_BODY_PER_FRAME);
+            let piece = body.len().min(self.max_body_per_frame());
             let last = piece == body.len();
             let flags = if end && last { FLAG_END } else { 0 };
             self.send_frame(py, Kind::ResponseBody, flags, &body[..piece])?;

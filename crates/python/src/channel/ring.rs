@@ -1,0 +1,107 @@
+//! The answer ring of the shared region (docs/PROTOCOL.md, section 3): every answer frame goes
+//! there, as a record naming its request, and the lobby's bell is rung only when the lobby has
+//! said that it sleeps. A frame with a descriptor, or larger than the ring takes, goes on the
+//! socket, announced in the ring by an `ON_CHANNEL` record, so that the lobby reads every
+//! answer frame in order from the ring alone. While the ring is full the worker sleeps in
+//! poll(2) on its bell and its channel, so that a `CANCEL` still reaches it.
+//!
+//! Imports the type from `mod.rs` and `errors` of the channel's files; it waits with
+//! `wait_and_read` and looks for a `CANCEL` with `check_cancel` (both in `receive`), and writes
+//! to the socket through `link`.
+
+use std::io::IoSlice;
+use std::os::fd::{AsFd, RawFd};
+
+use maitred_shm::AnswerError;
+use maitred_wire::{FrameHeader, Kind, MAX_BODY_PER_FRAME};
+use pyo3::prelude::*;
+
+use super::errors::{channel_error, socket_error, ChannelClosed, ChannelError};
+use super::receive::Received;
+use super::WorkerChannel;
+
+/// The record that stands for a frame sent on the socket.
+const ON_CHANNEL: [u8; maitred_wire::HEADER_LEN] = FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode();
+
+/// What travels on the socket rather than in the ring.
+pub(super) enum Aside {
+    No,
+    /// The frame is larger than the ring takes.
+    TooLarge,
+    /// The frame carries this descriptor.
+    Passing(RawFd),
+}
+
+impl WorkerChannel {
+    /// The most body bytes one frame carries: what the ring takes, within the protocol's bound.
+    pub(super) fn max_body_per_frame(&self) -> usize {
+        let ring = self.region.as_ref().map_or(MAX_BODY_PER_FRAME, |region| region.layout().max_answer_frame());
+        MAX_BODY_PER_FRAME.min(ring - maitred_wire::HEADER_LEN)
+    }
+
+    /// Writes one answer frame, the bytes of `parts` one after the other, for the request taken
+    /// last.
+    pub(super) fn send_answer(&mut self, py: Python<'_>, parts: &[&[u8]], aside: Aside) -> PyResult<()> {
+        let Some(region) = self.region.as_ref().filter(|_| self.bell.is_some() && self.lobby_bell.is_some()) else {
+            return Err(ChannelError::new_err("an answer before the lobby sent the shared region and its bells"));
+        };
+        let len = parts.iter().map(|part| part.len()).sum::<usize>();
+        let aside = match aside {
+            Aside::No if len > region.layout().max_answer_frame() => Aside::TooLarge,
+            aside => aside,
+        };
+        match aside {
+            Aside::No => self.write_record(py, parts),
+            Aside::TooLarge => {
+                self.write_record(py, &[&ON_CHANNEL])?;
+                let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|part| IoSlice::new(part)).collect();
+                self.link.write_all(py, &mut slices)
+            }
+            Aside::Passing(fd) => {
+                self.write_record(py, &[&ON_CHANNEL])?;
+                self.link.write_with_fd(py, &parts.concat(), fd)
+            }
+        }
+    }
+
+    /// Writes one record into the ring, waiting for room as long as it takes, and rings the
+    /// lobby's bell if it sleeps.
+    fn write_record(&mut self, py: Python<'_>, parts: &[&[u8]]) -> PyResult<()> {
+        let len = parts.iter().map(|part| part.len()).sum::<usize>();
+        loop {
+            let region = self.region.as_mut().expect("the region, checked by send_answer");
+            match region.write_answer(self.request_id, parts) {
+                Ok(()) => break,
+                Err(AnswerError::NoRoom) => self.wait_for_room(py, len)?,
+                Err(error) => return Err(channel_error("writing an answer into the shared region failed", error)),
+            }
+        }
+        let region = self.region.as_ref().expect("the region");
+        if region.wake_lobby() {
+            let bell = self.lobby_bell.as_ref().expect("the lobby's bell, checked by send_answer");
+            maitred_sys::bell::ring(bell.as_fd())
+                .map_err(|error| socket_error("ringing the lobby's bell failed", error))?;
+        }
+        Ok(())
+    }
+
+    /// Sleeps until the lobby has made room for a frame of `len` bytes, or sent a `CANCEL`
+    /// for this request (then `ClientDisconnected`), or closed the channel.
+    fn wait_for_room(&mut self, py: Python<'_>, len: usize) -> PyResult<()> {
+        let region = self.region.as_ref().expect("the region");
+        region.prepare_to_sleep();
+        let room = region.room_for(len).map_err(|error| channel_error("the shared region is corrupt", error));
+        if !matches!(room, Ok(false)) {
+            region.sleep_cancelled();
+            return room.map(drop);
+        }
+        let received = self.wait_and_read(py);
+        self.region.as_ref().expect("the region").sleep_cancelled();
+        if let Received::Closed = received? {
+            return Err(ChannelClosed::new_err(
+                "the lobby closed the channel while the worker waited for room to answer",
+            ));
+        }
+        self.check_cancel()
+    }
+}
