@@ -1569,9 +1569,10 @@ def test_the_lobby_bell_rings_only_when_the_lobby_said_it_sleeps(start_worker: C
 def test_a_worker_waiting_for_room_in_the_ring_still_hears_cancel(start_worker: Callable[..., Worker]) -> None:
     worker = start_worker()
     request_id = worker.queue(request_frame(target="/big"))
-    # The 1 MiB answer fills the 64 KiB ring, and the worker says it sleeps until there is room.
+    # The 1 MiB answer fills the 64 KiB ring, and the worker says it sleeps until there is room
+    # (2; 1 is for a request).
     deadline = time.monotonic() + TIMEOUT
-    while worker.region.u32(WORKER_WAITING_AT) != 1:
+    while worker.region.u32(WORKER_WAITING_AT) != 2:
         assert time.monotonic() < deadline, worker.stderr()
         time.sleep(0.01)
     worker.send(cancel_frame(request_id))

@@ -26,7 +26,7 @@ use std::os::unix::fs::FileExt;
 
 use bytes::BytesMut;
 use maitred_shm::{
-    AnswerError, Corrupt, Layout, LobbyEnd, QueueError, Region, SlotState, Taken, WorkerEnd, PADDING_ID,
+    AnswerError, Awaiting, Corrupt, Layout, LobbyEnd, QueueError, Region, SlotState, Taken, WorkerEnd, PADDING_ID,
     REGION_HEADER_SIZE,
 };
 use maitred_wire::HEADER_LEN;
@@ -64,7 +64,8 @@ struct Model {
     /// Answers written and not read yet: id and frame.
     ring: VecDeque<(u32, Vec<u8>)>,
     lobby_waiting: bool,
-    worker_waiting: bool,
+    /// What the worker said it waits for, if it did.
+    worker_waiting: Option<Awaiting>,
 }
 
 impl Model {
@@ -129,7 +130,7 @@ impl Run {
             slots: vec![ModelSlot::Free; layout.slots as usize],
             ring: VecDeque::new(),
             lobby_waiting: false,
-            worker_waiting: false,
+            worker_waiting: None,
         };
         Run { layout, lobby: LobbyEnd::new(region), worker, file, model, honest: true, answers: BytesMut::new() }
     }
@@ -339,25 +340,37 @@ impl Run {
 
     fn flags(&mut self, which: u8) {
         let model = &mut self.model;
-        match which % 6 {
-            0 => {
-                self.worker.prepare_to_sleep();
-                model.worker_waiting = true;
+        match which % 8 {
+            awaiting @ (0 | 6) => {
+                let awaiting = if awaiting == 0 { Awaiting::Request } else { Awaiting::Room };
+                self.worker.prepare_to_sleep(awaiting);
+                model.worker_waiting = Some(awaiting);
             }
             1 => {
                 let claimed = self.worker.sleep_cancelled();
                 if self.honest {
-                    assert_eq!(claimed, !model.worker_waiting, "worker's sleep_cancelled");
+                    assert_eq!(claimed, model.worker_waiting.is_none(), "worker's sleep_cancelled");
                 }
-                model.worker_waiting = false;
+                model.worker_waiting = None;
             }
             2 => {
                 let result = self.lobby.wake_worker();
                 if self.honest {
-                    assert_eq!(result, Ok(model.worker_waiting), "wake_worker");
+                    assert_eq!(result, Ok(model.worker_waiting.is_some()), "wake_worker");
                 }
                 check_error(&result);
-                model.worker_waiting = false;
+                model.worker_waiting = None;
+            }
+            7 => {
+                let result = self.lobby.wake_worker_for_room();
+                let for_room = model.worker_waiting == Some(Awaiting::Room);
+                if self.honest {
+                    assert_eq!(result, Ok(for_room), "wake_worker_for_room");
+                }
+                check_error(&result);
+                if for_room {
+                    model.worker_waiting = None;
+                }
             }
             3 => {
                 self.lobby.prepare_to_sleep();

@@ -24,7 +24,7 @@
 //! | 16 | 4 | `slot_size`: bytes of each slot, its header included (a multiple of 64) |
 //! | 20 | 4 | `ring_size`: bytes of the answer ring (a power of two) |
 //! | 64 | 4 | `lobby_waiting`: 1 when the lobby is about to sleep until this worker answers |
-//! | 128 | 4 | `worker_waiting`: 1 when the worker is about to sleep until a request comes or the answer ring has room |
+//! | 128 | 4 | `worker_waiting`: 1 when the worker is about to sleep until a request comes, 2 until the answer ring has room ([`Awaiting`]) |
 //! | 192 | 8 | `ring_head`: bytes the worker has written into the answer ring, ever (monotonic) |
 //! | 256 | 8 | `ring_tail`: bytes of it the lobby has consumed, ever (monotonic) |
 //! | 4096 | `slots` x `slot_size` | the request slots |
@@ -108,7 +108,12 @@
 //!   [`WorkerEnd::sleep_cancelled`]) and goes on.
 //! - A side that made progress the other may wait for (the lobby queued a request or consumed
 //!   answers; the worker wrote an answer) swaps 0 into the other's flag ([`LobbyEnd::wake_worker`],
-//!   [`WorkerEnd::wake_lobby`]) and sends a wake only when it held 1.
+//!   [`WorkerEnd::wake_lobby`]) and sends a wake only when it was set. Consumed answers wake only
+//!   a worker waiting for room: [`LobbyEnd::wake_worker_for_room`] swaps 2 for 0 with a
+//!   compare-and-swap, and leaves a worker waiting for a request asleep. Measured before the
+//!   worker's flag said what it waits for (H1-hop, one client): the lobby rang the bell twice per
+//!   request, once for the request and once for the answer it had just read, and the worker woke
+//!   twice, `poll` and `read` 2.0 each per request.
 //!
 //! No wake-up is lost. Every access in this protocol is sequentially consistent: the sleeper's
 //! store of its flag (F) and its recheck (R), the waker's publication (P: the store of a slot's
@@ -159,7 +164,7 @@ mod worker;
 pub use layout::{Layout, MAGIC, PADDING_ID, REGION_HEADER_SIZE, SLOT_HEADER_SIZE, VERSION};
 pub use lobby::{Answer, LobbyEnd, QueueError};
 pub use region::Region;
-pub use worker::{AnswerError, Taken, WorkerEnd};
+pub use worker::{AnswerError, Awaiting, Taken, WorkerEnd};
 
 use std::fmt;
 use std::io;

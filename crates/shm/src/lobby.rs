@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HEADER_SIZE};
 use crate::region::{copy_in, copy_out, Region};
-use crate::{ticket, waiting, Corrupt, SlotState};
+use crate::{ticket, waiting, Awaiting, Corrupt, SlotState};
 
 /// One answer frame [`LobbyEnd::next_answer`] copied out: for request `id`, which `slot` holds,
 /// `frame_len` bytes (header included).
@@ -192,7 +192,7 @@ impl LobbyEnd {
     }
 
     /// Copies the next answer frame out of the ring, appending it to `out`, and frees its room
-    /// (then [`LobbyEnd::wake_worker`], which may wait for room). `None`: the ring is empty.
+    /// (then [`LobbyEnd::wake_worker_for_room`]: the worker may wait for room). `None`: the ring is empty.
     ///
     /// Nothing of the region is trusted: the head is checked against the tail this end keeps,
     /// the record's length against the ring, the published bytes and the frame header it
@@ -266,11 +266,27 @@ impl LobbyEnd {
         self.region.ring_head().load(Ordering::SeqCst) != self.tail
     }
 
-    /// After queueing a request or consuming answers: clears the worker's waiting flag and says
-    /// whether it was set, so that the caller sends the worker a wake. The worker can set the
-    /// flag at will; the caller sends wakes without blocking, and one pending is enough.
+    /// After queueing a request: clears the worker's waiting flag and says whether it was set
+    /// (for a request or for room), so that the caller sends the worker a wake. The worker can
+    /// set the flag at will; the caller sends wakes without blocking, and one pending is enough.
     pub fn wake_worker(&self) -> Result<bool, Corrupt> {
-        waiting(self.region.worker_waiting().swap(0, Ordering::SeqCst))
+        match self.region.worker_waiting().swap(0, Ordering::SeqCst) {
+            0 => Ok(false),
+            1 | 2 => Ok(true),
+            value => Err(Corrupt::WaitingFlag { value }),
+        }
+    }
+
+    /// After consuming answers: clears the worker's waiting flag only when it waits for room in
+    /// the ring, and says so, so that the caller sends it a wake. A worker waiting for a request
+    /// is left asleep: the room is no news to it.
+    pub fn wake_worker_for_room(&self) -> Result<bool, Corrupt> {
+        let room = Awaiting::Room as u32;
+        match self.region.worker_waiting().compare_exchange(room, 0, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => Ok(true),
+            Err(0 | 1) => Ok(false),
+            Err(value) => Err(Corrupt::WaitingFlag { value }),
+        }
     }
 
     /// Says that the lobby is about to sleep until this worker answers; then it looks again with

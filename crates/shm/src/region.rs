@@ -12,6 +12,10 @@ use maitred_sys::shared_memory::SharedMapping;
 
 use crate::layout::*;
 
+/// The page size of the machines maitred runs on (x86-64 and arm64 Linux with 4 KiB pages; a
+/// larger page is touched more than once, which costs nothing).
+const PAGE: usize = 4096;
+
 /// One mapping of a worker's region, with the layout it was made or checked with. The lobby and
 /// the worker each have one; [`crate::LobbyEnd`] and [`crate::WorkerEnd`] wrap it.
 pub struct Region {
@@ -34,6 +38,8 @@ impl Region {
         rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let region = Region { map: SharedMapping::new(&file, layout.region_size() as usize)?, layout };
         region.write_header();
+        // Still all zeros, and the lobby's alone: a store of 0 makes each page.
+        region.ring_pages().for_each(|word| word.store(0, Ordering::Relaxed));
         Ok((region, file))
     }
 
@@ -67,11 +73,26 @@ impl Region {
         if layout.region_size() != size {
             return Err(refuse(format!("{layout:?} makes {} bytes, the file has {size}", layout.region_size())));
         }
-        Ok(Region { map, layout })
+        let region = Region { map, layout };
+        region.ring_pages().for_each(|word| {
+            std::hint::black_box(word.load(Ordering::Relaxed));
+        });
+        Ok(region)
     }
 
     pub fn layout(&self) -> Layout {
         self.layout
+    }
+
+    /// The first word of each page of the answer ring. Both ends touch them when the region is
+    /// made, so that the ring's memory is counted from the start: the worker writes through the
+    /// whole ring before it wraps, and otherwise both processes' resident memory grew by the
+    /// ring, twice, during their first few thousand answers. Measured with a 256 KiB ring and 2
+    /// workers: M1, which counts the growth while it opens 10,000 connections that each send a
+    /// request, went from 0.19-0.21 to 0.26 KB per connection.
+    fn ring_pages(&self) -> impl Iterator<Item = &AtomicU64> {
+        let (start, len) = (self.layout.ring_at(), self.layout.ring_size as usize);
+        (start..start + len).step_by(PAGE).map(|at| &self.map.words(at, 1)[0])
     }
 
     fn write_header(&self) {

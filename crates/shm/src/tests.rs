@@ -244,13 +244,25 @@ fn write_answer_refuses_what_is_not_one_frame_that_fits() {
 fn a_side_is_woken_only_after_it_said_it_sleeps() {
     let pair = Pair::small();
     assert_eq!(pair.lobby.wake_worker(), Ok(false));
-    pair.worker.prepare_to_sleep();
+    pair.worker.prepare_to_sleep(Awaiting::Request);
     assert_eq!(pair.lobby.wake_worker(), Ok(true));
     assert_eq!(pair.lobby.wake_worker(), Ok(false), "one sleep, one wake");
     assert!(pair.worker.sleep_cancelled(), "the lobby claimed the flag: its wake is coming");
-    pair.worker.prepare_to_sleep();
+    pair.worker.prepare_to_sleep(Awaiting::Request);
     assert!(!pair.worker.sleep_cancelled(), "no wake is coming");
     assert_eq!(pair.lobby.wake_worker(), Ok(false));
+
+    // Consumed answers wake a worker waiting for room, and only such a worker; a queued
+    // request wakes it too.
+    pair.worker.prepare_to_sleep(Awaiting::Request);
+    assert_eq!(pair.lobby.wake_worker_for_room(), Ok(false));
+    assert!(!pair.worker.sleep_cancelled(), "still its own flag");
+    pair.worker.prepare_to_sleep(Awaiting::Room);
+    assert_eq!(pair.lobby.wake_worker_for_room(), Ok(true));
+    assert_eq!(pair.lobby.wake_worker_for_room(), Ok(false), "one sleep, one wake");
+    assert!(pair.worker.sleep_cancelled());
+    pair.worker.prepare_to_sleep(Awaiting::Room);
+    assert_eq!(pair.lobby.wake_worker(), Ok(true));
 
     assert!(!pair.worker.wake_lobby());
     pair.lobby.prepare_to_sleep();
@@ -261,10 +273,13 @@ fn a_side_is_woken_only_after_it_said_it_sleeps() {
 }
 
 #[test]
-fn a_waiting_flag_other_than_0_or_1_is_corrupt() {
+fn a_waiting_flag_of_no_meaning_is_corrupt() {
     let pair = Pair::small();
     pair.poke(WORKER_WAITING_AT, &5u32.to_le_bytes());
+    assert_eq!(pair.lobby.wake_worker_for_room(), Err(Corrupt::WaitingFlag { value: 5 }));
     assert_eq!(pair.lobby.wake_worker(), Err(Corrupt::WaitingFlag { value: 5 }));
+    pair.poke(LOBBY_WAITING_AT, &2u32.to_le_bytes());
+    assert_eq!(pair.lobby.sleep_cancelled(), Err(Corrupt::WaitingFlag { value: 2 }));
     pair.poke(LOBBY_WAITING_AT, &7u32.to_le_bytes());
     assert_eq!(pair.lobby.sleep_cancelled(), Err(Corrupt::WaitingFlag { value: 7 }));
 }

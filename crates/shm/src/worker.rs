@@ -8,6 +8,14 @@ use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HE
 use crate::region::{copy_in_parts, copy_out, Region};
 use crate::{Corrupt, SlotState};
 
+/// What a worker about to sleep waits for, in its waiting flag: the lobby wakes it for a queued
+/// request whatever it waits for, and for consumed answers only when it waits for room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Awaiting {
+    Request = 1,
+    Room = 2,
+}
+
 /// A request [`WorkerEnd::take_next`] took: its slot and the lobby's id for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Taken {
@@ -182,8 +190,8 @@ impl WorkerEnd {
     /// Says that the worker is about to sleep until a request comes or the ring has room; then
     /// it looks again with [`WorkerEnd::has_request`] or [`WorkerEnd::room_for`], and sleeps
     /// only when it still has to wait.
-    pub fn prepare_to_sleep(&self) {
-        self.region.worker_waiting().store(1, Ordering::SeqCst);
+    pub fn prepare_to_sleep(&self, awaiting: Awaiting) {
+        self.region.worker_waiting().store(awaiting as u32, Ordering::SeqCst);
     }
 
     /// Takes back [`WorkerEnd::prepare_to_sleep`] when the recheck found work. True when the

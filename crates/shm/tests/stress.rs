@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use maitred_shm::{AnswerError, Layout, LobbyEnd, Region, WorkerEnd};
+use maitred_shm::{AnswerError, Awaiting, Layout, LobbyEnd, Region, WorkerEnd};
 use maitred_wire::{build_frame, FrameHeader, Kind, FLAG_END, HEADER_LEN};
 
 const REQUESTS: u32 = 100_000;
@@ -74,7 +74,7 @@ fn worker(mut end: WorkerEnd, mut socket: UnixStream) -> (Vec<u32>, Counts) {
     loop {
         frame.clear();
         let Some(taken) = end.take_next(&mut frame).unwrap() else {
-            end.prepare_to_sleep();
+            end.prepare_to_sleep(Awaiting::Request);
             if end.has_request() {
                 end.sleep_cancelled();
                 counts.sleeps_cancelled += 1;
@@ -101,7 +101,7 @@ fn worker(mut end: WorkerEnd, mut socket: UnixStream) -> (Vec<u32>, Counts) {
                 match end.write_answer(taken.id, &[&answer]) {
                     Ok(()) => break,
                     Err(AnswerError::NoRoom) => {
-                        end.prepare_to_sleep();
+                        end.prepare_to_sleep(Awaiting::Room);
                         if end.room_for(answer.len()).unwrap() {
                             end.sleep_cancelled();
                             counts.sleeps_cancelled += 1;
@@ -183,7 +183,7 @@ fn no_request_answer_or_wake_up_is_lost() {
             }
             answer.clear();
         }
-        if consumed && lobby.wake_worker().unwrap() {
+        if consumed && lobby.wake_worker_for_room().unwrap() {
             wake(&mut socket);
             counts.wakes_sent += 1;
         }

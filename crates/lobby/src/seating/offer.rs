@@ -211,7 +211,7 @@ impl Offers {
     pub fn next_answer(&self, out: &mut BytesMut) -> Result<Option<Answer>, Corrupt> {
         let mut end = self.end.borrow_mut();
         let answer = end.next_answer(out).and_then(|answer| {
-            if answer.is_some() && end.wake_worker()? {
+            if answer.is_some() && end.wake_worker_for_room()? {
                 // As in `queue`: the write cannot fail.
                 drop(maitred_sys::bell::ring(self.bell.as_fd()));
             }
@@ -477,7 +477,7 @@ mod tests {
         offer(&offers, "GET /a");
         assert!(!maitred_sys::bell::silence(offers.bell()).unwrap());
         takes(&worker).unwrap();
-        worker.prepare_to_sleep();
+        worker.prepare_to_sleep(maitred_shm::Awaiting::Request);
         assert!(!worker.has_request());
         offer(&offers, "GET /b");
         assert!(maitred_sys::bell::silence(offers.bell()).unwrap());

@@ -11,7 +11,7 @@ use std::io;
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
 
-use maitred_shm::{Region, WorkerEnd};
+use maitred_shm::{Awaiting, Region, WorkerEnd};
 use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -131,7 +131,7 @@ impl WorkerChannel {
             }
             // Nothing to do: say so, look once more, and sleep until the bell or the channel.
             if let Some(region) = self.ready_region() {
-                region.prepare_to_sleep();
+                region.prepare_to_sleep(Awaiting::Request);
                 if region.has_request() {
                     // A bell rung meanwhile is silenced at the next sleep, which it cuts short.
                     region.sleep_cancelled();

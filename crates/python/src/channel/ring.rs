@@ -12,7 +12,7 @@
 use std::io::IoSlice;
 use std::os::fd::{AsFd, RawFd};
 
-use maitred_shm::AnswerError;
+use maitred_shm::{AnswerError, Awaiting};
 use maitred_wire::{FrameHeader, Kind, MAX_BODY_PER_FRAME};
 use pyo3::prelude::*;
 
@@ -89,7 +89,7 @@ impl WorkerChannel {
     /// for this request (then `ClientDisconnected`), or closed the channel.
     fn wait_for_room(&mut self, py: Python<'_>, len: usize) -> PyResult<()> {
         let region = self.region.as_ref().expect("the region");
-        region.prepare_to_sleep();
+        region.prepare_to_sleep(Awaiting::Room);
         let room = region.room_for(len).map_err(|error| channel_error("the shared region is corrupt", error));
         if !matches!(room, Ok(false)) {
             region.sleep_cancelled();
