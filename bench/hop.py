@@ -101,9 +101,7 @@ def run(
             for side in ("lobby", "workers")
         },
     }
-    figures["server_cpu_us"] = _per_request(
-        sum(cpu_after[side] - cpu_before[side] for side in by_side) * 1e6, plain
-    )
+    figures["server_cpu_us"] = _per_request(sum(cpu_after[side] - cpu_before[side] for side in by_side) * 1e6, plain)
     return plain, plain_cut or traced_cut, figures, {"traced": traced, "calls": calls}
 
 

@@ -189,10 +189,11 @@ pub fn lobby_frames(data: &[u8]) {
 struct WorkerChannel {
     inbox: Vec<u8>,
     inbox_start: usize,
-    /// Whether REGION, BELL and LOBBY_BELL came (each may come once).
+    /// Whether REGION, BELL, LOBBY_BELL and GATE came (each may come once).
     region: bool,
     bell: bool,
     lobby_bell: bool,
+    gate: bool,
 }
 
 /// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
@@ -206,6 +207,7 @@ enum WorkerEvent {
     Region,
     Bell,
     LobbyBell,
+    Gate,
     Request {
         http_minor: u8,
         method: Vec<u8>,
@@ -234,7 +236,7 @@ struct FrameAt {
 
 impl WorkerChannel {
     fn new() -> WorkerChannel {
-        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false }
+        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false, gate: false }
     }
 
     fn buffered_header(&self) -> Result<Option<FrameHeader>, String> {
@@ -284,12 +286,13 @@ impl WorkerChannel {
                                 .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
                             events.push(WorkerEvent::Cancel(id));
                         }
-                        // open_region, take_bell, take_lobby_bell: setup_descriptor
-                        Kind::Region | Kind::Bell | Kind::LobbyBell => {
+                        // open_region, take_bell, take_lobby_bell, open_gate: setup_descriptor
+                        Kind::Region | Kind::Bell | Kind::LobbyBell | Kind::Gate => {
                             let (again, event) = match header.kind {
                                 Kind::Region => (&mut self.region, WorkerEvent::Region),
                                 Kind::Bell => (&mut self.bell, WorkerEvent::Bell),
-                                _ => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
+                                Kind::LobbyBell => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
+                                _ => (&mut self.gate, WorkerEvent::Gate),
                             };
                             if !(header.has_fd() && header.len == 0 && !*again) {
                                 return Err(format!("a bad {:?} frame", header.kind));
@@ -299,7 +302,7 @@ impl WorkerChannel {
                         }
                         other => {
                             return Err(format!(
-                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
+                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL, LOBBY_BELL and GATE"
                             ))
                         }
                     }
