@@ -138,7 +138,8 @@ fn lobby(args: &[String]) -> i32 {
 /// Starts the stub zygote on a new control channel: the lobby's end, and the zygote's pid.
 fn start_zygote(worker_cpu: Option<usize>) -> std::io::Result<(OwnedFd, i32)> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
-    let (ours, theirs) = rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    let (ours, theirs) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
     let mut command = Command::new(std::env::current_exe()?);
     command.arg("zygote").arg(theirs.as_raw_fd().to_string()).args(worker_cpu.map(|cpu| cpu.to_string()));
     command.stdin(Stdio::null());
@@ -152,7 +153,8 @@ fn start_zygote(worker_cpu: Option<usize>) -> std::io::Result<(OwnedFd, i32)> {
 /// listener, no access log.
 fn config(options: &Options) -> Config {
     let local = || AllowList::parse(&["127.0.0.1".into(), "::1".into()]).expect("loopback addresses");
-    let secure_scheme_headers = [("X-FORWARDED-PROTOCOL", "ssl"), ("X-FORWARDED-PROTO", "https"), ("X-FORWARDED-SSL", "on")];
+    let secure_scheme_headers =
+        [("X-FORWARDED-PROTOCOL", "ssl"), ("X-FORWARDED-PROTO", "https"), ("X-FORWARDED-SSL", "on")];
     Config {
         binds: vec![BindAddress::Tcp { host: "127.0.0.1".into(), port: options.port }],
         workers: options.workers,

@@ -237,7 +237,9 @@ impl Stub {
         match maitred_sys::fdpass::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
             Ok(0) => Ok(Received::Closed),
             Ok(_) => Ok(Received::Bytes),
-            Err(RecvError::Os(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {
+            Err(RecvError::Os(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) =>
+            {
                 Ok(Received::Nothing)
             }
             // The lobby gave up on this worker with bytes of it unread.
