@@ -30,6 +30,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     WORK.mkdir(parents=True, exist_ok=True)
     try:
-        rows, server = _measure(args.connections, args.seconds, args.workers)
+        rows, server = _measure(args.connections, args.seconds, args.workers, args.rounds)
     except (CeilingError, procs.StartError) as error:
         print(f"ceiling: {error}", file=sys.stderr)
         return 1
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "latest.md").write_text(report)
         (args.out / "latest.json").write_text(json.dumps({"environment": server, "rows": rows}, indent=1) + "\n")
-        print(f"written to {args.out.relative_to(REPO)}/latest.md and latest.json")
+        print(f"written to {args.out / 'latest.md'} and latest.json")
     return 0
 
 
@@ -99,6 +100,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         "-c", "--connections", default="1,16,64,256", help="keep-alive connections per load, comma-separated"
     )
     parser.add_argument("-s", "--seconds", type=int, default=10, help="each load's duration (1 to 60)")
+    parser.add_argument("-n", "--rounds", type=int, default=3, help="loads per level, the levels taking turns")
     parser.add_argument("-w", "--workers", type=int, default=2, help="stub workers")
     parser.add_argument("--no-build", action="store_true", help="use target/release/maitred-stub as it is")
     parser.add_argument("--out", type=Path, help=f"where to write latest.md (default {RESULTS.relative_to(REPO)})")
@@ -106,10 +108,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     args.connections = [int(c) for c in args.connections.split(",") if c.strip()]
     if not args.connections or min(args.connections) < 1 or max(args.connections) > 10000:
         parser.error("connections: whole numbers from 1 to 10000")
-    if not 1 <= args.seconds <= 60 or not 1 <= args.workers <= 64:
-        parser.error("seconds: 1 to 60; workers: 1 to 64")
+    if not 1 <= args.seconds <= 60 or not 1 <= args.workers <= 64 or not 1 <= args.rounds <= 10:
+        parser.error("seconds: 1 to 60; workers: 1 to 64; rounds: 1 to 10")
     # Only the full default run goes to results/ unless told otherwise.
-    default_run = args.seconds == 10 and args.connections == [1, 16, 64, 256] and args.workers == 2
+    default_run = (args.seconds, args.connections, args.workers, args.rounds) == (10, [1, 16, 64, 256], 2, 3)
     if args.out is None and default_run:
         args.out = RESULTS
     return args
@@ -119,9 +121,10 @@ def _interrupt(number: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _measure(levels: list[int], seconds: int, workers: int) -> tuple[list[dict], dict]:
-    """Starts one server, runs one load per level, stops the server. Returns a row per level and
-    what the report says of the server and the machine."""
+def _measure(levels: list[int], seconds: int, workers: int, rounds: int) -> tuple[list[dict], dict]:
+    """Starts one server, runs `rounds` loads per level (1, 16, 64, 1, 16, 64 ...: other work on
+    the machine then slows each level alike), stops the server. Returns a row per load and what the
+    report says of the server and the machine."""
     port = procs.free_port()
     log_path = WORK / "server.log"
     argv = ["taskset", "-c", str(LOBBY_CPU), str(STUB), "--port", str(port), "--workers", str(workers)]
@@ -139,14 +142,15 @@ def _measure(levels: list[int], seconds: int, workers: int) -> tuple[list[dict],
     if affinity["lobby"] != str(LOBBY_CPU) or affinity["workers"] != [str(OTHER_CPU)]:
         raise CeilingError(f"the processes are not where they were put: {affinity}")
     rows = []
-    for connections in levels:
-        load = Wrk(threads=1, connections=connections, seconds=seconds)
-        workdir = WORK / f"c{connections}"
-        workdir.mkdir(exist_ok=True)
-        rows.append(_one_load(load, port, workdir, lobby, worker_pids))
-        print(_row(rows[-1]), flush=True)
-        if _sides(lobby, workers) != (zygote, worker_pids):
-            raise CeilingError("the workers changed during the load; see bench/.work/ceiling/server.log")
+    for round_ in range(1, rounds + 1):
+        for connections in levels:
+            load = Wrk(threads=1, connections=connections, seconds=seconds)
+            workdir = WORK / f"c{connections}-{round_}"
+            workdir.mkdir(exist_ok=True)
+            rows.append({"round": round_, **_one_load(load, port, workdir, lobby, worker_pids)})
+            print(_row(rows[-1]), flush=True)
+            if _sides(lobby, workers) != (zygote, worker_pids):
+                raise CeilingError("the workers changed during the load; see bench/.work/ceiling/server.log")
     procs.stop(server, grace=STOP_GRACE_SECONDS)
     left = procs.group_members(lobby)
     if server.returncode != 0 or left:
@@ -159,6 +163,7 @@ def _measure(levels: list[int], seconds: int, workers: int) -> tuple[list[dict],
         "kernel": platform.release(),
         "wrk": _first_line(["wrk", "-v"]).split(" Copyright")[0],
         "workers": workers,
+        "rounds": rounds,
         "affinity": affinity,
         "server": " ".join(["taskset", "-c", str(LOBBY_CPU), "target/release/maitred-stub", "--port", "PORT"])
         + f" --workers {workers} --worker-cpu {OTHER_CPU} --log-level warning",
@@ -188,10 +193,11 @@ def _one_load(load: Wrk, port: int, workdir: Path, lobby: int, workers: tuple[in
     lobby_cpu = lobby_after - lobby_before
     # The lobby is idle outside the load, so its CPU time is spread over the load's own duration.
     utilisation = lobby_cpu / measured["duration_s"]
-    busy = {
-        cpu: (cpus_after[cpu][0] - cpus_before[cpu][0]) / (cpus_after[cpu][1] - cpus_before[cpu][1])
-        for cpu in cpus_after
-    }
+    busy, steal = {}, {}
+    for cpu, (after, before) in ((cpu, (cpus_after[cpu], cpus_before[cpu])) for cpu in cpus_after):
+        total = after["total"] - before["total"]
+        busy[cpu] = (after["busy"] - before["busy"]) / total
+        steal[cpu] = (after["steal"] - before["steal"]) / total
     return {
         "connections": load.connections,
         "requests": requests,
@@ -205,8 +211,9 @@ def _one_load(load: Wrk, port: int, workdir: Path, lobby: int, workers: tuple[in
         "lobby_us_per_request": lobby_cpu * 1e6 / requests if requests else None,
         "lobby_utilisation": utilisation,
         "rps_per_lobby_core": measured["rps"] / utilisation if utilisation > 0 else None,
-        "workers_utilisation": (workers_after - workers_before) / wall,
+        "workers_utilisation": (workers_after - workers_before) / measured["duration_s"],
         "cpu_busy": busy,
+        "cpu_steal": steal,
     }
 
 
@@ -251,15 +258,16 @@ def _cpu_seconds(pids: tuple[int, ...]) -> float:
         raise CeilingError(f"process {gone} of the server ended during the load; see server.log") from None
 
 
-def _cpu_busy() -> dict[str, tuple[int, int]]:
-    """Per CPU, from /proc/stat: (ticks busy, ticks in all), whoever ran."""
+def _cpu_busy() -> dict[str, dict[str, int]]:
+    """Per CPU, from /proc/stat, in ticks: busy (whoever ran), steal (the hypervisor ran another
+    machine's work: the cores are shared), and total."""
     found = {}
     for line in Path("/proc/stat").read_text().splitlines():
         name, *values = line.split()
         if name.startswith("cpu") and name != "cpu":
-            ticks = [int(v) for v in values]
-            idle = ticks[3] + ticks[4]  # idle and iowait
-            found[name] = (sum(ticks[:8]) - idle, sum(ticks[:8]))
+            # user nice system idle iowait irq softirq steal
+            ticks = [int(v) for v in values[:8]]
+            found[name] = {"busy": sum(ticks[:3]) + ticks[5] + ticks[6], "steal": ticks[7], "total": sum(ticks)}
     return found
 
 
@@ -287,22 +295,41 @@ def _cpu_model() -> str:
 
 HEADER = (
     "| connections | req/s | lobby CPU µs/request | lobby utilisation | req/s per lobby core | "
-    "workers' utilisation | CPU 0 / CPU 1 busy | p50 / p99 ms | errors |"
+    "workers' utilisation | CPU 0 / CPU 1 busy | CPU 0 / CPU 1 steal | p50 / p99 ms | errors |"
 )
-RULE = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+RULE = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
 def _row(row: dict) -> str:
     def number(value: float | None, digits: int = 0) -> str:
         return "-" if value is None else f"{value:,.{digits}f}"
 
-    busy = row["cpu_busy"]
+    busy, steal = row["cpu_busy"], row["cpu_steal"]
     return (
         f"| {row['connections']} | {number(row['rps'])} | {number(row['lobby_us_per_request'], 1)} | "
         f"{row['lobby_utilisation']:.0%} | {number(row['rps_per_lobby_core'])} | {row['workers_utilisation']:.0%} | "
-        f"{busy.get('cpu0', 0):.0%} / {busy.get('cpu1', 0):.0%} | "
+        f"{busy.get('cpu0', 0):.0%} / {busy.get('cpu1', 0):.0%} | {steal.get('cpu0', 0):.0%} / {steal.get('cpu1', 0):.0%} | "
         f"{number(row['p50_ms'], 2)} / {number(row['p99_ms'], 2)} | {row['failed'] + (row['non2xx'] or 0)} |"
     )
+
+
+def _median(rows: list[dict], connections: int) -> dict:
+    """A row whose every figure is the median of the loads at `connections`; errors, their sum."""
+    loads = [row for row in rows if row["connections"] == connections]
+
+    def median(values: list) -> float | None:
+        known = [value for value in values if value is not None]
+        return statistics.median(known) if known else None
+
+    merged = {}
+    for key, value in loads[0].items():
+        if key in ("connections", "failed", "non2xx"):
+            merged[key] = sum(row[key] or 0 for row in loads) if key != "connections" else value
+        elif isinstance(value, dict):
+            merged[key] = {inner: median([row[key][inner] for row in loads]) for inner in value}
+        else:
+            merged[key] = median([row[key] for row in loads])
+    return merged
 
 
 def _markdown(rows: list[dict], facts: dict) -> str:
@@ -332,16 +359,30 @@ def _markdown(rows: list[dict], facts: dict) -> str:
         "",
         HEADER,
         RULE,
-        *(_row(row) for row in rows),
+        *(_row(_median(rows, connections)) for connections in dict.fromkeys(row["connections"] for row in rows)),
+        "",
+        f"Each row: the median of each column over {facts['rounds']} loads, the levels taking turns on one server.",
         "",
         (
             "- lobby CPU: user and system time of every thread of the lobby's process (/proc/PID/stat, 10 ms ticks) "
-            "over the load, divided by wrk's completed requests; utilisation: the same time divided by the load's "
-            "wall time."
+            "over the load, divided by wrk's completed requests; utilisation: the same time divided by wrk's "
+            "duration (the lobby idles before and after it)."
         ),
         "- workers' utilisation: the same for the stub workers together (on CPU 1, beside wrk).",
-        "- CPU busy: each core's non-idle time over the load (/proc/stat), whoever ran there.",
+        (
+            "- CPU busy: each core's user, system and interrupt time over the load (/proc/stat), whoever ran there "
+            "(the lobby's share of CPU 0 is its utilisation; the rest is other work on the machine); steal: time the "
+            "hypervisor gave the core to another machine."
+        ),
         f"- affinity as /proc showed it: {facts['affinity']}.",
+        "",
+        "<details><summary>Every load</summary>",
+        "",
+        "| round " + HEADER,
+        "|---:" + RULE,
+        *(f"| {row['round']} {_row(row)}" for row in rows),
+        "",
+        "</details>",
         "",
     ]
     return "\n".join(lines)
