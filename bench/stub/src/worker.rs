@@ -1,0 +1,276 @@
+//! A stub worker: it speaks the worker channel and the shared region as a real worker does
+//! (docs/PROTOCOL.md, sections 2 and 3; crates/python/src/channel/ is the real one), but answers
+//! every request at once with the same `200 OK` and `Hello, world!\n`, one `RESPONSE_HEAD` frame
+//! with `END`, and reads nothing of the request. So the lobby, not the worker, is what a load on
+//! it measures.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use maitred_shm::{AnswerError, Region, WorkerEnd};
+use maitred_sys::fdpass::RecvError;
+use maitred_wire::{build_frame, FrameHeader, Kind, ResponseHead, Writer, FLAG_END, HEADER_LEN};
+
+/// The body of every answer; the lobby adds its Content-Length, as it does for any answer that
+/// comes whole in one frame.
+const BODY: &[u8] = b"Hello, world!\n";
+/// Bytes asked of each read of the channel: a request sent on the channel is at most a slot's
+/// worth larger than that, and comes in a few reads.
+const READ_SIZE: usize = 64 << 10;
+
+/// What a look at the channel found.
+enum Received {
+    Bytes,
+    Nothing,
+    Closed,
+}
+
+struct Stub {
+    channel: OwnedFd,
+    /// Received bytes; those before `start` are consumed.
+    inbox: Vec<u8>,
+    start: usize,
+    /// Received descriptors not yet given to a frame, oldest first.
+    fds: VecDeque<OwnedFd>,
+    region: Option<WorkerEnd>,
+    bell: Option<OwnedFd>,
+    lobby_bell: Option<OwnedFd>,
+    /// The slot taken last held `ON_CHANNEL`: the request with this id comes next on the channel.
+    on_channel: Option<u32>,
+    /// Where a request taken from a slot is copied (and then ignored).
+    slot_frame: Vec<u8>,
+    /// The one answer, encoded once.
+    answer: Vec<u8>,
+}
+
+/// Serves the channel until the lobby closes it; returns the exit code.
+pub fn run(channel: OwnedFd) -> Result<i32, String> {
+    maitred_sys::fd::set_blocking_cloexec(channel.as_fd()).map_err(|e| format!("channel: {e}"))?;
+    let head = ResponseHead { status: 200, reason: b"OK", headers: vec![(b"Content-Type", b"text/plain")] };
+    let answer = build_frame(Kind::ResponseHead, FLAG_END, |out| {
+        head.encode_payload(out)?;
+        out.extend_from_slice(BODY);
+        Ok(())
+    })
+    .map_err(|e| format!("encoding the answer: {e}"))?;
+    let mut stub = Stub {
+        channel,
+        inbox: Vec::new(),
+        start: 0,
+        fds: VecDeque::new(),
+        region: None,
+        bell: None,
+        lobby_bell: None,
+        on_channel: None,
+        slot_frame: Vec::new(),
+        answer,
+    };
+    let ready = build_frame(Kind::Ready, 0, |out| {
+        Writer::new(out).u32(std::process::id());
+        Ok(())
+    })
+    .map_err(|e| format!("encoding READY: {e}"))?;
+    maitred_sys::fd::write_all_waiting(stub.channel.as_fd(), &ready).map_err(|e| format!("sending READY: {e}"))?;
+    stub.serve()
+}
+
+impl Stub {
+    /// The worker's loop (crates/python/src/channel/receive.rs, `next_request`, is the real
+    /// one's): frames on the channel, then the slots, then sleep until the bell or the channel.
+    fn serve(&mut self) -> Result<i32, String> {
+        loop {
+            while let Some((header, end)) = self.buffered_frame()? {
+                match header.kind {
+                    Kind::Request => match self.on_channel.take() {
+                        Some(id) => {
+                            // A body in a file: it goes unread, as the rest of the request.
+                            if header.has_fd() {
+                                self.fds.pop_front().ok_or("a REQUEST with the FD flag but no descriptor")?;
+                            }
+                            self.consume_through(end);
+                            if !self.answer(id)? {
+                                return Ok(0);
+                            }
+                            continue;
+                        }
+                        // Its place in the slots has not been taken yet.
+                        None => break,
+                    },
+                    // Every answer is whole by the time a CANCEL can come: there is nothing to stop.
+                    Kind::Cancel => {}
+                    Kind::Region => {
+                        let file = self.setup_descriptor(&header, self.region.is_some())?;
+                        let region = Region::open(file).map_err(|e| format!("the shared region: {e}"))?;
+                        self.region = Some(WorkerEnd::new(region));
+                    }
+                    Kind::Bell => self.bell = Some(self.setup_descriptor(&header, self.bell.is_some())?),
+                    Kind::LobbyBell => {
+                        self.lobby_bell = Some(self.setup_descriptor(&header, self.lobby_bell.is_some())?)
+                    }
+                    other => return Err(format!("the lobby sent a {other:?} frame")),
+                }
+                self.consume_through(end);
+            }
+            if self.on_channel.is_some() {
+                // The request whose place was taken is on the channel, whole or still coming.
+                match self.wait_and_read()? {
+                    Received::Closed => return Err("the lobby closed the channel before a request it had sent".into()),
+                    Received::Bytes | Received::Nothing => continue,
+                }
+            }
+            if let Some(id) = self.take_from_slot()? {
+                if !self.answer(id)? {
+                    return Ok(0);
+                }
+                continue;
+            }
+            if self.on_channel.is_some() {
+                continue;
+            }
+            // Nothing to do: say so, look once more, and sleep until the bell or the channel.
+            if let Some(region) = self.ready_region() {
+                region.prepare_to_sleep();
+                if region.has_request() {
+                    region.sleep_cancelled();
+                    continue;
+                }
+            }
+            let received = self.wait_and_read()?;
+            if let Some(region) = self.ready_region() {
+                region.sleep_cancelled();
+            }
+            if let Received::Closed = received {
+                if self.start == self.inbox.len() {
+                    return Ok(0);
+                }
+                return Err("the lobby closed the channel inside a frame".into());
+            }
+        }
+    }
+
+    /// The region, once both bells have come too.
+    fn ready_region(&self) -> Option<&WorkerEnd> {
+        self.region.as_ref().filter(|_| self.bell.is_some() && self.lobby_bell.is_some())
+    }
+
+    /// The id of the request in the oldest queued slot, taken; when the slot holds the place of
+    /// a request on the channel, sets `on_channel` instead.
+    fn take_from_slot(&mut self) -> Result<Option<u32>, String> {
+        if self.ready_region().is_none() {
+            return Ok(None);
+        }
+        let region = self.region.as_ref().expect("the region, ready");
+        self.slot_frame.clear();
+        let Some(taken) = region.take_next(&mut self.slot_frame).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let header = self.slot_frame.first_chunk::<HEADER_LEN>().map(FrameHeader::decode).transpose();
+        match header.map_err(|e| format!("the lobby queued a bad frame: {e}"))? {
+            Some(header) if header.kind == Kind::Request => Ok(Some(taken.id)),
+            Some(header) if header.kind == Kind::OnChannel => {
+                self.on_channel = Some(taken.id);
+                Ok(None)
+            }
+            _ => Err(format!("the lobby queued {} bytes that are no REQUEST or ON_CHANNEL", self.slot_frame.len())),
+        }
+    }
+
+    /// Writes the answer to request `id` into the ring, waiting for room as long as it takes,
+    /// and rings the lobby's bell if it sleeps. False: the lobby closed the channel meanwhile.
+    fn answer(&mut self, id: u32) -> Result<bool, String> {
+        loop {
+            let region = self.region.as_mut().ok_or("a request before the shared region")?;
+            match region.write_answer(id, &[&self.answer]) {
+                Ok(()) => break,
+                Err(AnswerError::NoRoom) => {
+                    if !self.wait_for_room()? {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => return Err(format!("writing an answer: {e}")),
+            }
+        }
+        let region = self.ready_region().ok_or("a request before both bells")?;
+        if region.wake_lobby() {
+            let bell = self.lobby_bell.as_ref().expect("the lobby's bell, checked");
+            maitred_sys::bell::ring(bell.as_fd()).map_err(|e| format!("ringing the lobby's bell: {e}"))?;
+        }
+        Ok(true)
+    }
+
+    /// Sleeps until the lobby has consumed answers (its ring of the bell). False: the lobby
+    /// closed the channel instead.
+    fn wait_for_room(&mut self) -> Result<bool, String> {
+        let region = self.ready_region().ok_or("a request before both bells")?;
+        region.prepare_to_sleep();
+        if region.room_for(self.answer.len()).map_err(|e| e.to_string())? {
+            region.sleep_cancelled();
+            return Ok(true);
+        }
+        let received = self.wait_and_read()?;
+        self.ready_region().expect("the region").sleep_cancelled();
+        Ok(!matches!(received, Received::Closed))
+    }
+
+    /// Waits in poll(2) until the channel or the bell is readable, silences the bell, and reads
+    /// what the channel holds.
+    fn wait_and_read(&mut self) -> Result<Received, String> {
+        let bell = self.bell.as_ref().map(|bell| bell.as_raw_fd());
+        let (channel_ready, bell_ready) =
+            match maitred_sys::fd::wait_readable_either(self.channel.as_raw_fd(), bell, true) {
+                Ok(ready) => ready,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(Received::Nothing),
+                Err(e) => return Err(format!("poll: {e}")),
+            };
+        if let (true, Some(bell)) = (bell_ready, &self.bell) {
+            maitred_sys::bell::silence(bell.as_fd()).map_err(|e| format!("silencing the bell: {e}"))?;
+        }
+        if !channel_ready {
+            return Ok(Received::Nothing);
+        }
+        if self.start > 0 {
+            self.inbox.drain(..self.start);
+            self.start = 0;
+        }
+        self.inbox.reserve(READ_SIZE);
+        let fd = self.channel.as_raw_fd();
+        match maitred_sys::fdpass::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+            Ok(0) => Ok(Received::Closed),
+            Ok(_) => Ok(Received::Bytes),
+            Err(RecvError::Os(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) =>
+            {
+                Ok(Received::Nothing)
+            }
+            // The lobby gave up on this worker with bytes of it unread.
+            Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(Received::Closed),
+            Err(e) => Err(format!("reading the channel: {e}")),
+        }
+    }
+
+    /// The first unconsumed frame, when all of it has arrived: its header and where it ends.
+    fn buffered_frame(&self) -> Result<Option<(FrameHeader, usize)>, String> {
+        let Some(bytes) = self.inbox[self.start..].first_chunk::<HEADER_LEN>() else { return Ok(None) };
+        let header = FrameHeader::decode(bytes).map_err(|e| format!("the lobby sent a bad frame: {e}"))?;
+        let end = self.start + HEADER_LEN + header.len as usize;
+        Ok((end <= self.inbox.len()).then_some((header, end)))
+    }
+
+    fn consume_through(&mut self, end: usize) {
+        self.start = end;
+        if self.start == self.inbox.len() {
+            self.inbox.clear();
+            self.start = 0;
+        }
+    }
+
+    /// The descriptor a `REGION`, `BELL` or `LOBBY_BELL` frame brings: it has one, no payload,
+    /// and comes once.
+    fn setup_descriptor(&mut self, header: &FrameHeader, again: bool) -> Result<OwnedFd, String> {
+        let fd = match (header.has_fd(), header.len, again) {
+            (true, 0, false) => self.fds.pop_front(),
+            _ => None,
+        };
+        fd.ok_or_else(|| format!("a {:?} frame without a descriptor, with a payload, or a second time", header.kind))
+    }
+}

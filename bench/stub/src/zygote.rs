@@ -1,0 +1,201 @@
+//! The stub zygote: it speaks the control channel as python/maitred/zygote.py does
+//! (docs/PROTOCOL.md, section 1), and starts this binary as each worker it is asked for.
+//!
+//! It sleeps in poll(2) on the control channel and on one pidfd a worker, so that a worker's
+//! exit is reported as soon as it happens, with no signal handler and no timer.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::{Pid, PidfdFlags};
+
+/// Messages from the lobby are a few dozen bytes.
+const MAX_MESSAGE: usize = 512;
+/// How long workers have to exit once the lobby has gone (their channels closed), before they
+/// are killed, so that nothing outlives the server.
+const WORKERS_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+/// A worker this zygote started and has not reaped yet.
+struct Worker {
+    child: Child,
+    /// Readable once the worker has exited.
+    pidfd: OwnedFd,
+}
+
+/// Serves the control channel until the lobby closes it, then waits for the workers; returns
+/// the exit code.
+pub fn run(control: OwnedFd, cpu: Option<usize>) -> Result<i32, String> {
+    // This process was given the descriptor to keep across its exec; its workers must not get
+    // it, or the channel would not close when the lobby lets go of it.
+    maitred_sys::fd::set_blocking_cloexec(control.as_fd()).map_err(|e| format!("control channel: {e}"))?;
+    if let Some(cpu) = cpu {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        rustix::thread::sched_setaffinity(None, &set).map_err(|e| format!("cannot move to CPU {cpu}: {e}"))?;
+    }
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut workers: Vec<Worker> = Vec::new();
+    let mut lobby_gone = false;
+    while !lobby_gone {
+        let fds: Vec<&OwnedFd> = std::iter::once(&control).chain(workers.iter().map(|w| &w.pidfd)).collect();
+        let ready = readable(&fds, None).map_err(|e| format!("poll: {e}"))?;
+        let control_ready = ready[0];
+        for (pid, how) in reap(&mut workers, &indexes(&ready[1..])) {
+            if send(&control, &format!("exited {pid} {how}"), None).is_err() {
+                lobby_gone = true;
+            }
+        }
+        if control_ready && !lobby_gone {
+            match receive(&control) {
+                Some(message) => lobby_gone = !obey(&control, &message, &program, &mut workers)?,
+                None => lobby_gone = true,
+            }
+        }
+    }
+    wait_for_workers(workers);
+    Ok(0)
+}
+
+/// Waits until one of `fds` is readable (or closed), or `timeout` passes; which of them are.
+fn readable(fds: &[&OwnedFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let mut polled: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(*fd, PollFlags::IN)).collect();
+    let timeout = timeout.map(|t| rustix::time::Timespec::try_from(t).expect("a timeout of seconds"));
+    match rustix::event::poll(&mut polled, timeout.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(polled.iter().map(|fd| !fd.revents().is_empty()).collect())
+}
+
+/// The indexes of the `true`s.
+fn indexes(flags: &[bool]) -> Vec<usize> {
+    flags.iter().enumerate().filter(|(_, set)| **set).map(|(i, _)| i).collect()
+}
+
+/// Reaps the workers at `exited` (indexes into `workers`) that have exited, and returns their
+/// pids, each with how it ended as `exited` says it.
+fn reap(workers: &mut Vec<Worker>, exited: &[usize]) -> Vec<(u32, String)> {
+    let mut reaped = Vec::new();
+    for &index in exited.iter().rev() {
+        if let Ok(Some(status)) = workers[index].child.try_wait() {
+            let worker = workers.swap_remove(index);
+            reaped.push((worker.child.id(), how(status)));
+        }
+    }
+    reaped
+}
+
+fn how(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("code {code}"),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => "code 255".into(),
+    }
+}
+
+/// The next message, or None when the lobby has closed the channel.
+fn receive(control: &OwnedFd) -> Option<String> {
+    let mut buf = Vec::with_capacity(MAX_MESSAGE);
+    let mut fds = VecDeque::new();
+    match maitred_sys::fdpass::recv_into(control.as_raw_fd(), &mut buf, &mut fds, 0) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(String::from_utf8_lossy(&buf).into_owned()),
+    }
+}
+
+/// Sends one message, with `fd` when given.
+fn send(control: &OwnedFd, message: &str, fd: Option<&OwnedFd>) -> io::Result<()> {
+    let parts = [IoSlice::new(message.as_bytes())];
+    match fd {
+        Some(fd) => maitred_sys::fdpass::send_with_fd(control.as_raw_fd(), &parts, fd.as_raw_fd(), 0)?,
+        None => maitred_sys::fdpass::send(control.as_raw_fd(), &parts, 0)?,
+    };
+    Ok(())
+}
+
+/// Does what one message says. False when the lobby has gone (a report could not be sent).
+fn obey(control: &OwnedFd, message: &str, program: &Path, workers: &mut Vec<Worker>) -> Result<bool, String> {
+    let fields: Vec<&str> = message.split(' ').collect();
+    match fields.as_slice() {
+        ["spawn", slot, _workers] if slot.parse::<usize>().is_ok() => {
+            let (worker, lobby_end) = match spawn(program) {
+                Ok(spawned) => spawned,
+                Err(error) => {
+                    // The protocol's one way to say "I cannot make workers": `failed`, then exit.
+                    let _ = send(control, &format!("failed cannot start a stub worker: {error}"), None);
+                    return Err(format!("cannot start a stub worker: {error}"));
+                }
+            };
+            let pid = worker.child.id();
+            // Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
+            workers.push(worker);
+            // The zygote keeps no channel end: end-of-file must reach the worker when the lobby
+            // lets go of its end; `lobby_end` closes here.
+            Ok(send(control, &format!("spawned {slot} {pid}"), Some(&lobby_end)).is_ok())
+        }
+        ["kill", pid, signal] => {
+            if let (Ok(pid), Ok(signal)) = (pid.parse::<u32>(), signal.parse::<i32>()) {
+                // A worker is forgotten only once reaped, so its pid cannot have been reused.
+                if workers.iter().any(|worker| worker.child.id() == pid) {
+                    let _ = maitred_sys::process::kill(pid as i32, signal);
+                }
+            }
+            Ok(true)
+        }
+        ["reopen"] | ["level", _] => Ok(true),
+        _ => {
+            eprintln!("maitred-stub zygote: ignoring a malformed control message {message:?}");
+            Ok(true)
+        }
+    }
+}
+
+/// Starts one worker: this program, told to serve the worker's end of a new channel. Returns it
+/// and the lobby's end.
+fn spawn(program: &Path) -> io::Result<(Worker, OwnedFd)> {
+    let (lobby_end, worker_end) = UnixStream::pair()?;
+    let mut command = Command::new(PathBuf::from(program));
+    command.arg("worker").arg(worker_end.as_raw_fd().to_string()).stdin(Stdio::null());
+    maitred_sys::process::keep_across_exec(&mut command, vec![worker_end.as_raw_fd()]);
+    let mut child = command.spawn()?;
+    drop(worker_end);
+    match rustix::process::pidfd_open(Pid::from_child(&child), PidfdFlags::empty()) {
+        Ok(pidfd) => Ok((Worker { child, pidfd }, lobby_end.into())),
+        Err(error) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(error.into())
+        }
+    }
+}
+
+/// After the lobby has gone: its workers exit on end-of-file of their channels. Those still
+/// running after `WORKERS_EXIT_WAIT` are killed.
+fn wait_for_workers(mut workers: Vec<Worker>) {
+    let deadline = Instant::now() + WORKERS_EXIT_WAIT;
+    while !workers.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!("maitred-stub zygote: killing {} worker(s) still running after the lobby left", workers.len());
+            for worker in &mut workers {
+                let _ = worker.child.kill();
+                let _ = worker.child.wait();
+            }
+            return;
+        }
+        // Nothing is read from the closed channel: only the pidfds are of interest.
+        let pidfds: Vec<&OwnedFd> = workers.iter().map(|worker| &worker.pidfd).collect();
+        let exited = match readable(&pidfds, Some(left)) {
+            Ok(ready) => indexes(&ready),
+            Err(_) => (0..workers.len()).collect(),
+        };
+        reap(&mut workers, &exited);
+    }
+}
