@@ -56,6 +56,7 @@ lint: install
 # fetched into .cache/) and says which it skips; the Rust tests learn where from the environment.
 test: install lint
 	eval "$$($(BIN)/python tests/corpora.py)" && cargo test --workspace
+	cargo build --release -p maitred-stub
 	$(BIN)/python -m pytest tests -q -rs
 
 # The benchmark against the peers (bench/README.md): every scenario, or some with S=S1,T1.

@@ -2,8 +2,9 @@
 requests at native stub workers, which speak the worker protocol (docs/PROTOCOL.md) and answer
 every request at once.
 
-Builds nothing: it runs target/release/maitred-stub when it exists (`cargo build --release -p
-maitred-stub`, which bench/ceiling.py also does) and is skipped otherwise.
+Builds nothing: it runs target/release/maitred-stub, which `make test` builds first (`cargo build
+--release -p maitred-stub`, as bench/ceiling.py does), and is skipped, saying so, when a bare
+pytest run finds it missing.
 """
 
 from __future__ import annotations

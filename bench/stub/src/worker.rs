@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use maitred_shm::{AnswerError, Region, WorkerEnd};
+use maitred_shm::{AnswerError, Awaiting, Region, WorkerEnd};
 use maitred_sys::fdpass::RecvError;
 use maitred_wire::{build_frame, FrameHeader, Kind, ResponseHead, Writer, FLAG_END, HEADER_LEN};
 
@@ -107,6 +107,8 @@ impl Stub {
                     Kind::LobbyBell => {
                         self.lobby_bell = Some(self.setup_descriptor(&header, self.lobby_bell.is_some())?)
                     }
+                    // A stub never spins: it is there to keep the lobby busy, not to race it for a core.
+                    Kind::Gate => drop(self.setup_descriptor(&header, false)?),
                     other => return Err(format!("the lobby sent a {other:?} frame")),
                 }
                 self.consume_through(end);
@@ -129,7 +131,7 @@ impl Stub {
             }
             // Nothing to do: say so, look once more, and sleep until the bell or the channel.
             if let Some(region) = self.ready_region() {
-                region.prepare_to_sleep();
+                region.prepare_to_sleep(Awaiting::Request);
                 if region.has_request() {
                     region.sleep_cancelled();
                     continue;
@@ -202,7 +204,7 @@ impl Stub {
     /// closed the channel instead.
     fn wait_for_room(&mut self) -> Result<bool, String> {
         let region = self.ready_region().ok_or("a request before both bells")?;
-        region.prepare_to_sleep();
+        region.prepare_to_sleep(Awaiting::Room);
         if region.room_for(self.answer.len()).map_err(|e| e.to_string())? {
             region.sleep_cancelled();
             return Ok(true);
