@@ -35,7 +35,7 @@ import pytest
 
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
-REQUEST, CANCEL, REGION, BELL, ON_CHANNEL, LOBBY_BELL, GATE = 16, 17, 19, 20, 21, 22, 23
+REQUEST, CANCEL, REGION, BELL, ON_CHANNEL, LOBBY_BELL = 16, 17, 19, 20, 21, 22
 END, FD = 1, 2
 
 # The shared region (crates/shm's tables): its layout, and the states of a request slot, in the
@@ -44,7 +44,7 @@ END, FD = 1, 2
 # /big wraps it many times and finds it full.
 SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64 * 1024
 HEADER_BLOCK, SLOT_HEADER = 4096, 64
-LOBBY_WAITING_AT, WORKER_WAITING_AT, RING_HEAD_AT, RING_TAIL_AT, GATE_UNIT_AT = 64, 128, 192, 256, 320
+LOBBY_WAITING_AT, WORKER_WAITING_AT, RING_HEAD_AT, RING_TAIL_AT = 64, 128, 192, 256
 PADDING_ID = 0xFFFFFFFF
 EMPTY, QUEUED, TAKEN, STATE_BITS = 0, 1, 2, 3
 
@@ -867,7 +867,7 @@ def test_response_frame_from_the_lobby_ends_the_worker(start_worker: Callable[..
     worker = start_worker()
     worker.send(frame(RESPONSE_BODY, 0, b"x"))
     assert worker.process.wait(timeout=TIMEOUT) == 1
-    assert "a worker only receives REQUEST, CANCEL, REGION, BELL, LOBBY_BELL and GATE" in worker.stderr()
+    assert "a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL" in worker.stderr()
 
 
 def test_end_of_file_inside_a_frame_ends_the_worker(start_worker: Callable[..., Worker]) -> None:
@@ -1594,55 +1594,4 @@ def test_a_frame_larger_than_the_ring_goes_on_the_channel_in_its_turn(start_work
     # The head came on the channel, announced by ON_CHANNEL; the body after it, in the ring.
     assert [(f.kind, f.flags) for f in response.frames] == [(RESPONSE_HEAD, 0), (RESPONSE_BODY, END)]
     assert worker.request(target="/big").body == bytes(range(256)) * 4096
-    assert worker.close_and_wait() == 0
-
-
-# --- The spin gate: a worker spins only with a unit the gate lets it keep ------------------
-
-
-def spin_gate(most: int, budget: int) -> tuple[int, mmap.mmap]:
-    """A spin gate as the lobby makes it (crates/shm's `gate` table): a sealed page with its
-    magic, its bound and its budget."""
-    fd = os.memfd_create("test-gate", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, 4096)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    page = mmap.mmap(fd, 4096)
-    struct.pack_into("<8si", page, 0, b"MAITGATE", most)
-    struct.pack_into("<i", page, 64, budget)
-    return fd, page
-
-
-def wait_until_asleep(worker: Worker) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while worker.region.u32(WORKER_WAITING_AT) != 1:
-        assert time.monotonic() < deadline, worker.stderr()
-        time.sleep(0.01)
-
-
-@pytest.mark.parametrize("budget", [1, 0], ids=["a core free to spin in", "no core free"])
-def test_a_worker_holds_a_unit_of_the_spin_gate_from_its_request_until_it_sleeps(
-    start_worker: Callable[..., Worker], tmp_path: Path, budget: int
-) -> None:
-    worker = start_worker()
-    fd, page = spin_gate(most=1, budget=budget)
-    worker.send(frame(GATE, FD, b""), fd)
-    # The worker reads GATE at its first sleep: one request first, to be sure it has it.
-    assert worker.request(target="/list").body == b"hello"
-    wait_until_asleep(worker)
-    assert struct.unpack_from("<i", page, 64)[0] == budget
-    go = tmp_path / "go"
-    worker.queue(request_frame(target=f"/whole-after-wait?{go}"))
-    # Taken: the worker holds one unit, the budget one less (below zero when no core was free).
-    deadline = time.monotonic() + TIMEOUT
-    while worker.region.u32(GATE_UNIT_AT) != 1:
-        assert time.monotonic() < deadline, worker.stderr()
-        time.sleep(0.01)
-    assert struct.unpack_from("<i", page, 64)[0] == budget - 1
-    go.touch()
-    assert worker.read_response().body == b"whole"
-    # Asleep again: the unit is back, spun with or not.
-    wait_until_asleep(worker)
-    assert (struct.unpack_from("<i", page, 64)[0], worker.region.u32(GATE_UNIT_AT)) == (budget, 0)
-    page.close()
-    os.close(fd)
     assert worker.close_and_wait() == 0

@@ -189,11 +189,10 @@ pub fn lobby_frames(data: &[u8]) {
 struct WorkerChannel {
     inbox: Vec<u8>,
     inbox_start: usize,
-    /// Whether REGION, BELL, LOBBY_BELL and GATE came (each may come once).
+    /// Whether REGION, BELL and LOBBY_BELL came (each may come once).
     region: bool,
     bell: bool,
     lobby_bell: bool,
-    gate: bool,
 }
 
 /// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
@@ -207,7 +206,6 @@ enum WorkerEvent {
     Region,
     Bell,
     LobbyBell,
-    Gate,
     Request {
         http_minor: u8,
         method: Vec<u8>,
@@ -236,7 +234,7 @@ struct FrameAt {
 
 impl WorkerChannel {
     fn new() -> WorkerChannel {
-        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false, gate: false }
+        WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false }
     }
 
     fn buffered_header(&self) -> Result<Option<FrameHeader>, String> {
@@ -286,13 +284,12 @@ impl WorkerChannel {
                                 .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
                             events.push(WorkerEvent::Cancel(id));
                         }
-                        // open_region, take_bell, take_lobby_bell, open_gate: setup_descriptor
-                        Kind::Region | Kind::Bell | Kind::LobbyBell | Kind::Gate => {
+                        // open_region, take_bell, take_lobby_bell: setup_descriptor
+                        Kind::Region | Kind::Bell | Kind::LobbyBell => {
                             let (again, event) = match header.kind {
                                 Kind::Region => (&mut self.region, WorkerEvent::Region),
                                 Kind::Bell => (&mut self.bell, WorkerEvent::Bell),
-                                Kind::LobbyBell => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
-                                _ => (&mut self.gate, WorkerEvent::Gate),
+                                _ => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
                             };
                             if !(header.has_fd() && header.len == 0 && !*again) {
                                 return Err(format!("a bad {:?} frame", header.kind));
@@ -302,7 +299,7 @@ impl WorkerChannel {
                         }
                         other => {
                             return Err(format!(
-                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL, LOBBY_BELL and GATE"
+                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
                             ))
                         }
                     }

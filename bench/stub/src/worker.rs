@@ -107,8 +107,6 @@ impl Stub {
                     Kind::LobbyBell => {
                         self.lobby_bell = Some(self.setup_descriptor(&header, self.lobby_bell.is_some())?)
                     }
-                    // A stub never spins: it is there to keep the lobby busy, not to race it for a core.
-                    Kind::Gate => drop(self.setup_descriptor(&header, false)?),
                     other => return Err(format!("the lobby sent a {other:?} frame")),
                 }
                 self.consume_through(end);

@@ -6,11 +6,9 @@
 //! holds can reach back into it.
 
 use std::cell::RefCell;
-use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
 use maitred_protocol::Limits;
-use maitred_shm::Gate;
 use tokio::sync::watch;
 
 use crate::client::asleep::Hibernation;
@@ -57,10 +55,6 @@ pub(crate) struct Lobby {
     /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
     pub interrupt_workers: bool,
     pub started: std::time::Instant,
-    /// How many idle workers may spin for their next request (crates/shm's `gate`), and the
-    /// file each worker gets with `GATE`.
-    pub spin_gate: Gate,
-    pub spin_gate_file: OwnedFd,
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
     pub(crate) successor: RefCell<Option<Rc<Successor>>>,

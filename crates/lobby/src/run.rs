@@ -9,7 +9,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use maitred_shm::Gate;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -115,11 +114,6 @@ pub(crate) async fn until_stopped(
         ),
         None => (None, false, false),
     };
-    // The cores this process may run on (its affinity and cgroup quota): what the lobby and its
-    // workers share.
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let (spin_gate, spin_gate_file) =
-        Gate::create(cores).map_err(|e| StartupError(format!("cannot make the spin gate: {e}")))?;
     let spill_budget = Rc::new(SpillBudget::new(config.max_spill_total));
     let heads = HeadBudget::new(config.max_head_memory);
     let lobby = Rc::new(Lobby {
@@ -139,8 +133,6 @@ pub(crate) async fn until_stopped(
         abort_on_timeout,
         interrupt_workers,
         started: std::time::Instant::now(),
-        spin_gate,
-        spin_gate_file,
     });
     lobby.seating.configure(lobby.config.overload_policy());
     let (events_tx, mut events) = mpsc::unbounded_channel();

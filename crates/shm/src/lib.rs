@@ -27,7 +27,6 @@
 //! | 128 | 4 | `worker_waiting`: 1 when the worker is about to sleep until a request comes, 2 until the answer ring has room ([`Awaiting`]) |
 //! | 192 | 8 | `ring_head`: bytes the worker has written into the answer ring, ever (monotonic) |
 //! | 256 | 8 | `ring_tail`: bytes of it the lobby has consumed, ever (monotonic) |
-//! | 320 | 4 | `gate_unit`: 1 while the worker holds a unit of the spin gate (the `gate` module) |
 //! | 4096 | `slots` x `slot_size` | the request slots |
 //! | 4096 + `slots` x `slot_size` | `ring_size` | the answer ring |
 //!
@@ -157,13 +156,11 @@
 
 #![forbid(unsafe_code)]
 
-mod gate;
 mod layout;
 mod lobby;
 mod region;
 mod worker;
 
-pub use gate::{Gate, GATE_SIZE};
 pub use layout::{Layout, MAGIC, PADDING_ID, REGION_HEADER_SIZE, SLOT_HEADER_SIZE, VERSION};
 pub use lobby::{Answer, LobbyEnd, QueueError};
 pub use region::Region;

@@ -289,12 +289,6 @@ impl LobbyEnd {
         }
     }
 
-    /// Whether the worker, lost, held a unit of the spin gate, which the lobby then gives back.
-    /// A worker may say so falsely; the gate never grows past its most.
-    pub fn held_gate_unit(&self) -> bool {
-        self.region.gate_unit().load(Ordering::SeqCst) == 1
-    }
-
     /// Says that the lobby is about to sleep until this worker answers; then it looks again with
     /// [`LobbyEnd::has_answer`], and sleeps only when there is still nothing.
     pub fn prepare_to_sleep(&self) {

@@ -31,7 +31,11 @@ impl Region {
         layout
             .check()
             .map_err(|reason| io::Error::new(io::ErrorKind::InvalidInput, format!("region layout: {reason}")))?;
-        let file = sealed_memfd("maitred-shm", layout.region_size())?;
+        let file = rustix::fs::memfd_create("maitred-shm", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&file, layout.region_size())?;
+        // SEAL too: the worker shares the file, and may not take the size seals off (it cannot
+        // anyway) nor add a write seal the lobby would not expect.
+        rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let region = Region { map: SharedMapping::new(&file, layout.region_size() as usize)?, layout };
         region.write_header();
         // Still all zeros, and the lobby's alone: a store of 0 makes each page.
@@ -43,9 +47,15 @@ impl Region {
     /// change size, and that its header is this version's and describes exactly its size.
     pub fn open(file: OwnedFd) -> io::Result<Region> {
         let refuse = |why: String| io::Error::new(io::ErrorKind::InvalidData, format!("shared region: {why}"));
-        let map =
-            open_sealed(&file, "shared region", |size| (REGION_HEADER_SIZE as u64..=MAX_REGION_SIZE).contains(&size))?;
-        let size = map.size() as u64;
+        let seals = rustix::fs::fcntl_get_seals(&file).map_err(|e| refuse(format!("the file's seals: {e}")))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(refuse("the file is not sealed against shrinking and growing".into()));
+        }
+        let size = rustix::fs::fstat(&file)?.st_size as u64;
+        if size < REGION_HEADER_SIZE as u64 || size > MAX_REGION_SIZE {
+            return Err(refuse(format!("a file of {size} bytes")));
+        }
+        let map = SharedMapping::new(&file, size as usize)?;
         let magic = map.words(MAGIC_AT, 1)[0].load(Ordering::Relaxed);
         if magic != MAGIC {
             return Err(refuse(format!("magic {:?}", magic.to_le_bytes().escape_ascii().to_string())));
@@ -91,10 +101,6 @@ impl Region {
         self.map.word32(SLOTS_AT).store(self.layout.slots, Ordering::Relaxed);
         self.map.word32(SLOT_SIZE_AT).store(self.layout.slot_size, Ordering::Relaxed);
         self.map.word32(RING_SIZE_AT).store(self.layout.ring_size, Ordering::Relaxed);
-    }
-
-    pub(crate) fn gate_unit(&self) -> &AtomicU32 {
-        self.map.word32(GATE_UNIT_AT)
     }
 
     pub(crate) fn lobby_waiting(&self) -> &AtomicU32 {
@@ -144,32 +150,6 @@ impl Region {
         assert!(slot < self.layout.slots as usize, "slot {slot} of {}", self.layout.slots);
         self.layout.slot_at(slot) + field_at
     }
-}
-
-/// A new memfd of `size` bytes, zero-filled, sealed against growing and shrinking (and against
-/// new seals: the other processes share the file, and may not add a write seal the lobby would
-/// not expect).
-pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
-    let file = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    rustix::fs::ftruncate(&file, size)?;
-    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    Ok(file)
-}
-
-/// Maps `file`, passed by the lobby as the `what`, once it has checked that the file cannot
-/// change size (a file that could shrink under a mapping would turn the next access into a
-/// `SIGBUS`) and that `size_ok` accepts its size.
-pub(crate) fn open_sealed(file: &OwnedFd, what: &str, size_ok: impl Fn(u64) -> bool) -> io::Result<SharedMapping> {
-    let refuse = |why: String| io::Error::new(io::ErrorKind::InvalidData, format!("{what}: {why}"));
-    let seals = rustix::fs::fcntl_get_seals(file).map_err(|e| refuse(format!("the file's seals: {e}")))?;
-    if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
-        return Err(refuse("the file is not sealed against shrinking and growing".into()));
-    }
-    let size = rustix::fs::fstat(file)?.st_size as u64;
-    if !size_ok(size) {
-        return Err(refuse(format!("a file of {size} bytes")));
-    }
-    SharedMapping::new(file, size as usize)
 }
 
 /// Copies `bytes` into `words`, little-endian, the last word's tail zero.

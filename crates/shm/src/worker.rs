@@ -194,12 +194,6 @@ impl WorkerEnd {
         self.region.worker_waiting().store(awaiting as u32, Ordering::SeqCst);
     }
 
-    /// Marks in the region that the worker holds a unit of the spin gate (after taking it), or
-    /// no longer does (before giving it back): the lobby gives back the unit of a lost worker.
-    pub fn mark_gate_unit(&self, held: bool) {
-        self.region.gate_unit().store(u32::from(held), Ordering::SeqCst);
-    }
-
     /// Takes back [`WorkerEnd::prepare_to_sleep`] when the recheck found work. True when the
     /// lobby had already claimed the flag: its wake is on its way, to be read and ignored.
     pub fn sleep_cancelled(&self) -> bool {

@@ -29,11 +29,6 @@ impl SharedMapping {
         Ok(SharedMapping { base, len })
     }
 
-    /// Bytes mapped.
-    pub fn size(&self) -> usize {
-        self.len
-    }
-
     /// The `count` 8-byte words from byte `offset`.
     ///
     /// # Panics

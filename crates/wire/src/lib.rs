@@ -45,8 +45,6 @@ pub enum Kind {
     /// The eventfd the worker rings to wake the lobby when it has written an answer while the
     /// lobby sleeps, passed with the frame.
     LobbyBell = 22,
-    /// The spin gate (crates/shm), a memfd shared by all the workers, passed with the frame.
-    Gate = 23,
 }
 
 impl Kind {
@@ -64,7 +62,6 @@ impl Kind {
             20 => Kind::Bell,
             21 => Kind::OnChannel,
             22 => Kind::LobbyBell,
-            23 => Kind::Gate,
             _ => return None,
         })
     }

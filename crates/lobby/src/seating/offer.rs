@@ -237,11 +237,6 @@ impl Offers {
         false
     }
 
-    /// Whether the worker, lost, held a unit of the spin gate.
-    pub fn held_gate_unit(&self) -> bool {
-        self.end.borrow().held_gate_unit()
-    }
-
     /// Whether the answer ring holds anything.
     pub fn has_answer(&self) -> bool {
         self.end.borrow().has_answer()

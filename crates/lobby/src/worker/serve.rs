@@ -30,12 +30,8 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
     let offers = match Offers::new() {
         Ok((offers, region)) => {
             let offers = Rc::new(offers);
-            let setup = [
-                (Kind::Region, region.as_fd()),
-                (Kind::Bell, offers.bell()),
-                (Kind::LobbyBell, channel.lobby_bell()),
-                (Kind::Gate, lobby.spin_gate_file.as_fd()),
-            ];
+            let setup =
+                [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
             for (kind, fd) in setup {
                 let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
                 if let Err(e) = channel.send(&frame, Some(fd)).await {
@@ -62,9 +58,6 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
     let gone = seat_jobs(&lobby, pid, &mut channel, &offers, &recycle, &seat.card, &mut phase).await;
-    if matches!(gone, Gone::Lost(..)) && offers.held_gate_unit() {
-        lobby.spin_gate.give_back();
-    }
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().take();
     gone

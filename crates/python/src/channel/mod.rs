@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-use maitred_shm::{Gate, WorkerEnd};
+use maitred_shm::WorkerEnd;
 use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -83,10 +83,6 @@ pub struct WorkerChannel {
     bell: Option<OwnedFd>,
     /// The lobby's bell, which the worker rings after writing an answer while the lobby sleeps.
     lobby_bell: Option<OwnedFd>,
-    /// The spin gate, once the lobby has sent it (`GATE`), and whether this worker holds one of
-    /// its units: from the request it takes until it sleeps (`receive`).
-    gate: Option<Gate>,
-    holds_gate_unit: bool,
     /// Where the request taken from a slot is copied.
     slot_frame: Vec<u8>,
     /// The slot taken last held the place of a request that comes on the channel.
@@ -137,8 +133,6 @@ impl WorkerChannel {
             region: None,
             bell: None,
             lobby_bell: None,
-            gate: None,
-            holds_gate_unit: false,
             slot_frame: Vec::new(),
             on_channel: false,
             request_id: 0,

@@ -10,9 +10,8 @@
 use std::io;
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
-use std::time::{Duration, Instant};
 
-use maitred_shm::{Awaiting, Gate, Region, WorkerEnd};
+use maitred_shm::{Awaiting, Region, WorkerEnd};
 use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -29,11 +28,6 @@ use maitred_sys::fdpass::{recv_into, RecvError};
 /// The receive buffer grows by at least this much, so that one `recvmsg` usually takes a
 /// whole request.
 const READ_SIZE: usize = 64 * 1024;
-
-/// How long a worker with nothing to take spins, when the spin gate lets it, before it sleeps:
-/// about the time a keep-alive client takes to send its next request after an answer, on this
-/// machine (one client, L1).
-const SPIN_FOR: Duration = Duration::from_micros(50);
 
 /// An inline body at least this large keeps the buffer it arrived in rather than being copied
 /// out of it.
@@ -100,7 +94,6 @@ impl WorkerChannel {
                 match header.kind {
                     Kind::Request if self.on_channel => {
                         self.on_channel = false;
-                        self.take_gate_unit();
                         return Ok(Some(FrameAt { header, start: self.inbox_start, end, from_slot: false }));
                     }
                     // Its place in the slots has not been taken yet.
@@ -113,10 +106,9 @@ impl WorkerChannel {
                     Kind::Region => self.open_region(&header)?,
                     Kind::Bell => self.take_bell(&header)?,
                     Kind::LobbyBell => self.take_lobby_bell(&header)?,
-                    Kind::Gate => self.open_gate(&header)?,
                     other => {
                         return Err(ChannelError::new_err(format!(
-                            "the lobby sent a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL, LOBBY_BELL and GATE"
+                            "the lobby sent a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
                         )))
                     }
                 }
@@ -132,10 +124,9 @@ impl WorkerChannel {
                 }
             }
             if let Some(frame) = self.take_from_slot()? {
-                self.take_gate_unit();
                 return Ok(Some(frame));
             }
-            if self.on_channel || self.spin_for_request(py) {
+            if self.on_channel {
                 continue;
             }
             // Nothing to do: say so, look once more, and sleep until the bell or the channel.
@@ -277,60 +268,7 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// `GATE` hands over the spin gate, once.
-    fn open_gate(&mut self, header: &FrameHeader) -> PyResult<()> {
-        let file = self.setup_descriptor(header, "GATE", self.gate.is_some())?;
-        self.gate = Some(Gate::open(file).map_err(|error| channel_error("the spin gate cannot be used", error))?);
-        Ok(())
-    }
-
-    /// A request is taken: the worker holds a unit of the spin gate from now until it sleeps.
-    fn take_gate_unit(&mut self) {
-        let (Some(gate), Some(region)) = (&self.gate, &self.region) else { return };
-        if !self.holds_gate_unit {
-            gate.take();
-            region.mark_gate_unit(true);
-            self.holds_gate_unit = true;
-        }
-    }
-
-    /// Nothing to take: spins up to `SPIN_FOR`, detached from the interpreter, looking for a
-    /// request, if the spin gate lets this worker keep its unit (crates/shm's `gate`: the busy
-    /// workers and the spinning ones fit in the cores). True when a request came; otherwise the
-    /// unit is given back, and the worker goes on to sleep.
-    fn spin_for_request(&mut self, py: Python<'_>) -> bool {
-        if !self.holds_gate_unit {
-            return false;
-        }
-        let (Some(gate), Some(region)) = (&self.gate, &self.region) else { return false };
-        // Unmarked before the gate may take the unit back, marked again once kept: a worker
-        // killed in between loses a unit, never makes one.
-        region.mark_gate_unit(false);
-        let kept = gate.keep_to_spin();
-        let came = kept && {
-            region.mark_gate_unit(true);
-            py.detach(|| {
-                let until = Instant::now() + SPIN_FOR;
-                loop {
-                    if region.has_request() {
-                        break true;
-                    }
-                    if Instant::now() >= until {
-                        break false;
-                    }
-                    std::hint::spin_loop();
-                }
-            })
-        };
-        if kept && !came {
-            region.mark_gate_unit(false);
-            gate.give_back();
-        }
-        self.holds_gate_unit = came;
-        came
-    }
-
-    /// The descriptor a `REGION`, `BELL`, `LOBBY_BELL` or `GATE` frame brings: it has one, no payload, and comes once.
+    /// The descriptor a `REGION`, `BELL` or `LOBBY_BELL` frame brings: it has one, no payload, and comes once.
     fn setup_descriptor(&mut self, header: &FrameHeader, kind: &str, again: bool) -> PyResult<std::os::fd::OwnedFd> {
         let fd = match (header.has_fd(), header.len, again) {
             (true, 0, false) => self.fds.pop_front(),
