@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use maitred_wire::{FrameHeader, Kind, HEADER_LEN};
 
-use super::channel::{AnswerReader, Channel, Frame};
+use super::channel::{invalid, AnswerReader, Channel, Frame};
 use crate::seating::offer::Offers;
 
 impl AnswerReader {
@@ -52,7 +52,7 @@ impl Channel {
                     .map_err(|e| invalid(format!("an answer record holds a bad frame: {e}")))?;
                 if header.kind == Kind::OnChannel {
                     if header.len != 0 || header.flags != 0 {
-                        return Err(invalid("an ON_CHANNEL record with flags or a payload".into()));
+                        return Err(invalid("an ON_CHANNEL record with flags or a payload"));
                     }
                     self.answers.on_channel = true;
                     continue;
@@ -88,8 +88,4 @@ impl Channel {
             }
         }
     }
-}
-
-fn invalid(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, message)
 }

@@ -149,6 +149,7 @@ impl Channel {
     }
 }
 
-fn invalid(e: impl std::fmt::Display) -> io::Error {
+/// A breach of the protocol by the worker (answers.rs uses it too).
+pub(super) fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }

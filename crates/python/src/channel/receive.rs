@@ -154,7 +154,7 @@ impl WorkerChannel {
     /// The region, once both bells have come too: the lobby sends all three before any request,
     /// but the later ones may arrive after the first has been read, and the worker answers
     /// through the region (`ring`), which needs the lobby's bell.
-    fn ready_region(&self) -> Option<&WorkerEnd> {
+    pub(super) fn ready_region(&self) -> Option<&WorkerEnd> {
         self.region.as_ref().filter(|_| self.bell.is_some() && self.lobby_bell.is_some())
     }
 

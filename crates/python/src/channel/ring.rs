@@ -5,9 +5,9 @@
 //! answer frame in order from the ring alone. While the ring is full the worker sleeps in
 //! poll(2) on its bell and its channel, so that a `CANCEL` still reaches it.
 //!
-//! Imports the type from `mod.rs` and `errors` of the channel's files; it waits with
-//! `wait_and_read` and looks for a `CANCEL` with `check_cancel` (both in `receive`), and writes
-//! to the socket through `link`.
+//! Imports the type from `mod.rs` and `errors` of the channel's files; it asks `ready_region`,
+//! waits with `wait_and_read` and looks for a `CANCEL` with `check_cancel` (all in `receive`),
+//! and writes to the socket through `link`.
 
 use std::io::IoSlice;
 use std::os::fd::{AsFd, RawFd};
@@ -42,7 +42,7 @@ impl WorkerChannel {
     /// Writes one answer frame, the bytes of `parts` one after the other, for the request taken
     /// last.
     pub(super) fn send_answer(&mut self, py: Python<'_>, parts: &[&[u8]], aside: Aside) -> PyResult<()> {
-        let Some(region) = self.region.as_ref().filter(|_| self.bell.is_some() && self.lobby_bell.is_some()) else {
+        let Some(region) = self.ready_region() else {
             return Err(ChannelError::new_err("an answer before the lobby sent the shared region and its bells"));
         };
         let len = parts.iter().map(|part| part.len()).sum::<usize>();
