@@ -219,6 +219,9 @@ impl WorkerChannel {
             }
         }
         if !channel_ready {
+            // A signal that came while poll was returning for the bell interrupted no system
+            // call: its handler runs here, or not until the next request.
+            py.check_signals()?;
             return Ok(Received::Nothing);
         }
         let received = self.read_available()?;
