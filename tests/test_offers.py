@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import Reply, get
-from conftest import HOST
+from client import Reply, eventually, get, status_of
+from conftest import HOST, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
 
@@ -62,7 +62,40 @@ def test_an_idle_worker_takes_back_a_request_offered_to_a_busy_one(maitred_serve
     # free a moment later, took it back instead of leaving it 4 s behind the slow one.
     assert fast.finished_after < 2.5, f"the fast request waited {fast.finished_after:.1f} s"
     assert fast.reply.body != slow.reply.body, "both ran in the same worker"
-    server.wait_for_log("GET /pid HTTP/1.1 was offered to a busy worker; an idle one takes it back", 10)
+    # Taken back as an idle worker's oldest request, or as one behind a request that has held
+    # its worker for 5 ms (offer.rs, STALE_AFTER), depending on when the other worker looked.
+    server.wait_for_log("GET /pid HTTP/1.1 was offered to a busy worker", 10)
+
+
+def test_requests_offered_behind_a_slow_one_go_to_the_next_worker_that_looks(maitred_server):
+    """Even while the queue holds newer requests: those offered behind a slow request are older."""
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", "--log-level", "debug", "crashy:app", cwd=APPS)
+    started = time.monotonic()
+
+    def arrives(path: str, waiting: int) -> Request:
+        request = send(server.port, path, started)
+        assert eventually(lambda: status_of(stats)["queue"]["waiting"] == waiting, 10), f"{path} never queued"
+        return request
+
+    first = send(server.port, "/sleep?seconds=0.5", started)
+    server.wait_for_log("takes GET /sleep?seconds=0.5 HTTP/1.1", 10)
+    second = send(server.port, "/sleep?seconds=1", started)
+    server.wait_for_log("takes GET /sleep?seconds=1 HTTP/1.1", 10)
+    slow = arrives("/sleep?seconds=4", 1)
+    fast = [arrives(f"/pid?n={n}", n + 2) for n in range(8)]
+    later = [arrives(f"/sleep?seconds=2&n={n}", n + 10) for n in range(2)]
+    # At 0.5 s the first worker takes the slow request and is offered the eight fast ones (its
+    # depth); the two later ones stay queued. At 1 s the other worker looks for work: the fast
+    # ones, older, come before the later ones, instead of waiting 4 s behind the slow one.
+    for request in (first, second, slow, *fast, *later):
+        request.join(30)
+
+    assert [r.reply.status if r.reply else r.error for r in (first, second, slow, *fast, *later)] == [200] * 13
+    waits = [round(r.finished_after, 1) for r in fast]
+    assert max(waits) < 2.0, f"the fast requests finished after {waits} s"
+    assert all(r.reply.body != slow.reply.body for r in fast), "a fast request ran behind the slow one"
+    server.wait_for_log("was offered to a busy worker on a slow request; another worker takes it", 10)
 
 
 def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_server):

@@ -89,7 +89,7 @@ impl Seating {
     /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
     /// offered to a busy worker that has not taken it yet is the oldest live job.
     pub fn next(&self) -> Next {
-        if let Some(job) = self.take_queued().or_else(|| self.recall_oldest_offer()) {
+        if let Some(job) = self.take_oldest(Instant::now()).or_else(|| self.recall_oldest_offer()) {
             return Next::Now(job);
         }
         let (seat, wait) = oneshot::channel();
@@ -97,10 +97,16 @@ impl Seating {
         Next::Later(wait)
     }
 
+    /// For a worker that looks for work, idle or to be offered more: the oldest request offered
+    /// to a worker that has been on one request for `offer::STALE_AFTER` (offers are older than
+    /// anything in the queue), else the queue's oldest.
+    pub fn take_oldest(&self, now: Instant) -> Option<Job> {
+        self.recall_stale_offers(now).or_else(|| self.take_queued(now))
+    }
+
     /// The oldest live job in the queue that can still be answered in time, if any; those
     /// before it that cannot are answered 503 (`overload.rs`).
-    pub fn take_queued(&self) -> Option<Job> {
-        let now = Instant::now();
+    fn take_queued(&self, now: Instant) -> Option<Job> {
         loop {
             let job = self.queue.borrow_mut().pop_front()?;
             if job.state.get() == JobState::Queued && !self.refuses(&job, now) {
@@ -144,6 +150,28 @@ impl Seating {
             }
         }
         None
+    }
+
+    /// Takes back every offer from the worker that holds the oldest one behind a request it has
+    /// been on for `offer::STALE_AFTER`. The oldest is returned; the rest go to the front of
+    /// the queue, for the next worker that looks, rather than back behind the slow request.
+    fn recall_stale_offers(&self, now: Instant) -> Option<Job> {
+        let holder = self
+            .offers
+            .borrow()
+            .iter()
+            .filter_map(|offers| offers.stale_since(now).map(|enqueued_at| (enqueued_at, offers.clone())))
+            .min_by_key(|(enqueued_at, _)| *enqueued_at)
+            .map(|(_, offers)| offers)?;
+        let mut recalled = holder.recall_until(|_| false);
+        if recalled.is_empty() {
+            // The worker took them all meanwhile: it is not stuck after all.
+            return None;
+        }
+        let oldest = recalled.remove(0);
+        debug!("{} was offered to a busy worker on a slow request; another worker takes it", oldest.summary);
+        self.requeue_front(recalled);
+        Some(oldest)
     }
 
     /// Takes back the offer of the job whose state is `state`, unless its worker has taken
@@ -374,6 +402,46 @@ mod tests {
         seating.submit(b);
         assert_eq!(take_now(&seating).frame, b"b");
         assert!(!offers.is_empty());
+    }
+
+    /// `offers`' worker is on `running`, and holds `held` queued behind it.
+    fn busy_with(offers: &Offers, running: &str, held: &[&str]) -> Vec<spool::AnswerReceiver> {
+        let (current, answer) = job(running);
+        assert!(offers.seat(current).is_ok());
+        let mut answers = vec![answer];
+        for name in held {
+            let (offered, answer) = job(name);
+            assert!(offers.make(offered).is_ok());
+            answers.push(answer);
+        }
+        answers
+    }
+
+    #[test]
+    fn offers_behind_a_request_held_for_stale_after_go_to_the_next_worker_that_looks() {
+        let seating = Seating::default();
+        let (slow, _worker) = offers_of(&seating);
+        let _answers = busy_with(&slow, "slow", &["a", "b"]);
+        let (c, _rc) = job("c");
+        seating.submit(c);
+        let later = Instant::now() + offer::STALE_AFTER;
+        // Looking for work, the next worker takes the oldest offer; the other comes back to the
+        // front of the queue, ahead of what came after it, rather than behind the slow request.
+        assert_eq!(seating.take_oldest(later).unwrap().frame, b"a");
+        assert!(slow.is_empty());
+        assert_eq!(seating.take_oldest(later).unwrap().frame, b"b");
+        assert_eq!(seating.take_oldest(later).unwrap().frame, b"c");
+    }
+
+    #[test]
+    fn offers_behind_a_fast_request_stay_with_their_worker() {
+        let seating = Seating::default();
+        let (busy, _worker) = offers_of(&seating);
+        let _answers = busy_with(&busy, "fast", &["a"]);
+        let (b, _rb) = job("b");
+        seating.submit(b);
+        assert_eq!(seating.take_oldest(Instant::now()).unwrap().frame, b"b");
+        assert_eq!(busy.len(), 1);
     }
 
     #[test]

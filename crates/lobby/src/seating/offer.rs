@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
@@ -29,10 +29,21 @@ use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
 
-/// How many requests a busy worker may hold queued. One would do if the lobby always read a
-/// worker's answer before the worker had finished the request after it; under load it often
-/// has not, and a second keeps the worker from sleeping meanwhile.
-pub const DEPTH: usize = 2;
+/// How many requests a busy worker may hold queued. The lobby offers more only when it has read
+/// an answer, and under load it reads a worker's answers in bursts, one turn of its event loop
+/// apart: a worker that has answered all it holds before then sleeps, and is woken again for
+/// the next, a wake that costs both sides more than a small request. At T1 (hello, 2 workers,
+/// `wrk -t2 -c100`, 2 cores) 2 left the workers asleep between bursts, eventfd writes were 12% of
+/// the lobby's CPU and the worker's switches 40% of its own; 8 gave 1.2x the requests a second
+/// at 0.8x the server's CPU per request (docs/PERFORMANCE.md). A request held behind a slow one
+/// is not stuck there: see [`STALE_AFTER`].
+pub const DEPTH: usize = 8;
+
+/// How long a worker may be on one request before the requests offered behind it are taken
+/// back for other workers: one that looks for work takes them first, since they are older
+/// than anything in the queue. Short next to a request that holds a worker for long, and long
+/// next to a fast one (T1's take 30 us), so that offers rarely move when all is well.
+pub const STALE_AFTER: Duration = Duration::from_millis(5);
 
 /// The request being answered, and `DEPTH` behind it; a ring whose largest answer frame (128
 /// KiB less 8 bytes) holds the worker's body frames (it cuts them to fit), so that only a
@@ -68,6 +79,9 @@ pub struct Offers {
     queued: RefCell<VecDeque<Queued>>,
     /// The slot of the request being answered, freed when its answer has come whole.
     answering: Cell<Option<usize>>,
+    /// Since when the worker has been on it, as the lobby counts (from seating, or from the
+    /// end of the answer before).
+    answering_since: Cell<Option<Instant>>,
     next_id: Cell<u32>,
     next_seq: Cell<u64>,
     /// What the worker broke in its region: the lobby then gives up on it.
@@ -84,6 +98,7 @@ impl Offers {
             bell: maitred_sys::bell::new()?,
             queued: RefCell::new(VecDeque::new()),
             answering: Cell::new(None),
+            answering_since: Cell::new(None),
             next_id: Cell::new(0),
             next_seq: Cell::new(0),
             broken: RefCell::new(None),
@@ -110,6 +125,16 @@ impl Offers {
     /// When the oldest queued request was queued: an idle worker takes back the oldest first.
     pub fn oldest_enqueued_at(&self) -> Option<Instant> {
         self.queued.borrow().front().map(|queued| queued.job.enqueued_at)
+    }
+
+    /// When the oldest queued request was queued, if the worker has been on the request before
+    /// it for [`STALE_AFTER`] at `now`.
+    pub fn stale_since(&self, now: Instant) -> Option<Instant> {
+        let since = self.answering_since.get()?;
+        if now.saturating_duration_since(since) < STALE_AFTER {
+            return None;
+        }
+        self.oldest_enqueued_at()
     }
 
     /// Whether the request whose state is `state` is queued here.
@@ -166,6 +191,7 @@ impl Offers {
         debug_assert!(self.is_empty() && self.answering.get().is_none(), "a worker seated while busy");
         job.state.set(JobState::Seated);
         self.answering.set(Some(slot));
+        self.answering_since.set(Some(Instant::now()));
         Taken { job, id, on_channel }
     }
 
@@ -255,6 +281,7 @@ impl Offers {
         let Queued { slot, id, job } = self.queued.borrow_mut().pop_front()?;
         job.state.set(JobState::Seated);
         self.answering.set(Some(slot));
+        self.answering_since.set(Some(Instant::now()));
         Some(Taken { job, id, on_channel: false })
     }
 
@@ -266,6 +293,7 @@ impl Offers {
             Ok(recalled) => {
                 if recalled {
                     self.answering.set(None);
+                    self.answering_since.set(None);
                 }
                 recalled
             }
@@ -278,6 +306,7 @@ impl Offers {
 
     /// The answer to the request taken last has come whole: its slot is free again.
     pub fn answered(&self) -> Result<(), Corrupt> {
+        self.answering_since.set(None);
         match self.answering.take() {
             Some(slot) => self.end.borrow_mut().release(slot),
             None => Ok(()),
@@ -386,6 +415,10 @@ mod tests {
         assert_eq!((seated.job.frame.as_slice(), seated.job.state.get()), (&b"GET /a"[..], JobState::Seated));
         offer(&offers, "GET /b");
         offer(&offers, "GET /c");
+        for more in 2..DEPTH {
+            assert!(!offers.is_full());
+            offer(&offers, &format!("GET /{more}"));
+        }
         assert!(offers.is_full());
         assert_eq!(takes(&worker).unwrap(), b"GET /a");
         offers.answered().unwrap();
@@ -453,9 +486,10 @@ mod tests {
         let big = request(&"x".repeat(LAYOUT.max_request_frame() + 1));
         assert!(!offers.fits(&big));
         assert!(offers.make(big).is_err());
-        offer(&offers, "GET /a");
-        offer(&offers, "GET /b");
-        assert_eq!(offers.make(request("GET /c")).unwrap_err().frame, b"GET /c");
+        for n in 0..DEPTH {
+            offer(&offers, &format!("GET /{n}"));
+        }
+        assert_eq!(offers.make(request("GET /over")).unwrap_err().frame, b"GET /over");
     }
 
     #[test]

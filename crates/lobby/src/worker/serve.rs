@@ -250,7 +250,7 @@ fn lost_with(lobby: &Lobby, offers: &Offers, job: Job, lost: Lost) -> Gone {
 /// to be retired, no more than the `left` requests it will still take.
 fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
     while !offers.is_full() && left.is_none_or(|left| (offers.len() as u64) < left) {
-        let Some(next) = lobby.seating.take_queued() else { return };
+        let Some(next) = lobby.seating.take_oldest(Instant::now()) else { return };
         // Its wait ends here: the worker takes it as soon as it has answered.
         let waited = next.enqueued_at.elapsed();
         if let Err(next) = offers.make(next) {
