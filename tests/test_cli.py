@@ -232,6 +232,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
     assert lobby == {
         "bind": ["127.0.0.1:8000"],
         "workers": 1,
+        "threads": 1,
         "backlog": None,
         "timeout": 30.0,
         "graceful_timeout": 30.0,
@@ -463,17 +464,18 @@ import functools, socket, sys
 from maitred import zygote
 from maitred.app import load_app
 control = socket.socket(fileno=int(sys.argv[1]))
-settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto"}
+settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto",
+            "threads": int(sys.argv[4])}
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """
 
 
 class ZygoteProcess:
-    def __init__(self, app_dir: Path, spec: str, preload: bool) -> None:
+    def __init__(self, app_dir: Path, spec: str, preload: bool, threads: int = 1) -> None:
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control.settimeout(20)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy"],
+            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy", str(threads)],
             cwd=app_dir,
             pass_fds=[theirs.fileno()],
             start_new_session=True,
@@ -483,7 +485,7 @@ class ZygoteProcess:
         theirs.close()
 
     def receive(self) -> tuple[list[str], list[int]]:
-        message, fds, _, _ = socket.recv_fds(self.control, 4096, 1)
+        message, fds, _, _ = socket.recv_fds(self.control, 4096, 64)
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
@@ -552,6 +554,24 @@ def test_zygote_spawns_kills_reaps_and_exits_after_the_lobby(app_dir, zygotes, p
     assert wait_for_empty_group(zygote.process.pid, 5) == []
     stderr = zygote.process.stderr.read().decode()
     assert "malformed control message b'nonsense'" in stderr
+
+
+def test_zygote_gives_a_worker_a_channel_per_thread(app_dir, zygotes):
+    (app_dir / "hello.py").write_text(HELLO)
+    zygote = ZygoteProcess(app_dir, "hello:app", preload=False, threads=3)
+    zygotes.append(zygote)
+    zygote.control.send(b"spawn 0 1")
+    fields, fds = zygote.receive()
+    assert fields[:2] == ["spawned", "0"] and len(fds) == 3, (fields, fds)
+    channels = [socket.socket(fileno=fd) for fd in fds]
+    for channel in channels:
+        channel.settimeout(20)
+        kind, payload = read_frame(channel)
+        assert (kind, struct.unpack("<I", payload[:4])[0]) == (1, int(fields[2]))  # READY from that pid
+    # The worker goes once the lobby has let go of every channel.
+    for channel in channels:
+        channel.close()
+    assert zygote.receive() == (["exited", fields[2], "code", "0"], [])
 
 
 def test_zygote_reports_a_failed_preload(app_dir, zygotes):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 from client import eventually
-from conftest import HOST, processes_in_group
+from conftest import HOST, processes_in_group, workers_of
 from maitred import config, gunicorn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,7 +197,7 @@ import os
 
 wsgi_app = "hello:app"
 workers = int(os.environ.get("APP_WORKERS", multiprocessing.cpu_count()))
-worker_class = "sync"
+worker_class = "gthread"
 threads = 4
 keepalive = 5
 timeout = 20
@@ -238,14 +238,16 @@ def test_gunicorn_config_file_renamed_works(maitred_server, tmp_path):
     assert (tmp_path / "access.log").read_text().splitlines()[0] == '203.0.113.9 "GET / HTTP/1.1" 200 probe/1'
     warnings = [line for line in server.stderr().splitlines() if " is ignored: " in line]
     ignored = sorted(re.search(r"config file \S+: (\w+) is ignored: ", line)[1] for line in warnings)
-    # One line each for what maitred cannot honour; none for what it does, for hooks, or for
-    # values that ask for nothing maitred does not do (worker_class "sync", daemon False,
-    # keyfile None).
-    assert ignored == ["proc_name", "threads"], server.stderr()
+    # One line each for what maitred cannot honour; none for what it does (threads), for hooks,
+    # or for values that ask for nothing maitred does not do (worker_class "gthread", daemon
+    # False, keyfile None).
+    assert ignored == ["proc_name"], server.stderr()
     # The hooks ran where gunicorn runs them, with the arguments its documentation shows.
     server.wait_for_log("ready with 2 workers", 10)
     assert eventually(lambda: server.stderr().count("forked ") >= 2, 10), server.stderr()
-    assert any("threads is ignored: a maitred worker runs one request at a time" in line for line in warnings)
+    # threads = 4: each worker serves with four threads.
+    for worker in workers_of(server.pid, 2):
+        assert len(os.listdir(f"/proc/{worker}/task")) >= 4
 
 
 def test_gunicorn_names_map_to_maitreds(clean_environment, tmp_path):

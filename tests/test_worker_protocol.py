@@ -418,7 +418,7 @@ def load_app():
     if sys.argv[2] == "!fail":
         raise AppLoadError("no module named 'missing' (looked in /srv first, then sys.path)")
     return getattr(tests, sys.argv[2])
-sys.exit(serve(int(sys.argv[1]), load_app))
+sys.exit(serve([int(sys.argv[1])], load_app))
 """
 
 

@@ -251,17 +251,11 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "worker_class",
         ("-k", "--worker-class"),
         _IGNORED,
-        "maitred's workers are its own: each runs one request at a time, like gunicorn's sync worker, and the "
-        "lobby holds slow and idle connections",
-        ("sync", "gunicorn.workers.sync.SyncWorker"),
+        "maitred's workers are its own: each thread runs one request at a time, like gunicorn's sync and "
+        "gthread workers (threads come from --threads), and the lobby holds slow and idle connections",
+        ("sync", "gunicorn.workers.sync.SyncWorker", "gthread", "gunicorn.workers.gthread.ThreadWorker"),
     ),
-    GunicornSetting(
-        "threads",
-        ("--threads",),
-        _IGNORED,
-        "a maitred worker runs one request at a time: raise --workers instead",
-        (1,),
-    ),
+    GunicornSetting("threads", ("--threads",), _SAME),
     GunicornSetting(
         "worker_connections",
         ("--worker-connections",),

@@ -1,5 +1,5 @@
-"""A worker: runs the WSGI application for one request at a time, as the lobby sends them
-over the worker channel (docs/PROTOCOL.md, section 2).
+"""A worker: runs the WSGI application for one request at a time in each of its threads, as
+the lobby sends them over each thread's channel (docs/PROTOCOL.md, sections 2 and 4).
 
 The native `WorkerChannel` does all the per-request work that does not involve the
 application: it decodes the request, builds the environ, checks what ``start_response`` is
@@ -15,6 +15,8 @@ import io
 import os
 import signal
 import stat
+import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -109,22 +111,26 @@ def _catch_hook_signals(worker_hooks: hooks.WorkerHooks, me: hooks.Worker) -> No
 
 
 def serve(
-    channel_fd: int, load_app: Callable[[], Application], hooked: Hooked = None, report_address: str | None = None
+    channel_fds: list[int],
+    load_app: Callable[[], Application],
+    hooked: Hooked = None,
+    report_address: str | None = None,
 ) -> int:
     """Loads the application with `load_app`, then serves the requests that arrive on
-    `channel_fd` (the worker's end of its channel, which this takes over) until the lobby
-    closes it. Returns the exit code: 0 when the lobby closed the channel, 1 if the
-    application did not load, a hook failed its boot, the channel broke (an I/O error, a
-    frame against the protocol) or SIGABRT came (--timeout). With --reload, `report_address`
+    `channel_fds` (the worker's ends of its channels, one per thread, which this takes over)
+    until the lobby closes them. Returns the exit code: 0 when the lobby closed the channels,
+    1 if the application did not load, a hook failed its boot, a channel broke (an I/O error,
+    a frame against the protocol) or SIGABRT came (--timeout). With --reload, `report_address`
     is the watcher's, told which files the application was imported from (or was being
     imported from, when that failed) before the worker says it is ready (or failed)."""
     leave_signals_to_the_lobby()
     if hooked is not None:
         hooked[1].pid = os.getpid()
         _catch_hook_signals(*hooked)
-    channel = WorkerChannel(channel_fd, base_environ())
+    environ = base_environ(threads=len(channel_fds))
+    channels = [WorkerChannel(fd, environ) for fd in channel_fds]
     try:
-        return _boot_and_serve(channel, load_app, hooked, report_address)
+        return _boot_and_serve(channels, load_app, hooked, report_address)
     except _Leaving as leaving:
         assert isinstance(leaving.code, int)
         return leaving.code
@@ -144,8 +150,10 @@ def _boot_failed(channel: WorkerChannel, message: str) -> int:
 
 
 def _boot_and_serve(
-    channel: WorkerChannel, load_app: Callable[[], Application], hooked: Hooked, report_address: str | None
+    channels: list[WorkerChannel], load_app: Callable[[], Application], hooked: Hooked, report_address: str | None
 ) -> int:
+    # Boot failures go on the first channel; the others close with the process.
+    channel = channels[0]
     if hooked is not None:
         worker_hooks, me = hooked
         # As under gunicorn, a worker whose post_fork raises has failed to boot.
@@ -165,13 +173,27 @@ def _boot_and_serve(
         worker_hooks, me = hooked
         if not hooks.call("post_worker_init", worker_hooks.get("post_worker_init"), me):
             return _boot_failed(channel, hooks.summary("post_worker_init"))
-    try:
-        channel.ready()
+
+    def answer_on(channel: WorkerChannel) -> Callable[[dict[str, Any], Any], None]:
         if hooked is not None and hooked[0].around_requests:
-            # pre_request before each request, post_request after it.
-            _serve_requests(channel, functools.partial(_answer_with_hooks, channel, application, *hooked))
-        else:
-            _serve_requests(channel, functools.partial(_answer, channel, application))
+            # pre_request before each request, post_request after it, in the request's thread.
+            return functools.partial(_answer_with_hooks, channel, application, *hooked)
+        return functools.partial(_answer, channel, application)
+
+    try:
+        for each in channels:
+            each.ready()
+        others = [
+            threading.Thread(target=_serve_thread, args=(each, answer_on(each)), name=f"maitred-{number}", daemon=True)
+            for number, each in enumerate(channels[1:], start=1)
+        ]
+        for thread in others:
+            thread.start()
+        # The main thread serves the first channel, so that signals are handled as they are
+        # without threads; once the lobby has closed it, the others finish what they hold.
+        _serve_requests(channel, answer_on(channel))
+        for thread in others:
+            thread.join()
     except ChannelClosed as error:
         # The lobby let go in the middle of an exchange: it is shutting down or went away,
         # and it is the one to say so.
@@ -182,14 +204,14 @@ def _boot_and_serve(
     return 0
 
 
-def base_environ() -> dict[str, Any]:
+def base_environ(threads: int = 1) -> dict[str, Any]:
     """The environ keys that are the same for every request; the channel copies this dict
     for each request and adds the request's own keys."""
     return {
         "wsgi.version": (1, 0),
         "wsgi.url_scheme": "http",
         "wsgi.errors": ErrorStream(),
-        "wsgi.multithread": False,
+        "wsgi.multithread": threads > 1,
         "wsgi.multiprocess": True,
         "wsgi.run_once": False,
         # The lobby de-chunks bodies: reading wsgi.input to its end is always safe.
@@ -209,6 +231,24 @@ def _serve_requests(channel: WorkerChannel, answer: Callable[[dict[str, Any], An
         if request is None:
             return
         answer(*request)
+
+
+def _serve_thread(channel: WorkerChannel, answer: Callable[[dict[str, Any], Any], None]) -> None:
+    """A thread other than the main one serves its channel. What would end a worker without
+    threads ends this one too: its channel broke, or the application raised SystemExit."""
+    try:
+        _serve_requests(channel, answer)
+    except ChannelClosed as error:
+        log("debug", f"worker {os.getpid()}: {error}")
+    except BaseException as error:  # noqa: BLE001 - the worker exits, whatever it was
+        if isinstance(error, ChannelError):
+            log("error", f"worker {os.getpid()}: {error}")
+        elif not isinstance(error, SystemExit):
+            log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The lobby sees every channel close: each request the worker held is answered 502.
+        os._exit(error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else 1)
 
 
 def _answer_with_hooks(

@@ -70,7 +70,9 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     assert isinstance(grace, float)
     worker_hooks = hooks.WorkerHooks(settings) if hooks.configured(settings) else None
     captures = capture.wanted(settings["capture_output"])
-    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures).serve()
+    threads = settings["threads"]
+    assert isinstance(threads, int)
+    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures, threads).serve()
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -106,9 +108,12 @@ class _Zygote:
         worker_hooks: hooks.WorkerHooks | None,
         report_address: str | None,
         captures: bool,
+        threads: int,
     ) -> None:
         self._control = control
         self._captures = captures
+        # Each worker gets a channel per thread (docs/PROTOCOL.md, section 4).
+        self._threads = threads
         # Each worker's captured output (--capture-output), by the descriptor it is read from:
         # kept until every process that could write to it has gone, which may be after the
         # worker itself (a program it started), so that no line is lost with it.
@@ -216,11 +221,18 @@ class _Zygote:
             raise _LobbyGone() from None
 
     def _spawn(self, slot: int, workers: int) -> None:
+        pairs: list[tuple[socket.socket, socket.socket]] = []
         try:
-            lobby_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            for _ in range(self._threads):
+                pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
             output = os.pipe2(os.O_CLOEXEC) if self._captures else None
         except OSError as error:
-            raise _SpawnFailed(f"cannot create a channel for worker {slot}: {error}") from None
+            for pair in pairs:
+                for end in pair:
+                    end.close()
+            raise _SpawnFailed(f"cannot create the channels for worker {slot}: {error}") from None
+        lobby_ends = [lobby_end for lobby_end, _ in pairs]
+        worker_ends = [worker_end for _, worker_end in pairs]
         hooked = None
         if self._hooks is not None:
             self._hooks.server.num_workers = workers
@@ -233,14 +245,15 @@ class _Zygote:
         try:
             pid = os.fork()
         except OSError as error:
-            lobby_end.close()
-            worker_end.close()
+            for end in (*lobby_ends, *worker_ends):
+                end.close()
             for end in output or ():
                 os.close(end)
             raise _SpawnFailed(f"cannot fork worker {slot}: {error}") from None
         if pid == 0:
-            self._become_worker(lobby_end, worker_end, hooked, output)
-        worker_end.close()
+            self._become_worker(lobby_ends, worker_ends, hooked, output)
+        for worker_end in worker_ends:
+            worker_end.close()
         if output is not None:
             os.close(output[1])
             self._outputs[output[0]] = capture.Output(output[0], pid)
@@ -248,17 +261,18 @@ class _Zygote:
         # Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
         self._children.add(pid)
         try:
-            self._send(f"spawned {slot} {pid}", [lobby_end.fileno()])
+            self._send(f"spawned {slot} {pid}", [lobby_end.fileno() for lobby_end in lobby_ends])
         finally:
             # The zygote keeps no channel end: a worker must hold only its own, so that
             # end-of-file reaches it when the lobby lets go.
-            lobby_end.close()
+            for lobby_end in lobby_ends:
+                lobby_end.close()
         log.log("debug", f"zygote: forked worker {pid} for slot {slot}")
 
     def _become_worker(
         self,
-        lobby_end: socket.socket,
-        worker_end: socket.socket,
+        lobby_ends: list[socket.socket],
+        worker_ends: list[socket.socket],
         hooked: worker.Hooked,
         output: tuple[int, int] | None,
     ) -> None:
@@ -273,13 +287,15 @@ class _Zygote:
             os.close(self._wakeup_read)
             os.close(self._wakeup_write)
             self._control.close()
-            lobby_end.close()
+            for lobby_end in lobby_ends:
+                lobby_end.close()
             for fd in self._outputs:
                 os.close(fd)
             if output is not None:
                 os.close(output[0])
                 capture.redirect(output[1])
-            code = worker.serve(worker_end.detach(), self._load_app, hooked, self._report_address)
+            channel_fds = [worker_end.detach() for worker_end in worker_ends]
+            code = worker.serve(channel_fds, self._load_app, hooked, self._report_address)
         except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
         finally:

@@ -158,6 +158,7 @@ fn config(options: &Options) -> Config {
     Config {
         binds: vec![BindAddress::Tcp { host: "127.0.0.1".into(), port: options.port }],
         workers: options.workers,
+        threads: 1,
         backlog: None,
         timeout: Duration::from_secs(30),
         graceful_timeout: Duration::from_secs(10),

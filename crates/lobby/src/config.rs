@@ -27,6 +27,8 @@ pub enum BindAddress {
 pub struct Config {
     pub binds: Vec<BindAddress>,
     pub workers: usize,
+    /// Threads per worker, each a channel and a seat of its own.
+    pub threads: usize,
     /// None: the kernel's maximum (`net.core.somaxconn`).
     pub backlog: Option<u32>,
     /// How long one request may keep a worker before the worker is killed.

@@ -140,6 +140,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
     Ok(Config {
         binds,
         workers: required(settings, "workers")?,
+        threads: required(settings, "threads")?,
         backlog: optional(settings, "backlog")?,
         timeout: seconds(settings, "timeout")?,
         graceful_timeout: seconds(settings, "graceful_timeout")?,

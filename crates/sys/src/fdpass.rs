@@ -15,9 +15,10 @@ use std::ptr;
 
 use bytes::BufMut;
 
-/// Room for this many descriptors in one received message. Every sender here attaches at most
-/// one per message; the margin only keeps a surplus from being silently truncated.
-const MAX_FDS_PER_RECV: usize = 8;
+/// Room for this many descriptors in one received message: the zygote's `spawned` carries one
+/// channel per thread of the worker, up to `--threads`' maximum, 64; every other sender
+/// attaches at most one.
+const MAX_FDS_PER_RECV: usize = 64;
 
 /// Why a `recvmsg` could not be taken as is.
 #[derive(Debug)]

@@ -90,12 +90,25 @@ ROWS: tuple[Setting, ...] = (
     ),
     Setting(
         "workers",
+        "threads",
+        ("--threads",),
+        "INT",
+        # The zygote passes a worker's channels, one per thread, in one message, whose room the
+        # lobby sizes for 64 (crates/sys/src/fdpass.rs).
+        _whole_number(1, 64),
+        1,
+        "Threads per worker, each running one request at a time; the lobby seats a request only where a thread "
+        "is free. For applications that wait on I/O (docs/DEPLOY.md, Threads or workers).",
+    ),
+    Setting(
+        "workers",
         "timeout",
         ("-t", "--timeout"),
         "SECONDS",
         seconds(allow_zero=False),
         30.0,
-        "A worker busy with one request for longer than this is killed and replaced.",
+        "A request running longer than this gets 504 and its worker's Python stack is logged; the worker is "
+        "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout).",
     ),
     Setting(
         "workers",

@@ -15,9 +15,9 @@ use crate::log::{info, warning};
 /// spilled bodies.
 const RESERVED_FDS: u64 = 64;
 
-/// Descriptors the lobby holds for each worker: its channel and its bell, its shared region's
-/// memfd while passing it, and a file it may be passing.
-const FDS_PER_WORKER: u64 = 4;
+/// Descriptors the lobby holds for each worker thread: its channel and its two bells, its
+/// shared region's memfd while passing it, and a file it may be passing.
+const FDS_PER_THREAD: u64 = 5;
 
 /// An episode at `--max-connections` ends once the lobby has not been at the cap for this long.
 const CAP_QUIET: Duration = Duration::from_secs(1);
@@ -34,8 +34,8 @@ pub(crate) struct Descriptors {
 impl Descriptors {
     /// Raises the soft descriptor limit as far as `wanted` connections need (all the way to
     /// the hard limit when none is asked for), and leaves room for everything else.
-    pub(crate) fn raise(workers: usize, wanted: Option<usize>) -> Descriptors {
-        let reserved = RESERVED_FDS + FDS_PER_WORKER * workers as u64;
+    pub(crate) fn raise(threads: usize, wanted: Option<usize>) -> Descriptors {
+        let reserved = RESERVED_FDS + FDS_PER_THREAD * threads as u64;
         let (soft, hard) = maitred_sys::limits::open_files();
         let mut soft = soft.unwrap_or(u64::MAX);
         // An unlimited hard limit still stops at the kernel's fs.nr_open.

@@ -135,10 +135,14 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
         .scoreboard
         .cards()
         .iter()
-        .filter_map(|card| {
-            let request = card.request.borrow();
-            let (summary, since) = request.as_ref()?;
-            Some((since.elapsed(), summary.to_string(), card.pid.get()?))
+        .flat_map(|card| {
+            let pid = card.pid.get();
+            let threads = card.threads.borrow();
+            threads
+                .iter()
+                .flatten()
+                .filter_map(|(summary, since)| Some((since.elapsed(), summary.to_string(), pid?)))
+                .collect::<Vec<_>>()
         })
         .collect();
     running.sort_by_key(|(took, ..)| std::cmp::Reverse(*took));
@@ -211,8 +215,7 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
     let timeout = lobby.settings().timeout;
     let threshold = timeout / 2;
     for card in lobby.scoreboard.cards() {
-        let request = card.request.borrow();
-        let (Some((summary, since)), Some(pid)) = (request.as_ref(), card.pid.get()) else { continue };
+        let (Some((summary, since)), Some(pid)) = (card.longest_request(), card.pid.get()) else { continue };
         let took = since.elapsed();
         if took < threshold {
             continue;

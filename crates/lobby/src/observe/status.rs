@@ -2,6 +2,9 @@
 //! diagnoses in force, for the page at `/` and `maitred top`; and the figures a scrape reads
 //! from the lobby (`Now::read`).
 
+use std::rc::Rc;
+use std::time::Instant;
+
 use prometheus::core::{Collector, Metric};
 use prometheus::Histogram;
 use serde_json::{json, Value};
@@ -57,13 +60,16 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         .cards()
         .iter()
         .map(|card| {
-            let request = card.request.borrow().as_ref().map(|(summary, since)| {
+            let request_of = |(summary, since): &(Rc<str>, Instant)| {
                 let mut words = summary.split(' ');
                 let method = words.next().unwrap_or_default();
                 let target = words.next().unwrap_or_default();
                 let path = target.split('?').next().unwrap_or_default();
                 json!({"method": method, "path": path, "elapsed_seconds": since.elapsed().as_secs_f64()})
-            });
+            };
+            let request = card.longest_request().as_ref().map(request_of);
+            let threads: Vec<Value> =
+                card.threads.borrow().iter().map(|line| line.as_ref().map_or(Value::Null, request_of)).collect();
             let pid = card.pid.get();
             json!({
                 "pid": pid,
@@ -73,6 +79,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
                 "rss_bytes": pid.and_then(resident_of),
                 "age_seconds": card.born.elapsed().as_secs_f64(),
                 "request": request,
+                "threads": threads,
             })
         })
         .collect();

@@ -74,7 +74,9 @@ impl Supervisor {
                 ));
             };
             match event {
-                Some(Event::Report(_, Report::Spawned { slot, pid, channel })) => self.start_worker(slot, pid, channel),
+                Some(Event::Report(_, Report::Spawned { slot, pid, channels })) => {
+                    self.start_worker(slot, pid, channels)
+                }
                 Some(Event::Report(_, Report::PreloadFailed(message))) => return failed(message),
                 Some(Event::Report(from, Report::Exited { pid, .. })) => self.child_exited(from, pid),
                 Some(Event::WhenReady(Ok(()))) => break,

@@ -291,7 +291,7 @@ impl Supervisor {
 
     async fn handle(&mut self, event: Event) -> Result<(), String> {
         match event {
-            Event::Report(from, Report::Spawned { slot, pid, channel }) => match self.workers.get(&slot) {
+            Event::Report(from, Report::Spawned { slot, pid, channels }) => match self.workers.get(&slot) {
                 Some(entry) if entry.pid().is_none() => {
                     let reload = self.reload.as_ref().and_then(|reload| reload.generation) == Some(entry.generation());
                     let role = if reload {
@@ -302,13 +302,13 @@ impl Supervisor {
                         ""
                     };
                     info!("booting worker {pid}{role}");
-                    self.start_worker(slot, pid, channel);
+                    self.start_worker(slot, pid, channels);
                 }
                 _ => {
                     // Its reload was abandoned before the zygote forked it.
                     debug!("worker {pid} is no longer wanted; stopping it");
                     self.ages.insert(pid, slot + 1);
-                    drop(channel);
+                    drop(channels);
                     if from == self.lobby.zygotes.serving().pid {
                         let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
                     }

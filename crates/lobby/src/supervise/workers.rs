@@ -9,11 +9,10 @@ use tokio::task::JoinHandle;
 
 use super::{Event, Supervisor};
 use crate::log::{debug, error, info};
-use crate::worker::channel::Channel;
 use crate::worker::recycle::{recycles, Recycle};
 use crate::worker::scoreboard::{Card, ExitReason, Phase};
-use crate::worker::seat::{self, Gone, Seat};
-use crate::worker::serve;
+use crate::worker::seat::{Gone, Seat};
+use crate::worker::threads;
 
 /// First pause before re-spawning a worker whose application failed to load, doubled each time.
 const REBOOT_BACKOFF: Duration = Duration::from_millis(500);
@@ -81,7 +80,7 @@ impl Supervisor {
         });
     }
 
-    pub(super) fn start_worker(&mut self, id: usize, pid: i32, channel: OwnedFd) {
+    pub(super) fn start_worker(&mut self, id: usize, pid: i32, channels: Vec<OwnedFd>) {
         self.ages.insert(pid, id + 1);
         let Some(entry) = self.workers.get_mut(&id) else { return };
         entry.seat.card.pid.set(Some(pid));
@@ -97,16 +96,11 @@ impl Supervisor {
         );
         let seat = entry.seat.clone();
         let task = tokio::task::spawn_local(async move {
-            let gone = match Channel::new(channel) {
-                Err(e) => Gone::Lost(ExitReason::Crash, format!("unusable channel: {e}")),
-                Ok(mut channel) => match seat::await_ready(&mut channel).await {
-                    Err(gone) => gone,
-                    Ok(()) => {
-                        let _ = events.send(Event::Ready { id, pid });
-                        serve::serve(lobby, pid, channel, recycle, seat).await
-                    }
-                },
+            let ready = {
+                let events = events.clone();
+                move || drop(events.send(Event::Ready { id, pid }))
             };
+            let gone = threads::serve_worker(lobby, pid, channels, recycle, seat, ready).await;
             let _ = events.send(Event::Gone { id, pid, gone });
         });
         if let Some(old) = entry.task.replace(task) {

@@ -24,8 +24,16 @@ const MAX_REPORT: usize = 4096;
 /// A message from the zygote.
 #[derive(Debug)]
 pub enum Report {
-    Spawned { slot: usize, pid: i32, channel: OwnedFd },
-    Exited { pid: i32, how: Exit },
+    /// A worker, with its channels, one per thread (docs/PROTOCOL.md, section 4).
+    Spawned {
+        slot: usize,
+        pid: i32,
+        channels: Vec<OwnedFd>,
+    },
+    Exited {
+        pid: i32,
+        how: Exit,
+    },
     PreloadFailed(String),
 }
 
@@ -184,11 +192,11 @@ impl Control {
             return Ok(None);
         }
         let text = String::from_utf8_lossy(&buf);
-        parse_report(&text, fds.pop_front()).map(Some)
+        parse_report(&text, fds.into()).map(Some)
     }
 }
 
-fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
+fn parse_report(text: &str, fds: Vec<OwnedFd>) -> io::Result<Report> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("unexpected message from the zygote: {text:?}"));
     let mut fields = text.splitn(2, ' ');
     let verb = fields.next().unwrap_or("");
@@ -204,8 +212,10 @@ fn parse_report(text: &str, fd: Option<OwnedFd>) -> io::Result<Report> {
     match verb {
         "spawned" => {
             let values = numbers(2)?;
-            let channel = fd.ok_or_else(bad)?;
-            Ok(Report::Spawned { slot: values[0] as usize, pid: values[1] as i32, channel })
+            if fds.is_empty() {
+                return Err(bad());
+            }
+            Ok(Report::Spawned { slot: values[0] as usize, pid: values[1] as i32, channels: fds })
         }
         "exited" => {
             let parts: Vec<&str> = rest.split(' ').collect();
@@ -234,20 +244,20 @@ mod tests {
 
     #[test]
     fn parses_reports() {
-        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let null = || -> OwnedFd { std::fs::File::open("/dev/null").unwrap().into() };
+        match parse_report("spawned 2 4321", vec![null(), null()]).unwrap() {
+            Report::Spawned { slot: 2, pid: 4321, channels } => assert_eq!(channels.len(), 2),
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(
-            parse_report("spawned 2 4321", Some(fd)).unwrap(),
-            Report::Spawned { slot: 2, pid: 4321, .. }
-        ));
-        assert!(matches!(
-            parse_report("exited 4321 signal 9", None).unwrap(),
+            parse_report("exited 4321 signal 9", Vec::new()).unwrap(),
             Report::Exited { pid: 4321, how: Exit::Signal(9) }
         ));
         assert!(matches!(
-            parse_report("exited 4321 code 0", None).unwrap(),
+            parse_report("exited 4321 code 0", Vec::new()).unwrap(),
             Report::Exited { pid: 4321, how: Exit::Code(0) }
         ));
-        match parse_report("failed cannot import 'x': No module named 'x'", None).unwrap() {
+        match parse_report("failed cannot import 'x': No module named 'x'", Vec::new()).unwrap() {
             Report::PreloadFailed(message) => assert_eq!(message, "cannot import 'x': No module named 'x'"),
             other => panic!("{other:?}"),
         }
@@ -255,8 +265,8 @@ mod tests {
 
     #[test]
     fn rejects_malformed_reports() {
-        assert!(parse_report("spawned 2 4321", None).is_err());
-        assert!(parse_report("exited 1 dumped 3", None).is_err());
-        assert!(parse_report("hello", None).is_err());
+        assert!(parse_report("spawned 2 4321", Vec::new()).is_err());
+        assert!(parse_report("exited 1 dumped 3", Vec::new()).is_err());
+        assert!(parse_report("hello", Vec::new()).is_err());
     }
 }

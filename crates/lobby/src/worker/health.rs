@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::lobby::Lobby;
-use crate::log::warning;
+use crate::log::{error, warning};
 
 /// How long a worker waiting for a request may have been idle before the lobby looks at its
 /// state when a request comes for it. A worker that sent the last frame of an answer less than
@@ -142,6 +142,17 @@ pub async fn abort(lobby: &Lobby, pid: i32) {
     let deadline = Instant::now() + ABORT_GRACE;
     while stat.is_alive() && Instant::now() < deadline {
         tokio::time::sleep(ABORT_POLL).await;
+    }
+}
+
+/// Ends a worker past --timeout: SIGABRT first when it has a worker_abort hook (`abort`), then
+/// SIGKILL.
+pub async fn end(lobby: &Lobby, pid: i32) {
+    if lobby.abort_on_timeout {
+        abort(lobby, pid).await;
+    }
+    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+        error!("could not ask the zygote to kill worker {pid}: {e}");
     }
 }
 

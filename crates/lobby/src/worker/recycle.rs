@@ -4,6 +4,7 @@
 //! spare worker ready while any of these is set, so that the spare takes the retiring worker's
 //! place at once instead of the queue waiting for a new worker to load the application.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
 use std::os::unix::fs::FileExt;
@@ -29,7 +30,9 @@ pub struct Recycle {
     memory: Option<Memory>,
     /// When the worker began to serve: its lifetime counts from there, so that a spare does
     /// not age while it waits.
-    serving_since: Option<Instant>,
+    serving_since: Cell<Option<Instant>>,
+    /// Why it was found to retire: told once, whichever of its threads finds it first.
+    found: Cell<Option<ExitReason>>,
     /// Tells the supervisor that the worker retires, and why (one line for the log).
     retiring: Box<dyn Fn(ExitReason, String)>,
 }
@@ -70,12 +73,15 @@ impl Recycle {
                 }
             },
         };
-        Recycle { requests, lifetime, memory, serving_since: None, retiring }
+        Recycle { requests, lifetime, memory, serving_since: Cell::new(None), found: Cell::new(None), retiring }
     }
 
     /// The worker begins to serve: its lifetime starts.
-    pub fn begin(&mut self) {
-        self.serving_since = Some(Instant::now());
+    pub fn begin(&self) {
+        // Once, whichever of its threads begins first.
+        if self.serving_since.get().is_none() {
+            self.serving_since.set(Some(Instant::now()));
+        }
     }
 
     /// How many more requests the worker may take after `served`.
@@ -86,13 +92,16 @@ impl Recycle {
     /// When the worker's lifetime ends, if it has one and serves.
     pub fn deadline(&self) -> Option<Instant> {
         let lifetime = self.lifetime.as_ref()?;
-        Some(self.serving_since? + lifetime.base + lifetime.jitter)
+        Some(self.serving_since.get()? + lifetime.base + lifetime.jitter)
     }
 
     /// Why the worker must retire now that it has served `served` requests, if it must: its
     /// request budget or its lifetime is spent, or (`after_request`) its memory is too large.
     /// The supervisor is told when a reason is found; the caller asks no more after that.
     pub fn check(&self, served: u64, after_request: bool) -> Option<ExitReason> {
+        if let Some(found) = self.found.get() {
+            return Some(found);
+        }
         let (reason, detail) = self
             .requests_spent(served)
             .map(|detail| (ExitReason::MaxRequests, detail))
@@ -100,6 +109,7 @@ impl Recycle {
             .or_else(|| {
                 after_request.then(|| self.memory_exceeded()).flatten().map(|detail| (ExitReason::Memory, detail))
             })?;
+        self.found.set(Some(reason));
         (self.retiring)(reason, detail);
         Some(reason)
     }
@@ -115,7 +125,7 @@ impl Recycle {
 
     fn lifetime_spent(&self) -> Option<String> {
         let lifetime = self.lifetime.as_ref()?;
-        let age = self.serving_since?.elapsed();
+        let age = self.serving_since.get()?.elapsed();
         if age < lifetime.base + lifetime.jitter {
             return None;
         }

@@ -40,13 +40,15 @@ pub(super) enum Unread {
 /// Reads the worker's answer to the request it took and hands it to the request's connection.
 /// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
 /// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
-/// the worker never read it.
+/// the worker never read it. `sole`: this is the worker's only thread, so that a timeout kills
+/// the worker here; with threads, the worker's task gives the others a grace first.
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
     taken: &Taken,
+    sole: bool,
 ) -> Result<(), Lost> {
     let job = &taken.job;
     enum Next {
@@ -160,18 +162,21 @@ pub(super) async fn relay_response(
                 // (health::dump_stack); the lobby says nothing more until it is written.
                 let elapsed = seated_at.elapsed().as_secs_f64();
                 let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
+                let then = if sole {
+                    "then it is killed"
+                } else {
+                    "then it takes no new request, and it is killed once its other threads have finished \
+                     or --graceful-timeout has passed"
+                };
                 error!(
                     "worker {pid} timed out after {} s on {} (seated {elapsed:.1} s ago{answering}); its Python \
-                     stack follows, then it is killed (--timeout)",
+                     stack follows, {then} (--timeout)",
                     timeout.as_secs_f64(),
                     job.summary
                 );
                 health::dump_stack(lobby, pid).await;
-                if lobby.abort_on_timeout {
-                    health::abort(lobby, pid).await;
-                }
-                if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
-                    error!("could not ask the zygote to kill worker {pid}: {e}");
+                if sole {
+                    health::end(lobby, pid).await;
                 }
                 let detail = if head_sent {
                     "the application did not finish its response within --timeout"

@@ -117,6 +117,9 @@ impl ExitReason {
     }
 }
 
+/// What a thread is busy with: its request's summary (`GET /path HTTP/1.1`) and since when.
+pub type Busy = (Rc<str>, Instant);
+
 /// A worker's line on the scoreboard, shared by the supervisor and the worker's task.
 pub struct Card {
     pub generation: u64,
@@ -126,9 +129,10 @@ pub struct Card {
     /// It has loaded the application.
     pub ready: Cell<bool>,
     pub phase: watch::Sender<Phase>,
-    /// The request it is busy with (`GET /path HTTP/1.1`) and since when.
-    pub request: RefCell<Option<(Rc<str>, Instant)>>,
-    /// Requests it has taken.
+    /// What each of its threads is busy with (`GET /path HTTP/1.1`) and since when: a line per
+    /// thread, each a seat of its own (docs/PROTOCOL.md, section 4).
+    pub threads: RefCell<Vec<Option<Busy>>>,
+    /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
 }
 
@@ -140,7 +144,7 @@ impl Card {
             born: Instant::now(),
             ready: Cell::new(false),
             phase: watch::Sender::new(phase),
-            request: RefCell::new(None),
+            threads: RefCell::new(vec![None]),
             served: Cell::new(0),
         }
     }
@@ -150,20 +154,34 @@ impl Card {
             _ if !self.ready.get() => WorkerState::Starting,
             Phase::Retire => WorkerState::Retiring,
             Phase::Hold => WorkerState::Held,
-            Phase::Serve if self.request.borrow().is_some() => WorkerState::Busy,
+            Phase::Serve if self.busy_threads() > 0 => WorkerState::Busy,
             Phase::Serve => WorkerState::Idle,
         }
     }
 
-    /// The worker takes a request.
-    pub fn begin(&self, summary: Rc<str>) {
-        self.served.set(self.served.get() + 1);
-        *self.request.borrow_mut() = Some((summary, Instant::now()));
+    /// The worker has come with `threads` channels: a line for each.
+    pub fn set_threads(&self, threads: usize) {
+        *self.threads.borrow_mut() = vec![None; threads];
     }
 
-    /// The worker has answered.
-    pub fn end(&self) {
-        self.request.borrow_mut().take();
+    pub fn busy_threads(&self) -> usize {
+        self.threads.borrow().iter().filter(|line| line.is_some()).count()
+    }
+
+    /// The request one of its threads has been on longest, if any is busy.
+    pub fn longest_request(&self) -> Option<Busy> {
+        self.threads.borrow().iter().flatten().min_by_key(|(_, since)| *since).cloned()
+    }
+
+    /// Thread `thread` takes a request.
+    pub fn begin(&self, thread: usize, summary: Rc<str>) {
+        self.served.set(self.served.get() + 1);
+        self.threads.borrow_mut()[thread] = Some((summary, Instant::now()));
+    }
+
+    /// Thread `thread` has answered.
+    pub fn end(&self, thread: usize) {
+        self.threads.borrow_mut()[thread] = None;
     }
 }
 
@@ -252,10 +270,10 @@ mod tests {
         assert_eq!(card.state(), WorkerState::Starting);
         card.ready.set(true);
         assert_eq!(card.state(), WorkerState::Idle);
-        card.begin("GET / HTTP/1.1".into());
+        card.begin(0, "GET / HTTP/1.1".into());
         assert_eq!(card.state(), WorkerState::Busy);
         assert_eq!(card.served.get(), 1);
-        card.end();
+        card.end(0);
         card.phase.send_replace(Phase::Retire);
         assert_eq!(card.state(), WorkerState::Retiring);
     }

@@ -41,13 +41,13 @@ pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
 pub struct Seat {
     /// Its line on the scoreboard, which holds what the supervisor wants of it (its phase).
     pub card: Rc<Card>,
-    /// The worker's offer sockets, once it serves.
-    pub(super) offers: RefCell<Option<Rc<Offers>>>,
+    /// The offers of each of the worker's threads, once it serves.
+    pub(super) offers: RefCell<Vec<Rc<Offers>>>,
 }
 
 impl Seat {
     pub fn new(card: Rc<Card>) -> Rc<Seat> {
-        Rc::new(Seat { card, offers: RefCell::new(None) })
+        Rc::new(Seat { card, offers: RefCell::new(Vec::new()) })
     }
 
     pub fn phase(&self) -> Phase {
@@ -70,9 +70,20 @@ impl Seat {
     /// is busy with, then its task ends with `Gone::Retired`.
     pub fn retire(&self) -> Vec<Job> {
         self.card.phase.send_replace(Phase::Retire);
-        match &*self.offers.borrow() {
-            Some(offers) => offers.recall_until(|_| false),
-            None => Vec::new(),
-        }
+        let mut recalled: Vec<Job> =
+            self.offers.borrow().iter().flat_map(|offers| offers.recall_until(|_| false)).collect();
+        // Oldest first, across the threads, as the queue takes them back.
+        recalled.sort_by_key(|job| job.enqueued_at);
+        recalled
     }
+}
+
+/// Which of its worker's threads a seat's task serves.
+#[derive(Clone, Copy, Debug)]
+pub struct Thread {
+    /// Its line on the worker's card.
+    pub number: usize,
+    /// It is the worker's only thread: a timeout kills the worker at once, since nothing else
+    /// runs in it (docs/PROTOCOL.md, section 4).
+    pub sole: bool,
 }

@@ -15,16 +15,24 @@ use super::health::{self, ProcStat};
 use super::recycle::Recycle;
 use super::relay::{fail, relay_response, Lost, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
-use super::seat::{Gone, Seat};
+use super::seat::{Gone, Seat, Thread};
 use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::Next;
 
-/// Seats jobs at this worker until it goes away or is retired. A worker held by `seat` waits,
-/// idle, until it may serve.
-pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle: Recycle, seat: Rc<Seat>) -> Gone {
+/// Seats jobs at thread `thread` of this worker, through its channel, until the worker goes
+/// away or is retired. A worker held by `seat` waits, idle, until it may serve. `sole`: it is
+/// the worker's only thread (docs/PROTOCOL.md, section 4).
+pub async fn serve(
+    lobby: Rc<Lobby>,
+    pid: i32,
+    mut channel: Channel,
+    recycle: Rc<Recycle>,
+    seat: Rc<Seat>,
+    thread: Thread,
+) -> Gone {
     // Made as soon as the worker is ready, held or not: the workers held at the start have all
     // their descriptors open before the server says it serves.
     let offers = match Offers::new() {
@@ -54,24 +62,34 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, mut recycle
             _ = channel.closed_while_idle() => return Gone::Lost(ExitReason::Crash, idle_loss(&mut channel).await),
         }
     }
-    *seat.offers.borrow_mut() = Some(offers.clone());
+    seat.offers.borrow_mut().push(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let gone = seat_jobs(&lobby, pid, &mut channel, &offers, &recycle, &seat.card, &mut phase).await;
+    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread };
+    let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
     lobby.seating.remove_offers(&offers);
-    seat.offers.borrow_mut().take();
+    seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
     gone
+}
+
+/// The thread of a worker that a seat's task serves, and what it shares with the worker's
+/// other threads: its card and its recycling.
+#[derive(Clone, Copy)]
+struct WorkerThread<'a> {
+    pid: i32,
+    card: &'a Card,
+    recycle: &'a Recycle,
+    thread: Thread,
 }
 
 async fn seat_jobs(
     lobby: &Rc<Lobby>,
-    pid: i32,
+    worker: &WorkerThread<'_>,
     channel: &mut Channel,
     offers: &Offers,
-    recycle: &Recycle,
-    card: &Card,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
+    let WorkerThread { pid, card, recycle, thread } = *worker;
     // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
@@ -155,14 +173,14 @@ async fn seat_jobs(
                 }
             }
         };
-        card.begin(taken.job.summary.clone());
+        card.begin(thread.number, taken.job.summary.clone());
         let served = card.served.get();
         // A retiring worker is offered nothing: its offers went back to the queue.
         if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = relay_response(lobby, pid, channel, offers, &taken).await;
-        card.end();
+        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread.sole).await;
+        card.end(thread.number);
         if let Err(lost) = relayed {
             return lost_with(lobby, offers, taken.job, lost);
         }

@@ -1,0 +1,88 @@
+//! A worker as a whole: its channels, one per thread, each a seat that `serve.rs` serves as it
+//! would a worker with one thread (docs/PROTOCOL.md, section 4). Here what belongs to the
+//! process rather than to one thread: it is ready once every thread is; one thread past
+//! --timeout retires the worker, whose other threads then have --graceful-timeout to finish
+//! before it is killed; and its time with the lobby ends once every seat's has.
+
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+
+use tokio::task::JoinSet;
+
+use super::channel::Channel;
+use super::health;
+use super::recycle::Recycle;
+use super::scoreboard::ExitReason;
+use super::seat::{self, Gone, Seat, Thread};
+use super::serve;
+use crate::lobby::Lobby;
+use crate::log::debug;
+
+/// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
+/// calls `ready`, then seats requests at every thread until the worker goes away or retires.
+pub async fn serve_worker(
+    lobby: Rc<Lobby>,
+    pid: i32,
+    channels: Vec<OwnedFd>,
+    recycle: Recycle,
+    seat: Rc<Seat>,
+    ready: impl FnOnce(),
+) -> Gone {
+    let mut opened = Vec::with_capacity(channels.len());
+    for fd in channels {
+        match Channel::new(fd) {
+            Ok(channel) => opened.push(channel),
+            Err(e) => return Gone::Lost(ExitReason::Crash, format!("unusable channel: {e}")),
+        }
+    }
+    // Each thread says READY once the application is imported; a failed boot comes on the first
+    // channel, and the process exits, closing the others.
+    for channel in &mut opened {
+        if let Err(gone) = seat::await_ready(channel).await {
+            return gone;
+        }
+    }
+    seat.card.set_threads(opened.len());
+    ready();
+    let recycle = Rc::new(recycle);
+    if opened.len() == 1 {
+        let channel = opened.pop().expect("one channel");
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }).await;
+    }
+    let mut seats = JoinSet::new();
+    for (number, channel) in opened.into_iter().enumerate() {
+        let thread = Thread { number, sole: false };
+        seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
+    }
+    let mut first_loss: Option<Gone> = None;
+    while let Some(ended) = seats.join_next().await {
+        let gone = ended.unwrap_or_else(|e| Gone::Lost(ExitReason::Crash, format!("its task failed: {e}")));
+        match gone {
+            Gone::Lost(ExitReason::Timeout, _) if first_loss.is_none() => {
+                // Python cannot stop one thread: the worker takes nothing more, and goes once its
+                // other threads have answered what they hold, or at the grace's end.
+                lobby.seating.requeue_front(seat.retire());
+                first_loss = Some(gone);
+                let grace = lobby.settings().graceful_timeout;
+                let finished =
+                    tokio::time::timeout(grace, async { while let Some(_other) = seats.join_next().await {} }).await;
+                if finished.is_err() {
+                    debug!("worker {pid}'s other threads did not finish within --graceful-timeout");
+                }
+                health::end(&lobby, pid).await;
+                // Its seats, cut by the kill, end on their own; what they held is answered 502.
+                while seats.join_next().await.is_some() {}
+            }
+            Gone::Lost(..) if first_loss.is_none() => {
+                // Lost to one thread is lost to all: the process is killed, if it has not gone
+                // already, so that its other seats end now rather than at their timeouts.
+                if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                    debug!("could not ask the zygote to kill worker {pid}: {e}");
+                }
+                first_loss = Some(gone);
+            }
+            _ => {}
+        }
+    }
+    first_loss.unwrap_or(Gone::Retired)
+}

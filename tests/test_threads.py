@@ -1,0 +1,205 @@
+"""Threads per worker (--threads; docs/PROTOCOL.md, section 4; docs/DEPLOY.md): each thread a
+seat of its own in the lobby's one FIFO, and what is per request staying per request."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+from client import Reply, eventually, get, status_of
+from conftest import HOST, free_port, workers_of
+
+APPS = Path(__file__).resolve().parent / "apps"
+
+
+class Request(threading.Thread):
+    """One GET in the background, timed from its own start."""
+
+    def __init__(self, port: int, path: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.path = port, path
+        self.reply: Reply | None = None
+        self.error: BaseException | None = None
+        self.took = float("inf")
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            self.reply = get(self.port, self.path, timeout=30)
+        except BaseException as error:  # noqa: BLE001 - reported by the test's assertions
+            self.error = error
+        self.took = time.monotonic() - started
+
+
+def send(port: int, path: str) -> Request:
+    request = Request(port, path)
+    request.start()
+    return request
+
+
+def busy_threads(stats: int) -> int:
+    return sum(1 for worker in status_of(stats)["scoreboard"] for line in worker["threads"] if line is not None)
+
+
+def test_a_worker_runs_as_many_requests_at_once_as_it_has_threads(maitred_server):
+    server = maitred_server("-w", "1", "--threads", "4", "threaded:app", cwd=APPS)
+    requests = [send(server.port, "/sleep?seconds=1") for _ in range(4)]
+    for request in requests:
+        request.join(30)
+
+    replies = [request.reply for request in requests]
+    assert all(reply is not None and reply.status == 200 for reply in replies), [r.error for r in requests]
+    pids = {reply.body.split()[0] for reply in replies}
+    names = {reply.body.split()[1] for reply in replies}
+    assert len(pids) == 1, "one worker process"
+    assert len(names) == 4, f"each request in a thread of its own: {names}"
+    assert {reply.body.split()[2] for reply in replies} == {b"True"}, "wsgi.multithread"
+    # Together, not one after the other (4 s).
+    assert max(request.took for request in requests) < 2.5, [round(r.took, 2) for r in requests]
+
+
+def test_one_thread_keeps_wsgi_multithread_false(maitred_server):
+    server = maitred_server("-w", "1", "threaded:app", cwd=APPS)
+    assert get(server.port, "/who").body.split()[2] == b"False"
+
+
+def test_quick_requests_never_wait_behind_busy_threads_while_one_is_free(maitred_server):
+    """The issue's test: -w 2 --threads 2, three 2-second requests in flight, then ten quick
+    ones one after another: the fourth seat serves each at once."""
+    stats = free_port()
+    server = maitred_server("-w", "2", "--threads", "2", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    assert len(workers_of(server.pid, 2)) == 2
+    assert eventually(lambda: [worker["state"] for worker in status_of(stats)["scoreboard"]] == ["idle"] * 2, 10)
+    slow = [send(server.port, "/sleep?seconds=2") for _ in range(3)]
+    assert eventually(lambda: busy_threads(stats) == 3, 10), status_of(stats)["scoreboard"]
+    quick = []
+    for _ in range(10):
+        started = time.monotonic()
+        reply = get(server.port, "/who")
+        quick.append(time.monotonic() - started)
+        assert reply.status == 200
+    assert max(quick) < 0.5, f"quick requests took {[round(took, 3) for took in quick]} s"
+    for request in slow:
+        request.join(30)
+    assert all(request.reply is not None and request.reply.status == 200 for request in slow)
+
+
+def test_the_scoreboard_shows_each_threads_request(maitred_server):
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "3", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    slow = [send(server.port, "/sleep?seconds=1") for _ in range(2)]
+    assert eventually(lambda: busy_threads(stats) == 2, 10)
+    (worker,) = status_of(stats)["scoreboard"]
+    assert len(worker["threads"]) == 3
+    assert [line["path"] for line in worker["threads"] if line is not None] == ["/sleep", "/sleep"]
+    assert worker["state"] == "busy" and worker["request"]["path"] == "/sleep"
+    for request in slow:
+        request.join(30)
+
+
+def test_a_thread_past_timeout_gets_504_and_the_others_finish_before_the_worker_is_replaced(maitred_server):
+    stats = free_port()
+    server = maitred_server(
+        "-w", "1", "--threads", "2", "--timeout", "3", "--graceful-timeout", "5", "--stats", f"{HOST}:{stats}",
+        "threaded:app", cwd=APPS,
+    )  # fmt: skip
+    (first,) = workers_of(server.pid, 1)
+    stuck = send(server.port, "/sleep?seconds=30")
+
+    def stuck_for(seconds: float) -> bool:
+        request = status_of(stats)["scoreboard"][0]["request"]
+        return request is not None and request["elapsed_seconds"] >= seconds
+
+    # Sent 1.5 s into the stuck one, it is still running when that one passes its 3 s, and
+    # ends well within its own.
+    assert eventually(lambda: stuck_for(1.5), 10)
+    finishing = send(server.port, "/sleep?seconds=2")
+    stuck.join(30)
+    finishing.join(30)
+
+    assert stuck.reply is not None and stuck.reply.status == 504, stuck.error or stuck.reply
+    # Its neighbour was running when the worker timed out, yet answered: the worker waited for it.
+    assert finishing.reply is not None and finishing.reply.status == 200, finishing.error or finishing.reply
+    server.wait_for_log("it takes no new request, and it is killed once its other threads have finished", 10)
+    server.wait_for_log("Thread", 10)  # the stack dump names every thread
+    assert eventually(lambda: workers_of(server.pid) - {first}, 15), "the worker was not replaced"
+    assert get(server.port, "/who").status == 200
+
+
+def test_a_worker_that_dies_costs_a_502_for_each_request_it_held_and_nothing_more(maitred_server):
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "2", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    held = send(server.port, "/sleep?seconds=5")
+    assert eventually(lambda: busy_threads(stats) == 1, 10)
+    dying = send(server.port, "/exit?after=0.2")
+    held.join(30)
+    dying.join(30)
+
+    assert dying.reply is not None and dying.reply.status == 502, dying.error or dying.reply
+    assert held.reply is not None and held.reply.status == 502, held.error or held.reply
+    assert held.took < 4, "the held request was answered when the worker died, not at the end of its sleep"
+    assert get(server.port, "/who").status == 200
+
+
+def test_max_requests_counts_the_requests_of_every_thread(maitred_server):
+    server = maitred_server("-w", "1", "--threads", "2", "--max-requests", "4", "threaded:app", cwd=APPS)
+    served = [get(server.port, "/who").body.split()[:2] for _ in range(8)]
+    first = served[0][0]
+    # Each request goes to the longest-idle seat, so both threads took some: four together.
+    assert len({thread for pid, thread in served if pid == first}) == 2, served
+    assert [pid for pid, _ in served].count(first) == 4, served
+    assert all(pid != first for pid, _ in served[4:]), "the worker took more than --max-requests"
+
+
+HOOKS = """
+import json, threading
+
+def _record(hook, req):
+    with open({records!r}, "a") as file:
+        file.write(json.dumps({{"hook": hook, "query": req.query, "thread": threading.current_thread().name}}) + "\\n")
+
+def pre_request(worker, req):
+    _record("pre_request", req)
+
+def post_request(worker, req, environ, resp):
+    _record("post_request", req)
+"""
+
+
+def test_pre_request_and_post_request_run_in_the_requests_own_thread(maitred_server, tmp_path):
+    records = tmp_path / "records.jsonl"
+    config = tmp_path / "hooks.conf.py"
+    config.write_text(HOOKS.format(records=str(records)))
+    server = maitred_server("-w", "1", "--threads", "2", "-c", str(config), "threaded:app", cwd=APPS)
+    requests = [send(server.port, f"/sleep?seconds=0.3&n={n}") for n in range(4)]
+    for request in requests:
+        request.join(30)
+    answered_in = {}
+    for number, request in enumerate(requests):
+        assert request.reply is not None and request.reply.status == 200, request.error
+        answered_in[f"seconds=0.3&n={number}"] = request.reply.body.split()[1].decode()
+    assert len(set(answered_in.values())) == 2, f"both threads served: {answered_in}"
+
+    def hooked() -> list[dict]:
+        return [json.loads(line) for line in records.read_text().splitlines()] if records.exists() else []
+
+    # post_request is written after the client has its answer.
+    assert eventually(lambda: len(hooked()) == 8, 10), hooked()
+    for record in hooked():
+        assert record["thread"] == answered_in[record["query"]], record
+
+
+def test_a_client_that_leaves_cancels_its_own_request_and_no_other(maitred_server):
+    server = maitred_server("-w", "1", "--threads", "2", "drip:app", cwd=APPS)
+    staying = send(server.port, "/drip?seconds=1")
+    leaving = socket.create_connection((HOST, server.port), timeout=10)
+    leaving.sendall(b"GET /drip?seconds=5 HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert leaving.recv(1024).startswith(b"HTTP/1.1 200 OK")
+    leaving.close()
+    server.wait_for_log("client went away during GET /drip?seconds=5 HTTP/1.1; response abandoned", 10)
+    staying.join(30)
+    assert staying.reply is not None and staying.reply.status == 200, staying.error
+    assert staying.reply.body.count(b"line ") == 20, "the other thread's answer came whole"
