@@ -66,6 +66,8 @@ def test_metrics_count_what_the_lobby_served_without_a_worker(maitred_server):
     assert value(families["maitred_queue_wait_seconds"], "maitred_queue_wait_seconds_count") == 7
     assert value(families["maitred_workers"], "maitred_workers", state="idle") == 2
     assert value(families["maitred_workers"], "maitred_workers", state="busy") == 0
+    assert value(families["maitred_seats"], "maitred_seats", state="free") == 2
+    assert value(families["maitred_seats"], "maitred_seats", state="busy") == 0
     assert value(families["maitred_queue_requests"], "maitred_queue_requests") == 0
     overflows = families["maitred_listen_overflows"]
     assert value(overflows, "maitred_listen_overflows_total", counter="ListenOverflows", scope="machine") >= 0

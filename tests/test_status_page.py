@@ -333,3 +333,25 @@ def take_screenshot(browser: Browser, path: Path) -> None:
     shot = browser.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def test_the_page_shows_what_each_thread_of_a_worker_is_busy_with(maitred_server, browser):
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "2", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    browser.call("Runtime.enable")
+    browser.call("Page.navigate", url=f"http://{HOST}:{stats}/")
+    held = threading.Thread(target=get, args=(server.port, "/held-in-a-thread?sleep=3"))
+    held.start()
+    try:
+        browser.wait_for(
+            "[...document.querySelectorAll('#scoreboard tr.thread')].some("
+            "(row) => row.textContent.includes('/held-in-a-thread'))",
+            timeout=20,
+        )
+        rows = browser.evaluate(SCOREBOARD)
+    finally:
+        held.join(timeout=30)
+    threads = [row for row in rows if row["state"].startswith("thread")]
+    assert [row["cells"][2] for row in threads] == ["thread 0", "thread 1"], rows
+    assert sorted(row["state"] for row in threads) == ["thread busy", "thread idle"], rows
+    assert sum(row["cells"][3] == "GET /held-in-a-thread" for row in threads) == 1, rows

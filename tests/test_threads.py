@@ -96,6 +96,9 @@ def test_the_scoreboard_shows_each_threads_request(maitred_server):
     assert len(worker["threads"]) == 3
     assert [line["path"] for line in worker["threads"] if line is not None] == ["/sleep", "/sleep"]
     assert worker["state"] == "busy" and worker["request"]["path"] == "/sleep"
+    assert status_of(stats)["seats"] == {"busy": 2, "free": 1}
+    metrics = get(stats, "/metrics").body.decode()
+    assert 'maitred_seats{state="busy"} 2' in metrics and 'maitred_seats{state="free"} 1' in metrics, metrics
     for request in slow:
         request.join(30)
 

@@ -174,6 +174,28 @@ def test_top_shows_the_workers_a_held_request_and_the_counts_moving(maitred_serv
 
 
 @needs_tmux
+def test_top_shows_what_each_thread_of_a_worker_is_busy_with(maitred_server, terminal):
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "2", "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    top = terminal("--stats", f"{HOST}:{stats}")
+    top.wait_for(lambda s: row_of(s, "thread 1") is not None, 15, "a line per thread")
+    held: list[Reply] = []
+    slow = threading.Thread(target=lambda: held.append(get(server.port, "/held-in-a-thread?sleep=3")))
+    slow.start()
+    try:
+        screen = top.wait_for(lambda s: row_of(s, "/held-in-a-thread") is not None, 10, "the held request")
+    finally:
+        slow.join(timeout=30)
+    assert held and held[0].status == 200
+    threads = [line for line in screen.splitlines() if " thread " in line]
+    assert len(threads) == 2, screen
+    assert sum("/held-in-a-thread" in line for line in threads) == 1, screen
+    assert sum(line.rstrip().endswith("-") for line in threads) == 1, "the other thread is free"
+    top.press("q")
+    assert top.exit_code(timeout=10) == 0
+
+
+@needs_tmux
 @pytest.mark.parametrize("listening", [False, True], ids=["nothing-listens", "listens-but-never-answers"])
 def test_top_says_when_the_stats_address_does_not_answer_and_q_still_quits(terminal, listening):
     port = free_port()

@@ -400,13 +400,7 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     lines.append((f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'RSS MB':>8} {'AGE':>8}  REQUEST", HEADING))
     for worker in status["scoreboard"]:
         rss = worker["rss_bytes"]
-        request = worker["request"]
-        doing = (
-            ""
-            if request is None
-            else f"{_printable(request['method'])} {_printable(request['path'])} "
-            f"for {_duration(request['elapsed_seconds'])}"
-        )
+        doing = _doing(worker["request"])
         lines.append(
             (
                 (
@@ -417,7 +411,24 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
                 PLAIN,
             )
         )
+        threads = worker.get("threads") or []
+        if len(threads) > 1:
+            # A line per thread (--threads): each is a seat of its own.
+            for number, request in enumerate(threads):
+                lines.append(
+                    (
+                        f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>8} {'':>8}  {_doing(request) or '-'}",
+                        PLAIN,
+                    )
+                )
     return lines
+
+
+def _doing(request: dict | None) -> str:
+    """What a worker or one of its threads is busy with, or nothing."""
+    if request is None:
+        return ""
+    return f"{_printable(request['method'])} {_printable(request['path'])} for {_duration(request['elapsed_seconds'])}"
 
 
 # ---------------------------------------------------------------------------------------------

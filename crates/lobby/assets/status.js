@@ -282,29 +282,57 @@ function showDiagnoses(diagnoses) {
   document.getElementById("diagnoses").replaceChildren(...items);
 }
 
-function showScoreboard(scoreboard) {
+function scoreboardRow(className, cells) {
   // Cells are set as text, never as HTML: a request's path is whatever a client sent.
-  const rows = scoreboard.map((worker) => {
-    const row = document.createElement("tr");
-    row.className = worker.state;
-    const request = worker.request;
-    const cells = [
-      [worker.pid, "number pid"],
-      [worker.generation, "number"],
-      [worker.state, "state"],
-      [request ? `${request.method} ${request.path}` : "", "request"],
-      [request ? formatSeconds(request.elapsed_seconds) : "", "number"],
-      [worker.served, "number"],
-      [formatBytes(worker.rss_bytes), "number"],
-      [formatSeconds(worker.age_seconds), "number"],
+  const row = document.createElement("tr");
+  row.className = className;
+  for (const [text, cellClass] of cells) {
+    const cell = document.createElement("td");
+    cell.className = cellClass;
+    cell.textContent = text;
+    row.append(cell);
+  }
+  return row;
+}
+
+function requestCells(request) {
+  return [
+    [request ? `${request.method} ${request.path}` : "", "request"],
+    [request ? formatSeconds(request.elapsed_seconds) : "", "number"],
+  ];
+}
+
+function showScoreboard(scoreboard) {
+  const rows = scoreboard.flatMap((worker) => {
+    const rows = [
+      scoreboardRow(worker.state, [
+        [worker.pid, "number pid"],
+        [worker.generation, "number"],
+        [worker.state, "state"],
+        ...requestCells(worker.request),
+        [worker.served, "number"],
+        [formatBytes(worker.rss_bytes), "number"],
+        [formatSeconds(worker.age_seconds), "number"],
+      ]),
     ];
-    for (const [text, className] of cells) {
-      const cell = document.createElement("td");
-      cell.className = className;
-      cell.textContent = text;
-      row.append(cell);
+    const threads = worker.threads || [];
+    if (threads.length > 1) {
+      // A row per thread (--threads): each is a seat of its own.
+      threads.forEach((request, number) => {
+        rows.push(
+          scoreboardRow(`thread ${request ? "busy" : "idle"}`, [
+            ["", "number pid"],
+            ["", "number"],
+            [`thread ${number}`, "state"],
+            ...requestCells(request),
+            ["", "number"],
+            ["", "number"],
+            ["", "number"],
+          ]),
+        );
+      });
     }
-    return row;
+    return rows;
   });
   document.getElementById("scoreboard").replaceChildren(...rows);
 }

@@ -18,7 +18,7 @@ use crate::config::QueuePolicy;
 use crate::listen::bind::somaxconn;
 use crate::lobby::Lobby;
 use crate::seating::overload::ShedReason;
-use crate::worker::scoreboard::{ExitReason, Scoreboard, WorkerState};
+use crate::worker::scoreboard::{ExitReason, Scoreboard};
 
 /// Every worker busy, with requests waiting, for this long: S4/S5.
 const SATURATED_AFTER: Duration = Duration::from_secs(1);
@@ -115,12 +115,11 @@ fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
     });
 }
 
-/// S4/S5: every worker busy for over a second, with requests waiting.
+/// S4/S5: every seat (a worker's thread) busy for over a second, with requests waiting.
 fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let counts = lobby.scoreboard.counts();
-    let busy = counts[WorkerState::Busy as usize];
+    let [busy, free] = lobby.scoreboard.seats();
     let waiting = lobby.seating.waiting();
-    let saturated = busy > 0 && counts[WorkerState::Idle as usize] == 0 && waiting > 0;
+    let saturated = busy > 0 && free == 0 && waiting > 0;
     if !saturated {
         lobby.diagnoses.saturated_since.set(None);
         return;
@@ -153,20 +152,30 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
         .collect();
     let settings = lobby.settings();
     let queue_timeout = settings.queue_timeout.map_or("off".to_string(), |limit| format!("{} s", limit.as_secs_f64()));
+    let (every, more) = if settings.threads > 1 {
+        (
+            "every thread of every worker",
+            format!(
+                "more workers or threads (-w {} --threads {}, or one more worker now with SIGTTIN)",
+                settings.workers, settings.threads
+            ),
+        )
+    } else {
+        ("every worker", format!("more workers (-w {}, or one more now with SIGTTIN)", settings.workers))
+    };
     findings.push(Finding {
         name: "workers_saturated",
         scenario: "S4/S5",
         subject: String::new(),
         message: format!(
-            "every worker ({busy}) has been busy for {:.1} s with {waiting} requests waiting, the oldest for {oldest:.1} \
-             s; running longest: {}",
+            "{every} ({busy}) has been busy for {:.1} s with {waiting} requests waiting, the oldest for {oldest:.1} s; \
+             running longest: {}",
             since.elapsed().as_secs_f64(),
             longest.join(", ")
         ),
         fix: format!(
-            "more workers (-w {}, or one more now with SIGTTIN) if CPU and memory allow; --timeout ({} s) ends a \
-             stuck request; --queue-timeout ({queue_timeout}) answers 503 instead of a long wait",
-            settings.workers,
+            "{more} if CPU and memory allow; --timeout ({} s) ends a stuck request; --queue-timeout \
+             ({queue_timeout}) answers 503 instead of a long wait",
             settings.timeout.as_secs_f64()
         ),
     });

@@ -26,6 +26,7 @@ pub struct Metrics {
     pub(super) queue_wait: Histogram,
     pub(super) queue_requests: IntGauge,
     pub(super) workers: IntGaugeVec,
+    pub(super) seats: IntGaugeVec,
     pub(super) connections: IntGaugeVec,
     pub(super) worker_exits: IntCounterVec,
     pub(super) listen_overflows: IntCounterVec,
@@ -87,6 +88,12 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(workers.clone()));
+        let seats = IntGaugeVec::new(
+            Opts::new("seats", "Threads of the workers that serve, by state: busy with a request, or free"),
+            &["state"],
+        )
+        .expect("valid");
+        register(Box::new(seats.clone()));
         let connections = IntGaugeVec::new(
             Opts::new(
                 "connections",
@@ -151,6 +158,7 @@ impl Metrics {
             queue_wait,
             queue_requests,
             workers,
+            seats,
             connections,
             worker_exits,
             listen_overflows,
@@ -189,6 +197,9 @@ impl Metrics {
         for (state, count) in WorkerState::ALL.iter().zip(now.workers) {
             self.workers.with_label_values(&[state.label()]).set(count as i64);
         }
+        for (state, count) in SEAT_STATES.iter().zip(now.seats) {
+            self.seats.with_label_values(&[state]).set(count as i64);
+        }
         for (state, count) in now.connections {
             self.connections.with_label_values(&[state]).set(count as i64);
         }
@@ -225,10 +236,15 @@ impl Metrics {
     }
 }
 
+/// `maitred_seats`' label values.
+pub(super) const SEAT_STATES: [&str; 2] = ["busy", "free"];
+
 /// The figures read at a scrape, shared by `/metrics` and `/status.json`.
 pub(super) struct Now {
     pub(super) waiting: usize,
     pub(super) workers: [usize; WorkerState::ALL.len()],
+    /// Busy and free threads, in `SEAT_STATES`' order.
+    pub(super) seats: [usize; 2],
     pub(super) connections: [(&'static str, usize); 6],
     pub(super) listeners: Vec<ListenerNow>,
     /// Worker exits by reason, the kernel's listen overflows and the requests the queue did not

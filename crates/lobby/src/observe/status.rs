@@ -121,6 +121,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         "queue_wait_seconds": histogram(&metrics.queue_wait),
         "request_duration_seconds": histogram(&metrics.request_duration),
         "workers": workers,
+        "seats": {"busy": now.seats[0], "free": now.seats[1]},
         "connections": connections,
         "listeners": listeners,
         "listen_overflows": {KERNEL_COUNTERS[0]: overflows[0], KERNEL_COUNTERS[1]: overflows[1]},
@@ -153,6 +154,7 @@ impl Now {
         Now {
             waiting,
             workers: lobby.scoreboard.counts(),
+            seats: lobby.scoreboard.seats(),
             connections: [
                 ("reading", states.count(ConnectionState::Reading) as usize),
                 ("queued", queued),

@@ -237,6 +237,20 @@ impl Scoreboard {
         counts
     }
 
+    /// Busy and free threads of the workers that serve (idle or busy): the seats a request
+    /// can be seated at now, and those taken.
+    pub fn seats(&self) -> [usize; 2] {
+        let mut seats = [0, 0];
+        for card in self.cards.borrow().values() {
+            if matches!(card.state(), WorkerState::Idle | WorkerState::Busy) {
+                let busy = card.busy_threads();
+                seats[0] += busy;
+                seats[1] += card.threads.borrow().len() - busy;
+            }
+        }
+        seats
+    }
+
     pub fn exited(&self, reason: ExitReason) {
         let count = &self.exits[reason as usize];
         count.set(count.get() + 1);
@@ -274,7 +288,17 @@ mod tests {
         assert_eq!(card.state(), WorkerState::Busy);
         assert_eq!(card.served.get(), 1);
         card.end(0);
+        card.set_threads(3);
+        card.begin(1, "GET /a HTTP/1.1".into());
+        card.begin(2, "GET /b HTTP/1.1".into());
+        assert_eq!((card.state(), card.busy_threads()), (WorkerState::Busy, 2));
+        assert_eq!(&*card.longest_request().unwrap().0, "GET /a HTTP/1.1");
+        let board = Scoreboard::default();
+        board.add(0, Rc::new(card));
+        assert_eq!(board.seats(), [2, 1]);
+        let card = board.cards().pop().unwrap();
         card.phase.send_replace(Phase::Retire);
+        assert_eq!(board.seats(), [0, 0], "a retiring worker's threads are no seats");
         assert_eq!(card.state(), WorkerState::Retiring);
     }
 
