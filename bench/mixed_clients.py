@@ -15,7 +15,8 @@ requests meanwhile, and its wait would weigh less in the percentiles than it did
 The slow clients start 0.2 s ahead, so that the quick ones meet slow requests already running.
 The load is bounded: the quick clients make seconds / interval requests each, the slow clients
 start none after the quick schedule's end (and at most seconds / 2 + 1 each, whatever their
-answers take), and every request is given up after --timeout seconds. A request that fails on a
+answers take), every request is given up after --timeout seconds, and what is still unsent or
+unanswered one --timeout after the schedule's end is cut off (counted as failed). A request that fails on a
 reused connection before any byte of its answer is sent once more on a new connection (as HTTP
 clients do for a GET: the server closed the idle connection, as uWSGI's --http-socket does after
 every answer); the retries are counted. At the end the program prints one line,
@@ -24,7 +25,8 @@ every answer); the retries are counted. At the end the program prints one line,
     seconds   length of the quick schedule
     quick, slow: answered   requests with a complete answer
                  non2xx     of them, answers with a status outside 200-299
-                 failed     requests without one (failed_detail: timeout, closed, refused)
+                 failed     requests without one (failed_detail: timeout, closed, refused,
+                            cut off)
                  retried    requests sent again on a new connection
                  latency_ms {percentile: ms} over the answered requests; max_ms, mean_ms
     quick:       over_1s    answered requests that took over 1 s (a quick request that long
@@ -197,15 +199,19 @@ async def run(args: argparse.Namespace) -> dict:
     slow = [Client(host, port, args.timeout) for _ in range(args.slow_clients)]
     quick = [Client(host, port, args.timeout) for _ in range(args.quick_clients)]
     slow_tally, quick_tally = Tally(), Tally()
-    # Connections opened before the load; one that fails is opened again by its first request.
-    for client in slow + quick:
+
+    async def opened(client: Client) -> None:
+        # One that fails is opened again by its first request.
         with contextlib.suppress(Failure):
             await client.connect()
+
+    # The connections are opened before the load starts.
+    await asyncio.gather(*(opened(client) for client in slow + quick))
     start = time.monotonic() + SLOW_LEAD_SECONDS
     end = start + args.seconds
     per_quick_client = round(args.seconds / args.quick_interval)
     most_slow = int(args.seconds / SLOW_REQUEST_FLOOR_SECONDS) + 1
-    await asyncio.gather(
+    load = asyncio.gather(
         *(_slow_client(client, args.slow_path, slow_tally, end, most_slow) for client in slow),
         *(
             _quick_client(
@@ -219,6 +225,13 @@ async def run(args: argparse.Namespace) -> dict:
             for index, client in enumerate(quick)
         ),
     )
+    # Late answers make the quick clients send their last requests late: past the schedule's end
+    # and one timeout, what is still unsent or unanswered is cut off and counted as failed.
+    try:
+        await asyncio.wait_for(load, end + args.timeout - time.monotonic())
+    except asyncio.TimeoutError:
+        settled = len(quick_tally.latencies_ms) + sum(quick_tally.failures.values())
+        quick_tally.failures["cut off"] += per_quick_client * len(quick) - settled
     for client in slow + quick:
         client.close()
     return {"seconds": args.seconds, "quick": quick_tally.report(), "slow": slow_tally.report()}
