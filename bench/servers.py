@@ -88,8 +88,8 @@ class Server:
     def label(self, threads: int | None, processes: int | None = None) -> str:
         """The server's name, with its thread count where it has threads, and its process count
         where a line-up sets it apart from the scenario's workers."""
-        count = None if self.default_threads is None else threads if threads is not None else self.default_threads
-        if count is None or count == ONE_THREAD:
+        count = threads if threads is not None else self.default_threads
+        if self.default_threads is None or count == ONE_THREAD:
             return self.name if processes is None else f"{self.name} ({processes} processes)"
         if count == AUTO:
             return f"{self.name} (default threads)"
