@@ -1,7 +1,7 @@
 """Slow and quick requests side by side against a server on 127.0.0.1, for scenario HOL: how long
 the quick requests wait behind the slow ones.
 
-    python3 bench/mixed_clients.py --slow-clients 2 --quick-clients 8 --quick-interval 0.02 \\
+    python3 bench/mixed_clients.py --slow-clients 3 --quick-clients 8 --quick-interval 0.02 \\
         --seconds 10 --slow-path /slow --quick-path /quick http://127.0.0.1:PORT/
 
 Every client has a keep-alive connection of its own (HTTP/1.1), opened before the load starts.

@@ -849,11 +849,11 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             id="HOL",
-            title="head-of-line blocking: 2 clients' 2 s requests beside 8 clients' quick ones, 2 workers x 2 threads",
+            title="head-of-line blocking: 3 clients' 2 s requests beside 8 clients' quick ones, 2 workers x 2 threads",
             app="apps:slow_2s_or_quick",
             workers=2,
             load=MixedClients(
-                slow_clients=2,
+                slow_clients=3,
                 quick_clients=8,
                 quick_interval=0.02,
                 seconds=10,
@@ -877,16 +877,17 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             headline=Column("quick_p99_ms", "the quick requests' p99, ms", digits=1),
             headline_lower_is_better=True,
-            note="bench/mixed_clients.py: 2 clients ask for /slow (the app sleeps 2 s) again as soon as "
-            "each answer is in, so that 2 of the 4 threads are always busy with one; 0.2 s later 8 "
+            note="bench/mixed_clients.py: 3 clients ask for /slow (the app sleeps 2 s) again as soon as "
+            "each answer is in, so that 3 of the 4 threads are always busy with one; 0.2 s later 8 "
             "clients start asking for /quick (answered at once), each every 20 ms (400 req/s in "
             "all), for 10 s, each client on a keep-alive connection of its own. Every table figure "
             "but the slow columns is the quick requests': each one's latency counts from when it was "
             "due, so a quick client stuck behind a slow request counts every request it could not "
-            "send meanwhile (as wrk2 does). A server that hands each of the 2 free threads the quick "
-            "requests keeps them at a few ms; one whose quick requests can queue behind a slow one "
-            "(a connection or a request waiting on a worker whose threads are all busy) makes them "
-            "wait up to 2 s. A request that fails on a reused connection before any byte of its answer "
+            "send meanwhile (as wrk2 does). Three slow requests on 2 workers leave one worker with "
+            "both its threads busy however they are spread: a server that hands the quick requests "
+            "to the free thread keeps them at a few ms, and one that binds a connection or a request "
+            "to a worker before a thread of it is free makes them wait up to 2 s. With 2 slow "
+            "clients the result would hang on how the connections happened to spread. A request that fails on a reused connection before any byte of its answer "
             "is sent again on a new one (uWSGI's --http-socket closes every connection after its answer).",
         ),
     )
