@@ -286,13 +286,14 @@ class OpenLoop(DeadlineClients):
 @dataclass(frozen=True)
 class MixedClients:
     """bench/mixed_clients.py (HOL): `slow_clients` keep-alive clients asking for `slow_path` back
-    to back, beside `quick_clients` asking for `quick_path` every `quick_interval` s each, for
-    `seconds`. The measurement is the quick requests' (each one's latency counted from when it was
-    due); the slow ones' are in its figures."""
+    to back, beside requests for `quick_path` arriving at `quick_rate` per second for `seconds`, on
+    a pool of keep-alive connections (`quick_connections` opened beforehand, more when none is
+    idle). The measurement is the quick requests' (each one's latency counted from its due time);
+    the slow ones' are in its figures."""
 
     slow_clients: int
-    quick_clients: int
-    quick_interval: float
+    quick_rate: float
+    quick_connections: int
     seconds: float
     slow_path: str
     quick_path: str
@@ -304,10 +305,10 @@ class MixedClients:
         return [
             "--slow-clients",
             str(self.slow_clients),
-            "--quick-clients",
-            str(self.quick_clients),
-            "--quick-interval",
-            f"{self.quick_interval:g}",
+            "--quick-rate",
+            f"{self.quick_rate:g}",
+            "--quick-connections",
+            str(self.quick_connections),
             "--seconds",
             f"{self.seconds:g}",
             "--slow-path",
@@ -355,6 +356,7 @@ class MixedClients:
             "figures": {
                 "quick_p99_ms": quick["latency_ms"].get("99"),
                 "quick_over_1s": quick["over_1s"],
+                "quick_connections": report["quick_connections"],
                 "slow_answered": slow["answered"],
                 "slow_failed": slow["failed"],
                 "slow_median_ms": slow["latency_ms"].get("50"),

@@ -1,36 +1,37 @@
 """Slow and quick requests side by side against a server on 127.0.0.1, for scenario HOL: how long
 the quick requests wait behind the slow ones.
 
-    python3 bench/mixed_clients.py --slow-clients 3 --quick-clients 8 --quick-interval 0.02 \\
+    python3 bench/mixed_clients.py --slow-clients 3 --quick-rate 400 --quick-connections 8 \\
         --seconds 10 --slow-path /slow --quick-path /quick http://127.0.0.1:PORT/
 
-Every client has a keep-alive connection of its own (HTTP/1.1), opened before the load starts.
-Each slow client asks for --slow-path again as soon as its last answer is in. Each quick client
-asks for --quick-path every --quick-interval seconds, the clients' schedules spread evenly over
-the interval; a request whose turn comes while the client still waits for its last answer goes as
-soon as that answer is in, and its latency counts from when it was due, not from when it could be
-sent (as wrk2 does). Otherwise a quick client stuck behind a slow request would send fewer
-requests meanwhile, and its wait would weigh less in the percentiles than it did for the client.
+Each slow client has a keep-alive connection of its own (HTTP/1.1) and asks for --slow-path again
+as soon as its last answer is in. The quick requests arrive at --quick-rate per second, each at
+its due time whatever the earlier ones are doing (an open loop), as a proxy's or a page's requests
+do: each goes on an idle keep-alive connection of the quick requests' pool, the one last used
+first, or on a new one added to the pool when none is idle (--quick-connections are opened before
+the load). A quick request's latency counts from its due time, so it includes a connect where one
+was needed. A quick request stuck behind a slow one holds its connection meanwhile, so the others
+go on without it: the figure is the wait of the requests that were stuck, not a client's backlog.
 
-The slow clients start 0.2 s ahead, so that the quick ones meet slow requests already running.
-The load is bounded: the quick clients make seconds / interval requests each, the slow clients
-start none after the quick schedule's end (and at most seconds / 2 + 1 each, whatever their
-answers take), every request is given up after --timeout seconds, and what is still unsent or
-unanswered one --timeout after the schedule's end is cut off (counted as failed). A request that fails on a
-reused connection before any byte of its answer is sent once more on a new connection (as HTTP
-clients do for a GET: the server closed the idle connection, as uWSGI's --http-socket does after
-every answer); the retries are counted. At the end the program prints one line,
-"MIXED-CLIENTS-JSON {...}":
+The slow clients start 0.2 s ahead, so that the quick requests meet slow ones already running.
+The load is bounded: seconds x rate quick requests, no slow request started after the quick
+schedule's end (and at most seconds / 2 + 1 per slow client, whatever their answers take), every
+request given up after --timeout seconds, and whatever is still unanswered one --timeout after the
+schedule's end cut off (counted as failed). A request that fails on a reused connection before any
+byte of its answer is sent once more on a new connection (as HTTP clients do for a GET: the server
+closed the idle connection, as uWSGI's --http-socket does after every answer); the retries are
+counted. At the end the program prints one line, "MIXED-CLIENTS-JSON {...}":
 
     seconds   length of the quick schedule
+    quick_connections  connections the quick requests used (the pool's size at the end)
     quick, slow: answered   requests with a complete answer
                  non2xx     of them, answers with a status outside 200-299
                  failed     requests without one (failed_detail: timeout, closed, refused,
                             cut off)
                  retried    requests sent again on a new connection
                  latency_ms {percentile: ms} over the answered requests; max_ms, mean_ms
-    quick:       over_1s    answered requests that took over 1 s (a quick request that long
-                            waited behind a slow one)
+                 over_1s    answered requests that took over 1 s (for a quick request: it waited
+                            behind a slow one)
 """
 
 from __future__ import annotations
@@ -186,18 +187,47 @@ async def _slow_client(client: Client, path: str, tally: Tally, end: float, most
         await _timed(client, path, tally, time.monotonic())
 
 
-async def _quick_client(client: Client, path: str, tally: Tally, first_due: float, interval: float, count: int) -> None:
+class Pool:
+    """The quick requests' keep-alive connections."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.idle: list[Client] = []
+        self.size = 0
+
+    def take(self) -> Client:
+        """The idle connection last used, or a new one (it connects on its first request)."""
+        if self.idle:
+            return self.idle.pop()
+        self.size += 1
+        return Client(self.host, self.port, self.timeout)
+
+    def give_back(self, client: Client) -> None:
+        if client.writer is not None:  # still open
+            self.idle.append(client)
+
+
+async def _quick_request(pool: Pool, path: str, tally: Tally, due: float) -> None:
+    client = pool.take()
+    await _timed(client, path, tally, due)
+    pool.give_back(client)
+
+
+async def _quick_arrivals(pool: Pool, path: str, tally: Tally, start: float, rate: float, count: int) -> None:
+    requests = []
     for number in range(count):
-        due = first_due + number * interval
+        due = start + number / rate
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        await _timed(client, path, tally, due)
+        requests.append(asyncio.create_task(_quick_request(pool, path, tally, due)))
+    await asyncio.gather(*requests)
 
 
 async def run(args: argparse.Namespace) -> dict:
     address = urlsplit(args.url)
     host, port = address.hostname, address.port or 80
     slow = [Client(host, port, args.timeout) for _ in range(args.slow_clients)]
-    quick = [Client(host, port, args.timeout) for _ in range(args.quick_clients)]
+    pool = Pool(host, port, args.timeout)
+    pool.idle = [pool.take() for _ in range(args.quick_connections)]
     slow_tally, quick_tally = Tally(), Tally()
 
     async def opened(client: Client) -> None:
@@ -206,42 +236,38 @@ async def run(args: argparse.Namespace) -> dict:
             await client.connect()
 
     # The connections are opened before the load starts.
-    await asyncio.gather(*(opened(client) for client in slow + quick))
+    await asyncio.gather(*(opened(client) for client in slow + pool.idle))
     start = time.monotonic() + SLOW_LEAD_SECONDS
     end = start + args.seconds
-    per_quick_client = round(args.seconds / args.quick_interval)
+    quick_count = round(args.seconds * args.quick_rate)
     most_slow = int(args.seconds / SLOW_REQUEST_FLOOR_SECONDS) + 1
     load = asyncio.gather(
         *(_slow_client(client, args.slow_path, slow_tally, end, most_slow) for client in slow),
-        *(
-            _quick_client(
-                client,
-                args.quick_path,
-                quick_tally,
-                start + index * args.quick_interval / len(quick),
-                args.quick_interval,
-                per_quick_client,
-            )
-            for index, client in enumerate(quick)
-        ),
+        _quick_arrivals(pool, args.quick_path, quick_tally, start, args.quick_rate, quick_count),
     )
-    # Late answers make the quick clients send their last requests late: past the schedule's end
-    # and one timeout, what is still unsent or unanswered is cut off and counted as failed.
+    # Past the schedule's end and one timeout, what is still unanswered is cut off.
     try:
         await asyncio.wait_for(load, end + args.timeout - time.monotonic())
     except asyncio.TimeoutError:
         settled = len(quick_tally.latencies_ms) + sum(quick_tally.failures.values())
-        quick_tally.failures["cut off"] += per_quick_client * len(quick) - settled
-    for client in slow + quick:
+        quick_tally.failures["cut off"] += quick_count - settled
+    for client in slow + pool.idle:
         client.close()
-    return {"seconds": args.seconds, "quick": quick_tally.report(), "slow": slow_tally.report()}
+    return {
+        "seconds": args.seconds,
+        "quick_connections": pool.size,
+        "quick": quick_tally.report(),
+        "slow": slow_tally.report(),
+    }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/mixed_clients.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--slow-clients", type=int, required=True)
-    parser.add_argument("--quick-clients", type=int, required=True)
-    parser.add_argument("--quick-interval", type=float, required=True, help="seconds between a quick client's requests")
+    parser.add_argument("--quick-rate", type=float, required=True, help="quick requests per second")
+    parser.add_argument(
+        "--quick-connections", type=int, required=True, help="keep-alive connections opened for them beforehand"
+    )
     parser.add_argument("--seconds", type=float, required=True, help="length of the quick schedule")
     parser.add_argument("--slow-path", required=True)
     parser.add_argument("--quick-path", required=True)

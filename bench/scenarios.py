@@ -849,13 +849,13 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             id="HOL",
-            title="head-of-line blocking: 3 clients' 2 s requests beside 8 clients' quick ones, 2 workers x 2 threads",
+            title="head-of-line blocking: 3 clients' 2 s requests beside 400 quick ones a second, 2 workers x 2 threads",
             app="apps:slow_2s_or_quick",
             workers=2,
             load=MixedClients(
                 slow_clients=3,
-                quick_clients=8,
-                quick_interval=0.02,
+                quick_rate=400,
+                quick_connections=8,
                 seconds=10,
                 slow_path=apps.SLOW_PATH,
                 quick_path="/quick",
@@ -869,6 +869,7 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             columns=(
                 Column("quick_over_1s", "quick requests over 1 s"),
+                Column("quick_connections", "connections for the quick requests"),
                 Column("slow_answered", "slow requests answered"),
                 Column("slow_failed", "slow failed"),
                 Column("slow_median_ms", "slow p50", suffix=" ms"),
@@ -878,12 +879,13 @@ SCENARIOS: dict[str, Scenario] = {
             headline=Column("quick_p99_ms", "the quick requests' p99, ms", digits=1),
             headline_lower_is_better=True,
             note="bench/mixed_clients.py: 3 clients ask for /slow (the app sleeps 2 s) again as soon as "
-            "each answer is in, so that 3 of the 4 threads are always busy with one; 0.2 s later 8 "
-            "clients start asking for /quick (answered at once), each every 20 ms (400 req/s in "
-            "all), for 10 s, each client on a keep-alive connection of its own. Every table figure "
-            "but the slow columns is the quick requests': each one's latency counts from when it was "
-            "due, so a quick client stuck behind a slow request counts every request it could not "
-            "send meanwhile (as wrk2 does). Three slow requests on 2 workers leave one worker with "
+            "each answer is in, so that 3 of the 4 threads are always busy with one; 0.2 s later "
+            "requests for /quick (answered at once) start arriving, 400 a second for 10 s, each at "
+            "its due time whatever the others are doing, on an idle keep-alive connection of a "
+            "pool (8 opened beforehand) or a new one when none is idle. Every table figure but the "
+            "slow columns is the quick requests'; each latency counts from the request's due time. "
+            "A quick request stuck behind a slow one holds its connection, and the others go on "
+            "without it, so the figures are the stuck requests' waits. Three slow requests on 2 workers leave one worker with "
             "both its threads busy however they are spread: a server that hands the quick requests "
             "to the free thread keeps them at a few ms, and one that binds a connection or a request "
             "to a worker before a thread of it is free makes them wait up to 2 s. With 2 slow "
