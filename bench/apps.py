@@ -37,3 +37,29 @@ def cpu_3ms(environ, start_response):
         pass
     start_response("200 OK", _HEADERS)
     return [HELLO_BODY]
+
+
+# IO1's wait per request: a database or an HTTP API answering in 20 ms, during which the request's
+# thread holds no CPU and no GIL, so that 2 workers x 4 threads can serve 8 of them at once.
+IO_WAIT_SECONDS = 0.02
+
+
+def io_20ms(environ, start_response):
+    """An application that waits 20 ms for I/O, then answers with the small body (IO1, IO1-mem)."""
+    time.sleep(IO_WAIT_SECONDS)
+    start_response("200 OK", _HEADERS)
+    return [HELLO_BODY]
+
+
+# HOL's slow request: a report or an export that holds its thread for 2 s.
+SLOW_PATH = "/slow"
+SLOW_SECONDS = 2.0
+
+
+def slow_2s_or_quick(environ, start_response):
+    """GET /slow waits 2 s before answering; any other path answers at once (scenario HOL), so that
+    the readiness check, GET /, is a quick request."""
+    if environ["PATH_INFO"] == SLOW_PATH:
+        time.sleep(SLOW_SECONDS)
+    start_response("200 OK", _HEADERS)
+    return [HELLO_BODY]

@@ -14,8 +14,8 @@ Every tool's output is reduced to the same dict, a "measurement":
     connect_max_ms the slowest TCP connect (ab only: shows SYN retransmits, 1 s / 3 s / 7 s steps)
     gave_up        None, or why the tool stopped before the end of its load (then the requests it
                    never got an answer for count as failed, and latencies are unknown)
-    figures        (deadline-clients only) the tool's own figures, which the run moves into its
-                   "extra" for the scenario's Columns
+    figures        (deadline-clients and mixed_clients.py only) the tool's own figures, which the
+                   run moves into its "extra" for the scenario's Columns
     good_per_second (deadline-clients only) good answers in each second of the run (O1's chart)
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
@@ -282,7 +283,90 @@ class OpenLoop(DeadlineClients):
         return replace(self, seconds=min(self.seconds, 3))
 
 
-Load = Ab | Wrk | ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class MixedClients:
+    """bench/mixed_clients.py (HOL): `slow_clients` keep-alive clients asking for `slow_path` back
+    to back, beside requests for `quick_path` arriving at `quick_rate` per second for `seconds`, on
+    a pool of keep-alive connections (`quick_connections` opened beforehand, more when none is
+    idle). The measurement is the quick requests' (each one's latency counted from its due time);
+    the slow ones' are in its figures."""
+
+    slow_clients: int
+    quick_rate: float
+    quick_connections: int
+    seconds: float
+    slow_path: str
+    quick_path: str
+    timeout: float = 10.0  # per request: one not answered by then counts as failed
+
+    tool = "mixed_clients.py"
+
+    def arguments(self, url: str) -> list[str]:
+        return [
+            "--slow-clients",
+            str(self.slow_clients),
+            "--quick-rate",
+            f"{self.quick_rate:g}",
+            "--quick-connections",
+            str(self.quick_connections),
+            "--seconds",
+            f"{self.seconds:g}",
+            "--slow-path",
+            self.slow_path,
+            "--quick-path",
+            self.quick_path,
+            "--timeout",
+            f"{self.timeout:g}",
+            url,
+        ]
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        # The harness's own Python (bench/.peers'): the client needs nothing else.
+        return [sys.executable, str(HERE / "mixed_clients.py"), *self.arguments(url)]
+
+    def describe(self) -> str:
+        return " ".join(["python3 bench/mixed_clients.py", *self.arguments("http://127.0.0.1:PORT/")])
+
+    def shortened(self) -> MixedClients:
+        return replace(self, seconds=min(self.seconds, 3))
+
+    def default_time_limit(self) -> float:
+        # The client stops by itself after seconds, the last slow requests' timeout, and its start.
+        return self.seconds + self.timeout + 10.0
+
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        found = re.search(r"^MIXED-CLIENTS-JSON (.*)$", output, re.MULTILINE)
+        if not found:
+            raise ParseError(f"no report in mixed_clients.py's output:\n{_tail(output)}")
+        report = json.loads(found.group(1))
+        quick, slow = report["quick"], report["slow"]
+        return {
+            "requests": quick["answered"],
+            "rps": quick["answered"] / report["seconds"],
+            "duration_s": report["seconds"],
+            "failed": quick["failed"],
+            "failed_detail": quick["failed_detail"],
+            "non2xx": quick["non2xx"],
+            "keepalive": None,
+            "latency_ms": quick["latency_ms"],
+            "max_ms": quick["max_ms"],
+            "mean_ms": quick["mean_ms"],
+            "connect_max_ms": None,
+            "gave_up": None,
+            "figures": {
+                "quick_p99_ms": quick["latency_ms"].get("99"),
+                "quick_over_1s": quick["over_1s"],
+                "quick_connections": report["quick_connections"],
+                "slow_answered": slow["answered"],
+                "slow_failed": slow["failed"],
+                "slow_median_ms": slow["latency_ms"].get("50"),
+                "slow_max_ms": slow["max_ms"],
+                "retried": quick["retried"] + slow["retried"],
+            },
+        }
+
+
+Load = Ab | Wrk | ClosedLoop | OpenLoop | MixedClients
 
 
 def _deadline_clients_measurement(output: str) -> dict:

@@ -82,6 +82,30 @@ def group_rss_kb(pgid: int) -> int:
     return total
 
 
+def group_memory(pgid: int) -> dict[str, int]:
+    """The memory of every live process in group pgid: how many processes and threads, and their
+    resident memory summed two ways, in KB: VmRSS, which counts a page that forked processes share
+    once per process, and Pss (/proc/PID/smaps_rollup), which splits each shared page among the
+    processes sharing it, so that its sum is what the whole server takes."""
+    memory = {"processes": 0, "threads": 0, "rss_kb": 0, "pss_kb": 0}
+    for pid in group_members(pgid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            continue
+        memory["processes"] += 1
+        memory["threads"] += _proc_field(status, "Threads")
+        memory["rss_kb"] += _proc_field(status, "VmRSS")
+        memory["pss_kb"] += _proc_field(rollup, "Pss")
+    return memory
+
+
+def _proc_field(text: str, name: str) -> int:
+    """The number after "name:" in a /proc file of such lines (status, smaps_rollup)."""
+    return int(re.search(rf"^{name}:\s+(\d+)", text, re.MULTILINE).group(1))
+
+
 def cpu_seconds(pids: Sequence[int]) -> float:
     """User and system CPU time of the processes, every thread's, in seconds (in clock ticks of
     10 ms here). Raises ProcessLookupError, naming the pid, for a process that has ended."""

@@ -30,7 +30,7 @@ import procs
 from measure import DEADLINE_CLIENTS_MANIFEST, DeadlineClients, Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
-from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server
+from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server, maitred_takes_threads
 
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
 # strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5.
@@ -274,6 +274,12 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         )
     if scenario.front and not scenario.front.available():
         warnings.append("nginx (the front proxy) is not installed: every run fails.")
+    warnings += [
+        f"{labels[entry]} without --threads ({MAITRED}'s --help does not list it): "
+        f"{scenario.launch(entry, 0).workers} workers, one request at a time each."
+        for entry in entries
+        if entry.server == "maitred" and entry.threads is not None and not maitred_takes_threads()
+    ]
     record = {
         "id": scenario.id,
         "started": _now(),

@@ -3,7 +3,8 @@ until it is ready, start the proxy in front of it (S5), run the load alone first
 compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
 memory while they are held (M1), run the load (beside it, reloads or a binary upgrade: R1, U1,
 bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py), read the
-kernel's counters around it, and stop everything that was started, in reverse order.
+kernel's counters around it, read the server's memory after it (IO1-mem), and stop everything
+that was started, in reverse order.
 
 A run's result is a dict: server, run, measurement (measure.py's dict, None when the run failed),
 error, cut_short, kernel (counter changes) and extra (the scenario's own figures, named by the
@@ -182,6 +183,8 @@ def run_once(
         phases.end("load")
         after = kernel_counters()
         result["kernel"] = {name: after[name] - before[name] for name in after}
+        if scenario.memory_after_load:
+            result["extra"].update(_memory_figures(procs.group_memory(process.pid)))
 
         if crowd:
             procs.stop(crowd_process)
@@ -276,6 +279,15 @@ def _crowd_figures(crowd: Crowd, holding: dict, end: dict, rss_before: int, rss_
         # Per connection only where the server held enough of them for the figure to mean
         # something (a server that closed them all grew by nothing per connection it held).
         "kb_per_held": growth / held if held >= crowd.count / 100 else None,
+    }
+
+
+def _memory_figures(memory: dict[str, int]) -> dict:
+    return {
+        "processes": memory["processes"],
+        "threads": memory["threads"],
+        "rss_mb": memory["rss_kb"] / 1024,
+        "pss_mb": memory["pss_kb"] / 1024,
     }
 
 

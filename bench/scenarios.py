@@ -1,8 +1,8 @@
 """The scenarios: which app, how many workers, which load, which servers, and what maitred must show.
 
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
-docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, and H1-hop, the cost
-of the lobby-worker hop); where a scenario needs two measurements, each is a scenario of its own
+docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, H1-hop, the cost
+of the lobby-worker hop, and IO1, IO1-mem and HOL, for threads per worker); where a scenario needs two measurements, each is a scenario of its own
 (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken).
 """
 
@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import apps
 import lifecycle
 from front import NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
-from measure import Ab, ClosedLoop, Load, OpenLoop, Wrk
+from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
 from servers import Launch
 
 HERE = Path(__file__).resolve().parent
@@ -151,6 +152,9 @@ class Scenario:
     # read around it, then with strace attached to each side counting its system calls
     # (bench/hop.py).
     count_hop: bool = False
+    # IO1-mem: the server's memory (every process of it) is read once the load is over, with every
+    # thread it starts for the load started, before it is stopped.
+    memory_after_load: bool = False
 
     def load_for(self, entry: Entry, load: Load | None) -> Load | None:
         """The load this entry is given: the scenario's, at the entry's own concurrency where it
@@ -252,6 +256,19 @@ OVERLOAD = (
 # client (every request waits for the hop), 4 (as many as the 2 cores and 2 workers can keep busy)
 # and 100 (T1's connections: the queue is never empty, and workers are offered requests ahead).
 HOP_LEVELS = tuple(Entry("maitred", clients=clients) for clients in (1, 4, 100))
+# IO1, IO1-mem and HOL, threads per worker (issue 19): maitred, and the threaded peers at the same
+# workers x threads (gunicorn's gthread worker, granian's blocking threads, uWSGI's threads). A
+# maitred build without --threads runs its workers one request at a time each (the results say so).
+IO_THREADS = 4
+THREADED_IO = tuple(Entry(name, threads=IO_THREADS) for name in ("maitred", "gunicorn-gthread", "granian", "uwsgi"))
+# IO1-mem: the same 2 workers x 4 threads against 8 single-threaded processes, the prefork way to
+# serve 8 requests at once (maitred, gunicorn's sync worker, uWSGI).
+PREFORK_PROCESSES = 8
+THREADS_OR_PROCESSES = THREADED_IO + tuple(
+    Entry(name, workers=PREFORK_PROCESSES) for name in ("maitred", "gunicorn-sync", "uwsgi")
+)
+HOL_THREADS = 2
+THREADED_HOL = tuple(Entry(name, threads=HOL_THREADS) for name in ("maitred", "gunicorn-gthread", "granian", "uwsgi"))
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -781,6 +798,99 @@ SCENARIOS: dict[str, Scenario] = {
             "spins 3 ms on its thread's CPU clock. The generator runs on the same 2 cores as the "
             "server: its CPU and how late it started requests are shown, and its capacity runs pay "
             "the same client's cost per request.",
+        ),
+        Scenario(
+            id="IO1",
+            title="an app that waits 20 ms for I/O: 2 workers x 4 threads, 32 keep-alive clients",
+            app="apps:io_20ms",
+            workers=2,
+            load=Wrk(threads=2, connections=32, seconds=10),
+            lineup=THREADED_IO,
+            targets=(
+                Target(
+                    "req/s >= 350 (2 workers x 4 threads, 20 ms each: 400 at most)",
+                    lambda summary, peers: summary["rps"] >= 350,
+                ),
+                LEADS,
+            ),
+            note="The app sleeps 20 ms (time.sleep, which lets go of the GIL) and answers the 12-byte body: "
+            "8 requests at once can each take 20 ms, so 400 req/s is the most and 32 clients wait about "
+            "4 rounds (80 ms) each. Every server runs 2 processes of 4 threads: gunicorn's gthread "
+            "worker `--threads 4`, granian `--blocking-threads 4`, uWSGI `--threads 4`, maitred "
+            "`--threads 4` where its build takes it (its --help lists --threads; otherwise a warning "
+            "below says it ran without). uWSGI's --http-socket closes every connection after its answer, "
+            "which wrk counts as read errors.",
+        ),
+        Scenario(
+            id="IO1-mem",
+            title="memory for 8 requests at once: 2 workers x 4 threads against 8 processes",
+            app="apps:io_20ms",
+            workers=2,
+            load=Wrk(threads=2, connections=8, seconds=5),
+            lineup=THREADS_OR_PROCESSES,
+            memory_after_load=True,
+            columns=(
+                Column("processes", "processes"),
+                Column("threads", "threads"),
+                Column("rss_mb", "RSS, summed", digits=1, suffix=" MB"),
+                Column("pss_mb", "PSS, summed", digits=1, suffix=" MB"),
+            ),
+            headline=Column("pss_mb", "PSS of the whole server, MB", digits=1),
+            headline_lower_is_better=True,
+            note="Each server serves IO1's app to 8 keep-alive clients for 5 s (400 req/s at most), "
+            "either as 2 processes of 4 threads (as in IO1) or as 8 single-threaded processes "
+            "(maitred -w 8, gunicorn's sync worker -w 8, uWSGI --processes 8). Once the load is over, "
+            "every thread the load needed has been started, and the server, still running, is read "
+            "from /proc: every process of its process group (master, lobby, zygote, workers), their "
+            "threads, their VmRSS summed (a page that forked processes share counts once per "
+            "process) and their Pss summed (/proc/PID/smaps_rollup: a shared page is split among "
+            "the processes sharing it, so the sum is what the whole server takes). The req/s and "
+            "latencies are only for reference.",
+        ),
+        Scenario(
+            id="HOL",
+            title="head-of-line blocking: 3 clients' 2 s requests beside 400 quick ones a second, 2 workers x 2 threads",
+            app="apps:slow_2s_or_quick",
+            workers=2,
+            load=MixedClients(
+                slow_clients=3,
+                quick_rate=400,
+                quick_connections=8,
+                seconds=10,
+                slow_path=apps.SLOW_PATH,
+                quick_path="/quick",
+            ),
+            lineup=THREADED_HOL,
+            targets=(
+                Target(
+                    "the quick requests' p99 under 50 ms",
+                    lambda summary, peers: summary["quick_p99_ms"] is not None and summary["quick_p99_ms"] < 50,
+                ),
+            ),
+            columns=(
+                Column("quick_over_1s", "quick requests over 1 s"),
+                Column("quick_connections", "connections for the quick requests"),
+                Column("slow_answered", "slow requests answered"),
+                Column("slow_failed", "slow failed"),
+                Column("slow_median_ms", "slow p50", suffix=" ms"),
+                Column("slow_max_ms", "slow max", suffix=" ms"),
+                Column("retried", "requests sent again on a new connection"),
+            ),
+            headline=Column("quick_p99_ms", "the quick requests' p99, ms", digits=1),
+            headline_lower_is_better=True,
+            note="bench/mixed_clients.py: 3 clients ask for /slow (the app sleeps 2 s) again as soon as "
+            "each answer is in, so that 3 of the 4 threads are always busy with one; 0.2 s later "
+            "requests for /quick (answered at once) start arriving, 400 a second for 10 s, each at "
+            "its due time whatever the others are doing, on an idle keep-alive connection of a "
+            "pool (8 opened beforehand) or a new one when none is idle. Every table figure but the "
+            "slow columns is the quick requests'; each latency counts from the request's due time. "
+            "A quick request stuck behind a slow one holds its connection, and the others go on "
+            "without it, so the figures are the stuck requests' waits. Three slow requests on 2 workers leave one worker with "
+            "both its threads busy however they are spread: a server that hands the quick requests "
+            "to the free thread keeps them at a few ms, and one that binds a connection or a request "
+            "to a worker before a thread of it is free makes them wait up to 2 s. With 2 slow "
+            "clients the result would hang on how the connections happened to spread. A request that fails on a reused connection before any byte of its answer "
+            "is sent again on a new one (uWSGI's --http-socket closes every connection after its answer).",
         ),
     )
 }

@@ -9,8 +9,10 @@ run's work directory and then execs the server.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,10 @@ class Launch:
 
 # Server.default_threads for a server that picks its own thread count from other settings.
 AUTO: Literal["auto"] = "auto"
+# Server.default_threads for a server that runs one thread per worker unless told otherwise
+# (uWSGI): its command then passes no thread flag, and its label names threads only where a
+# scenario sets them, so that it reads as it always has in the line-ups that leave them alone.
+ONE_THREAD: Literal["one"] = "one"
 
 
 @dataclass(frozen=True)
@@ -63,9 +69,9 @@ class Server:
     # when missing, and their versions recorded in the results.
     debian: tuple[str, ...] = ()
     # How many threads each worker runs when the scenario does not fix it: a number; AUTO where the
-    # server derives it from other settings (the command then leaves its thread flag out); None
-    # where the server has no threads.
-    default_threads: int | Literal["auto"] | None = None
+    # server derives it from other settings (the command then leaves its thread flag out);
+    # ONE_THREAD where it runs one unless told otherwise; None where the server has no threads.
+    default_threads: int | Literal["auto", "one"] | None = None
     # Where the version comes from: a PyPI distribution in bench/.peers, or a command.
     version_command: tuple[str, ...] = ()
     # A ceiling, not a peer: it runs no app (nginx's fixed body). Shown, never led against.
@@ -77,14 +83,14 @@ class Server:
             return None
         if launch.threads is not None:
             return launch.threads
-        return None if self.default_threads == AUTO else self.default_threads
+        return None if self.default_threads in (AUTO, ONE_THREAD) else self.default_threads
 
     def label(self, threads: int | None, processes: int | None = None) -> str:
         """The server's name, with its thread count where it has threads, and its process count
         where a line-up sets it apart from the scenario's workers."""
-        if self.default_threads is None:
-            return self.name
         count = threads if threads is not None else self.default_threads
+        if self.default_threads is None or count == ONE_THREAD:
+            return self.name if processes is None else f"{self.name} ({processes} processes)"
         if count == AUTO:
             return f"{self.name} (default threads)"
         per_process = "" if processes is None else f"{processes} x "
@@ -108,6 +114,26 @@ def _peer(executable: str) -> str:
 
 def _address(launch: Launch) -> str:
     return f"127.0.0.1:{launch.port}"
+
+
+@functools.cache
+def maitred_takes_threads() -> bool:
+    """Whether the maitred measured takes --threads (issue 19 adds it): its --help lists the flag.
+    Builds before it refuse the flag, so a scenario's threads are not passed to them and each of
+    their workers serves one request at a time. Asked once per invocation of the harness."""
+    try:
+        help_text = subprocess.run(
+            [str(MAITRED), "--help"], check=False, capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return re.search(r"^\s*(-\w+( \w+)?, )?--threads\b", help_text, re.MULTILINE) is not None
+
+
+def _maitred_threads(launch: Launch) -> list[str]:
+    if launch.threads is None or not maitred_takes_threads():
+        return []
+    return ["--threads", str(launch.threads)]
 
 
 def _from_template(template: str, output: str, values: dict[str, object], server: list[str]) -> list[str]:
@@ -154,9 +180,10 @@ def _gunicorn(worker_class: str) -> Callable[[Launch, int | None], list[str]]:
     return command
 
 
-def _uwsgi(launch: Launch) -> list[str]:
+def _uwsgi(launch: Launch, threads: int | None) -> list[str]:
     # The workers speak HTTP themselves (--http-socket, no router process in front), one
-    # single-threaded process each, under a master; what uWSGI's "things to know" advise for
+    # single-threaded process each unless a scenario sets threads (--threads, which enables
+    # Python threads in uWSGI by itself), under a master; what uWSGI's "things to know" advise for
     # production: --die-on-term (uWSGI 2.0 reloads on SIGTERM otherwise), --need-app (fail if the
     # app does not load), --strict (reject unknown options). --disable-logging turns off the
     # per-request log line, as no other server here writes an access log.
@@ -168,11 +195,13 @@ def _uwsgi(launch: Launch) -> list[str]:
     # a "Connection: close" header, so a keep-alive client (wrk, ab -k, a proxy) only learns of
     # the close when its next request on it fails; wrk counts those as read errors.
     backlog = [] if launch.backlog is None else ["--listen", str(launch.backlog)]
+    thread_flags = [] if threads is None else ["--threads", str(threads)]
     return [
         _peer("uwsgi"),
         "--master",
         "--processes",
         str(launch.workers),
+        *thread_flags,
         "--http-socket",
         _address(launch),
         "--module",
@@ -257,6 +286,7 @@ SERVERS: dict[str, Server] = {
                 str(MAITRED),
                 "-w",
                 str(launch.workers),
+                *_maitred_threads(launch),
                 "-b",
                 f"127.0.0.1:{launch.port}",
                 *_backlog(launch),
@@ -266,6 +296,9 @@ SERVERS: dict[str, Server] = {
             ],
             ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
             version_command=(str(MAITRED), "--version"),
+            # No default_threads: maitred is the reference every scenario's results compare against
+            # by its plain name, so its label never names threads; its command line does, where a
+            # scenario sets them and the build takes them (maitred_takes_threads).
         ),
         Server(
             name="gunicorn-sync",
@@ -285,10 +318,14 @@ SERVERS: dict[str, Server] = {
         ),
         Server(
             name="uwsgi",
-            command=lambda launch, _threads: _uwsgi(launch),
-            ready_line=lambda launch: re.compile(r"spawned uWSGI worker \d+ \(pid: \d+, cores: 1\)"),
+            command=lambda launch, threads: _uwsgi(launch, threads),
+            # uWSGI calls a worker's threads its cores.
+            ready_line=lambda launch: re.compile(
+                rf"spawned uWSGI worker \d+ \(pid: \d+, cores: {launch.threads or 1}\)"
+            ),
             ready_count=lambda launch: launch.workers,
             pip=("uWSGI==2.0.31",),
+            default_threads=ONE_THREAD,
         ),
         Server(
             name="granian",
