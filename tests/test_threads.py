@@ -61,6 +61,24 @@ def test_a_worker_runs_as_many_requests_at_once_as_it_has_threads(maitred_server
     assert max(request.took for request in requests) < 2.5, [round(r.took, 2) for r in requests]
 
 
+def test_a_thread_running_python_does_not_keep_its_neighbour_from_a_request(maitred_server):
+    """The GIL changes hands every few milliseconds: a request seated at the free thread while
+    the other runs Python for longer than the lobby's 2 s read check is read, not taken for a
+    wedged worker."""
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "2", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    spinning = send(server.port, "/spin?seconds=3")
+    assert eventually(lambda: busy_threads(stats) == 1, 10)
+    started = time.monotonic()
+    quick = get(server.port, "/who")
+    took = time.monotonic() - started
+    spinning.join(30)
+    assert quick.status == 200 and took < 1.0, (quick, took)
+    assert spinning.reply is not None and spinning.reply.status == 200, spinning.error or spinning.reply
+    assert quick.body.split()[0] == spinning.reply.body.split()[0], "one worker, never replaced"
+    assert "wedged" not in server.stderr()
+
+
 def test_one_thread_keeps_wsgi_multithread_false(maitred_server):
     server = maitred_server("-w", "1", "threaded:app", cwd=APPS)
     assert get(server.port, "/who").body.split()[2] == b"False"

@@ -3,6 +3,7 @@ thread served it, and whether the environ says the worker is multithreaded.
 
     /who                  answers at once
     /sleep?seconds=S      sleeps S seconds first
+    /spin?seconds=S       runs Python for S seconds first, holding the GIL but for its switches
     /exit?after=S         sleeps S seconds, then os._exit(1): the whole worker ends
 
 The body is "PID THREAD-NAME MULTITHREAD\\n", so that a test can tell where each request ran.
@@ -19,6 +20,10 @@ def app(environ, start_response):
     query = parse_qs(environ["QUERY_STRING"])
     if path == "/sleep":
         time.sleep(float(query["seconds"][0]))
+    elif path == "/spin":
+        deadline = time.monotonic() + float(query["seconds"][0])
+        while time.monotonic() < deadline:
+            pass
     elif path == "/exit":
         time.sleep(float(query.get("after", ["0"])[0]))
         os._exit(1)

@@ -1,5 +1,6 @@
-//! A worker's task: seats requests at it, one after the other, through the slots of its
-//! shared region, until it goes away or is retired; offers it the next queued requests while
+//! A seat's task: seats requests at one thread of a worker (its only one, or one of its
+//! `--threads`: `threads.rs`), one after the other, through the slots of that thread's shared
+//! region, until the worker goes away or is retired; offers it the next queued requests while
 //! it is busy (docs/DESIGN.md, "Offers keep busy workers busy").
 
 use std::os::fd::AsFd;
@@ -22,9 +23,9 @@ use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::Next;
 
-/// Seats jobs at thread `thread` of this worker, through its channel, until the worker goes
-/// away or is retired. A worker held by `seat` waits, idle, until it may serve. `sole`: it is
-/// the worker's only thread (docs/PROTOCOL.md, section 4).
+/// Seats jobs at one thread of this worker, through that thread's channel, until the worker
+/// goes away or is retired (docs/PROTOCOL.md, section 4). A worker held by `seat` waits, idle,
+/// until it may serve.
 pub async fn serve(
     lobby: Rc<Lobby>,
     pid: i32,
