@@ -464,18 +464,17 @@ import functools, socket, sys
 from maitred import zygote
 from maitred.app import load_app
 control = socket.socket(fileno=int(sys.argv[1]))
-settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto",
-            "threads": int(sys.argv[4])}
+settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto"}
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """
 
 
 class ZygoteProcess:
-    def __init__(self, app_dir: Path, spec: str, preload: bool, threads: int = 1) -> None:
+    def __init__(self, app_dir: Path, spec: str, preload: bool) -> None:
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control.settimeout(20)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy", str(threads)],
+            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy"],
             cwd=app_dir,
             pass_fds=[theirs.fileno()],
             start_new_session=True,
@@ -489,7 +488,7 @@ class ZygoteProcess:
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
-        self.control.send(f"spawn {slot} 1".encode())
+        self.control.send(f"spawn {slot} 1 1".encode())
         fields, fds = self.receive()
         assert fields[:2] == ["spawned", str(slot)] and len(fds) == 1, fields
         channel = socket.socket(fileno=fds[0])
@@ -558,9 +557,9 @@ def test_zygote_spawns_kills_reaps_and_exits_after_the_lobby(app_dir, zygotes, p
 
 def test_zygote_gives_a_worker_a_channel_per_thread(app_dir, zygotes):
     (app_dir / "hello.py").write_text(HELLO)
-    zygote = ZygoteProcess(app_dir, "hello:app", preload=False, threads=3)
+    zygote = ZygoteProcess(app_dir, "hello:app", preload=False)
     zygotes.append(zygote)
-    zygote.control.send(b"spawn 0 1")
+    zygote.control.send(b"spawn 0 1 3")
     fields, fds = zygote.receive()
     assert fields[:2] == ["spawned", "0"] and len(fds) == 3, (fields, fds)
     channels = [socket.socket(fileno=fd) for fd in fds]

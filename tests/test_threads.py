@@ -4,6 +4,7 @@ seat of its own in the lobby's one FIFO, and what is per request staying per req
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -224,3 +225,21 @@ def test_a_client_that_leaves_cancels_its_own_request_and_no_other(maitred_serve
     staying.join(30)
     assert staying.reply is not None and staying.reply.status == 200, staying.error
     assert staying.reply.body.count(b"line ") == 20, "the other thread's answer came whole"
+
+
+def test_a_reload_takes_the_config_files_new_thread_count(maitred_server, tmp_path):
+    stats = free_port()
+    config = tmp_path / "maitred.conf.py"
+    config.write_text("threads = 1\n")
+    server = maitred_server("-w", "1", "-c", str(config), "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    assert get(server.port, "/who").body.split()[2] == b"False"
+    config.write_text("threads = 3\n")
+    server.send_signal(signal.SIGHUP)
+    server.wait_for_log("SIGHUP: reloaded", 30)
+
+    def serving() -> list[dict]:
+        return [worker for worker in status_of(stats)["scoreboard"] if worker["generation"] == 2]
+
+    assert eventually(lambda: len(serving()) == 1, 10), status_of(stats)["scoreboard"]
+    assert len(serving()[0]["threads"]) == 3
+    assert get(server.port, "/who").body.split()[2] == b"True"

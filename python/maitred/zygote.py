@@ -70,9 +70,7 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     assert isinstance(grace, float)
     worker_hooks = hooks.WorkerHooks(settings) if hooks.configured(settings) else None
     captures = capture.wanted(settings["capture_output"])
-    threads = settings["threads"]
-    assert isinstance(threads, int)
-    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures, threads).serve()
+    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures).serve()
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -108,12 +106,9 @@ class _Zygote:
         worker_hooks: hooks.WorkerHooks | None,
         report_address: str | None,
         captures: bool,
-        threads: int,
     ) -> None:
         self._control = control
         self._captures = captures
-        # Each worker gets a channel per thread (docs/PROTOCOL.md, section 4).
-        self._threads = threads
         # Each worker's captured output (--capture-output), by the descriptor it is read from:
         # kept until every process that could write to it has gone, which may be after the
         # worker itself (a program it started), so that no line is lost with it.
@@ -168,8 +163,8 @@ class _Zygote:
         if not message:
             raise _LobbyGone()
         match _fields(message):
-            case ["spawn", slot, workers] if slot.isdigit() and workers.isdigit():
-                self._spawn(int(slot), int(workers))
+            case ["spawn", slot, workers, threads] if slot.isdigit() and workers.isdigit() and threads.isdigit():
+                self._spawn(int(slot), int(workers), int(threads))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
             case ["reopen"]:
@@ -220,10 +215,11 @@ class _Zygote:
         except OSError:
             raise _LobbyGone() from None
 
-    def _spawn(self, slot: int, workers: int) -> None:
+    def _spawn(self, slot: int, workers: int, threads: int) -> None:
         pairs: list[tuple[socket.socket, socket.socket]] = []
         try:
-            for _ in range(self._threads):
+            # A channel per thread (docs/PROTOCOL.md, section 4).
+            for _ in range(threads):
                 pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
             output = os.pipe2(os.O_CLOEXEC) if self._captures else None
         except OSError as error:

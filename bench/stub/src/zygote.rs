@@ -124,7 +124,7 @@ fn send(control: &OwnedFd, message: &str, fd: Option<&OwnedFd>) -> io::Result<()
 fn obey(control: &OwnedFd, message: &str, program: &Path, workers: &mut Vec<Worker>) -> Result<bool, String> {
     let fields: Vec<&str> = message.split(' ').collect();
     match fields.as_slice() {
-        ["spawn", slot, _workers] if slot.parse::<usize>().is_ok() => {
+        ["spawn", slot, _workers, _threads] if slot.parse::<usize>().is_ok() => {
             let (worker, lobby_end) = match spawn(program) {
                 Ok(spawned) => spawned,
                 Err(error) => {

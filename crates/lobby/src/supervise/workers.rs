@@ -72,9 +72,11 @@ impl Supervisor {
             _ => self.lobby.zygotes.serving(),
         };
         let target = self.target;
+        // The settings of the moment: a reload's workers take the config file's new threads.
+        let threads = self.lobby.settings().threads;
         tokio::task::spawn_local(async move {
             tokio::time::sleep(pause).await;
-            if let Err(e) = zygote.control.spawn(id, target).await {
+            if let Err(e) = zygote.control.spawn(id, target, threads).await {
                 error!("cannot ask the zygote for a worker: {e}");
             }
         });

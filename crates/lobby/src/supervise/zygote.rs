@@ -145,10 +145,10 @@ impl Control {
         Ok(Control { socket })
     }
 
-    /// Asks for a worker; `workers` is how many the lobby keeps serving (for the hooks'
-    /// `server.num_workers`).
-    pub async fn spawn(&self, slot: usize, workers: usize) -> io::Result<()> {
-        self.send(format!("spawn {slot} {workers}")).await
+    /// Asks for a worker with `threads` threads; `workers` is how many the lobby keeps serving
+    /// (for the hooks' `server.num_workers`).
+    pub async fn spawn(&self, slot: usize, workers: usize, threads: usize) -> io::Result<()> {
+        self.send(format!("spawn {slot} {workers} {threads}")).await
     }
 
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
