@@ -243,3 +243,13 @@ def test_a_reload_takes_the_config_files_new_thread_count(maitred_server, tmp_pa
     assert eventually(lambda: len(serving()) == 1, 10), status_of(stats)["scoreboard"]
     assert len(serving()[0]["threads"]) == 3
     assert get(server.port, "/who").body.split()[2] == b"True"
+
+
+def test_a_worker_past_its_lifetime_retires_once_whichever_thread_finds_it(maitred_server):
+    """Its threads share its recycling: the lifetime ends once for the worker, which retires
+    once, with one line, and the spare takes its place."""
+    server = maitred_server("-w", "1", "--threads", "3", "--max-worker-lifetime", "1", "threaded:app", cwd=APPS)
+    first = get(server.port, "/who").pid
+    assert eventually(lambda: get(server.port, "/who").pid != first, 15), "the worker was not replaced"
+    server.wait_for_log(f"worker {first} retired", 10)
+    assert server.stderr().count(f"retiring worker {first}:") == 1, server.stderr()

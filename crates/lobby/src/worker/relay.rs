@@ -211,7 +211,9 @@ pub(super) async fn relay_response(
             let _ = job.respond.send(ResponsePart::Abort);
         }
         if last {
-            lobby.metrics.served(seated_at.elapsed());
+            let took = seated_at.elapsed();
+            lobby.metrics.served(took);
+            lobby.seating.answered_in(took);
             return Ok(());
         }
     }
