@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply, status_of, wait_for_queue
+from client import get, read_reply, wait_for_queue
 from conftest import HOST, free_port, wait_for_empty_group
 from test_lifecycle import wait_for_workers, wait_until, worker_pids
 
@@ -70,13 +70,15 @@ def test_a_worker_killed_at_timeout_first_writes_every_threads_stack(maitred_ser
 
 @pytest.mark.parametrize("then", ["left", "shutdown"])
 def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitred_server, then):
-    stats = free_port()
-    server = maitred_server("-w", "2", "--timeout", "8", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
+    server = maitred_server("-w", "2", "--timeout", "8", APP, cwd=APPS)
     before = wait_for_workers(server, 2)
     # Both have loaded the application and answered: one stopped before that would hold up
     # the start instead.
     wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
-    assert eventually(lambda: status_of(stats)["workers"]["idle"] == 2, 10), status_of(stats)["workers"]
+    # Not a wait for the lobby's view: the scoreboard shows both idle a moment before the worker
+    # itself is back in its wait for a request, and one stopped before that takes the first
+    # request for READ_WITHIN (2 s). Nothing outside the worker shows that moment yet.
+    time.sleep(0.1)
     stopped = min(before)
     os.kill(stopped, signal.SIGSTOP)
     wait_until(lambda: Path(f"/proc/{stopped}/stat").read_text().split(") ")[1][0] == "T", 5, "a stopped worker")
