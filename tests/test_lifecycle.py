@@ -104,7 +104,8 @@ def test_a_worker_dying_mid_request_costs_that_request_alone(maitred_server, dea
     assert survivors[0].pid in before
 
     lost, replacement = wait_for_replacement(server, before)
-    log = server.stderr()
+    # The lobby's log is written by a thread of its own, a moment after the fact.
+    log = server.wait_for_log(f"booting worker {replacement}", 10)
     assert f"worker {lost} lost" in log
     assert f"502 for GET /{death}?after=0.5 HTTP/1.1" in log
     assert f"booting worker {replacement}" in log
@@ -147,7 +148,8 @@ def test_a_request_past_timeout_gets_504_and_its_worker_is_replaced(maitred_serv
     assert [reply.status for reply in others] == [200] * 5
 
     killed, replacement = wait_for_replacement(server, before)
-    log = server.stderr()
+    # The lobby's log is written by a thread of its own, a moment after the fact.
+    log = server.wait_for_log(f"booting worker {replacement}", 10)
     assert re.search(rf"worker {killed} timed out after 1 s on GET /sleep\?seconds=60", log)
     assert f"booting worker {replacement}" in log
     assert get(server.port, "/pid").status == 200

@@ -182,11 +182,14 @@ class StopRun:
     """Requests fully sent that got no answer: the connection closed or reset under them."""
     unsent: int = 0
     """Requests the client could not finish sending (the connection was already closed)."""
+    connected: int = 0
+    """Clients that have had their first answer."""
 
 
 def keep_asking_until_closed(port: int, run: StopRun, lock: threading.Lock) -> None:
     """One keep-alive client in a tight loop, until an answer says Connection: close."""
     with socket.create_connection((HOST, port), timeout=20) as sock:
+        first = True
         while True:
             try:
                 sock.sendall(b"GET /pid HTTP/1.1\r\nHost: signals\r\n\r\n")
@@ -201,7 +204,9 @@ def keep_asking_until_closed(port: int, run: StopRun, lock: threading.Lock) -> N
                     run.lost += 1
                 return
             with lock:
+                run.connected += first
                 run.answered += 1
+            first = False
             if reply.headers.get("Connection") == "close":
                 with lock:
                     run.closed += 1
@@ -220,8 +225,9 @@ def test_a_graceful_stop_answers_every_request_sent_on_a_keep_alive_connection(m
         threads = [threading.Thread(target=keep_asking_until_closed, args=(server.port, run, lock)) for _ in range(50)]
         for thread in threads:
             thread.start()
-        # The signal comes once the clients are well into their loops.
-        wait_until(lambda run=run: run.answered > 500, 20, "500 answers")
+        # The signal comes once every client is in its loop (connected: the signal closes the
+        # listener) and they are well into it.
+        wait_until(lambda run=run: run.connected == 50 and run.answered > 500, 20, "50 clients, 500 answers")
         server.send_signal(signum)
         for thread in threads:
             thread.join(timeout=30)
