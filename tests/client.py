@@ -122,3 +122,28 @@ def status_of(stats_port: int) -> dict:
     assert reply.status == 200, reply
     assert reply.headers["Content-Type"] == "application/json", reply
     return json.loads(reply.body)
+
+
+def wait_for_queue(stats_port: int, busy: int, waiting: int, timeout: float = 10.0) -> None:
+    """Waits until `busy` workers serve a request and `waiting` requests wait for one (those
+    offered to a busy worker included), as the stats listener sees it: how a test knows that
+    the requests it sent one after another reached the lobby, and in that order. Fails,
+    showing the last figures, after `timeout` s."""
+    seen: dict = {}
+
+    def holds() -> bool:
+        seen.update(status_of(stats_port))
+        return seen["workers"]["busy"] == busy and seen["queue"]["waiting"] == waiting
+
+    assert eventually(holds, timeout), (
+        f"not {busy} busy and {waiting} waiting within {timeout} s: workers {seen['workers']}, queue {seen['queue']}"
+    )
+
+
+def requests_arrived(stats_port: int) -> int:
+    """Requests the lobby has read so far, as the stats listener sees them: answered, waiting
+    for a worker, or in one's hands. One being written back may be missed for a moment; none
+    is counted twice, so waiting for a number never ends early."""
+    status = status_of(stats_port)
+    connections = status["connections"]
+    return sum(status["requests"].values()) + connections["queued"] + connections["in_service"]

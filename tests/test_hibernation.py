@@ -10,13 +10,11 @@ import socket
 import time
 from pathlib import Path
 
-from client import read_reply
-from conftest import HOST, wait_for_empty_group
+from client import eventually, read_reply, status_of
+from conftest import HOST, free_port, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "echo:app"
-# Longer than the lobby's 0.5 s wait before a connection hibernates, with the watcher's tick.
-HIBERNATED = 1.0
 REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -27,11 +25,18 @@ def connect_and_ask(port: int) -> socket.socket:
     return sock
 
 
+def wait_for_hibernating(stats: int, count: int) -> None:
+    """Waits until `count` connections hibernate (the lobby's 0.5 s idle wait, and its
+    watcher's tick), as the stats listener on port `stats` counts them."""
+    assert eventually(lambda: status_of(stats)["connections"]["hibernating"] == count, 10), status_of(stats)
+
+
 def test_a_hibernating_connection_is_served_when_it_speaks_again(maitred_server):
-    server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--keep-alive", "30", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     with connect_and_ask(server.port) as sock:
         for _ in range(3):
-            time.sleep(HIBERNATED)
+            wait_for_hibernating(stats, 1)
             # Two pipelined requests in one write: both are answered, in order.
             sock.sendall(REQUEST + b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc")
             first, second = read_reply(sock), read_reply(sock)
@@ -40,9 +45,10 @@ def test_a_hibernating_connection_is_served_when_it_speaks_again(maitred_server)
 
 
 def test_a_first_request_may_come_after_hibernation(maitred_server):
-    server = maitred_server("--header-timeout", "10", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--header-timeout", "10", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     with socket.create_connection((HOST, server.port), timeout=10) as sock:
-        time.sleep(HIBERNATED)
+        wait_for_hibernating(stats, 1)
         sock.sendall(REQUEST)
         assert read_reply(sock).status == 200
 
@@ -58,9 +64,10 @@ def test_keep_alive_runs_out_while_hibernating(maitred_server):
 
 
 def test_a_client_leaving_while_hibernating_frees_its_place(maitred_server):
-    server = maitred_server("--max-connections", "1", "--keep-alive", "30", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--max-connections", "1", "--keep-alive", "30", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     first = connect_and_ask(server.port)
-    time.sleep(HIBERNATED)
+    wait_for_hibernating(stats, 1)
     first.close()
     with socket.create_connection((HOST, server.port), timeout=10) as second:
         second.sendall(REQUEST)
@@ -68,9 +75,10 @@ def test_a_client_leaving_while_hibernating_frees_its_place(maitred_server):
 
 
 def test_a_shutdown_closes_hibernating_connections_at_once(maitred_server):
-    server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--keep-alive", "30", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     idle = [connect_and_ask(server.port) for _ in range(20)]
-    time.sleep(HIBERNATED)
+    wait_for_hibernating(stats, 20)
     server.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     assert [sock.recv(1) for sock in idle] == [b""] * 20

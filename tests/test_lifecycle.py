@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import Reply, eventually, get, read_reply
-from conftest import HOST, Server, processes_in_group, wait_for_empty_group
+from client import Reply, eventually, get, read_reply, wait_for_queue
+from conftest import HOST, Server, free_port, processes_in_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "crashy:app"  # tests/apps/crashy.py: every answer is the serving worker's pid
@@ -86,13 +86,14 @@ def results(futures: list[Future[Reply]], timeout: float = 30.0) -> list[Reply]:
 
 @pytest.mark.parametrize("death", ["exit", "sigkill", "segfault"])
 def test_a_worker_dying_mid_request_costs_that_request_alone(maitred_server, death):
-    server = maitred_server("-w", "2", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     before = wait_for_workers(server, 2)
     with ThreadPoolExecutor(5) as pool:
         running = pool.submit(get, server.port, "/sleep?seconds=1")
-        time.sleep(0.2)  # seated at one worker; the dying request takes the other
+        wait_for_queue(stats, busy=1, waiting=0)  # seated at one worker; the dying request takes the other
         dying = pool.submit(get, server.port, f"/{death}?after=0.5")
-        time.sleep(0.2)
+        wait_for_queue(stats, busy=2, waiting=0)
         queued = [pool.submit(get, server.port, "/sleep?seconds=0.3") for _ in range(3)]
         died = dying.result(timeout=20)
         survivors = results([running, *queued])
@@ -103,7 +104,8 @@ def test_a_worker_dying_mid_request_costs_that_request_alone(maitred_server, dea
     assert survivors[0].pid in before
 
     lost, replacement = wait_for_replacement(server, before)
-    log = server.stderr()
+    # The lobby's log is written by a thread of its own, a moment after the fact.
+    log = server.wait_for_log(f"booting worker {replacement}", 10)
     assert f"worker {lost} lost" in log
     assert f"502 for GET /{death}?after=0.5 HTTP/1.1" in log
     assert f"booting worker {replacement}" in log
@@ -129,12 +131,13 @@ def test_an_exception_escaping_the_application_is_a_500_and_the_worker_lives_on(
 
 
 def test_a_request_past_timeout_gets_504_and_its_worker_is_replaced(maitred_server):
-    server = maitred_server("-w", "2", "--timeout", "1", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--timeout", "1", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     before = wait_for_workers(server, 2)
     with ThreadPoolExecutor(1) as pool:
         started = time.monotonic()
         stuck = pool.submit(get, server.port, "/sleep?seconds=60")
-        time.sleep(0.2)
+        wait_for_queue(stats, busy=1, waiting=0)  # the others go to the other worker
         others = [get(server.port, "/sleep?seconds=0.2") for _ in range(5)]
         cut = stuck.result(timeout=20)
         waited = time.monotonic() - started
@@ -145,7 +148,8 @@ def test_a_request_past_timeout_gets_504_and_its_worker_is_replaced(maitred_serv
     assert [reply.status for reply in others] == [200] * 5
 
     killed, replacement = wait_for_replacement(server, before)
-    log = server.stderr()
+    # The lobby's log is written by a thread of its own, a moment after the fact.
+    log = server.wait_for_log(f"booting worker {replacement}", 10)
     assert re.search(rf"worker {killed} timed out after 1 s on GET /sleep\?seconds=60", log)
     assert f"booting worker {replacement}" in log
     assert get(server.port, "/pid").status == 200
@@ -197,12 +201,13 @@ GRACEFUL_SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIG
 
 @GRACEFUL_SIGNALS
 def test_graceful_shutdown_finishes_every_accepted_request(maitred_server, signum):
-    server = maitred_server("-w", "2", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     wait_for_workers(server, 2)
     with ThreadPoolExecutor(6) as pool:
         # Two run at once and four wait in the queue: 3 s in all.
         accepted = [pool.submit(get, server.port, "/sleep?seconds=1") for _ in range(6)]
-        time.sleep(0.3)
+        wait_for_queue(stats, busy=2, waiting=4)
         server.send_signal(signum)
         replies = results(accepted)
 
@@ -214,13 +219,14 @@ def test_graceful_shutdown_finishes_every_accepted_request(maitred_server, signu
 
 @GRACEFUL_SIGNALS
 def test_graceful_shutdown_stops_listening_and_closes_idle_connections_at_once(maitred_server, signum):
-    server = maitred_server("--keep-alive", "30", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--keep-alive", "30", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     idle = socket.create_connection((HOST, server.port), timeout=10)
     idle.sendall(b"GET /pid HTTP/1.1\r\nHost: test\r\n\r\n")
     assert read_reply(idle).status == 200
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(get, server.port, "/sleep?seconds=2")  # keeps the shutdown going
-        time.sleep(0.3)
+        wait_for_queue(stats, busy=1, waiting=0)
         server.send_signal(signum)
         signalled = time.monotonic()
 
@@ -237,13 +243,13 @@ def test_graceful_shutdown_stops_listening_and_closes_idle_connections_at_once(m
     assert refused, "a new connection was accepted during the shutdown"
 
 
-def stop_with_every_worker_busy(server: Server, signum: int) -> float:
-    """Keeps four workers busy with endless requests and one more queued, sends `signum`,
-    and checks that the server exits 0 and every one of those requests is cut. Returns how
-    long the server took to exit."""
+def stop_with_every_worker_busy(server: Server, stats: int, signum: int) -> float:
+    """Keeps four workers busy with endless requests and one more queued (as the stats
+    listener on port `stats` sees it), sends `signum`, and checks that the server exits 0 and
+    every one of those requests is cut. Returns how long the server took to exit."""
     with ThreadPoolExecutor(5) as pool:
         endless = [pool.submit(get, server.port, "/sleep?seconds=60") for _ in range(5)]
-        time.sleep(0.3)
+        wait_for_queue(stats, busy=4, waiting=1)
         server.send_signal(signum)
         signalled = time.monotonic()
         assert server.wait(timeout=15) == 0
@@ -255,9 +261,10 @@ def stop_with_every_worker_busy(server: Server, signum: int) -> float:
 
 
 def test_graceful_timeout_cuts_requests_that_run_longer(maitred_server):
-    server = maitred_server("-w", "4", "--graceful-timeout", "1", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "4", "--graceful-timeout", "1", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     wait_for_workers(server, 4)
-    stopped_after = stop_with_every_worker_busy(server, signal.SIGTERM)
+    stopped_after = stop_with_every_worker_busy(server, stats, signal.SIGTERM)
     assert wait_for_empty_group(server.pid, 10) == []
     assert 0.9 < stopped_after < 3.5, stopped_after
     assert "--graceful-timeout passed with requests unfinished" in server.stderr()
@@ -265,10 +272,11 @@ def test_graceful_timeout_cuts_requests_that_run_longer(maitred_server):
 
 def test_sigquit_stops_at_once(maitred_server, tmp_path):
     pid_file = tmp_path / "maitred.pid"
-    server = maitred_server("-w", "4", "-p", str(pid_file), APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "4", "-p", str(pid_file), "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     wait_for_workers(server, 4)
     assert pid_file.read_text() == f"{server.pid}\n"
-    stopped_after = stop_with_every_worker_busy(server, signal.SIGQUIT)
+    stopped_after = stop_with_every_worker_busy(server, stats, signal.SIGQUIT)
     assert wait_for_empty_group(server.pid, 10) == []
     assert not pid_file.exists()
     assert stopped_after < 1.5, stopped_after

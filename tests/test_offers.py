@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from client import Reply, eventually, get, status_of
+from client import Reply, eventually, get, status_of, wait_for_queue
 from conftest import HOST, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -47,12 +47,13 @@ def send(port: int, path: str, started: float) -> Request:
 
 
 def test_an_idle_worker_takes_back_a_request_offered_to_a_busy_one(maitred_server):
-    server = maitred_server("-w", "2", "--log-level", "debug", "crashy:app", cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", "--log-level", "debug", "crashy:app", cwd=APPS)
     started = time.monotonic()
     busy = [send(server.port, "/sleep?seconds=0.6", started) for _ in range(2)]
-    time.sleep(0.2)
+    wait_for_queue(stats, busy=2, waiting=0)
     slow = send(server.port, "/sleep?seconds=4", started)
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=2, waiting=1)
     fast = send(server.port, "/pid", started)
     for request in (*busy, slow, fast):
         request.join(30)
@@ -104,13 +105,14 @@ def test_requests_offered_behind_a_slow_one_go_to_the_next_worker_that_looks(mai
 
 
 def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_server):
-    server = maitred_server("-w", "2", "crashy:app", cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", "crashy:app", cwd=APPS)
     started = time.monotonic()
     long = send(server.port, "/sleep?seconds=3", started)
     short = send(server.port, "/sleep?seconds=0.6", started)
-    time.sleep(0.2)
+    wait_for_queue(stats, busy=2, waiting=0)
     dying = send(server.port, "/sigkill?after=0.5", started)
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=2, waiting=1)
     offered = send(server.port, "/pid", started)
     for request in (long, short, dying, offered):
         request.join(30)
@@ -128,13 +130,14 @@ def test_a_request_offered_to_a_worker_that_dies_is_served_by_another(maitred_se
 
 
 def test_a_client_leaving_while_its_worker_holds_an_offer_loses_nobody_else_their_answer(maitred_server):
-    server = maitred_server("-w", "1", "drip:app", cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "drip:app", cwd=APPS)
     started = time.monotonic()
     busy = send(server.port, "/drip?seconds=0.5", started)
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=1, waiting=0)
     leaving = socket.create_connection((HOST, server.port), timeout=10)
     leaving.sendall(b"GET /drip?seconds=5 HTTP/1.1\r\nHost: test\r\n\r\n")
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=1, waiting=1)
     offered = send(server.port, "/pid", started)
     # The worker takes the long drip when the first ends, and is offered /pid with it.
     assert leaving.recv(1024).startswith(b"HTTP/1.1 200 OK")
@@ -152,12 +155,13 @@ def test_a_client_leaving_while_its_worker_holds_an_offer_loses_nobody_else_thei
 
 
 def test_queue_timeout_withdraws_a_request_offered_to_a_busy_worker(maitred_server):
-    server = maitred_server("-w", "1", "--queue-timeout", "1", "drip:app", cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "--queue-timeout", "1", "drip:app", cwd=APPS)
     started = time.monotonic()
     first = send(server.port, "/drip?seconds=0.3", started)
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=1, waiting=0)
     slow = send(server.port, "/drip?seconds=3", started)
-    time.sleep(0.1)
+    wait_for_queue(stats, busy=1, waiting=1)
     offered = send(server.port, "/pid", started)
     for request in (first, slow, offered):
         request.join(30)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from client import Reply, eventually, get, read_reply
+from client import Reply, eventually, get, read_reply, requests_arrived, wait_for_queue
 from conftest import HOST, Server, free_port, processes_in_group, wait_for_empty_group
 from maitred import config
 from test_lifecycle import APPS, parent_of, wait_for_workers, worker_pids
@@ -182,11 +182,14 @@ class StopRun:
     """Requests fully sent that got no answer: the connection closed or reset under them."""
     unsent: int = 0
     """Requests the client could not finish sending (the connection was already closed)."""
+    connected: int = 0
+    """Clients that have had their first answer."""
 
 
 def keep_asking_until_closed(port: int, run: StopRun, lock: threading.Lock) -> None:
     """One keep-alive client in a tight loop, until an answer says Connection: close."""
     with socket.create_connection((HOST, port), timeout=20) as sock:
+        first = True
         while True:
             try:
                 sock.sendall(b"GET /pid HTTP/1.1\r\nHost: signals\r\n\r\n")
@@ -201,7 +204,9 @@ def keep_asking_until_closed(port: int, run: StopRun, lock: threading.Lock) -> N
                     run.lost += 1
                 return
             with lock:
+                run.connected += first
                 run.answered += 1
+            first = False
             if reply.headers.get("Connection") == "close":
                 with lock:
                     run.closed += 1
@@ -220,7 +225,9 @@ def test_a_graceful_stop_answers_every_request_sent_on_a_keep_alive_connection(m
         threads = [threading.Thread(target=keep_asking_until_closed, args=(server.port, run, lock)) for _ in range(50)]
         for thread in threads:
             thread.start()
-        time.sleep(1)
+        # The signal comes once every client is in its loop (connected: the signal closes the
+        # listener) and they are well into it.
+        wait_until(lambda run=run: run.connected == 50 and run.answered > 500, 20, "50 clients, 500 answers")
         server.send_signal(signum)
         for thread in threads:
             thread.join(timeout=30)
@@ -234,7 +241,10 @@ def test_a_graceful_stop_answers_every_request_sent_on_a_keep_alive_connection(m
 def test_workers_lost_during_the_drain_are_replaced_while_requests_wait(maitred_server):
     """One worker, retired after two requests (--max-requests), and six requests queued when
     SIGTERM comes: replacements serve them all, well before --graceful-timeout."""
-    server = maitred_server("-w", "1", "--max-requests", "2", "--graceful-timeout", "20", CRASHY, cwd=APPS)
+    stats = free_port()
+    server = maitred_server(
+        "-w", "1", "--max-requests", "2", "--graceful-timeout", "20", "--stats", f"{HOST}:{stats}", CRASHY, cwd=APPS
+    )
     replies: list[Reply | BaseException] = []
 
     def ask() -> None:
@@ -246,7 +256,7 @@ def test_workers_lost_during_the_drain_are_replaced_while_requests_wait(maitred_
     threads = [threading.Thread(target=ask) for _ in range(6)]
     for thread in threads:
         thread.start()
-    time.sleep(0.1)
+    wait_until(lambda: requests_arrived(stats) == 6, 10, "six requests at the lobby")
     server.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     for thread in threads:
@@ -260,7 +270,8 @@ def test_workers_lost_during_the_drain_are_replaced_while_requests_wait(maitred_
 
 
 def test_a_worker_that_crashes_during_the_drain_is_replaced(maitred_server):
-    server = maitred_server("-w", "2", "--graceful-timeout", "20", CRASHY, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--graceful-timeout", "20", "--stats", f"{HOST}:{stats}", CRASHY, cwd=APPS)
     wait_for_workers(server, 2)
     results: dict[str, Reply | BaseException] = {}
 
@@ -272,9 +283,11 @@ def test_a_worker_that_crashes_during_the_drain_is_replaced(maitred_server):
 
     threads = [threading.Thread(target=ask, args=("dies", "/exit?after=0.5"))]
     threads += [threading.Thread(target=ask, args=(f"q{n}", "/sleep?seconds=0.5")) for n in range(5)]
-    for thread in threads:
+    threads[0].start()
+    wait_for_queue(stats, busy=1, waiting=0)  # the dying request holds a worker, not a place in the queue
+    for thread in threads[1:]:
         thread.start()
-        time.sleep(0.05)
+    wait_until(lambda: requests_arrived(stats) == 6, 10, "six requests at the lobby")
     server.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(timeout=30)
@@ -311,7 +324,7 @@ def test_winch_sent_to_the_whole_group_changes_nothing(maitred_server, tmp_path)
     server = maitred_server("-w", "2", "-p", str(pid_file), CRASHY, cwd=APPS)
     before = wait_for_workers(server, 2) | {zygote_of(server)}
     os.killpg(server.pid, signal.SIGWINCH)
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window for a negative check: no process should exit or appear
     assert get(server.port, "/pid").status == 200
     assert worker_pids(server) | {zygote_of(server)} == before
     assert pid_file.exists()
@@ -380,13 +393,21 @@ try:
             fields = stat[stat.rindex(")") + 2 :].split()
             if int(fields[2]) == server.pid and fields[0] != "Z":
                 states.append(fields[0])
-    time.sleep(0.2)
-    print(answer.split(b"\\r\\n")[0].decode(), "".join(sorted(states)))
+    # The log reaches the terminal a moment after the fact: read it until the SIGTTIN line is
+    # there, then 0.2 s more, a window in which no SIGTTOU line may follow.
     os.set_blocking(master, False)
-    try:
-        print(os.read(master, 1 << 16).decode(errors="replace"))
-    except OSError:
-        pass
+    terminal_text = b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            terminal_text += os.read(master, 1 << 16)
+        except OSError:
+            pass  # nothing new yet
+        if b"SIGTTIN: 3 workers" in terminal_text and deadline - time.monotonic() > 0.2:
+            deadline = time.monotonic() + 0.2
+        time.sleep(0.02)
+    print(answer.split(b"\\r\\n")[0].decode(), "".join(sorted(states)))
+    print(terminal_text.decode(errors="replace"))
 finally:
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
@@ -415,7 +436,7 @@ def test_in_the_background_of_a_terminal_with_tostop_no_process_stops(maitred_co
 def test_sigterm_during_the_start_stops_at_once(maitred_server, app_dir):
     write_app(app_dir, "v1", import_delay=3)
     server = maitred_server("-w", "2", "versioned:app", cwd=app_dir, env=NO_PYC)
-    time.sleep(0.5)
+    wait_for_workers(server, 2)  # forked, and 3 s from ready: the start is under way
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=10) == 0
     assert wait_for_empty_group(server.pid, 10) == []
@@ -425,7 +446,7 @@ def test_sigterm_during_the_start_stops_at_once(maitred_server, app_dir):
 def test_sighup_during_the_start_waits_for_it_and_reloads(maitred_server, app_dir):
     write_app(app_dir, "v1", import_delay=1)
     server = maitred_server("-w", "1", "versioned:app", cwd=app_dir, env=NO_PYC)
-    time.sleep(0.3)
+    wait_for_workers(server, 1)  # forked, and importing v1 for 1 s: the start is under way
     write_app(app_dir, "v2")
     server.send_signal(signal.SIGHUP)
     wait_for_log(server, "SIGHUP: reloaded")
@@ -452,7 +473,7 @@ def test_ttin_and_ttou_add_and_retire_one_worker_never_below_one(maitred_server)
             wait_for_workers(server, expected)
         server.send_signal(signal.SIGTTOU)
         wait_for_log(server, "SIGTTOU: already at one worker, the fewest; ignored")
-        time.sleep(0.5)
+        time.sleep(0.5)  # a window for a negative check: no worker retires
         assert len(worker_pids(server)) == 1
     assert load.count() > 20
     assert load.failures() == []
@@ -567,16 +588,18 @@ def test_reloads_under_load_fail_no_request_and_serve_the_new_code_within_2_s(ma
     server = maitred_server("-w", "2", "versioned:app", cwd=app_dir, env=NO_PYC)
     hups: list[tuple[str, float]] = []
     with Load(server.port, clients=4) as load:
-        time.sleep(0.5)
+        wait_until(lambda: all(client.answers for client in load.clients), 10, "every load client answered")
         for number in range(1, 9):
             version = f"v{number}"
             write_app(app_dir, version)
             server.send_signal(signal.SIGHUP)
             hups.append((version, time.monotonic()))
+            # Deliberately not a wait for the reload: SIGHUPs at a steady pace, some of them
+            # while a reload is under way (it follows once that one is done).
             time.sleep(0.5)
         final = hups[-1][0]
         wait_until(lambda: any(version_of_body(a.body) == final for a in load.answers()), 5, f"answers from {final}")
-        time.sleep(0.5)
+        time.sleep(0.5)  # a window for a negative check: no older code answers after the final one
     assert load.failures() == []
     answers = load.answers()
     assert len(answers) > 100
@@ -601,7 +624,7 @@ def test_a_broken_file_abandons_the_reload_and_the_next_one_works(maitred_server
     write_app(app_dir, "v1")
     server = maitred_server("-w", "2", "versioned:app", cwd=app_dir, env=NO_PYC)
     with Load(server.port, clients=3) as load:
-        time.sleep(0.3)
+        wait_until(lambda: all(client.answers for client in load.clients), 10, "every load client answered")
         write_app(app_dir, "", source="def app(:\n")
         server.send_signal(signal.SIGHUP)
         wait_for_log(server, "SIGHUP: reload abandoned")
@@ -647,7 +670,7 @@ def test_a_reload_reads_the_config_file_again_and_names_what_it_keeps(maitred_se
     conf.write_text("workers = 'many'\n")
     server.send_signal(signal.SIGHUP)
     wait_for_log(server, "SIGHUP: reload abandoned: config file")
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window for a negative check: the worker count stays as it was
     assert len(worker_pids(server)) == 3
     assert get(server.port).status == 200
     assert server.stop() == 0
@@ -689,14 +712,17 @@ def test_with_preload_a_reload_starts_a_fresh_zygote_and_fails_no_request(maitre
     wait_for_workers(server, 2)
     (first_zygote,) = zygotes_of(server)
     with Load(server.port, clients=4) as load:
-        time.sleep(0.3)
+        wait_until(lambda: all(client.answers for client in load.clients), 10, "every load client answered")
         write_app(app_dir, "v2", import_delay=0.5)
         server.send_signal(signal.SIGHUP)
         wait_for_log(server, "SIGHUP: reloaded")
         wait_until(
             lambda: len(zygotes_of(server)) == 1 and first_zygote not in zygotes_of(server), 10, "old zygote gone"
         )
-        time.sleep(0.3)
+        # Every client's last answers are the new code's: the old zygote's workers are all gone.
+        wait_until(
+            lambda: all(version_of_body(c.answers[-1].body) == "v2" for c in load.clients), 10, "answers from v2"
+        )
     assert load.failures() == []
     versions = [version_of_body(a.body) for a in load.answers()]
     assert versions[0] == "v1" and versions[-1] == "v2", versions

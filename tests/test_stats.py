@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from client import get, read_reply
+from client import eventually, get, read_reply, wait_for_queue
 from conftest import HOST, MAITRED, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -80,7 +80,7 @@ def test_busy_workers_and_waiting_requests_show_while_they_wait(maitred_server):
     threads = [threading.Thread(target=get, args=(server.port, "/?sleep=1.5")) for _ in range(3)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    wait_for_queue(stats, busy=1, waiting=2)
     families = scrape(stats)
     # Answered by the lobby while its only worker is busy.
     assert value(families["maitred_workers"], "maitred_workers", state="busy") == 1
@@ -104,7 +104,11 @@ def test_a_listeners_queue_and_backlog_show_while_the_lobby_is_at_max_connection
     held.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
     read_reply(held)
     waiting = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(3)]
-    time.sleep(0.3)
+
+    def listen_queue() -> float:
+        return value(scrape(stats)["maitred_listen_queue"], "maitred_listen_queue", listener=listener)
+
+    assert eventually(lambda: listen_queue() == 3, 10), listen_queue()
     families = scrape(stats)
     assert value(families["maitred_listen_backlog"], "maitred_listen_backlog", listener=listener) == 16
     assert value(families["maitred_listen_queue"], "maitred_listen_queue", listener=listener) == 3

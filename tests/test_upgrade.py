@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from client import read_reply
+from client import eventually, read_reply, status_of
 from conftest import HOST, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -39,12 +39,14 @@ def test_idle_keep_alive_connections_are_handed_to_the_new_lobby(maitred_server,
     """200 idle keep-alive connections, some asleep (idle past the lobby's 0.5 s) and some
     fresh: after the upgrade each is answered, on the same connection, by the new workers."""
     pid_file = tmp_path / "maitred.pid"
-    server = maitred_server("-w", "2", "--pid", str(pid_file), "echo:app", cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--pid", str(pid_file), "--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
     old_workers = workers_of(server.pid, count=2)
     sleepers = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(150)]
     for sock in sleepers:
         assert ask(sock) in old_workers
-    time.sleep(1.0)  # they hibernate
+    hibernating = eventually(lambda: status_of(stats)["connections"]["hibernating"] == 150, 10)
+    assert hibernating, status_of(stats)["connections"]
     fresh = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(50)]
     for sock in fresh:
         assert ask(sock) in old_workers
@@ -74,37 +76,36 @@ def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
     old_workers = workers_of(server.pid, count=2)
     stop = threading.Event()
     failures: list[str] = []
-    answered_by: list[set[int]] = []
+    # The pids that answered each client: the eight keep-alive ones first.
+    answered_by: list[set[int]] = [set() for _ in range(12)]
 
-    def keep_alive_client() -> None:
-        pids = set()
+    def keep_alive_client(pids: set[int]) -> None:
         try:
             with socket.create_connection((HOST, server.port), timeout=10) as sock:
                 while not stop.is_set():
                     pids.add(ask(sock))
         except Exception as error:  # noqa: BLE001 - any failure is the test's finding
             failures.append(f"keep-alive client: {error!r}")
-        answered_by.append(pids)
 
-    def connection_per_request_client() -> None:
-        pids = set()
+    def connection_per_request_client(pids: set[int]) -> None:
         try:
             while not stop.is_set():
                 with socket.create_connection((HOST, server.port), timeout=10) as sock:
                     pids.add(ask(sock))
         except Exception as error:  # noqa: BLE001 - any failure is the test's finding
             failures.append(f"connection-per-request client: {error!r}")
-        answered_by.append(pids)
 
-    threads = [threading.Thread(target=keep_alive_client) for _ in range(8)]
-    threads += [threading.Thread(target=connection_per_request_client) for _ in range(4)]
+    threads = [threading.Thread(target=keep_alive_client, args=(pids,)) for pids in answered_by[:8]]
+    threads += [threading.Thread(target=connection_per_request_client, args=(pids,)) for pids in answered_by[8:]]
     for thread in threads:
         thread.start()
     try:
-        time.sleep(1.0)
+        # The upgrade comes once every client has been answered by the old workers, and the
+        # load goes on until every one has been answered by a new worker too.
+        assert eventually(lambda: all(answered_by) or bool(failures), 10), answered_by
         server.send_signal(signal.SIGUSR2)
         assert server.wait(timeout=30) == 0, server.stderr()
-        time.sleep(1.0)
+        eventually(lambda: all(pids - old_workers for pids in answered_by) or bool(failures), 10)
     finally:
         stop.set()
         for thread in threads:
@@ -113,7 +114,7 @@ def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
     everyone = set().union(*answered_by)
     assert everyone & old_workers and everyone - old_workers, everyone
     # Each keep-alive client went on, on its one connection, with the new workers.
-    assert all(pids - old_workers for pids in answered_by[:8] if pids), answered_by
+    assert all(pids - old_workers for pids in answered_by[:8]), answered_by
 
 
 def test_a_new_maitred_that_cannot_start_leaves_the_old_one_serving(maitred_server, tmp_path):

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import get, read_reply
-from conftest import HOST, wait_for_empty_group
+from client import get, read_reply, wait_for_queue
+from conftest import HOST, free_port, wait_for_empty_group
 from test_lifecycle import wait_for_workers, wait_until, worker_pids
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -75,6 +75,9 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
     # Both have loaded the application and answered: one stopped before that would hold up
     # the start instead.
     wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
+    # Not a wait for the lobby's view: the scoreboard shows both idle a moment before the worker
+    # itself is back in its wait for a request, and one stopped before that takes the first
+    # request for READ_WITHIN (2 s). Nothing outside the worker shows that moment yet.
     time.sleep(0.1)
     stopped = min(before)
     os.kill(stopped, signal.SIGSTOP)
@@ -111,6 +114,8 @@ def test_a_wedged_idle_worker_is_killed_and_its_request_goes_to_another(maitred_
     before = wait_for_workers(server, 2)
     wedged = get(server.port, "/wedge").pid
     assert wedged in before
+    # The application wedges its worker 0.3 s after this answer (tests/apps/health.py), and
+    # nothing outside the worker shows the moment: a margin for the app's own timer.
     time.sleep(0.6)
     replies = []
     for _ in range(6):
@@ -127,9 +132,10 @@ def test_a_wedged_idle_worker_is_killed_and_its_request_goes_to_another(maitred_
     wait_until(lambda: wedged not in worker_pids(server) and len(worker_pids(server)) == 2, 10, "a replacement")
 
 
-def _exit_then_get(port: int, order: str) -> int:
+def _exit_then_get(port: int, stats: int, order: str) -> int:
     """GET /exit (its worker answers, then exits) and a GET /pid that goes to the same worker
-    unless the lobby knows better; returns the status of the GET /pid."""
+    unless the lobby knows better; returns the status of the GET /pid. `stats` is the stats
+    listener's port, which shows when a request has reached the lobby."""
     with socket.create_connection((HOST, port), timeout=20) as leaving, ThreadPoolExecutor(2) as pool:
         if order == "after":
             # Sent the moment the answer to /exit is in: the lobby may still see the worker
@@ -142,13 +148,14 @@ def _exit_then_get(port: int, order: str) -> int:
             # /exit and /pid wait behind a request in progress: the worker that takes /exit is
             # offered /pid at once (docs/PROTOCOL.md, section 3).
             ahead.append(pool.submit(get, port, "/sleep?seconds=0.3"))
-            time.sleep(0.1)
+            wait_for_queue(stats, busy=1, waiting=0)
             leaving.sendall(b"GET /exit HTTP/1.1\r\nHost: test\r\n\r\n")
+            wait_for_queue(stats, busy=1, waiting=1)
         else:
             # "queued": /pid waits while /exit runs, and goes on the worker's channel the
             # moment it answers /exit.
             leaving.sendall(b"GET /exit?after=0.2 HTTP/1.1\r\nHost: test\r\n\r\n")
-        time.sleep(0.05)
+            wait_for_queue(stats, busy=1, waiting=0)
         follow_up = pool.submit(get, port, "/pid")
         assert [reply.result(timeout=20).status for reply in ahead] == [200] * len(ahead)
         assert read_reply(leaving).status == 500
@@ -158,8 +165,9 @@ def _exit_then_get(port: int, order: str) -> int:
 @pytest.mark.parametrize(("order", "rounds"), [("after", 50), ("queued", 10), ("offered", 10)])
 def test_a_request_after_a_worker_exits_is_never_lost_to_it(maitred_server, order, rounds):
     # One worker: every follow-up is the leaving worker's to take, or the lobby's to keep.
-    server = maitred_server("-w", "1", APP, cwd=APPS)
-    statuses = [_exit_then_get(server.port, order) for _ in range(rounds)]
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
+    statuses = [_exit_then_get(server.port, stats, order) for _ in range(rounds)]
     assert statuses == [200] * rounds, statuses
     if order != "after":  # there the worker may have been seen gone before /pid came
         server.wait_for_log("lost: exited without reading GET /pid HTTP/1.1, which goes to another worker", 10)
