@@ -253,3 +253,24 @@ def test_a_worker_past_its_lifetime_retires_once_whichever_thread_finds_it(maitr
     assert eventually(lambda: get(server.port, "/who").pid != first, 15), "the worker was not replaced"
     server.wait_for_log(f"worker {first} retired", 10)
     assert server.stderr().count(f"retiring worker {first}:") == 1, server.stderr()
+
+
+def test_the_most_threads_a_worker_may_have_all_serve(maitred_server):
+    """64, --threads' maximum: the zygote hands the lobby all of a worker's channels in one
+    message, which the lobby's receive must hold whole."""
+    stats = free_port()
+    server = maitred_server("-w", "1", "--threads", "64", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    assert eventually(lambda: status_of(stats)["seats"]["free"] == 64, 20), status_of(stats)["seats"]
+    requests = [send(server.port, "/sleep?seconds=0.5") for _ in range(64)]
+    for request in requests:
+        request.join(30)
+    assert {request.reply.status for request in requests if request.reply} == {200}
+    assert len({request.reply.body.split()[1] for request in requests}) == 64, "each in a thread of its own"
+
+
+def test_more_threads_than_a_worker_may_have_is_one_cli_line(run_maitred):
+    result = run_maitred("--threads", "65", "hello:app", linger=0)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and "--threads" in result.stderr and "64" in result.stderr, (
+        result.stderr
+    )

@@ -20,6 +20,11 @@ use bytes::BufMut;
 /// attaches at most one.
 const MAX_FDS_PER_RECV: usize = 64;
 
+/// The received control message's room, in u64 words (which keep it aligned for cmsghdr): a
+/// cmsghdr, two words on 64-bit Linux, and the descriptors, two to a word. `recv_with_fds`
+/// checks it against CMSG_SPACE in debug builds.
+const CONTROL_WORDS: usize = 2 + MAX_FDS_PER_RECV / 2;
+
 /// Why a `recvmsg` could not be taken as is.
 #[derive(Debug)]
 pub enum RecvError {
@@ -109,7 +114,7 @@ pub fn recv_with_fds(
     flags: libc::c_int,
 ) -> Result<usize, RecvError> {
     let fd_len = (MAX_FDS_PER_RECV * mem::size_of::<RawFd>()) as u32;
-    let mut control = [0u64; 16];
+    let mut control = [0u64; CONTROL_WORDS];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: CMSG_SPACE only computes a size, which the control buffer has room for (checked
     // below in debug builds); an all-zero msghdr is valid; the iovec covers `buf`, of which the
@@ -123,7 +128,8 @@ pub fn recv_with_fds(
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
+        // Never more than the buffer holds, whatever CMSG_SPACE says.
+        msg.msg_controllen = space.min(mem::size_of_val(&control)) as _;
         let received = libc::recvmsg(socket, &mut msg, flags | libc::MSG_CMSG_CLOEXEC);
         if received < 0 {
             return Err(RecvError::Os(io::Error::last_os_error()));
