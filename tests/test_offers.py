@@ -90,8 +90,8 @@ def test_requests_offered_behind_a_slow_one_go_to_the_next_worker_that_looks(mai
     slow = arrives("/sleep?seconds=4", 1)
     fast = [arrives(f"/pid?n={n}", n + 2) for n in range(8)]
     later = [arrives(f"/sleep?seconds=2&n={n}", n + 10) for n in range(2)]
-    # At 0.5 s the first worker takes the slow request and is offered its share of the fast
-    # ones; the rest and the two later ones stay queued. At 1 s the other worker looks for
+    # At 0.5 s the first worker takes the slow request and is offered the first fast ones (as
+    # many as requests of 0.5 s call for: two); the rest and the two later ones stay queued. At 1 s the other worker looks for
     # work: the fast ones, older, come before the later ones, instead of waiting 4 s behind the
     # slow one.
     for request in (first, second, slow, *fast, *later):

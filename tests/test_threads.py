@@ -251,7 +251,7 @@ def test_a_worker_past_its_lifetime_retires_once_whichever_thread_finds_it(maitr
     server = maitred_server("-w", "1", "--threads", "3", "--max-worker-lifetime", "1", "threaded:app", cwd=APPS)
     first = get(server.port, "/who").pid
     assert eventually(lambda: get(server.port, "/who").pid != first, 15), "the worker was not replaced"
-    server.wait_for_log(f"worker {first} retired", 10)
+    server.wait_for_log(f"worker {first} exited", 10)
     assert server.stderr().count(f"retiring worker {first}:") == 1, server.stderr()
 
 

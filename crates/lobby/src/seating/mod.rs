@@ -256,14 +256,17 @@ impl Seating {
         self.queued() + self.offers.borrow().iter().map(|offers| offers.len()).sum::<usize>()
     }
 
-    /// How many waiting requests one busy seat may hold offered: an even share of all that wait,
-    /// rounded up. Offered unevenly, the requests at the back of a long offer queue would wait
-    /// longer than a FIFO would make them: with 20 ms requests, 8 seats and 32 clients, eight
-    /// offers taken at once by the first seat to look put p99 at 285 ms against 87 ms at two
-    /// (the IO1 load, `wrk -t2 -c32`); shared evenly, as deep a queue costs no such tail.
-    pub fn fair_share(&self) -> usize {
-        let busy = self.offers.borrow().iter().filter(|offers| offers.is_busy()).count().max(1);
-        self.waiting().div_ceil(busy)
+    /// How many requests a busy worker may hold offered: as many as take `offer::OFFER_AHEAD`
+    /// at the typical request's time, from `offer::MIN_DEPTH` to `offer::DEPTH`. Offers save
+    /// wakes, which only short requests notice; a request offered behind long ones waits there,
+    /// out of the queue's reach (its overload policy no longer sees it).
+    pub fn offer_depth(&self) -> usize {
+        let typical = self.typical_service.get().unwrap_or(0.0);
+        let ahead = offer::OFFER_AHEAD.as_secs_f64();
+        if typical * offer::DEPTH as f64 <= ahead {
+            return offer::DEPTH;
+        }
+        ((ahead / typical) as usize).clamp(offer::MIN_DEPTH, offer::DEPTH)
     }
 
     /// When the request waiting longest came: in the queue, or offered to a busy worker.
@@ -477,6 +480,24 @@ mod tests {
         // One slow request moves it by a sixteenth of the difference.
         seating.answered_in(Duration::from_secs(2));
         assert!(seating.stale_after() < Duration::from_millis(600));
+    }
+
+    #[test]
+    fn short_requests_get_deep_offers_and_long_ones_few() {
+        let seating = Seating::default();
+        assert_eq!(seating.offer_depth(), offer::DEPTH);
+        for _ in 0..100 {
+            seating.answered_in(Duration::from_micros(40));
+        }
+        assert_eq!(seating.offer_depth(), offer::DEPTH);
+        for _ in 0..100 {
+            seating.answered_in(Duration::from_micros(500));
+        }
+        assert_eq!(seating.offer_depth(), 4);
+        for _ in 0..100 {
+            seating.answered_in(Duration::from_millis(20));
+        }
+        assert_eq!(seating.offer_depth(), offer::MIN_DEPTH);
     }
 
     #[test]

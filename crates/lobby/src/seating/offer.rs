@@ -29,7 +29,7 @@ use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
 
-/// How many requests a busy worker may hold queued. The lobby offers more only when it has read
+/// The most requests a busy worker may hold queued. The lobby offers more only when it has read
 /// an answer, and under load it reads a worker's answers in bursts, one turn of its event loop
 /// apart: a worker that has answered all it holds before then sleeps, and is woken again for
 /// the next, a wake that costs both sides more than a small request. At T1 (hello, 2 workers,
@@ -38,6 +38,17 @@ use super::job::{Job, JobState};
 /// at 0.8x the server's CPU per request (docs/PERFORMANCE.md). A request held behind a slow one
 /// is not stuck there: see [`STALE_AFTER`].
 pub const DEPTH: usize = 8;
+
+/// Requests of a longer typical time get fewer offers, down to this: as many as before eight,
+/// enough for the next to be there when the worker has answered.
+pub const MIN_DEPTH: usize = 2;
+
+/// How much work, at the typical request's time, a worker may hold offered. Deep offers pay
+/// for short requests, whose wakes cost as much as they do (T1's take 40 us as the lobby sees
+/// them: 8); longer ones gain nothing from them and would wait behind each other: with 20 ms
+/// requests (IO1) eight put p99 at 285 ms against 87 at two, and a 0.1 s application's queue
+/// could no longer answer 503 what was offered (tests/test_overload.py).
+pub const OFFER_AHEAD: Duration = Duration::from_millis(2);
 
 /// How long a worker may be on one request, at the least, before the requests offered behind it
 /// are taken back for other workers: one that looks for work takes them first, since they are
@@ -122,11 +133,6 @@ impl Offers {
 
     pub fn is_full(&self) -> bool {
         self.queued.borrow().len() >= DEPTH
-    }
-
-    /// Whether the worker is on a request (seated, or an offer it has taken).
-    pub fn is_busy(&self) -> bool {
-        self.answering.get().is_some()
     }
 
     pub fn len(&self) -> usize {

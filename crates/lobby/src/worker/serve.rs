@@ -265,12 +265,12 @@ fn lost_with(lobby: &Lobby, offers: &Offers, job: Job, lost: Lost) -> Gone {
     }
 }
 
-/// Offers this (busy) worker the oldest queued jobs: as many as it may hold, no more than its
-/// fair share of those waiting, and, when it is to be retired, no more than the `left`
+/// Offers this (busy) worker the oldest queued jobs: as many as requests of the typical time
+/// call for (`Seating::offer_depth`), and, when it is to be retired, no more than the `left`
 /// requests it will still take.
 fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
-    let share = lobby.seating.fair_share();
-    while !offers.is_full() && offers.len() < share && left.is_none_or(|left| (offers.len() as u64) < left) {
+    let depth = lobby.seating.offer_depth();
+    while offers.len() < depth && left.is_none_or(|left| (offers.len() as u64) < left) {
         let Some(next) = lobby.seating.take_oldest(Instant::now()) else { return };
         // Its wait ends here: the worker takes it as soon as it has answered.
         let waited = next.enqueued_at.elapsed();
