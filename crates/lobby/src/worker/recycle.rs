@@ -97,7 +97,8 @@ impl Recycle {
 
     /// Why the worker must retire now that it has served `served` requests, if it must: its
     /// request budget or its lifetime is spent, or (`after_request`) its memory is too large.
-    /// The supervisor is told when a reason is found; the caller asks no more after that.
+    /// The supervisor is told once, when a reason is first found; asked again, it gives that
+    /// reason without telling again (a worker's threads share its recycling).
     pub fn check(&self, served: u64, after_request: bool) -> Option<ExitReason> {
         if let Some(found) = self.found.get() {
             return Some(found);
