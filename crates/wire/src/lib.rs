@@ -16,6 +16,10 @@ pub const MAX_BODY_PER_FRAME: usize = 256 * 1024;
 /// (at most 256 KiB) with its head (at most 64 KiB), and room for a response's headers.
 pub const MAX_PAYLOAD: usize = 1024 * 1024;
 
+/// The largest WebSocket message either way (`WS_MESSAGE`, `WS_SEND`, after their opcode byte):
+/// the ceiling of `--ws-max-size`. A message travels whole, as ASGI hands it over.
+pub const MAX_WS_MESSAGE: usize = 64 << 20;
+
 /// Flag: this frame is the last of a response.
 pub const FLAG_END: u8 = 1;
 /// Flag: one file descriptor travels with this frame.
@@ -63,6 +67,14 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The largest payload a frame of this kind may have.
+    pub const fn max_payload(self) -> usize {
+        match self {
+            Kind::WsMessage | Kind::WsSend => 1 + MAX_WS_MESSAGE,
+            _ => MAX_PAYLOAD,
+        }
+    }
+
     fn from_u8(value: u8) -> Option<Kind> {
         Some(match value {
             1 => Kind::Ready,
@@ -97,7 +109,7 @@ pub struct FrameHeader {
 
 impl FrameHeader {
     pub fn new(kind: Kind, flags: u8, len: usize) -> Result<FrameHeader, WireError> {
-        if len > MAX_PAYLOAD {
+        if len > kind.max_payload() {
             return Err(WireError::TooLarge(len));
         }
         Ok(FrameHeader { kind, flags, len: len as u32 })
@@ -119,7 +131,7 @@ impl FrameHeader {
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
         let kind = Kind::from_u8(bytes[0]).ok_or(WireError::UnknownKind(bytes[0]))?;
         let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        if len as usize > MAX_PAYLOAD {
+        if len as usize > kind.max_payload() {
             return Err(WireError::TooLarge(len as usize));
         }
         Ok(FrameHeader { kind, flags: bytes[1], len })
@@ -818,6 +830,18 @@ mod tests {
             split.feed(&bytes[at..]);
             assert_eq!(split.decoded, whole.decoded, "split at {at}");
         }
+    }
+
+    #[test]
+    fn a_websocket_message_may_pass_the_frame_limit_up_to_its_own() {
+        for kind in [Kind::WsMessage, Kind::WsSend] {
+            let header = FrameHeader::new(kind, 0, 1 + MAX_WS_MESSAGE).unwrap();
+            assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
+            let mut bytes = header.encode();
+            bytes[4..8].copy_from_slice(&(MAX_WS_MESSAGE as u32 + 2).to_le_bytes());
+            assert_eq!(FrameHeader::decode(&bytes), Err(WireError::TooLarge(MAX_WS_MESSAGE + 2)));
+        }
+        assert_eq!(FrameHeader::new(Kind::WsAccept, 0, MAX_PAYLOAD + 1), Err(WireError::TooLarge(MAX_PAYLOAD + 1)));
     }
 
     #[test]
