@@ -89,7 +89,7 @@ async def sleep(seconds: float = 1.0) -> PlainTextResponse:
 
 @app.get("/block")
 async def block(seconds: float = 1.5) -> PlainTextResponse:
-    time.sleep(seconds)  # the mistake the watchdog names: a blocking call inside async def
+    time.sleep(seconds)  # noqa: ASYNC251 - the mistake the watchdog names: a blocking call in async def
     return PlainTextResponse(f"blocked {seconds}")
 
 
