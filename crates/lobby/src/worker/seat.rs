@@ -4,12 +4,13 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use maitred_wire::Kind;
+use maitred_wire::{Kind, Ready};
 
 use super::channel::Channel;
 use super::scoreboard::{Card, ExitReason, Phase};
 use crate::seating::job::Job;
 use crate::seating::offer::Offers;
+use crate::seating::websocket::WorkerSockets;
 
 /// How a worker's time with the lobby ended.
 #[derive(Debug)]
@@ -25,9 +26,10 @@ pub enum Gone {
 }
 
 /// Waits for the worker's `READY`. Errors say what went wrong, for a start-up failure line.
-pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
+pub async fn await_ready(channel: &mut Channel) -> Result<Ready, Gone> {
     match channel.read_frame().await {
-        Ok(Some(frame)) if frame.header.kind == Kind::Ready => Ok(()),
+        Ok(Some(frame)) if frame.header.kind == Kind::Ready => Ready::decode_payload(&frame.payload)
+            .map_err(|e| Gone::Lost(ExitReason::Crash, format!("sent a bad READY: {e}"))),
         Ok(Some(frame)) if frame.header.kind == Kind::BootFailed => {
             Err(Gone::BootFailed(String::from_utf8_lossy(&frame.payload).trim().to_string()))
         }
@@ -43,11 +45,13 @@ pub struct Seat {
     pub card: Rc<Card>,
     /// The offers of each of the worker's threads, once it serves.
     pub(super) offers: RefCell<Vec<Rc<Offers>>>,
+    /// Its seats holding a WebSocket, once it has said it is ASGI (`READY_ASGI`).
+    pub(super) websockets: RefCell<Option<Rc<WorkerSockets>>>,
 }
 
 impl Seat {
     pub fn new(card: Rc<Card>) -> Rc<Seat> {
-        Rc::new(Seat { card, offers: RefCell::new(Vec::new()) })
+        Rc::new(Seat { card, offers: RefCell::new(Vec::new()), websockets: RefCell::new(None) })
     }
 
     pub fn phase(&self) -> Phase {
