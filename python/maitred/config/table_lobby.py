@@ -104,11 +104,12 @@ ROWS: tuple[Setting, ...] = (
         "workers",
         "interface",
         ("--interface",),
-        "auto|asgi|wsgi",
+        "INTERFACE",
         one_of("auto", "asgi", "wsgi"),
         "auto",
-        "The application's interface: auto tells an ASGI 3 application (a coroutine function of scope, "
-        "receive, send) from a WSGI one by its signature, importing it once at start (docs/ASGI.md).",
+        "The application's interface: asgi, wsgi, or auto, which tells an ASGI 3 application (a coroutine "
+        "function of scope, receive, send) from a WSGI one by its signature, importing it once at start "
+        "(docs/ASGI.md).",
         for_lobby=False,
     ),
     Setting(
@@ -126,10 +127,10 @@ ROWS: tuple[Setting, ...] = (
         "workers",
         "loop",
         ("--loop",),
-        "auto|asyncio|uvloop",
+        "LOOP",
         one_of("auto", "asyncio", "uvloop"),
         "auto",
-        "ASGI: the event loop; auto takes uvloop when it is installed, else asyncio's.",
+        "ASGI: the event loop, asyncio or uvloop; auto takes uvloop when it is installed, else asyncio's.",
         for_lobby=False,
     ),
     Setting(

@@ -410,9 +410,7 @@ impl WorkerChannel {
                 environ::fill(&environ, &self.script_name, &request)?;
                 environ
             }
-            Interface::Asgi(state) => {
-                scope::build(py, &self.script_name, &request, self.websocket, state.as_ref())?
-            }
+            Interface::Asgi(state) => scope::build(py, &self.script_name, &request, self.websocket, state.as_ref())?,
         };
         let inline_len = request.inline_body.len();
         let body_len = request.body_len;
