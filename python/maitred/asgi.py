@@ -195,17 +195,22 @@ class Lifespan:
 class _Exchange:
     """One request: the application's `receive` and `send`, and where its response stands."""
 
-    __slots__ = ("_body", "_body_left", "_channel", "_seat", "disconnected", "done", "line", "started")
+    __slots__ = ("_body", "_body_left", "_channel", "_seat", "disconnected", "done", "scope", "started")
 
-    def __init__(self, seat: _Seat, body: Any, line: str) -> None:
+    def __init__(self, seat: _Seat, scope: Scope, body: Any) -> None:
         self._seat = seat
         self._channel = seat.channel
+        self.scope = scope
         self._body = body
         self._body_left = True
         self.done = False
         self.disconnected = False
         self.started = False
-        self.line = line
+
+    @property
+    def line(self) -> str:
+        """The request, for the log: its method and target."""
+        return f"{self.scope['method']} {self.scope['raw_path'].decode('latin-1')}"
 
     async def receive(self) -> Message:
         if self._body_left and not self.disconnected:
@@ -230,12 +235,16 @@ class _Exchange:
                 raise RuntimeError("http.response.body was sent after the response was complete")
             body = message.get("body", b"")
             more = bool(message.get("more_body", False))
-            send = self._channel.send
-            for start in range(0, max(len(body), 1), SEND_PIECE):
-                last_piece = start + SEND_PIECE >= len(body)
-                send(body[start : start + SEND_PIECE], more or not last_piece)
-                if self._channel.backlogged:
+            channel = self._channel
+            if len(body) <= SEND_PIECE:
+                channel.send(body, more)
+                if channel.backlogged:
                     await self._seat.drain()
+            else:
+                for start in range(0, len(body), SEND_PIECE):
+                    channel.send(body[start : start + SEND_PIECE], more or start + SEND_PIECE < len(body))
+                    if channel.backlogged:
+                        await self._seat.drain()
             self.done = not more
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")
@@ -245,16 +254,20 @@ class _WebSocket:
     """One WebSocket: the lobby did the handshake and does the framing; here are ASGI's
     `websocket.*` events, whole messages each (docs/PROTOCOL.md, section 5)."""
 
-    __slots__ = ("_channel", "_connected", "_seat", "accepted", "disconnected", "done", "line")
+    __slots__ = ("_channel", "_connected", "_seat", "accepted", "disconnected", "done", "scope")
 
-    def __init__(self, seat: _Seat, line: str) -> None:
+    def __init__(self, seat: _Seat, scope: Scope) -> None:
         self._seat = seat
         self._channel = seat.channel
+        self.scope = scope
         self._connected = False
         self.accepted = False
         self.disconnected = False
         self.done = False
-        self.line = line
+
+    @property
+    def line(self) -> str:
+        return f"WebSocket {self.scope['raw_path'].decode('latin-1')}"
 
     async def receive(self) -> Message:
         if not self._connected:
@@ -285,7 +298,8 @@ class _WebSocket:
         elif kind == "websocket.accept":
             channel.ws_accept(message.get("subprotocol"), message.get("headers", ()))
             self.accepted = True
-            self._seat.accepted()
+            # --timeout runs until a WebSocket is accepted: then it lives as long as it is wanted.
+            self._seat.deadline = None
         elif kind == "websocket.close":
             channel.ws_close(int(message.get("code", 1000)), message.get("reason") or "")
             self.done = True
@@ -314,7 +328,10 @@ class _Seat:
         self.worker = worker
         self.channel = channel
         self.exchange: _Exchange | _WebSocket | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        # When the request in progress runs past --timeout (time.monotonic()); None: never.
+        self.deadline: float | None = None
+        self.expired = False
         self._news: asyncio.Future[None] | None = None
         self._socket, self._bell = channel.watched()
         worker.loop.add_reader(self._socket, self.readable)
@@ -352,32 +369,42 @@ class _Seat:
     def take(self) -> None:
         """Takes the next request, if the lobby has sent one, and starts its task."""
         taken = self.channel.receive_scope(self.worker.state)
-        self._watch_bell()
+        if self._bell is None:
+            self._watch_bell()
         if taken is None:
             if self.channel.closed:
                 self._unwatch()
                 self.worker.seat_closed(self)
             return
         scope, body = taken
-        path = scope["raw_path"].decode("latin-1")
-        if scope["type"] == "websocket":
-            self.exchange = _WebSocket(self, f"WebSocket {path}")
-        else:
-            self.exchange = _Exchange(self, body, f"{scope['method']} {path}")
-        self.timer = None
-        self.worker.loop.create_task(self._run(scope, self.exchange))
+        exchange = _WebSocket(self, scope) if scope["type"] == "websocket" else _Exchange(self, scope, body)
+        self.exchange = exchange
+        self.deadline = time.monotonic() + self.worker.options.timeout
+        self.expired = False
+        self.task = self.worker.loop.create_task(self._run(scope, exchange))
 
-    def accepted(self) -> None:
-        """--timeout runs until a WebSocket is accepted: then it lives as long as it is wanted."""
-        if self.timer is not None:
-            self.timer.cancel()
+    def expire(self) -> None:
+        """Past --timeout: the request's task is cancelled (asyncio.timeout needs Python 3.11,
+        and one timer a request costs more than the heartbeat's look)."""
+        self.deadline = None
+        self.expired = True
+        if self.task is not None:
+            self.task.cancel()
 
     def _watch_bell(self) -> None:
-        if self._bell is None:
-            bell = self.channel.watched()[1]
-            if bell is not None:
-                self._bell = bell
-                self.worker.loop.add_reader(bell, self.readable)
+        """The bell comes after READY, with the shared region: watched from the first look on."""
+        bell = self.channel.watched()[1]
+        if bell is not None:
+            self._bell = bell
+            self.worker.loop.add_reader(bell, self.bell_rang)
+
+    def bell_rang(self) -> None:
+        try:
+            self.channel.bell_rang()
+        except ChannelError as error:
+            self.worker.broken(error)
+            return
+        self.readable()
 
     def _unwatch(self) -> None:
         loop = self.worker.loop
@@ -388,18 +415,6 @@ class _Seat:
     async def _run(self, scope: Scope, exchange: _Exchange | _WebSocket) -> None:
         channel = self.channel
         worker = self.worker
-        worker.running[id(exchange)] = exchange.line
-        # --timeout cancels the task (asyncio.timeout would need Python 3.11).
-        task = asyncio.current_task()
-        assert task is not None
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        self.timer = timer = worker.loop.call_later(worker.options.timeout, expire)
         try:
             await worker.application(scope, exchange.receive, exchange.send)
             if isinstance(exchange, _WebSocket):
@@ -408,7 +423,7 @@ class _Seat:
                 log("error", f"the application returned without completing its response to {exchange.line}")
                 channel.fail("the application returned without completing its response")
         except asyncio.CancelledError:
-            if not expired:
+            if not self.expired:
                 raise
             log("error", f"{exchange.line} ran past --timeout ({worker.options.timeout:g} s): its task was cancelled")
             if isinstance(exchange, _WebSocket):
@@ -438,8 +453,7 @@ class _Seat:
             else:
                 channel.fail(f"{type(error).__name__}: {error}")
         finally:
-            timer.cancel()
-            worker.running.pop(id(exchange), None)
+            self.deadline = None
         try:
             if channel.backlogged:
                 await self.drain()
@@ -450,6 +464,7 @@ class _Seat:
             return
         exchange.done = True
         self.exchange = None
+        self.task = None
         self._tell()
         try:
             self.take()
@@ -468,7 +483,6 @@ class _Worker:
         self.loop = loop
         self.channels = channels
         self.state: dict[str, Any] | None = None
-        self.running: dict[int, str] = {}
         self._open = len(channels)
         self._done: asyncio.Future[int] = loop.create_future()
         self.seats: list[_Seat] = []
@@ -507,7 +521,11 @@ class _Watchdog(threading.Thread):
         self._stopped = threading.Event()
 
     def beat(self) -> None:
-        self.last_beat = time.monotonic()
+        """The loop's heartbeat, which also cancels the requests past --timeout."""
+        self.last_beat = now = time.monotonic()
+        for seat in self._worker.seats:
+            if seat.deadline is not None and seat.deadline <= now:
+                seat.expire()
         self._worker.loop.call_later(BEAT, self.beat)
 
     def stop(self) -> None:
@@ -526,7 +544,9 @@ class _Watchdog(threading.Thread):
                 continue
             stack = "".join(traceback.format_stack(frame)).rstrip()
             where = traceback.extract_stack(frame, limit=1)[-1]
-            during = ", ".join(self._worker.running.values()) or "no request"
+            # Read from this thread while the loop is stuck: each seat's exchange once.
+            exchanges = [seat.exchange for seat in self._worker.seats]
+            during = ", ".join(exchange.line for exchange in exchanges if exchange is not None) or "no request"
             log(
                 "warning",
                 f"diagnosis S2 (blocked_event_loop): worker {os.getpid()}'s event loop has not run for "

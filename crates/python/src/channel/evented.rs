@@ -36,13 +36,18 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// The event loop found the channel or the bell readable: silences the bell, and takes back
-    /// the flag that said the worker sleeps, so that the next look starts awake.
-    pub(super) fn wake(&mut self) -> PyResult<()> {
+    /// The event loop heard the bell: silences it, so that the loop's next wait sleeps.
+    pub(super) fn hear_bell(&self) -> PyResult<()> {
         if let Some(bell) = &self.bell {
             maitred_sys::bell::silence(bell.as_fd())
                 .map_err(|error| socket_error("silencing the bell failed", error))?;
         }
+        Ok(())
+    }
+
+    /// Before a look: takes back the flag that said the worker sleeps, so that the look starts
+    /// awake. A bell the lobby rang meanwhile is heard by the event loop (`hear_bell`).
+    pub(super) fn wake(&mut self) -> PyResult<()> {
         if self.asleep {
             self.asleep = false;
             if let Some(region) = self.ready_region() {
@@ -85,12 +90,9 @@ impl WorkerChannel {
         }
         let mut closed = false;
         if !self.closed {
-            match self.wait_and_read(py, false)? {
-                Received::Closed => {
-                    self.closed = true;
-                    closed = true;
-                }
-                Received::Bytes | Received::Nothing | Received::Pending => {}
+            if let Received::Closed = self.read_available()? {
+                self.closed = true;
+                closed = true;
             }
         }
         if self.response.phase != Phase::Complete {

@@ -318,6 +318,12 @@ impl WorkerChannel {
         self.take_scope(py, state)
     }
 
+    /// The event loop found the bell readable: silences it. Then look (`receive_scope`, `look`,
+    /// `flush`) as when the channel is readable.
+    fn bell_rang(&self) -> PyResult<()> {
+        self.hear_bell()
+    }
+
     /// While a request is in progress, a look at the channel: 0 nothing for it, 1 the lobby
     /// cancelled it (its client has gone), 2 the lobby closed the channel (finish, then stop).
     fn look(&mut self, py: Python<'_>) -> PyResult<u8> {

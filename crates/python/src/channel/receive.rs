@@ -223,9 +223,15 @@ impl WorkerChannel {
     }
 
     /// Waits (detached from the interpreter) until the channel or the bell is readable, silences
-    /// the bell, and reads what the channel holds. Without `wait`, only looks: `Pending` when
-    /// neither is ready.
+    /// the bell, and reads what the channel holds. Without `wait` (an evented channel, whose
+    /// bell the event loop hears), only reads the channel: `Pending` when it holds nothing.
     pub(super) fn wait_and_read(&mut self, py: Python<'_>, wait: bool) -> PyResult<Received> {
+        if !wait {
+            return Ok(match self.read_available()? {
+                Received::Nothing => Received::Pending,
+                other => other,
+            });
+        }
         let channel = self.link.fd.as_raw_fd();
         let bell = self.bell.as_ref().map(|bell| bell.as_raw_fd());
         // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
@@ -233,12 +239,7 @@ impl WorkerChannel {
         // side sent earlier wakes it too (room to write again), for nothing: once per request,
         // as the lobby reads each response while the worker waits for the next request
         // (docs/PERFORMANCE.md). Other Python threads run meanwhile.
-        let looked = if wait {
-            py.detach(|| wait_readable_either(channel, bell, true))
-        } else {
-            wait_readable_either(channel, bell, false)
-        };
-        let (channel_ready, bell_ready) = match looked {
+        let (channel_ready, bell_ready) = match py.detach(|| wait_readable_either(channel, bell, true)) {
             Ok(ready) => ready,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {
                 py.check_signals()?;
@@ -246,9 +247,6 @@ impl WorkerChannel {
             }
             Err(error) => return Err(socket_error("waiting for a request failed", error)),
         };
-        if !wait && !channel_ready && !bell_ready {
-            return Ok(Received::Pending);
-        }
         if bell_ready {
             if let Some(bell) = &self.bell {
                 maitred_sys::bell::silence(bell.as_fd())
