@@ -182,8 +182,10 @@ async fn seat_jobs(
         card.begin(thread.number, taken.job.summary.clone());
         let served = card.served.get();
         // A retiring worker is offered nothing: its offers went back to the queue. Nor is a
-        // seat that holds a WebSocket, for the WebSocket's life.
-        if *phase.borrow() != Phase::Retire && !recycled && taken.job.websocket.is_none() {
+        // seat that holds a WebSocket, for the WebSocket's life, nor an event loop's seat: it
+        // has many, and requests offered behind one would wait out of the overload policy's
+        // reach, in a queue of their own (O1-ASGI).
+        if *phase.borrow() != Phase::Retire && !recycled && taken.job.websocket.is_none() && !thread.evented {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
         let relayed = match relay_response(lobby, pid, channel, offers, &taken, thread).await {
