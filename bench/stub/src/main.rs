@@ -201,5 +201,7 @@ fn config(options: &Options) -> Config {
         },
         proxy_protocol: None,
         proxy_allow_ips: local(),
+        tls: None,
+        plain_binds: Vec::new(),
     }
 }

@@ -25,6 +25,7 @@ use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{Body, READ_CHUNK};
 use super::states::ConnectionState;
+use super::tls::TlsStream;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
@@ -74,12 +75,16 @@ pub fn start<S: ClientStream>(
 
 /// Wakes a hibernating connection whose client has spoken (or closed).
 pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
-    let Sleeper { socket, kind, peer, site, permit, answered, .. } = sleeper;
-    let started = match kind {
-        StreamKind::Tcp => tokio::net::TcpStream::from_std(socket.into())
+    let Sleeper { socket, kind, peer, site, permit, answered, tls, .. } = sleeper;
+    let started = match (kind, tls) {
+        (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
             .map(|stream| start(lobby, stream, peer, site, permit, answered)),
-        StreamKind::Unix => tokio::net::UnixStream::from_std(socket.into())
+        (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
             .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+        (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
+            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
+        (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
+            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
     };
     if let Err(e) = started {
         debug!("could not wake an idle connection: {e}");
@@ -141,9 +146,9 @@ impl<S: ClientStream> Connection<S> {
 
     fn hibernate(self, deadline: Instant) {
         let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
-        match stream.into_fd() {
-            Ok(socket) => {
-                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline };
+        match stream.into_sleeping() {
+            Ok((socket, tls)) => {
+                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls };
                 match lobby.successor() {
                     Some(successor) => successor.hand_over(sleeper),
                     None => lobby.hibernation.put(sleeper),
@@ -194,6 +199,12 @@ impl<S: ClientStream> Connection<S> {
                 Poll::Pending => self.buf = BytesMut::new(),
             }
         }
+    }
+
+    /// Whether the connection closes after its answer: at a shutdown, and for a TLS
+    /// connection at a binary upgrade too (its keys cannot go to the new maitred).
+    pub(super) fn closes_when_answered(&self) -> bool {
+        self.lobby.closing() || (S::ENCRYPTED && self.lobby.handing_over())
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {
@@ -260,7 +271,7 @@ impl<S: ClientStream> Connection<S> {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
             // --keep-alive 0 closes after each answer, and says so.
-            keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.lobby.closing(),
+            keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.closes_when_answered(),
         };
         let mut answer = Answer::new(&context);
         let mut next = self.first_part(&responses, &waiting).await;
@@ -313,7 +324,7 @@ impl<S: ClientStream> Connection<S> {
             peer_port: origin.port.unwrap_or(0),
             server_name: self.site.server_name.as_bytes(),
             server_port: self.site.server_port,
-            https: origin.https,
+            https: origin.https || self.site.tls,
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
             body_len,
             inline_body: &inline,

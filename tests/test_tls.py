@@ -1,0 +1,238 @@
+"""TLS in the lobby (docs/TLS.md): HTTPS with rustls on the listeners given a certificate,
+plain HTTP beside it on those written http://ADDRESS; the handshake bounded like a head; plain
+HTTP sent to a TLS port refused; the certificate renewed by SIGHUP; client certificates.
+
+Every certificate is made by the test (tls_certs.py); every client is Python's ssl module or
+requests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+from client import Reply, read_reply
+from conftest import HOST, Server, free_port
+from tls_certs import Authority, Pair, client_context
+
+TIMEOUT = 10.0
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+ENVIRON_APP = """
+import json
+
+def app(environ, start_response):
+    seen = {key: environ.get(key) for key in ("wsgi.url_scheme", "HTTPS", "SERVER_PORT", "SSL_CLIENT_S_DN")}
+    seen["body"] = environ["wsgi.input"].read().decode()
+    body = json.dumps(seen).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+"""
+
+
+@pytest.fixture
+def authority(tmp_path: Path) -> Authority:
+    directory = tmp_path / "pki"
+    directory.mkdir()
+    return Authority(directory)
+
+
+@pytest.fixture
+def server_pair(authority: Authority) -> Pair:
+    return authority.server()
+
+
+@pytest.fixture
+def environ_app(app_dir: Path) -> Path:
+    (app_dir / "seen.py").write_text(ENVIRON_APP)
+    return app_dir
+
+
+StartTls = Callable[..., Server]
+
+
+@pytest.fixture
+def tls_server(maitred_server: Callable[..., Server], environ_app: Path, server_pair: Pair) -> StartTls:
+    """Starts maitred serving seen:app over TLS on its port, with more arguments."""
+
+    def start(*args: str) -> Server:
+        return maitred_server(
+            "--certfile", str(server_pair.cert), "--keyfile", str(server_pair.key), *args, "seen:app", cwd=environ_app
+        )
+
+    return start
+
+
+def tls_connect(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None) -> ssl.SSLSocket:
+    raw = socket.create_connection((HOST, port), timeout=TIMEOUT)
+    return context.wrap_socket(raw, server_hostname="localhost", session=session)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closes `sock` (a reset too: it may close before reading all)."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def exchange(sock: socket.socket, body: str = "") -> Reply:
+    sock.sendall(f"POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    return read_reply(sock)
+
+
+def test_https_is_served_with_tls_13_alpn_and_the_https_scheme(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "HTTPS on a listener": TLS 1.3 by default, ALPN http/1.1, and the
+    application sees wsgi.url_scheme https; keep-alive requests share one connection."""
+    server = tls_server()
+    context = client_context(authority)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with tls_connect(server.port, context) as sock:
+        assert sock.version() == "TLSv1.3"
+        assert sock.selected_alpn_protocol() == "http/1.1"
+        for n in range(3):
+            reply = exchange(sock, f"request {n}")
+            assert reply.status == 200, reply
+            seen = json.loads(reply.body)
+            assert seen["wsgi.url_scheme"] == "https"
+            assert seen["body"] == f"request {n}"
+            assert seen["SERVER_PORT"] == str(server.port)
+    # A client of the ordinary kind: requests, verifying the chain against the test's CA.
+    answer = requests.post(f"https://localhost:{server.port}/", data="x" * 300_000, verify=str(authority.pem))
+    assert answer.status_code == 200 and answer.json()["body"] == "x" * 300_000
+
+
+def test_a_large_answer_and_pipelined_requests_cross_tls(
+    maitred_server: Callable[..., Server], app_dir: Path, server_pair: Pair, authority: Authority
+) -> None:
+    """docs/TLS.md, "HTTPS on a listener": answers of every size, and requests pipelined in
+    one TLS record, are served as over plain HTTP."""
+    (app_dir / "big.py").write_text(
+        "def app(environ, start_response):\n"
+        "    size = int(environ['QUERY_STRING'] or 0)\n"
+        "    start_response('200 OK', [('Content-Length', str(size))])\n"
+        "    return [b'z' * size]\n"
+    )
+    server = maitred_server(
+        "--certfile", str(server_pair.cert), "--keyfile", str(server_pair.key), "big:app", cwd=app_dir
+    )
+    with tls_connect(server.port, client_context(authority)) as sock:
+        # Past 256 KiB the answer waits in a file, which goes out through rustls, not sendfile(2).
+        for size in (0, 10, 70_000, 3_000_000):
+            sock.sendall(f"GET /?{size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            reply = read_reply(sock)
+            assert reply.status == 200 and reply.body == b"z" * size
+        sock.sendall(b"".join(f"GET /?{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in range(5)))
+        for n in range(5):
+            assert read_reply(sock).body == b"z" * n
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
+def test_tls_12_is_served_and_older_versions_are_refused(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "HTTPS on a listener": TLS 1.2 and 1.3 only."""
+    server = tls_server()
+    twelve = client_context(authority)
+    twelve.maximum_version = ssl.TLSVersion.TLSv1_2
+    with tls_connect(server.port, twelve) as sock:
+        assert sock.version() == "TLSv1.2"
+        assert exchange(sock).status == 200
+    old = client_context(authority)
+    old.set_ciphers("DEFAULT:@SECLEVEL=0")
+    old.minimum_version = ssl.TLSVersion.TLSv1
+    old.maximum_version = ssl.TLSVersion.TLSv1_1
+    with pytest.raises(ssl.SSLError):
+        tls_connect(server.port, old).close()
+    server.wait_for_log("TLS handshake with 127.0.0.1", TIMEOUT)
+
+
+def test_session_tickets_resume_the_session(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "Session resumption": a returning client skips the full handshake."""
+    server = tls_server()
+    context = client_context(authority)
+    with tls_connect(server.port, context) as sock:
+        assert exchange(sock).status == 200  # TLS 1.3 tickets arrive after the handshake
+        session = sock.session
+    assert session is not None and session.has_ticket
+    with tls_connect(server.port, context, session=session) as again:
+        assert again.session_reused
+        assert exchange(again).status == 200
+
+
+def test_plain_http_to_a_tls_port_gets_400_and_one_log_line(
+    tls_server: StartTls, authority: Authority, server_pair: Pair
+) -> None:
+    """docs/TLS.md, "Plain HTTP sent to a TLS port"; and a listener written http://ADDRESS
+    speaks plain HTTP beside the TLS one."""
+    plain_port = free_port()
+    server = tls_server("--bind", f"http://{HOST}:{plain_port}")
+    with socket.create_connection((HOST, server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = read_reply(sock)
+    assert reply.status == 400
+    assert b"this port speaks HTTPS" in reply.body
+    log = server.wait_for_log("plain HTTP was sent to a TLS listener", TIMEOUT)
+    assert log.count("plain HTTP was sent to a TLS listener") == 1
+    assert f"listening at https://{HOST}:{server.port}" in log
+    with socket.create_connection((HOST, plain_port), timeout=TIMEOUT) as sock:
+        reply = exchange(sock)
+    assert reply.status == 200 and json.loads(reply.body)["wsgi.url_scheme"] == "http"
+
+
+def test_a_handshake_must_finish_within_the_header_timeout(tls_server: StartTls) -> None:
+    """docs/TLS.md, "The handshake is bounded like a head": a client that begins a handshake
+    and stalls is closed at --header-timeout, with a log line."""
+    server = tls_server("--header-timeout", "1")
+    with socket.create_connection((HOST, server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(b"\x16\x03\x01\x00")  # the start of a record header, then nothing
+        assert closed_by_server(sock)  # well before TIMEOUT
+    server.wait_for_log("TLS handshake did not finish within --header-timeout", TIMEOUT)
+
+
+def test_handshakes_count_against_max_head_memory(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "The handshake is bounded like a head": stalled handshakes past
+    --max-head-memory are closed, the oldest first, and a new client is still served."""
+    server = tls_server("--max-head-memory", str(64 * 1024))
+    stalled = [socket.create_connection((HOST, server.port), timeout=TIMEOUT) for _ in range(4)]
+    try:
+        for sock in stalled:
+            sock.sendall(b"\x16")
+        assert closed_by_server(stalled[0])
+        server.wait_for_log("during its TLS handshake: the memory for incomplete request heads", TIMEOUT)
+        with tls_connect(server.port, client_context(authority)) as sock:
+            assert exchange(sock).status == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("--certfile", "CERT"), "--certfile is given without --keyfile"),
+        (("--keyfile", "KEY"), "--keyfile is given without --certfile"),
+        (("--certfile", "CERT", "--keyfile", "KEY", "--ciphers", "HIGH:!aNULL"), "does not support the cipher suite"),
+        (
+            ("--certfile", "CERT", "--keyfile", "KEY", "--cert-reqs", "required"),
+            "--cert-reqs required needs --ca-certs",
+        ),
+        (("--certfile", "CERT", "--keyfile", "KEY", "--proxy-protocol", "v1"), "--proxy-protocol with TLS"),
+        (("--certfile", "CERT", "--keyfile", "OTHER"), "does not go with the certificate"),
+        (("--certfile", "KEY", "--keyfile", "KEY"), "holds no PEM certificate"),
+    ],
+)
+def test_tls_settings_that_cannot_work_are_one_clear_line(
+    run_maitred: Callable, authority: Authority, server_pair: Pair, arguments: tuple[str, ...], message: str
+) -> None:
+    """docs/TLS.md, "Settings": a missing half, an unknown suite or a key that does not match
+    the certificate stops maitred with one line naming it."""
+    other = authority.server("other")
+    files = {"CERT": str(server_pair.cert), "KEY": str(server_pair.key), "OTHER": str(other.key)}
+    finished = run_maitred(
+        "--bind", f"{HOST}:{free_port()}", "--chdir", str(EXAMPLES), *(files.get(a, a) for a in arguments), "hello:app"
+    )
+    assert finished.returncode != 0
+    assert message in finished.stderr, finished.stderr
