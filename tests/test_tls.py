@@ -236,3 +236,40 @@ def test_tls_settings_that_cannot_work_are_one_clear_line(
     )
     assert finished.returncode != 0
     assert message in finished.stderr, finished.stderr
+
+
+GUNICORN_TLS_CONF = """
+import ssl
+
+wsgi_app = "seen:app"
+bind = ["127.0.0.1:{port}"]
+certfile = "{cert}"
+keyfile = "{key}"
+ca_certs = "{ca}"
+cert_reqs = ssl.CERT_OPTIONAL
+ssl_version = ssl.PROTOCOL_TLS_SERVER
+do_handshake_on_connect = False
+suppress_ragged_eofs = True
+ciphers = "TLS_AES_128_GCM_SHA256:ECDHE-ECDSA-AES128-GCM-SHA256"
+"""
+
+
+def test_a_gunicorn_config_with_certfile_and_keyfile_serves_https(
+    maitred_server: Callable[..., Server], environ_app: Path, server_pair: Pair, authority: Authority
+) -> None:
+    """docs/TLS.md, "Settings"; docs/GUNICORN.md: gunicorn's certificate settings in a config
+    file renamed maitred.conf.py serve HTTPS, with no warning for the TLS settings whose values
+    ask for what maitred does anyway, and the cipher suites it names."""
+    port = free_port()
+    conf = GUNICORN_TLS_CONF.format(port=port, cert=server_pair.cert, key=server_pair.key, ca=authority.pem)
+    (environ_app / "maitred.conf.py").write_text(conf)
+    server = maitred_server(cwd=environ_app, bind=False, port=port)
+    answer = requests.get(f"https://localhost:{port}/", verify=str(authority.pem), timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["wsgi.url_scheme"] == "https"
+    assert " is ignored: " not in server.stderr(), server.stderr()
+    with tls_connect(port, client_context(authority)) as sock:
+        assert sock.cipher()[0] == "TLS_AES_128_GCM_SHA256"
+    twelve = client_context(authority)
+    twelve.maximum_version = ssl.TLSVersion.TLSv1_2
+    with tls_connect(port, twelve) as sock:
+        assert sock.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"

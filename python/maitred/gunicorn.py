@@ -22,6 +22,7 @@ A row's `verdict` says what a gunicorn config file renamed to maitred.conf.py ge
 from __future__ import annotations
 
 import enum
+import ssl
 from dataclasses import dataclass
 
 
@@ -122,8 +123,9 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         ("--ssl-version",),
         _IGNORED,
         "maitred speaks TLS 1.2 and 1.3, always (rustls; docs/TLS.md); gunicorn deprecates the setting too",
-        # ssl.PROTOCOL_TLS and ssl.PROTOCOL_TLS_SERVER (gunicorn's default), by value and name.
-        (2, 17, "TLS", "TLS_SERVER", "PROTOCOL_TLS", "PROTOCOL_TLS_SERVER"),
+        # ssl.PROTOCOL_TLS and ssl.PROTOCOL_TLS_SERVER (gunicorn's default), and their names as
+        # --ssl-version takes them: they ask for the best version both sides speak.
+        (ssl.PROTOCOL_TLS, ssl.PROTOCOL_TLS_SERVER, "TLS", "TLS_SERVER"),
     ),
     GunicornSetting("cert_reqs", ("--cert-reqs",), _SAME),
     GunicornSetting("ca_certs", ("--ca-certs",), _SAME),

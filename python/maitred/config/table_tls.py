@@ -58,7 +58,8 @@ def _cert_reqs(text: str) -> str:
 
 def _cert_reqs_value(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
-        return _cert_reqs(str(value))
+        # ssl.CERT_REQUIRED and the like are IntEnums: their number, not their name.
+        return _cert_reqs(str(int(value)))
     if isinstance(value, str):
         return _cert_reqs(value)
     raise ValueError(f"expected none, optional or required (or 0, 1, 2), got {value!r}")
