@@ -8,16 +8,18 @@ requests."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
-from client import Reply, read_reply
+from client import Reply, eventually, read_reply
 from conftest import HOST, Server, free_port
-from tls_certs import Authority, Pair, client_context
+from tls_certs import Authority, Pair, client_context, peer_serial, serial_of
 
 TIMEOUT = 10.0
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -273,3 +275,71 @@ def test_a_gunicorn_config_with_certfile_and_keyfile_serves_https(
     twelve.maximum_version = ssl.TLSVersion.TLSv1_2
     with tls_connect(port, twelve) as sock:
         assert sock.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+
+
+def _replace(pair: Pair, cert: bytes, key: bytes) -> None:
+    """Writes a renewed pair over `pair` the way certbot and the like do: each file whole,
+    renamed into place."""
+    for path, content in ((pair.cert, cert), (pair.key, key)):
+        fresh = path.with_suffix(".new")
+        fresh.write_bytes(content)
+        fresh.replace(path)
+
+
+def test_sighup_renews_the_certificate_under_load_with_no_error(
+    tls_server: StartTls, authority: Authority, server_pair: Pair
+) -> None:
+    """docs/TLS.md, "Renewal without a restart": while clients connect without pause, a SIGHUP
+    with renewed files makes new handshakes present the new certificate, a connection opened
+    before it carries on, and a broken pair keeps the certificate in use, with one line saying
+    why. No request fails."""
+    server = tls_server("-w", "2")
+    context = client_context(authority)
+    first_serial = serial_of(server_pair.cert.read_bytes())
+    held = tls_connect(server.port, context)
+    assert exchange(held).status == 200 and peer_serial(held) == first_serial
+
+    done = threading.Event()
+    served: list[int] = []
+    failures: list[str] = []
+
+    def clients() -> None:
+        # Bounded: at most 5000 new connections, stopping once the test has seen both reloads.
+        for n in range(5000):
+            if done.is_set():
+                return
+            try:
+                with tls_connect(server.port, context) as sock:
+                    reply = exchange(sock, str(n))
+                    if reply.status != 200:
+                        failures.append(f"request {n}: {reply.status}")
+                    served.append(peer_serial(sock))
+            except OSError as error:
+                failures.append(f"request {n}: {error!r}")
+
+    loader = threading.Thread(target=clients)
+    loader.start()
+    try:
+        assert eventually(lambda: len(served) >= 20, TIMEOUT)
+        renewed = authority.server("renewed")
+        renewed_serial = serial_of(renewed.cert.read_bytes())
+        _replace(server_pair, renewed.cert.read_bytes(), renewed.key.read_bytes())
+        server.send_signal(signal.SIGHUP)
+        server.wait_for_log(f"SIGHUP: read the certificate in {server_pair.cert} again", TIMEOUT)
+        assert eventually(lambda: renewed_serial in served[-5:], TIMEOUT)
+        # A key that does not go with the certificate: the renewed one stays in use.
+        _replace(server_pair, renewed.cert.read_bytes(), authority.server("stranger").key.read_bytes())
+        server.send_signal(signal.SIGHUP)
+        log = server.wait_for_log("the certificate in use stays", TIMEOUT)
+        assert log.count("the certificate in use stays") == 1
+        assert "does not go with the certificate" in log
+        count = len(served)
+        assert eventually(lambda: len(served) >= count + 20, TIMEOUT)
+    finally:
+        done.set()
+        loader.join(TIMEOUT * 3)
+    assert not failures, failures[:5]
+    assert served[-1] == renewed_serial
+    # The connection opened before both reloads carries on, with the certificate it began with.
+    assert exchange(held).status == 200 and peer_serial(held) == first_serial
+    held.close()
