@@ -343,3 +343,46 @@ def test_sighup_renews_the_certificate_under_load_with_no_error(
     # The connection opened before both reloads carries on, with the certificate it began with.
     assert exchange(held).status == 200 and peer_serial(held) == first_serial
     held.close()
+
+
+def test_client_certificates_required_optional_and_the_subject_in_the_environ(
+    tls_server: StartTls, authority: Authority, tmp_path: Path
+) -> None:
+    """docs/TLS.md, "Client certificates": --cert-reqs required refuses a client without a
+    certificate from --ca-certs' authorities at the handshake; optional serves it; a verified
+    certificate's subject is the environ's SSL_CLIENT_S_DN."""
+    alice = authority.client("alice")
+    stranger_directory = tmp_path / "stranger"
+    stranger_directory.mkdir()
+    mallory = Authority(stranger_directory, "another CA").client("mallory")
+    required = tls_server("--ca-certs", str(authority.pem), "--cert-reqs", "required")
+    with tls_connect(required.port, client_context(authority, alice)) as sock:
+        seen = json.loads(exchange(sock).body)
+    assert seen["SSL_CLIENT_S_DN"] == "CN=alice,O=maitred tests"
+    assert seen["wsgi.url_scheme"] == "https"
+    for refused in (None, mallory):
+        # TLS 1.3: the client learns of the refusal when it reads.
+        with (
+            pytest.raises((ssl.SSLError, ConnectionError)),
+            tls_connect(required.port, client_context(authority, refused)) as sock,
+        ):
+            exchange(sock)
+    required.wait_for_log("TLS handshake with 127.0.0.1", TIMEOUT)
+    optional = tls_server("--ca-certs", str(authority.pem), "--cert-reqs", "optional")
+    with tls_connect(optional.port, client_context(authority)) as sock:
+        assert json.loads(exchange(sock).body)["SSL_CLIENT_S_DN"] is None
+    with tls_connect(optional.port, client_context(authority, alice)) as sock:
+        assert json.loads(exchange(sock).body)["SSL_CLIENT_S_DN"] == "CN=alice,O=maitred tests"
+
+
+def test_the_access_log_shows_the_tls_version_and_cipher(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "What the application and the logs see": the access log's tls_version and
+    tls_cipher atoms."""
+    server = tls_server("--access-logfile", "-", "--access-logformat", "%(tls_version)s %(tls_cipher)s %(s)s")
+    with tls_connect(server.port, client_context(authority)) as sock:
+        cipher = sock.cipher()[0]
+        assert exchange(sock).status == 200
+    assert eventually(lambda: server.stdout().strip() != "", TIMEOUT)
+    version, suite, status = server.stdout().split()
+    assert (version, status) == ("TLSv1.3", "200")
+    assert suite == "TLS13_" + cipher.removeprefix("TLS_")

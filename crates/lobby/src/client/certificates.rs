@@ -147,3 +147,52 @@ fn provider(ciphers: &[String]) -> Result<CryptoProvider, String> {
     provider.cipher_suites = suites;
     Ok(provider)
 }
+
+/// The subject of a certificate as RFC 4514 writes a distinguished name (`CN=alice,O=Example`,
+/// the last RDN first), as Apache's and nginx's SSL_CLIENT_S_DN; None if it does not parse.
+pub fn subject_of(certificate: &[u8]) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate).ok()?;
+    let registry = x509_parser::objects::oid_registry();
+    let mut text = String::new();
+    let rdns: Vec<_> = parsed.subject().iter_rdn().collect();
+    for rdn in rdns.into_iter().rev() {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        for (n, attribute) in rdn.iter().enumerate() {
+            if n > 0 {
+                text.push('+');
+            }
+            match x509_parser::objects::oid2abbrev(attribute.attr_type(), registry) {
+                Ok(name) => text.push_str(name),
+                Err(_) => text.push_str(&attribute.attr_type().to_id_string()),
+            }
+            text.push('=');
+            escape_value(&mut text, attribute.as_str().ok()?);
+        }
+    }
+    Some(text)
+}
+
+/// RFC 4514, 2.4: the characters a value escapes with a backslash.
+fn escape_value(out: &mut String, value: &str) {
+    for (n, c) in value.chars().enumerate() {
+        let edge = (n == 0 && (c == ' ' || c == '#')) || (n + 1 == value.chars().count() && c == ' ');
+        if edge || matches!(c, '"' | '+' | ',' | ';' | '<' | '>' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_escape_what_rfc_4514_says() {
+        let mut out = String::new();
+        escape_value(&mut out, " a,b+c\\ ");
+        assert_eq!(out, "\\ a\\,b\\+c\\\\\\ ");
+    }
+}

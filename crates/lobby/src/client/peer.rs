@@ -33,6 +33,20 @@ pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'stati
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+    /// What the TLS handshake settled, for the environ and the access log; None: plain.
+    fn tls(&self) -> Option<&TlsAbout> {
+        None
+    }
+}
+
+/// What a TLS connection's handshake settled.
+pub struct TlsAbout {
+    /// `TLSv1.3` or `TLSv1.2`.
+    pub version: &'static str,
+    /// The cipher suite, by rustls's (IANA's) name.
+    pub cipher: &'static str,
+    /// The verified client certificate's subject, RFC 4514 (SSL_CLIENT_S_DN).
+    pub client_subject: Option<Box<str>>,
 }
 
 macro_rules! client_stream {

@@ -325,6 +325,7 @@ impl<S: ClientStream> Connection<S> {
             server_name: self.site.server_name.as_bytes(),
             server_port: self.site.server_port,
             https: origin.https || self.site.tls,
+            client_subject: self.stream.tls().and_then(|tls| tls.client_subject.as_deref()).map(str::as_bytes),
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
             body_len,
             inline_body: &inline,
@@ -461,6 +462,7 @@ impl<S: ClientStream> Connection<S> {
                 seated: served.and_then(|served| served.seated.get()),
                 answered: served.and_then(|served| served.answered.get()),
                 worker: served.and_then(|served| served.worker.get()),
+                tls: self.stream.tls().map(|tls| (tls.version, tls.cipher)),
             },
         );
     }

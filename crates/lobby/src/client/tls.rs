@@ -14,17 +14,33 @@ use std::task::{ready, Context, Poll};
 use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-use super::peer::{ClientStream, StreamKind};
+use super::certificates::subject_of;
+use super::peer::{ClientStream, StreamKind, TlsAbout};
 
 /// A client socket with its TLS session, the handshake done (`handshake.rs`).
 pub struct TlsStream<S> {
     io: S,
     session: Box<ServerConnection>,
+    about: TlsAbout,
 }
 
 impl<S: ClientStream> TlsStream<S> {
     pub fn new(io: S, session: Box<ServerConnection>) -> TlsStream<S> {
-        TlsStream { io, session }
+        let about = TlsAbout {
+            version: match session.protocol_version() {
+                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                _ => "-",
+            },
+            cipher: session.negotiated_cipher_suite().and_then(|suite| suite.suite().as_str()).unwrap_or("-"),
+            // rustls has verified the chain against --ca-certs: the first is the client's.
+            client_subject: session
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|certificate| subject_of(certificate))
+                .map(Into::into),
+        };
+        TlsStream { io, session, about }
     }
 
     /// Sends what rustls holds for the client, as far as the socket takes it now.
@@ -146,6 +162,10 @@ impl<S: ClientStream> ClientStream for TlsStream<S> {
 
     fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
         self.io.try_io(interest, f)
+    }
+
+    fn tls(&self) -> Option<&TlsAbout> {
+        Some(&self.about)
     }
 }
 
