@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import Reply, eventually, read_reply
+from client import Reply, eventually, read_reply, status_of
 from conftest import HOST, Server, free_port
 from tls_certs import Authority, Pair, client_context, peer_serial, serial_of
 
@@ -386,3 +386,42 @@ def test_the_access_log_shows_the_tls_version_and_cipher(tls_server: StartTls, a
     version, suite, status = server.stdout().split()
     assert (version, status) == ("TLSv1.3", "200")
     assert suite == "TLS13_" + cipher.removeprefix("TLS_")
+
+
+def lobby_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_idle_tls_connections_hibernate_and_cost_little(tls_server: StartTls, authority: Authority) -> None:
+    """docs/TLS.md, "Idle TLS connections stay cheap": an idle keep-alive TLS connection
+    hibernates like a plain one, keeping only its rustls session, and is served when it speaks
+    again (pipelined requests too); 300 of them grow the lobby by well under 32 KB each."""
+    stats = free_port()
+    server = tls_server("--keep-alive", "60", "--stats", f"{HOST}:{stats}")
+    context = client_context(authority)
+    with tls_connect(server.port, context) as sock:
+        assert exchange(sock).status == 200
+        for _ in range(2):
+            assert eventually(lambda: status_of(stats)["connections"]["hibernating"] == 1, TIMEOUT)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+            assert (read_reply(sock).status, read_reply(sock).status) == (200, 200)
+    assert eventually(lambda: status_of(stats)["connections"]["hibernating"] == 0, TIMEOUT)
+    before = lobby_rss_kb(server.pid)
+    held = []
+    try:
+        for _ in range(300):
+            sock = tls_connect(server.port, context)
+            assert exchange(sock).status == 200
+            held.append(sock)
+        assert eventually(lambda: status_of(stats)["connections"]["hibernating"] == 300, TIMEOUT)
+        grown = lobby_rss_kb(server.pid) - before
+        assert grown / 300 <= 32, f"{grown / 300:.1f} KB per idle TLS connection"
+        # Every one of them is still served.
+        for sock in held[::30]:
+            assert exchange(sock).status == 200
+    finally:
+        for sock in held:
+            sock.close()
