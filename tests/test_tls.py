@@ -8,6 +8,7 @@ requests."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import ssl
@@ -26,6 +27,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 ENVIRON_APP = """
 import json
+import os
 
 def app(environ, start_response):
     seen = {key: environ.get(key) for key in ("wsgi.url_scheme", "HTTPS", "SERVER_PORT", "SSL_CLIENT_S_DN")}
@@ -425,3 +427,64 @@ def test_idle_tls_connections_hibernate_and_cost_little(tls_server: StartTls, au
     finally:
         for sock in held:
             sock.close()
+
+
+def test_at_sigusr2_tls_connections_finish_and_close_and_no_client_sees_an_error(
+    tls_server: StartTls, authority: Authority, tmp_path: Path
+) -> None:
+    """docs/TLS.md, "Binary upgrade": TLS connections cannot be handed to the new maitred;
+    each finishes its current request, answered with Connection: close, and closes. Clients in
+    a keep-alive loop (which reconnect when told to close) and clients opening a connection per
+    request, across the upgrade: none sees an error, and the new maitred serves them after."""
+    pid_file = tmp_path / "maitred.pid"
+    server = tls_server("-w", "2", "--pid", str(pid_file))
+    context = client_context(authority)
+    stop = threading.Event()
+    failures: list[str] = []
+    closes: list[int] = []
+    served = [0] * 6
+
+    def keep_alive_client(n: int) -> None:
+        try:
+            while not stop.is_set():
+                with tls_connect(server.port, context) as sock:
+                    while not stop.is_set():
+                        reply = exchange(sock)
+                        assert reply.status == 200, reply
+                        served[n] += 1
+                        if reply.headers.get("Connection", "").lower() == "close":
+                            closes.append(n)
+                            break
+        except Exception as error:  # noqa: BLE001 - any failure is the test's finding
+            failures.append(f"keep-alive client: {error!r}")
+
+    def connection_per_request_client(n: int) -> None:
+        try:
+            while not stop.is_set():
+                with tls_connect(server.port, context) as sock:
+                    assert exchange(sock).status == 200
+                    served[n] += 1
+        except Exception as error:  # noqa: BLE001 - any failure is the test's finding
+            failures.append(f"connection-per-request client: {error!r}")
+
+    threads = [threading.Thread(target=keep_alive_client, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=connection_per_request_client, args=(n,)) for n in range(4, 6)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert eventually(lambda: all(served) or bool(failures), TIMEOUT), served
+        server.send_signal(signal.SIGUSR2)
+        assert server.wait(timeout=30) == 0, server.stderr()
+        after = list(served)
+        assert eventually(lambda: all(now > then for now, then in zip(served, after)) or bool(failures), TIMEOUT)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not failures, failures
+    # Every keep-alive client was told to close by the old maitred, and went on with the new.
+    assert sorted(set(closes)) == [0, 1, 2, 3], closes
+    new_lobby = int(pid_file.read_text())
+    assert new_lobby != server.pid
+    os.kill(new_lobby, signal.SIGTERM)
+    assert eventually(lambda: not pid_file.exists(), 30)

@@ -176,8 +176,9 @@ impl<S: ClientStream> Connection<S> {
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
         // A new maitred has taken over (SIGUSR2): it gets the connection now, with whatever
-        // the client has sent and this lobby has not read, rather than once it has idled.
-        if self.lobby.handing_over() {
+        // the client has sent and this lobby has not read, rather than once it has idled. A TLS
+        // connection cannot go (its keys are here): it is closed as at a shutdown, below.
+        if self.lobby.handing_over() && !S::ENCRYPTED {
             return Wait::Hibernate { deadline };
         }
         loop {
@@ -185,7 +186,7 @@ impl<S: ClientStream> Connection<S> {
                 tokio::select! {
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        let closing = self.answered > 0 && self.lobby.closing();
+                        let closing = self.answered > 0 && self.closes_when_answered();
                         return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
                 }
