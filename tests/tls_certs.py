@@ -4,6 +4,7 @@ server certificate for 127.0.0.1 and localhost signed by it, and client certific
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,10 @@ def _write(directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticC
 class Authority:
     """A certificate authority that signs server and client certificates into `directory`."""
 
-    def __init__(self, directory: Path, name: str = "maitred test CA") -> None:
+    def __init__(self, directory: Path, name: str = "maitred test CA", crl_url: str | None = None) -> None:
         self.directory = directory
+        # Where the certificates it issues say its revocation list is (scanners look for one).
+        self.crl_url = crl_url
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.name = _name(name)
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -57,6 +60,7 @@ class Authority:
             .not_valid_before(now - datetime.timedelta(hours=1))
             .not_valid_after(now + datetime.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -76,7 +80,9 @@ class Authority:
         self.pem = directory / f"{name.replace(' ', '-')}.crt"
         self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def _issue(self, subject: x509.Name, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]) -> tuple:
+    def _issue(
+        self, subject: x509.Name, usage: x509.ObjectIdentifier, names: list[x509.GeneralName], days: int = 2
+    ) -> tuple:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         builder = (
@@ -86,23 +92,28 @@ class Authority:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
+            .not_valid_after(now + datetime.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            # What strict validators (sslyze's) require of a certificate an authority issued.
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
         )
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        if self.crl_url is not None:
+            point = x509.DistributionPoint([x509.UniformResourceIdentifier(self.crl_url)], None, None, None)
+            builder = builder.add_extension(x509.CRLDistributionPoints([point]), critical=False)
         return builder.sign(self.key, hashes.SHA256()), key
 
-    def server(self, stem: str = "server", common_name: str = "localhost") -> Pair:
-        """A server certificate for localhost and 127.0.0.1; the file holds it and then the CA's
-        certificate, as a chain does."""
-        import ipaddress
-
+    def server(self, stem: str = "server", common_name: str = "localhost", days: int = 2) -> Pair:
+        """A server certificate for localhost and 127.0.0.1, valid for `days`; the file holds it
+        and then the CA's certificate, as a chain does."""
         cert, key = self._issue(
             _name(common_name),
             ExtendedKeyUsageOID.SERVER_AUTH,
             [x509.DNSName("localhost"), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))],
+            days,
         )
         pair = _write(self.directory, stem, cert, key)
         pair.cert.write_bytes(pair.cert.read_bytes() + self.pem.read_bytes())
