@@ -156,6 +156,8 @@ def test_json_has_every_atom_under_a_name(maitred_server, app_dir):
         "referer": "http://ref.example/",
         "user_agent": "access-test/1.0",
         "pid": pid,
+        "tls_version": None,
+        "tls_cipher": None,
     }
 
 

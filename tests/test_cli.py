@@ -109,9 +109,9 @@ BAD_CONFIG_FILES = {
     "syntax error": ("workers = 2\nbind = [\n", ["line 2"]),
     "unknown setting": ("wrkers = 2\n", ["unknown setting 'wrkers'", "'workers'"]),
     "gunicorn's name misspelt": ("acesslog = '-'\n", ["unknown setting 'acesslog'", "'accesslog'"]),
-    "a gunicorn setting that would leave traffic unencrypted": (
-        "certfile = '/etc/ssl/cert.pem'\n",
-        ["certfile cannot be honoured", "plain HTTP"],
+    "a gunicorn setting that maitred cannot honour safely": (
+        "def ssl_context(conf, default):\n    return default()\n",
+        ["ssl_context cannot be honoured", "rustls"],
     ),
     "bad value": ("workers = 0\n", ["workers: expected a whole number of at least 1, got '0'"]),
     "wrong type": ("workers = [2]\n", ["workers:", "list"]),
@@ -271,8 +271,14 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "secure_scheme_headers": {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https", "X-FORWARDED-SSL": "on"},
         "proxy_protocol": "off",
         "proxy_allow_ips": ["127.0.0.1", "::1"],
+        "certfile": None,
+        "keyfile": None,
+        "ca_certs": None,
+        "cert_reqs": "none",
+        "ciphers": None,
         "preload": False,
         "app": "hello:app",
+        "plain_binds": [],
         "drop_to": None,
     }
     for key in ("timeout", "graceful_timeout", "keep_alive", "header_timeout"):

@@ -267,8 +267,6 @@ def test_gunicorn_names_map_to_maitreds(clean_environment, tmp_path):
 @pytest.mark.parametrize(
     "source, fragment",
     [
-        ("keyfile = '/etc/ssl/key.pem'\n", "keyfile cannot be honoured"),
-        ("ca_certs = '/etc/ssl/ca.pem'\n", "ca_certs cannot be honoured"),
         ("import ssl\ndef ssl_context(conf, default):\n    return default()\n", "ssl_context cannot be honoured"),
     ],
 )

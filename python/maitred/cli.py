@@ -264,6 +264,9 @@ def _serve(
     if report_address is not None:
         extra_files = settings["reload_extra_files"]
         assert isinstance(extra_files, list)
+        # A renewed certificate is taken by the same SIGHUP as changed code (docs/TLS.md).
+        tls_files = [settings[name] for name in ("certfile", "keyfile", "ca_certs") if settings[name] is not None]
+        extra_files = [*extra_files, *tls_files]
         # Started after the fork: the zygote is forked from a process with a single thread.
         watcher = reload.Watcher(report_address, extra_files)
         watcher.start()

@@ -22,6 +22,7 @@ A row's `verdict` says what a gunicorn config file renamed to maitred.conf.py ge
 from __future__ import annotations
 
 import enum
+import ssl
 from dataclasses import dataclass
 
 
@@ -54,7 +55,6 @@ _IGNORED = Verdict.IGNORED
 _REFUSED = Verdict.REFUSED
 
 _OFF = (None, False, "", 0, (), [], {})
-_NO_TLS = "maitred speaks plain HTTP only: terminate TLS in a proxy in front of it"
 _HTTP1_ONLY = "maitred speaks HTTP/1.0 and HTTP/1.1 only: let the proxy in front of it speak HTTP/2"
 _DIRTY = "maitred has no dirty-worker pool: every worker runs the application"
 _CONTROL = "maitred has no control socket: use signals (docs/SIGNALS.md) and --stats"
@@ -115,27 +115,42 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
     GunicornSetting("proc_name", ("-n", "--name"), _IGNORED, "maitred does not rename its processes", _OFF),
     GunicornSetting("default_proc_name", (), _IGNORED, "maitred does not rename its processes", ("gunicorn",)),
     # SSL
-    GunicornSetting("keyfile", ("--keyfile",), _REFUSED, _NO_TLS, _OFF),
-    GunicornSetting("certfile", ("--certfile",), _REFUSED, _NO_TLS, _OFF),
-    GunicornSetting("ssl_version", ("--ssl-version",), _IGNORED, _NO_TLS),
+    GunicornSetting("keyfile", ("--keyfile",), _SAME),
+    GunicornSetting("certfile", ("--certfile",), _SAME),
     GunicornSetting(
-        "cert_reqs",
-        ("--cert-reqs",),
-        _REFUSED,
-        "maitred cannot verify client certificates: it speaks plain HTTP only",
-        (0,),
+        "ssl_version",
+        ("--ssl-version",),
+        _IGNORED,
+        "maitred speaks TLS 1.2 and 1.3, always (rustls; docs/TLS.md); gunicorn deprecates the setting too",
+        # ssl.PROTOCOL_TLS and ssl.PROTOCOL_TLS_SERVER (gunicorn's default), and their names as
+        # --ssl-version takes them: they ask for the best version both sides speak.
+        (ssl.PROTOCOL_TLS, ssl.PROTOCOL_TLS_SERVER, "TLS", "TLS_SERVER"),
+    ),
+    GunicornSetting("cert_reqs", ("--cert-reqs",), _SAME),
+    GunicornSetting("ca_certs", ("--ca-certs",), _SAME),
+    GunicornSetting(
+        "suppress_ragged_eofs",
+        ("--suppress-ragged-eofs",),
+        _IGNORED,
+        "a client's close without close_notify always ends its connection quietly: HTTP/1.1's framing "
+        "tells a cut answer",
+        (True,),
     ),
     GunicornSetting(
-        "ca_certs",
-        ("--ca-certs",),
-        _REFUSED,
-        "maitred cannot verify client certificates: it speaks plain HTTP only",
-        _OFF,
+        "do_handshake_on_connect",
+        ("--do-handshake-on-connect",),
+        _IGNORED,
+        "the lobby always finishes the handshake first, within --header-timeout, away from the workers",
+        (True, False),
     ),
-    GunicornSetting("suppress_ragged_eofs", ("--suppress-ragged-eofs",), _IGNORED, _NO_TLS, (True,)),
-    GunicornSetting("do_handshake_on_connect", ("--do-handshake-on-connect",), _IGNORED, _NO_TLS, _OFF),
-    GunicornSetting("ciphers", ("--ciphers",), _IGNORED, _NO_TLS, _OFF),
-    GunicornSetting("ssl_context", (), _REFUSED, _NO_TLS),
+    GunicornSetting("ciphers", ("--ciphers",), _SAME),
+    GunicornSetting(
+        "ssl_context",
+        (),
+        _REFUSED,
+        "a Python SSLContext cannot configure rustls: set --certfile, --keyfile, --ca-certs, --cert-reqs and "
+        "--ciphers instead",
+    ),
     # Security
     GunicornSetting("limit_request_line", ("--limit-request-line",), _SAME),
     GunicornSetting("limit_request_fields", ("--limit-request-fields",), _SAME),

@@ -305,5 +305,7 @@ fn config(options: &Options) -> Config {
         proxy_protocol: None,
         proxy_allow_ips: local(),
         websocket: options.websocket,
+        tls: None,
+        plain_binds: Vec::new(),
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use maitred_protocol::ProxyVersions;
 
+use crate::client::certificates::TlsSettings;
 use crate::client::proxies::{AllowList, Forwarding};
 use crate::log::access_format::AccessFormat;
 use crate::log::Level;
@@ -96,6 +97,11 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyVersions>,
     /// `--proxy-allow-from`: the peers that may send a PROXY header.
     pub proxy_allow_ips: AllowList,
+    /// `--certfile` and the other TLS settings; None: every listener speaks plain HTTP.
+    pub tls: Option<TlsSettings>,
+    /// The listeners written `http://ADDRESS`: with `tls`, they speak plain HTTP beside the
+    /// TLS ones.
+    pub plain_binds: Vec<BindAddress>,
     /// The limits of WebSockets (docs/PROTOCOL.md, section 5).
     pub websocket: WebSocketLimits,
 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use tokio::task::LocalSet;
 
+pub use client::certificates::{CertReqs, TlsSettings};
 pub use client::proxies::{AllowList, Forwarding};
 pub use config::{BindAddress, Config, Credentials, HalfClose, QueuePolicy, WebSocketLimits};
 pub use listen::bind::LISTEN_FDS_START;

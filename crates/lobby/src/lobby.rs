@@ -12,6 +12,7 @@ use maitred_protocol::Limits;
 use tokio::sync::watch;
 
 use crate::client::asleep::Hibernation;
+use crate::client::certificates::Certificates;
 use crate::client::heads::HeadBudget;
 use crate::client::states::ConnectionStates;
 use crate::config::Config;
@@ -61,6 +62,8 @@ pub(crate) struct Lobby {
     /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
     /// being closed.
     pub(crate) successor: RefCell<Option<Rc<Successor>>>,
+    /// The TLS listeners' certificate (`--certfile`), read again at a SIGHUP; None: no TLS.
+    pub tls: Option<Certificates>,
 }
 
 impl Lobby {

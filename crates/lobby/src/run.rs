@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::client::asleep::Hibernation;
+use crate::client::certificates::Certificates;
 use crate::client::heads::HeadBudget;
 use crate::client::peer::Site;
 use crate::client::wake;
@@ -94,7 +95,13 @@ pub(crate) async fn until_stopped(
     if let Some(target) = &config.access_logfile {
         log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
     }
-    // Everything that needs root is done: the listen sockets are bound and the logs open.
+    // The key may be readable by root only, as nginx's often is.
+    let tls = config.tls.as_ref().map(Certificates::load).transpose().map_err(StartupError)?;
+    if let Some(certificates) = &tls {
+        info!("TLS with the certificate in {}", certificates.certfile().display());
+    }
+    // Everything that needs root is done: the listen sockets are bound, the logs open and the
+    // certificate read.
     if let Some(credentials) = &config.drop_to {
         let unix_sockets = listeners.iter().chain(&stats_listener).filter_map(|l| l.unix_path.clone());
         let logs = [&config.access_logfile, &config.error_logfile].into_iter().flatten().filter(|path| *path != "-");
@@ -128,6 +135,7 @@ pub(crate) async fn until_stopped(
         spill_budget,
         heads,
         successor: RefCell::new(None),
+        tls,
         metrics: Metrics::new(),
         websockets: Rc::default(),
         scoreboard: Scoreboard::default(),
@@ -178,13 +186,17 @@ pub(crate) async fn until_stopped(
     let cap = Rc::new(CapWatch::new(max_connections, &descriptors, lobby.shutdown.clone()));
     let sites: Vec<Rc<Site>> = listeners
         .iter()
-        .map(|l| Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port }))
+        .zip(&lobby.config.binds)
+        .map(|(l, address)| {
+            let tls = lobby.config.tls.is_some() && !lobby.config.plain_binds.contains(address);
+            Rc::new(Site { server_name: l.server_name.clone(), server_port: l.server_port, tls })
+        })
         .collect();
     let accepting: Vec<JoinHandle<()>> = listeners
         .iter()
         .zip(&sites)
         .map(|(listener, site)| {
-            announce(listener);
+            announce(listener, site.tls);
             let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
             let accepting = accept_loop(lobby.clone(), accept, site.clone(), connections.clone(), cap.clone());
             Ok(tokio::task::spawn_local(accepting))

@@ -157,6 +157,10 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
     if request.https {
         environ.set_item(intern!(py, "wsgi.url_scheme"), intern!(py, "https"))?;
     }
+    // The client certificate the lobby verified (docs/TLS.md), named as Apache and nginx do.
+    if let Some(subject) = request.client_subject {
+        environ.set_item(intern!(py, "SSL_CLIENT_S_DN"), latin1(py, subject)?)?;
+    }
 
     // Whether the request announced a body, by Content-Length or Transfer-Encoding.
     let mut body_framed = false;

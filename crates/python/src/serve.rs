@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, HalfClose, HookFailed, Level, LobbyHook,
-    ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession, WebSocketLimits,
+    AccessFormat, AllowList, BindAddress, CertReqs, Config, Credentials, Forwarding, HalfClose, HookFailed, Level,
+    LobbyHook, ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession, TlsSettings, WebSocketLimits,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
@@ -205,7 +205,30 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             ping_timeout: seconds(settings, "ws_ping_timeout")?,
             seats: optional(settings, "websocket_seats")?,
         },
+        tls: tls_settings(settings)?,
+        plain_binds: required::<Vec<String>>(settings, "plain_binds")?
+            .iter()
+            .map(|b| bind_address(py, b))
+            .collect::<PyResult<_>>()?,
     })
+}
+
+/// `--certfile` and the TLS settings beside it (docs/TLS.md); None without a certificate.
+/// The CLI has checked them.
+fn tls_settings(settings: &Bound<'_, PyDict>) -> PyResult<Option<TlsSettings>> {
+    let Some(certfile) = optional::<String>(settings, "certfile")? else { return Ok(None) };
+    Ok(Some(TlsSettings {
+        certfile: certfile.into(),
+        keyfile: required::<String>(settings, "keyfile")?.into(),
+        ca_certs: optional::<String>(settings, "ca_certs")?.map(Into::into),
+        cert_reqs: match required::<String>(settings, "cert_reqs")?.as_str() {
+            "none" => CertReqs::None,
+            "optional" => CertReqs::Optional,
+            "required" => CertReqs::Required,
+            other => return Err(PyValueError::new_err(format!("setting 'cert_reqs': unknown value '{other}'"))),
+        },
+        ciphers: optional(settings, "ciphers")?.unwrap_or_default(),
+    }))
 }
 
 /// A listen address the CLI has checked, in its parts: the CLI owns the grammar of addresses,

@@ -332,6 +332,9 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// In a `REQUEST`'s url-scheme byte, beside https (1): a client certificate's subject follows.
+const SCHEME_CLIENT_SUBJECT: u8 = 2;
+
 /// The head of a `REQUEST` frame, borrowing from the payload it was decoded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request<'a> {
@@ -342,8 +345,12 @@ pub struct Request<'a> {
     pub peer_port: u16,
     pub server_name: &'a [u8],
     pub server_port: u16,
-    /// `wsgi.url_scheme` is https (a trusted proxy said so); otherwise http.
+    /// `wsgi.url_scheme` is https (the connection is TLS, or a trusted proxy said so);
+    /// otherwise http.
     pub https: bool,
+    /// The subject of the client certificate the lobby verified (TLS with `--cert-reqs`),
+    /// as RFC 4514 writes a distinguished name.
+    pub client_subject: Option<&'a [u8]>,
     pub headers: Vec<(&'a [u8], &'a [u8])>,
     pub body_len: u64,
     /// The body when it travels inline; empty when it comes as a file descriptor.
@@ -361,7 +368,10 @@ impl<'a> Request<'a> {
         w.u16(self.peer_port);
         w.str16("server name", self.server_name)?;
         w.u16(self.server_port);
-        w.u8(u8::from(self.https));
+        w.u8(u8::from(self.https) | if self.client_subject.is_some() { SCHEME_CLIENT_SUBJECT } else { 0 });
+        if let Some(subject) = self.client_subject {
+            w.str16("client subject", subject)?;
+        }
         w.headers(&self.headers)?;
         w.u64(self.body_len);
         w.raw(self.inline_body);
@@ -378,11 +388,12 @@ impl<'a> Request<'a> {
         let peer_port = r.u16("peer port")?;
         let server_name = r.str16("server name")?;
         let server_port = r.u16("server port")?;
-        let https = match r.u8("url scheme")? {
-            0 => false,
-            1 => true,
-            other => return Err(WireError::BadValue("url scheme", other)),
-        };
+        let scheme = r.u8("url scheme")?;
+        if scheme & !(1 | SCHEME_CLIENT_SUBJECT) != 0 {
+            return Err(WireError::BadValue("url scheme", scheme));
+        }
+        let https = scheme & 1 != 0;
+        let client_subject = if scheme & SCHEME_CLIENT_SUBJECT != 0 { Some(r.str16("client subject")?) } else { None };
         let headers = r.headers()?;
         let body_len = r.u64("body length")?;
         let inline_body = r.rest();
@@ -403,6 +414,7 @@ impl<'a> Request<'a> {
             server_name,
             server_port,
             https,
+            client_subject,
             headers,
             body_len,
             inline_body,
@@ -598,6 +610,7 @@ mod tests {
             server_name: b"localhost",
             server_port: 8000,
             https: true,
+            client_subject: None,
             headers: vec![(b"Host", b"example.org"), (b"X-Empty", b"")],
             body_len: 5,
             inline_body,
@@ -665,14 +678,25 @@ mod tests {
     }
 
     #[test]
-    fn a_url_scheme_other_than_0_or_1_is_refused() {
+    fn a_url_scheme_with_unknown_bits_is_refused() {
         let mut payload = Vec::new();
         sample_request(b"hello").encode_payload(&mut payload).unwrap();
         // The flag follows the version, the method, the target, the peer and the server.
         let at = 1 + (2 + 4) + (2 + 10) + (2 + 9) + 2 + (2 + 9) + 2;
         assert_eq!(payload[at], 1);
-        payload[at] = 2;
-        assert_eq!(Request::decode_payload(&payload, false), Err(WireError::BadValue("url scheme", 2)));
+        payload[at] = 4;
+        assert_eq!(Request::decode_payload(&payload, false), Err(WireError::BadValue("url scheme", 4)));
+    }
+
+    #[test]
+    fn a_client_subject_round_trips_after_the_scheme() {
+        let mut request = sample_request(b"hello");
+        request.client_subject = Some(b"CN=alice,O=Example");
+        let mut payload = Vec::new();
+        request.encode_payload(&mut payload).unwrap();
+        assert_eq!(Request::decode_payload(&payload, false).unwrap(), request);
+        let at = 1 + (2 + 4) + (2 + 10) + (2 + 9) + 2 + (2 + 9) + 2;
+        assert_eq!(payload[at], 1 | SCHEME_CLIENT_SUBJECT);
     }
 
     #[test]

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from maitred.app import AppLoadError, parse_spec
+from maitred.config import table_tls
 from maitred.config.command_line import _parse_arguments, build_parser
 from maitred.config.config_file import ConfigFile, read_config
 from maitred.config.resolved import SOURCES, WARNINGS
@@ -74,6 +75,10 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
         raise UsageError(f"--stats {settings['stats']} is also an application address (--bind): give it one of its own")
     if settings["reload_extra_files"] and not settings["reload"]:
         raise UsageError("--reload-extra-file is given without --reload, which it needs")
+    try:
+        table_tls.check(settings)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     settings["app"] = app
     settings[SOURCES] = sources
     settings[WARNINGS] = config_file.warnings

@@ -40,6 +40,12 @@ KEPT_ON_RELOAD = (
     "umask",
     "reload",
     "reload_extra_files",
+    # A SIGHUP reads the TLS files again, from the paths given at start (docs/TLS.md).
+    "certfile",
+    "keyfile",
+    "ca_certs",
+    "cert_reqs",
+    "ciphers",
 )
 
 Reread = Callable[[], tuple[dict[str, object], list[str]]]

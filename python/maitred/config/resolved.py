@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from maitred import privileges
+from maitred.config import table_tls
 from maitred.config.table import SETTINGS
 
 # Keys of the resolved settings besides the settings themselves.
@@ -23,6 +24,7 @@ def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:
     """The dict that maitred._native.serve takes: the lobby's settings and the app spec."""
     chosen = {s.name: settings[s.name] for s in SETTINGS if s.for_lobby}
     chosen["app"] = settings["app"]
+    chosen["plain_binds"] = table_tls.plain_binds(settings["bind"])  # type: ignore[arg-type]
     wanted = privileges.credentials(settings)
     chosen["drop_to"] = wanted.as_lobby_setting() if wanted is not None else None
     return chosen

@@ -42,7 +42,8 @@ ROWS: tuple[Setting, ...] = (
         _bind_address,
         ("127.0.0.1:8000",),
         "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
-        "listening socket). Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
+        "listening socket); with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). "
+        "Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
         "docs/SYSTEMD.md) the sockets passed are served instead.",
         repeatable=True,
     ),

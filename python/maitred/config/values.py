@@ -28,6 +28,9 @@ UNIX_PATH_MAX = 107
 
 DEFAULT_PORT = 8000
 
+# A --bind address that speaks plain HTTP beside TLS listeners (config/table_tls.py).
+PLAIN_PREFIX = "http://"
+
 
 def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     expected = (
@@ -185,7 +188,10 @@ def _port(text: str, address: str) -> int:
 def _bind_address(text: str) -> str:
     """Checks one listen address and returns it in canonical form: ``HOST:PORT``,
     ``[IPV6]:PORT``, ``unix:/ABSOLUTE/PATH`` or ``fd://N``. A missing port means 8000, a
-    missing host 0.0.0.0."""
+    missing host 0.0.0.0. Written ``http://ADDRESS``, the listener speaks plain HTTP when the
+    others speak TLS (docs/TLS.md); the prefix stays in the canonical form."""
+    if text.startswith(PLAIN_PREFIX):
+        return PLAIN_PREFIX + _bind_address(text[len(PLAIN_PREFIX) :])
     if not text:
         raise ValueError("expected HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N, got ''")
     if text.startswith("unix:"):
@@ -241,7 +247,9 @@ def bind_parts(address: str) -> tuple[object, ...]:
     """A canonical listen address (what `_bind_address` returns) in the parsed form the lobby
     takes: ``("tcp", host, port)`` (an IPv6 host without its brackets), ``("unix", path)`` or
     ``("fd", n)``. This module owns the grammar: the lobby asks this function for the parts of
-    each address it is given, and never parses one itself."""
+    each address it is given, and never parses one itself. An ``http://`` prefix is not part
+    of the address (the lobby is told which listeners are plain apart)."""
+    address = address.removeprefix(PLAIN_PREFIX)
     if address.startswith("unix:"):
         return ("unix", address[len("unix:") :])
     if address.startswith("fd://"):

@@ -19,6 +19,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use rustls::ServerConnection;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -51,6 +52,8 @@ pub struct Sleeper {
     pub answered: u64,
     /// When it closes if the client says nothing.
     pub deadline: Instant,
+    /// A TLS connection's session: its keys and sequence numbers, its buffers empty.
+    pub tls: Option<Box<ServerConnection>>,
 }
 
 pub struct Hibernation {

@@ -3,19 +3,25 @@
 //! forwarded headers of `proxies.rs` and the head budget of `heads.rs`), queued and answered
 //! (`task.rs`), writing the answer (`write.rs`), and asleep between requests (`asleep.rs`,
 //! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket.rs`). `states.rs`
-//! counts them by state; `peer.rs` says what a connection is.
+//! counts them by state; `peer.rs` says what a connection is. A TLS listener's connections begin
+//! with a handshake (`handshake.rs`), with the certificate of `certificates.rs`, and are then read
+//! and written through rustls (`tls.rs`).
 //!
 //! It may import the queue (`seating`: a request goes in as a `Job`, its answer comes back
 //! through the spool), the logs and the shared context (`Lobby`); never the workers or their
 //! supervision, which it meets only through the queue.
 
 pub(crate) mod asleep;
+pub(crate) mod certificates;
+mod encrypted;
+pub(crate) mod handshake;
 pub(crate) mod heads;
 pub(crate) mod peer;
 pub(crate) mod proxies;
 mod read;
 pub(crate) mod states;
 pub(crate) mod task;
+mod tls;
 pub(crate) mod wake;
 mod websocket;
 mod write;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::task::{Context, Poll};
 
+use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 
 /// What kind of stream a sleeper is, to wake it as the same.
@@ -15,14 +16,37 @@ pub enum StreamKind {
     Unix,
 }
 
-/// A client stream: TCP or Unix.
+/// A client stream: TCP or Unix, plain or with TLS (`tls.rs`).
 pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'static {
     const KIND: StreamKind;
+    /// Bytes written must go through the stream, not to the socket (`write.rs`).
+    const ENCRYPTED: bool = false;
     /// Leaves the event loop, keeping the connection open.
     fn into_fd(self) -> io::Result<OwnedFd>;
+    /// Leaves the event loop to hibernate: the socket, and the TLS session if there is one.
+    fn into_sleeping(self) -> io::Result<(OwnedFd, Option<Box<ServerConnection>>)>
+    where
+        Self: Sized,
+    {
+        Ok((self.into_fd()?, None))
+    }
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
+    /// What the TLS handshake settled, for the environ and the access log; None: plain.
+    fn tls(&self) -> Option<&TlsAbout> {
+        None
+    }
+}
+
+/// What a TLS connection's handshake settled.
+pub struct TlsAbout {
+    /// `TLSv1.3` or `TLSv1.2`.
+    pub version: &'static str,
+    /// The cipher suite, by rustls's (IANA's) name.
+    pub cipher: &'static str,
+    /// The verified client certificate's subject, RFC 4514 (SSL_CLIENT_S_DN).
+    pub client_subject: Option<Box<str>>,
 }
 
 macro_rules! client_stream {
@@ -84,4 +108,6 @@ impl Peer {
 pub struct Site {
     pub server_name: String,
     pub server_port: u16,
+    /// It speaks TLS (docs/TLS.md): a connection's handshake comes first (`handshake.rs`).
+    pub tls: bool,
 }

@@ -25,6 +25,7 @@ use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{Body, READ_CHUNK};
 use super::states::ConnectionState;
+use super::tls::TlsStream;
 use super::websocket;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
@@ -76,12 +77,16 @@ pub fn start<S: ClientStream>(
 
 /// Wakes a hibernating connection whose client has spoken (or closed).
 pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
-    let Sleeper { socket, kind, peer, site, permit, answered, .. } = sleeper;
-    let started = match kind {
-        StreamKind::Tcp => tokio::net::TcpStream::from_std(socket.into())
+    let Sleeper { socket, kind, peer, site, permit, answered, tls, .. } = sleeper;
+    let started = match (kind, tls) {
+        (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
             .map(|stream| start(lobby, stream, peer, site, permit, answered)),
-        StreamKind::Unix => tokio::net::UnixStream::from_std(socket.into())
+        (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
             .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+        (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
+            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
+        (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
+            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
     };
     if let Err(e) = started {
         debug!("could not wake an idle connection: {e}");
@@ -143,9 +148,9 @@ impl<S: ClientStream> Connection<S> {
 
     fn hibernate(self, deadline: Instant) {
         let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
-        match stream.into_fd() {
-            Ok(socket) => {
-                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline };
+        match stream.into_sleeping() {
+            Ok((socket, tls)) => {
+                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls };
                 match lobby.successor() {
                     Some(successor) => successor.hand_over(sleeper),
                     None => lobby.hibernation.put(sleeper),
@@ -173,8 +178,9 @@ impl<S: ClientStream> Connection<S> {
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
         // A new maitred has taken over (SIGUSR2): it gets the connection now, with whatever
-        // the client has sent and this lobby has not read, rather than once it has idled.
-        if self.lobby.handing_over() {
+        // the client has sent and this lobby has not read, rather than once it has idled. A TLS
+        // connection cannot go (its keys are here): it is closed as at a shutdown, below.
+        if self.lobby.handing_over() && !S::ENCRYPTED {
             return Wait::Hibernate { deadline };
         }
         loop {
@@ -182,7 +188,7 @@ impl<S: ClientStream> Connection<S> {
                 tokio::select! {
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        let closing = self.answered > 0 && self.lobby.closing();
+                        let closing = self.answered > 0 && self.closes_when_answered();
                         return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
                 }
@@ -196,6 +202,12 @@ impl<S: ClientStream> Connection<S> {
                 Poll::Pending => self.buf = BytesMut::new(),
             }
         }
+    }
+
+    /// Whether the connection closes after its answer: at a shutdown, and for a TLS
+    /// connection at a binary upgrade too (its keys cannot go to the new maitred).
+    pub(super) fn closes_when_answered(&self) -> bool {
+        self.lobby.closing() || (S::ENCRYPTED && self.lobby.handing_over())
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {
@@ -283,7 +295,7 @@ impl<S: ClientStream> Connection<S> {
             // response (ASGI's websocket.http.response) closes the connection too.
             keep_alive: head.keep_alive
                 && !self.lobby.settings().keep_alive.is_zero()
-                && !self.lobby.closing()
+                && !self.closes_when_answered()
                 && websocket.is_none(),
         };
         let mut answer = Answer::new(&context);
@@ -347,7 +359,8 @@ impl<S: ClientStream> Connection<S> {
             peer_port: origin.port.unwrap_or(0),
             server_name: self.site.server_name.as_bytes(),
             server_port: self.site.server_port,
-            https: origin.https,
+            https: origin.https || self.site.tls,
+            client_subject: self.stream.tls().and_then(|tls| tls.client_subject.as_deref()).map(str::as_bytes),
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
             body_len,
             inline_body: &inline,
@@ -485,6 +498,7 @@ impl<S: ClientStream> Connection<S> {
                 seated: served.and_then(|served| served.seated.get()),
                 answered: served.and_then(|served| served.answered.get()),
                 worker: served.and_then(|served| served.worker.get()),
+                tls: self.stream.tls().map(|tls| (tls.version, tls.cipher)),
             },
         );
     }

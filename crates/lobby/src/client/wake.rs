@@ -33,7 +33,19 @@ pub async fn watch(lobby: Rc<Lobby>) {
                 let shutting_down = *shutdown.borrow();
                 if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
                     // A binary upgrade: the new maitred takes every idle connection, those
-                    // whose client has spoken too (it reads what they sent).
+                    // whose client has spoken too (it reads what they sent); but a TLS one
+                    // whose client has spoken is answered here, its keys being here.
+                    while let Ok(n) = hibernation.take_woken(&mut woken) {
+                        for sleeper in woken.drain(..) {
+                            match sleeper.tls {
+                                Some(_) => task::resume(&lobby, sleeper),
+                                None => successor.hand_over(sleeper),
+                            }
+                        }
+                        if n < EVENTS_PER_WAIT {
+                            break;
+                        }
+                    }
                     for sleeper in hibernation.take_all() {
                         successor.hand_over(sleeper);
                     }

@@ -30,7 +30,7 @@ impl<S: ClientStream> Connection<S> {
         let end = match part {
             ResponsePart::Head { status, reason, headers, body, end } => {
                 // A shutdown that began while the request waited closes the connection after it.
-                answer.context.keep_alive &= !self.lobby.closing();
+                answer.context.keep_alive &= !self.closes_when_answered();
                 let fields: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 let known = end.then_some(body.len() as u64);
                 let (framing, keep_alive) =
@@ -69,7 +69,7 @@ impl<S: ClientStream> Connection<S> {
             ResponsePart::Refused { status, detail, retry_after } => {
                 // A 503 is the queue refusing a request it could not serve in time: the
                 // connection is healthy, and the client may try again after Retry-After.
-                let keep_alive = answer.context.keep_alive && status == 503 && !self.lobby.closing();
+                let keep_alive = answer.context.keep_alive && status == 503 && !self.closes_when_answered();
                 write_error_response(&mut out, status, &detail, &http_date(), keep_alive, retry_after);
                 answer.status = status;
                 answer.keep_alive = keep_alive;
@@ -97,6 +97,9 @@ impl<S: ClientStream> Connection<S> {
     /// `send(2)`s all of `data` (with MSG_MORE when `more`), each call as soon as the client
     /// can take bytes.
     async fn send_all(&mut self, mut data: &[u8], more: bool) -> io::Result<()> {
+        if S::ENCRYPTED {
+            return self.send_encrypted(data).await;
+        }
         let fd = self.stream.as_fd();
         while !data.is_empty() {
             let sent = self.write_when_ready(|| maitred_sys::socket::send(fd, data, more).map(|n| n as u64));
@@ -115,6 +118,9 @@ impl<S: ClientStream> Connection<S> {
 
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
     async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
+        if S::ENCRYPTED {
+            return self.send_file_encrypted(file, offset, count).await;
+        }
         let (out_fd, in_fd) = (self.stream.as_fd(), file.as_fd());
         while count > 0 {
             let sent = self.write_when_ready(|| {

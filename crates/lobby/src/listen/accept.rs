@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::bind::Listener;
 use super::cap::{fd_limit, CapWatch};
 use crate::client::peer::{Peer, Site};
-use crate::client::task;
+use crate::client::{handshake, task};
 use crate::lobby::Lobby;
 use crate::log::{debug, error_limited, info, info_limited, warning};
 
@@ -25,8 +25,13 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Logs a listen address with the backlog the kernel granted (S2).
-pub(crate) fn announce(listener: &Listener) {
-    info!("listening at {} (backlog {})", listener.display, listener.backlog_granted);
+pub(crate) fn announce(listener: &Listener, tls: bool) {
+    let display = match tls {
+        true if listener.display.starts_with("http://") => listener.display.replacen("http://", "https://", 1),
+        true => format!("{} (TLS)", listener.display),
+        false => listener.display.clone(),
+    };
+    info!("listening at {display} (backlog {})", listener.backlog_granted);
     if listener.backlog_granted < listener.backlog_requested {
         warning!(
             "--backlog {} is capped by net.core.somaxconn to {}; raise it with `sysctl -w net.core.somaxconn={}`",
@@ -203,13 +208,20 @@ pub(crate) fn accept_backlog(
 fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
     let fd = OwnedFd::from(socket);
     let proxy_protocol = lobby.settings().proxy_protocol.is_some();
-    let started = match peer.as_socket() {
+    let started = match (peer.as_socket(), site.tls) {
         // TCP_NODELAY comes from the listener (listen::bind).
-        Some(addr) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
+        (Some(addr), false) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
             task::start(lobby, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
         }),
-        None => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
+        (None, false) => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
             task::start(lobby, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
+        }),
+        // The CLI refuses --proxy-protocol with TLS.
+        (Some(addr), true) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
+            handshake::start(lobby, stream, Peer::new(Some(addr), false), site.clone(), permit);
+        }),
+        (None, true) => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
+            handshake::start(lobby, stream, Peer::new(None, false), site.clone(), permit);
         }),
     };
     if let Err(e) = started {

@@ -1,5 +1,5 @@
-//! The access log's line format (`--access-logformat`): gunicorn's atoms, maitred's own two,
-//! and `json`.
+//! The access log's line format (`--access-logformat`): gunicorn's atoms, maitred's own
+//! four, and `json`.
 //!
 //! This module owns the grammar. The CLI checks a format by calling
 //! `maitred._native.check_access_log_format`, so a wrong one is refused at start with one
@@ -11,7 +11,8 @@
 //! `%%` a percent sign, anything else is copied. NAME is one of the letters below,
 //! `{HEADER}i` (a request header), `{HEADER}o` (a response header as the application sent
 //! it), `{VARIABLE}e` (the lobby's environment, read when the format is parsed), or maitred's
-//! `queue_ms` and `app_ms`. The value `json` writes every atom as one JSON object per line.
+//! `queue_ms`, `app_ms`, `tls_version` and `tls_cipher`. The value `json` writes every atom
+//! as one JSON object per line.
 //! docs/LIMITS.md ("The access log's format") describes each atom.
 
 use std::fmt::Write;
@@ -83,6 +84,10 @@ pub enum Atom {
     QueueMs,
     /// `app_ms`: how long the worker took to answer it, in milliseconds.
     AppMs,
+    /// `tls_version` and `tls_cipher`: what the connection's TLS handshake settled; `-` for
+    /// plain HTTP.
+    TlsVersion,
+    TlsCipher,
 }
 
 /// The single-letter atoms, for the error message.
@@ -206,10 +211,12 @@ impl Atom {
             "p" => Atom::Pid,
             "queue_ms" => Atom::QueueMs,
             "app_ms" => Atom::AppMs,
+            "tls_version" => Atom::TlsVersion,
+            "tls_cipher" => Atom::TlsCipher,
             _ => {
                 return Err(format!(
                     "unknown atom %({name})s; the atoms are {LETTERS}, {{HEADER}}i, {{HEADER}}o, {{VARIABLE}}e, \
-                     queue_ms and app_ms, or the whole format 'json'"
+                     queue_ms, app_ms, tls_version and tls_cipher, or the whole format 'json'"
                 ))
             }
         })
@@ -254,6 +261,8 @@ impl Atom {
             Atom::Environment(_, value) => out.push_str(value.as_deref().unwrap_or("-")),
             Atom::QueueMs => millis_or_dash(out, record.queue_wait(now)),
             Atom::AppMs => millis_or_dash(out, record.app_time()),
+            Atom::TlsVersion => out.push_str(record.tls.map_or("-", |(version, _)| version)),
+            Atom::TlsCipher => out.push_str(record.tls.map_or("-", |(_, cipher)| cipher)),
         }
     }
 }
@@ -282,6 +291,8 @@ pub struct AccessRecord<'a> {
     pub answered: Option<Instant>,
     /// The worker that answered.
     pub worker: Option<i32>,
+    /// A TLS connection's version and cipher suite; None for plain HTTP.
+    pub tls: Option<(&'static str, &'static str)>,
 }
 
 impl AccessRecord<'_> {
@@ -423,6 +434,10 @@ fn json(record: &AccessRecord<'_>, wall: SystemTime, now: Instant, out: &mut Str
             None => out.push_str("null"),
         }
     }
+    out.push_str(",\"tls_version\":");
+    json_value(out, record.tls.map(|(version, _)| version.as_bytes()));
+    out.push_str(",\"tls_cipher\":");
+    json_value(out, record.tls.map(|(_, cipher)| cipher.as_bytes()));
     out.push('}');
 }
 
@@ -488,6 +503,7 @@ mod tests {
             seated: Some(started + Duration::from_millis(12)),
             answered: Some(started + Duration::from_millis(52)),
             worker: Some(4242),
+            tls: Some(("TLSv1.3", "TLS13_AES_128_GCM_SHA256")),
         };
         let wall = UNIX_EPOCH + Duration::from_secs(1_795_325_400); // 2026-11-22 05:30:00 UTC
         let mut out = String::new();
@@ -557,7 +573,8 @@ mod tests {
              \"request\":\"GET /a/b?x=1&y=2 HTTP/1.1\",\"method\":\"GET\",\"path\":\"/a/b\",\"query\":\"x=1&y=2\",\
              \"protocol\":\"HTTP/1.1\",\"status\":200,\"bytes\":1234,\"referer\":\"http://r/\",\
              \"user_agent\":\"curl/8 \\\"x\\\"\",\"request_time\":1.500250,\"request_time_us\":1500250,\
-             \"pid\":4242,\"queue_ms\":2.000,\"app_ms\":40.000}\n"
+             \"pid\":4242,\"queue_ms\":2.000,\"app_ms\":40.000,\"tls_version\":\"TLSv1.3\",\
+             \"tls_cipher\":\"TLS13_AES_128_GCM_SHA256\"}\n"
         );
     }
 

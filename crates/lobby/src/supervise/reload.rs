@@ -52,6 +52,13 @@ impl Supervisor {
             return;
         }
         notify::reloading();
+        // New handshakes use the renewed certificate; open connections keep their keys.
+        if let Some(certificates) = &self.lobby.tls {
+            match certificates.reload() {
+                Ok(()) => info!("SIGHUP: read the certificate in {} again", certificates.certfile().display()),
+                Err(e) => error!("SIGHUP: {e}; the certificate in use stays"),
+            }
+        }
         self.reload = Some(Reload { generation: None, deadline: None, again: false });
         match self.rereader.clone() {
             Some(rereader) => {

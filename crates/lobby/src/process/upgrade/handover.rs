@@ -134,6 +134,10 @@ impl Successor {
     /// the new lobby would take the next request's first bytes for a header (the proxy opens a
     /// new connection, with its header).
     pub(crate) fn hand_over(&self, sleeper: Sleeper) {
+        if sleeper.tls.is_some() {
+            debug!("closing an idle TLS connection from {}: its keys stay in this lobby", sleeper.peer.display());
+            return;
+        }
         if sleeper.peer.proxy != ProxyStage::Off {
             debug!(
                 "closing an idle PROXY protocol connection from {} instead of handing it over",

@@ -94,7 +94,16 @@ fn adopt(
         .iter()
         .find(|site| site.server_port == port && site.server_name == name)
         .cloned()
-        .unwrap_or_else(|| Rc::new(Site { server_name: name.to_string(), server_port: port }));
-    lobby.hibernation.put(Sleeper { socket, kind, peer, site, permit, answered, deadline: Instant::now() + patience });
+        .unwrap_or_else(|| Rc::new(Site { server_name: name.to_string(), server_port: port, tls: false }));
+    lobby.hibernation.put(Sleeper {
+        socket,
+        kind,
+        peer,
+        site,
+        permit,
+        answered,
+        deadline: Instant::now() + patience,
+        tls: None,
+    });
     Ok(())
 }
