@@ -314,9 +314,16 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
                     for run in capacity_runs.values()
                 ]
                 continue
-            round_load = load.at_rate(load.times_capacity * max(capacities.values()))
-            print(f"  run {repetition}/{runs} load: {round_load.describe()}", file=sys.stderr)
+            if not load.own_capacity:
+                round_load = load.at_rate(load.times_capacity * max(capacities.values()))
+                print(f"  run {repetition}/{runs} load: {round_load.describe()}", file=sys.stderr)
         for entry in entries:
+            if capacity and load.own_capacity:
+                if labels[entry] not in capacities:
+                    run = capacity_runs[labels[entry]]
+                    record["runs"].append(dict(run, measurement=None, error=f"no capacity measured ({run['error']})"))
+                    continue
+                round_load = load.at_rate(load.times_capacity * capacities[labels[entry]])
             result = run_once(
                 scenario,
                 scenario.load_for(entry, round_load),
@@ -362,7 +369,7 @@ def _add_capacity(result: dict, capacity_run: dict, capacity: float | None) -> N
 
 def _label(entry: Entry) -> str:
     clients = [] if entry.clients is None else [f"c={entry.clients}"]
-    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.maitred_options, *clients])
+    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.options, *clients])
 
 
 def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], dict]:
