@@ -284,8 +284,12 @@ UVICORN = Entry("uvicorn")
 ASGI_HELLO = (MAITRED, UVICORN, GRANIAN, Entry("gunicorn-uvicorn"))
 # O1-ASGI, overload: the same, and uvicorn with --limit-concurrency, its way to refuse requests
 # past a bound (503). The bound is per worker and counts connections as well as requests (each of
-# O1's requests has its own connection): UVICORN_LIMIT, chosen in the scenario's note.
-UVICORN_LIMIT = 40
+# O1's requests has its own connection). UVICORN_LIMIT is the concurrency a worker's capacity
+# needs, by Little's law: about 350 req/s a worker (half of the 700 req/s that 2 workers of
+# uvicorn or granian served in the capacity runs on a quiet machine) x 52 ms (2 ms of CPU and the
+# 50 ms await) = 18, rounded up. A lower bound refuses requests the worker could serve in time; a
+# higher one lets more requests share the loop's CPU, each slower.
+UVICORN_LIMIT = 20
 ASGI_OVERLOAD = (*ASGI_HELLO, Entry("uvicorn", options=("--limit-concurrency", str(UVICORN_LIMIT))))
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
@@ -868,8 +872,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             id="O1-ASGI",
-            title="overload goodput: an async endpoint (2 ms CPU, 50 ms await) at 1.5 x the best "
-            "capacity, clients with a 1 s deadline",
+            title="overload goodput: an async endpoint (2 ms CPU, 50 ms await) at 1.5 x each server's "
+            "own capacity, clients with a 1 s deadline",
             app="asgi_apps:overload",
             interface="asgi",
             workers=2,
@@ -894,19 +898,20 @@ SCENARIOS: dict[str, Scenario] = {
             f"{ASGI_CAPACITY_CLIENTS} clients each opening a new connection per request for 3 s, 200s "
             "answered per second (16 clients, O1-WSGI's, would measure the 50 ms await: 16 / 52 ms is "
             "about 300 req/s, below what 2 workers' CPU allows). Then, again on a fresh server each, "
-            "20 s of requests arriving at 1.5 x the best capacity of the round (the same rate for "
-            "every server), each on a new connection, started at its due time whatever the earlier "
+            "20 s of requests arriving at 1.5 x the server's own capacity in the round (O1-WSGI gives "
+            "every server 1.5 x the best one's; here the capacities differ up to twofold, and the best "
+            "one's would overload the slowest three times over), each on a new connection, started at its due time whatever the earlier "
             "ones are doing, and given up (its socket closed) 1 s after its start. The req/s column is "
             "the goodput: answers 200 within the deadline per second of the 20 s; p50-max are their "
             "latencies. Good and answered are shares of the requests started; shed: answered 503 "
             "within the deadline; late: no answer within it; errors: refused or reset before an "
             f"answer. uvicorn --limit-concurrency {UVICORN_LIMIT}: uvicorn answers 503 to a request "
-            "that arrives while its worker holds that many connections or requests; the bound is "
-            f"per worker. {UVICORN_LIMIT} is the work a worker can hold without a request it "
-            "admits missing the deadline by much of it, twice what its capacity needs: at about "
-            "350 req/s a worker (half the capacity measured here) and 52 ms each, Little's law puts "
-            "18 requests in it at once; twice that leaves room for arrivals that bunch, and the "
-            "loop's backlog of CPU it allows (40 x 2-3 ms) stays near a tenth of the deadline.",
+            "that arrives while its worker holds that many connections or requests (the bound is per "
+            f"worker); {UVICORN_LIMIT} is the concurrency a worker's capacity needs, by Little's law: "
+            "about 350 req/s a worker (half of what uvicorn and granian served in capacity runs on a "
+            "quiet machine) x 52 ms each = 18, rounded up. The bound counts only connections uvicorn "
+            "has accepted: the ones waiting in the kernel's accept queue (uvicorn's --backlog, 2048) "
+            "are not refused, however long they wait.",
         ),
         Scenario(
             id="IO1",
