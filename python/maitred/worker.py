@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from maitred import __version__, _native, hooks, reload
+from maitred import __version__, _native, asgi, hooks, reload
 from maitred import log as error_log
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.app import AppLoadError
@@ -115,6 +115,8 @@ def serve(
     load_app: Callable[[], Application],
     hooked: Hooked = None,
     report_address: str | None = None,
+    asgi_options: asgi.Options | None = None,
+    interface_forced: bool = False,
 ) -> int:
     """Loads the application with `load_app`, then serves the requests that arrive on
     `channel_fds` (the worker's ends of its channels, one per thread, which this takes over)
@@ -122,15 +124,18 @@ def serve(
     1 if the application did not load, a hook failed its boot, a channel broke (an I/O error,
     a frame against the protocol) or SIGABRT came (--timeout). With --reload, `report_address`
     is the watcher's, told which files the application was imported from (or was being
-    imported from, when that failed) before the worker says it is ready (or failed)."""
+    imported from, when that failed) before the worker says it is ready (or failed). With
+    `asgi_options` the application is ASGI, served on an event loop (asgi.py); unless
+    `interface_forced` (--interface), an application of the other interface fails to boot."""
     leave_signals_to_the_lobby()
     if hooked is not None:
         hooked[1].pid = os.getpid()
         _catch_hook_signals(*hooked)
     environ = base_environ(threads=len(channel_fds))
-    channels = [WorkerChannel(fd, environ) for fd in channel_fds]
+    evented = asgi_options is not None
+    channels = [WorkerChannel(fd, environ, evented) for fd in channel_fds]
     try:
-        return _boot_and_serve(channels, load_app, hooked, report_address)
+        return _boot_and_serve(channels, load_app, hooked, report_address, asgi_options, interface_forced)
     except _Leaving as leaving:
         assert isinstance(leaving.code, int)
         return leaving.code
@@ -150,7 +155,12 @@ def _boot_failed(channel: WorkerChannel, message: str) -> int:
 
 
 def _boot_and_serve(
-    channels: list[WorkerChannel], load_app: Callable[[], Application], hooked: Hooked, report_address: str | None
+    channels: list[WorkerChannel],
+    load_app: Callable[[], Application],
+    hooked: Hooked,
+    report_address: str | None,
+    asgi_options: asgi.Options | None,
+    interface_forced: bool,
 ) -> int:
     # Boot failures go on the first channel; the others close with the process.
     channel = channels[0]
@@ -173,6 +183,17 @@ def _boot_and_serve(
         worker_hooks, me = hooked
         if not hooks.call("post_worker_init", worker_hooks.get("post_worker_init"), me):
             return _boot_failed(channel, hooks.summary("post_worker_init"))
+    if not interface_forced and asgi.is_asgi(application) != (asgi_options is not None):
+        # The zygote chose the interface when maitred started (--interface, or the application
+        # as it was then); a reload cannot change it.
+        found, serving = ("ASGI", "WSGI") if asgi_options is None else ("WSGI", "ASGI")
+        return _boot_failed(
+            channel,
+            f"the application is {found}, and this maitred serves {serving} (--interface, or the application "
+            "when it started); restart it, or upgrade it with SIGUSR2",
+        )
+    if asgi_options is not None:
+        return asgi.serve(channels, application, asgi_options, functools.partial(_boot_failed, channel))
 
     def answer_on(channel: WorkerChannel) -> Callable[[dict[str, Any], Any], None]:
         if hooked is not None and hooked[0].around_requests:

@@ -22,7 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from maitred import capture, hooks, log, reload, worker
+from maitred import asgi, capture, hooks, log, reload, worker
 from maitred.app import AppLoadError
 
 LoadApp = Callable[[], Callable[..., object]]
@@ -56,6 +56,8 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     worker.leave_signals_to_the_lobby()
     report_address = reload.take_report_address(os.environ)
     worker_load_app = load_app
+    interface = settings["interface"]
+    assert isinstance(interface, str)
     if settings["preload"]:
         try:
             application = load_app()
@@ -66,11 +68,43 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             fail(control, str(error))
             return 1
         worker_load_app = lambda: application
+        if interface == "auto":
+            interface = "asgi" if asgi.is_asgi(application) else "wsgi"
     grace = settings["graceful_timeout"]
-    assert isinstance(grace, float)
+    timeout = settings["timeout"]
+    assert isinstance(grace, float) and isinstance(timeout, float)
     worker_hooks = hooks.WorkerHooks(settings) if hooks.configured(settings) else None
     captures = capture.wanted(settings["capture_output"])
-    return _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures).serve()
+    options = asgi.Options(loop=str(settings["loop"]), timeout=timeout, graceful_timeout=grace)
+    zygote = _Zygote(control, worker_load_app, grace, worker_hooks, report_address, captures, options)
+    zygote.interface = None if interface == "auto" else interface
+    zygote.interface_forced = settings["interface"] != "auto"
+    return zygote.serve()
+
+
+def probe_interface(load_app: LoadApp) -> str | None:
+    """Whether the application is ASGI or WSGI, asked of a child that imports it and exits, so
+    that the zygote stays without the application (no --preload). None when the import fails:
+    the worker that imports it next says why, and the next spawn asks again."""
+    reader, writer = os.pipe2(os.O_CLOEXEC)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        answer = b"?"
+        try:
+            os.close(reader)
+            answer = b"asgi" if asgi.is_asgi(load_app()) else b"wsgi"
+        except BaseException:  # noqa: BLE001, S110 - the worker that imports it next says why
+            pass
+        finally:
+            os.write(writer, answer)
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as answer:
+        said = answer.read()
+    os.waitpid(pid, 0)
+    return said.decode() if said in (b"asgi", b"wsgi") else None
 
 
 def fail(control: socket.socket, message: str) -> None:
@@ -106,8 +140,14 @@ class _Zygote:
         worker_hooks: hooks.WorkerHooks | None,
         report_address: str | None,
         captures: bool,
+        asgi_options: asgi.Options,
     ) -> None:
         self._control = control
+        self._asgi_options = asgi_options
+        # asgi or wsgi: forced (--interface), told by the preloaded application, or once a
+        # probe has imported it; None until then.
+        self.interface: str | None = None
+        self.interface_forced = False
         self._captures = captures
         # Each worker's captured output (--capture-output), by the descriptor it is read from:
         # kept until every process that could write to it has gone, which may be after the
@@ -163,8 +203,10 @@ class _Zygote:
         if not message:
             raise _LobbyGone()
         match _fields(message):
-            case ["spawn", slot, workers, threads] if slot.isdigit() and workers.isdigit() and threads.isdigit():
-                self._spawn(int(slot), int(workers), int(threads))
+            case ["spawn", slot, workers, threads, connections] if all(
+                field.isdigit() for field in (slot, workers, threads, connections)
+            ):
+                self._spawn(int(slot), int(workers), int(threads), int(connections))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
             case ["reopen"]:
@@ -215,11 +257,17 @@ class _Zygote:
         except OSError:
             raise _LobbyGone() from None
 
-    def _spawn(self, slot: int, workers: int, threads: int) -> None:
+    def _spawn(self, slot: int, workers: int, threads: int, connections: int) -> None:
+        if self.interface is None:
+            self.interface = probe_interface(self._load_app)
+        # A channel per thread, or per request an ASGI worker runs at once (docs/PROTOCOL.md,
+        # section 4). An application that did not import yet is served as WSGI would be: its
+        # worker fails to boot and says why.
+        interface = self.interface or "wsgi"
+        channels = connections if interface == "asgi" else threads
         pairs: list[tuple[socket.socket, socket.socket]] = []
         try:
-            # A channel per thread (docs/PROTOCOL.md, section 4).
-            for _ in range(threads):
+            for _ in range(channels):
                 pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
             output = os.pipe2(os.O_CLOEXEC) if self._captures else None
         except OSError as error:
@@ -247,7 +295,7 @@ class _Zygote:
                 os.close(end)
             raise _SpawnFailed(f"cannot fork worker {slot}: {error}") from None
         if pid == 0:
-            self._become_worker(lobby_ends, worker_ends, hooked, output)
+            self._become_worker(lobby_ends, worker_ends, hooked, output, interface)
         for worker_end in worker_ends:
             worker_end.close()
         if output is not None:
@@ -271,6 +319,7 @@ class _Zygote:
         worker_ends: list[socket.socket],
         hooked: worker.Hooked,
         output: tuple[int, int] | None,
+        interface: str,
     ) -> None:
         """In the forked child: drop the zygote's state and serve; never returns. `hooked`: the
         hooks and the worker's `worker` argument, when there are hooks; `output`: the pipe its
@@ -291,7 +340,10 @@ class _Zygote:
                 os.close(output[0])
                 capture.redirect(output[1])
             channel_fds = [worker_end.detach() for worker_end in worker_ends]
-            code = worker.serve(channel_fds, self._load_app, hooked, self._report_address)
+            asgi_options = self._asgi_options if interface == "asgi" else None
+            code = worker.serve(
+                channel_fds, self._load_app, hooked, self._report_address, asgi_options, self.interface_forced
+            )
         except BaseException:  # noqa: BLE001 - a worker logs why it died, whatever it was
             log.log("critical", f"worker {os.getpid()} crashed:\n{traceback.format_exc().rstrip()}")
         finally:

@@ -159,6 +159,7 @@ fn config(options: &Options) -> Config {
         binds: vec![BindAddress::Tcp { host: "127.0.0.1".into(), port: options.port }],
         workers: options.workers,
         threads: 1,
+        worker_connections: 1,
         backlog: None,
         timeout: Duration::from_secs(30),
         graceful_timeout: Duration::from_secs(10),

@@ -29,6 +29,9 @@ pub struct Config {
     pub workers: usize,
     /// Threads per worker, each a channel and a seat of its own.
     pub threads: usize,
+    /// An ASGI worker's seats, each a channel: the requests its event loop runs at once. The
+    /// zygote knows which interface the application has and makes a worker's channels by it.
+    pub worker_connections: usize,
     /// None: the kernel's maximum (`net.core.somaxconn`).
     pub backlog: Option<u32>,
     /// How long one request may keep a worker before the worker is killed.

@@ -53,7 +53,8 @@ pub(crate) async fn until_stopped(
     // First, so that no signal the lobby acts on can end it by its default action.
     let signals = Signals::install()?;
     // A reload holds two sets of workers for a moment.
-    let descriptors = Descriptors::raise(2 * config.workers * config.threads, config.max_connections);
+    let descriptors =
+        Descriptors::raise(2 * config.workers * config.threads.max(config.worker_connections), config.max_connections);
     let max_connections = match config.max_connections {
         None => descriptors.room,
         Some(wanted) if wanted > descriptors.room => {

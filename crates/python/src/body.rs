@@ -136,6 +136,12 @@ impl RequestBody {
 
 #[pymethods]
 impl RequestBody {
+    /// The bytes not read yet (an ASGI worker's `more_body`).
+    #[getter(remaining)]
+    fn remaining_py(&self) -> u64 {
+        self.remaining()
+    }
+
     /// Up to `size` bytes; all the rest when `size` is negative, None or absent.
     #[pyo3(signature = (size = None))]
     fn read<'py>(&mut self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {

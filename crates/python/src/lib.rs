@@ -14,6 +14,7 @@ mod body;
 mod channel;
 mod environ;
 mod response;
+mod scope;
 mod serve;
 
 #[pymodule]

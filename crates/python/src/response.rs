@@ -9,7 +9,7 @@ use std::mem;
 use maitred_wire::{FrameHeader, Kind, WireError, Writer, HEADER_LEN};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 /// Where the current response stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +64,33 @@ pub fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a
     Ok(utf8.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Cow::Owned))
 }
 
+/// How the application writes header names and values: WSGI's native strings (PEP 3333), or
+/// ASGI's byte strings.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum HeaderText {
+    Str,
+    Bytes,
+}
+
+/// A header name or value as latin-1 bytes: a `str` (each code point at most U+00FF), or with
+/// `HeaderText::Bytes` a `bytes` taken as it is.
+fn header_bytes<'a>(
+    value: &'a Bound<'_, PyAny>,
+    text: HeaderText,
+    what: &dyn Fn() -> String,
+) -> PyResult<Option<Cow<'a, [u8]>>> {
+    if text == HeaderText::Bytes {
+        return match value.cast::<PyBytes>() {
+            Ok(bytes) => Ok(Some(Cow::Borrowed(bytes.as_bytes()))),
+            Err(_) => {
+                let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
+                Err(PyTypeError::new_err(format!("{} must be bytes, not {kind}", what())))
+            }
+        };
+    }
+    latin1_bytes(text_arg(value, what)?)
+}
+
 fn text_arg<'a, 'py>(value: &'a Bound<'py, PyAny>, what: &dyn Fn() -> String) -> PyResult<&'a Bound<'py, PyString>> {
     value.cast::<PyString>().map_err(|_| {
         let kind = value.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned());
@@ -87,9 +114,6 @@ pub struct Response {
     /// Where `start_response` validates a new head before it replaces the current one.
     scratch: Vec<u8>,
 }
-
-/// The body of the worker's own 500 response.
-pub const ERROR_BODY: &[u8] = b"500 Internal Server Error\n";
 
 impl Response {
     pub fn new() -> Response {
@@ -154,11 +178,11 @@ impl Response {
 
     /// Validates `start_response`'s status and headers and makes them the pending head. On an
     /// error the response is left as it was.
-    pub fn start(&mut self, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+    pub fn start(&mut self, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>, text: HeaderText) -> PyResult<()> {
         let (code, status_bytes, reason_start) = parse_status(status)?;
         let mut encoded = mem::take(&mut self.scratch);
         encoded.clear();
-        let result = encode_headers(headers, &mut encoded);
+        let result = encode_headers(headers, text, &mut encoded);
         match result {
             Ok((count, declared_length)) => {
                 self.status = code;
@@ -177,13 +201,14 @@ impl Response {
         }
     }
 
-    /// Replaces whatever head the application chose with the worker's own 500.
-    pub fn set_error_head(&mut self) {
-        self.status = 500;
+    /// Replaces whatever head the application chose with the worker's own `status`, whose body
+    /// will be `body`.
+    pub fn set_own_head(&mut self, status: u16, reason: &[u8], body: &[u8]) {
+        self.status = status;
         self.reason.clear();
-        self.reason.extend_from_slice(b"Internal Server Error");
+        self.reason.extend_from_slice(reason);
         self.headers.clear();
-        let length = ERROR_BODY.len().to_string();
+        let length = body.len().to_string();
         let fields: [(&[u8], &[u8]); 2] =
             [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", length.as_bytes())];
         let mut w = Writer::new(&mut self.headers);
@@ -192,7 +217,7 @@ impl Response {
             w.bytes32("header value", value).expect("a short constant value");
         }
         self.header_count = fields.len() as u16;
-        self.declared_length = Some(ERROR_BODY.len() as u64);
+        self.declared_length = Some(body.len() as u64);
         self.phase = Phase::HeadPending;
     }
 
@@ -253,11 +278,11 @@ fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]
 
 /// Checks the application's header list and appends each `(name, value)` to `out` in the
 /// frame's encoding. Returns the count and the Content-Length the application declared.
-fn encode_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<(u16, Option<u64>)> {
+fn encode_headers(headers: &Bound<'_, PyAny>, text: HeaderText, out: &mut Vec<u8>) -> PyResult<(u16, Option<u64>)> {
     if let Ok(list) = headers.cast::<PyList>() {
-        encode_header_items(list.len(), list.iter(), out)
+        encode_header_items(list.len(), list.iter(), text, out)
     } else if let Ok(tuple) = headers.cast::<PyTuple>() {
-        encode_header_items(tuple.len(), tuple.iter(), out)
+        encode_header_items(tuple.len(), tuple.iter(), text, out)
     } else {
         let kind = headers.get_type().name()?;
         Err(PyTypeError::new_err(format!("the response headers must be a list of (name, value) tuples, not {kind}")))
@@ -267,6 +292,7 @@ fn encode_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<(u1
 fn encode_header_items<'py>(
     len: usize,
     items: impl Iterator<Item = Bound<'py, PyAny>>,
+    text: HeaderText,
     out: &mut Vec<u8>,
 ) -> PyResult<(u16, Option<u64>)> {
     // One place stays free for the Content-Length the worker may add.
@@ -277,27 +303,30 @@ fn encode_header_items<'py>(
     let mut declared_length = None;
     let mut w = Writer::new(out);
     for (index, item) in items.enumerate() {
-        let pair = item
-            .cast::<PyTuple>()
-            .ok()
-            .filter(|pair| pair.len() == 2)
-            .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple")))?;
+        // ASGI's headers are two-item iterables, lists as often as tuples.
+        let pair = match text {
+            HeaderText::Str => item.cast::<PyTuple>().ok().map(|pair| pair.as_any().clone()),
+            HeaderText::Bytes => {
+                Some(item.clone()).filter(|pair| pair.is_instance_of::<PyTuple>() || pair.is_instance_of::<PyList>())
+            }
+        }
+        .filter(|pair| pair.len().is_ok_and(|len| len == 2))
+        .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) pair")))?;
         let name = pair.get_item(0)?;
         let value = pair.get_item(1)?;
-        let name = text_arg(&name, &|| format!("the name of response header {index}"))?;
-        let name_text = name.to_str()?;
-        if name_text.is_empty() || !name_text.bytes().all(is_token_byte) {
-            return Err(PyValueError::new_err(format!("invalid response header name {name_text:?}")));
-        }
+        let name = header_bytes(&name, text, &|| format!("the name of response header {index}"))?
+            .filter(|name| !name.is_empty() && name.iter().all(|&b| is_token_byte(b)))
+            .ok_or_else(|| PyValueError::new_err(format!("invalid response header name {name}")))?;
+        // Token bytes are ASCII.
+        let name_text = std::str::from_utf8(&name).expect("token bytes");
         if HOP_BY_HOP.iter().any(|hop| name_text.eq_ignore_ascii_case(hop)) {
             return Err(PyValueError::new_err(format!(
                 "response header {name_text:?} is hop-by-hop; the server manages the connection (PEP 3333)"
             )));
         }
-        let value = text_arg(&value, &|| format!("the value of response header {name_text:?}"))?;
-        let bytes = latin1_bytes(value)?.ok_or_else(|| {
-            PyValueError::new_err(format!("the value of response header {name_text:?} is not latin-1"))
-        })?;
+        let bytes = header_bytes(&value, text, &|| format!("the value of response header {name_text:?}"))?.ok_or_else(
+            || PyValueError::new_err(format!("the value of response header {name_text:?} is not latin-1")),
+        )?;
         if !bytes.iter().all(|&b| is_text_byte(b)) {
             return Err(PyValueError::new_err(format!(
                 "the value of response header {name_text:?} holds a control character (CR, LF or another)"

@@ -141,6 +141,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         binds,
         workers: required(settings, "workers")?,
         threads: required(settings, "threads")?,
+        worker_connections: required(settings, "worker_connections")?,
         backlog: optional(settings, "backlog")?,
         timeout: seconds(settings, "timeout")?,
         graceful_timeout: seconds(settings, "graceful_timeout")?,

@@ -16,10 +16,19 @@ pub const MAX_BODY_PER_FRAME: usize = 256 * 1024;
 /// (at most 256 KiB) with its head (at most 64 KiB), and room for a response's headers.
 pub const MAX_PAYLOAD: usize = 1024 * 1024;
 
+/// The largest WebSocket message either way (`WS_MESSAGE`, `WS_SEND`, after their opcode byte):
+/// the ceiling of `--ws-max-size`. A message travels whole, as ASGI hands it over.
+pub const MAX_WS_MESSAGE: usize = 64 << 20;
+
 /// Flag: this frame is the last of a response.
 pub const FLAG_END: u8 = 1;
 /// Flag: one file descriptor travels with this frame.
 pub const FLAG_FD: u8 = 2;
+/// Flag on a `REQUEST`: a WebSocket opening handshake the lobby has validated (section 5).
+pub const FLAG_WEBSOCKET: u8 = 4;
+
+/// `READY` flag: the worker runs an ASGI application and takes WebSocket requests.
+pub const READY_ASGI: u8 = 1;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +40,12 @@ pub enum Kind {
     ResponseBody = 4,
     ResponseFile = 5,
     ResponseAbort = 6,
+    /// The application accepts a WebSocket: subprotocol and extra headers for the `101`.
+    WsAccept = 7,
+    /// A message the application sends on its WebSocket.
+    WsSend = 8,
+    /// The application closes its WebSocket (or refuses it, before `WS_ACCEPT`); always `END`.
+    WsClose = 9,
     Request = 16,
     /// The lobby no longer wants the answer to the request whose id is its 4-byte payload.
     Cancel = 17,
@@ -45,9 +60,21 @@ pub enum Kind {
     /// The eventfd the worker rings to wake the lobby when it has written an answer while the
     /// lobby sleeps, passed with the frame.
     LobbyBell = 22,
+    /// A whole message from the WebSocket's client, on the channel.
+    WsMessage = 23,
+    /// The WebSocket's client connection is closed (or the lobby closed it), on the channel.
+    WsClosed = 24,
 }
 
 impl Kind {
+    /// The largest payload a frame of this kind may have.
+    pub const fn max_payload(self) -> usize {
+        match self {
+            Kind::WsMessage | Kind::WsSend => 1 + MAX_WS_MESSAGE,
+            _ => MAX_PAYLOAD,
+        }
+    }
+
     fn from_u8(value: u8) -> Option<Kind> {
         Some(match value {
             1 => Kind::Ready,
@@ -56,12 +83,17 @@ impl Kind {
             4 => Kind::ResponseBody,
             5 => Kind::ResponseFile,
             6 => Kind::ResponseAbort,
+            7 => Kind::WsAccept,
+            8 => Kind::WsSend,
+            9 => Kind::WsClose,
             16 => Kind::Request,
             17 => Kind::Cancel,
             19 => Kind::Region,
             20 => Kind::Bell,
             21 => Kind::OnChannel,
             22 => Kind::LobbyBell,
+            23 => Kind::WsMessage,
+            24 => Kind::WsClosed,
             _ => return None,
         })
     }
@@ -77,7 +109,7 @@ pub struct FrameHeader {
 
 impl FrameHeader {
     pub fn new(kind: Kind, flags: u8, len: usize) -> Result<FrameHeader, WireError> {
-        if len > MAX_PAYLOAD {
+        if len > kind.max_payload() {
             return Err(WireError::TooLarge(len));
         }
         Ok(FrameHeader { kind, flags, len: len as u32 })
@@ -99,7 +131,7 @@ impl FrameHeader {
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, WireError> {
         let kind = Kind::from_u8(bytes[0]).ok_or(WireError::UnknownKind(bytes[0]))?;
         let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        if len as usize > MAX_PAYLOAD {
+        if len as usize > kind.max_payload() {
             return Err(WireError::TooLarge(len as usize));
         }
         Ok(FrameHeader { kind, flags: bytes[1], len })
@@ -136,6 +168,8 @@ pub enum WireError {
     BadValue(&'static str, u8),
     /// A frame of this kind has a payload of another length.
     BadLength(&'static str, usize),
+    /// A text field is not UTF-8.
+    NotUtf8(&'static str),
 }
 
 impl fmt::Display for WireError {
@@ -150,6 +184,7 @@ impl fmt::Display for WireError {
             WireError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the last field"),
             WireError::BadValue(field, value) => write!(f, "field '{field}' cannot be {value}"),
             WireError::BadLength(kind, len) => write!(f, "a {kind} frame cannot have a {len}-byte payload"),
+            WireError::NotUtf8(field) => write!(f, "field '{field}' is not UTF-8"),
         }
     }
 }
@@ -430,6 +465,125 @@ impl FileRange {
     }
 }
 
+/// The payload of `READY`: the worker's pid and what it takes. A bare 4-byte payload (a worker
+/// from before section 5) has no flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    pub pid: u32,
+    pub flags: u8,
+}
+
+impl Ready {
+    pub const PAYLOAD_LEN: usize = 5;
+
+    pub fn encode_payload(&self) -> [u8; Self::PAYLOAD_LEN] {
+        let pid = self.pid.to_le_bytes();
+        [pid[0], pid[1], pid[2], pid[3], self.flags]
+    }
+
+    pub fn decode_payload(payload: &[u8]) -> Result<Ready, WireError> {
+        let mut r = Reader::new(payload);
+        let pid = r.u32("pid")?;
+        let rest = r.rest();
+        match rest.len() {
+            0 => Ok(Ready { pid, flags: 0 }),
+            1 => Ok(Ready { pid, flags: rest[0] }),
+            n => Err(WireError::TrailingBytes(n - 1)),
+        }
+    }
+
+    /// The worker runs an ASGI application and takes WebSocket requests.
+    pub fn asgi(&self) -> bool {
+        self.flags & READY_ASGI != 0
+    }
+}
+
+/// The opcode of a WebSocket data message (RFC 6455, 5.2): what its bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WsOpcode {
+    /// UTF-8 text; the lobby has checked it (from the client) or checks it (to the client).
+    Text = 1,
+    Binary = 2,
+}
+
+/// The payload of `WS_MESSAGE` (client to application) and `WS_SEND` (application to client):
+/// the opcode, then the message's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WsData<'a> {
+    pub opcode: WsOpcode,
+    pub data: &'a [u8],
+}
+
+impl<'a> WsData<'a> {
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        out.push(self.opcode as u8);
+        out.extend_from_slice(self.data);
+    }
+
+    pub fn decode_payload(payload: &'a [u8]) -> Result<WsData<'a>, WireError> {
+        let mut r = Reader::new(payload);
+        let opcode = match r.u8("opcode")? {
+            1 => WsOpcode::Text,
+            2 => WsOpcode::Binary,
+            other => return Err(WireError::BadValue("opcode", other)),
+        };
+        let data = r.rest();
+        if opcode == WsOpcode::Text && std::str::from_utf8(data).is_err() {
+            return Err(WireError::NotUtf8("text message"));
+        }
+        Ok(WsData { opcode, data })
+    }
+}
+
+/// The payload of `WS_CLOSE` (the application closes) and `WS_CLOSED` (the client's connection
+/// is closed): a close code (RFC 6455, 7.4), then a UTF-8 reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WsClosing<'a> {
+    pub code: u16,
+    pub reason: &'a str,
+}
+
+impl<'a> WsClosing<'a> {
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.code.to_le_bytes());
+        out.extend_from_slice(self.reason.as_bytes());
+    }
+
+    pub fn decode_payload(payload: &'a [u8]) -> Result<WsClosing<'a>, WireError> {
+        let mut r = Reader::new(payload);
+        let code = r.u16("close code")?;
+        let reason = std::str::from_utf8(r.rest()).map_err(|_| WireError::NotUtf8("close reason"))?;
+        Ok(WsClosing { code, reason })
+    }
+}
+
+/// The payload of `WS_ACCEPT`: the subprotocol the application chose (empty: none) and the
+/// headers it adds to the `101 Switching Protocols`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WsAccept<'a> {
+    pub subprotocol: &'a [u8],
+    pub headers: HeaderPairs<'a>,
+}
+
+impl<'a> WsAccept<'a> {
+    pub fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let mut w = Writer::new(out);
+        w.str16("subprotocol", self.subprotocol)?;
+        w.headers(&self.headers)
+    }
+
+    pub fn decode_payload(payload: &'a [u8]) -> Result<WsAccept<'a>, WireError> {
+        let mut r = Reader::new(payload);
+        let subprotocol = r.str16("subprotocol")?;
+        let headers = r.headers()?;
+        match r.rest().len() {
+            0 => Ok(WsAccept { subprotocol, headers }),
+            n => Err(WireError::TrailingBytes(n)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,5 +706,174 @@ mod tests {
         assert_eq!(header, FrameHeader { kind: Kind::Cancel, flags: 0, len: 4 });
         assert_eq!(decode_cancel(&frame[HEADER_LEN..]), Ok(0x0102_0304));
         assert_eq!(decode_cancel(&[1, 2, 3]), Err(WireError::BadLength("CANCEL", 3)));
+    }
+
+    /// Section 5's frames, each as it is decoded, for comparing runs.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Decoded {
+        Ready(Ready),
+        Accept(Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>),
+        Data(Kind, WsOpcode, Vec<u8>),
+        Closing(Kind, bool, u16, String),
+    }
+
+    fn decode_ws(header: FrameHeader, payload: &[u8]) -> Result<Decoded, WireError> {
+        Ok(match header.kind {
+            Kind::Ready => Decoded::Ready(Ready::decode_payload(payload)?),
+            Kind::WsAccept => {
+                let accept = WsAccept::decode_payload(payload)?;
+                let headers = accept.headers.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect();
+                Decoded::Accept(accept.subprotocol.to_vec(), headers)
+            }
+            Kind::WsSend | Kind::WsMessage => {
+                let data = WsData::decode_payload(payload)?;
+                Decoded::Data(header.kind, data.opcode, data.data.to_vec())
+            }
+            Kind::WsClose | Kind::WsClosed => {
+                let closing = WsClosing::decode_payload(payload)?;
+                Decoded::Closing(header.kind, header.is_end(), closing.code, closing.reason.to_string())
+            }
+            other => panic!("not a section 5 frame: {other:?}"),
+        })
+    }
+
+    /// Cuts whole frames out of a byte stream as it arrives, as the lobby's channel does.
+    #[derive(Default)]
+    struct Stream {
+        buf: Vec<u8>,
+        decoded: Vec<Decoded>,
+    }
+
+    impl Stream {
+        fn feed(&mut self, bytes: &[u8]) {
+            self.buf.extend_from_slice(bytes);
+            while self.buf.len() >= HEADER_LEN {
+                let header = FrameHeader::decode(self.buf[..HEADER_LEN].try_into().unwrap()).unwrap();
+                let total = HEADER_LEN + header.len as usize;
+                if self.buf.len() < total {
+                    return;
+                }
+                let frame: Vec<u8> = self.buf.drain(..total).collect();
+                self.decoded.push(decode_ws(header, &frame[HEADER_LEN..]).unwrap());
+            }
+        }
+    }
+
+    fn ws_stream() -> Vec<u8> {
+        let mut stream = Vec::new();
+        let ready = Ready { pid: 4242, flags: READY_ASGI };
+        stream.extend(
+            build_frame(Kind::Ready, 0, |out| {
+                out.extend_from_slice(&ready.encode_payload());
+                Ok(())
+            })
+            .unwrap(),
+        );
+        let accept = WsAccept { subprotocol: b"chat", headers: vec![(b"Set-Cookie", b"a=b"), (b"X-Empty", b"")] };
+        stream.extend(build_frame(Kind::WsAccept, 0, |out| accept.encode_payload(out)).unwrap());
+        for (kind, opcode, data) in [
+            (Kind::WsMessage, WsOpcode::Text, "h\u{e9}llo".as_bytes()),
+            (Kind::WsSend, WsOpcode::Binary, &[0, 255, 13, 10][..]),
+            (Kind::WsSend, WsOpcode::Text, b""),
+        ] {
+            stream.extend(
+                build_frame(kind, 0, |out| {
+                    WsData { opcode, data }.encode_payload(out);
+                    Ok(())
+                })
+                .unwrap(),
+            );
+        }
+        for (kind, flags, code, reason) in
+            [(Kind::WsClosed, 0, 1005, ""), (Kind::WsClose, FLAG_END, 1000, "bye \u{2713}")]
+        {
+            stream.extend(
+                build_frame(kind, flags, |out| {
+                    WsClosing { code, reason }.encode_payload(out);
+                    Ok(())
+                })
+                .unwrap(),
+            );
+        }
+        stream
+    }
+
+    #[test]
+    fn websocket_frames_decode_the_same_whole_byte_by_byte_and_split_at_every_offset() {
+        let bytes = ws_stream();
+        let mut whole = Stream::default();
+        whole.feed(&bytes);
+        assert!(whole.buf.is_empty());
+        assert_eq!(
+            whole.decoded,
+            vec![
+                Decoded::Ready(Ready { pid: 4242, flags: READY_ASGI }),
+                Decoded::Accept(
+                    b"chat".to_vec(),
+                    vec![(b"Set-Cookie".to_vec(), b"a=b".to_vec()), (b"X-Empty".to_vec(), vec![])]
+                ),
+                Decoded::Data(Kind::WsMessage, WsOpcode::Text, "h\u{e9}llo".as_bytes().to_vec()),
+                Decoded::Data(Kind::WsSend, WsOpcode::Binary, vec![0, 255, 13, 10]),
+                Decoded::Data(Kind::WsSend, WsOpcode::Text, vec![]),
+                Decoded::Closing(Kind::WsClosed, false, 1005, String::new()),
+                Decoded::Closing(Kind::WsClose, true, 1000, "bye \u{2713}".into()),
+            ]
+        );
+        let mut bytewise = Stream::default();
+        for byte in &bytes {
+            bytewise.feed(std::slice::from_ref(byte));
+        }
+        assert_eq!(bytewise.decoded, whole.decoded, "fed byte by byte");
+        for at in 0..=bytes.len() {
+            let mut split = Stream::default();
+            split.feed(&bytes[..at]);
+            split.feed(&bytes[at..]);
+            assert_eq!(split.decoded, whole.decoded, "split at {at}");
+        }
+    }
+
+    #[test]
+    fn a_websocket_message_may_pass_the_frame_limit_up_to_its_own() {
+        for kind in [Kind::WsMessage, Kind::WsSend] {
+            let header = FrameHeader::new(kind, 0, 1 + MAX_WS_MESSAGE).unwrap();
+            assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
+            let mut bytes = header.encode();
+            bytes[4..8].copy_from_slice(&(MAX_WS_MESSAGE as u32 + 2).to_le_bytes());
+            assert_eq!(FrameHeader::decode(&bytes), Err(WireError::TooLarge(MAX_WS_MESSAGE + 2)));
+        }
+        assert_eq!(FrameHeader::new(Kind::WsAccept, 0, MAX_PAYLOAD + 1), Err(WireError::TooLarge(MAX_PAYLOAD + 1)));
+    }
+
+    #[test]
+    fn a_bare_ready_has_no_flags_and_a_longer_one_is_refused() {
+        assert_eq!(Ready::decode_payload(&7u32.to_le_bytes()), Ok(Ready { pid: 7, flags: 0 }));
+        assert!(!Ready::decode_payload(&7u32.to_le_bytes()).unwrap().asgi());
+        assert!(Ready::decode_payload(&[7, 0, 0, 0, READY_ASGI]).unwrap().asgi());
+        assert_eq!(Ready::decode_payload(&[7, 0, 0]), Err(WireError::Truncated("pid")));
+        assert_eq!(Ready::decode_payload(&[7, 0, 0, 0, 1, 0]), Err(WireError::TrailingBytes(1)));
+    }
+
+    #[test]
+    fn every_truncated_websocket_head_names_its_field() {
+        let mut accept = Vec::new();
+        WsAccept { subprotocol: b"chat", headers: vec![(b"A", b"b")] }.encode_payload(&mut accept).unwrap();
+        for at in 0..accept.len() {
+            assert!(matches!(WsAccept::decode_payload(&accept[..at]), Err(WireError::Truncated(_))), "cut at {at}");
+        }
+        assert_eq!(WsAccept::decode_payload(&[accept.as_slice(), b"x"].concat()), Err(WireError::TrailingBytes(1)));
+        assert_eq!(WsData::decode_payload(&[]), Err(WireError::Truncated("opcode")));
+        assert_eq!(WsClosing::decode_payload(&[0xe8]), Err(WireError::Truncated("close code")));
+    }
+
+    #[test]
+    fn websocket_payloads_with_values_they_cannot_have_are_refused() {
+        // Opcodes other than text and binary are the lobby's business (control frames).
+        for opcode in [0, 3, 8, 9, 10] {
+            assert_eq!(WsData::decode_payload(&[opcode, b'a']), Err(WireError::BadValue("opcode", opcode)));
+        }
+        assert_eq!(WsData::decode_payload(&[1, 0xff]), Err(WireError::NotUtf8("text message")));
+        assert_eq!(WsData::decode_payload(&[2, 0xff]).unwrap().data, &[0xff]);
+        assert_eq!(WsClosing::decode_payload(&[0xe8, 0x03, 0xc3]), Err(WireError::NotUtf8("close reason")));
+        assert_eq!(WsClosing::decode_payload(&[0xe8, 0x03]), Ok(WsClosing { code: 1000, reason: "" }));
     }
 }

@@ -29,6 +29,8 @@ KEPT_ON_RELOAD = (
     "access_logfile",
     "error_logfile",
     "preload",
+    "interface",
+    "loop",
     "chdir",
     "env",
     "pid",

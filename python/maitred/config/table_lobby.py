@@ -102,6 +102,38 @@ ROWS: tuple[Setting, ...] = (
     ),
     Setting(
         "workers",
+        "interface",
+        ("--interface",),
+        "auto|asgi|wsgi",
+        one_of("auto", "asgi", "wsgi"),
+        "auto",
+        "The application's interface: auto tells an ASGI 3 application (a coroutine function of scope, "
+        "receive, send) from a WSGI one by its signature, importing it once at start (docs/ASGI.md).",
+        for_lobby=False,
+    ),
+    Setting(
+        "workers",
+        "worker_connections",
+        ("--worker-connections",),
+        "INT",
+        # Each is a channel, passed with the others in one message (see threads).
+        _whole_number(1, 64),
+        32,
+        "ASGI: requests each worker runs at once, on its event loop; the lobby seats a request only where one "
+        "of them is free, and queues the rest (docs/ASGI.md, Seats).",
+    ),
+    Setting(
+        "workers",
+        "loop",
+        ("--loop",),
+        "auto|asyncio|uvloop",
+        one_of("auto", "asyncio", "uvloop"),
+        "auto",
+        "ASGI: the event loop; auto takes uvloop when it is installed, else asyncio's.",
+        for_lobby=False,
+    ),
+    Setting(
+        "workers",
         "timeout",
         ("-t", "--timeout"),
         "SECONDS",

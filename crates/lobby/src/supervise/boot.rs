@@ -26,10 +26,10 @@ impl Supervisor {
     /// until the server serves.
     pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
         // Held until all are ready, so that a --max-worker-lifetime counts from when they serve.
-        let threads = self.lobby.settings().threads;
+        let settings = self.lobby.settings();
         for _ in 0..self.target {
             let id = self.add_worker(self.generation, Phase::Hold);
-            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id, self.target, threads).await {
+            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id, self.target, &settings).await {
                 // The zygote is gone; its last report (a preload failure) says why.
                 debug!("cannot ask the zygote for worker {id}: {e}");
                 break;

@@ -73,10 +73,10 @@ impl Supervisor {
         };
         let target = self.target;
         // The settings of the moment: a reload's workers take the config file's new threads.
-        let threads = self.lobby.settings().threads;
+        let settings = self.lobby.settings();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(pause).await;
-            if let Err(e) = zygote.control.spawn(id, target, threads).await {
+            if let Err(e) = zygote.control.spawn(id, target, &settings).await {
                 error!("cannot ask the zygote for a worker: {e}");
             }
         });

@@ -16,6 +16,7 @@ use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::config::Config;
 use crate::process::spawn;
 
 /// The longest report the zygote sends (`failed` with its message) fits in this.
@@ -147,8 +148,9 @@ impl Control {
 
     /// Asks for a worker with `threads` threads; `workers` is how many the lobby keeps serving
     /// (for the hooks' `server.num_workers`).
-    pub async fn spawn(&self, slot: usize, workers: usize, threads: usize) -> io::Result<()> {
-        self.send(format!("spawn {slot} {workers} {threads}")).await
+    pub async fn spawn(&self, slot: usize, workers: usize, settings: &Config) -> io::Result<()> {
+        let (threads, connections) = (settings.threads, settings.worker_connections);
+        self.send(format!("spawn {slot} {workers} {threads} {connections}")).await
     }
 
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {

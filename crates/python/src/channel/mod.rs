@@ -26,9 +26,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::body::RequestBody;
 use crate::environ::latin1;
-use crate::response::{latin1_bytes, Phase, Response, ERROR_BODY};
+use crate::response::{latin1_bytes, HeaderText, Phase, Response};
 
 mod errors;
+mod evented;
 mod link;
 mod receive;
 mod respond;
@@ -37,6 +38,7 @@ mod ring;
 use errors::{client_disconnected, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
 use link::Link;
+use receive::{Interface, Next};
 
 /// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
 const MAX_MESSAGE: usize = 4096;
@@ -89,6 +91,16 @@ pub struct WorkerChannel {
     on_channel: bool,
     /// The id of the request taken last, which a `CANCEL` for it names.
     request_id: u32,
+    /// Served by an event loop (ASGI): nothing waits; see `evented`.
+    evented: bool,
+    /// Evented, the worker has said that it sleeps (waiting for a request, or for room in the
+    /// ring) and left the flag set for the event loop's wait.
+    asleep: bool,
+    /// Evented, answer frames that found the ring full, each with its request's id, oldest first:
+    /// they go before any later frame.
+    backlog: VecDeque<(u32, Vec<u8>)>,
+    /// The lobby closed the channel (end-of-file was read).
+    closed: bool,
     /// Where frame heads are encoded.
     out: Vec<u8>,
     response: Response,
@@ -103,7 +115,8 @@ pub struct WorkerChannel {
 #[pymethods]
 impl WorkerChannel {
     #[new]
-    fn new(fd: RawFd, base_environ: Bound<'_, PyDict>) -> PyResult<WorkerChannel> {
+    #[pyo3(signature = (fd, base_environ, evented = false))]
+    fn new(fd: RawFd, base_environ: Bound<'_, PyDict>, evented: bool) -> PyResult<WorkerChannel> {
         if fd < 0 {
             return Err(PyValueError::new_err(format!("invalid channel descriptor {fd}")));
         }
@@ -136,6 +149,10 @@ impl WorkerChannel {
             slot_frame: Vec::new(),
             on_channel: false,
             request_id: 0,
+            evented,
+            asleep: false,
+            backlog: VecDeque::new(),
+            closed: false,
             out: Vec::new(),
             response: Response::new(),
             generation: 0,
@@ -163,14 +180,19 @@ impl WorkerChannel {
         let py = slf.py();
         let mut guard = slf.borrow_mut();
         let this = &mut *guard;
+        if this.evented {
+            return Err(PyRuntimeError::new_err("an evented channel receives with receive_scope()"));
+        }
         if this.response.phase != Phase::Complete {
             return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
         }
         this.release_body(py);
-        let Some(frame) = this.next_request(py)? else {
-            return Ok(None);
+        let frame = match this.next_request(py)? {
+            Next::Request(frame) => frame,
+            Next::Closed => return Ok(None),
+            Next::Pending => unreachable!("a channel that waits is never pending"),
         };
-        let environ = this.take_request(py, frame)?;
+        let environ = this.take_request(py, frame, Interface::Wsgi)?;
         this.generation += 1;
         this.response.begin(this.method == b"HEAD");
         let start_response = StartResponse { channel: slf.clone().unbind(), generation: this.generation };
@@ -258,20 +280,76 @@ impl WorkerChannel {
     /// gets a 500 instead; after, `RESPONSE_ABORT` with `message` cuts its connection; after
     /// the response was complete, nothing is sent.
     fn fail(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
-        match self.response.phase {
-            Phase::AwaitingStart | Phase::HeadPending => {
-                self.response.set_error_head();
-                let body = if self.response.has_body() { ERROR_BODY } else { b"" };
-                self.send_head(py, true, None, body)?;
-                self.response.phase = Phase::Complete;
-                Ok(())
-            }
-            Phase::HeadSent | Phase::Cancelled => {
-                self.response.phase = Phase::Complete;
-                self.send_frame(py, Kind::ResponseAbort, 0, one_line(message).as_bytes())
-            }
-            Phase::Complete => Ok(()),
+        self.fail_with(py, 500, b"Internal Server Error", message)
+    }
+
+    /// The request ran past --timeout and its task was cancelled: the client gets a 504 when
+    /// the head has not gone out, and its connection is cut otherwise.
+    fn timed_out(&mut self, py: Python<'_>, message: &str) -> PyResult<()> {
+        self.fail_with(py, 504, b"Gateway Timeout", message)
+    }
+
+    // What an event loop calls (ASGI; `evented`). Each of these returns without waiting.
+
+    /// The descriptors an event loop watches for this channel: `(channel, bell)`; the bell is
+    /// None until the lobby has sent it, after the first look.
+    fn watched(&self) -> (RawFd, Option<RawFd>) {
+        self.watched_fds()
+    }
+
+    /// The next request as `(scope, body)`: an ASGI HTTP scope (with a copy of `state`, the
+    /// lifespan's, when given) and the body to read in pieces. None when there is none yet: the
+    /// worker has said that it sleeps, and the event loop waits for `watched()`. None too once
+    /// the lobby closed the channel (`closed`).
+    #[pyo3(signature = (state = None))]
+    fn receive_scope<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.take_scope(py, state)
+    }
+
+    /// While a request is in progress, a look at the channel: 0 nothing for it, 1 the lobby
+    /// cancelled it (its client has gone), 2 the lobby closed the channel (finish, then stop).
+    fn look(&mut self, py: Python<'_>) -> PyResult<u8> {
+        Ok(self.look_in_progress(py)? as u8)
+    }
+
+    /// Writes the answer frames that found the ring full. True when none is left; False when
+    /// the ring is full again: wait for `watched()`, then call again. Raises
+    /// `ClientDisconnected` once the lobby has cancelled the request.
+    fn flush(&mut self) -> PyResult<bool> {
+        self.flush_backlog()
+    }
+
+    /// Answer frames wait for room in the ring: `flush()` them before sending more.
+    #[getter]
+    fn backlogged(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
+    /// The lobby has closed the channel.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed
+    }
+
+    /// ASGI's `http.response.start`: `status` as `"200 OK"` and `headers` as (name, value)
+    /// pairs of bytes, checked as `start_response` checks WSGI's.
+    fn start(&mut self, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+        if self.response.phase != Phase::AwaitingStart {
+            return Err(PyRuntimeError::new_err("http.response.start was sent twice"));
         }
+        self.response.start(status, headers, HeaderText::Bytes)
+    }
+
+    /// ASGI's `http.response.body`: `data`, and with `more_body` false the end of the response.
+    fn send(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>, more_body: bool) -> PyResult<()> {
+        if self.response.phase == Phase::AwaitingStart {
+            return Err(PyRuntimeError::new_err("http.response.body was sent before http.response.start"));
+        }
+        self.send_chunk(py, bytes_arg(data)?, !more_body, false)
     }
 
     /// The status of the current request's answer, `(code, reason)`: the application's, or
@@ -343,7 +421,7 @@ impl StartResponse {
                 }
                 None => {}
             }
-            channel.response.start(status, headers)?;
+            channel.response.start(status, headers, HeaderText::Str)?;
         }
         slf.getattr(intern!(py, "write"))
     }

@@ -22,6 +22,7 @@ use super::WorkerChannel;
 use crate::body::RequestBody;
 use crate::environ;
 use crate::response::Phase;
+use crate::scope;
 use maitred_sys::fd::wait_readable_either;
 use maitred_sys::fdpass::{recv_into, RecvError};
 
@@ -46,6 +47,24 @@ pub(super) enum Received {
     Bytes,
     Nothing,
     Closed,
+    /// Not waiting (an evented channel), neither the channel nor the bell was ready.
+    Pending,
+}
+
+/// What a request becomes: a WSGI environ, or an ASGI scope (with the lifespan's state, if
+/// any, to copy into it).
+pub(super) enum Interface<'py> {
+    Wsgi,
+    Asgi(Option<Bound<'py, PyDict>>),
+}
+
+/// What `next_request` found.
+pub(super) enum Next {
+    Request(FrameAt),
+    /// The lobby closed the channel, between requests.
+    Closed,
+    /// Evented: nothing yet; the event loop waits for the bell or the channel.
+    Pending,
 }
 
 impl WorkerChannel {
@@ -85,16 +104,17 @@ impl WorkerChannel {
 
     /// The next `REQUEST` (docs/PROTOCOL.md, section 3): the oldest in the region's slots, or,
     /// when that slot holds only its place, the one on the channel. With none, the worker says
-    /// it sleeps, looks again, and waits for its bell or the channel. None when the lobby
-    /// closed the channel.
-    pub(super) fn next_request(&mut self, py: Python<'_>) -> PyResult<Option<FrameAt>> {
+    /// it sleeps, looks again, and waits for its bell or the channel; an evented channel does
+    /// not wait but returns `Next::Pending`, its flag left set for the event loop's wait.
+    pub(super) fn next_request(&mut self, py: Python<'_>) -> PyResult<Next> {
+        let wait = !self.evented;
         loop {
             // Whole frames at the front of the receive buffer, each in its turn.
             while let Some((header, end)) = self.buffered_frame()? {
                 match header.kind {
                     Kind::Request if self.on_channel => {
                         self.on_channel = false;
-                        return Ok(Some(FrameAt { header, start: self.inbox_start, end, from_slot: false }));
+                        return Ok(Next::Request(FrameAt { header, start: self.inbox_start, end, from_slot: false }));
                     }
                     // Its place in the slots has not been taken yet.
                     Kind::Request => break,
@@ -116,15 +136,16 @@ impl WorkerChannel {
             }
             if self.on_channel {
                 // The request whose place was taken is on the channel, whole or still coming.
-                match self.wait_and_read(py)? {
+                match self.wait_and_read(py, wait)? {
                     Received::Closed => {
                         return Err(ChannelError::new_err("the lobby closed the channel before a request it had sent"))
                     }
+                    Received::Pending => return Ok(Next::Pending),
                     Received::Bytes | Received::Nothing => continue,
                 }
             }
             if let Some(frame) = self.take_from_slot()? {
-                return Ok(Some(frame));
+                return Ok(Next::Request(frame));
             }
             if self.on_channel {
                 continue;
@@ -138,13 +159,20 @@ impl WorkerChannel {
                     continue;
                 }
             }
-            let received = self.wait_and_read(py)?;
+            let received = self.wait_and_read(py, wait)?;
+            if let Received::Pending = received {
+                // The event loop waits for the bell or the channel; the flag stays set until
+                // it has.
+                self.asleep = self.ready_region().is_some();
+                return Ok(Next::Pending);
+            }
             if let Some(region) = self.ready_region() {
                 region.sleep_cancelled();
             }
             if let Received::Closed = received {
+                self.closed = true;
                 if self.inbox_start == self.inbox.len() {
-                    return Ok(None);
+                    return Ok(Next::Closed);
                 }
                 return Err(ChannelError::new_err("the lobby closed the channel inside a frame"));
             }
@@ -195,8 +223,9 @@ impl WorkerChannel {
     }
 
     /// Waits (detached from the interpreter) until the channel or the bell is readable, silences
-    /// the bell, and reads what the channel holds.
-    pub(super) fn wait_and_read(&mut self, py: Python<'_>) -> PyResult<Received> {
+    /// the bell, and reads what the channel holds. Without `wait`, only looks: `Pending` when
+    /// neither is ready.
+    pub(super) fn wait_and_read(&mut self, py: Python<'_>, wait: bool) -> PyResult<Received> {
         let channel = self.link.fd.as_raw_fd();
         let bell = self.bell.as_ref().map(|bell| bell.as_raw_fd());
         // The worker waits in poll(2), not in recvmsg(2): a thread blocked in recvmsg on a
@@ -204,7 +233,12 @@ impl WorkerChannel {
         // side sent earlier wakes it too (room to write again), for nothing: once per request,
         // as the lobby reads each response while the worker waits for the next request
         // (docs/PERFORMANCE.md). Other Python threads run meanwhile.
-        let (channel_ready, bell_ready) = match py.detach(|| wait_readable_either(channel, bell, true)) {
+        let looked = if wait {
+            py.detach(|| wait_readable_either(channel, bell, true))
+        } else {
+            wait_readable_either(channel, bell, false)
+        };
+        let (channel_ready, bell_ready) = match looked {
             Ok(ready) => ready,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {
                 py.check_signals()?;
@@ -212,6 +246,9 @@ impl WorkerChannel {
             }
             Err(error) => return Err(socket_error("waiting for a request failed", error)),
         };
+        if !wait && !channel_ready && !bell_ready {
+            return Ok(Received::Pending);
+        }
         if bell_ready {
             if let Some(bell) = &self.bell {
                 maitred_sys::bell::silence(bell.as_fd())
@@ -320,8 +357,15 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// Turns the `REQUEST` frame at `frame` into a new environ and consumes it.
-    pub(super) fn take_request<'py>(&mut self, py: Python<'py>, frame: FrameAt) -> PyResult<Bound<'py, PyDict>> {
+    /// Turns the `REQUEST` frame at `frame` into a new WSGI environ, or an ASGI scope, and
+    /// consumes it. The environ holds the body as `wsgi.input`; the scope does not, and the
+    /// caller takes the body from `self.body`.
+    pub(super) fn take_request<'py>(
+        &mut self,
+        py: Python<'py>,
+        frame: FrameAt,
+        interface: Interface<'py>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         if frame.header.kind != Kind::Request {
             return Err(ChannelError::new_err(format!(
                 "the lobby sent a {:?} frame; a worker only receives REQUEST frames",
@@ -351,8 +395,15 @@ impl WorkerChannel {
         self.target.extend_from_slice(request.target);
         self.http_minor = request.http_minor;
 
-        let environ = self.base_environ.bind(py).copy()?;
-        environ::fill(&environ, &self.script_name, &request)?;
+        let wsgi = matches!(interface, Interface::Wsgi);
+        let environ = match interface {
+            Interface::Wsgi => {
+                let environ = self.base_environ.bind(py).copy()?;
+                environ::fill(&environ, &self.script_name, &request)?;
+                environ
+            }
+            Interface::Asgi(state) => scope::build(py, &self.script_name, &request, state.as_ref())?,
+        };
         let inline_len = request.inline_body.len();
         let body_len = request.body_len;
         let body = match body_file {
@@ -366,7 +417,9 @@ impl WorkerChannel {
             self.consume_through(frame.end);
         }
         let body = Py::new(py, body)?;
-        environ.set_item(intern!(py, "wsgi.input"), &body)?;
+        if wsgi {
+            environ.set_item(intern!(py, "wsgi.input"), &body)?;
+        }
         self.body = Some(body);
         Ok(environ)
     }

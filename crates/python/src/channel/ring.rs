@@ -67,15 +67,31 @@ impl WorkerChannel {
     /// Writes one record into the ring, waiting for room as long as it takes, and rings the
     /// lobby's bell if it sleeps.
     fn write_record(&mut self, py: Python<'_>, parts: &[&[u8]]) -> PyResult<()> {
+        if self.evented && !self.backlog.is_empty() {
+            // Frames go in order: this one waits behind those already waiting.
+            self.backlog.push_back((self.request_id, parts.concat()));
+            return Ok(());
+        }
         let len = parts.iter().map(|part| part.len()).sum::<usize>();
         loop {
             let region = self.region.as_mut().expect("the region, checked by send_answer");
             match region.write_answer(self.request_id, parts) {
                 Ok(()) => break,
+                Err(AnswerError::NoRoom) if self.evented => {
+                    // An event loop must not wait here: the frame waits in the backlog, which
+                    // the worker flushes once the lobby has made room (`flush_backlog`).
+                    self.backlog.push_back((self.request_id, parts.concat()));
+                    return Ok(());
+                }
                 Err(AnswerError::NoRoom) => self.wait_for_room(py, len)?,
                 Err(error) => return Err(channel_error("writing an answer into the shared region failed", error)),
             }
         }
+        self.ring_lobby_if_asleep()
+    }
+
+    /// After an answer was written: rings the lobby's bell if it said that it sleeps.
+    pub(super) fn ring_lobby_if_asleep(&self) -> PyResult<()> {
         let region = self.region.as_ref().expect("the region");
         if region.wake_lobby() {
             let bell = self.lobby_bell.as_ref().expect("the lobby's bell, checked by send_answer");
@@ -83,6 +99,40 @@ impl WorkerChannel {
                 .map_err(|error| socket_error("ringing the lobby's bell failed", error))?;
         }
         Ok(())
+    }
+
+    /// Evented: writes the backlog's frames into the ring while it has room. True when the
+    /// backlog is empty; false when the ring is full, the worker having said that it sleeps
+    /// until the lobby made room (the event loop waits for the bell or the channel).
+    pub(super) fn write_backlog(&mut self) -> PyResult<bool> {
+        let mut wrote = false;
+        while let Some((id, frame)) = self.backlog.front() {
+            let region = self.region.as_mut().expect("a backlog is only written with the region");
+            match region.write_answer(*id, &[frame]) {
+                Ok(()) => {
+                    self.backlog.pop_front();
+                    wrote = true;
+                }
+                Err(AnswerError::NoRoom) => {
+                    region.prepare_to_sleep(Awaiting::Room);
+                    match region.room_for(frame.len()) {
+                        Ok(false) => {
+                            self.asleep = true;
+                            break;
+                        }
+                        Ok(true) => {
+                            region.sleep_cancelled();
+                        }
+                        Err(error) => return Err(channel_error("the shared region is corrupt", error)),
+                    }
+                }
+                Err(error) => return Err(channel_error("writing an answer into the shared region failed", error)),
+            }
+        }
+        if wrote {
+            self.ring_lobby_if_asleep()?;
+        }
+        Ok(self.backlog.is_empty())
     }
 
     /// Sleeps until the lobby has made room for a frame of `len` bytes, or sent a `CANCEL`
@@ -95,7 +145,7 @@ impl WorkerChannel {
             region.sleep_cancelled();
             return room.map(drop);
         }
-        let received = self.wait_and_read(py);
+        let received = self.wait_and_read(py, true);
         self.region.as_ref().expect("the region").sleep_cancelled();
         if let Received::Closed = received? {
             return Err(ChannelClosed::new_err(

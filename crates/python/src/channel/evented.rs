@@ -1,0 +1,146 @@
+//! The channel served by an event loop (ASGI): nothing here waits. Where a worker without an
+//! event loop sleeps in poll(2) (for a request, for room in the answer ring), an evented
+//! channel says that it sleeps, leaves the flag set and returns; the event loop watches the
+//! channel and the bell, and calls back when either is readable (docs/PROTOCOL.md, section 4).
+//!
+//! Imports the type from `mod.rs`, `errors`, and `receive` (the request, the wait, `CANCEL`)
+//! of the channel's files; `response` of this crate.
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use maitred_wire::Kind;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use super::errors::{client_disconnected, socket_error, ClientDisconnected};
+use super::receive::{Interface, Next, Received};
+use super::WorkerChannel;
+use crate::response::Phase;
+
+/// What a look at the channel found while a request is in progress.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum InProgress {
+    Nothing = 0,
+    /// The lobby sent `CANCEL` for it: its client has gone.
+    Cancelled = 1,
+    /// The lobby closed the channel: the worker is retired, and finishes what it holds.
+    Closed = 2,
+}
+
+impl WorkerChannel {
+    pub(super) fn check_evented(&self) -> PyResult<()> {
+        if !self.evented {
+            return Err(PyRuntimeError::new_err("this channel waits; it was not made for an event loop"));
+        }
+        Ok(())
+    }
+
+    /// The event loop found the channel or the bell readable: silences the bell, and takes back
+    /// the flag that said the worker sleeps, so that the next look starts awake.
+    pub(super) fn wake(&mut self) -> PyResult<()> {
+        if let Some(bell) = &self.bell {
+            maitred_sys::bell::silence(bell.as_fd())
+                .map_err(|error| socket_error("silencing the bell failed", error))?;
+        }
+        if self.asleep {
+            self.asleep = false;
+            if let Some(region) = self.ready_region() {
+                region.sleep_cancelled();
+            }
+        }
+        Ok(())
+    }
+
+    /// The next request's scope and body, or None when there is none yet (or the lobby closed
+    /// the channel: `closed`).
+    pub(super) fn take_scope<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.check_evented()?;
+        if self.response.phase != Phase::Complete {
+            return Err(PyRuntimeError::new_err("a request was taken before the current response was complete"));
+        }
+        self.wake()?;
+        self.release_body(py);
+        let frame = match self.next_request(py)? {
+            Next::Request(frame) => frame,
+            Next::Closed | Next::Pending => return Ok(None),
+        };
+        let scope = self.take_request(py, frame, Interface::Asgi(state))?;
+        self.generation += 1;
+        self.response.begin(self.method == b"HEAD");
+        let body = self.body.as_ref().expect("take_request keeps the body").clone_ref(py);
+        Ok(Some(PyTuple::new(py, [scope.into_any(), body.into_bound(py).into_any()])?))
+    }
+
+    /// While a request is in progress: reads what the channel holds, without waiting, and says
+    /// whether the lobby cancelled the request or closed the channel.
+    pub(super) fn look_in_progress(&mut self, py: Python<'_>) -> PyResult<InProgress> {
+        self.wake()?;
+        if self.response.phase == Phase::Cancelled {
+            return Ok(InProgress::Cancelled);
+        }
+        let mut closed = false;
+        if !self.closed {
+            match self.wait_and_read(py, false)? {
+                Received::Closed => {
+                    self.closed = true;
+                    closed = true;
+                }
+                Received::Bytes | Received::Nothing | Received::Pending => {}
+            }
+        }
+        if self.response.phase != Phase::Complete {
+            match self.check_cancel() {
+                Err(error) if error.is_instance_of::<ClientDisconnected>(py) => {
+                    return Ok(InProgress::Cancelled);
+                }
+                other => other?,
+            }
+        }
+        Ok(if closed { InProgress::Closed } else { InProgress::Nothing })
+    }
+
+    /// The descriptors the event loop watches: the channel, and the bell once it has come.
+    pub(super) fn watched_fds(&self) -> (RawFd, Option<RawFd>) {
+        (self.link.fd.as_raw_fd(), self.bell.as_ref().map(|bell| bell.as_raw_fd()))
+    }
+
+    /// Evented: writes what waits in the backlog; see `write_backlog`.
+    pub(super) fn flush_backlog(&mut self) -> PyResult<bool> {
+        self.check_evented()?;
+        if self.backlog.is_empty() {
+            return Ok(true);
+        }
+        self.wake()?;
+        if self.response.phase == Phase::Cancelled {
+            // Nobody is left to read it: the lobby drops the answer of a cancelled request.
+            self.backlog.clear();
+            return Err(client_disconnected());
+        }
+        self.write_backlog()
+    }
+
+    /// Ends the response with the worker's own `status` in place of the application's, when its
+    /// head has not gone out; otherwise cuts it off with `RESPONSE_ABORT`.
+    pub(super) fn fail_with(&mut self, py: Python<'_>, status: u16, reason: &[u8], message: &str) -> PyResult<()> {
+        match self.response.phase {
+            Phase::AwaitingStart | Phase::HeadPending => {
+                let body = format!("{status} {}\n", String::from_utf8_lossy(reason));
+                self.response.set_own_head(status, reason, body.as_bytes());
+                let body = if self.response.has_body() { body.as_bytes() } else { b"" };
+                self.send_head(py, true, None, body)?;
+                self.response.phase = Phase::Complete;
+                Ok(())
+            }
+            Phase::HeadSent | Phase::Cancelled => {
+                self.response.phase = Phase::Complete;
+                self.send_frame(py, Kind::ResponseAbort, 0, super::one_line(message).as_bytes())
+            }
+            Phase::Complete => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The ASGI scope of one HTTP request (the ASGI HTTP spec, version 2.4), built from a decoded
+//! `REQUEST` frame, as `environ` builds the WSGI environ.
+//!
+//! The lobby has checked the request strictly; this module only translates. Names and values
+//! stay bytes, as ASGI wants them; header names are lowercased.
+//!
+//! Imports `environ` of this crate, for the request-target's parts.
+
+use maitred_wire::Request;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::environ::{percent_decode, split_target};
+
+/// The scope's `path` with the mount point (`root_path`) in front: as received when it starts
+/// with it, otherwise behind a proxy that stripped it, so it is put back (as uvicorn does with
+/// `--root-path`). ASGI's `path` includes `root_path`, unlike WSGI's `PATH_INFO`.
+fn full_path(path: &[u8], root_path: &[u8]) -> Vec<u8> {
+    let under = path.strip_prefix(root_path).is_some_and(|rest| rest.is_empty() || rest[0] == b'/');
+    if root_path.is_empty() || under {
+        return path.to_vec();
+    }
+    [root_path, path].concat()
+}
+
+/// A new scope for `request`; `state` is the lifespan's state, shallow-copied into it.
+pub fn build<'py>(
+    py: Python<'py>,
+    root_path: &[u8],
+    request: &Request<'_>,
+    state: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let scope = PyDict::new(py);
+    let target = split_target(request.target);
+    scope.set_item(intern!(py, "type"), intern!(py, "http"))?;
+    let asgi = PyDict::new(py);
+    asgi.set_item(intern!(py, "version"), intern!(py, "3.0"))?;
+    asgi.set_item(intern!(py, "spec_version"), intern!(py, "2.4"))?;
+    scope.set_item(intern!(py, "asgi"), asgi)?;
+    let version = if request.http_minor == 0 { intern!(py, "1.0") } else { intern!(py, "1.1") };
+    scope.set_item(intern!(py, "http_version"), version)?;
+    scope.set_item(intern!(py, "method"), PyString::new(py, &String::from_utf8_lossy(request.method)))?;
+    let scheme = if request.https { intern!(py, "https") } else { intern!(py, "http") };
+    scope.set_item(intern!(py, "scheme"), scheme)?;
+    let raw_path = full_path(target.path, root_path);
+    // ASGI's path is the percent-decoded path as UTF-8 text, as uvicorn and hypercorn give it.
+    let path = percent_decode(&raw_path);
+    scope.set_item(intern!(py, "path"), PyString::new(py, &String::from_utf8_lossy(&path)))?;
+    scope.set_item(intern!(py, "raw_path"), PyBytes::new(py, &raw_path))?;
+    scope.set_item(intern!(py, "query_string"), PyBytes::new(py, target.query))?;
+    scope.set_item(intern!(py, "root_path"), PyString::new(py, &String::from_utf8_lossy(root_path)))?;
+    let headers = PyList::empty(py);
+    let mut lowered = Vec::with_capacity(32);
+    for &(name, value) in &request.headers {
+        lowered.clear();
+        lowered.extend(name.iter().map(u8::to_ascii_lowercase));
+        headers.append(PyTuple::new(py, [PyBytes::new(py, &lowered), PyBytes::new(py, value)])?)?;
+    }
+    if let Some(authority) = target.authority {
+        // An absolute-form target's authority takes the place of Host (RFC 9112, 3.2.2).
+        headers.append(PyTuple::new(py, [PyBytes::new(py, b"host"), PyBytes::new(py, authority)])?)?;
+    }
+    scope.set_item(intern!(py, "headers"), headers)?;
+    // A Unix-socket peer has no address: ASGI's client is then None.
+    if request.peer_addr.is_empty() {
+        scope.set_item(intern!(py, "client"), py.None())?;
+    } else {
+        let host = PyString::new(py, &String::from_utf8_lossy(request.peer_addr));
+        scope.set_item(intern!(py, "client"), (host, request.peer_port))?;
+    }
+    let server_name = PyString::new(py, &String::from_utf8_lossy(request.server_name));
+    scope.set_item(intern!(py, "server"), (server_name, request.server_port))?;
+    if let Some(state) = state {
+        scope.set_item(intern!(py, "state"), state.copy()?)?;
+    }
+    Ok(scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::full_path;
+
+    #[test]
+    fn the_root_path_is_in_the_path_once() {
+        assert_eq!(full_path(b"/app/x", b"/app"), b"/app/x");
+        assert_eq!(full_path(b"/app", b"/app"), b"/app");
+        assert_eq!(full_path(b"/x", b"/app"), b"/app/x");
+        assert_eq!(full_path(b"/application", b"/app"), b"/app/application");
+        assert_eq!(full_path(b"/x", b""), b"/x");
+    }
+}

@@ -1,0 +1,480 @@
+"""An ASGI worker: one event loop serves every channel of the worker, a request at a time on
+each, so that the lobby, which seats a request only where a channel is free, holds the rest in
+its one FIFO (docs/PROTOCOL.md, section 4; docs/ASGI.md).
+
+Each channel is watched by the loop (its socket, and its bell once the lobby has sent it); the
+native channel never waits: where a WSGI worker sleeps in poll(2), it says that it sleeps and
+returns, and the loop calls back when the lobby rings. What is left here is the ASGI part:
+the scope's events, the lifespan, the request's task and its --timeout, and the watchdog that
+names the call that blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import inspect
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
+from maitred.log import log
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Application = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# A request body reaches the application in pieces of at most this many bytes, read from the
+# lobby's spool (memory or a file) as the application asks for them, never whole.
+BODY_PIECE = 64 * 1024
+
+# A response body is handed to the channel in pieces of at most this many bytes, so that what
+# waits for room in the ring while a client reads slowly is one piece, not the whole body.
+SEND_PIECE = 256 * 1024
+
+# The loop's heartbeat: the watchdog thread looks this often, and says the loop is blocked once
+# it has not beaten for BLOCKED_AFTER (docs/ASGI.md, "A blocked event loop"): within a second.
+BEAT = 0.1
+BLOCKED_AFTER = 0.5
+
+# ASGI's versions, as the scopes say them (crates/python/src/scope.rs builds the HTTP scopes).
+ASGI_VERSIONS = {"version": "3.0", "spec_version": "2.4"}
+
+
+def is_asgi(application: object) -> bool:
+    """ASGI 3 by its signature: a coroutine function of (scope, receive, send), or an object
+    whose __call__ is one. A WSGI application is a plain callable of (environ, start_response)."""
+    call = application if inspect.isroutine(application) else getattr(application, "__call__", None)  # noqa: B004
+    if call is None:
+        return False
+    if inspect.iscoroutinefunction(call):
+        return True
+    # Wrapped callables (functools.partial, a decorator that hides the coroutine) by their
+    # parameters: three required is ASGI 3, two is WSGI.
+    try:
+        parameters = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [
+        p for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(required) == 3
+
+
+@dataclass(frozen=True)
+class Options:
+    """What an ASGI worker takes from the settings."""
+
+    loop: str  # auto, asyncio or uvloop (--loop)
+    timeout: float  # --timeout: a request's task is cancelled past it
+    graceful_timeout: float  # how long lifespan's shutdown may take
+
+
+def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """The event loop --loop asks for: uvloop when installed (auto) or asked for, else asyncio's."""
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+_STATUS_LINES: dict[int, str] = {}
+
+
+def _status_line(status: object) -> str:
+    """`200` as `"200 OK"`, the form the channel checks (an unknown code gets no reason)."""
+    if type(status) is not int:
+        raise TypeError(f"the response status must be an int, not {type(status).__name__}")
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            line = f"{status} {http.HTTPStatus(status).phrase}"
+        except ValueError:
+            line = str(status)
+        if len(_STATUS_LINES) < 1000:
+            _STATUS_LINES[status] = line
+    return line
+
+
+class Lifespan:
+    """ASGI's lifespan protocol: startup before the worker takes a request, shutdown when it
+    leaves. An application that raises at once on a lifespan scope does not support it, and is
+    served without (as uvicorn's `--lifespan auto`)."""
+
+    def __init__(self, application: Application, loop: asyncio.AbstractEventLoop) -> None:
+        self._application = application
+        self._loop = loop
+        self.state: dict[str, Any] = {}
+        self._events: asyncio.Queue[Message] = asyncio.Queue()
+        self._answers: asyncio.Queue[Message] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._supported = True
+
+    async def startup(self) -> str | None:
+        """Runs startup; returns why it failed, or None."""
+        scope = {"type": "lifespan", "asgi": ASGI_VERSIONS, "state": self.state}
+        self._task = self._loop.create_task(self._run(scope))
+        await self._events.put({"type": "lifespan.startup"})
+        answer = await self._answers.get()
+        if answer["type"] == "lifespan.startup.complete":
+            return None
+        if answer["type"] == "unsupported":
+            self._supported = False
+            return None
+        return answer.get("message") or answer["type"]
+
+    async def shutdown(self, within: float) -> None:
+        if not self._supported or self._task is None or self._task.done():
+            return
+        await self._events.put({"type": "lifespan.shutdown"})
+        try:
+            answer = await asyncio.wait_for(self._answers.get(), within)
+        except asyncio.TimeoutError:
+            log("warning", f"worker {os.getpid()}: lifespan shutdown did not finish within {within:g} s")
+            self._task.cancel()
+            return
+        if answer["type"] == "lifespan.shutdown.failed":
+            log("error", f"worker {os.getpid()}: lifespan shutdown failed: {answer.get('message', '')}")
+
+    async def _run(self, scope: Scope) -> None:
+        started = False
+
+        async def receive() -> Message:
+            return await self._events.get()
+
+        async def send(message: Message) -> None:
+            nonlocal started
+            kind = message.get("type")
+            if kind not in (
+                "lifespan.startup.complete",
+                "lifespan.startup.failed",
+                "lifespan.shutdown.complete",
+                "lifespan.shutdown.failed",
+            ):
+                raise RuntimeError(f"unexpected ASGI lifespan message {kind!r}")
+            started = True
+            await self._answers.put(message)
+
+        try:
+            await self._application(scope, receive, send)
+        except BaseException as error:
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            if not started:
+                # Raised before a word on the lifespan: it has none (Django's ASGIHandler raises
+                # on any scope but http).
+                log("debug", f"worker {os.getpid()}: the application does not support lifespan: {error!r}")
+                await self._answers.put({"type": "unsupported"})
+                return
+            trace = "".join(traceback.format_exception(error)).rstrip()
+            log("error", f"worker {os.getpid()}: lifespan failed\n{trace}")
+            await self._answers.put({"type": "lifespan.startup.failed", "message": f"{type(error).__name__}: {error}"})
+        else:
+            if not started:
+                await self._answers.put({"type": "unsupported"})
+
+
+class _Exchange:
+    """One request: the application's `receive` and `send`, and where its response stands."""
+
+    __slots__ = ("_body", "_body_left", "_channel", "_seat", "disconnected", "done", "line", "started")
+
+    def __init__(self, seat: _Seat, body: Any, line: str) -> None:
+        self._seat = seat
+        self._channel = seat.channel
+        self._body = body
+        self._body_left = True
+        self.done = False
+        self.disconnected = False
+        self.started = False
+        self.line = line
+
+    async def receive(self) -> Message:
+        if self._body_left and not self.disconnected:
+            piece = self._body.read(BODY_PIECE)
+            self._body_left = self._body.remaining > 0
+            return {"type": "http.request", "body": piece, "more_body": self._body_left}
+        # The body is read: what comes next is the end, when the client goes or the response
+        # is complete (ASGI's http.disconnect).
+        while not (self.disconnected or self.done):
+            await self._seat.wait_for_news()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if self.disconnected:
+            raise ClientDisconnected(32, "the client has gone away")
+        if kind == "http.response.start":
+            self._channel.start(_status_line(message["status"]), message.get("headers", ()))
+            self.started = True
+        elif kind == "http.response.body":
+            if self.done:
+                raise RuntimeError("http.response.body was sent after the response was complete")
+            body = message.get("body", b"")
+            more = bool(message.get("more_body", False))
+            send = self._channel.send
+            for start in range(0, max(len(body), 1), SEND_PIECE):
+                last_piece = start + SEND_PIECE >= len(body)
+                send(body[start : start + SEND_PIECE], more or not last_piece)
+                if self._channel.backlogged:
+                    await self._seat.drain()
+            self.done = not more
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")
+
+
+class _Seat:
+    """One channel of the worker: a seat, to the lobby, that takes a request at a time."""
+
+    def __init__(self, worker: _Worker, channel: WorkerChannel) -> None:
+        self.worker = worker
+        self.channel = channel
+        self.exchange: _Exchange | None = None
+        self._news: asyncio.Future[None] | None = None
+        self._socket, self._bell = channel.watched()
+        worker.loop.add_reader(self._socket, self.readable)
+
+    def readable(self) -> None:
+        """The channel or the bell is readable: a request came (when idle), or news of the one
+        in progress (a CANCEL, room in the ring, the channel closed)."""
+        try:
+            if self.exchange is None:
+                self.take()
+                return
+            state = self.channel.look()
+        except ChannelError as error:
+            self.worker.broken(error)
+            return
+        if state == 1:
+            self.exchange.disconnected = True
+        elif state == 2:
+            self._unwatch()
+        self._tell()
+
+    def _tell(self) -> None:
+        if self._news is not None and not self._news.done():
+            self._news.set_result(None)
+
+    async def wait_for_news(self) -> None:
+        self._news = self.worker.loop.create_future()
+        await self._news
+
+    async def drain(self) -> None:
+        """Waits until the frames that found the ring full are written."""
+        while not self.channel.flush():
+            await self.wait_for_news()
+
+    def take(self) -> None:
+        """Takes the next request, if the lobby has sent one, and starts its task."""
+        taken = self.channel.receive_scope(self.worker.state)
+        self._watch_bell()
+        if taken is None:
+            if self.channel.closed:
+                self._unwatch()
+                self.worker.seat_closed(self)
+            return
+        scope, body = taken
+        self.exchange = _Exchange(self, body, f"{scope['method']} {scope['raw_path'].decode('latin-1')}")
+        self.worker.loop.create_task(self._run(scope, self.exchange))
+
+    def _watch_bell(self) -> None:
+        if self._bell is None:
+            bell = self.channel.watched()[1]
+            if bell is not None:
+                self._bell = bell
+                self.worker.loop.add_reader(bell, self.readable)
+
+    def _unwatch(self) -> None:
+        loop = self.worker.loop
+        loop.remove_reader(self._socket)
+        if self._bell is not None:
+            loop.remove_reader(self._bell)
+
+    async def _run(self, scope: Scope, exchange: _Exchange) -> None:
+        channel = self.channel
+        worker = self.worker
+        worker.running[id(exchange)] = exchange.line
+        # --timeout cancels the task (asyncio.timeout would need Python 3.11).
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = worker.loop.call_later(worker.options.timeout, expire)
+        try:
+            await worker.application(scope, exchange.receive, exchange.send)
+            if not exchange.done and not exchange.disconnected:
+                log("error", f"the application returned without completing its response to {exchange.line}")
+                channel.fail("the application returned without completing its response")
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            log("error", f"{exchange.line} ran past --timeout ({worker.options.timeout:g} s): its task was cancelled")
+            channel.timed_out("the request ran past --timeout")
+        except ChannelError as error:
+            worker.broken(error)
+            return
+        except Exception as error:  # noqa: BLE001 - the application's failure, whatever it was
+            if exchange.disconnected:
+                # Whatever the application raised once its client had gone (the OSError of a
+                # send, or its own), nobody is left to answer.
+                log("info", f"client went away during {exchange.line}; response abandoned")
+                channel.fail("the client went away")
+            else:
+                trace = "".join(traceback.format_exception(error)).rstrip()
+                log("error", f"Error handling request {exchange.line}\n{trace}")
+                channel.fail(f"{type(error).__name__}: {error}")
+        finally:
+            timer.cancel()
+            worker.running.pop(id(exchange), None)
+        try:
+            if channel.backlogged:
+                await self.drain()
+        except ClientDisconnected:
+            pass
+        except ChannelError as error:
+            worker.broken(error)
+            return
+        exchange.done = True
+        self.exchange = None
+        self._tell()
+        try:
+            self.take()
+        except ChannelError as error:
+            worker.broken(error)
+
+
+class _Worker:
+    """The worker's loop, its seats, and how it ends."""
+
+    def __init__(
+        self, channels: list[WorkerChannel], application: Application, options: Options, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.application = application
+        self.options = options
+        self.loop = loop
+        self.channels = channels
+        self.state: dict[str, Any] | None = None
+        self.running: dict[int, str] = {}
+        self._open = len(channels)
+        self._done: asyncio.Future[int] = loop.create_future()
+        self.seats: list[_Seat] = []
+
+    def start(self) -> None:
+        self.seats = [_Seat(self, channel) for channel in self.channels]
+
+    def seat_closed(self, seat: _Seat) -> None:
+        self._open -= 1
+        if self._open == 0 and not self._done.done():
+            self._done.set_result(0)
+
+    def broken(self, error: ChannelError) -> None:
+        if isinstance(error, ChannelClosed):
+            log("debug", f"worker {os.getpid()}: {error}")
+            code = 0
+        else:
+            log("error", f"worker {os.getpid()}: {error}")
+            code = 1
+        if not self._done.done():
+            self._done.set_result(code)
+
+    async def finished(self) -> int:
+        return await self._done
+
+
+class _Watchdog(threading.Thread):
+    """Names the call that blocks the event loop: the loop beats every BEAT; when it has not for
+    BLOCKED_AFTER, this thread logs a diagnosis line with the loop's stack, once per stall."""
+
+    def __init__(self, worker: _Worker, loop_thread: int) -> None:
+        super().__init__(name="maitred-watchdog", daemon=True)
+        self._worker = worker
+        self._loop_thread = loop_thread
+        self.last_beat = time.monotonic()
+        self._stopped = threading.Event()
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+        self._worker.loop.call_later(BEAT, self.beat)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        reported = 0.0
+        while not self._stopped.wait(BEAT):
+            last = self.last_beat
+            stalled = time.monotonic() - last
+            if stalled < BLOCKED_AFTER or last == reported:
+                continue
+            reported = last
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None:
+                continue
+            stack = "".join(traceback.format_stack(frame)).rstrip()
+            where = traceback.extract_stack(frame, limit=1)[-1]
+            during = ", ".join(self._worker.running.values()) or "no request"
+            log(
+                "warning",
+                f"diagnosis S2 (blocked_event_loop): worker {os.getpid()}'s event loop has not run for "
+                f"{stalled:.1f} s, blocked in {where.name} ({where.filename}:{where.lineno}) during {during}; "
+                "every request of this worker waits meanwhile; fix: await the call's async form, or run it "
+                f"with `await asyncio.to_thread(...)`\n{stack}",
+            )
+
+
+def serve(
+    channels: list[WorkerChannel], application: Application, options: Options, boot_failed: Callable[[str], int]
+) -> int:
+    """Runs the lifespan's startup, says READY on every channel, and serves them until the
+    lobby closes them all; then runs the shutdown. Returns the exit code."""
+    loop = new_event_loop(options.loop)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_serve(channels, application, options, boot_failed, loop))
+    finally:
+        loop.close()
+
+
+async def _serve(
+    channels: list[WorkerChannel],
+    application: Application,
+    options: Options,
+    boot_failed: Callable[[str], int],
+    loop: asyncio.AbstractEventLoop,
+) -> int:
+    lifespan = Lifespan(application, loop)
+    failure = await lifespan.startup()
+    if failure is not None:
+        return boot_failed(f"the application's lifespan startup failed: {failure}")
+    worker = _Worker(channels, application, options, loop)
+    worker.state = lifespan.state or None
+    for channel in channels:
+        channel.ready()
+    worker.start()
+    watchdog = _Watchdog(worker, threading.get_ident())
+    watchdog.beat()
+    watchdog.start()
+    try:
+        code = await worker.finished()
+    finally:
+        watchdog.stop()
+    await lifespan.shutdown(options.graceful_timeout)
+    return code
