@@ -464,7 +464,14 @@ import functools, socket, sys
 from maitred import zygote
 from maitred.app import load_app
 control = socket.socket(fileno=int(sys.argv[1]))
-settings = {"preload": sys.argv[3] == "preload", "graceful_timeout": 5.0, "capture_output": "auto"}
+settings = {
+    "preload": sys.argv[3] == "preload",
+    "graceful_timeout": 5.0,
+    "timeout": 30.0,
+    "capture_output": "auto",
+    "interface": "auto",
+    "loop": "asyncio",
+}
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """
 
@@ -488,7 +495,7 @@ class ZygoteProcess:
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
-        self.control.send(f"spawn {slot} 1 1".encode())
+        self.control.send(f"spawn {slot} 1 1 1".encode())
         fields, fds = self.receive()
         assert fields[:2] == ["spawned", str(slot)] and len(fds) == 1, fields
         channel = socket.socket(fileno=fds[0])
@@ -559,15 +566,36 @@ def test_zygote_gives_a_worker_a_channel_per_thread(app_dir, zygotes):
     (app_dir / "hello.py").write_text(HELLO)
     zygote = ZygoteProcess(app_dir, "hello:app", preload=False)
     zygotes.append(zygote)
-    zygote.control.send(b"spawn 0 1 3")
+    # spawn SLOT WORKERS THREADS CONNECTIONS: a WSGI application gets a channel per thread.
+    zygote.control.send(b"spawn 0 1 3 8")
     fields, fds = zygote.receive()
     assert fields[:2] == ["spawned", "0"] and len(fds) == 3, (fields, fds)
     channels = [socket.socket(fileno=fd) for fd in fds]
     for channel in channels:
         channel.settimeout(20)
         kind, payload = read_frame(channel)
-        assert (kind, struct.unpack("<I", payload[:4])[0]) == (1, int(fields[2]))  # READY from that pid
+        # READY from that pid, its flags saying WSGI.
+        assert (kind, payload) == (1, struct.pack("<IB", int(fields[2]), 0))
     # The worker goes once the lobby has let go of every channel.
+    for channel in channels:
+        channel.close()
+    assert zygote.receive() == (["exited", fields[2], "code", "0"], [])
+
+
+def test_zygote_gives_an_asgi_worker_a_channel_per_connection(app_dir, zygotes):
+    # The zygote imports the application once in a child, to tell its interface, and keeps
+    # none of it.
+    (app_dir / "hello_asgi.py").write_text("async def app(scope, receive, send):\n    pass\n")
+    zygote = ZygoteProcess(app_dir, "hello_asgi:app", preload=False)
+    zygotes.append(zygote)
+    zygote.control.send(b"spawn 0 1 3 8")
+    fields, fds = zygote.receive()
+    assert fields[:2] == ["spawned", "0"] and len(fds) == 8, (fields, fds)
+    channels = [socket.socket(fileno=fd) for fd in fds]
+    for channel in channels:
+        channel.settimeout(20)
+        kind, payload = read_frame(channel)
+        assert (kind, payload) == (1, struct.pack("<IB", int(fields[2]), 1))  # READY, ASGI
     for channel in channels:
         channel.close()
     assert zygote.receive() == (["exited", fields[2], "code", "0"], [])

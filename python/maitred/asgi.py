@@ -134,7 +134,12 @@ class Lifespan:
         if answer["type"] == "unsupported":
             self._supported = False
             return None
-        return answer.get("message") or answer["type"]
+        # Frameworks send the whole traceback as the message (Starlette does): the boot
+        # failure's line takes its last line, and the rest is for --log-level debug.
+        message = str(answer.get("message") or "").strip()
+        if "\n" in message:
+            log("debug", f"worker {os.getpid()}: lifespan startup failed:\n{message}")
+        return message.splitlines()[-1] if message else "lifespan.startup.failed"
 
     async def shutdown(self, within: float) -> None:
         if not self._supported or self._task is None or self._task.done():
@@ -179,9 +184,9 @@ class Lifespan:
                 log("debug", f"worker {os.getpid()}: the application does not support lifespan: {error!r}")
                 await self._answers.put({"type": "unsupported"})
                 return
+            # After its answer (Starlette re-raises what made startup fail): that answer said it.
             trace = "".join(traceback.format_exception(error)).rstrip()
-            log("error", f"worker {os.getpid()}: lifespan failed\n{trace}")
-            await self._answers.put({"type": "lifespan.startup.failed", "message": f"{type(error).__name__}: {error}"})
+            log("debug", f"worker {os.getpid()}: the lifespan raised after its answer\n{trace}")
         else:
             if not started:
                 await self._answers.put({"type": "unsupported"})

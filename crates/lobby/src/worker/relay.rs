@@ -14,6 +14,7 @@ use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead};
 use super::channel::{Channel, Frame};
 use super::health;
 use super::scoreboard::ExitReason;
+use super::seat::{Thread, EVENT_LOOP_GRACE};
 use crate::lobby::Lobby;
 use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
@@ -40,15 +41,16 @@ pub(super) enum Unread {
 /// Reads the worker's answer to the request it took and hands it to the request's connection.
 /// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
 /// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
-/// the worker never read it. `sole`: this is the worker's only thread, so that a timeout kills
-/// the worker here; with threads, the worker's task gives the others a grace first.
+/// the worker never read it. A timeout kills the worker here when `thread` is its only one or
+/// runs an event loop (after `EVENT_LOOP_GRACE`); with threads, the worker's task gives the
+/// others a grace first.
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
     offers: &Offers,
     taken: &Taken,
-    sole: bool,
+    thread: Thread,
 ) -> Result<(), Lost> {
     let job = &taken.job;
     enum Next {
@@ -58,15 +60,19 @@ pub(super) async fn relay_response(
         ClientGone,
     }
     let timeout = lobby.settings().timeout;
+    let kills = thread.sole || thread.evented;
+    let limit = if thread.evented { timeout + EVENT_LOOP_GRACE } else { timeout };
     let seated_at = Instant::now();
     if let Some(served) = &job.served {
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
-    let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
+    let mut deadline = tokio::time::Instant::from_std(seated_at + limit);
     // If the worker has not answered after a moment, it may be wedged: the request still in
     // its slot, or (sent on the channel) with bytes unread (health::never_read).
-    let mut read_check = Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    // Not an event loop's: one blocked by a request's synchronous call leaves the others unread
+    // until it runs again, and is killed only past --timeout (docs/ASGI.md).
+    let mut read_check = (!thread.evented).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
     loop {
@@ -162,7 +168,9 @@ pub(super) async fn relay_response(
                 // (health::dump_stack); the lobby says nothing more until it is written.
                 let elapsed = seated_at.elapsed().as_secs_f64();
                 let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
-                let then = if sole {
+                let then = if thread.evented {
+                    "then it is killed: its event loop did not cancel the request at --timeout, so it is blocked"
+                } else if kills {
                     "then it is killed"
                 } else {
                     "then it takes no new request, and it is killed once its other threads have finished \
@@ -175,7 +183,7 @@ pub(super) async fn relay_response(
                     job.summary
                 );
                 health::dump_stack(lobby, pid).await;
-                if sole {
+                if kills {
                     health::end(lobby, pid).await;
                 }
                 let detail = if head_sent {

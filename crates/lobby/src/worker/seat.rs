@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use maitred_wire::Kind;
+use maitred_wire::{Kind, Ready};
 
 use super::channel::Channel;
 use super::scoreboard::{Card, ExitReason, Phase};
@@ -25,9 +25,10 @@ pub enum Gone {
 }
 
 /// Waits for the worker's `READY`. Errors say what went wrong, for a start-up failure line.
-pub async fn await_ready(channel: &mut Channel) -> Result<(), Gone> {
+pub async fn await_ready(channel: &mut Channel) -> Result<Ready, Gone> {
     match channel.read_frame().await {
-        Ok(Some(frame)) if frame.header.kind == Kind::Ready => Ok(()),
+        Ok(Some(frame)) if frame.header.kind == Kind::Ready => Ready::decode_payload(&frame.payload)
+            .map_err(|e| Gone::Lost(ExitReason::Crash, format!("sent a bad READY: {e}"))),
         Ok(Some(frame)) if frame.header.kind == Kind::BootFailed => {
             Err(Gone::BootFailed(String::from_utf8_lossy(&frame.payload).trim().to_string()))
         }
@@ -86,4 +87,12 @@ pub struct Thread {
     /// It is the worker's only thread: a timeout kills the worker at once, since nothing else
     /// runs in it (docs/PROTOCOL.md, section 4).
     pub sole: bool,
+    /// The worker runs an ASGI application on an event loop, which cancels a request's task at
+    /// --timeout and answers 504 itself: the lobby steps in only `EVENT_LOOP_GRACE` later, when
+    /// the loop must be blocked, and then kills the worker, as every request of it is stuck.
+    pub evented: bool,
 }
+
+/// How long after --timeout the lobby waits for an ASGI worker's own 504 before it takes the
+/// worker's event loop for blocked. A loop that runs answers within milliseconds.
+pub const EVENT_LOOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

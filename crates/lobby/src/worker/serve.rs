@@ -180,7 +180,7 @@ async fn seat_jobs(
         if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread.sole).await;
+        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread).await;
         card.end(thread.number);
         if let Err(lost) = relayed {
             return lost_with(lobby, offers, taken.job, lost);

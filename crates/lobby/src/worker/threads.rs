@@ -37,9 +37,11 @@ pub async fn serve_worker(
     }
     // Each thread says READY once the application is imported; a failed boot comes on the first
     // channel, and the process exits, closing the others.
+    let mut evented = false;
     for channel in &mut opened {
-        if let Err(gone) = seat::await_ready(channel).await {
-            return gone;
+        match seat::await_ready(channel).await {
+            Ok(ready) => evented = ready.asgi(),
+            Err(gone) => return gone,
         }
     }
     seat.card.set_threads(opened.len());
@@ -47,11 +49,11 @@ pub async fn serve_worker(
     let recycle = Rc::new(recycle);
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }).await;
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented }).await;
     }
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
-        let thread = Thread { number, sole: false };
+        let thread = Thread { number, sole: false, evented };
         seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
     }
     let mut first_loss: Option<Gone> = None;

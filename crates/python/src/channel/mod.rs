@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 
 use maitred_shm::WorkerEnd;
-use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
+use maitred_wire::{FileRange, FrameHeader, Kind, Ready, FLAG_END, FLAG_FD, HEADER_LEN, READY_ASGI};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -164,9 +164,12 @@ impl WorkerChannel {
     }
 
     /// Sends `READY` with this process's id.
+    /// An evented channel's `READY` says that the worker runs an ASGI application, which takes
+    /// WebSocket requests (docs/PROTOCOL.md, section 5).
     fn ready(&mut self, py: Python<'_>) -> PyResult<()> {
-        let pid = std::process::id();
-        self.send_control(py, Kind::Ready, &pid.to_le_bytes())
+        let flags = if self.evented { READY_ASGI } else { 0 };
+        let ready = Ready { pid: std::process::id(), flags };
+        self.send_control(py, Kind::Ready, &ready.encode_payload())
     }
 
     /// Sends `BOOT_FAILED` with `message` on one line.

@@ -1,0 +1,98 @@
+"""A FastAPI application for tests/test_asgi.py: lifespan state, a streamed response, an upload
+hashed as it arrives, a wait for the client to leave, a request that outlives --timeout, a
+handler that blocks its event loop, and the worker's pid.
+
+FASTAPI_EVENTS names a file each worker appends a line to at lifespan startup and shutdown,
+and when a handler sees its client leave."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+EVENTS = os.environ.get("FASTAPI_EVENTS")
+
+
+def record(event: str) -> None:
+    if EVENTS:
+        with open(EVENTS, "a") as events:
+            events.write(f"{event} {os.getpid()}\n")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, str]]:
+    if os.environ.get("FASTAPI_FAIL_STARTUP"):
+        raise RuntimeError("the database is unreachable")
+    record("startup")
+    yield {"greeting": "hello from lifespan"}
+    record("shutdown")
+
+
+app = FastAPI(lifespan=lifespan)
+
+
+@app.get("/state")
+async def state(request: Request) -> dict[str, object]:
+    return {
+        "greeting": request.state.greeting,
+        "pid": os.getpid(),
+        "scheme": request.url.scheme,
+        "root_path": request.scope["root_path"],
+        "client": request.client.host if request.client else None,
+    }
+
+
+@app.get("/stream")
+async def stream(count: int = 5) -> StreamingResponse:
+    async def pieces() -> AsyncIterator[bytes]:
+        for number in range(count):
+            yield f"piece {number}\n".encode()
+            await asyncio.sleep(0)
+
+    return StreamingResponse(pieces(), media_type="text/plain")
+
+
+@app.post("/upload")
+async def upload(request: Request) -> dict[str, object]:
+    digest = hashlib.sha256()
+    size = 0
+    pieces = 0
+    async for piece in request.stream():
+        digest.update(piece)
+        size += len(piece)
+        pieces += 1
+    return {"size": size, "sha256": digest.hexdigest(), "pieces": pieces}
+
+
+@app.get("/wait-for-leave")
+async def wait_for_leave(request: Request) -> PlainTextResponse:
+    for _ in range(600):
+        if await request.is_disconnected():
+            record("client-left")
+            return PlainTextResponse("gone")
+        await asyncio.sleep(0.05)
+    return PlainTextResponse("still here")
+
+
+@app.get("/sleep")
+async def sleep(seconds: float = 1.0) -> PlainTextResponse:
+    await asyncio.sleep(seconds)
+    return PlainTextResponse(f"slept {seconds}")
+
+
+@app.get("/block")
+async def block(seconds: float = 1.5) -> PlainTextResponse:
+    time.sleep(seconds)  # noqa: ASYNC251 - the mistake the watchdog names: a blocking call in async def
+    return PlainTextResponse(f"blocked {seconds}")
+
+
+@app.get("/pid")
+async def pid() -> PlainTextResponse:
+    return PlainTextResponse(str(os.getpid()))

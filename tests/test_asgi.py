@@ -1,0 +1,222 @@
+"""ASGI applications under maitred (docs/ASGI.md): FastAPI, Starlette and Django's ASGI handler,
+told from WSGI by their signature; lifespan, streaming, large uploads, a client that leaves,
+--timeout, a blocked event loop, overload with --queue-timeout, and the interface's checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from conftest import HOST, Finished, Server, free_port, workers_of
+
+APPS = Path(__file__).resolve().parent / "apps"
+TIMEOUT = 10.0
+
+pytest.importorskip("fastapi", reason="FastAPI is in the test extra (pyproject.toml)")
+
+
+def wait_for_lines(path: Path, word: str, count: int, timeout: float = TIMEOUT) -> list[str]:
+    """The lines of `path` that start with `word`, once there are `count` of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [line for line in (path.read_text() if path.exists() else "").splitlines() if line.startswith(word)]
+        if len(lines) >= count:
+            return lines
+        assert time.monotonic() < deadline, f"{count} {word!r} lines did not come: {lines}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    return tmp_path / "events"
+
+
+def fastapi_server(
+    maitred_server: Callable[..., Server], events: Path, *args: str, env: dict[str, str] | None = None
+) -> Server:
+    return maitred_server(
+        "fastapi_app:app", "-w", "2", *args, cwd=APPS, env={"FASTAPI_EVENTS": str(events), **(env or {})}
+    )
+
+
+def test_a_fastapi_application_is_told_by_its_signature_and_its_lifespan_state_reaches_requests(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    server = fastapi_server(maitred_server, events)
+    # Each worker ran startup before it took a request.
+    wait_for_lines(events, "startup", 2)
+    answer = requests.get(f"{server.url}/state", timeout=TIMEOUT)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["greeting"] == "hello from lifespan"
+    assert body["scheme"] == "http" and body["client"] == HOST and body["root_path"] == ""
+    assert body["pid"] in workers_of(server.pid, 2)
+    assert server.stop() == 0
+    # ... and shutdown at the stop.
+    assert len(wait_for_lines(events, "shutdown", 2)) == 2
+
+
+def test_a_streamed_response_arrives_whole_in_pieces(maitred_server: Callable[..., Server], events: Path) -> None:
+    server = fastapi_server(maitred_server, events)
+    answer = requests.get(f"{server.url}/stream", params={"count": 2000}, timeout=TIMEOUT, stream=True)
+    assert answer.headers.get("transfer-encoding") == "chunked"
+    assert answer.raw.read() == b"".join(f"piece {number}\n".encode() for number in range(2000))
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_536, 3_000_001])
+def test_an_upload_reaches_the_application_in_pieces(
+    maitred_server: Callable[..., Server], events: Path, size: int
+) -> None:
+    server = fastapi_server(maitred_server, events)
+    data = random.Random(size).randbytes(size)
+    answer = requests.post(f"{server.url}/upload", data=data, timeout=TIMEOUT)
+    assert answer.status_code == 200
+    assert answer.json()["size"] == size
+    assert answer.json()["sha256"] == hashlib.sha256(data).hexdigest()
+    # Never whole in memory: at most BODY_PIECE (64 KiB) an event.
+    assert answer.json()["pieces"] >= size // 65_536
+
+
+def test_the_application_hears_that_its_client_left(maitred_server: Callable[..., Server], events: Path) -> None:
+    server = fastapi_server(maitred_server, events)
+    with socket.create_connection((HOST, server.port)) as client:
+        client.sendall(b"GET /wait-for-leave HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The request is the application's once the worker's log or the events say so; the
+        # handler polls is_disconnected, so closing at any point after sending is the test.
+    wait_for_lines(events, "client-left", 1)
+    # The seat is free again: the worker answers the next request.
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200
+
+
+def test_timeout_cancels_the_task_answers_504_and_keeps_the_worker(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    # --timeout bounds the boot too, and FastAPI's import takes a second on a busy machine.
+    server = fastapi_server(maitred_server, events, "--timeout", "3")
+    before = workers_of(server.pid, 2)
+    started = time.monotonic()
+    answer = requests.get(f"{server.url}/sleep", params={"seconds": 30}, timeout=TIMEOUT)
+    assert answer.status_code == 504
+    assert time.monotonic() - started < 5 + 2
+    server.wait_for_log("ran past --timeout (3 s): its task was cancelled", TIMEOUT)
+    # The worker was healthy: nobody killed it.
+    assert requests.get(f"{server.url}/sleep", params={"seconds": 0}, timeout=TIMEOUT).status_code == 200
+    assert workers_of(server.pid, 2) == before
+
+
+def test_a_blocked_event_loop_is_diagnosed_with_the_blocking_call(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    server = fastapi_server(maitred_server, events, "-w", "1")
+    started = time.monotonic()
+    answer = requests.get(f"{server.url}/block", params={"seconds": 1.5}, timeout=TIMEOUT)
+    assert answer.status_code == 200
+    log = server.wait_for_log("diagnosis S2 (blocked_event_loop)", TIMEOUT)
+    line = next(line for line in log.splitlines() if "blocked_event_loop" in line)
+    assert "during GET /block" in line
+    # The stack names the handler and the call that blocks.
+    assert "fastapi_app.py" in log and "time.sleep(seconds)" in log
+    assert time.monotonic() - started < 5
+
+
+def test_overload_past_the_seats_queues_in_the_lobby_and_expires_with_503(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    # One worker with two seats; eight requests of 1 s each: two run, the rest wait in the
+    # lobby's FIFO, and those that wait past --queue-timeout get 503 without reaching the worker.
+    server = fastapi_server(maitred_server, events, "-w", "1", "--worker-connections", "2", "--queue-timeout", "0.5")
+
+    def one(_: int) -> int:
+        return requests.get(f"{server.url}/sleep", params={"seconds": 1}, timeout=TIMEOUT).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = sorted(pool.map(one, range(8)))
+    assert statuses.count(200) >= 2
+    assert statuses.count(503) >= 4
+    assert set(statuses) <= {200, 503}
+
+
+def test_starlette_routes_bodies_and_streams(maitred_server: Callable[..., Server]) -> None:
+    server = maitred_server("starlette_app:app", "-w", "2", cwd=APPS)
+    answer = requests.post(
+        f"{server.url}/echo/a%20b/c", params={"q": "é"}, headers={"X-Trace": "7"}, data="payload", timeout=TIMEOUT
+    )
+    assert answer.json() == {
+        "method": "POST",
+        "path": "/echo/a b/c",
+        "query": {"q": "é"},
+        "headers": {"x-trace": "7"},
+        "body": "payload",
+    }
+    assert requests.get(f"{server.url}/numbers", params={"n": 4}, timeout=TIMEOUT).text == "0\n1\n2\n3\n"
+
+
+def test_django_async_views_through_its_asgi_handler(maitred_server: Callable[..., Server]) -> None:
+    server = maitred_server("django_asgi_app:application", "-w", "2", cwd=APPS)
+    answer = requests.get(f"{server.url}/hello/", timeout=TIMEOUT)
+    assert answer.json() == {"view": "async", "path": "/hello/", "method": "GET"}
+    answer = requests.post(f"{server.url}/submit/", data=json.dumps({"n": 1}), timeout=TIMEOUT)
+    assert answer.json() == {"received": {"n": 1}}
+
+
+def test_a_failing_lifespan_startup_is_a_boot_failure_in_one_line(
+    run_maitred: Callable[..., Finished], events: Path
+) -> None:
+    finished = run_maitred(
+        "fastapi_app:app", cwd=APPS, env={"FASTAPI_FAIL_STARTUP": "1", "FASTAPI_EVENTS": str(events)}, timeout=60
+    )
+    assert finished.returncode != 0 and not finished.leftovers
+    assert "the application's lifespan startup failed: RuntimeError: the database is unreachable" in finished.stderr
+
+
+def test_a_reload_that_turns_the_application_into_asgi_is_abandoned_with_the_reason(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    app = tmp_path / "switching.py"
+    app.write_text(
+        "def app(environ, start_response):\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+        "    return [b'wsgi']\n"
+    )
+    server = maitred_server("switching:app", "-w", "1", cwd=tmp_path)
+    assert requests.get(server.url, timeout=TIMEOUT).text == "wsgi"
+    app.write_text(
+        "async def app(scope, receive, send):\n"
+        "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+        "    await send({'type': 'http.response.body', 'body': b'asgi'})\n"
+    )
+    server.send_signal(signal.SIGHUP)
+    server.wait_for_log("the application is ASGI, and this maitred serves WSGI", TIMEOUT)
+    # The old workers go on serving.
+    assert requests.get(server.url, timeout=TIMEOUT).text == "wsgi"
+
+
+def test_interface_wsgi_forces_the_interface(maitred_server: Callable[..., Server], tmp_path: Path) -> None:
+    # A WSGI callable that would look like ASGI by its parameters: forced, it is served as WSGI.
+    (tmp_path / "three.py").write_text(
+        "def app(environ, start_response, unused=None, *, also=None):\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+        "    return [b'served as wsgi']\n"
+    )
+    server = maitred_server("three:app", "--interface", "wsgi", cwd=tmp_path)
+    assert requests.get(server.url, timeout=TIMEOUT).text == "served as wsgi"
+
+
+def test_worker_connections_are_seats_on_the_scoreboard(maitred_server: Callable[..., Server], events: Path) -> None:
+    stats = free_port()
+    server = fastapi_server(
+        maitred_server, events, "-w", "1", "--worker-connections", "5", "--stats", f"{HOST}:{stats}"
+    )
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200
+    status = requests.get(f"http://{HOST}:{stats}/status.json", timeout=TIMEOUT).json()
+    assert [len(worker["threads"]) for worker in status["scoreboard"]] == [5]
+    assert status["seats"] == {"busy": 0, "free": 5}
