@@ -220,3 +220,95 @@ def test_worker_connections_are_seats_on_the_scoreboard(maitred_server: Callable
     status = requests.get(f"http://{HOST}:{stats}/status.json", timeout=TIMEOUT).json()
     assert [len(worker["threads"]) for worker in status["scoreboard"]] == [5]
     assert status["seats"] == {"busy": 0, "free": 5}
+
+
+# WebSockets: the lobby does the handshake and the framing, the worker sees ASGI's events
+# (docs/ASGI.md, "WebSockets"; the lobby's side alone: tests/test_websocket_lobby.py).
+
+
+def test_a_fastapi_websocket_echoes_text_and_bytes_and_closes_with_the_applications_code(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    server = fastapi_server(maitred_server, events)
+    with connect(
+        f"ws://{HOST}:{server.port}/echo", subprotocols=["chat"], open_timeout=TIMEOUT, max_size=None
+    ) as websocket:
+        assert websocket.subprotocol == "chat"
+        websocket.send("héllo")
+        assert websocket.recv(timeout=TIMEOUT) == "héllo"
+        large = random.Random(1).randbytes(3_000_000)
+        websocket.send(large)
+        assert websocket.recv(timeout=TIMEOUT) == large
+        websocket.send("close")
+        with pytest.raises(ConnectionClosed) as closed:
+            websocket.recv(timeout=TIMEOUT)
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4000, "asked to")
+    # An application that closes before it accepts refuses the handshake: 403.
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://{HOST}:{server.port}/refuse", open_timeout=TIMEOUT)
+    assert refused.value.response.status_code == 403
+    # The seats the sockets held are free again.
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200
+
+
+def test_the_application_hears_its_websocket_client_close(maitred_server: Callable[..., Server], events: Path) -> None:
+    from websockets.sync.client import connect
+
+    server = fastapi_server(maitred_server, events)
+    with connect(f"ws://{HOST}:{server.port}/echo", open_timeout=TIMEOUT) as websocket:
+        websocket.send("ping")
+        assert websocket.recv(timeout=TIMEOUT) == "ping"
+        websocket.close(code=1000)
+    wait_for_lines(events, "ws-closed-1000", 1)
+
+
+def test_headless_chromium_talks_to_a_websocket(maitred_server: Callable[..., Server], events: Path, tmp_path: Path):
+    from browser import CHROMIUM, Browser
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian's chromium package; .ci/run installs it)")
+    server = fastapi_server(maitred_server, events)
+    browser = Browser(tmp_path / "chromium")
+    try:
+        echoed = browser.evaluate(
+            f"""new Promise((resolve, reject) => {{
+                const socket = new WebSocket("ws://{HOST}:{server.port}/echo", ["chat"]);
+                const heard = [];
+                socket.onopen = () => socket.send("from the browser");
+                socket.onmessage = (event) => {{ heard.push(event.data); socket.send("close"); }};
+                socket.onclose = (event) => resolve({{heard, code: event.code, reason: event.reason,
+                                                     protocol: socket.protocol}});
+                socket.onerror = () => reject(new Error("the WebSocket failed"));
+                setTimeout(() => reject(new Error("no answer within 10 s")), 10000);
+            }})"""
+        )
+    finally:
+        browser.close()
+    assert echoed == {"heard": ["from the browser"], "code": 4000, "reason": "asked to", "protocol": "chat"}
+
+
+def test_a_reload_leaves_open_websockets_with_the_old_workers(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    from websockets.sync.client import connect
+
+    server = fastapi_server(maitred_server, events, "-w", "1")
+    old = {int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text)}
+    with connect(f"ws://{HOST}:{server.port}/echo", open_timeout=TIMEOUT) as websocket:
+        websocket.send("before")
+        assert websocket.recv(timeout=TIMEOUT) == "before"
+        server.send_signal(signal.SIGHUP)
+        server.wait_for_log("SIGHUP: reloaded", 30)
+        # New requests go to the new worker; the socket stays with the old one, and works.
+        assert int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text) not in old
+        websocket.send("after")
+        assert websocket.recv(timeout=TIMEOUT) == "after"
+        assert old <= workers_of(server.pid)
+    # Closed, it lets the old worker go.
+    deadline = time.monotonic() + TIMEOUT
+    while old & workers_of(server.pid):
+        assert time.monotonic() < deadline, "the old worker did not leave once its WebSocket closed"
+        time.sleep(0.05)

@@ -241,13 +241,80 @@ class _Exchange:
             raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")
 
 
+class _WebSocket:
+    """One WebSocket: the lobby did the handshake and does the framing; here are ASGI's
+    `websocket.*` events, whole messages each (docs/PROTOCOL.md, section 5)."""
+
+    __slots__ = ("_channel", "_connected", "_seat", "accepted", "disconnected", "done", "line")
+
+    def __init__(self, seat: _Seat, line: str) -> None:
+        self._seat = seat
+        self._channel = seat.channel
+        self._connected = False
+        self.accepted = False
+        self.disconnected = False
+        self.done = False
+        self.line = line
+
+    async def receive(self) -> Message:
+        if not self._connected:
+            self._connected = True
+            return {"type": "websocket.connect"}
+        while True:
+            event = self._channel.ws_receive()
+            if event is not None:
+                if event["type"] == "websocket.disconnect":
+                    self.disconnected = True
+                return event
+            if self.disconnected:
+                raise ClientDisconnected(32, "the WebSocket is closed")
+            await self._seat.wait_for_news()
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        channel = self._channel
+        if self.done:
+            raise ClientDisconnected(32, "the WebSocket is closed")
+        if kind == "websocket.send":
+            if self.disconnected:
+                raise ClientDisconnected(32, "the client has closed the WebSocket")
+            text = message.get("text")
+            channel.ws_send(text if text is not None else message.get("bytes") or b"")
+            if channel.backlogged:
+                await self._seat.drain()
+        elif kind == "websocket.accept":
+            channel.ws_accept(message.get("subprotocol"), message.get("headers", ()))
+            self.accepted = True
+            self._seat.accepted()
+        elif kind == "websocket.close":
+            channel.ws_close(int(message.get("code", 1000)), message.get("reason") or "")
+            self.done = True
+        elif kind == "websocket.http.response.start" and not self.accepted:
+            # ASGI's denial response, in place of the 403 of a refusal.
+            channel.start(_status_line(message["status"]), message.get("headers", ()))
+        elif kind == "websocket.http.response.body" and not self.accepted:
+            more = bool(message.get("more_body", False))
+            channel.send(message.get("body", b""), more)
+            self.done = not more
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r} for a websocket scope")
+
+    def finish(self, code: int = 1000) -> None:
+        """The application is done: every WebSocket ends with WS_CLOSE, which frees the seat
+        (before websocket.accept, the lobby answers 403)."""
+        if not self.done:
+            self._channel.ws_close(code, "")
+            self.done = True
+
+
 class _Seat:
     """One channel of the worker: a seat, to the lobby, that takes a request at a time."""
 
     def __init__(self, worker: _Worker, channel: WorkerChannel) -> None:
         self.worker = worker
         self.channel = channel
-        self.exchange: _Exchange | None = None
+        self.exchange: _Exchange | _WebSocket | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self._news: asyncio.Future[None] | None = None
         self._socket, self._bell = channel.watched()
         worker.loop.add_reader(self._socket, self.readable)
@@ -292,8 +359,18 @@ class _Seat:
                 self.worker.seat_closed(self)
             return
         scope, body = taken
-        self.exchange = _Exchange(self, body, f"{scope['method']} {scope['raw_path'].decode('latin-1')}")
+        path = scope["raw_path"].decode("latin-1")
+        if scope["type"] == "websocket":
+            self.exchange = _WebSocket(self, f"WebSocket {path}")
+        else:
+            self.exchange = _Exchange(self, body, f"{scope['method']} {path}")
+        self.timer = None
         self.worker.loop.create_task(self._run(scope, self.exchange))
+
+    def accepted(self) -> None:
+        """--timeout runs until a WebSocket is accepted: then it lives as long as it is wanted."""
+        if self.timer is not None:
+            self.timer.cancel()
 
     def _watch_bell(self) -> None:
         if self._bell is None:
@@ -308,7 +385,7 @@ class _Seat:
         if self._bell is not None:
             loop.remove_reader(self._bell)
 
-    async def _run(self, scope: Scope, exchange: _Exchange) -> None:
+    async def _run(self, scope: Scope, exchange: _Exchange | _WebSocket) -> None:
         channel = self.channel
         worker = self.worker
         worker.running[id(exchange)] = exchange.line
@@ -322,17 +399,22 @@ class _Seat:
             expired = True
             task.cancel()
 
-        timer = worker.loop.call_later(worker.options.timeout, expire)
+        self.timer = timer = worker.loop.call_later(worker.options.timeout, expire)
         try:
             await worker.application(scope, exchange.receive, exchange.send)
-            if not exchange.done and not exchange.disconnected:
+            if isinstance(exchange, _WebSocket):
+                exchange.finish()
+            elif not exchange.done and not exchange.disconnected:
                 log("error", f"the application returned without completing its response to {exchange.line}")
                 channel.fail("the application returned without completing its response")
         except asyncio.CancelledError:
             if not expired:
                 raise
             log("error", f"{exchange.line} ran past --timeout ({worker.options.timeout:g} s): its task was cancelled")
-            channel.timed_out("the request ran past --timeout")
+            if isinstance(exchange, _WebSocket):
+                exchange.finish()
+            else:
+                channel.timed_out("the request ran past --timeout")
         except ChannelError as error:
             worker.broken(error)
             return
@@ -341,10 +423,19 @@ class _Seat:
                 # Whatever the application raised once its client had gone (the OSError of a
                 # send, or its own), nobody is left to answer.
                 log("info", f"client went away during {exchange.line}; response abandoned")
-                channel.fail("the client went away")
             else:
                 trace = "".join(traceback.format_exception(error)).rstrip()
                 log("error", f"Error handling request {exchange.line}\n{trace}")
+            if isinstance(exchange, _WebSocket):
+                # Accepted, the client hears Close 1011 (internal error); not yet, a 500 in
+                # place of the 101.
+                if exchange.accepted or exchange.disconnected:
+                    exchange.finish(1011)
+                else:
+                    channel.fail(f"{type(error).__name__}: {error}")
+            elif exchange.disconnected:
+                channel.fail("the client went away")
+            else:
                 channel.fail(f"{type(error).__name__}: {error}")
         finally:
             timer.cancel()

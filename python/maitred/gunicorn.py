@@ -55,7 +55,6 @@ _REFUSED = Verdict.REFUSED
 
 _OFF = (None, False, "", 0, (), [], {})
 _NO_TLS = "maitred speaks plain HTTP only: terminate TLS in a proxy in front of it"
-_WSGI_ONLY = "maitred serves WSGI applications only"
 _HTTP1_ONLY = "maitred speaks HTTP/1.0 and HTTP/1.1 only: let the proxy in front of it speak HTTP/2"
 _DIRTY = "maitred has no dirty-worker pool: every worker runs the application"
 _CONTROL = "maitred has no control socket: use signals (docs/SIGNALS.md) and --stats"
@@ -252,16 +251,19 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         ("-k", "--worker-class"),
         _IGNORED,
         "maitred's workers are its own: each thread runs one request at a time, like gunicorn's sync and "
-        "gthread workers (threads come from --threads), and the lobby holds slow and idle connections",
-        ("sync", "gunicorn.workers.sync.SyncWorker", "gthread", "gunicorn.workers.gthread.ThreadWorker"),
+        "gthread workers (threads come from --threads), an ASGI application's event loop runs "
+        "--worker-connections at once, like uvicorn's workers, and the lobby holds slow and idle connections",
+        (
+            "sync",
+            "gunicorn.workers.sync.SyncWorker",
+            "gthread",
+            "gunicorn.workers.gthread.ThreadWorker",
+            "uvicorn.workers.UvicornWorker",
+            "uvicorn_worker.UvicornWorker",
+        ),
     ),
     GunicornSetting("threads", ("--threads",), _SAME),
-    GunicornSetting(
-        "worker_connections",
-        ("--worker-connections",),
-        _IGNORED,
-        "the lobby holds the connections: see --max-connections",
-    ),
+    GunicornSetting("worker_connections", ("--worker-connections",), _SAME),
     GunicornSetting("max_requests", ("--max-requests",), _SAME),
     GunicornSetting("max_requests_jitter", ("--max-requests-jitter",), _SAME),
     GunicornSetting("timeout", ("-t", "--timeout"), _SAME),
@@ -274,9 +276,20 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         target="keep_alive",
     ),
     # ASGI
-    GunicornSetting("asgi_loop", ("--asgi-loop",), _IGNORED, _WSGI_ONLY, ("auto",)),
-    GunicornSetting("asgi_lifespan", ("--asgi-lifespan",), _IGNORED, _WSGI_ONLY, ("auto",)),
-    GunicornSetting("asgi_disconnect_grace_period", ("--asgi-disconnect-grace-period",), _IGNORED, _WSGI_ONLY),
+    GunicornSetting("asgi_loop", ("--asgi-loop",), _MAPPED, target="loop"),
+    GunicornSetting(
+        "asgi_lifespan",
+        ("--asgi-lifespan",),
+        _IGNORED,
+        "maitred runs the lifespan of an application that has one (auto)",
+        ("auto",),
+    ),
+    GunicornSetting(
+        "asgi_disconnect_grace_period",
+        ("--asgi-disconnect-grace-period",),
+        _IGNORED,
+        "the application hears http.disconnect when its client leaves; --timeout bounds the rest",
+    ),
     # HTTP/2
     GunicornSetting("http_protocols", ("--http-protocols",), _IGNORED, _HTTP1_ONLY, ("h1",)),
     GunicornSetting("http2_cleartext", ("--http2-cleartext",), _IGNORED, _HTTP1_ONLY, _OFF),

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 EVENTS = os.environ.get("FASTAPI_EVENTS")
@@ -96,3 +96,29 @@ async def block(seconds: float = 1.5) -> PlainTextResponse:
 @app.get("/pid")
 async def pid() -> PlainTextResponse:
     return PlainTextResponse(str(os.getpid()))
+
+
+@app.websocket("/echo")
+async def echo(websocket: WebSocket) -> None:
+    offered = websocket.scope["subprotocols"]
+    await websocket.accept(subprotocol=offered[0] if offered else None)
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                record(f"ws-closed-{message['code']}")
+                return
+            if message.get("text") == "close":
+                await websocket.close(code=4000, reason="asked to")
+                return
+            if message.get("text") is not None:
+                await websocket.send_text(message["text"])
+            else:
+                await websocket.send_bytes(message["bytes"])
+    except WebSocketDisconnect as gone:
+        record(f"ws-closed-{gone.code}")
+
+
+@app.websocket("/refuse")
+async def refuse(websocket: WebSocket) -> None:
+    await websocket.close(code=1008)

@@ -2,14 +2,19 @@
 //! (docs/PROTOCOL.md, sections 2 and 3; crates/python/src/channel/ is the real one), but answers
 //! every request at once with the same `200 OK` and `Hello, world!\n`, one `RESPONSE_HEAD` frame
 //! with `END`, and reads nothing of the request. So the lobby, not the worker, is what a load on
-//! it measures.
+//! it measures. With `--websocket-echo` it is an ASGI worker too, and echoes WebSockets
+//! (`echo.rs`).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use maitred_shm::{AnswerError, Awaiting, Region, WorkerEnd};
 use maitred_sys::fdpass::RecvError;
-use maitred_wire::{build_frame, FrameHeader, Kind, ResponseHead, Writer, FLAG_END, HEADER_LEN};
+use maitred_wire::{
+    build_frame, FrameHeader, Kind, Ready, ResponseHead, FLAG_END, FLAG_WEBSOCKET, HEADER_LEN, READY_ASGI,
+};
+
+use crate::echo::{self, Handshake};
 
 /// The body of every answer; the lobby adds its Content-Length, as it does for any answer that
 /// comes whole in one frame.
@@ -41,10 +46,17 @@ struct Stub {
     slot_frame: Vec<u8>,
     /// The one answer, encoded once.
     answer: Vec<u8>,
+    /// `--websocket-echo`: it takes WebSocket requests.
+    echo: bool,
+    /// The request id of the WebSocket it has accepted and not closed.
+    websocket: Option<u32>,
+    /// It closed a WebSocket: frames of that one may still be on the channel when it takes its
+    /// next request (docs/PROTOCOL.md, section 5).
+    closed_websocket: bool,
 }
 
 /// Serves the channel until the lobby closes it; returns the exit code.
-pub fn run(channel: OwnedFd) -> Result<i32, String> {
+pub fn run(channel: OwnedFd, echo: bool) -> Result<i32, String> {
     maitred_sys::fd::set_blocking_cloexec(channel.as_fd()).map_err(|e| format!("channel: {e}"))?;
     let head = ResponseHead { status: 200, reason: b"OK", headers: vec![(b"Content-Type", b"text/plain")] };
     let answer = build_frame(Kind::ResponseHead, FLAG_END, |out| {
@@ -64,9 +76,13 @@ pub fn run(channel: OwnedFd) -> Result<i32, String> {
         on_channel: None,
         slot_frame: Vec::new(),
         answer,
+        echo,
+        websocket: None,
+        closed_websocket: false,
     };
+    let ready = Ready { pid: std::process::id(), flags: if echo { READY_ASGI } else { 0 } };
     let ready = build_frame(Kind::Ready, 0, |out| {
-        Writer::new(out).u32(std::process::id());
+        out.extend_from_slice(&ready.encode_payload());
         Ok(())
     })
     .map_err(|e| format!("encoding READY: {e}"))?;
@@ -87,8 +103,9 @@ impl Stub {
                             if header.has_fd() {
                                 self.fds.pop_front().ok_or("a REQUEST with the FD flag but no descriptor")?;
                             }
+                            let handshake = self.handshake(&header, &self.inbox[self.start..end])?;
                             self.consume_through(end);
-                            if !self.answer(id)? {
+                            if !self.answer_request(id, handshake)? {
                                 return Ok(0);
                             }
                             continue;
@@ -98,6 +115,14 @@ impl Stub {
                     },
                     // Every answer is whole by the time a CANCEL can come: there is nothing to stop.
                     Kind::Cancel => {}
+                    Kind::WsMessage | Kind::WsClosed => {
+                        let payload = self.inbox[self.start + HEADER_LEN..end].to_vec();
+                        self.consume_through(end);
+                        if !self.websocket_frame(header.kind, &payload)? {
+                            return Ok(0);
+                        }
+                        continue;
+                    }
                     Kind::Region => {
                         let file = self.setup_descriptor(&header, self.region.is_some())?;
                         let region = Region::open(file).map_err(|e| format!("the shared region: {e}"))?;
@@ -119,7 +144,12 @@ impl Stub {
                 }
             }
             if let Some(id) = self.take_from_slot()? {
-                if !self.answer(id)? {
+                let header = self.slot_frame.first_chunk::<HEADER_LEN>().map(FrameHeader::decode);
+                let handshake = match header {
+                    Some(Ok(header)) => self.handshake(&header, &self.slot_frame)?,
+                    _ => None,
+                };
+                if !self.answer_request(id, handshake)? {
                     return Ok(0);
                 }
                 continue;
@@ -175,20 +205,93 @@ impl Stub {
         }
     }
 
-    /// Writes the answer to request `id` into the ring, waiting for room as long as it takes,
-    /// and rings the lobby's bell if it sleeps. False: the lobby closed the channel meanwhile.
-    fn answer(&mut self, id: u32) -> Result<bool, String> {
+    /// A WebSocket request's handshake, when the stub echoes WebSockets and `frame` is one.
+    fn handshake(&self, header: &FrameHeader, frame: &[u8]) -> Result<Option<Handshake>, String> {
+        if !self.echo || header.flags & FLAG_WEBSOCKET == 0 {
+            return Ok(None);
+        }
+        Handshake::of(frame, header.has_fd()).map(Some)
+    }
+
+    /// Answers request `id`: the one answer, or, for a WebSocket, its accept. False: the lobby
+    /// closed the channel meanwhile.
+    fn answer_request(&mut self, id: u32, handshake: Option<Handshake>) -> Result<bool, String> {
+        let Some(handshake) = handshake else {
+            let answer = std::mem::take(&mut self.answer);
+            let answered = self.answer(id, &answer);
+            self.answer = answer;
+            return answered;
+        };
+        if std::mem::take(&mut self.closed_websocket) {
+            self.skip_closed_websocket()?;
+        }
+        self.websocket = Some(id);
+        self.answer(id, &handshake.accept()?)
+    }
+
+    /// What the WebSocket it closed last may have left on the channel: every frame the lobby
+    /// sent for it is there by the time the next request is in a slot, so the channel is read
+    /// dry and those frames dropped.
+    fn skip_closed_websocket(&mut self) -> Result<(), String> {
+        loop {
+            self.inbox.reserve(READ_SIZE);
+            let fd = self.channel.as_raw_fd();
+            match maitred_sys::fdpass::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(format!("reading the channel: {e}")),
+            }
+        }
+        while let Some((header, end)) = self.buffered_frame()? {
+            if !matches!(header.kind, Kind::WsMessage | Kind::WsClosed) {
+                break;
+            }
+            self.consume_through(end);
+        }
+        Ok(())
+    }
+
+    /// Answers a `WS_MESSAGE` or `WS_CLOSED` of the open WebSocket; one for a WebSocket it has
+    /// closed is dropped. False: the lobby closed the channel meanwhile.
+    fn websocket_frame(&mut self, kind: Kind, payload: &[u8]) -> Result<bool, String> {
+        let Some(id) = self.websocket else { return Ok(true) };
+        let (frame, last) = match kind {
+            Kind::WsMessage => echo::answer_message(payload)?,
+            _ => (echo::answer_closed(payload)?, true),
+        };
+        if last {
+            self.websocket = None;
+            self.closed_websocket = true;
+        }
+        self.answer(id, &frame)
+    }
+
+    /// Writes `frame`, an answer to request `id`, into the ring, waiting for room as long as it
+    /// takes, and rings the lobby's bell if it sleeps; a frame larger than the ring takes goes
+    /// on the channel, announced by an `ON_CHANNEL` record. False: the lobby closed the channel
+    /// meanwhile.
+    fn answer(&mut self, id: u32, frame: &[u8]) -> Result<bool, String> {
+        let most = self.region.as_ref().ok_or("a request before the shared region")?.layout().max_answer_frame();
+        let on_channel = frame.len() > most;
+        let announce = FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode();
+        let record: &[u8] = if on_channel { &announce } else { frame };
         loop {
             let region = self.region.as_mut().ok_or("a request before the shared region")?;
-            match region.write_answer(id, &[&self.answer]) {
+            match region.write_answer(id, &[record]) {
                 Ok(()) => break,
                 Err(AnswerError::NoRoom) => {
-                    if !self.wait_for_room()? {
+                    if !self.wait_for_room(record.len())? {
                         return Ok(false);
                     }
                 }
                 Err(e) => return Err(format!("writing an answer: {e}")),
             }
+        }
+        if on_channel {
+            maitred_sys::fd::write_all_waiting(self.channel.as_fd(), frame)
+                .map_err(|e| format!("sending an answer frame on the channel: {e}"))?;
         }
         let region = self.ready_region().ok_or("a request before both bells")?;
         if region.wake_lobby() {
@@ -200,10 +303,10 @@ impl Stub {
 
     /// Sleeps until the lobby has consumed answers (its ring of the bell). False: the lobby
     /// closed the channel instead.
-    fn wait_for_room(&mut self) -> Result<bool, String> {
+    fn wait_for_room(&mut self, frame_len: usize) -> Result<bool, String> {
         let region = self.ready_region().ok_or("a request before both bells")?;
         region.prepare_to_sleep(Awaiting::Room);
-        if region.room_for(self.answer.len()).map_err(|e| e.to_string())? {
+        if region.room_for(frame_len).map_err(|e| e.to_string())? {
             region.sleep_cancelled();
             return Ok(true);
         }

@@ -14,6 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use rustix::process::{Pid, PidfdFlags};
 
 /// Messages from the lobby are a few dozen bytes.
@@ -31,7 +32,7 @@ struct Worker {
 
 /// Serves the control channel until the lobby closes it, then waits for the workers; returns
 /// the exit code.
-pub fn run(control: OwnedFd, cpu: Option<usize>) -> Result<i32, String> {
+pub fn run(control: OwnedFd, cpu: Option<usize>, echo: bool) -> Result<i32, String> {
     // This process was given the descriptor to keep across its exec; its workers must not get
     // it, or the channel would not close when the lobby lets go of it.
     maitred_sys::fd::set_blocking_cloexec(control.as_fd()).map_err(|e| format!("control channel: {e}"))?;
@@ -48,13 +49,13 @@ pub fn run(control: OwnedFd, cpu: Option<usize>) -> Result<i32, String> {
         let ready = readable(&fds, None).map_err(|e| format!("poll: {e}"))?;
         let control_ready = ready[0];
         for (pid, how) in reap(&mut workers, &indexes(&ready[1..])) {
-            if send(&control, &format!("exited {pid} {how}"), None).is_err() {
+            if send(&control, &format!("exited {pid} {how}"), &[]).is_err() {
                 lobby_gone = true;
             }
         }
         if control_ready && !lobby_gone {
             match receive(&control) {
-                Some(message) => lobby_gone = !obey(&control, &message, &program, &mut workers)?,
+                Some(message) => lobby_gone = !obey(&control, &message, &program, echo, &mut workers)?,
                 None => lobby_gone = true,
             }
         }
@@ -110,26 +111,40 @@ fn receive(control: &OwnedFd) -> Option<String> {
     }
 }
 
-/// Sends one message, with `fd` when given.
-fn send(control: &OwnedFd, message: &str, fd: Option<&OwnedFd>) -> io::Result<()> {
+/// Sends one message, with `fds` attached (`spawned` carries one per thread).
+fn send(control: &OwnedFd, message: &str, fds: &[OwnedFd]) -> io::Result<()> {
     let parts = [IoSlice::new(message.as_bytes())];
-    match fd {
-        Some(fd) => maitred_sys::fdpass::send_with_fd(control.as_raw_fd(), &parts, fd.as_raw_fd(), 0)?,
-        None => maitred_sys::fdpass::send(control.as_raw_fd(), &parts, 0)?,
-    };
+    if fds.is_empty() {
+        maitred_sys::fdpass::send(control.as_raw_fd(), &parts, 0)?;
+        return Ok(());
+    }
+    let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
+    let mut control_buffer = SendAncillaryBuffer::new(&mut space);
+    if !control_buffer.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::other("the descriptors do not fit the control buffer"));
+    }
+    rustix::net::sendmsg(control, &parts, &mut control_buffer, SendFlags::empty())?;
     Ok(())
 }
 
 /// Does what one message says. False when the lobby has gone (a report could not be sent).
-fn obey(control: &OwnedFd, message: &str, program: &Path, workers: &mut Vec<Worker>) -> Result<bool, String> {
+fn obey(
+    control: &OwnedFd,
+    message: &str,
+    program: &Path,
+    echo: bool,
+    workers: &mut Vec<Worker>,
+) -> Result<bool, String> {
     let fields: Vec<&str> = message.split(' ').collect();
     match fields.as_slice() {
-        ["spawn", slot, _workers, _threads] if slot.parse::<usize>().is_ok() => {
-            let (worker, lobby_end) = match spawn(program) {
+        ["spawn", slot, _workers, threads] if slot.parse::<usize>().is_ok() => {
+            let threads = threads.parse::<usize>().unwrap_or(1).max(1);
+            let (worker, lobby_ends) = match spawn(program, threads, echo) {
                 Ok(spawned) => spawned,
                 Err(error) => {
                     // The protocol's one way to say "I cannot make workers": `failed`, then exit.
-                    let _ = send(control, &format!("failed cannot start a stub worker: {error}"), None);
+                    let _ = send(control, &format!("failed cannot start a stub worker: {error}"), &[]);
                     return Err(format!("cannot start a stub worker: {error}"));
                 }
             };
@@ -137,8 +152,8 @@ fn obey(control: &OwnedFd, message: &str, program: &Path, workers: &mut Vec<Work
             // Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
             workers.push(worker);
             // The zygote keeps no channel end: end-of-file must reach the worker when the lobby
-            // lets go of its end; `lobby_end` closes here.
-            Ok(send(control, &format!("spawned {slot} {pid}"), Some(&lobby_end)).is_ok())
+            // lets go of its end; `lobby_ends` close here.
+            Ok(send(control, &format!("spawned {slot} {pid}"), &lobby_ends).is_ok())
         }
         ["kill", pid, signal] => {
             if let (Ok(pid), Ok(signal)) = (pid.parse::<u32>(), signal.parse::<i32>()) {
@@ -157,17 +172,28 @@ fn obey(control: &OwnedFd, message: &str, program: &Path, workers: &mut Vec<Work
     }
 }
 
-/// Starts one worker: this program, told to serve the worker's end of a new channel. Returns it
-/// and the lobby's end.
-fn spawn(program: &Path) -> io::Result<(Worker, OwnedFd)> {
-    let (lobby_end, worker_end) = UnixStream::pair()?;
+/// Starts one worker: this program, told to serve the worker's ends of `threads` new channels,
+/// one thread each. Returns it and the lobby's ends.
+fn spawn(program: &Path, threads: usize, echo: bool) -> io::Result<(Worker, Vec<OwnedFd>)> {
+    let mut lobby_ends = Vec::with_capacity(threads);
+    let mut worker_ends = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let (lobby_end, worker_end) = UnixStream::pair()?;
+        lobby_ends.push(OwnedFd::from(lobby_end));
+        worker_ends.push(worker_end);
+    }
+    let fds: Vec<_> = worker_ends.iter().map(|end| end.as_raw_fd()).collect();
     let mut command = Command::new(PathBuf::from(program));
-    command.arg("worker").arg(worker_end.as_raw_fd().to_string()).stdin(Stdio::null());
-    maitred_sys::process::keep_across_exec(&mut command, vec![worker_end.as_raw_fd()]);
+    command.arg("worker").arg(fds.iter().map(|fd| fd.to_string()).collect::<Vec<_>>().join(","));
+    if echo {
+        command.arg(crate::ECHO_FLAG);
+    }
+    command.stdin(Stdio::null());
+    maitred_sys::process::keep_across_exec(&mut command, fds);
     let mut child = command.spawn()?;
-    drop(worker_end);
+    drop(worker_ends);
     match rustix::process::pidfd_open(Pid::from_child(&child), PidfdFlags::empty()) {
-        Ok(pidfd) => Ok((Worker { child, pidfd }, lobby_end.into())),
+        Ok(pidfd) => Ok((Worker { child, pidfd }, lobby_ends)),
         Err(error) => {
             let _ = child.kill();
             let _ = child.wait();

@@ -96,6 +96,28 @@ pub struct Config {
     pub proxy_protocol: Option<ProxyVersions>,
     /// `--proxy-allow-from`: the peers that may send a PROXY header.
     pub proxy_allow_ips: AllowList,
+    /// The limits of WebSockets (docs/PROTOCOL.md, section 5).
+    pub websocket: WebSocketLimits,
+}
+
+/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout` and `--websocket-seats`.
+#[derive(Clone, Copy, Debug)]
+pub struct WebSocketLimits {
+    /// The largest message, either way; a larger one from the client closes with 1009.
+    pub max_size: usize,
+    /// How long a WebSocket may be silent before the lobby pings it.
+    pub ping_interval: Duration,
+    /// How long the lobby waits for the pong before it closes with 1011.
+    pub ping_timeout: Duration,
+    /// Seats of one worker that may hold a WebSocket; None: half its seats, at least one.
+    pub seats: Option<usize>,
+}
+
+impl WebSocketLimits {
+    /// Seats of a worker with `threads` seats that may hold a WebSocket.
+    pub fn seats_of(&self, threads: usize) -> usize {
+        self.seats.unwrap_or(threads / 2).max(1)
+    }
 }
 
 /// Who the lobby becomes.

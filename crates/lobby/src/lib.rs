@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::task::LocalSet;
 
 pub use client::proxies::{AllowList, Forwarding};
-pub use config::{BindAddress, Config, Credentials, HalfClose, QueuePolicy};
+pub use config::{BindAddress, Config, Credentials, HalfClose, QueuePolicy, WebSocketLimits};
 pub use listen::bind::LISTEN_FDS_START;
 pub use log::access_format::AccessFormat;
 pub use log::Level;

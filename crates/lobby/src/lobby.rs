@@ -19,6 +19,7 @@ use crate::observe::findings::Diagnoses;
 use crate::observe::metrics::Metrics;
 use crate::process::upgrade::handover::Successor;
 use crate::seating::spool::SpillBudget;
+use crate::seating::websocket::WebSockets;
 use crate::seating::Seating;
 use crate::supervise::zygote::Zygotes;
 use crate::worker::scoreboard::Scoreboard;
@@ -44,6 +45,8 @@ pub(crate) struct Lobby {
     pub heads: Rc<HeadBudget>,
     /// What `--stats` shows.
     pub metrics: Metrics,
+    /// Which workers take WebSockets, how many are open, and the stop's going-away signal.
+    pub websockets: Rc<WebSockets>,
     /// Every worker's state and current request, and why workers left.
     pub scoreboard: Scoreboard,
     /// How many connections are in each state, and for how long.

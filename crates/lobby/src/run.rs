@@ -128,6 +128,7 @@ pub(crate) async fn until_stopped(
         heads,
         successor: RefCell::new(None),
         metrics: Metrics::new(),
+        websockets: Rc::default(),
         scoreboard: Scoreboard::default(),
         connection_states: Rc::default(),
         diagnoses: Diagnoses::new(),

@@ -278,6 +278,18 @@ fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]
 
 /// Checks the application's header list and appends each `(name, value)` to `out` in the
 /// frame's encoding. Returns the count and the Content-Length the application declared.
+/// An ASGI header list (pairs of bytes), checked as a response's are, encoded as the wire
+/// carries headers: a `u16` count, then each name and value.
+pub fn encode_asgi_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<()> {
+    let count_at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    let mut items = Vec::new();
+    let (count, _) = encode_headers(headers, HeaderText::Bytes, &mut items)?;
+    out[count_at..count_at + 2].copy_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&items);
+    Ok(())
+}
+
 fn encode_headers(headers: &Bound<'_, PyAny>, text: HeaderText, out: &mut Vec<u8>) -> PyResult<(u16, Option<u64>)> {
     if let Ok(list) = headers.cast::<PyList>() {
         encode_header_items(list.len(), list.iter(), text, out)

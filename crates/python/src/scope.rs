@@ -24,16 +24,19 @@ fn full_path(path: &[u8], root_path: &[u8]) -> Vec<u8> {
     [root_path, path].concat()
 }
 
-/// A new scope for `request`; `state` is the lifespan's state, shallow-copied into it.
+/// A new scope for `request`: an HTTP one, or with `websocket` (the lobby checked the opening
+/// handshake) a WebSocket one; `state` is the lifespan's state, shallow-copied into it.
 pub fn build<'py>(
     py: Python<'py>,
     root_path: &[u8],
     request: &Request<'_>,
+    websocket: bool,
     state: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let scope = PyDict::new(py);
     let target = split_target(request.target);
-    scope.set_item(intern!(py, "type"), intern!(py, "http"))?;
+    let kind = if websocket { intern!(py, "websocket") } else { intern!(py, "http") };
+    scope.set_item(intern!(py, "type"), kind)?;
     let asgi = PyDict::new(py);
     asgi.set_item(intern!(py, "version"), intern!(py, "3.0"))?;
     asgi.set_item(intern!(py, "spec_version"), intern!(py, "2.4"))?;
@@ -41,7 +44,12 @@ pub fn build<'py>(
     let version = if request.http_minor == 0 { intern!(py, "1.0") } else { intern!(py, "1.1") };
     scope.set_item(intern!(py, "http_version"), version)?;
     scope.set_item(intern!(py, "method"), PyString::new(py, &String::from_utf8_lossy(request.method)))?;
-    let scheme = if request.https { intern!(py, "https") } else { intern!(py, "http") };
+    let scheme = match (websocket, request.https) {
+        (false, false) => intern!(py, "http"),
+        (false, true) => intern!(py, "https"),
+        (true, false) => intern!(py, "ws"),
+        (true, true) => intern!(py, "wss"),
+    };
     scope.set_item(intern!(py, "scheme"), scheme)?;
     let raw_path = full_path(target.path, root_path);
     // ASGI's path is the percent-decoded path as UTF-8 text, as uvicorn and hypercorn give it.
@@ -51,8 +59,14 @@ pub fn build<'py>(
     scope.set_item(intern!(py, "query_string"), PyBytes::new(py, target.query))?;
     scope.set_item(intern!(py, "root_path"), PyString::new(py, &String::from_utf8_lossy(root_path)))?;
     let headers = PyList::empty(py);
+    let subprotocols = PyList::empty(py);
     let mut lowered = Vec::with_capacity(32);
     for &(name, value) in &request.headers {
+        if websocket && name.eq_ignore_ascii_case(b"sec-websocket-protocol") {
+            for offered in value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|p| !p.is_empty()) {
+                subprotocols.append(PyString::new(py, &String::from_utf8_lossy(offered)))?;
+            }
+        }
         lowered.clear();
         lowered.extend(name.iter().map(u8::to_ascii_lowercase));
         headers.append(PyTuple::new(py, [PyBytes::new(py, &lowered), PyBytes::new(py, value)])?)?;
@@ -62,6 +76,9 @@ pub fn build<'py>(
         headers.append(PyTuple::new(py, [PyBytes::new(py, b"host"), PyBytes::new(py, authority)])?)?;
     }
     scope.set_item(intern!(py, "headers"), headers)?;
+    if websocket {
+        scope.set_item(intern!(py, "subprotocols"), subprotocols)?;
+    }
     // A Unix-socket peer has no address: ASGI's client is then None.
     if request.peer_addr.is_empty() {
         scope.set_item(intern!(py, "client"), py.None())?;

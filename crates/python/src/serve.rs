@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use maitred_lobby::{
     AccessFormat, AllowList, BindAddress, Config, Credentials, Forwarding, HalfClose, HookFailed, Level, LobbyHook,
-    ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession,
+    ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession, WebSocketLimits,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
@@ -199,6 +199,12 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         },
         proxy_protocol: proxy_versions(&required::<String>(settings, "proxy_protocol")?)?,
         proxy_allow_ips: allow_list(settings, "proxy_allow_ips")?,
+        websocket: WebSocketLimits {
+            max_size: required(settings, "ws_max_size")?,
+            ping_interval: seconds(settings, "ws_ping_interval")?,
+            ping_timeout: seconds(settings, "ws_ping_timeout")?,
+            seats: optional(settings, "websocket_seats")?,
+        },
     })
 }
 

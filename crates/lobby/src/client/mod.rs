@@ -2,7 +2,8 @@
 //! connection"): waiting for a request, reading it (`read.rs`, with the PROXY header and the
 //! forwarded headers of `proxies.rs` and the head budget of `heads.rs`), queued and answered
 //! (`task.rs`), writing the answer (`write.rs`), and asleep between requests (`asleep.rs`,
-//! woken by `wake.rs`). `states.rs` counts them by state; `peer.rs` says what a connection is.
+//! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket.rs`). `states.rs`
+//! counts them by state; `peer.rs` says what a connection is.
 //!
 //! It may import the queue (`seating`: a request goes in as a `Job`, its answer comes back
 //! through the spool), the logs and the shared context (`Lobby`); never the workers or their
@@ -16,6 +17,7 @@ mod read;
 pub(crate) mod states;
 pub(crate) mod task;
 pub(crate) mod wake;
+mod websocket;
 mod write;
 
 use std::rc::Rc;

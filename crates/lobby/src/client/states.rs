@@ -17,6 +17,7 @@
 //! | `Reading` | reading a head or a body (`read.rs`) | `Awaiting` once the request is whole; `Writing` to refuse it |
 //! | `Awaiting` | queued, or with a worker (`task.rs`) | `Writing` with the answer's first part |
 //! | `Writing` | writing the answer (`write.rs`) | `Idle` when it keeps alive; closed otherwise |
+//! | `WebSocket` | relaying an accepted WebSocket (`websocket.rs`) | closed when the WebSocket closes |
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -39,9 +40,11 @@ pub enum ConnectionState {
     Awaiting,
     /// Writing the answer.
     Writing,
+    /// An accepted WebSocket, for its life.
+    WebSocket,
 }
 
-const STATES: usize = 4;
+const STATES: usize = 5;
 
 #[derive(Default)]
 pub struct ConnectionStates {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
-use maitred_wire::{build_frame, Kind, FLAG_FD};
+use maitred_wire::{build_frame, Kind, FLAG_FD, FLAG_WEBSOCKET};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
@@ -25,6 +25,7 @@ use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{Body, READ_CHUNK};
 use super::states::ConnectionState;
+use super::websocket;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
@@ -32,6 +33,7 @@ use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
 use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
+use crate::seating::websocket::link;
 
 /// How long a request that had to queue waits before its client is watched for leaving.
 /// Watching costs a peek (recv with MSG_PEEK) per request, as the socket's readiness is still
@@ -227,11 +229,23 @@ impl<S: ClientStream> Connection<S> {
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
     async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<bool> {
-        let (respond, responses) = answer_channel(
-            self.lobby.spill_budget.clone(),
-            self.lobby.settings().max_spill,
-            self.permit.semaphore().clone(),
-        );
+        // With ASGI workers, a WebSocket handshake: checked here, before a worker sees it.
+        let websocket = if self.lobby.websockets.accepted() && websocket::asks_websocket(head) {
+            match websocket::check_handshake(head, body.len()) {
+                Ok(accept_key) => Some(accept_key),
+                Err(bad) => {
+                    self.refuse_handshake(bad).await;
+                    return Ok(false);
+                }
+            }
+        } else {
+            None
+        };
+        // A WebSocket's messages wait for its client within the answer's memory, never in a
+        // file (`--max-spill` 0).
+        let max_spill = if websocket.is_some() { 0 } else { self.lobby.settings().max_spill };
+        let (respond, responses) =
+            answer_channel(self.lobby.spill_budget.clone(), max_spill, self.permit.semaphore().clone());
         let summary: Rc<str> = format!(
             "{} {} {}",
             String::from_utf8_lossy(&head.method),
@@ -241,7 +255,7 @@ impl<S: ClientStream> Connection<S> {
         .into();
         let upstream = origin.upstream_wait(SystemTime::now());
         // The body file's place under --max-connections is held until the answer is written.
-        let (job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone(), upstream) {
+        let (mut job, _body_descriptor) = match self.job(head, origin, body, respond, summary.clone(), upstream) {
             Ok(job) => job,
             Err(detail) => {
                 log::info_limited!("431 to {}: {detail}", self.peer.display());
@@ -251,6 +265,12 @@ impl<S: ClientStream> Connection<S> {
                 return Ok(false);
             }
         };
+        let mut to_worker = websocket.is_some().then(|| {
+            let (to_worker, websocket) = link();
+            job.frame[1] |= FLAG_WEBSOCKET;
+            job.websocket = Some(Box::new(websocket));
+            to_worker
+        });
         let (state, enqueued_at) = (job.state.clone(), job.enqueued_at);
         let served = job.served.clone();
         let watch_after = if self.lobby.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
@@ -259,8 +279,12 @@ impl<S: ClientStream> Connection<S> {
         let context = ResponseContext {
             head_request: head.method.as_ref() == b"HEAD",
             version: head.version,
-            // --keep-alive 0 closes after each answer, and says so.
-            keep_alive: head.keep_alive && !self.lobby.settings().keep_alive.is_zero() && !self.lobby.closing(),
+            // --keep-alive 0 closes after each answer, and says so. A WebSocket's denial
+            // response (ASGI's websocket.http.response) closes the connection too.
+            keep_alive: head.keep_alive
+                && !self.lobby.settings().keep_alive.is_zero()
+                && !self.lobby.closing()
+                && websocket.is_none(),
         };
         let mut answer = Answer::new(&context);
         let mut next = self.first_part(&responses, &waiting).await;
@@ -271,6 +295,16 @@ impl<S: ClientStream> Connection<S> {
                 // --graceful-timeout.
                 None => return Ok(false),
             };
+            if let (ResponsePart::WebSocket(first), Some(accept_key)) = (&part, &websocket) {
+                let link = to_worker.take().expect("a WebSocket job has its link");
+                let ResponsePart::WebSocket(first) = part else { unreachable!("matched above: {first:?}") };
+                let status = Box::pin(self.websocket(accept_key, first, link, &responses)).await;
+                // One line per WebSocket, when it ends: its time is the WebSocket's life.
+                answer.status = status;
+                self.lobby.metrics.answered(status);
+                self.log_access(head, origin, &answer, &waiting, served.as_deref());
+                return Ok(false);
+            }
             self.mark.set(ConnectionState::Writing);
             let last = part.is_last();
             let keep_open = self.write_part(&mut answer, part, &responses).await?;
@@ -329,6 +363,7 @@ impl<S: ClientStream> Connection<S> {
             upstream,
             summary,
             served: log::access_log_enabled().then(Rc::default),
+            websocket: None,
         };
         Ok((job, body_descriptor))
     }

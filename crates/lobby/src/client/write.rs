@@ -63,7 +63,9 @@ impl<S: ClientStream> Connection<S> {
                 }
                 end
             }
-            ResponsePart::Abort => return Ok(false),
+            // A WebSocket's parts go to its session (`websocket.rs`); one past the first
+            // cannot follow an HTTP answer.
+            ResponsePart::Abort | ResponsePart::WebSocket(_) => return Ok(false),
             ResponsePart::Refused { status, detail, retry_after } => {
                 // A 503 is the queue refusing a request it could not serve in time: the
                 // connection is healthy, and the client may try again after Retry-After.

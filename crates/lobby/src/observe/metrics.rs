@@ -33,6 +33,8 @@ pub struct Metrics {
     pub(super) listen_queue: IntGaugeVec,
     pub(super) listen_backlog: IntGaugeVec,
     pub(super) shed: IntCounterVec,
+    pub(super) websockets_open: IntGauge,
+    pub(super) websockets_queued: IntGauge,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
     /// reached at the last scrape, to add what they moved since.
     pub(super) exits_reported: Cell<[u64; ExitReason::ALL.len()]>,
@@ -97,7 +99,8 @@ impl Metrics {
         let connections = IntGaugeVec::new(
             Opts::new(
                 "connections",
-                "Client connections held, by state: reading, queued, in_service, writing, idle, hibernating",
+                "Client connections held, by state: reading, queued, in_service, writing, websocket, idle, \
+                 hibernating",
             ),
             &["state"],
         )
@@ -150,8 +153,20 @@ impl Metrics {
         for reason in ShedReason::ALL {
             shed.with_label_values(&[reason.label()]);
         }
+        let websockets_open = IntGauge::new(
+            "websockets_open",
+            "WebSockets accepted and not yet closed; each holds a seat of its worker (--websocket-seats)",
+        )
+        .expect("valid");
+        register(Box::new(websockets_open.clone()));
+        let websockets_queued =
+            IntGauge::new("websockets_queued", "WebSocket handshakes waiting for a seat under --websocket-seats")
+                .expect("valid");
+        register(Box::new(websockets_queued.clone()));
         Metrics {
             registry,
+            websockets_open,
+            websockets_queued,
             requests,
             refusals,
             request_duration,
@@ -194,6 +209,8 @@ impl Metrics {
     /// Reads the gauges, and the counters kept elsewhere, now.
     pub(super) fn refresh(&self, now: &Now) {
         self.queue_requests.set(now.waiting as i64);
+        self.websockets_open.set(now.websockets_open as i64);
+        self.websockets_queued.set(now.websockets_queued as i64);
         for (state, count) in WorkerState::ALL.iter().zip(now.workers) {
             self.workers.with_label_values(&[state.label()]).set(count as i64);
         }
@@ -245,13 +262,16 @@ pub(super) struct Now {
     pub(super) workers: [usize; WorkerState::ALL.len()],
     /// Busy and free threads, in `SEAT_STATES`' order.
     pub(super) seats: [usize; 2],
-    pub(super) connections: [(&'static str, usize); 6],
+    pub(super) connections: [(&'static str, usize); 7],
     pub(super) listeners: Vec<ListenerNow>,
     /// Worker exits by reason, the kernel's listen overflows and the requests the queue did not
     /// serve, as counted elsewhere.
     pub(super) exits: [u64; ExitReason::ALL.len()],
     pub(super) overflows: [u64; 2],
     pub(super) shed: [u64; ShedReason::ALL.len()],
+    pub(super) websockets_open: usize,
+    /// WebSocket handshakes waiting for a seat (cancelled ones not yet swept included).
+    pub(super) websockets_queued: usize,
 }
 
 pub(super) struct ListenerNow {

@@ -123,6 +123,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         "workers": workers,
         "seats": {"busy": now.seats[0], "free": now.seats[1]},
         "connections": connections,
+        "websockets": {"open": now.websockets_open, "queued": now.websockets_queued},
         "listeners": listeners,
         "listen_overflows": {KERNEL_COUNTERS[0]: overflows[0], KERNEL_COUNTERS[1]: overflows[1]},
         "worker_exits": worker_exits,
@@ -160,6 +161,7 @@ impl Now {
                 ("queued", queued),
                 ("in_service", awaiting - queued),
                 ("writing", states.count(ConnectionState::Writing) as usize),
+                ("websocket", states.count(ConnectionState::WebSocket) as usize),
                 ("idle", states.count(ConnectionState::Idle) as usize),
                 ("hibernating", lobby.hibernation.sleeping()),
             ],
@@ -172,6 +174,8 @@ impl Now {
             exits: lobby.scoreboard.exits(),
             shed: lobby.seating.overload.counts(),
             overflows: lobby.diagnoses.kernel_overflows(),
+            websockets_open: lobby.websockets.open(),
+            websockets_queued: lobby.seating.websockets_queued(),
         }
     }
 }

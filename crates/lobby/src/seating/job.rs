@@ -1,6 +1,6 @@
 //! A complete request on its way to a worker: what the queue holds, and what its connection
 //! and the worker that takes it share. A leaf: it imports nothing of its neighbours but the
-//! answer's spool.
+//! answer's spool and a WebSocket's link.
 
 use std::cell::Cell;
 use std::fs::File;
@@ -8,6 +8,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::spool::AnswerSender;
+use super::websocket::WebSocketJob;
 
 /// Where a request is in its life, shared by its connection and the worker that takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub struct Job {
     pub summary: Rc<str>,
     /// For the access log's timing atoms; None when there is no access log.
     pub served: Option<Rc<Served>>,
+    /// A WebSocket handshake (`REQUEST` with the `WEBSOCKET` flag): its link with its connection.
+    pub websocket: Option<Box<WebSocketJob>>,
 }
 
 impl Job {
@@ -74,6 +77,7 @@ pub(crate) mod tests {
             upstream: Duration::ZERO,
             summary: name.into(),
             served: None,
+            websocket: None,
         };
         (job, receive)
     }

@@ -22,23 +22,40 @@ use job::{Job, JobState};
 use offer::Offers;
 use overload::{Overload, Policy};
 use spool::ResponsePart;
+use websocket::WorkerSockets;
 
 pub(crate) mod job;
 pub(crate) mod offer;
 pub(crate) mod overload;
 pub(crate) mod spool;
+pub(crate) mod websocket;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
 #[derive(Default)]
 pub struct Seating {
     queue: RefCell<VecDeque<Job>>,
-    idle: RefCell<VecDeque<oneshot::Sender<Job>>>,
+    /// WebSocket handshakes waiting for a seat under their worker's cap: a FIFO of their own,
+    /// so that no HTTP request waits behind one (docs/TUNING.md, "WebSockets").
+    websockets: RefCell<VecDeque<Job>>,
+    idle: RefCell<VecDeque<IdleSeat>>,
     /// Every worker's offer socket.
     offers: RefCell<Vec<Rc<Offers>>>,
     /// Which requests are still served past capacity, and the count of those that are not.
     pub overload: Overload,
     /// How long a request holds a worker, typically: a moving average, in seconds.
     typical_service: Cell<Option<f64>>,
+}
+
+/// A seat waiting for a request, and, for an ASGI worker's, its WebSocket seats.
+struct IdleSeat {
+    seat: oneshot::Sender<Job>,
+    sockets: Option<Rc<WorkerSockets>>,
+}
+
+impl IdleSeat {
+    fn takes_websockets(&self) -> bool {
+        self.sockets.as_ref().is_some_and(|sockets| sockets.has_room())
+    }
 }
 
 /// What a worker gets when it asks for work.
@@ -57,13 +74,16 @@ impl Seating {
     /// had already waited too long upstream is refused at once. True when an idle worker took it.
     pub fn submit(&self, job: Job) -> bool {
         let mut job = job;
+        if job.websocket.is_some() {
+            return self.submit_websocket(job);
+        }
         if !job.upstream.is_zero() && self.refuses(&job, Instant::now()) {
             return false;
         }
         loop {
             let seat = self.idle.borrow_mut().pop_front();
             match seat {
-                Some(seat) => match seat.send(job) {
+                Some(IdleSeat { seat, .. }) => match seat.send(job) {
                     Ok(()) => return true,
                     // That worker went away while idle; try the next one.
                     Err(returned) => job = returned,
@@ -75,11 +95,45 @@ impl Seating {
         false
     }
 
+    /// Seats a WebSocket handshake at the longest-idle seat whose worker has room for one
+    /// more under `--websocket-seats`, or queues it in the WebSockets' FIFO.
+    fn submit_websocket(&self, mut job: Job) -> bool {
+        loop {
+            let found = self.idle.borrow().iter().position(IdleSeat::takes_websockets);
+            let Some(at) = found else { break };
+            let Some(IdleSeat { seat, sockets }) = self.idle.borrow_mut().remove(at) else { break };
+            Self::hold_seat(&job, sockets.as_ref());
+            match seat.send(job) {
+                Ok(()) => return true,
+                Err(returned) => {
+                    job = returned;
+                    Self::hold_seat(&job, None);
+                }
+            }
+        }
+        self.websockets.borrow_mut().push_back(job);
+        false
+    }
+
+    /// Counts a WebSocket job against the cap of the worker whose seat takes it (None: it
+    /// gives its seat back).
+    fn hold_seat(job: &Job, sockets: Option<&Rc<WorkerSockets>>) {
+        if let Some(websocket) = &job.websocket {
+            *websocket.seat.borrow_mut() = sockets.map(|sockets| sockets.hold());
+        }
+    }
+
     /// Puts back a job a worker took but never started, ahead of everything else.
     pub fn return_unstarted(&self, job: Job) {
         job.state.set(JobState::Queued);
-        match self.idle.borrow_mut().pop_front() {
-            Some(seat) => {
+        if job.websocket.is_some() {
+            Self::hold_seat(&job, None);
+            self.websockets.borrow_mut().push_front(job);
+            return;
+        }
+        let idle = self.idle.borrow_mut().pop_front();
+        match idle {
+            Some(IdleSeat { seat, .. }) => {
                 if let Err(job) = seat.send(job) {
                     self.queue.borrow_mut().push_front(job);
                 }
@@ -89,14 +143,38 @@ impl Seating {
     }
 
     /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
-    /// offered to a busy worker that has not taken it yet is the oldest live job.
-    pub fn next(&self) -> Next {
+    /// offered to a busy worker that has not taken it yet is the oldest live job. `sockets`:
+    /// the seat's worker takes WebSockets (it is ASGI), under this cap; a waiting WebSocket
+    /// older than every queued request goes first.
+    pub fn next(&self, sockets: Option<&Rc<WorkerSockets>>) -> Next {
+        if let Some(job) = sockets.filter(|sockets| sockets.has_room()).and_then(|sockets| self.take_websocket(sockets))
+        {
+            return Next::Now(job);
+        }
         if let Some(job) = self.take_oldest(Instant::now()).or_else(|| self.recall_oldest_offer()) {
             return Next::Now(job);
         }
         let (seat, wait) = oneshot::channel();
-        self.idle.borrow_mut().push_back(seat);
+        self.idle.borrow_mut().push_back(IdleSeat { seat, sockets: sockets.cloned() });
         Next::Later(wait)
+    }
+
+    /// The oldest waiting WebSocket, held against `sockets`, if it came before every queued
+    /// request.
+    fn take_websocket(&self, sockets: &Rc<WorkerSockets>) -> Option<Job> {
+        let mut websockets = self.websockets.borrow_mut();
+        while websockets.front().is_some_and(|job| job.state.get() != JobState::Queued) {
+            websockets.pop_front();
+        }
+        let oldest = websockets.front()?.enqueued_at;
+        let queued =
+            self.queue.borrow().iter().find(|job| job.state.get() == JobState::Queued).map(|job| job.enqueued_at);
+        if queued.is_some_and(|queued| queued < oldest) {
+            return None;
+        }
+        let job = websockets.pop_front()?;
+        Self::hold_seat(&job, Some(sockets));
+        Some(job)
     }
 
     /// A worker has answered a request it was on for `took`.
@@ -245,6 +323,12 @@ impl Seating {
         self.queue.borrow().len()
     }
 
+    /// WebSocket handshakes waiting for a seat under their cap (cancelled ones not yet swept
+    /// included).
+    pub fn websockets_queued(&self) -> usize {
+        self.websockets.borrow().len()
+    }
+
     /// Workers serving (each registers its offer sockets while it does), for the status line.
     pub fn workers(&self) -> usize {
         self.offers.borrow().len()
@@ -279,12 +363,13 @@ impl Seating {
 
     /// Workers waiting for a request, for the status line.
     pub fn idle(&self) -> usize {
-        self.idle.borrow().iter().filter(|seat| !seat.is_closed()).count()
+        self.idle.borrow().iter().filter(|idle| !idle.seat.is_closed()).count()
     }
 
     /// Drops every waiting job; their connections see their response channel close.
     pub fn clear(&self) {
         self.queue.borrow_mut().clear();
+        self.websockets.borrow_mut().clear();
         self.idle.borrow_mut().clear();
     }
 }
@@ -296,7 +381,7 @@ mod tests {
     use maitred_shm::{Region, WorkerEnd};
 
     fn take_now(seating: &Seating) -> Job {
-        match seating.next() {
+        match seating.next(None) {
             Next::Now(job) => job,
             Next::Later(_) => panic!("expected a queued job"),
         }
@@ -317,7 +402,7 @@ mod tests {
     #[test]
     fn an_idle_worker_gets_the_next_job_directly() {
         let seating = Seating::default();
-        let Next::Later(mut wait) = seating.next() else { panic!("queue should be empty") };
+        let Next::Later(mut wait) = seating.next(None) else { panic!("queue should be empty") };
         let (a, _ra) = job("a");
         seating.submit(a);
         assert_eq!(wait.try_recv().unwrap().frame, b"a");
@@ -327,9 +412,9 @@ mod tests {
     #[test]
     fn a_vanished_idle_worker_does_not_lose_the_job() {
         let seating = Seating::default();
-        let Next::Later(gone) = seating.next() else { panic!() };
+        let Next::Later(gone) = seating.next(None) else { panic!() };
         drop(gone);
-        let Next::Later(mut alive) = seating.next() else { panic!() };
+        let Next::Later(mut alive) = seating.next(None) else { panic!() };
         let (a, _ra) = job("a");
         seating.submit(a);
         assert_eq!(alive.try_recv().unwrap().frame, b"a");
@@ -366,8 +451,8 @@ mod tests {
         let seating = Seating::default();
         let (busy, _) = offers_of(&seating);
         let _idle = offers_of(&seating);
-        let Next::Later(seat) = seating.next() else { panic!("queue should be empty") };
-        let Next::Later(gone) = seating.next() else { panic!("queue should be empty") };
+        let Next::Later(seat) = seating.next(None) else { panic!("queue should be empty") };
+        let Next::Later(gone) = seating.next(None) else { panic!("queue should be empty") };
         drop(gone);
         assert_eq!((seating.workers(), seating.idle(), seating.waiting()), (2, 1, 0));
         let (a, _ra) = job("a");
@@ -397,7 +482,7 @@ mod tests {
         assert_eq!(seating.queued(), 0);
         assert_eq!(take_now(&seating).frame, b"b");
         assert_eq!(take_now(&seating).frame, b"c");
-        assert!(matches!(seating.next(), Next::Later(_)));
+        assert!(matches!(seating.next(None), Next::Later(_)));
     }
 
     #[test]

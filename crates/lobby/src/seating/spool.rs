@@ -27,6 +27,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::websocket::WsPart;
+
 /// Body bytes of one answer held in the lobby's memory; the rest spills to a file.
 pub const MEMORY_PER_ANSWER: usize = 256 * 1024;
 
@@ -67,6 +69,8 @@ pub enum ResponsePart {
         detail: String,
         retry_after: Option<u64>,
     },
+    /// What the worker sends on a WebSocket request (`websocket.rs`).
+    WebSocket(WsPart),
 }
 
 impl ResponsePart {
@@ -74,6 +78,7 @@ impl ResponsePart {
         match self {
             ResponsePart::Head { end, .. } | ResponsePart::Body { end, .. } | ResponsePart::File { end, .. } => *end,
             ResponsePart::Abort | ResponsePart::Refused { .. } => true,
+            ResponsePart::WebSocket(part) => part.is_last(),
         }
     }
 
@@ -82,6 +87,7 @@ impl ResponsePart {
         match self {
             ResponsePart::Head { body, .. } => body.len(),
             ResponsePart::Body { data, .. } => data.len(),
+            ResponsePart::WebSocket(part) => part.memory(),
             _ => 0,
         }
     }

@@ -15,6 +15,10 @@ use crate::log::{error, info, warning};
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long WebSockets closed at the end of a stop's --graceful-timeout have to finish their
+/// closing handshakes before their workers are stopped.
+const WEBSOCKETS_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// During a shutdown, how often the supervisor looks whether requests wait in the queue with
 /// fewer workers than it should have (one was lost, and was not replaced while none waited).
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
@@ -78,6 +82,9 @@ impl Supervisor {
                 biased;
                 _ = &mut all_closed => return true,
                 _ = &mut timer => {
+                    if self.lobby.websockets.open() > 0 {
+                        self.close_websockets(&mut all_closed).await;
+                    }
                     warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
                     return false;
                 }
@@ -102,6 +109,15 @@ impl Supervisor {
                 _ = checks.tick() => self.balance(Duration::ZERO).await,
             }
         }
+    }
+
+    /// Closes the WebSockets still open with 1001, and gives their closing handshakes, with
+    /// clients and workers, up to `WEBSOCKETS_CLOSE_WAIT` (docs/SIGNALS.md).
+    async fn close_websockets(&self, all_closed: &mut (impl std::future::Future + Unpin)) {
+        let open = self.lobby.websockets.open();
+        info!("--graceful-timeout passed with {open} WebSockets open; closing them (1001)");
+        self.lobby.websockets.go_away();
+        let _ = tokio::time::timeout(WEBSOCKETS_CLOSE_WAIT, all_closed).await;
     }
 
     /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,

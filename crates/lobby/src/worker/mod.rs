@@ -2,7 +2,8 @@
 //! (`channel.rs`), the task that seats requests at it (`serve.rs`) and relays its answers
 //! (`relay.rs`), read from its answer ring (`answers.rs`), the seat it shares with the supervisor (`seat.rs`), its health (`health.rs`:
 //! stopped, wedged, past --timeout), recycling (`recycle.rs`) and its line on the scoreboard
-//! (`scoreboard.rs`); a worker with several threads, a seat each (`threads.rs`).
+//! (`scoreboard.rs`); a worker with several threads, a seat each (`threads.rs`); an accepted
+//! WebSocket's messages both ways (`websocket.rs`).
 //!
 //! It may import the queue (`seating`), the logs and the shared context (`Lobby`); never the
 //! client connections, which it meets only through the queue, nor the supervisor, which drives
@@ -17,3 +18,4 @@ pub(crate) mod scoreboard;
 pub(crate) mod seat;
 pub(crate) mod serve;
 pub(crate) mod threads;
+mod websocket;

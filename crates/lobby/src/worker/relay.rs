@@ -20,6 +20,15 @@ use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::{Held, ResponsePart};
+use crate::seating::websocket::WsPart;
+
+/// How a request's relay ended well.
+pub(super) enum Relayed {
+    /// Its answer is complete (a WebSocket's refusal or denial response included).
+    Answered,
+    /// The worker accepted the WebSocket: its messages follow (`websocket.rs`).
+    Accepted,
+}
 
 /// How a worker was lost during a request.
 pub(super) enum Lost {
@@ -51,7 +60,7 @@ pub(super) async fn relay_response(
     offers: &Offers,
     taken: &Taken,
     thread: Thread,
-) -> Result<(), Lost> {
+) -> Result<Relayed, Lost> {
     let job = &taken.job;
     enum Next {
         Frame(io::Result<Option<Frame>>),
@@ -194,7 +203,7 @@ pub(super) async fn relay_response(
                 return Err(Lost::Answered(ExitReason::Timeout, fail(job, head_sent, 504, detail)));
             }
         };
-        let part = match decode_part(frame) {
+        let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
             Ok(part) => part,
             Err(e) => {
                 let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
@@ -209,6 +218,7 @@ pub(super) async fn relay_response(
         }
         head_sent = true;
         let last = part.is_last();
+        let accepted = matches!(part, ResponsePart::WebSocket(WsPart::Accept { .. }));
         if let Some(served) = job.served.as_ref().filter(|_| last) {
             served.answered.set(Some(Instant::now()));
         }
@@ -218,12 +228,30 @@ pub(super) async fn relay_response(
             crate::log::error_limited!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
             let _ = job.respond.send(ResponsePart::Abort);
         }
+        if accepted {
+            return Ok(Relayed::Accepted);
+        }
         if last {
             let took = seated_at.elapsed();
             lobby.metrics.served(took);
-            lobby.seating.answered_in(took);
-            return Ok(());
+            // The typical request's time is HTTP's: it sizes offers, which WebSockets never get.
+            if job.websocket.is_none() {
+                lobby.seating.answered_in(took);
+            }
+            return Ok(Relayed::Answered);
         }
+    }
+}
+
+/// Checks a part against the request it answers: WebSocket frames answer only a WebSocket
+/// handshake, and before `WS_ACCEPT` only `WS_ACCEPT` and `WS_CLOSE` (a refusal) may come.
+fn websocket_in_step(job: &Job, part: ResponsePart) -> Result<ResponsePart, String> {
+    match &part {
+        ResponsePart::WebSocket(_) if job.websocket.is_none() => {
+            Err("a WebSocket frame in the answer to an HTTP request".into())
+        }
+        ResponsePart::WebSocket(WsPart::Send { .. }) => Err("a WS_SEND before WS_ACCEPT".into()),
+        _ => Ok(part),
     }
 }
 
@@ -271,6 +299,9 @@ fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
             })
         }
         Kind::ResponseAbort => Ok(ResponsePart::Abort),
+        Kind::WsAccept | Kind::WsSend | Kind::WsClose => {
+            super::websocket::decode_part(&frame).map(ResponsePart::WebSocket)
+        }
         other => Err(format!("unexpected {other:?} frame during a response")),
     }
 }

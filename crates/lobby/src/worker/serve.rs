@@ -14,13 +14,15 @@ use tokio::sync::watch;
 use super::channel::Channel;
 use super::health::{self, ProcStat};
 use super::recycle::Recycle;
-use super::relay::{fail, relay_response, Lost, Unread};
+use super::relay::{fail, relay_response, Lost, Relayed, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat, Thread};
+use super::websocket;
 use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
+use crate::seating::websocket::WorkerSockets;
 use crate::seating::Next;
 
 /// Seats jobs at one thread of this worker, through that thread's channel, until the worker
@@ -66,7 +68,8 @@ pub async fn serve(
     seat.offers.borrow_mut().push(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread };
+    let sockets = seat.websockets.borrow().clone();
+    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread, sockets: sockets.as_ref() };
     let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
@@ -81,6 +84,8 @@ struct WorkerThread<'a> {
     card: &'a Card,
     recycle: &'a Recycle,
     thread: Thread,
+    /// Its seats holding a WebSocket, when it is ASGI.
+    sockets: Option<&'a Rc<WorkerSockets>>,
 }
 
 async fn seat_jobs(
@@ -90,7 +95,7 @@ async fn seat_jobs(
     offers: &Offers,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    let WorkerThread { pid, card, recycle, thread } = *worker;
+    let WorkerThread { pid, card, recycle, thread, sockets } = *worker;
     // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
@@ -104,7 +109,7 @@ async fn seat_jobs(
                 }
                 // Since when the worker has waited for a request, if it has.
                 let mut idle_since = None;
-                let job = match lobby.seating.next() {
+                let job = match lobby.seating.next(sockets) {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
                         idle_since = Some(Instant::now());
@@ -176,11 +181,16 @@ async fn seat_jobs(
         };
         card.begin(thread.number, taken.job.summary.clone());
         let served = card.served.get();
-        // A retiring worker is offered nothing: its offers went back to the queue.
-        if *phase.borrow() != Phase::Retire && !recycled {
+        // A retiring worker is offered nothing: its offers went back to the queue. Nor is a
+        // seat that holds a WebSocket, for the WebSocket's life.
+        if *phase.borrow() != Phase::Retire && !recycled && taken.job.websocket.is_none() {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread).await;
+        let relayed = match relay_response(lobby, pid, channel, offers, &taken, thread).await {
+            Ok(Relayed::Accepted) => websocket::relay_accepted(lobby, pid, channel, offers, &taken, phase).await,
+            Ok(Relayed::Answered) => Ok(()),
+            Err(lost) => Err(lost),
+        };
         card.end(thread.number);
         if let Err(lost) = relayed {
             return lost_with(lobby, offers, taken.job, lost);

@@ -17,6 +17,7 @@ use super::seat::{self, Gone, Seat, Thread};
 use super::serve;
 use crate::lobby::Lobby;
 use crate::log::debug;
+use crate::seating::websocket::WorkerSockets;
 
 /// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
 /// calls `ready`, then seats requests at every thread until the worker goes away or retires.
@@ -37,23 +38,30 @@ pub async fn serve_worker(
     }
     // Each thread says READY once the application is imported; a failed boot comes on the first
     // channel, and the process exits, closing the others.
-    let mut evented = false;
+    let mut asgi = true;
     for channel in &mut opened {
         match seat::await_ready(channel).await {
-            Ok(ready) => evented = ready.asgi(),
+            Ok(said) => asgi &= said.asgi(),
             Err(gone) => return gone,
         }
     }
     seat.card.set_threads(opened.len());
+    // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats, for as long as
+    // it serves.
+    let _asgi = asgi.then(|| {
+        let cap = lobby.settings().websocket.seats_of(opened.len());
+        *seat.websockets.borrow_mut() = Some(WorkerSockets::new(cap));
+        lobby.websockets.asgi_worker()
+    });
     ready();
     let recycle = Rc::new(recycle);
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented }).await;
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented: asgi }).await;
     }
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
-        let thread = Thread { number, sole: false, evented };
+        let thread = Thread { number, sole: false, evented: asgi };
         seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
     }
     let mut first_loss: Option<Gone> = None;

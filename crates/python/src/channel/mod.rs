@@ -34,6 +34,7 @@ mod link;
 mod receive;
 mod respond;
 mod ring;
+mod websocket;
 
 use errors::{client_disconnected, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
@@ -101,6 +102,8 @@ pub struct WorkerChannel {
     backlog: VecDeque<(u32, Vec<u8>)>,
     /// The lobby closed the channel (end-of-file was read).
     closed: bool,
+    /// The request in progress is a WebSocket (the `REQUEST` had the `WEBSOCKET` flag).
+    websocket: bool,
     /// Where frame heads are encoded.
     out: Vec<u8>,
     response: Response,
@@ -153,6 +156,7 @@ impl WorkerChannel {
             asleep: false,
             backlog: VecDeque::new(),
             closed: false,
+            websocket: false,
             out: Vec::new(),
             response: Response::new(),
             generation: 0,
@@ -336,6 +340,29 @@ impl WorkerChannel {
     #[getter]
     fn closed(&self) -> bool {
         self.closed
+    }
+
+    /// The next event of the WebSocket in progress, as ASGI's `websocket.receive` or
+    /// `websocket.disconnect` message; None when none has come yet (wait for `watched()`).
+    fn ws_receive<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.next_ws_event(py)
+    }
+
+    /// ASGI's `websocket.accept`: `WS_ACCEPT` with the subprotocol (or None) and extra headers.
+    #[pyo3(signature = (subprotocol, headers))]
+    fn ws_accept(&mut self, py: Python<'_>, subprotocol: Option<&str>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.accept_ws(py, subprotocol.unwrap_or(""), headers)
+    }
+
+    /// ASGI's `websocket.send`: `data` as a text (str) or binary (bytes) message.
+    fn ws_send(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.send_ws(py, data)
+    }
+
+    /// ASGI's `websocket.close`, and the end of every WebSocket request: `WS_CLOSE`. Before
+    /// `ws_accept`, the lobby answers 403.
+    fn ws_close(&mut self, py: Python<'_>, code: u16, reason: &str) -> PyResult<()> {
+        self.close_ws(py, code, reason)
     }
 
     /// ASGI's `http.response.start`: `status` as `"200 OK"` and `headers` as (name, value)

@@ -12,7 +12,7 @@ use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
 
 use maitred_shm::{Awaiting, Region, WorkerEnd};
-use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, HEADER_LEN};
+use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, FLAG_WEBSOCKET, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -78,7 +78,7 @@ impl WorkerChannel {
     }
 
     /// The first unconsumed frame, when all of it has arrived: its header and where it ends.
-    fn buffered_frame(&self) -> PyResult<Option<(FrameHeader, usize)>> {
+    pub(super) fn buffered_frame(&self) -> PyResult<Option<(FrameHeader, usize)>> {
         Ok(self.buffered_header()?.and_then(|header| {
             let end = self.inbox_start + HEADER_LEN + header.len as usize;
             (end <= self.inbox.len()).then_some((header, end))
@@ -94,7 +94,7 @@ impl WorkerChannel {
     }
 
     /// Marks the received bytes before `end` as consumed.
-    fn consume_through(&mut self, end: usize) {
+    pub(super) fn consume_through(&mut self, end: usize) {
         self.inbox_start = end;
         if self.inbox_start >= self.inbox.len() {
             self.inbox.clear();
@@ -269,7 +269,7 @@ impl WorkerChannel {
     }
 
     /// One nonblocking read of what the channel holds.
-    fn read_available(&mut self) -> PyResult<Received> {
+    pub(super) fn read_available(&mut self) -> PyResult<Received> {
         let missing = match self.buffered_header()? {
             Some(header) => (HEADER_LEN + header.len as usize).saturating_sub(self.inbox.len() - self.inbox_start),
             None => HEADER_LEN,
@@ -322,7 +322,7 @@ impl WorkerChannel {
     }
 
     /// A `CANCEL` carries a request id and nothing else.
-    fn check_cancel_frame(&self, header: &FrameHeader, end: usize) -> PyResult<u32> {
+    pub(super) fn check_cancel_frame(&self, header: &FrameHeader, end: usize) -> PyResult<u32> {
         if header.flags != 0 {
             return Err(ChannelError::new_err(format!("the lobby sent a CANCEL frame with flags {}", header.flags)));
         }
@@ -341,6 +341,10 @@ impl WorkerChannel {
             self.read_available()?;
         }
         while let Some((header, end)) = self.buffered_frame()? {
+            if self.websocket && matches!(header.kind, Kind::WsMessage | Kind::WsClosed) {
+                // The application's to receive, in their turn (`websocket`).
+                break;
+            }
             if header.kind != Kind::Cancel {
                 return Err(ChannelError::new_err(format!(
                     "the lobby sent a {:?} frame while a response was in progress; only CANCEL may come then",
@@ -383,6 +387,10 @@ impl WorkerChannel {
         let payload = &buffer[frame.start + HEADER_LEN..frame.end];
         let request = Request::decode_payload(payload, body_file.is_some())
             .map_err(|error| channel_error("the lobby sent a bad REQUEST frame", error))?;
+        self.websocket = frame.header.flags & FLAG_WEBSOCKET != 0;
+        if self.websocket && matches!(interface, Interface::Wsgi) {
+            return Err(ChannelError::new_err("the lobby sent a WebSocket to a WSGI worker"));
+        }
         if request.http_minor > 1 {
             return Err(ChannelError::new_err(format!(
                 "a REQUEST frame has HTTP minor version {}",
@@ -402,7 +410,7 @@ impl WorkerChannel {
                 environ::fill(&environ, &self.script_name, &request)?;
                 environ
             }
-            Interface::Asgi(state) => scope::build(py, &self.script_name, &request, state.as_ref())?,
+            Interface::Asgi(state) => scope::build(py, &self.script_name, &request, self.websocket, state.as_ref())?,
         };
         let inline_len = request.inline_body.len();
         let body_len = request.body_len;

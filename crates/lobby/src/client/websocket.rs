@@ -1,0 +1,351 @@
+//! A WebSocket's connection (docs/PROTOCOL.md, section 5): the opening handshake checked
+//! before any worker sees it, the `101` once the worker accepts, then the protocol itself with
+//! tungstenite (framing, masking, fragments, control frames, UTF-8, the closing handshake) and
+//! the lobby's limits: `--ws-max-size`, pings, and the bounds both ways.
+//!
+//! Towards the worker, one whole message waits at most while the worker's channel is full:
+//! meanwhile the client is not read. Towards the client, what the worker sends waits in the
+//! answer's spool within the answer's memory (`seating/spool.rs`, never a file): past it, the
+//! relay stops reading the worker's frames until the client has taken some.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use maitred_protocol::{write_error_response, RequestHead, Version};
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+
+use super::peer::ClientStream;
+use super::states::ConnectionState;
+use super::write::http_date;
+use super::Connection;
+use crate::log::{self, debug};
+use crate::seating::spool::{AnswerReceiver, ResponsePart};
+use crate::seating::websocket::{ClientMessage, Closing, ToWorker, WsPart};
+
+/// How long the lobby waits for the client's Close once it has sent its own, before it closes
+/// the connection anyway (RFC 6455, 7.1.1 lets the server close first).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether a request asks to become a WebSocket: `Upgrade` names `websocket`.
+pub(super) fn asks_websocket(head: &RequestHead) -> bool {
+    fields(head, b"upgrade").any(|value| has_token(value, b"websocket"))
+}
+
+/// A WebSocket handshake refused before any worker sees it.
+pub(super) struct BadHandshake {
+    pub status: u16,
+    pub reason: &'static str,
+}
+
+/// Checks an opening handshake (RFC 6455, 4.2.1) and returns its `Sec-WebSocket-Accept`.
+pub(super) fn check_handshake(head: &RequestHead, body_len: u64) -> Result<String, BadHandshake> {
+    let bad = |reason| Err(BadHandshake { status: 400, reason });
+    if head.method.as_ref() != b"GET" {
+        return bad("a WebSocket handshake must be a GET");
+    }
+    if head.version != Version::Http11 {
+        return bad("a WebSocket handshake must be HTTP/1.1");
+    }
+    if body_len > 0 {
+        return bad("a WebSocket handshake has no body");
+    }
+    if !fields(head, b"connection").any(|value| has_token(value, b"upgrade")) {
+        return bad("a WebSocket handshake needs 'Connection: Upgrade'");
+    }
+    let versions: Vec<&[u8]> = fields(head, b"sec-websocket-version").collect();
+    if versions != [b"13"] {
+        return Err(BadHandshake { status: 426, reason: "this server speaks WebSocket version 13 only" });
+    }
+    let keys: Vec<&[u8]> = fields(head, b"sec-websocket-key").collect();
+    match keys.as_slice() {
+        [key] if is_nonce(key) => Ok(derive_accept_key(key)),
+        _ => bad("a WebSocket handshake needs one Sec-WebSocket-Key: 16 bytes in base64"),
+    }
+}
+
+/// The values of every field named `name` (lower case).
+fn fields<'a>(head: &'a RequestHead, name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+    head.headers.iter().filter(move |(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_ref())
+}
+
+/// Whether a comma-separated field value holds `token`, in any case.
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value.split(|&b| b == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether `key` is 16 bytes in base64: 22 characters of the alphabet, the last carrying 4
+/// zero bits, then `==`.
+fn is_nonce(key: &[u8]) -> bool {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let index = |c: &u8| ALPHABET.iter().position(|a| a == c);
+    key.len() == 24
+        && key.ends_with(b"==")
+        && key[..22].iter().all(|c| index(c).is_some())
+        && index(&key[21]).is_some_and(|i| i & 0x0f == 0)
+}
+
+/// The `101 Switching Protocols` for an accepted WebSocket.
+fn switching_protocols(accept_key: &str, subprotocol: &[u8], headers: &[(Bytes, Bytes)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
+    out.extend_from_slice(b"Sec-WebSocket-Accept: ");
+    out.extend_from_slice(accept_key.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if !subprotocol.is_empty() {
+        out.extend_from_slice(b"Sec-WebSocket-Protocol: ");
+        out.extend_from_slice(subprotocol);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Date: ");
+    out.extend_from_slice(&http_date());
+    out.extend_from_slice(b"\r\nServer: maitred\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// How the WebSocket's session ended, for the log and the worker.
+fn closing(code: u16, reason: &str) -> Closing {
+    Closing { code, reason: reason.into() }
+}
+
+impl<S: ClientStream> Connection<S> {
+    /// Refuses a bad handshake, with a log line; no worker sees it.
+    pub(super) async fn refuse_handshake(&mut self, bad: BadHandshake) {
+        log::info_limited!("{} to {}: {}", bad.status, self.peer.display(), bad.reason);
+        self.lobby.metrics.refused(bad.status);
+        let mut out = Vec::new();
+        write_error_response(&mut out, bad.status, bad.reason, &http_date(), false, None);
+        if bad.status == 426 {
+            // RFC 6455, 4.4: the versions the server speaks, right after the status line.
+            let at = out.iter().position(|&b| b == b'\n').map_or(out.len(), |at| at + 1);
+            out.splice(at..at, b"Sec-WebSocket-Version: 13\r\n".iter().copied());
+        }
+        let _ = self.write_closing(&out).await;
+    }
+
+    /// The worker's first WebSocket part: a refusal (403), or the accept, after which the
+    /// session runs until the WebSocket closes. Returns the status for the access log.
+    pub(super) async fn websocket(
+        &mut self,
+        accept_key: &str,
+        first: WsPart,
+        link: ToWorker,
+        responses: &AnswerReceiver,
+    ) -> u16 {
+        let (subprotocol, headers) = match first {
+            WsPart::Accept { subprotocol, headers } => (subprotocol, headers),
+            WsPart::Close { code, .. } => {
+                debug!("the application refused the WebSocket of {} ({code})", self.peer.display());
+                let mut out = Vec::new();
+                write_error_response(&mut out, 403, "the application refused the WebSocket", &http_date(), false, None);
+                let _ = self.write_closing(&out).await;
+                return 403;
+            }
+            WsPart::Send { .. } | WsPart::GoingAway => {
+                unreachable!("the relay passes only WS_ACCEPT or WS_CLOSE first (relay::websocket_in_step)")
+            }
+        };
+        self.mark.set(ConnectionState::WebSocket);
+        if self.write_all(&switching_protocols(accept_key, &subprotocol, &headers)).await.is_err() {
+            link.close(closing(1006, "the client left before the 101 was written"));
+            return 101;
+        }
+        let ended = self.session(link, responses).await;
+        debug!("WebSocket of {} closed ({}: {})", self.peer.display(), ended.code, ended.reason);
+        101
+    }
+
+    /// Relays messages both ways until the WebSocket closes; says how it ended.
+    async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver) -> Closing {
+        let lobby = self.lobby.clone();
+        let limits = lobby.settings().websocket;
+        let send_timeout = lobby.settings().send_timeout;
+        let peer = self.peer.display();
+        let config =
+            WebSocketConfig::default().max_message_size(Some(limits.max_size)).max_frame_size(Some(limits.max_size));
+        // What the client sent right after its handshake is the WebSocket's first bytes.
+        let early = std::mem::take(&mut self.buf).to_vec();
+        let mut ws = WebSocketStream::from_partially_read(&mut self.stream, early, Role::Server, Some(config)).await;
+        let mut pending: Option<ClientMessage> = None;
+        let mut heard = Instant::now();
+        // A ping is out: when its pong is due.
+        let mut pong_due: Option<Instant> = None;
+        let going_away = lobby.websockets.going_away();
+        tokio::pin!(going_away);
+        // The lobby (or the worker) closes: the code and reason sent, and what the worker hears.
+        let (sent, ended) = loop {
+            let ping_at = pong_due.unwrap_or(heard + limits.ping_interval);
+            tokio::select! {
+                biased;
+                part = responses.recv() => match part {
+                    Some(ResponsePart::WebSocket(WsPart::Send { text, data })) => {
+                        let message = if text {
+                            // The relay checked it (WsData::decode_payload).
+                            Message::Text(Utf8Bytes::try_from(data).expect("checked UTF-8"))
+                        } else {
+                            Message::Binary(data)
+                        };
+                        match timeout(send_timeout, ws.send(message)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => break (None, closing(1006, &format!("could not send: {e}"))),
+                            Err(_) => {
+                                log::info_limited!(
+                                    "WebSocket of {peer} cut: the client took no message within --send-timeout ({} s)",
+                                    send_timeout.as_secs_f64()
+                                );
+                                break (None, closing(1006, "the client did not read within --send-timeout"));
+                            }
+                        }
+                    }
+                    Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => {
+                        // The worker has ended: it hears nothing more.
+                        close(&mut ws, code, &reason).await;
+                        return closing(code, &reason);
+                    }
+                    Some(ResponsePart::WebSocket(WsPart::GoingAway)) => {
+                        let reason = "the server is reloading";
+                        break (Some((1001, reason)), closing(1001, reason));
+                    }
+                    // The worker was lost (the relay said so in the log): it hears nothing more.
+                    _ => {
+                        close(&mut ws, 1011, "the application's worker was lost").await;
+                        return closing(1011, "the application's worker was lost");
+                    }
+                },
+                permit = link.messages.reserve(), if pending.is_some() => match permit {
+                    Ok(permit) => permit.send(pending.take().expect("a pending message")),
+                    // The relay has ended: the worker's last part is on its way.
+                    Err(_) => pending = None,
+                },
+                message = ws.next(), if pending.is_none() => {
+                    heard = Instant::now();
+                    match message {
+                        Some(Ok(Message::Text(text))) => pending = Some(ClientMessage { text: true, data: text.into() }),
+                        Some(Ok(Message::Binary(data))) => pending = Some(ClientMessage { text: false, data }),
+                        // tungstenite answers pings itself.
+                        Some(Ok(Message::Ping(_))) => {}
+                        Some(Ok(Message::Pong(_))) => pong_due = None,
+                        Some(Ok(Message::Close(frame))) => {
+                            // tungstenite has answered the Close; this sends the answer.
+                            let _ = ws.flush().await;
+                            break (None, match frame {
+                                Some(frame) => closing(frame.code.into(), frame.reason.as_str()),
+                                None => closing(1005, ""),
+                            });
+                        }
+                        Some(Ok(Message::Frame(_))) => unreachable!("raw frames only come to a writer"),
+                        Some(Err(WsError::Capacity(e))) => {
+                            log::info_limited!("WebSocket of {peer} closed (1009): {e} (--ws-max-size)");
+                            break (Some((1009, "message too big")), closing(1009, "message too big"));
+                        }
+                        Some(Err(e @ (WsError::Protocol(_) | WsError::Utf8(_)))) => {
+                            log::info_limited!("WebSocket of {peer} closed (1002): {e}");
+                            break (Some((1002, "protocol error")), closing(1002, &e.to_string()));
+                        }
+                        Some(Err(_)) | None => {
+                            break (None, closing(1006, "the connection ended without a Close"));
+                        }
+                    }
+                },
+                _ = sleep_until(ping_at) => {
+                    if pong_due.is_some() {
+                        log::info_limited!(
+                            "WebSocket of {peer} closed (1011): no pong within --ws-ping-timeout ({} s)",
+                            limits.ping_timeout.as_secs_f64()
+                        );
+                        break (Some((1011, "ping timeout")), closing(1011, "ping timeout"));
+                    }
+                    if ws.send(Message::Ping(Bytes::new())).await.is_err() {
+                        break (None, closing(1006, "the connection ended without a Close"));
+                    }
+                    pong_due = Some(Instant::now() + limits.ping_timeout);
+                }
+                _ = &mut going_away => {
+                    let reason = "the server is stopping";
+                    break (Some((1001, reason)), closing(1001, reason));
+                }
+            }
+        };
+        if let Some((code, reason)) = sent {
+            close(&mut ws, code, reason).await;
+        }
+        // The worker gets WS_CLOSED with it, after every message sent before.
+        link.close(ended.clone());
+        ended
+    }
+}
+
+/// Sends a Close and waits, within `CLOSE_WAIT`, for the client's.
+async fn close<S: ClientStream>(ws: &mut WebSocketStream<&mut S>, code: u16, reason: &str) {
+    let frame = CloseFrame { code: CloseCode::from(code), reason: reason.into() };
+    if ws.close(Some(frame)).await.is_err() {
+        return;
+    }
+    let _ = timeout(CLOSE_WAIT, async { while let Some(Ok(_)) = ws.next().await {} }).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(method: &str, headers: &[(&str, &str)]) -> RequestHead {
+        RequestHead {
+            method: Bytes::copy_from_slice(method.as_bytes()),
+            target: Bytes::from_static(b"/ws"),
+            version: Version::Http11,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (Bytes::copy_from_slice(n.as_bytes()), Bytes::copy_from_slice(v.as_bytes())))
+                .collect(),
+            body: maitred_protocol::BodyLength::Empty,
+            keep_alive: true,
+            expect_continue: false,
+        }
+    }
+
+    const GOOD: &[(&str, &str)] = &[
+        ("Upgrade", "websocket"),
+        ("Connection", "keep-alive, Upgrade"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+
+    fn with(replace: (&'static str, &'static str)) -> Vec<(&'static str, &'static str)> {
+        GOOD.iter().map(|&(n, v)| if n == replace.0 { replace } else { (n, v) }).collect()
+    }
+
+    #[test]
+    fn the_rfc_sample_handshake_gets_its_accept_key() {
+        assert!(asks_websocket(&head("GET", GOOD)));
+        // RFC 6455, 1.3.
+        assert_eq!(check_handshake(&head("GET", GOOD), 0).ok().as_deref(), Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+        assert!(!asks_websocket(&head("GET", &[("Upgrade", "h2c")])));
+    }
+
+    #[test]
+    fn every_bad_handshake_is_refused_with_its_reason() {
+        let status = |head: RequestHead, body: u64| check_handshake(&head, body).err().map(|bad| bad.status);
+        assert_eq!(status(head("POST", GOOD), 0), Some(400));
+        assert_eq!(status(head("GET", GOOD), 5), Some(400));
+        assert_eq!(status(head("GET", &with(("Connection", "keep-alive"))), 0), Some(400));
+        assert_eq!(status(head("GET", &with(("Sec-WebSocket-Version", "8"))), 0), Some(426));
+        for key in ["short==", "dGhlIHNhbXBsZSBub25jZQ", "dGhlIHNhbXBsZSBub25jZR==", "dGhlIHNhbXBsZSBub25j*Q=="] {
+            assert_eq!(status(head("GET", &with(("Sec-WebSocket-Key", key))), 0), Some(400), "{key}");
+        }
+        let mut http10 = head("GET", GOOD);
+        http10.version = Version::Http10;
+        assert_eq!(status(http10, 0), Some(400));
+    }
+}

@@ -1,0 +1,206 @@
+//! What a WebSocket's connection, its queue and the worker relaying it share
+//! (docs/PROTOCOL.md, section 5): the lobby-wide counts and the going-away signal of a stop,
+//! each worker's WebSocket seats under `--websocket-seats`, and the link between a WebSocket's
+//! connection and its worker. A leaf: it imports nothing of its neighbours.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+
+/// What the lobby knows of WebSockets as a whole.
+pub struct WebSockets {
+    /// Workers serving now that said `READY_ASGI`: only while there is one are `Upgrade:
+    /// websocket` requests WebSockets.
+    asgi_workers: Cell<usize>,
+    /// WebSockets accepted and not yet closed (`maitred_websockets_open`).
+    open: Cell<usize>,
+    /// Turns true when a stop's --graceful-timeout has passed: every open WebSocket closes with
+    /// 1001.
+    going_away: watch::Sender<bool>,
+}
+
+impl Default for WebSockets {
+    fn default() -> WebSockets {
+        WebSockets { asgi_workers: Cell::new(0), open: Cell::new(0), going_away: watch::Sender::new(false) }
+    }
+}
+
+impl WebSockets {
+    /// Whether an `Upgrade: websocket` request is a WebSocket: some worker serving now takes
+    /// them.
+    pub fn accepted(&self) -> bool {
+        self.asgi_workers.get() > 0
+    }
+
+    /// An ASGI worker serves from now on, until the guard is dropped.
+    pub fn asgi_worker(self: &Rc<Self>) -> AsgiWorker {
+        self.asgi_workers.set(self.asgi_workers.get() + 1);
+        AsgiWorker(self.clone())
+    }
+
+    /// WebSockets open now.
+    pub fn open(&self) -> usize {
+        self.open.get()
+    }
+
+    /// A WebSocket was accepted; it counts as open until the guard is dropped.
+    pub fn opened(self: &Rc<Self>) -> OpenWebSocket {
+        self.open.set(self.open.get() + 1);
+        OpenWebSocket(self.clone())
+    }
+
+    /// Tells every open WebSocket to close with 1001 (a stop's --graceful-timeout passed).
+    pub fn go_away(&self) {
+        self.going_away.send_replace(true);
+    }
+
+    /// Resolves once the WebSockets are told to go away.
+    pub async fn going_away(&self) {
+        let mut going = self.going_away.subscribe();
+        // The sender lives as long as `self`.
+        let _ = going.wait_for(|going| *going).await;
+    }
+}
+
+/// An ASGI worker's place in `WebSockets::accepted`.
+pub struct AsgiWorker(Rc<WebSockets>);
+
+impl Drop for AsgiWorker {
+    fn drop(&mut self) {
+        self.0.asgi_workers.set(self.0.asgi_workers.get() - 1);
+    }
+}
+
+/// An accepted WebSocket's place in `WebSockets::open`.
+pub struct OpenWebSocket(Rc<WebSockets>);
+
+impl Drop for OpenWebSocket {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
+    }
+}
+
+/// One ASGI worker's seats that hold a WebSocket, under its cap (`--websocket-seats`).
+pub struct WorkerSockets {
+    held: Cell<usize>,
+    cap: usize,
+}
+
+impl WorkerSockets {
+    pub fn new(cap: usize) -> Rc<WorkerSockets> {
+        Rc::new(WorkerSockets { held: Cell::new(0), cap })
+    }
+
+    /// Whether one more of its seats may take a WebSocket.
+    pub fn has_room(&self) -> bool {
+        self.held.get() < self.cap
+    }
+
+    /// One of its seats takes a WebSocket, until the hold is dropped.
+    pub(super) fn hold(self: &Rc<Self>) -> SeatHold {
+        self.held.set(self.held.get() + 1);
+        SeatHold(self.clone())
+    }
+}
+
+/// A seat held by a WebSocket, from its seating to the end of its relay.
+pub(super) struct SeatHold(Rc<WorkerSockets>);
+
+impl Drop for SeatHold {
+    fn drop(&mut self) {
+        self.0.held.set(self.0.held.get() - 1);
+    }
+}
+
+/// What goes from a WebSocket's client to its worker.
+#[derive(Debug)]
+pub struct ClientMessage {
+    pub text: bool,
+    pub data: Bytes,
+}
+
+/// How a WebSocket's client side ended, for `WS_CLOSED`: the close code and reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Closing {
+    pub code: u16,
+    pub reason: String,
+}
+
+/// How many whole client messages wait for the worker's channel at most: the connection reads
+/// no more from its client meanwhile (with the message being written, two at most).
+const MESSAGES_AHEAD: usize = 1;
+
+/// The connection's end of its link with the worker.
+pub struct ToWorker {
+    pub messages: mpsc::Sender<ClientMessage>,
+    pub closing: Rc<RefCell<Option<Closing>>>,
+}
+
+impl ToWorker {
+    /// Says how the client side ended and lets go: the worker gets `WS_CLOSED` with it once it
+    /// has every message sent before.
+    pub fn close(self, closing: Closing) {
+        *self.closing.borrow_mut() = Some(closing);
+    }
+}
+
+/// The worker side of a WebSocket request, in its `Job`.
+pub struct WebSocketJob {
+    /// Taken by the relay once the worker accepts.
+    pub messages: RefCell<Option<mpsc::Receiver<ClientMessage>>>,
+    /// Set by the connection before it drops its sender; unset when it ended without saying
+    /// (1006).
+    pub closing: Rc<RefCell<Option<Closing>>>,
+    /// The seat it holds under its worker's cap, from its seating on.
+    pub(super) seat: RefCell<Option<SeatHold>>,
+}
+
+impl WebSocketJob {
+    /// How the client side ended, once the connection has let go.
+    pub fn closing(&self) -> Closing {
+        self.closing
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| Closing { code: 1006, reason: "the connection ended without a Close".into() })
+    }
+}
+
+/// A linked pair: the connection keeps `ToWorker`, the job carries `WebSocketJob`.
+pub fn link() -> (ToWorker, WebSocketJob) {
+    let (sender, receiver) = mpsc::channel(MESSAGES_AHEAD);
+    let closing = Rc::new(RefCell::new(None));
+    (
+        ToWorker { messages: sender, closing: closing.clone() },
+        WebSocketJob { messages: RefCell::new(Some(receiver)), closing, seat: RefCell::new(None) },
+    )
+}
+
+/// What a worker sends on an accepted (or refused) WebSocket, for its connection.
+#[derive(Debug)]
+pub enum WsPart {
+    /// `WS_ACCEPT`: answer `101 Switching Protocols` with these.
+    Accept { subprotocol: Bytes, headers: Vec<(Bytes, Bytes)> },
+    /// `WS_SEND`: one message.
+    Send { text: bool, data: Bytes },
+    /// `WS_CLOSE`: before the accept, a refusal (403); after it, a Close.
+    Close { code: u16, reason: String },
+    /// The lobby closes the WebSocket with 1001: its worker retires (a reload) and
+    /// --graceful-timeout has passed.
+    GoingAway,
+}
+
+impl WsPart {
+    pub fn is_last(&self) -> bool {
+        matches!(self, WsPart::Close { .. })
+    }
+
+    /// Bytes it holds in memory, counted against the answer's memory (`spool.rs`).
+    pub fn memory(&self) -> usize {
+        match self {
+            WsPart::Send { data, .. } => data.len(),
+            _ => 0,
+        }
+    }
+}
