@@ -262,9 +262,10 @@ class ClosedLoop(DeadlineClients):
 class OpenLoop(DeadlineClients):
     """Requests arriving at `rate` per second, each started at its due time whatever the earlier
     ones are doing. O1 sets the rate per round (at_rate): `times_capacity` x the best capacity
-    measured just before (O1-WSGI: one rate for every server), or x each server's own
-    (own_capacity, O1-ASGI: where the capacities differ twofold, the best one's would overload the
-    slowest several times over, and each server would meet another degree of overload)."""
+    measured just before (O1-WSGI: one rate for every server), or x each server's own, measured
+    just before its own run (own_capacity, O1-ASGI: where the capacities differ twofold, the best
+    one's would overload the slowest several times over; and on a machine shared with other work,
+    a capacity measured minutes earlier may be another machine's)."""
 
     times_capacity: float = 1.0
     own_capacity: bool = False
@@ -277,9 +278,7 @@ class OpenLoop(DeadlineClients):
 
     def describe(self) -> str:
         whose = (
-            "the server's own capacity, measured in the round"
-            if self.own_capacity
-            else "the best capacity of the round"
+            "the server's own capacity, measured just before" if self.own_capacity else "the best capacity of the round"
         )
         unset = f" (RATE: {self.times_capacity:g} x {whose})" if self.rate is None else ""
         return super().describe() + unset
