@@ -541,7 +541,10 @@ def serve(
 ) -> int:
     """Runs the lifespan's startup, says READY on every channel, and serves them until the
     lobby closes them all; then runs the shutdown. Returns the exit code."""
-    loop = new_event_loop(options.loop)
+    try:
+        loop = new_event_loop(options.loop)
+    except ImportError:
+        return boot_failed("--loop uvloop: uvloop is not installed (pip install uvloop)")
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(_serve(channels, application, options, boot_failed, loop))

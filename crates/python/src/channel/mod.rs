@@ -10,7 +10,8 @@
 //! The rest of the type's `impl` lies in the other files of this folder, by concern: `receive`
 //! (what the lobby sends), `respond` (framing the application's response), `ring` (writing it
 //! into the shared region's answer ring), `link` (writing to the socket) and `errors` (the
-//! exceptions, and what becomes of each failure). They import
+//! exceptions, and what becomes of each failure), `evented` (the channel as an event loop serves
+//! it: nothing waits) and `websocket` (a WebSocket's events and frames). They import
 //! what they share from here (the type, `bytes_arg`) and the exceptions from `errors`, never one
 //! another otherwise; `errors` and `link` import nothing from here.
 
