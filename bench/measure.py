@@ -261,10 +261,14 @@ class ClosedLoop(DeadlineClients):
 @dataclass(frozen=True)
 class OpenLoop(DeadlineClients):
     """Requests arriving at `rate` per second, each started at its due time whatever the earlier
-    ones are doing. O1 sets the rate per round: `times_capacity` x the best capacity measured just
-    before (at_rate)."""
+    ones are doing. O1 sets the rate per round (at_rate): `times_capacity` x the best capacity
+    measured just before (O1-WSGI: one rate for every server), or x each server's own, measured
+    just before its own run (own_capacity, O1-ASGI: where the capacities differ twofold, the best
+    one's would overload the slowest several times over; and on a machine shared with other work,
+    a capacity measured minutes earlier may be another machine's)."""
 
     times_capacity: float = 1.0
+    own_capacity: bool = False
     rate: float | None = None
 
     mode = "open"
@@ -273,7 +277,10 @@ class OpenLoop(DeadlineClients):
         return ["--rate", "RATE" if self.rate is None else f"{self.rate:g}"]
 
     def describe(self) -> str:
-        unset = f" (RATE: {self.times_capacity:g} x the best capacity of the round)" if self.rate is None else ""
+        whose = (
+            "the server's own capacity, measured just before" if self.own_capacity else "the best capacity of the round"
+        )
+        unset = f" (RATE: {self.times_capacity:g} x {whose})" if self.rate is None else ""
         return super().describe() + unset
 
     def at_rate(self, rate: float) -> OpenLoop:
@@ -396,6 +403,12 @@ def _deadline_clients_measurement(output: str) -> dict:
         "good_per_second": report["good_per_second"],
         "figures": {
             "rate_asked": report["rate"],
+            "pct_good": 100 * report["good"] / report["sent"] if report["sent"] else None,
+            "pct_answered": (
+                100 * (report["good"] + report["shed"] + report["other_status"]) / report["sent"]
+                if report["sent"]
+                else None
+            ),
             "shed": report["shed"],
             "late": report["late"],
             "errors": report["refused"] + report["reset"],

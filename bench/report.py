@@ -7,6 +7,7 @@ its own date, commit and environment, so `make bench S=S1` refreshes S1 without 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -15,6 +16,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.colors
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 from measure import KERNEL_COUNTERS
@@ -60,6 +62,8 @@ def summarize(runs: list[dict]) -> dict | None:
 
     percentiles = sorted({p for m in measurements for p in m["latency_ms"]}, key=float)
     summary = {
+        # The server's label in the results, for a target that names a peer (A1: uvicorn's).
+        "label": runs[0]["server"],
         "runs": len(good),
         "errors": [run["error"] for run in runs if run["error"]],
         "incomplete": sum(_incomplete(run) for run in good),
@@ -453,9 +457,7 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     above = [max(span) - median for median, span in zip(medians, spans)]
     colors = ["tab:red" if label == REFERENCE else "tab:gray" for label in labels]
     bars.bar(range(len(labels)), medians, yerr=[below, above], color=colors, capsize=4)
-    bars.set_xticks(
-        range(len(labels)), [label.replace(" (", "\n(").replace(" --", "\n--") for label in labels], fontsize=8
-    )
+    bars.set_xticks(range(len(labels)), [_bar_label(label) for label in labels], fontsize=8 if len(labels) <= 5 else 7)
     bars.set_ylabel(
         ("requests per second" if key == "rps" else name) + " (median of runs)" + (", lower is better" if lower else "")
     )
@@ -471,7 +473,7 @@ def _chart(path: Path, record: dict, scenario) -> Path:
             textcoords="offset points",
         )
     if with_timeline:
-        _goodput_over_time(panels[0][1], record, summaries)
+        _goodput_over_time(panels[0][1], record, summaries, getattr(scenario.load, "own_capacity", False))
     if with_timeline or not with_latencies:
         return _save(figure, path)
     curves = panels[0][1]
@@ -484,11 +486,13 @@ def _chart(path: Path, record: dict, scenario) -> Path:
         points = sorted((float(p), ms) for p, ms in summary["latency_ms"].items() if ms is not None)
         curve_points[label] = [(nines(p), ms) for p, ms in points if p >= 50]
     last = max((points[-1][0] for points in curve_points.values() if points), default=0.0)
+    styles = _line_styles(curve_points)
     for label, points in curve_points.items():
         if not points:
             continue
-        style = {"color": "tab:red", "linewidth": 2.5} if label == REFERENCE else {}
-        (line,) = curves.plot([x for x, _ in points], [ms for _, ms in points], marker=".", label=label, **style)
+        (line,) = curves.plot(
+            [x for x, _ in points], [ms for _, ms in points], marker=".", label=label, **styles[label]
+        )
         if summaries[label]["max_ms"] is not None:
             curves.plot(
                 [points[-1][0], last + 0.5],
@@ -511,25 +515,74 @@ def _chart(path: Path, record: dict, scenario) -> Path:
     return _save(figure, path)
 
 
-def _goodput_over_time(axes, record: dict, summaries: dict[str, dict]) -> None:
+def _bar_label(label: str) -> str:
+    """A server's label on lines short enough to stand under its bar: its threads, and each option
+    (the option's value below its name where the label would be long)."""
+    lines = label.replace(" (", "\n(").replace(" --", "\n--").splitlines()
+    if len(label) > 24:
+        lines = [line.replace(" ", "\n", 1) if line.startswith("--") else line for line in lines]
+    return "\n".join(lines)
+
+
+def _goodput_over_time(axes, record: dict, summaries: dict[str, dict], own_capacity: bool) -> None:
     """Good answers in each second of the load, the median over each server's runs, and the
-    arrivals asked (the median over the rounds)."""
+    arrivals asked (the median over the rounds). Where each server got 1.5 x its own capacity
+    (O1-ASGI), the rates asked differ: each second's good answers are then shown as a share of
+    the server's capacity in that round, beside the arrivals asked in the same terms."""
+
+    def series(run: dict) -> list[float]:
+        counts = run["measurement"]["good_per_second"]
+        if not own_capacity:
+            return counts
+        capacity = run["extra"]["capacity_rps"]
+        return [100 * count / capacity for count in counts]
+
+    styles = _line_styles(summaries)
     for label in summaries:
-        series = [
-            run["measurement"]["good_per_second"]
+        runs = [
+            series(run)
             for run in record["runs"]
-            if run["server"] == label and run["measurement"]
+            if run["server"] == label and run["measurement"] and (not own_capacity or run["extra"].get("capacity_rps"))
         ]
-        per_second = [statistics.median(counts) for counts in zip(*series)]
-        style = {"color": "tab:red", "linewidth": 2.5} if label == REFERENCE else {}
-        axes.plot(range(len(per_second)), per_second, marker=".", label=label, **style)
-    rates = [run["extra"]["rate_asked"] for run in record["runs"] if run["measurement"]]
-    axes.axhline(statistics.median(rates), color="black", linestyle="--", linewidth=1, label="arrivals asked")
+        per_second = [statistics.median(values) for values in zip(*runs)]
+        axes.plot(range(len(per_second)), per_second, marker=".", label=label, **styles[label])
     axes.set_xlabel("second of the load (good answers by the second they arrived in)")
-    axes.set_ylabel("good answers per second (200 within the deadline)")
+    if own_capacity:
+        times = [
+            100 * run["extra"]["rate_asked"] / run["extra"]["capacity_rps"]
+            for run in record["runs"]
+            if run["measurement"] and run["extra"].get("capacity_rps")
+        ]
+        axes.axhline(statistics.median(times), color="black", linestyle="--", linewidth=1, label="arrivals asked")
+        axes.axhline(90, color="black", linestyle=":", linewidth=1, label="90% (maitred's target)")
+        axes.set_ylabel("good answers per second, % of the server's capacity")
+    else:
+        rates = [run["extra"]["rate_asked"] for run in record["runs"] if run["measurement"]]
+        axes.axhline(statistics.median(rates), color="black", linestyle="--", linewidth=1, label="arrivals asked")
+        axes.set_ylabel("good answers per second (200 within the deadline)")
     axes.set_ylim(bottom=0)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
+
+
+def _line_styles(labels) -> dict[str, dict]:
+    """Each server's line: maitred's thick and red, maitred with other settings of its own (O1's
+    "maitred --queue-timeout 0.5") red and dashed, each peer a color of its own other than red."""
+    red = matplotlib.colors.to_hex("tab:red")
+    peer_colors = iter(
+        color
+        for color in itertools.cycle(map(matplotlib.colors.to_hex, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+        if color != red
+    )
+    styles = {}
+    for label in labels:
+        if label == REFERENCE:
+            styles[label] = {"color": red, "linewidth": 2.5}
+        elif label.startswith(REFERENCE + " "):
+            styles[label] = {"color": red, "linestyle": "--"}
+        else:
+            styles[label] = {"color": next(peer_colors)}
+    return styles
 
 
 def _save(figure, path: Path) -> Path:

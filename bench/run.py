@@ -301,7 +301,10 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
     began = time.monotonic()
     for repetition in range(1, runs + 1):
         round_load = load
-        if capacity:
+        # O1-WSGI: every server's capacity first, then one rate for all. O1-ASGI (own_capacity):
+        # each server's capacity just before its own overload run, on the machine as busy as it
+        # is then (_capacity_run, per entry below).
+        if capacity and not load.own_capacity:
             capacity_runs = _capacity_round(scenario, capacity, entries, labels, repetition, runs)
             capacities = {
                 label: run["measurement"]["rps"]
@@ -317,6 +320,16 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
             round_load = load.at_rate(load.times_capacity * max(capacities.values()))
             print(f"  run {repetition}/{runs} load: {round_load.describe()}", file=sys.stderr)
         for entry in entries:
+            if capacity and load.own_capacity:
+                capacity_run = _capacity_run(scenario, capacity, entry, labels[entry], repetition, runs)
+                capacity_runs = {labels[entry]: capacity_run}
+                own = capacity_run["measurement"]["rps"] if capacity_run["measurement"] else 0
+                if capacity_run["error"] or not own:
+                    why = capacity_run["error"] or "no answer"
+                    record["runs"].append(dict(capacity_run, measurement=None, error=f"no capacity measured ({why})"))
+                    continue
+                capacities = {labels[entry]: own}
+                round_load = load.at_rate(load.times_capacity * own)
             result = run_once(
                 scenario,
                 scenario.load_for(entry, round_load),
@@ -339,14 +352,18 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
 def _capacity_round(
     scenario: Scenario, capacity: Load, entries: list[Entry], labels: dict[Entry, str], repetition: int, runs: int
 ) -> dict[str, dict]:
-    """O1: every server's capacity run of one round, each on a fresh server, by label."""
-    capacity_runs = {}
-    for entry in entries:
-        result = run_once(scenario, capacity, None, entry, labels[entry], repetition, stage="capacity")
-        capacity_runs[labels[entry]] = result
-        print(f"  run {repetition}/{runs} {labels[entry]:<28} capacity: {brief(result)}", file=sys.stderr)
-        time.sleep(SETTLE_SECONDS)
-    return capacity_runs
+    """O1-WSGI: every server's capacity run of one round, each on a fresh server, by label."""
+    return {
+        labels[entry]: _capacity_run(scenario, capacity, entry, labels[entry], repetition, runs) for entry in entries
+    }
+
+
+def _capacity_run(scenario: Scenario, capacity: Load, entry: Entry, label: str, repetition: int, runs: int) -> dict:
+    """O1: one server's capacity run, on a fresh server."""
+    result = run_once(scenario, capacity, None, entry, label, repetition, stage="capacity")
+    print(f"  run {repetition}/{runs} {label:<28} capacity: {brief(result)}", file=sys.stderr)
+    time.sleep(SETTLE_SECONDS)
+    return result
 
 
 def _add_capacity(result: dict, capacity_run: dict, capacity: float | None) -> None:
@@ -362,7 +379,7 @@ def _add_capacity(result: dict, capacity_run: dict, capacity: float | None) -> N
 
 def _label(entry: Entry) -> str:
     clients = [] if entry.clients is None else [f"c={entry.clients}"]
-    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.maitred_options, *clients])
+    return " ".join([SERVERS[entry.server].label(entry.threads, entry.workers), *entry.options, *clients])
 
 
 def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], dict]:

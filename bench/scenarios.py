@@ -2,8 +2,10 @@
 
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
 docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, H1-hop, the cost
-of the lobby-worker hop, and IO1, IO1-mem and HOL, for threads per worker); where a scenario needs two measurements, each is a scenario of its own
-(S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken).
+of the lobby-worker hop, IO1, IO1-mem and HOL, for threads per worker, and A1, A1-c1 and O1-ASGI
+for ASGI applications); where a scenario needs two measurements, each is a scenario of its own
+(S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken,
+A1 and A1-c1).
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import apps
 import lifecycle
 from front import NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
 from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
-from servers import Launch
+from servers import SERVERS, Launch
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,15 +34,16 @@ class Entry:
     server: str
     threads: int | None = None
     workers: int | None = None
-    # maitred's own settings under test (O1), named in its label: "maitred --queue-timeout 0.5".
-    maitred_options: tuple[str, ...] = ()
+    # The server's own settings under test, named in its label: "maitred --queue-timeout 0.5"
+    # (O1-WSGI), "uvicorn --limit-concurrency 40" (O1-ASGI).
+    options: tuple[str, ...] = ()
     # The load's concurrency for this entry, named in its label: "maitred c=4" (H1-hop measures
     # maitred alone at several); None: the scenario's load as it is.
     clients: int | None = None
 
     def __post_init__(self) -> None:
-        if self.maitred_options and self.server != "maitred":
-            raise ValueError(f"maitred_options given to {self.server}")
+        if self.options and not SERVERS[self.server].takes_options:
+            raise ValueError(f"options given to {self.server}, whose command does not take them")
 
 
 # A summary is a dict of medians over a server's runs (see report.summarize): rps, failed,
@@ -155,6 +159,13 @@ class Scenario:
     # IO1-mem: the server's memory (every process of it) is read once the load is over, with every
     # thread it starts for the load started, before it is stopped.
     memory_after_load: bool = False
+    # The app's interface (A1, O1-ASGI: ASGI 3, bench/asgi_apps.py); every server of the line-up
+    # must serve it.
+    interface: Literal["wsgi", "asgi"] = "wsgi"
+
+    def __post_init__(self) -> None:
+        if wrong := [e.server for e in self.lineup if self.interface not in SERVERS[e.server].interfaces]:
+            raise ValueError(f"{self.id}: {', '.join(wrong)} cannot serve {self.interface.upper()}")
 
     def load_for(self, entry: Entry, load: Load | None) -> Load | None:
         """The load this entry is given: the scenario's, at the entry's own concurrency where it
@@ -168,7 +179,7 @@ class Scenario:
     def launch(self, entry: Entry, port: int) -> Launch:
         workers = self.workers if entry.workers is None else entry.workers
         pid_file = lifecycle.PID_FILE if isinstance(self.lifecycle, Upgrade) else None
-        return Launch(self.app, port, workers, entry.threads, self.backlog, pid_file, entry.maitred_options)
+        return Launch(self.app, port, workers, entry.threads, self.backlog, pid_file, entry.options, self.interface)
 
     def limit(self) -> float:
         if self.time_limit is not None:
@@ -245,8 +256,8 @@ UPGRADE = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
 # granian), whose queues are their threads' and the listen socket's.
 OVERLOAD = (
     MAITRED,
-    Entry("maitred", maitred_options=("--queue-policy", "fifo")),
-    Entry("maitred", maitred_options=("--queue-timeout", "0.5")),
+    Entry("maitred", options=("--queue-policy", "fifo")),
+    Entry("maitred", options=("--queue-timeout", "0.5")),
     GUNICORN_SYNC,
     GTHREAD,
     GRANIAN,
@@ -269,6 +280,25 @@ THREADS_OR_PROCESSES = THREADED_IO + tuple(
 )
 HOL_THREADS = 2
 THREADED_HOL = tuple(Entry(name, threads=HOL_THREADS) for name in ("maitred", "gunicorn-gthread", "granian", "uwsgi"))
+# A1, the ASGI hello: maitred against uvicorn (httptools and uvloop, its own --workers), granian's
+# ASGI interface and gunicorn with uvicorn's worker, each with 2 worker processes.
+UVICORN = Entry("uvicorn")
+ASGI_HELLO = (MAITRED, UVICORN, GRANIAN, Entry("gunicorn-uvicorn"))
+# O1-ASGI, overload: the same, and uvicorn with --limit-concurrency, its way to refuse requests
+# past a bound (503). The bound is per worker and counts connections as well as requests (each of
+# O1's requests has its own connection). UVICORN_LIMIT is the concurrency a worker's capacity
+# needs, by Little's law: about 350 req/s a worker (half of the 700 req/s that 2 workers of
+# uvicorn or granian served in the capacity runs on a quiet machine) x 52 ms (2 ms of CPU and the
+# 50 ms await) = 18, rounded up. A lower bound refuses requests the worker could serve in time; a
+# higher one lets more requests share the loop's CPU, each slower.
+UVICORN_LIMIT = 20
+# maitred runs also with --request-deadline 1, the clients' deadline told rather than learned from
+# the clients that leave (docs/TUNING.md, Overload: set it when the deadline is known).
+ASGI_OVERLOAD = (
+    *ASGI_HELLO,
+    Entry("maitred", options=("--request-deadline", "1")),
+    Entry("uvicorn", options=("--limit-concurrency", str(UVICORN_LIMIT))),
+)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -280,6 +310,17 @@ def _no_failures(summary: Summary, peers: list[Summary]) -> bool:
 
 def _no_overflows(summary: Summary, peers: list[Summary]) -> bool:
     return summary["ListenOverflows"] == 0
+
+
+def _at_least(peer: str) -> Target:
+    """req/s at least the named peer's (its label in the results); not met when it measured nothing."""
+    return Target(
+        f"req/s >= {peer}'s",
+        lambda summary, peers: (
+            any(p["label"] == peer for p in peers)
+            and all(summary["rps"] >= p["rps"] for p in peers if p["label"] == peer)
+        ),
+    )
 
 
 def _leads(summary: Summary, peers: list[Summary]) -> bool:
@@ -339,6 +380,19 @@ S5_NOTE = (
     "(1 thread per worker)."
 )
 
+# O1's figures from deadline-clients (measure.py), beside the goodput and its latencies.
+OVERLOAD_COLUMNS = (
+    Column("capacity_rps", "capacity, req/s"),
+    Column("pct_capacity", "goodput / capacity", suffix="%"),
+    Column("rate_asked", "arrivals asked, /s"),
+    Column("shed", "shed (503)"),
+    Column("late", "late (given up at 1 s)"),
+    Column("errors", "errors (refused, reset)"),
+    Column("arrival_rps", "arrivals made, /s"),
+    Column("lateness_p99_ms", "arrival lateness p99", digits=1, suffix=" ms"),
+    Column("lateness_max_ms", "max", digits=1, suffix=" ms"),
+    Column("generator_cpu_pct", "generator CPU, % of a core"),
+)
 WRK_ERROR_COLUMNS = (
     Column("wrk_connect", "wrk connect errors"),
     Column("wrk_read", "read"),
@@ -380,6 +434,20 @@ RELOAD_NOTE = (
     "here: connections still queued on a stopped worker's socket can be reset (granian warns of "
     "it for its other respawns)."
 )
+
+ASGI_HELLO_NOTE = (
+    "The app is bench/asgi_apps.py hello, a plain ASGI 3 callable (no framework) that answers the "
+    "13-byte body Hello, world!; every server runs 2 worker processes, each with its event loop. "
+    "uvicorn runs with httptools and uvloop (what its --http and --loop auto pick with "
+    "uvicorn[standard], named on its command line) and without its access log, which it writes by "
+    "default and no other server here does; granian with --interface asgi and its other defaults "
+    "(--loop auto: uvloop, installed for uvicorn); gunicorn with uvicorn-worker's "
+    "uvicorn_worker.UvicornWorker, which picks httptools and uvloop as uvicorn does. maitred tells "
+    "an ASGI app from a WSGI one by its signature, so its command line is T1's."
+)
+# O1-ASGI's capacity run: enough clients that the 50 ms await does not bound the rate before the
+# CPU does (each client makes at most 1 / 52 ms = 19 requests a second).
+ASGI_CAPACITY_CLIENTS = 64
 
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
@@ -772,18 +840,7 @@ SCENARIOS: dict[str, Scenario] = {
             time_limit=30.0,
             open_files=2000,
             targets=(_percent_at_least("pct_capacity", 90, "goodput >= 90% of its own capacity"),),
-            columns=(
-                Column("capacity_rps", "capacity, req/s"),
-                Column("pct_capacity", "goodput / capacity", suffix="%"),
-                Column("rate_asked", "arrivals asked, /s"),
-                Column("shed", "shed (503)"),
-                Column("late", "late (given up at 1 s)"),
-                Column("errors", "errors (refused, reset)"),
-                Column("arrival_rps", "arrivals made, /s"),
-                Column("lateness_p99_ms", "arrival lateness p99", digits=1, suffix=" ms"),
-                Column("lateness_max_ms", "max", digits=1, suffix=" ms"),
-                Column("generator_cpu_pct", "generator CPU, % of a core"),
-            ),
+            columns=OVERLOAD_COLUMNS,
             headline=Column("pct_capacity", "goodput, % of own capacity"),
             note="Each round first measures every server's capacity, each on a fresh server: "
             "bench/deadline-clients closed, 16 clients each opening a new connection per "
@@ -798,6 +855,73 @@ SCENARIOS: dict[str, Scenario] = {
             "spins 3 ms on its thread's CPU clock. The generator runs on the same 2 cores as the "
             "server: its CPU and how late it started requests are shown, and its capacity runs pay "
             "the same client's cost per request.",
+        ),
+        Scenario(
+            id="A1",
+            title="ASGI hello world, keep-alive, wrk (throughput)",
+            app="asgi_apps:hello",
+            interface="asgi",
+            workers=2,
+            load=T1_LOAD,
+            lineup=ASGI_HELLO,
+            targets=(NO_FAILURES, _at_least("uvicorn")),
+            note=ASGI_HELLO_NOTE,
+        ),
+        Scenario(
+            id="A1-c1",
+            title="ASGI hello world, keep-alive, one client (latency-bound)",
+            app="asgi_apps:hello",
+            interface="asgi",
+            workers=2,
+            load=Wrk(threads=1, connections=1, seconds=10),
+            lineup=ASGI_HELLO,
+            targets=(NO_FAILURES, _at_least("uvicorn")),
+            note=ASGI_HELLO_NOTE,
+        ),
+        Scenario(
+            id="O1-ASGI",
+            title="overload goodput: an async endpoint (2 ms CPU, 50 ms await) at 1.5 x each server's "
+            "own capacity, clients with a 1 s deadline",
+            app="asgi_apps:overload",
+            interface="asgi",
+            workers=2,
+            capacity=ClosedLoop(seconds=3, deadline=1.0, concurrency=ASGI_CAPACITY_CLIENTS),
+            load=OpenLoop(seconds=20, deadline=1.0, times_capacity=1.5, own_capacity=True),
+            lineup=ASGI_OVERLOAD,
+            # The generator stops itself at 20 s plus the last deadline.
+            time_limit=35.0,
+            open_files=4000,
+            targets=(_percent_at_least("pct_capacity", 90, "goodput >= 90% of its own capacity"),),
+            columns=(
+                *OVERLOAD_COLUMNS[:2],
+                Column("pct_good", "good, % of arrivals", suffix="%"),
+                Column("pct_answered", "answered (200 or 503) within 1 s, % of arrivals", suffix="%"),
+                *OVERLOAD_COLUMNS[2:],
+            ),
+            headline=Column("pct_capacity", "goodput, % of own capacity"),
+            note="As O1-WSGI, with an async endpoint (bench/asgi_apps.py overload): it spins 2 ms on "
+            "its thread's CPU clock, blocking the event loop as real synchronous work does, then "
+            "awaits asyncio.sleep(0.05) and answers the 13-byte body. In each round, each server in turn: "
+            f"its capacity on a fresh server, bench/deadline-clients closed, {ASGI_CAPACITY_CLIENTS} "
+            "clients each opening a new connection per request for 3 s, 200s answered per second (16 "
+            "clients, O1-WSGI's, would measure the 50 ms await: 16 / 52 ms is about 300 req/s, below "
+            "what 2 workers' CPU allows); then at once, on another fresh server, 20 s of requests "
+            "arriving at 1.5 x that capacity (O1-WSGI gives every server 1.5 x the best one's, all "
+            "capacities measured first; here the capacities differ up to twofold, the best one's "
+            "would overload the slowest three times over, and on this shared machine a capacity "
+            "measured two minutes earlier may no longer hold), each on a new connection, started at "
+            "its due time whatever the earlier "
+            "ones are doing, and given up (its socket closed) 1 s after its start. The req/s column is "
+            "the goodput: answers 200 within the deadline per second of the 20 s; p50-max are their "
+            "latencies. Good and answered are shares of the requests started; shed: answered 503 "
+            "within the deadline; late: no answer within it; errors: refused or reset before an "
+            f"answer. uvicorn --limit-concurrency {UVICORN_LIMIT}: uvicorn answers 503 to a request "
+            "that arrives while its worker holds that many connections or requests (the bound is per "
+            f"worker); {UVICORN_LIMIT} is the concurrency a worker's capacity needs, by Little's law: "
+            "about 350 req/s a worker (half of what uvicorn and granian served in capacity runs on a "
+            "quiet machine) x 52 ms each = 18, rounded up. The bound counts only connections uvicorn "
+            "has accepted: the ones waiting in the kernel's accept queue (uvicorn's --backlog, 2048) "
+            "are not refused, however long they wait.",
         ),
         Scenario(
             id="IO1",

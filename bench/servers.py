@@ -30,7 +30,7 @@ PEERS_VENV = BENCH / ".peers"
 class Launch:
     """What one run asks of a server."""
 
-    app: str  # "module:callable" in bench/apps.py
+    app: str  # "module:callable" in bench/apps.py (WSGI) or bench/asgi_apps.py (ASGI)
     port: int
     workers: int
     threads: int | None  # None: the server's own production default (default_threads)
@@ -38,8 +38,12 @@ class Launch:
     # A pid file, relative to the run's directory (U1 reads the new master's pid from it); None: none.
     # Only the servers whose binary upgrade is measured (maitred, gunicorn) are given one.
     pid_file: str | None = None
-    # maitred's own settings under test (O1's queue policies), before the app on its command line.
-    maitred_options: tuple[str, ...] = ()
+    # The server's own settings under test (maitred's queue policies in O1-WSGI, uvicorn's
+    # --limit-concurrency in O1-ASGI), before the app on its command line.
+    options: tuple[str, ...] = ()
+    # The app's interface: the scenario's. Servers that serve both (granian) are told which; maitred
+    # tells them apart by the app's signature, and the others serve one only.
+    interface: Literal["wsgi", "asgi"] = "wsgi"
 
 
 # Server.default_threads for a server that picks its own thread count from other settings.
@@ -76,6 +80,10 @@ class Server:
     version_command: tuple[str, ...] = ()
     # A ceiling, not a peer: it runs no app (nginx's fixed body). Shown, never led against.
     ceiling: bool = False
+    # Whether its command passes a scenario entry's options (Launch.options) on.
+    takes_options: bool = False
+    # The interfaces it serves (a scenario of another is refused when its line-up is built).
+    interfaces: tuple[str, ...] = ("wsgi",)
 
     def threads_for(self, launch: Launch) -> int | None:
         """The thread count to pass, or None to pass none (no threads, or the server's own default)."""
@@ -223,7 +231,7 @@ def _granian(launch: Launch, threads: int | None) -> list[str]:
     return [
         _peer("granian"),
         "--interface",
-        "wsgi",
+        launch.interface,
         "--host",
         "127.0.0.1",
         "--port",
@@ -232,6 +240,36 @@ def _granian(launch: Launch, threads: int | None) -> list[str]:
         str(launch.workers),
         *thread_flags,
         *backlog,
+        launch.app,
+    ]
+
+
+# uvicorn's ASGI stack, as its docs advise for production (`pip install uvicorn[standard]`, which
+# brings httptools and uvloop; its --http and --loop "auto" then pick them): the versions pinned.
+UVICORN_PIP = ("uvicorn==0.54.0", "httptools==0.9.0", "uvloop==0.23.0")
+
+
+def _uvicorn(launch: Launch, threads: int | None) -> list[str]:
+    # --workers N: uvicorn's own supervisor, N processes on one shared listen socket. --http and
+    # --loop name what "auto" picks with uvicorn[standard], so that the command line says it.
+    # --no-access-log: uvicorn writes a line per request by default, and no other server here
+    # writes an access log (maitred's, gunicorn's and granian's are off unless asked for).
+    # launch.options: --limit-concurrency in O1-ASGI (scenarios.py says which value and why).
+    return [
+        _peer("uvicorn"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(launch.port),
+        "--workers",
+        str(launch.workers),
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+        "--no-access-log",
+        *_backlog(launch),
+        *launch.options,
         launch.app,
     ]
 
@@ -291,11 +329,13 @@ SERVERS: dict[str, Server] = {
                 f"127.0.0.1:{launch.port}",
                 *_backlog(launch),
                 *_pid_file(launch),
-                *launch.maitred_options,
+                *launch.options,
                 launch.app,
             ],
             ready_line=lambda launch: re.compile(rf"listening at http://127\.0\.0\.1:{launch.port}\b"),
             version_command=(str(MAITRED), "--version"),
+            takes_options=True,
+            interfaces=("wsgi", "asgi"),
             # No default_threads: maitred is the reference every scenario's results compare against
             # by its plain name, so its label never names threads; its command line does, where a
             # scenario sets them and the build takes them (maitred_takes_threads).
@@ -335,7 +375,32 @@ SERVERS: dict[str, Server] = {
             pip=("granian==2.8.7",),
             # granian's docs advise leaving --blocking-threads alone for WSGI; it then runs
             # backlog / workers / 2 threads per worker (256 with 2 workers and its backlog of 1024).
+            # For ASGI the app runs on each worker's event loop (uvloop when installed, --loop
+            # auto) and --blocking-threads is not given either.
             default_threads=AUTO,
+            interfaces=("wsgi", "asgi"),
+        ),
+        Server(
+            name="uvicorn",
+            command=_uvicorn,
+            # Each worker logs it once the app's lifespan startup is done (bench/asgi_apps.py
+            # answers the lifespan protocol).
+            ready_line=lambda launch: re.compile(r"Application startup complete"),
+            ready_count=lambda launch: launch.workers,
+            pip=UVICORN_PIP,
+            takes_options=True,
+            interfaces=("asgi",),
+        ),
+        Server(
+            name="gunicorn-uvicorn",
+            # uvicorn's docs for running under gunicorn: the worker class of uvicorn-worker, the
+            # maintained package (uvicorn.workers is deprecated); it picks httptools and uvloop
+            # as uvicorn's "auto" does.
+            command=_gunicorn("uvicorn_worker.UvicornWorker"),
+            ready_line=lambda launch: re.compile(r"Application startup complete"),
+            ready_count=lambda launch: launch.workers,
+            pip=("gunicorn==27.0.1", "uvicorn-worker==0.4.0", *UVICORN_PIP),
+            interfaces=("asgi",),
         ),
         Server(
             name="waitress",
