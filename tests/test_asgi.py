@@ -65,6 +65,14 @@ def test_a_fastapi_application_is_told_by_its_signature_and_its_lifespan_state_r
     assert len(wait_for_lines(events, "shutdown", 2)) == 2
 
 
+def test_a_recycled_worker_runs_its_lifespan_shutdown(maitred_server: Callable[..., Server], events: Path) -> None:
+    server = fastapi_server(maitred_server, events, "-w", "1", "--max-requests", "2")
+    first = {requests.get(f"{server.url}/pid", timeout=TIMEOUT).text for _ in range(2)}
+    # The worker that served its two requests leaves through its shutdown; its successor starts.
+    assert wait_for_lines(events, "shutdown", 1) == [f"shutdown {pid}" for pid in first]
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).text not in first
+
+
 def test_a_streamed_response_arrives_whole_in_pieces(maitred_server: Callable[..., Server], events: Path) -> None:
     server = fastapi_server(maitred_server, events)
     answer = requests.get(f"{server.url}/stream", params={"count": 2000}, timeout=TIMEOUT, stream=True)
