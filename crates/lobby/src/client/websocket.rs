@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use maitred_protocol::{write_error_response, RequestHead, Version};
+use maitred_wire::FLAG_WEBSOCKET;
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -25,26 +26,27 @@ use super::states::ConnectionState;
 use super::write::http_date;
 use super::Connection;
 use crate::log::{self, debug};
+use crate::seating::job::Job;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
-use crate::seating::websocket::{ClientMessage, Closing, ToWorker, WsPart};
+use crate::seating::websocket::{link, ClientMessage, Closing, ToWorker, WsPart};
 
 /// How long the lobby waits for the client's Close once it has sent its own, before it closes
 /// the connection anyway (RFC 6455, 7.1.1 lets the server close first).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether a request asks to become a WebSocket: `Upgrade` names `websocket`.
-pub(super) fn asks_websocket(head: &RequestHead) -> bool {
+fn asks_websocket(head: &RequestHead) -> bool {
     fields(head, b"upgrade").any(|value| has_token(value, b"websocket"))
 }
 
 /// A WebSocket handshake refused before any worker sees it.
-pub(super) struct BadHandshake {
-    pub status: u16,
-    pub reason: &'static str,
+struct BadHandshake {
+    status: u16,
+    reason: &'static str,
 }
 
 /// Checks an opening handshake (RFC 6455, 4.2.1) and returns its `Sec-WebSocket-Accept`.
-pub(super) fn check_handshake(head: &RequestHead, body_len: u64) -> Result<String, BadHandshake> {
+fn check_handshake(head: &RequestHead, body_len: u64) -> Result<String, BadHandshake> {
     let bad = |reason| Err(BadHandshake { status: 400, reason });
     if head.method.as_ref() != b"GET" {
         return bad("a WebSocket handshake must be a GET");
@@ -120,9 +122,37 @@ fn closing(code: u16, reason: &str) -> Closing {
     Closing { code, reason: reason.into() }
 }
 
+/// Makes `job` a WebSocket's (the `WEBSOCKET` flag, its link) and returns the connection's end
+/// of the link.
+pub(super) fn link_job(job: &mut Job) -> ToWorker {
+    let (to_worker, websocket) = link();
+    job.frame[1] |= FLAG_WEBSOCKET;
+    job.websocket = Some(Box::new(websocket));
+    to_worker
+}
+
 impl<S: ClientStream> Connection<S> {
+    /// With ASGI workers, whether the request is a WebSocket handshake: its accept key. A bad
+    /// one is refused here, before a worker sees it (Err: the connection closes).
+    pub(super) async fn websocket_handshake(
+        &mut self,
+        head: &RequestHead,
+        body_len: u64,
+    ) -> Result<Option<String>, ()> {
+        if !self.lobby.websockets.accepted() || !asks_websocket(head) {
+            return Ok(None);
+        }
+        match check_handshake(head, body_len) {
+            Ok(accept_key) => Ok(Some(accept_key)),
+            Err(bad) => {
+                self.refuse_handshake(bad).await;
+                Err(())
+            }
+        }
+    }
+
     /// Refuses a bad handshake, with a log line; no worker sees it.
-    pub(super) async fn refuse_handshake(&mut self, bad: BadHandshake) {
+    async fn refuse_handshake(&mut self, bad: BadHandshake) {
         log::info_limited!("{} to {}: {}", bad.status, self.peer.display(), bad.reason);
         self.lobby.metrics.refused(bad.status);
         let mut out = Vec::new();
@@ -278,11 +308,12 @@ impl<S: ClientStream> Connection<S> {
                 }
             }
         };
+        // The worker gets WS_CLOSED with it, after every message sent before; meanwhile the
+        // client gets the lobby's Close.
+        link.close(ended.clone());
         if let Some((code, reason)) = sent {
             close(&mut ws, code, reason).await;
         }
-        // The worker gets WS_CLOSED with it, after every message sent before.
-        link.close(ended.clone());
         ended
     }
 }

@@ -6,41 +6,17 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use maitred_wire::{build_frame, Kind, WsAccept, WsClosing, WsData, WsOpcode};
+use maitred_wire::{build_frame, Kind, WsClosing, WsData, WsOpcode};
 use tokio::sync::watch;
 
-use super::channel::{Channel, Frame};
-use super::relay::Lost;
+use super::channel::Channel;
+use super::relay::{decode_websocket, Lost};
 use super::scoreboard::{ExitReason, Phase};
 use crate::lobby::Lobby;
 use crate::log::{debug, error, info_limited};
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::ResponsePart;
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
-
-/// The part a WebSocket frame from the worker stands for.
-pub(super) fn decode_part(frame: &Frame) -> Result<WsPart, String> {
-    let slice = |s: &[u8]| frame.payload.slice_ref(s);
-    match frame.header.kind {
-        Kind::WsAccept => {
-            let accept = WsAccept::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Accept {
-                subprotocol: slice(accept.subprotocol),
-                headers: accept.headers.iter().map(|(n, v)| (slice(n), slice(v))).collect(),
-            })
-        }
-        Kind::WsSend => {
-            let data = WsData::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Send { text: data.opcode == WsOpcode::Text, data: slice(data.data) })
-        }
-        Kind::WsClose if !frame.header.is_end() => Err("a WS_CLOSE without END".into()),
-        Kind::WsClose => {
-            let closing = WsClosing::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Close { code: closing.code, reason: closing.reason.to_string() })
-        }
-        other => Err(format!("unexpected {other:?} frame on a WebSocket")),
-    }
-}
 
 /// Relays the accepted WebSocket of `taken` both ways until the worker's `WS_CLOSE`. A worker
 /// that retires meanwhile (a reload) keeps it until it closes or --graceful-timeout passes;
@@ -84,7 +60,7 @@ pub(super) async fn relay_accepted(
                         return Err(lost(job, format!("the worker broke the protocol: {e}")));
                     }
                 };
-                let part = match decode_part(&frame) {
+                let part = match decode_websocket(&frame) {
                     Ok(WsPart::Accept { .. }) => Err("a second WS_ACCEPT".to_string()),
                     other => other,
                 };
