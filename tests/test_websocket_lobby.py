@@ -21,6 +21,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -284,6 +285,23 @@ def test_a_client_that_answers_pings_stays_open(start_stub) -> None:
     assert "no pong" not in stub.text()
 
 
+def test_a_client_slow_to_read_pauses_the_workers_messages_within_the_answers_memory(start_stub) -> None:
+    stub = start_stub("--workers", "1")
+    message = os.urandom(100 * 1024)
+    count = 300
+    # The client reads nothing until the lobby has paused (it queues one message, max_queue=1,
+    # then leaves the rest in the kernel), while a thread sends 30 MiB to be echoed.
+    with connect(stub.url(), max_queue=1, max_size=None) as ws:
+        sender = threading.Thread(target=lambda: [ws.send(message) for _ in range(count)])
+        sender.start()
+        stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ paused: 256 KiB")
+        # Nothing was lost or reordered: the worker's sends waited.
+        for _ in range(count):
+            assert ws.recv(timeout=30) == message
+        sender.join()
+    stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ went on after")
+
+
 def test_websocket_seats_cap_queues_handshakes_while_http_requests_are_answered(start_stub) -> None:
     # Two seats in the one worker; at most one holds a WebSocket (the default: half of them).
     stub = start_stub("--workers", "1", "--threads", "2", "--queue-timeout", "3", stats=True)
@@ -332,7 +350,7 @@ def test_a_stop_closes_open_websockets_with_1001_after_the_graceful_timeout(star
     log = stub.text()
     assert "closing them (1001)" in log
     # The worker heard WS_CLOSED 1001 and answered before it was stopped.
-    assert re.search(r"worker \d+ closed the WebSocket", log), log
+    assert re.search(r"worker \d+ closed GET /ws HTTP/1\.1 \(WebSocket\)", log), log
 
 
 def test_a_reload_leaves_open_websockets_with_the_old_worker_until_the_graceful_timeout(start_stub) -> None:
@@ -349,7 +367,7 @@ def test_a_reload_leaves_open_websockets_with_the_old_worker_until_the_graceful_
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd.code == 1001
-    stub.wait_for_log(rf"worker {old} retired with the WebSocket GET /ws HTTP/1\.1 open; closing it \(1001\)")
+    stub.wait_for_log(rf"worker {old} retired with GET /ws HTTP/1\.1 \(WebSocket\) open; closing it \(1001\)")
     stub.wait_for_log(rf"worker {old} retired")
     # New WebSockets go to the new worker.
     with connect(stub.url()) as ws:

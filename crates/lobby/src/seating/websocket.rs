@@ -122,6 +122,10 @@ impl Drop for SeatHold {
     }
 }
 
+/// Ends a WebSocket request's summary (`GET /chat HTTP/1.1 (WebSocket)`) in the log, the
+/// scoreboard and the diagnoses, which do not count an open WebSocket as a long request.
+pub const SUMMARY_MARK: &str = " (WebSocket)";
+
 /// What goes from a WebSocket's client to its worker.
 #[derive(Debug)]
 pub struct ClientMessage {

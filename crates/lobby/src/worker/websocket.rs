@@ -13,9 +13,10 @@ use super::channel::Channel;
 use super::relay::{decode_websocket, Lost};
 use super::scoreboard::{ExitReason, Phase};
 use crate::lobby::Lobby;
-use crate::log::{debug, error, info_limited};
+use crate::log::{debug, error, info_limited, warning_limited};
+use crate::seating::job::Job;
 use crate::seating::offer::{Offers, Taken};
-use crate::seating::spool::ResponsePart;
+use crate::seating::spool::{ResponsePart, MEMORY_PER_ANSWER};
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
 
 /// Relays the accepted WebSocket of `taken` both ways until the worker's `WS_CLOSE`. A worker
@@ -50,7 +51,7 @@ pub(super) async fn relay_accepted(
         let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
         tokio::select! {
             biased;
-            _ = job.respond.room(), if held => {}
+            _ = held_back(job, pid), if held => {}
             read = channel.next_answer(offers, taken.id), if !held => {
                 let frame = match read {
                     Ok(Some(frame)) => frame,
@@ -79,7 +80,7 @@ pub(super) async fn relay_accepted(
                         served.answered.set(Some(Instant::now()));
                     }
                     lobby.metrics.served(opened_at.elapsed());
-                    debug!("worker {pid} closed the WebSocket {} after {:.1} s", job.summary, opened_at.elapsed().as_secs_f64());
+                    debug!("worker {pid} closed {} after {:.1} s", job.summary, opened_at.elapsed().as_secs_f64());
                     return Ok(());
                 }
             }
@@ -102,7 +103,7 @@ pub(super) async fn relay_accepted(
                 if grace_end.is_some() && !going_away_sent && !client_done => {
                 going_away_sent = true;
                 info_limited!(
-                    "worker {pid} retired with the WebSocket {} open; closing it (1001) as --graceful-timeout has passed",
+                    "worker {pid} retired with {} open; closing it (1001) as --graceful-timeout has passed",
                     job.summary
                 );
                 let _ = job.respond.send(ResponsePart::WebSocket(WsPart::GoingAway));
@@ -111,9 +112,27 @@ pub(super) async fn relay_accepted(
     }
 }
 
+/// Waits, while the client is slow to read, until the messages waiting for it are under the
+/// answer's memory again; the worker's sends wait meanwhile. Said when it starts and ends.
+async fn held_back(job: &Job, pid: i32) {
+    warning_limited!(
+        "reading the messages of {} from worker {pid} paused: {} KiB are waiting for a slow client; it \
+         goes on as the client reads",
+        job.summary,
+        MEMORY_PER_ANSWER / 1024
+    );
+    let since = Instant::now();
+    job.respond.room().await;
+    info_limited!(
+        "reading the messages of {} from worker {pid} went on after {:.1} s",
+        job.summary,
+        since.elapsed().as_secs_f64()
+    );
+}
+
 /// The worker was lost with the WebSocket open: its connection closes it (1011).
-fn lost(job: &crate::seating::job::Job, detail: String) -> Lost {
-    error!("WebSocket {} closed (1011): {detail}", job.summary);
+fn lost(job: &Job, detail: String) -> Lost {
+    error!("{} closed (1011): {detail}", job.summary);
     let _ = job.respond.send(ResponsePart::Abort);
     Lost::Answered(ExitReason::Crash, detail)
 }
