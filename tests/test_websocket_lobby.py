@@ -109,10 +109,12 @@ def start_stub(tmp_path: Path) -> Iterator:
         stub.process.wait()
 
 
-def raw_handshake(port: int, headers: dict[str, str], method: str = "GET", version: str = "HTTP/1.1") -> socket.socket:
+def raw_handshake(
+    port: int, headers: dict[str, str], method: str = "GET", version: str = "HTTP/1.1", target: str = "/ws"
+) -> socket.socket:
     sock = socket.create_connection((HOST, port), timeout=10)
     lines = [
-        f"{method} /ws {version}",
+        f"{method} {target} {version}",
         f"Host: {HOST}:{port}",
         *(f"{name}: {value}" for name, value in headers.items()),
     ]
@@ -238,6 +240,23 @@ def test_a_bad_handshake_is_refused_by_the_lobby_without_a_worker(start_stub, ch
     stub.wait_for_log(rf"\[INFO\] {status} to 127\.0\.0\.1:\d+: ")
     # No worker saw it: a worker logs every request it takes at debug level.
     assert " takes " not in stub.text()
+
+
+def test_a_worker_that_refuses_gets_403_and_a_denial_response_is_relayed_then_closed(start_stub) -> None:
+    stub = start_stub("--workers", "1")
+    refused = raw_handshake(stub.port, GOOD, target="/refuse")
+    status, fields, rest = read_head(refused)
+    assert (status, fields["connection"]) == (403, "close")
+    assert b"refused the WebSocket" in read_to_end(refused, rest)
+    denied = raw_handshake(stub.port, GOOD, target="/deny")
+    status, fields, rest = read_head(denied)
+    assert (status, fields["connection"]) == (401, "close")
+    # The denial's body, then the connection closes.
+    assert read_to_end(denied, rest) == b"denied\n"
+    # Neither held the seat: a WebSocket is accepted next.
+    with connect(stub.url()) as ws:
+        ws.send("open")
+        assert ws.recv() == "open"
 
 
 def test_a_message_over_ws_max_size_closes_with_1009_and_frees_the_seat(start_stub) -> None:
