@@ -321,6 +321,37 @@ def test_a_client_slow_to_read_pauses_the_workers_messages_within_the_answers_me
     stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ went on after")
 
 
+def test_a_slow_reader_that_leaves_while_paused_frees_its_seat_and_the_stop(start_stub) -> None:
+    stub = start_stub("--workers", "1")
+    sock = raw_handshake(stub.port, GOOD)
+    status, _, _ = read_head(sock)
+    assert status == 101
+    # Masked binary frames (a zero masking key leaves the payload as it is), never read back.
+    payload = os.urandom(100 * 1024)
+    frame = bytes([0x82, 0x80 | 127]) + struct.pack("!Q", len(payload)) + b"\0\0\0\0" + payload
+
+    def send_all() -> None:
+        try:
+            for _ in range(300):
+                sock.sendall(frame)
+        except OSError:
+            # Closed under it below, by design.
+            pass
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ paused")
+    # It leaves without reading: the lobby drops what waited for it, the worker hears 1006.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    sender.join(timeout=10)
+    with connect(stub.url()) as ws:
+        ws.send("next")
+        assert ws.recv(timeout=10) == "next"
+    stub.process.send_signal(signal.SIGTERM)
+    assert stub.process.wait(timeout=10) == 0, stub.text()
+
+
 def test_websocket_seats_cap_queues_handshakes_while_http_requests_are_answered(start_stub) -> None:
     # Two seats in the one worker; at most one holds a WebSocket (the default: half of them).
     stub = start_stub("--workers", "1", "--threads", "2", "--queue-timeout", "3", stats=True)

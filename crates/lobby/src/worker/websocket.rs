@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use maitred_wire::{build_frame, Kind, WsClosing, WsData, WsOpcode};
 use tokio::sync::watch;
 
@@ -47,7 +48,9 @@ pub(super) async fn relay_accepted(
     let mut retired_at: Option<tokio::time::Instant> = None;
     let mut going_away_sent = false;
     loop {
-        let held = job.respond.held().is_some();
+        // Parts for a client that has gone are dropped: nothing holds the relay then (its
+        // connection has told the worker, or will: WS_CLOSED).
+        let held = job.respond.held().is_some() && job.respond.closed().now_or_never().is_none();
         let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
         tokio::select! {
             biased;
