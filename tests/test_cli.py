@@ -59,6 +59,12 @@ BAD_COMMAND_LINES = {
         ["--limit-request-fields", "from 1 to 65535"],
     ),
     "bad log level": (["--log-level", "loud", "hello:app"], ["--log-level", "'loud'"]),
+    "WebSocket message over the wire's 64 MiB": (
+        ["--ws-max-size", str((64 << 20) + 1), "hello:app"],
+        ["--ws-max-size", "from 1 to 67108864"],
+    ),
+    "zero WebSocket seats": (["--websocket-seats", "0", "hello:app"], ["--websocket-seats", "from 1 to 64"]),
+    "zero ping timeout": (["--ws-ping-timeout", "0", "hello:app"], ["--ws-ping-timeout", "greater than 0"]),
     "env without =": (["-e", "DEBUG", "hello:app"], ["-e/--env", "KEY=VALUE"]),
     "missing chdir": (["--chdir", "/nonexistent/dir", "hello:app"], ["--chdir", "/nonexistent"]),
     "pid file in a missing directory": (
@@ -251,6 +257,10 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "limit_request_line": 8190,
         "limit_request_fields": 100,
         "limit_request_field_size": 8190,
+        "ws_max_size": 16 << 20,
+        "ws_ping_interval": 20.0,
+        "ws_ping_timeout": 20.0,
+        "websocket_seats": None,
         "max_requests": 0,
         "max_requests_jitter": 0,
         "max_worker_memory": 0,

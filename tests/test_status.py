@@ -83,6 +83,7 @@ def test_connections_are_counted_by_state(maitred_server):
             "queued": 1,
             "in_service": 0,
             "writing": 1,
+            "websocket": 0,
             "idle": 0,
             "hibernating": 1,
         }

@@ -7,7 +7,7 @@
 //!   lobby, `maitred_lobby::run` in this process, listening on 127.0.0.1:PORT. It starts the stub
 //!   zygote first, before the lobby's event loop and threads exist.
 //!   Options for tests: `--threads N`, `--graceful-timeout S`, `--queue-timeout S`,
-//!   `--access-logfile PATH`, `--stats-port PORT` (on 127.0.0.1), and
+//!   `--access-logfile PATH`, `--access-logformat FORMAT`, `--stats-port PORT` (on 127.0.0.1), and
 //!   `--websocket-echo` (workers that are ASGI and echo WebSockets, `echo.rs`) with the lobby's
 //!   WebSocket limits `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`,
 //!   `--websocket-seats`.
@@ -43,7 +43,7 @@ use maitred_lobby::{
 const USAGE: &str = "usage: maitred-stub [--port PORT] [--workers N] [--threads N] [--worker-cpu CPU] [--log-level \
                      LEVEL] [--graceful-timeout S] [--queue-timeout S] [--websocket-echo] [--ws-max-size BYTES] \
                      [--ws-ping-interval S] [--ws-ping-timeout S] [--websocket-seats N] [--access-logfile PATH] \
-                     [--stats-port PORT]";
+                     [--access-logformat FORMAT] [--stats-port PORT]";
 
 /// Makes the workers ASGI workers that echo WebSockets.
 pub(crate) const ECHO_FLAG: &str = "--websocket-echo";
@@ -135,6 +135,7 @@ struct Options {
     websocket_echo: bool,
     websocket: WebSocketLimits,
     access_logfile: Option<String>,
+    access_log_format: Option<AccessFormat>,
     stats_port: Option<u16>,
 }
 
@@ -157,6 +158,7 @@ impl Options {
                 seats: None,
             },
             access_logfile: None,
+            access_log_format: None,
             stats_port: None,
         };
         let mut rest = args.iter();
@@ -186,6 +188,9 @@ impl Options {
                 "--ws-ping-timeout" => options.websocket.ping_timeout = seconds()?,
                 "--websocket-seats" => options.websocket.seats = Some(value.parse().map_err(|e| bad(&e))?),
                 "--access-logfile" => options.access_logfile = Some(value.clone()),
+                "--access-logformat" => {
+                    options.access_log_format = Some(AccessFormat::parse(value).map_err(|e| bad(&e))?)
+                }
                 "--stats-port" => options.stats_port = Some(value.parse().map_err(|e| bad(&e))?),
                 _ => return Err(format!("unknown option {flag}")),
             }
@@ -281,8 +286,10 @@ fn config(options: &Options) -> Config {
         max_worker_lifetime: None,
         max_worker_lifetime_jitter: Duration::ZERO,
         access_logfile: options.access_logfile.clone(),
-        access_log_format: AccessFormat::parse(r#"%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s""#)
-            .expect("gunicorn's combined format"),
+        access_log_format: options.access_log_format.clone().unwrap_or_else(|| {
+            AccessFormat::parse(r#"%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s""#)
+                .expect("gunicorn's combined format")
+        }),
         error_logfile: None,
         preload: false,
         log_level: options.log_level,

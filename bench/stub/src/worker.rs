@@ -225,8 +225,11 @@ impl Stub {
         if std::mem::take(&mut self.closed_websocket) {
             self.skip_closed_websocket()?;
         }
-        self.websocket = Some(id);
-        self.answer(id, &handshake.accept()?)
+        let (frame, open) = handshake.answer()?;
+        if open {
+            self.websocket = Some(id);
+        }
+        self.answer(id, &frame)
     }
 
     /// What the WebSocket it closed last may have left on the channel: every frame the lobby

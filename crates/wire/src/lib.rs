@@ -5,6 +5,12 @@
 
 use std::fmt;
 
+mod ready;
+mod websocket;
+
+pub use ready::Ready;
+pub use websocket::{WsAccept, WsClosing, WsData, WsOpcode};
+
 /// Every frame starts with this many bytes of header.
 pub const HEADER_LEN: usize = 8;
 
@@ -472,125 +478,6 @@ impl FileRange {
         let range = FileRange { offset: r.u64("file offset")?, count: r.u64("file count")? };
         match r.rest().len() {
             0 => Ok(range),
-            n => Err(WireError::TrailingBytes(n)),
-        }
-    }
-}
-
-/// The payload of `READY`: the worker's pid and what it takes. A bare 4-byte payload (a worker
-/// from before section 5) has no flags.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ready {
-    pub pid: u32,
-    pub flags: u8,
-}
-
-impl Ready {
-    pub const PAYLOAD_LEN: usize = 5;
-
-    pub fn encode_payload(&self) -> [u8; Self::PAYLOAD_LEN] {
-        let pid = self.pid.to_le_bytes();
-        [pid[0], pid[1], pid[2], pid[3], self.flags]
-    }
-
-    pub fn decode_payload(payload: &[u8]) -> Result<Ready, WireError> {
-        let mut r = Reader::new(payload);
-        let pid = r.u32("pid")?;
-        let rest = r.rest();
-        match rest.len() {
-            0 => Ok(Ready { pid, flags: 0 }),
-            1 => Ok(Ready { pid, flags: rest[0] }),
-            n => Err(WireError::TrailingBytes(n - 1)),
-        }
-    }
-
-    /// The worker runs an ASGI application and takes WebSocket requests.
-    pub fn asgi(&self) -> bool {
-        self.flags & READY_ASGI != 0
-    }
-}
-
-/// The opcode of a WebSocket data message (RFC 6455, 5.2): what its bytes are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum WsOpcode {
-    /// UTF-8 text; the lobby has checked it (from the client) or checks it (to the client).
-    Text = 1,
-    Binary = 2,
-}
-
-/// The payload of `WS_MESSAGE` (client to application) and `WS_SEND` (application to client):
-/// the opcode, then the message's bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WsData<'a> {
-    pub opcode: WsOpcode,
-    pub data: &'a [u8],
-}
-
-impl<'a> WsData<'a> {
-    pub fn encode_payload(&self, out: &mut Vec<u8>) {
-        out.push(self.opcode as u8);
-        out.extend_from_slice(self.data);
-    }
-
-    pub fn decode_payload(payload: &'a [u8]) -> Result<WsData<'a>, WireError> {
-        let mut r = Reader::new(payload);
-        let opcode = match r.u8("opcode")? {
-            1 => WsOpcode::Text,
-            2 => WsOpcode::Binary,
-            other => return Err(WireError::BadValue("opcode", other)),
-        };
-        let data = r.rest();
-        if opcode == WsOpcode::Text && std::str::from_utf8(data).is_err() {
-            return Err(WireError::NotUtf8("text message"));
-        }
-        Ok(WsData { opcode, data })
-    }
-}
-
-/// The payload of `WS_CLOSE` (the application closes) and `WS_CLOSED` (the client's connection
-/// is closed): a close code (RFC 6455, 7.4), then a UTF-8 reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WsClosing<'a> {
-    pub code: u16,
-    pub reason: &'a str,
-}
-
-impl<'a> WsClosing<'a> {
-    pub fn encode_payload(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.code.to_le_bytes());
-        out.extend_from_slice(self.reason.as_bytes());
-    }
-
-    pub fn decode_payload(payload: &'a [u8]) -> Result<WsClosing<'a>, WireError> {
-        let mut r = Reader::new(payload);
-        let code = r.u16("close code")?;
-        let reason = std::str::from_utf8(r.rest()).map_err(|_| WireError::NotUtf8("close reason"))?;
-        Ok(WsClosing { code, reason })
-    }
-}
-
-/// The payload of `WS_ACCEPT`: the subprotocol the application chose (empty: none) and the
-/// headers it adds to the `101 Switching Protocols`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WsAccept<'a> {
-    pub subprotocol: &'a [u8],
-    pub headers: HeaderPairs<'a>,
-}
-
-impl<'a> WsAccept<'a> {
-    pub fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
-        let mut w = Writer::new(out);
-        w.str16("subprotocol", self.subprotocol)?;
-        w.headers(&self.headers)
-    }
-
-    pub fn decode_payload(payload: &'a [u8]) -> Result<WsAccept<'a>, WireError> {
-        let mut r = Reader::new(payload);
-        let subprotocol = r.str16("subprotocol")?;
-        let headers = r.headers()?;
-        match r.rest().len() {
-            0 => Ok(WsAccept { subprotocol, headers }),
             n => Err(WireError::TrailingBytes(n)),
         }
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
-use maitred_wire::{build_frame, Kind, FLAG_FD, FLAG_WEBSOCKET};
+use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
@@ -34,7 +34,6 @@ use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
 use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
-use crate::seating::websocket::link;
 
 /// How long a request that had to queue waits before its client is watched for leaving.
 /// Watching costs a peek (recv with MSG_PEEK) per request, as the socket's readiness is still
@@ -241,18 +240,7 @@ impl<S: ClientStream> Connection<S> {
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open.
     async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<bool> {
-        // With ASGI workers, a WebSocket handshake: checked here, before a worker sees it.
-        let websocket = if self.lobby.websockets.accepted() && websocket::asks_websocket(head) {
-            match websocket::check_handshake(head, body.len()) {
-                Ok(accept_key) => Some(accept_key),
-                Err(bad) => {
-                    self.refuse_handshake(bad).await;
-                    return Ok(false);
-                }
-            }
-        } else {
-            None
-        };
+        let Ok(websocket) = self.websocket_handshake(head, body.len()).await else { return Ok(false) };
         // A WebSocket's messages wait for its client within the answer's memory, never in a
         // file (`--max-spill` 0).
         let max_spill = if websocket.is_some() { 0 } else { self.lobby.settings().max_spill };
@@ -277,12 +265,7 @@ impl<S: ClientStream> Connection<S> {
                 return Ok(false);
             }
         };
-        let mut to_worker = websocket.is_some().then(|| {
-            let (to_worker, websocket) = link();
-            job.frame[1] |= FLAG_WEBSOCKET;
-            job.websocket = Some(Box::new(websocket));
-            to_worker
-        });
+        let mut to_worker = websocket.is_some().then(|| websocket::link_job(&mut job));
         let (state, enqueued_at) = (job.state.clone(), job.enqueued_at);
         let served = job.served.clone();
         let watch_after = if self.lobby.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };

@@ -8,11 +8,15 @@
 //! answer's spool within the answer's memory (`seating/spool.rs`, never a file): past it, the
 //! relay stops reading the worker's frames until the client has taken some.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use maitred_protocol::{write_error_response, RequestHead, Version};
+use maitred_wire::FLAG_WEBSOCKET;
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -25,26 +29,27 @@ use super::states::ConnectionState;
 use super::write::http_date;
 use super::Connection;
 use crate::log::{self, debug};
+use crate::seating::job::Job;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
-use crate::seating::websocket::{ClientMessage, Closing, ToWorker, WsPart};
+use crate::seating::websocket::{link, ClientMessage, Closing, ToWorker, WsPart, SUMMARY_MARK};
 
 /// How long the lobby waits for the client's Close once it has sent its own, before it closes
 /// the connection anyway (RFC 6455, 7.1.1 lets the server close first).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether a request asks to become a WebSocket: `Upgrade` names `websocket`.
-pub(super) fn asks_websocket(head: &RequestHead) -> bool {
+fn asks_websocket(head: &RequestHead) -> bool {
     fields(head, b"upgrade").any(|value| has_token(value, b"websocket"))
 }
 
 /// A WebSocket handshake refused before any worker sees it.
-pub(super) struct BadHandshake {
-    pub status: u16,
-    pub reason: &'static str,
+struct BadHandshake {
+    status: u16,
+    reason: &'static str,
 }
 
 /// Checks an opening handshake (RFC 6455, 4.2.1) and returns its `Sec-WebSocket-Accept`.
-pub(super) fn check_handshake(head: &RequestHead, body_len: u64) -> Result<String, BadHandshake> {
+fn check_handshake(head: &RequestHead, body_len: u64) -> Result<String, BadHandshake> {
     let bad = |reason| Err(BadHandshake { status: 400, reason });
     if head.method.as_ref() != b"GET" {
         return bad("a WebSocket handshake must be a GET");
@@ -120,9 +125,38 @@ fn closing(code: u16, reason: &str) -> Closing {
     Closing { code, reason: reason.into() }
 }
 
+/// Makes `job` a WebSocket's (the `WEBSOCKET` flag, its link) and returns the connection's end
+/// of the link.
+pub(super) fn link_job(job: &mut Job) -> ToWorker {
+    let (to_worker, websocket) = link();
+    job.frame[1] |= FLAG_WEBSOCKET;
+    job.websocket = Some(Box::new(websocket));
+    job.summary = format!("{}{SUMMARY_MARK}", job.summary).into();
+    to_worker
+}
+
 impl<S: ClientStream> Connection<S> {
+    /// With ASGI workers, whether the request is a WebSocket handshake: its accept key. A bad
+    /// one is refused here, before a worker sees it (Err: the connection closes).
+    pub(super) async fn websocket_handshake(
+        &mut self,
+        head: &RequestHead,
+        body_len: u64,
+    ) -> Result<Option<String>, ()> {
+        if !self.lobby.websockets.accepted() || !asks_websocket(head) {
+            return Ok(None);
+        }
+        match check_handshake(head, body_len) {
+            Ok(accept_key) => Ok(Some(accept_key)),
+            Err(bad) => {
+                self.refuse_handshake(bad).await;
+                Err(())
+            }
+        }
+    }
+
     /// Refuses a bad handshake, with a log line; no worker sees it.
-    pub(super) async fn refuse_handshake(&mut self, bad: BadHandshake) {
+    async fn refuse_handshake(&mut self, bad: BadHandshake) {
         log::info_limited!("{} to {}: {}", bad.status, self.peer.display(), bad.reason);
         self.lobby.metrics.refused(bad.status);
         let mut out = Vec::new();
@@ -167,7 +201,9 @@ impl<S: ClientStream> Connection<S> {
         101
     }
 
-    /// Relays messages both ways until the WebSocket closes; says how it ended.
+    /// Relays messages both ways until the WebSocket closes; says how it ended. The client is
+    /// read while a message is being written to it: a client that sends and reads under one
+    /// lock (as the `websockets` library does) would otherwise never read what waits for it.
     async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver) -> Closing {
         let lobby = self.lobby.clone();
         let limits = lobby.settings().websocket;
@@ -177,7 +213,12 @@ impl<S: ClientStream> Connection<S> {
             WebSocketConfig::default().max_message_size(Some(limits.max_size)).max_frame_size(Some(limits.max_size));
         // What the client sent right after its handshake is the WebSocket's first bytes.
         let early = std::mem::take(&mut self.buf).to_vec();
-        let mut ws = WebSocketStream::from_partially_read(&mut self.stream, early, Role::Server, Some(config)).await;
+        let ws = WebSocketStream::from_partially_read(&mut self.stream, early, Role::Server, Some(config)).await;
+        let (sink, mut stream) = ws.split();
+        // The writing half, while no message is being written; the message being written owns it
+        // meanwhile, and gives it back.
+        let mut idle_sink = Some(sink);
+        let mut writing: Option<Pin<Box<dyn Future<Output = Written<'_, S>> + '_>>> = None;
         let mut pending: Option<ClientMessage> = None;
         let mut heard = Instant::now();
         // A ping is out: when its pong is due.
@@ -189,7 +230,22 @@ impl<S: ClientStream> Connection<S> {
             let ping_at = pong_due.unwrap_or(heard + limits.ping_interval);
             tokio::select! {
                 biased;
-                part = responses.recv() => match part {
+                (sink, result) = async { writing.as_mut().expect("a write in flight").await }, if writing.is_some() => {
+                    writing = None;
+                    idle_sink = Some(sink);
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => break (None, closing(1006, &format!("could not send: {e}"))),
+                        Err(_) => {
+                            log::info_limited!(
+                                "WebSocket of {peer} cut: the client took no message within --send-timeout ({} s)",
+                                send_timeout.as_secs_f64()
+                            );
+                            break (None, closing(1006, "the client did not read within --send-timeout"));
+                        }
+                    }
+                }
+                part = responses.recv(), if idle_sink.is_some() => match part {
                     Some(ResponsePart::WebSocket(WsPart::Send { text, data })) => {
                         let message = if text {
                             // The relay checked it (WsData::decode_payload).
@@ -197,31 +253,24 @@ impl<S: ClientStream> Connection<S> {
                         } else {
                             Message::Binary(data)
                         };
-                        match timeout(send_timeout, ws.send(message)).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => break (None, closing(1006, &format!("could not send: {e}"))),
-                            Err(_) => {
-                                log::info_limited!(
-                                    "WebSocket of {peer} cut: the client took no message within --send-timeout ({} s)",
-                                    send_timeout.as_secs_f64()
-                                );
-                                break (None, closing(1006, "the client did not read within --send-timeout"));
-                            }
-                        }
+                        let mut sink = idle_sink.take().expect("checked");
+                        writing = Some(Box::pin(async move {
+                            let result = timeout(send_timeout, sink.send(message)).await;
+                            (sink, result)
+                        }));
                     }
                     Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => {
                         // The worker has ended: it hears nothing more.
-                        close(&mut ws, code, &reason).await;
-                        return closing(code, &reason);
+                        break (Some((code, reason)), closing(code, "the application closed"));
                     }
                     Some(ResponsePart::WebSocket(WsPart::GoingAway)) => {
                         let reason = "the server is reloading";
-                        break (Some((1001, reason)), closing(1001, reason));
+                        break (Some((1001, reason.into())), closing(1001, reason));
                     }
                     // The worker was lost (the relay said so in the log): it hears nothing more.
                     _ => {
-                        close(&mut ws, 1011, "the application's worker was lost").await;
-                        return closing(1011, "the application's worker was lost");
+                        let reason = "the application's worker was lost";
+                        break (Some((1011, reason.into())), closing(1011, reason));
                     }
                 },
                 permit = link.messages.reserve(), if pending.is_some() => match permit {
@@ -229,7 +278,7 @@ impl<S: ClientStream> Connection<S> {
                     // The relay has ended: the worker's last part is on its way.
                     Err(_) => pending = None,
                 },
-                message = ws.next(), if pending.is_none() => {
+                message = stream.next(), if pending.is_none() => {
                     heard = Instant::now();
                     match message {
                         Some(Ok(Message::Text(text))) => pending = Some(ClientMessage { text: true, data: text.into() }),
@@ -238,8 +287,8 @@ impl<S: ClientStream> Connection<S> {
                         Some(Ok(Message::Ping(_))) => {}
                         Some(Ok(Message::Pong(_))) => pong_due = None,
                         Some(Ok(Message::Close(frame))) => {
-                            // tungstenite has answered the Close; this sends the answer.
-                            let _ = ws.flush().await;
+                            // tungstenite has queued the answer to the Close; it goes with the
+                            // closing below.
                             break (None, match frame {
                                 Some(frame) => closing(frame.code.into(), frame.reason.as_str()),
                                 None => closing(1005, ""),
@@ -248,44 +297,62 @@ impl<S: ClientStream> Connection<S> {
                         Some(Ok(Message::Frame(_))) => unreachable!("raw frames only come to a writer"),
                         Some(Err(WsError::Capacity(e))) => {
                             log::info_limited!("WebSocket of {peer} closed (1009): {e} (--ws-max-size)");
-                            break (Some((1009, "message too big")), closing(1009, "message too big"));
+                            break (Some((1009, "message too big".into())), closing(1009, "message too big"));
                         }
                         Some(Err(e @ (WsError::Protocol(_) | WsError::Utf8(_)))) => {
                             log::info_limited!("WebSocket of {peer} closed (1002): {e}");
-                            break (Some((1002, "protocol error")), closing(1002, &e.to_string()));
+                            break (Some((1002, "protocol error".into())), closing(1002, &e.to_string()));
                         }
                         Some(Err(_)) | None => {
                             break (None, closing(1006, "the connection ended without a Close"));
                         }
                     }
                 },
-                _ = sleep_until(ping_at) => {
+                _ = sleep_until(ping_at), if idle_sink.is_some() => {
                     if pong_due.is_some() {
                         log::info_limited!(
                             "WebSocket of {peer} closed (1011): no pong within --ws-ping-timeout ({} s)",
                             limits.ping_timeout.as_secs_f64()
                         );
-                        break (Some((1011, "ping timeout")), closing(1011, "ping timeout"));
+                        break (Some((1011, "ping timeout".into())), closing(1011, "ping timeout"));
                     }
-                    if ws.send(Message::Ping(Bytes::new())).await.is_err() {
+                    let sink = idle_sink.as_mut().expect("checked");
+                    if sink.send(Message::Ping(Bytes::new())).await.is_err() {
                         break (None, closing(1006, "the connection ended without a Close"));
                     }
                     pong_due = Some(Instant::now() + limits.ping_timeout);
                 }
                 _ = &mut going_away => {
                     let reason = "the server is stopping";
-                    break (Some((1001, reason)), closing(1001, reason));
+                    break (Some((1001, reason.into())), closing(1001, reason));
                 }
             }
         };
-        if let Some((code, reason)) = sent {
-            close(&mut ws, code, reason).await;
-        }
-        // The worker gets WS_CLOSED with it, after every message sent before.
+        // The worker gets WS_CLOSED with it, after every message sent before (unless it closed
+        // itself); meanwhile the client gets the lobby's Close.
         link.close(ended.clone());
+        // A message being written finishes first, within the wait for the closing handshake.
+        let sink = match (idle_sink, writing) {
+            (Some(sink), _) => Some(sink),
+            (None, Some(write)) => timeout(CLOSE_WAIT, write).await.ok().map(|(sink, _)| sink),
+            (None, None) => None,
+        };
+        if let Some(Ok(mut ws)) = sink.map(|sink| stream.reunite(sink)) {
+            match sent {
+                Some((code, reason)) => close(&mut ws, code, &reason).await,
+                // The client closed: the answer tungstenite queued goes out.
+                None => {
+                    let _ = ws.flush().await;
+                }
+            }
+        }
         ended
     }
 }
+
+/// What writing one message to the client gives back: the writing half, and how it went.
+type Written<'a, S> =
+    (SplitSink<WebSocketStream<&'a mut S>, Message>, Result<Result<(), WsError>, tokio::time::error::Elapsed>);
 
 /// Sends a Close and waits, within `CLOSE_WAIT`, for the client's.
 async fn close<S: ClientStream>(ws: &mut WebSocketStream<&mut S>, code: u16, reason: &str) {

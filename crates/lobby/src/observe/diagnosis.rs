@@ -18,6 +18,7 @@ use crate::config::QueuePolicy;
 use crate::listen::bind::somaxconn;
 use crate::lobby::Lobby;
 use crate::seating::overload::ShedReason;
+use crate::seating::websocket::SUMMARY_MARK;
 use crate::worker::scoreboard::{ExitReason, Scoreboard};
 
 /// Every worker busy, with requests waiting, for this long: S4/S5.
@@ -224,7 +225,16 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
     let timeout = lobby.settings().timeout;
     let threshold = timeout / 2;
     for card in lobby.scoreboard.cards() {
-        let (Some((summary, since)), Some(pid)) = (card.longest_request(), card.pid.get()) else { continue };
+        // An open WebSocket holds its seat for its life, with no --timeout: not a long request.
+        let longest = card
+            .threads
+            .borrow()
+            .iter()
+            .flatten()
+            .filter(|(summary, _)| !summary.ends_with(SUMMARY_MARK))
+            .min_by_key(|(_, since)| *since)
+            .cloned();
+        let (Some((summary, since)), Some(pid)) = (longest, card.pid.get()) else { continue };
         let took = since.elapsed();
         if took < threshold {
             continue;

@@ -377,6 +377,7 @@ impl Seating {
 #[cfg(test)]
 mod tests {
     use super::job::tests::job;
+    use super::spool::AnswerReceiver;
     use super::*;
     use maitred_shm::{Region, WorkerEnd};
 
@@ -418,6 +419,59 @@ mod tests {
         let (a, _ra) = job("a");
         seating.submit(a);
         assert_eq!(alive.try_recv().unwrap().frame, b"a");
+    }
+
+    fn websocket_job(name: &str) -> (Job, AnswerReceiver) {
+        let (mut job, receiver) = job(name);
+        job.websocket = Some(Box::new(websocket::link().1));
+        (job, receiver)
+    }
+
+    #[test]
+    fn websockets_past_their_workers_cap_wait_in_their_own_fifo_behind_no_http_request() {
+        let seating = Seating::default();
+        let sockets = WorkerSockets::new(1);
+        // Two idle seats of one ASGI worker, whose cap is one WebSocket.
+        let Next::Later(mut first) = seating.next(Some(&sockets)) else { panic!() };
+        let Next::Later(mut second) = seating.next(Some(&sockets)) else { panic!() };
+        let (a, _ra) = websocket_job("ws a");
+        assert!(seating.submit(a));
+        let a = first.try_recv().unwrap();
+        assert_eq!(a.frame, b"ws a");
+        // The job holds its seat under the cap until it ends.
+        assert!(!sockets.has_room());
+        // The second WebSocket waits, though a seat is idle; an HTTP request takes that seat.
+        let (b, _rb) = websocket_job("ws b");
+        assert!(!seating.submit(b));
+        assert_eq!(seating.websockets_queued(), 1);
+        let (http, _rh) = job("http");
+        assert!(seating.submit(http));
+        assert_eq!(second.try_recv().unwrap().frame, b"http");
+        // A seat without room takes HTTP requests only; once the first WebSocket has ended,
+        // the waiting one goes first, being older than the request queued after it.
+        let (later, _rl) = job("later");
+        seating.submit(later);
+        assert_eq!(take_now_for(&seating, &sockets).frame, b"later");
+        let (newer, _rn) = job("newer");
+        seating.submit(newer);
+        drop(a);
+        assert!(sockets.has_room());
+        let b = take_now_for(&seating, &sockets);
+        assert_eq!(b.frame, b"ws b");
+        assert!(!sockets.has_room());
+        assert_eq!(take_now_for(&seating, &sockets).frame, b"newer");
+        // Returned unstarted, it gives its seat back and waits at the front of its FIFO.
+        seating.return_unstarted(b);
+        assert!(sockets.has_room());
+        assert_eq!(seating.websockets_queued(), 1);
+        assert_eq!(take_now_for(&seating, &sockets).frame, b"ws b");
+    }
+
+    fn take_now_for(seating: &Seating, sockets: &Rc<WorkerSockets>) -> Job {
+        match seating.next(Some(sockets)) {
+            Next::Now(job) => job,
+            Next::Later(_) => panic!("expected a job"),
+        }
     }
 
     #[test]

@@ -14,8 +14,8 @@ pub struct WebSockets {
     /// Workers serving now that said `READY_ASGI`: only while there is one are `Upgrade:
     /// websocket` requests WebSockets.
     asgi_workers: Cell<usize>,
-    /// WebSockets accepted and not yet closed (`maitred_websockets_open`).
-    open: Cell<usize>,
+    /// WebSockets accepted and not yet closed by their workers (`maitred_websockets_open`).
+    open: watch::Sender<usize>,
     /// Turns true when a stop's --graceful-timeout has passed: every open WebSocket closes with
     /// 1001.
     going_away: watch::Sender<bool>,
@@ -23,7 +23,7 @@ pub struct WebSockets {
 
 impl Default for WebSockets {
     fn default() -> WebSockets {
-        WebSockets { asgi_workers: Cell::new(0), open: Cell::new(0), going_away: watch::Sender::new(false) }
+        WebSockets { asgi_workers: Cell::new(0), open: watch::Sender::new(0), going_away: watch::Sender::new(false) }
     }
 }
 
@@ -42,13 +42,21 @@ impl WebSockets {
 
     /// WebSockets open now.
     pub fn open(&self) -> usize {
-        self.open.get()
+        *self.open.borrow()
     }
 
-    /// A WebSocket was accepted; it counts as open until the guard is dropped.
+    /// A WebSocket was accepted; it counts as open until the guard is dropped (its worker's
+    /// `WS_CLOSE`, or the worker's loss).
     pub fn opened(self: &Rc<Self>) -> OpenWebSocket {
-        self.open.set(self.open.get() + 1);
+        self.open.send_modify(|open| *open += 1);
         OpenWebSocket(self.clone())
+    }
+
+    /// Resolves once no WebSocket is open.
+    pub async fn all_closed(&self) {
+        let mut open = self.open.subscribe();
+        // The sender lives as long as `self`.
+        let _ = open.wait_for(|open| *open == 0).await;
     }
 
     /// Tells every open WebSocket to close with 1001 (a stop's --graceful-timeout passed).
@@ -78,7 +86,7 @@ pub struct OpenWebSocket(Rc<WebSockets>);
 
 impl Drop for OpenWebSocket {
     fn drop(&mut self) {
-        self.0.open.set(self.0.open.get() - 1);
+        self.0.open.send_modify(|open| *open -= 1);
     }
 }
 
@@ -113,6 +121,10 @@ impl Drop for SeatHold {
         self.0.held.set(self.0.held.get() - 1);
     }
 }
+
+/// Ends a WebSocket request's summary (`GET /chat HTTP/1.1 (WebSocket)`) in the log, the
+/// scoreboard and the diagnoses, which do not count an open WebSocket as a long request.
+pub const SUMMARY_MARK: &str = " (WebSocket)";
 
 /// What goes from a WebSocket's client to its worker.
 #[derive(Debug)]

@@ -114,10 +114,14 @@ impl Supervisor {
     /// Closes the WebSockets still open with 1001, and gives their closing handshakes, with
     /// clients and workers, up to `WEBSOCKETS_CLOSE_WAIT` (docs/SIGNALS.md).
     async fn close_websockets(&self, all_closed: &mut (impl std::future::Future + Unpin)) {
-        let open = self.lobby.websockets.open();
-        info!("--graceful-timeout passed with {open} WebSockets open; closing them (1001)");
-        self.lobby.websockets.go_away();
-        let _ = tokio::time::timeout(WEBSOCKETS_CLOSE_WAIT, all_closed).await;
+        let websockets = &self.lobby.websockets;
+        info!("--graceful-timeout passed with {} WebSockets open; closing them (1001)", websockets.open());
+        websockets.go_away();
+        let closed = async {
+            websockets.all_closed().await;
+            all_closed.await;
+        };
+        let _ = tokio::time::timeout(WEBSOCKETS_CLOSE_WAIT, closed).await;
     }
 
     /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,

@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::Instant;
 
-use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead};
+use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead, WsAccept, WsClosing, WsData, WsOpcode};
 
 use super::channel::{Channel, Frame};
 use super::health;
@@ -299,9 +299,31 @@ fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
             })
         }
         Kind::ResponseAbort => Ok(ResponsePart::Abort),
-        Kind::WsAccept | Kind::WsSend | Kind::WsClose => {
-            super::websocket::decode_part(&frame).map(ResponsePart::WebSocket)
-        }
+        Kind::WsAccept | Kind::WsSend | Kind::WsClose => decode_websocket(&frame).map(ResponsePart::WebSocket),
         other => Err(format!("unexpected {other:?} frame during a response")),
+    }
+}
+
+/// The part a WebSocket frame from the worker stands for.
+pub(super) fn decode_websocket(frame: &Frame) -> Result<WsPart, String> {
+    let slice = |s: &[u8]| frame.payload.slice_ref(s);
+    match frame.header.kind {
+        Kind::WsAccept => {
+            let accept = WsAccept::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            Ok(WsPart::Accept {
+                subprotocol: slice(accept.subprotocol),
+                headers: accept.headers.iter().map(|(n, v)| (slice(n), slice(v))).collect(),
+            })
+        }
+        Kind::WsSend => {
+            let data = WsData::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            Ok(WsPart::Send { text: data.opcode == WsOpcode::Text, data: slice(data.data) })
+        }
+        Kind::WsClose if !frame.header.is_end() => Err("a WS_CLOSE without END".into()),
+        Kind::WsClose => {
+            let closing = WsClosing::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
+            Ok(WsPart::Close { code: closing.code, reason: closing.reason.to_string() })
+        }
+        other => Err(format!("unexpected {other:?} frame on a WebSocket")),
     }
 }

@@ -6,41 +6,19 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use maitred_wire::{build_frame, Kind, WsAccept, WsClosing, WsData, WsOpcode};
+use futures_util::FutureExt;
+use maitred_wire::{build_frame, Kind, WsClosing, WsData, WsOpcode};
 use tokio::sync::watch;
 
-use super::channel::{Channel, Frame};
-use super::relay::Lost;
+use super::channel::Channel;
+use super::relay::{decode_websocket, Lost};
 use super::scoreboard::{ExitReason, Phase};
 use crate::lobby::Lobby;
-use crate::log::{debug, error, info_limited};
+use crate::log::{debug, error, info_limited, warning_limited};
+use crate::seating::job::Job;
 use crate::seating::offer::{Offers, Taken};
-use crate::seating::spool::ResponsePart;
+use crate::seating::spool::{ResponsePart, MEMORY_PER_ANSWER};
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
-
-/// The part a WebSocket frame from the worker stands for.
-pub(super) fn decode_part(frame: &Frame) -> Result<WsPart, String> {
-    let slice = |s: &[u8]| frame.payload.slice_ref(s);
-    match frame.header.kind {
-        Kind::WsAccept => {
-            let accept = WsAccept::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Accept {
-                subprotocol: slice(accept.subprotocol),
-                headers: accept.headers.iter().map(|(n, v)| (slice(n), slice(v))).collect(),
-            })
-        }
-        Kind::WsSend => {
-            let data = WsData::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Send { text: data.opcode == WsOpcode::Text, data: slice(data.data) })
-        }
-        Kind::WsClose if !frame.header.is_end() => Err("a WS_CLOSE without END".into()),
-        Kind::WsClose => {
-            let closing = WsClosing::decode_payload(&frame.payload).map_err(|e| e.to_string())?;
-            Ok(WsPart::Close { code: closing.code, reason: closing.reason.to_string() })
-        }
-        other => Err(format!("unexpected {other:?} frame on a WebSocket")),
-    }
-}
 
 /// Relays the accepted WebSocket of `taken` both ways until the worker's `WS_CLOSE`. A worker
 /// that retires meanwhile (a reload) keeps it until it closes or --graceful-timeout passes;
@@ -70,11 +48,13 @@ pub(super) async fn relay_accepted(
     let mut retired_at: Option<tokio::time::Instant> = None;
     let mut going_away_sent = false;
     loop {
-        let held = job.respond.held().is_some();
+        // Parts for a client that has gone are dropped: nothing holds the relay then (its
+        // connection has told the worker, or will: WS_CLOSED).
+        let held = job.respond.held().is_some() && job.respond.closed().now_or_never().is_none();
         let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
         tokio::select! {
             biased;
-            _ = job.respond.room(), if held => {}
+            _ = held_back(job, pid), if held => {}
             read = channel.next_answer(offers, taken.id), if !held => {
                 let frame = match read {
                     Ok(Some(frame)) => frame,
@@ -84,7 +64,7 @@ pub(super) async fn relay_accepted(
                         return Err(lost(job, format!("the worker broke the protocol: {e}")));
                     }
                 };
-                let part = match decode_part(&frame) {
+                let part = match decode_websocket(&frame) {
                     Ok(WsPart::Accept { .. }) => Err("a second WS_ACCEPT".to_string()),
                     other => other,
                 };
@@ -103,7 +83,7 @@ pub(super) async fn relay_accepted(
                         served.answered.set(Some(Instant::now()));
                     }
                     lobby.metrics.served(opened_at.elapsed());
-                    debug!("worker {pid} closed the WebSocket {} after {:.1} s", job.summary, opened_at.elapsed().as_secs_f64());
+                    debug!("worker {pid} closed {} after {:.1} s", job.summary, opened_at.elapsed().as_secs_f64());
                     return Ok(());
                 }
             }
@@ -126,7 +106,7 @@ pub(super) async fn relay_accepted(
                 if grace_end.is_some() && !going_away_sent && !client_done => {
                 going_away_sent = true;
                 info_limited!(
-                    "worker {pid} retired with the WebSocket {} open; closing it (1001) as --graceful-timeout has passed",
+                    "worker {pid} retired with {} open; closing it (1001) as --graceful-timeout has passed",
                     job.summary
                 );
                 let _ = job.respond.send(ResponsePart::WebSocket(WsPart::GoingAway));
@@ -135,9 +115,27 @@ pub(super) async fn relay_accepted(
     }
 }
 
+/// Waits, while the client is slow to read, until the messages waiting for it are under the
+/// answer's memory again; the worker's sends wait meanwhile. Said when it starts and ends.
+async fn held_back(job: &Job, pid: i32) {
+    warning_limited!(
+        "reading the messages of {} from worker {pid} paused: {} KiB are waiting for a slow client; it \
+         goes on as the client reads",
+        job.summary,
+        MEMORY_PER_ANSWER / 1024
+    );
+    let since = Instant::now();
+    job.respond.room().await;
+    info_limited!(
+        "reading the messages of {} from worker {pid} went on after {:.1} s",
+        job.summary,
+        since.elapsed().as_secs_f64()
+    );
+}
+
 /// The worker was lost with the WebSocket open: its connection closes it (1011).
-fn lost(job: &crate::seating::job::Job, detail: String) -> Lost {
-    error!("WebSocket {} closed (1011): {detail}", job.summary);
+fn lost(job: &Job, detail: String) -> Lost {
+    error!("{} closed (1011): {detail}", job.summary);
     let _ = job.respond.send(ResponsePart::Abort);
     Lost::Answered(ExitReason::Crash, detail)
 }
