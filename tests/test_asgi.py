@@ -320,3 +320,28 @@ def test_a_reload_leaves_open_websockets_with_the_old_workers(
     while old & workers_of(server.pid):
         assert time.monotonic() < deadline, "the old worker did not leave once its WebSocket closed"
         time.sleep(0.05)
+
+
+def test_messages_behind_a_close_do_not_reach_the_next_websocket_of_the_seat(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    # One seat, so that the second WebSocket takes the first one's; the first sends messages
+    # behind the one that makes the application close, which the lobby may pass on after it.
+    server = fastapi_server(maitred_server, events, "-w", "1", "--worker-connections", "2", "--websocket-seats", "1")
+    with connect(f"ws://{HOST}:{server.port}/echo", open_timeout=TIMEOUT) as first:
+        first.send("close")
+        for number in range(50):
+            try:
+                first.send(f"stale {number}")
+            except ConnectionClosed:
+                break
+        with pytest.raises(ConnectionClosed):
+            while True:
+                first.recv(timeout=TIMEOUT)
+    with connect(f"ws://{HOST}:{server.port}/echo", open_timeout=TIMEOUT) as second:
+        second.send("fresh")
+        assert second.recv(timeout=TIMEOUT) == "fresh"
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200

@@ -75,6 +75,9 @@ impl WorkerChannel {
             Next::Closed | Next::Pending => return Ok(None),
         };
         let scope = self.take_request(py, frame, Interface::Asgi(state))?;
+        if self.websocket {
+            self.drop_frames_of_closed_websockets()?;
+        }
         self.generation += 1;
         self.response.begin(self.method == b"HEAD");
         let body = self.body.as_ref().expect("take_request keeps the body").clone_ref(py);

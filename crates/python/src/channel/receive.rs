@@ -123,6 +123,8 @@ impl WorkerChannel {
                     Kind::Cancel => {
                         self.check_cancel_frame(&header, end)?;
                     }
+                    // Of a WebSocket already closed (docs/PROTOCOL.md, section 5): skipped.
+                    Kind::WsMessage | Kind::WsClosed if self.evented => {}
                     Kind::Region => self.open_region(&header)?,
                     Kind::Bell => self.take_bell(&header)?,
                     Kind::LobbyBell => self.take_lobby_bell(&header)?,

@@ -22,6 +22,24 @@ use crate::response::{encode_asgi_headers, Phase};
 const LEFT_BEFORE_ACCEPT: u16 = 1006;
 
 impl WorkerChannel {
+    /// Before a new WebSocket is accepted: `WS_MESSAGE` and `WS_CLOSED` frames the lobby sent
+    /// before it read an earlier WebSocket's `WS_CLOSE` are all in the socket by now (docs/
+    /// PROTOCOL.md, section 5, "Frames of a closed WebSocket"); reads it dry and drops them.
+    /// Nothing of the new one can come yet: its client has not had its 101.
+    pub(super) fn drop_frames_of_closed_websockets(&mut self) -> PyResult<()> {
+        while let Received::Bytes = self.read_available()? {}
+        while let Some((header, end)) = self.buffered_frame()? {
+            match header.kind {
+                Kind::WsMessage | Kind::WsClosed => {}
+                Kind::Cancel if self.check_cancel_frame(&header, end)? != self.request_id => {}
+                // A CANCEL for the new WebSocket, or whatever comes after: for its turn.
+                _ => return Ok(()),
+            }
+            self.consume_through(end);
+        }
+        Ok(())
+    }
+
     fn check_websocket(&self) -> PyResult<()> {
         if !self.websocket || self.response.phase == Phase::Complete {
             return Err(PyRuntimeError::new_err("no WebSocket is in progress on this channel"));
