@@ -713,7 +713,8 @@ class Worker:
     def ready(self) -> int:
         first = self.read_frame()
         assert first.kind == READY, f"expected READY, got {first}; stderr:\n{self.stderr()}"
-        (pid,) = struct.unpack("<I", first.payload)
+        pid, flags = struct.unpack("<IB", first.payload)
+        assert flags == 0, "a WSGI worker says READY without the ASGI flag"
         return pid
 
     def read_response(self) -> Response:

@@ -15,8 +15,6 @@ import asyncio
 import http
 import inspect
 import os
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -24,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
+from maitred.lifespan import Lifespan
 from maitred.log import log
+from maitred.watchdog import Watchdog
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,14 +39,6 @@ BODY_PIECE = 64 * 1024
 # A response body is handed to the channel in pieces of at most this many bytes, so that what
 # waits for room in the ring while a client reads slowly is one piece, not the whole body.
 SEND_PIECE = 256 * 1024
-
-# The loop's heartbeat: the watchdog thread looks this often, and says the loop is blocked once
-# it has not beaten for BLOCKED_AFTER (docs/ASGI.md, "A blocked event loop"): within a second.
-BEAT = 0.1
-BLOCKED_AFTER = 0.5
-
-# ASGI's versions, as the scopes say them (crates/python/src/scope.rs builds the HTTP scopes).
-ASGI_VERSIONS = {"version": "3.0", "spec_version": "2.4"}
 
 
 def is_asgi(application: object) -> bool:
@@ -107,89 +99,6 @@ def _status_line(status: object) -> str:
         if len(_STATUS_LINES) < 1000:
             _STATUS_LINES[status] = line
     return line
-
-
-class Lifespan:
-    """ASGI's lifespan protocol: startup before the worker takes a request, shutdown when it
-    leaves. An application that raises at once on a lifespan scope does not support it, and is
-    served without (as uvicorn's `--lifespan auto`)."""
-
-    def __init__(self, application: Application, loop: asyncio.AbstractEventLoop) -> None:
-        self._application = application
-        self._loop = loop
-        self.state: dict[str, Any] = {}
-        self._events: asyncio.Queue[Message] = asyncio.Queue()
-        self._answers: asyncio.Queue[Message] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._supported = True
-
-    async def startup(self) -> str | None:
-        """Runs startup; returns why it failed, or None."""
-        scope = {"type": "lifespan", "asgi": ASGI_VERSIONS, "state": self.state}
-        self._task = self._loop.create_task(self._run(scope))
-        await self._events.put({"type": "lifespan.startup"})
-        answer = await self._answers.get()
-        if answer["type"] == "lifespan.startup.complete":
-            return None
-        if answer["type"] == "unsupported":
-            self._supported = False
-            return None
-        # Frameworks send the whole traceback as the message (Starlette does): the boot
-        # failure's line takes its last line, and the rest is for --log-level debug.
-        message = str(answer.get("message") or "").strip()
-        if "\n" in message:
-            log("debug", f"worker {os.getpid()}: lifespan startup failed:\n{message}")
-        return message.splitlines()[-1] if message else "lifespan.startup.failed"
-
-    async def shutdown(self, within: float) -> None:
-        if not self._supported or self._task is None or self._task.done():
-            return
-        await self._events.put({"type": "lifespan.shutdown"})
-        try:
-            answer = await asyncio.wait_for(self._answers.get(), within)
-        except asyncio.TimeoutError:
-            log("warning", f"worker {os.getpid()}: lifespan shutdown did not finish within {within:g} s")
-            self._task.cancel()
-            return
-        if answer["type"] == "lifespan.shutdown.failed":
-            log("error", f"worker {os.getpid()}: lifespan shutdown failed: {answer.get('message', '')}")
-
-    async def _run(self, scope: Scope) -> None:
-        started = False
-
-        async def receive() -> Message:
-            return await self._events.get()
-
-        async def send(message: Message) -> None:
-            nonlocal started
-            kind = message.get("type")
-            if kind not in (
-                "lifespan.startup.complete",
-                "lifespan.startup.failed",
-                "lifespan.shutdown.complete",
-                "lifespan.shutdown.failed",
-            ):
-                raise RuntimeError(f"unexpected ASGI lifespan message {kind!r}")
-            started = True
-            await self._answers.put(message)
-
-        try:
-            await self._application(scope, receive, send)
-        except BaseException as error:
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                raise
-            if not started:
-                # Raised before a word on the lifespan: it has none (Django's ASGIHandler raises
-                # on any scope but http).
-                log("debug", f"worker {os.getpid()}: the application does not support lifespan: {error!r}")
-                await self._answers.put({"type": "unsupported"})
-                return
-            # After its answer (Starlette re-raises what made startup fail): that answer said it.
-            trace = "".join(traceback.format_exception(error)).rstrip()
-            log("debug", f"worker {os.getpid()}: the lifespan raised after its answer\n{trace}")
-        else:
-            if not started:
-                await self._answers.put({"type": "unsupported"})
 
 
 class _Exchange:
@@ -490,6 +399,18 @@ class _Worker:
     def start(self) -> None:
         self.seats = [_Seat(self, channel) for channel in self.channels]
 
+    def expire_overdue(self, now: float) -> None:
+        """At the loop's heartbeat: cancels the requests past --timeout."""
+        for seat in self.seats:
+            if seat.deadline is not None and seat.deadline <= now:
+                seat.expire()
+
+    def in_progress(self) -> str:
+        """The requests in progress, for the watchdog's line: read from its thread while the
+        loop is stuck, each seat's exchange once."""
+        exchanges = [seat.exchange for seat in self.seats]
+        return ", ".join(exchange.line for exchange in exchanges if exchange is not None) or "no request"
+
     def seat_closed(self, seat: _Seat) -> None:
         self._open -= 1
         if self._open == 0 and not self._done.done():
@@ -507,53 +428,6 @@ class _Worker:
 
     async def finished(self) -> int:
         return await self._done
-
-
-class _Watchdog(threading.Thread):
-    """Names the call that blocks the event loop: the loop beats every BEAT; when it has not for
-    BLOCKED_AFTER, this thread logs a diagnosis line with the loop's stack, once per stall."""
-
-    def __init__(self, worker: _Worker, loop_thread: int) -> None:
-        super().__init__(name="maitred-watchdog", daemon=True)
-        self._worker = worker
-        self._loop_thread = loop_thread
-        self.last_beat = time.monotonic()
-        self._stopped = threading.Event()
-
-    def beat(self) -> None:
-        """The loop's heartbeat, which also cancels the requests past --timeout."""
-        self.last_beat = now = time.monotonic()
-        for seat in self._worker.seats:
-            if seat.deadline is not None and seat.deadline <= now:
-                seat.expire()
-        self._worker.loop.call_later(BEAT, self.beat)
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def run(self) -> None:
-        reported = 0.0
-        while not self._stopped.wait(BEAT):
-            last = self.last_beat
-            stalled = time.monotonic() - last
-            if stalled < BLOCKED_AFTER or last == reported:
-                continue
-            reported = last
-            frame = sys._current_frames().get(self._loop_thread)
-            if frame is None:
-                continue
-            stack = "".join(traceback.format_stack(frame)).rstrip()
-            where = traceback.extract_stack(frame, limit=1)[-1]
-            # Read from this thread while the loop is stuck: each seat's exchange once.
-            exchanges = [seat.exchange for seat in self._worker.seats]
-            during = ", ".join(exchange.line for exchange in exchanges if exchange is not None) or "no request"
-            log(
-                "warning",
-                f"diagnosis S2 (blocked_event_loop): worker {os.getpid()}'s event loop has not run for "
-                f"{stalled:.1f} s, blocked in {where.name} ({where.filename}:{where.lineno}) during {during}; "
-                "every request of this worker waits meanwhile; fix: await the call's async form, or run it "
-                f"with `await asyncio.to_thread(...)`\n{stack}",
-            )
 
 
 def serve(
@@ -588,7 +462,7 @@ async def _serve(
     for channel in channels:
         channel.ready()
     worker.start()
-    watchdog = _Watchdog(worker, threading.get_ident())
+    watchdog = Watchdog(loop, worker.expire_overdue, worker.in_progress)
     watchdog.beat()
     watchdog.start()
     try:

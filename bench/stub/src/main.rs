@@ -266,7 +266,7 @@ fn config(options: &Options) -> Config {
         binds: vec![BindAddress::Tcp { host: "127.0.0.1".into(), port: options.port }],
         workers: options.workers,
         threads: options.threads,
-        worker_connections: 1,
+        worker_connections: options.threads,
         backlog: None,
         timeout: Duration::from_secs(30),
         graceful_timeout: options.graceful_timeout,

@@ -138,8 +138,11 @@ fn obey(
 ) -> Result<bool, String> {
     let fields: Vec<&str> = message.split(' ').collect();
     match fields.as_slice() {
-        ["spawn", slot, _workers, threads] if slot.parse::<usize>().is_ok() => {
-            let threads = threads.parse::<usize>().unwrap_or(1).max(1);
+        // A channel per thread; the stub's WebSocket echo stands for an ASGI worker, whose
+        // channels are its connections.
+        ["spawn", slot, _workers, threads, connections] if slot.parse::<usize>().is_ok() => {
+            let channels = if echo { connections } else { threads };
+            let threads = channels.parse::<usize>().unwrap_or(1).max(1);
             let (worker, lobby_ends) = match spawn(program, threads, echo) {
                 Ok(spawned) => spawned,
                 Err(error) => {

@@ -323,12 +323,15 @@ fn encode_header_items<'py>(
             }
         }
         .filter(|pair| pair.len().is_ok_and(|len| len == 2))
-        .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) pair")))?;
+        .ok_or_else(|| PyTypeError::new_err(format!("response header {index} is not a (name, value) tuple")))?;
         let name = pair.get_item(0)?;
         let value = pair.get_item(1)?;
         let name = header_bytes(&name, text, &|| format!("the name of response header {index}"))?
             .filter(|name| !name.is_empty() && name.iter().all(|&b| is_token_byte(b)))
-            .ok_or_else(|| PyValueError::new_err(format!("invalid response header name {name}")))?;
+            .ok_or_else(|| {
+                let shown = name.str().map(|text| text.to_string()).unwrap_or_default();
+                PyValueError::new_err(format!("invalid response header name {shown:?}"))
+            })?;
         // Token bytes are ASCII.
         let name_text = std::str::from_utf8(&name).expect("token bytes");
         if HOP_BY_HOP.iter().any(|hop| name_text.eq_ignore_ascii_case(hop)) {

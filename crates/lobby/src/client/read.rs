@@ -5,10 +5,12 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::BytesMut;
 use maitred_protocol::{decode_proxy_header, BodyLength, Event, ProxyHeader, RequestHead};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::sleep_until;
 
@@ -243,4 +245,14 @@ fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermi
 
 fn spill_failed(e: &io::Error) -> Stop {
     Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
+}
+
+/// One read attempt that does not wait: Pending when nothing is there, and then the stream
+/// is registered to wake `cx` when there is.
+pub(super) fn read_now<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    tokio_util::io::poll_read_buf(std::pin::Pin::new(stream), cx, buf)
 }

@@ -10,20 +10,20 @@ use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
 use maitred_wire::{build_frame, Kind, FLAG_FD};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
 use super::asleep::{Sleeper, HIBERNATE_AFTER, TICK};
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
-use super::read::{Body, READ_CHUNK};
+use super::read::{read_now, Body, READ_CHUNK};
 use super::states::ConnectionState;
 use super::tls::TlsStream;
 use super::websocket;
@@ -250,7 +250,7 @@ impl<S: ClientStream> Connection<S> {
             "{} {} {}",
             String::from_utf8_lossy(&head.method),
             String::from_utf8_lossy(&head.target),
-            version_text(head.version)
+            head.version.as_str()
         )
         .into();
         let upstream = origin.upstream_wait(SystemTime::now());
@@ -470,7 +470,7 @@ impl<S: ClientStream> Connection<S> {
                 peer: &origin.ip_text(),
                 method: &head.method,
                 target: &head.target,
-                version: version_text(head.version),
+                version: head.version.as_str(),
                 request_headers: &head.headers,
                 status: answer.status,
                 body_bytes: answer.body_bytes,
@@ -494,17 +494,4 @@ struct Waiting {
     upstream: Duration,
     /// When its client begins to be watched for leaving.
     watch_after: Duration,
-}
-
-/// One read attempt that does not wait: Pending when nothing is there, and then the stream
-/// is registered to wake `cx` when there is.
-fn read_now<S: AsyncRead + Unpin>(stream: &mut S, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-    tokio_util::io::poll_read_buf(std::pin::Pin::new(stream), cx, buf)
-}
-
-fn version_text(version: Version) -> &'static str {
-    match version {
-        Version::Http10 => "HTTP/1.0",
-        Version::Http11 => "HTTP/1.1",
-    }
 }
