@@ -345,3 +345,17 @@ def test_messages_behind_a_close_do_not_reach_the_next_websocket_of_the_seat(
         second.send("fresh")
         assert second.recv(timeout=TIMEOUT) == "fresh"
     assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200
+
+
+def test_a_websocket_client_that_leaves_before_the_accept_is_a_disconnect(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    server = fastapi_server(maitred_server, events)
+    with socket.create_connection((HOST, server.port)) as client:
+        client.sendall(
+            b"GET /late-accept HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        wait_for_lines(events, "late-connected", 1)
+    wait_for_lines(events, "late-websocket.disconnect-1006", 1)
+    assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200

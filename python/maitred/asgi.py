@@ -189,7 +189,8 @@ class _WebSocket:
                     self.disconnected = True
                 return event
             if self.disconnected:
-                raise ClientDisconnected(32, "the WebSocket is closed")
+                # Its client left before the 101 (the lobby's CANCEL): ASGI's abnormal closure.
+                return {"type": "websocket.disconnect", "code": 1006, "reason": ""}
             await self._seat.wait_for_news()
 
     async def send(self, message: Message) -> None:

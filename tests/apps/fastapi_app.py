@@ -122,3 +122,12 @@ async def echo(websocket: WebSocket) -> None:
 @app.websocket("/refuse")
 async def refuse(websocket: WebSocket) -> None:
     await websocket.close(code=1008)
+
+
+@app.websocket("/late-accept")
+async def late_accept(websocket: WebSocket) -> None:
+    await websocket.receive()  # websocket.connect
+    record("late-connected")
+    # Not accepted yet: the client leaves before its 101.
+    message = await websocket.receive()
+    record(f"late-{message['type']}-{message.get('code')}")
