@@ -104,7 +104,7 @@ def _status_line(status: object) -> str:
 class _Exchange:
     """One request: the application's `receive` and `send`, and where its response stands."""
 
-    __slots__ = ("_body", "_body_left", "_channel", "_seat", "disconnected", "done", "scope", "started")
+    __slots__ = ("_body", "_body_left", "_channel", "_seat", "disconnected", "done", "scope")
 
     def __init__(self, seat: _Seat, scope: Scope, body: Any) -> None:
         self._seat = seat
@@ -114,7 +114,6 @@ class _Exchange:
         self._body_left = True
         self.done = False
         self.disconnected = False
-        self.started = False
 
     @property
     def line(self) -> str:
@@ -138,22 +137,18 @@ class _Exchange:
             raise ClientDisconnected(32, "the client has gone away")
         if kind == "http.response.start":
             self._channel.start(_status_line(message["status"]), message.get("headers", ()))
-            self.started = True
         elif kind == "http.response.body":
             if self.done:
                 raise RuntimeError("http.response.body was sent after the response was complete")
             body = message.get("body", b"")
             more = bool(message.get("more_body", False))
             channel = self._channel
-            if len(body) <= SEND_PIECE:
-                channel.send(body, more)
+            # An empty body is one piece too: it may end the response.
+            for start in range(0, len(body), SEND_PIECE) if body else (0,):
+                end = start + SEND_PIECE
+                channel.send(body[start:end], more or end < len(body))
                 if channel.backlogged:
                     await self._seat.drain()
-            else:
-                for start in range(0, len(body), SEND_PIECE):
-                    channel.send(body[start : start + SEND_PIECE], more or start + SEND_PIECE < len(body))
-                    if channel.backlogged:
-                        await self._seat.drain()
             self.done = not more
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")

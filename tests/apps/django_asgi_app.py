@@ -6,20 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-import django
-from django.conf import settings
+from django_settings import configure
 
-settings.configure(
-    DEBUG=False,
-    SECRET_KEY="maitred-tests-only",
-    ALLOWED_HOSTS=["127.0.0.1"],
-    ROOT_URLCONF=__name__,
-    MIDDLEWARE=[],
-    INSTALLED_APPS=[],
-    DATABASES={},
-    USE_TZ=True,
-)
-django.setup()
+configure(__name__)
 
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, JsonResponse
