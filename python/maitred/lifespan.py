@@ -1,7 +1,7 @@
 """ASGI's lifespan protocol, as an ASGI worker runs it (docs/ASGI.md, "Lifespan"): startup before
 the worker takes a request, shutdown when it leaves.
 
-May import: maitred.log.
+May import: maitred.log, maitred._native.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import traceback
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from maitred import _native
 from maitred.log import log
 
 Message = MutableMapping[str, Any]
 Application = Callable[..., Awaitable[None]]
 
-# ASGI's versions, as the scopes say them (crates/python/src/scope.rs builds the HTTP scopes).
-ASGI_VERSIONS = {"version": "3.0", "spec_version": "2.4"}
+# ASGI's versions, as the scopes say them (crates/python/src/scope.rs builds the others).
+ASGI_VERSIONS = {"version": _native.ASGI_VERSION, "spec_version": _native.ASGI_SPEC_VERSION}
 
 
 class Lifespan:

@@ -13,6 +13,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::environ::{percent_decode, split_target};
 
+/// ASGI's versions as every scope says them; `maitred.lifespan` takes them from here.
+pub const ASGI_VERSION: &str = "3.0";
+pub const ASGI_SPEC_VERSION: &str = "2.4";
+
 /// The scope's `path` with the mount point (`root_path`) in front: as received when it starts
 /// with it, otherwise behind a proxy that stripped it, so it is put back (as uvicorn does with
 /// `--root-path`). ASGI's `path` includes `root_path`, unlike WSGI's `PATH_INFO`.
@@ -38,8 +42,8 @@ pub fn build<'py>(
     let kind = if websocket { intern!(py, "websocket") } else { intern!(py, "http") };
     scope.set_item(intern!(py, "type"), kind)?;
     let asgi = PyDict::new(py);
-    asgi.set_item(intern!(py, "version"), intern!(py, "3.0"))?;
-    asgi.set_item(intern!(py, "spec_version"), intern!(py, "2.4"))?;
+    asgi.set_item(intern!(py, "version"), intern!(py, ASGI_VERSION))?;
+    asgi.set_item(intern!(py, "spec_version"), intern!(py, ASGI_SPEC_VERSION))?;
     scope.set_item(intern!(py, "asgi"), asgi)?;
     let version = if request.http_minor == 0 { intern!(py, "1.0") } else { intern!(py, "1.1") };
     scope.set_item(intern!(py, "http_version"), version)?;
