@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from maitred.zygote import PROBE_NAME
 
 MAITRED = Path(sys.executable).with_name("maitred")
 HOST = "127.0.0.1"
@@ -95,12 +96,21 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def is_probe(pid: int) -> bool:
+    """Whether `pid` is the zygote's child that imports the application only to ask whether it
+    is ASGI (zygote.probe_interface): it is named for `ps`, and is no worker."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().rstrip("\n") == PROBE_NAME
+    except OSError:
+        return False
+
+
 def workers_of(lobby: int, count: int = 0) -> set[int]:
     """The pids of the workers under `lobby`'s zygote; with `count`, once it has forked that
     many (a lobby serves as soon as one worker is ready, so the others may be on their way)."""
     deadline = time.monotonic() + 10
     while True:
-        workers = {worker for zygote in children(lobby) for worker in children(zygote)}
+        workers = {worker for zygote in children(lobby) for worker in children(zygote) if not is_probe(worker)}
         if len(workers) >= count or time.monotonic() > deadline:
             return workers
         time.sleep(0.02)

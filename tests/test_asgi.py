@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import HOST, Finished, Server, free_port, workers_of
+from conftest import HOST, Finished, Server, children, free_port, is_probe, workers_of
+from maitred.zygote import PROBE_NAME
 
 APPS = Path(__file__).resolve().parent / "apps"
 TIMEOUT = 10.0
@@ -217,6 +218,30 @@ def test_interface_wsgi_forces_the_interface(maitred_server: Callable[..., Serve
     )
     server = maitred_server("three:app", "--interface", "wsgi", cwd=tmp_path)
     assert requests.get(server.url, timeout=TIMEOUT).text == "served as wsgi"
+
+
+def test_the_interface_probe_is_named_for_ps_and_exits(maitred_server: Callable[..., Server], tmp_path: Path) -> None:
+    # An application whose import waits for a file: the probe is caught while it imports.
+    go = tmp_path / "go"
+    (tmp_path / "waits.py").write_text(
+        "import pathlib, time\n"
+        f"deadline = time.monotonic() + {TIMEOUT}\n"
+        f"while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "def app(environ, start_response):\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+        "    return [b'loaded']\n"
+    )
+    server = maitred_server("waits:app", "-w", "1", cwd=tmp_path)
+    deadline = time.monotonic() + TIMEOUT
+    while not (probes := [pid for zygote in children(server.pid) for pid in children(zygote) if is_probe(pid)]):
+        assert time.monotonic() < deadline, f"no process named {PROBE_NAME}: {server.stderr()}"
+        time.sleep(0.02)
+    assert workers_of(server.pid) == set()
+    go.touch()
+    assert requests.get(server.url, timeout=TIMEOUT).text == "loaded"
+    (worker,) = workers_of(server.pid, 1)
+    assert worker not in probes and not Path(f"/proc/{probes[0]}").exists()
 
 
 def test_worker_connections_are_seats_on_the_scoreboard(maitred_server: Callable[..., Server], events: Path) -> None:

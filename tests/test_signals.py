@@ -647,6 +647,7 @@ def test_a_reload_whose_import_outlasts_timeout_is_abandoned(maitred_server, app
     write_app(app_dir, "v1")
     server = maitred_server("-w", "1", "--timeout", "1", "versioned:app", cwd=app_dir, env=NO_PYC)
     before = wait_for_workers(server, 1)
+    assert version_of(get(server.port)) == "v1"  # loaded, before v2 is written
     write_app(app_dir, "v2", import_delay=5)
     server.send_signal(signal.SIGHUP)
     wait_for_log(server, "SIGHUP: reload abandoned: the new workers did not finish loading versioned:app within")

@@ -82,6 +82,19 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
     return zygote.serve()
 
 
+# What `ps` and `top` call the interface probe, so that it is not taken for a worker.
+PROBE_NAME = "maitred-probe"
+
+
+def _name_this_process(name: str) -> None:
+    """Sets the kernel's name of this process (`ps -o comm`, at most 15 bytes)."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name)
+    except OSError:
+        pass  # no /proc: the name is only a courtesy
+
+
 def probe_interface(load_app: LoadApp) -> str | None:
     """Whether the application is ASGI or WSGI, asked of a child that imports it and exits, so
     that the zygote stays without the application (no --preload). None when the import fails:
@@ -94,6 +107,7 @@ def probe_interface(load_app: LoadApp) -> str | None:
         answer = b"?"
         try:
             os.close(reader)
+            _name_this_process(PROBE_NAME)
             answer = b"asgi" if asgi.is_asgi(load_app()) else b"wsgi"
         except BaseException:  # noqa: BLE001, S110 - the worker that imports it next says why
             pass
