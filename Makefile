@@ -54,10 +54,12 @@ lint: install
 
 # The conformance tests' corpora: tests/corpora.py finds each (../shared, or gunicorn's sdist
 # fetched into .cache/) and says which it skips; the Rust tests learn where from the environment.
+# TESTS picks pytest's files (all of tests/ by default), e.g. TESTS=tests/test_wheel.py.
+TESTS ?= tests
 test: install lint
 	eval "$$($(BIN)/python tests/corpora.py)" && cargo test --workspace
 	cargo build --release -p maitred-stub
-	$(BIN)/python -m pytest tests -q -rs
+	$(BIN)/python -m pytest $(TESTS) -q -rs
 
 # The benchmark against the peers (bench/README.md): every scenario, or some with S=S1,T1.
 # Results go to bench/results/; it takes about 30 minutes (bench/README.md).
