@@ -74,6 +74,18 @@ def test_a_recycled_worker_runs_its_lifespan_shutdown(maitred_server: Callable[.
     assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).text not in first
 
 
+def test_lifespan_shutdown_runs_at_sigttou_and_at_a_reload(maitred_server: Callable[..., Server], events: Path) -> None:
+    server = fastapi_server(maitred_server, events)
+    first = {int(line.split()[1]) for line in wait_for_lines(events, "startup", 2)}
+    server.send_signal(signal.SIGTTOU)
+    (fewer,) = wait_for_lines(events, "shutdown", 1)
+    assert int(fewer.split()[1]) in first
+    server.send_signal(signal.SIGHUP)
+    # The worker left leaves through its shutdown once its successor serves.
+    assert {int(line.split()[1]) for line in wait_for_lines(events, "shutdown", 2)} == first
+    assert int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text) not in first
+
+
 def test_a_streamed_response_arrives_whole_in_pieces(maitred_server: Callable[..., Server], events: Path) -> None:
     server = fastapi_server(maitred_server, events)
     answer = requests.get(f"{server.url}/stream", params={"count": 2000}, timeout=TIMEOUT, stream=True)
