@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import signal
 import socket
@@ -84,6 +85,40 @@ def test_lifespan_shutdown_runs_at_sigttou_and_at_a_reload(maitred_server: Calla
     # The worker left leaves through its shutdown once its successor serves.
     assert {int(line.split()[1]) for line in wait_for_lines(events, "shutdown", 2)} == first
     assert int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text) not in first
+
+
+def test_the_access_log_metrics_forwarded_headers_and_an_upgrade_apply_to_asgi(
+    maitred_server: Callable[..., Server], events: Path, tmp_path: Path
+) -> None:
+    access_log, pid_file, stats = tmp_path / "access.log", tmp_path / "maitred.pid", free_port()
+    server = fastapi_server(
+        maitred_server,
+        events,
+        *("--access-logfile", str(access_log), "--access-logformat", "json"),
+        *("--stats", f"{HOST}:{stats}", "--pid", str(pid_file)),
+    )
+    first = {int(line.split()[1]) for line in wait_for_lines(events, "startup", 2)}
+    forwarded = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"}
+    body = requests.get(f"{server.url}/state", headers=forwarded, timeout=TIMEOUT).json()
+    assert (body["client"], body["scheme"]) == ("203.0.113.7", "https")
+    (line,) = wait_for_lines(access_log, "{", 1)
+    record = json.loads(line)
+    assert (record["request"], record["status"], record["pid"]) == ("GET /state HTTP/1.1", 200, body["pid"]), line
+    assert record["queue_ms"] >= 0 and record["app_ms"] >= 0, line
+    metrics = requests.get(f"http://{HOST}:{stats}/metrics", timeout=TIMEOUT).text
+    assert 'maitred_requests_total{class="2xx"} 1' in metrics.splitlines(), metrics
+    # SIGUSR2: a new maitred takes over with workers of its own; the old ones run their shutdown.
+    server.send_signal(signal.SIGUSR2)
+    assert server.wait(timeout=30) == 0, server.stderr()
+    new_lobby = int(pid_file.read_text())
+    assert {int(line.split()[1]) for line in wait_for_lines(events, "shutdown", 2)} == first
+    assert len(wait_for_lines(events, "startup", 4)) == 4
+    assert int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text) in workers_of(new_lobby, 2)
+    os.kill(new_lobby, signal.SIGTERM)
+    deadline = time.monotonic() + TIMEOUT
+    while Path(f"/proc/{new_lobby}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_file.exists()
 
 
 def test_a_streamed_response_arrives_whole_in_pieces(maitred_server: Callable[..., Server], events: Path) -> None:
