@@ -134,6 +134,8 @@ pub struct Card {
     pub threads: RefCell<Vec<Option<Busy>>>,
     /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
+    /// When one of its threads last answered.
+    answered_at: Cell<Option<Instant>>,
 }
 
 impl Card {
@@ -146,6 +148,7 @@ impl Card {
             phase: watch::Sender::new(phase),
             threads: RefCell::new(vec![None]),
             served: Cell::new(0),
+            answered_at: Cell::new(None),
         }
     }
 
@@ -182,6 +185,13 @@ impl Card {
     /// Thread `thread` has answered.
     pub fn end(&self, thread: usize) {
         self.threads.borrow_mut()[thread] = None;
+        self.answered_at.set(Some(Instant::now()));
+    }
+
+    /// Whether none of its threads has answered for `quiet` (or ever): the worker may have been
+    /// stopped since (`health::LOOK_AFTER_IDLE`). One that answered on any thread was running.
+    pub fn quiet_for(&self, quiet: Duration) -> bool {
+        self.answered_at.get().is_none_or(|at| at.elapsed() >= quiet)
     }
 }
 
@@ -277,6 +287,19 @@ impl Scoreboard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_card_is_quiet_until_any_of_its_threads_answers() {
+        let card = Card::new(1, Phase::Serve);
+        card.set_threads(2);
+        let hour = Duration::from_secs(3600);
+        assert!(card.quiet_for(hour), "never answered");
+        card.begin(1, "GET / HTTP/1.1".into());
+        assert!(card.quiet_for(hour), "busy, not answered yet");
+        card.end(1);
+        assert!(!card.quiet_for(hour), "thread 1 answered: thread 0 need not look");
+        assert!(card.quiet_for(Duration::ZERO));
+    }
 
     #[test]
     fn a_card_goes_from_starting_to_busy_to_retiring() {

@@ -107,12 +107,12 @@ async fn seat_jobs(
                 if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
                 }
-                // Since when the worker has waited for a request, if it has.
-                let mut idle_since = None;
+                // Whether this seat waited for a request.
+                let mut seat_waited = false;
                 let job = match lobby.seating.next(sockets) {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
-                        idle_since = Some(Instant::now());
+                        seat_waited = true;
                         let lifetime_end = recycle.deadline();
                         tokio::select! {
                             biased;
@@ -152,11 +152,10 @@ async fn seat_jobs(
                     continue;
                 }
                 // A worker idle for a while may have been stopped meanwhile; one that has just
-                // answered was running then, and is not looked at (health::LOOK_AFTER_IDLE).
-                // Its first request is looked at whatever the time: the lobby may have read
-                // its READY late, from a worker stopped since.
-                let look = card.served.get() == 0
-                    || idle_since.is_some_and(|since| since.elapsed() >= health::LOOK_AFTER_IDLE);
+                // answered, on this seat or another of its own, was running then, and is not
+                // looked at (health::LOOK_AFTER_IDLE). Its first request is looked at whatever
+                // the time: the lobby may have read its READY late, from a worker stopped since.
+                let look = card.served.get() == 0 || seat_waited && card.quiet_for(health::LOOK_AFTER_IDLE);
                 if look && stat.is_stopped() {
                     lobby.seating.return_unstarted(job);
                     let bound = lobby.settings().timeout;
