@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from maitred.zygote import PROBE_NAME
 
 MAITRED = Path(sys.executable).with_name("maitred")
 HOST = "127.0.0.1"
@@ -99,6 +98,9 @@ def children(pid: int) -> set[int]:
 def is_probe(pid: int) -> bool:
     """Whether `pid` is the zygote's child that imports the application only to ask whether it
     is ASGI (zygote.probe_interface): it is named for `ps`, and is no worker."""
+    # Imported here: without maitred installed, the maitred_command fixture says so in one line.
+    from maitred.zygote import PROBE_NAME
+
     try:
         return Path(f"/proc/{pid}/comm").read_text().rstrip("\n") == PROBE_NAME
     except OSError:
