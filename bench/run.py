@@ -471,6 +471,11 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
             "net.ipv4.tcp_max_syn_backlog": read("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
             "net.ipv4.tcp_syncookies": read("/proc/sys/net/ipv4/tcp_syncookies"),
             "open files limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            # How an idle CPU waits: in a KVM guest, cpuidle-haltpoll polls up to guest_halt_poll_ns
+            # before it halts (the kernel's default is 200000). At 0 each wake of an idle vCPU costs
+            # 35-40 us here, which decides every one-client scenario (docs/PERFORMANCE.md).
+            "cpuidle driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+            "haltpoll.guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
         },
         "versions": versions,
         "peers not installed": {name: why for name, why in installs.items() if why != "ok"},
