@@ -7,6 +7,7 @@ worker. Then --queue-timeout, --max-connections, and each form of --bind and --b
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -396,3 +397,41 @@ def test_keep_alive_zero_closes_after_each_answer_and_says_so(maitred_server):
         assert reply.status == 200
         assert reply.headers["Connection"] == "close"
         assert sock.recv(1) == b""
+
+
+IDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+IDLE_NOTE = "idle CPUs halt without polling first"
+
+
+def test_the_start_names_idle_cpus_that_halt_without_polling(maitred_server):
+    """docs/TUNING.md, "Virtual machines": a KVM guest whose idle CPUs halt without polling
+    (cpuidle-haltpoll with guest_halt_poll_ns 0) is named once at start; any other machine is
+    not. Where the driver is in use and the setting writable (root), both settings are tried,
+    and the machine's own is put back."""
+
+    def noted() -> list[str]:
+        server = maitred_server(APP, cwd=APPS)
+        lines = [line for line in start_up_log(server).splitlines() if IDLE_NOTE in line]
+        server.stop()
+        return lines
+
+    driver = IDLE_DRIVER.read_text().strip() if IDLE_DRIVER.exists() else ""
+    if driver != "haltpoll":
+        assert noted() == []
+        return
+    machine_setting = HALT_POLL_NS.read_text().strip()
+    writable = os.access(HALT_POLL_NS, os.W_OK)
+    try:
+        for setting in ("0", "200000") if writable else (machine_setting,):
+            if writable:
+                HALT_POLL_NS.write_text(setting)
+            lines = noted()
+            if setting == "0":
+                assert len(lines) == 1 and "[INFO]" in lines[0], lines
+                assert "haltpoll.guest_halt_poll_ns 0" in lines[0] and "docs/TUNING.md" in lines[0], lines
+            else:
+                assert lines == []
+    finally:
+        if writable:
+            HALT_POLL_NS.write_text(machine_setting)

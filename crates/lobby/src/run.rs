@@ -25,7 +25,7 @@ use crate::lobby::Lobby;
 use crate::log::{self, error, info, warning};
 use crate::observe::findings::Diagnoses;
 use crate::observe::metrics::Metrics;
-use crate::observe::{diagnosis, server};
+use crate::observe::{diagnosis, idle_cpus, server};
 use crate::process::hooks::{self, ServerHooks};
 use crate::process::upgrade::{takeover, Succession};
 use crate::process::{notify, privileges};
@@ -202,6 +202,7 @@ pub(crate) async fn until_stopped(
             Ok(tokio::task::spawn_local(accepting))
         })
         .collect::<Result<_, StartupError>>()?;
+    idle_cpus::note_at_start();
     lobby.diagnoses.watch_listeners(&listeners);
     let diagnosing = tokio::task::spawn_local(diagnosis::watch(lobby.clone(), connections.clone(), max_connections));
     let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
