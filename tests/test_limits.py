@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply
+from client import eventually, get, read_reply, wait_for_queue
 from conftest import HOST, Server, free_port, kill_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -190,10 +190,11 @@ def test_request_lines_of_8000_octets_are_served_by_default(maitred_server):
 
 
 def test_queue_timeout_answers_503_and_keeps_the_connection(maitred_server):
-    server = maitred_server("--queue-timeout", "0.5", APP, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("--queue-timeout", "0.5", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(get, server.port, "/?sleep=2")
-        time.sleep(0.2)
+        wait_for_queue(stats, busy=1, waiting=0)
         with socket.create_connection((HOST, server.port), timeout=10) as sock:
             started = time.monotonic()
             sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")

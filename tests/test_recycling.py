@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from client import eventually, read_reply
-from conftest import HOST, Server
+from client import eventually, read_reply, status_of
+from conftest import HOST, Server, free_port
 from test_lifecycle import APPS, wait_for_workers, wait_until, worker_pids
 
 LEAKY = "leaky:app"  # tests/apps/leaky.py: leaks 2 MB per request, answers its pid
@@ -201,10 +201,12 @@ def test_an_idle_worker_past_its_lifetime_is_replaced_at_once(maitred_server):
 def test_a_retiring_worker_is_replaced_by_a_ready_spare_without_a_wait(maitred_server, recycling):
     """-w 1 and an application whose import takes 1 s: a worker retires every 1.5 s or so, and
     the request after it is served at once by the spare, not after a 1 s boot."""
-    server = maitred_server("-w", "1", *recycling, SLOW_BOOT, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "1", *recycling, "--stats", f"{HOST}:{stats}", SLOW_BOOT, cwd=APPS)
     wait_for_workers(server, 2, timeout=30)
-    # The spare loads the application for 1 s after the server serves.
-    time.sleep(1.5)
+    # The spare loads the application for 1 s after the server serves: the load starts once it
+    # is held, ready.
+    assert eventually(lambda: status_of(stats)["workers"]["held"] == 1, 30), status_of(stats)["workers"]
     clients = Clients(server.port, threads=1, duration=6.0, pause=0.05)
     clients.run()
     assert clients.errors == []
