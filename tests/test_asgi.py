@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from client import eventually
 from conftest import HOST, Finished, Server, children, free_port, is_probe, workers_of
 from maitred.zygote import PROBE_NAME
 
@@ -115,9 +116,7 @@ def test_the_access_log_metrics_forwarded_headers_and_an_upgrade_apply_to_asgi(
     assert len(wait_for_lines(events, "startup", 4)) == 4
     assert int(requests.get(f"{server.url}/pid", timeout=TIMEOUT).text) in workers_of(new_lobby, 2)
     os.kill(new_lobby, signal.SIGTERM)
-    deadline = time.monotonic() + TIMEOUT
-    while Path(f"/proc/{new_lobby}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert eventually(lambda: not Path(f"/proc/{new_lobby}").exists(), TIMEOUT), "the new lobby did not exit"
     assert not pid_file.exists()
 
 

@@ -11,8 +11,6 @@
 //! hello, `wrk -t1 -c1`, bench/results/asgi-c1-halt and -poll) was 0.68 of uvicorn with the polling
 //! off and 1.17 with the kernel's default, minutes apart.
 
-use std::path::Path;
-
 use crate::log::info;
 
 const DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
@@ -21,7 +19,7 @@ const POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
 /// Logs a line when this machine's idle CPUs halt without polling first; nothing otherwise,
 /// nor where the files do not exist (no cpuidle, not a haltpoll guest).
 pub(crate) fn note_at_start() {
-    let read = |path: &str| std::fs::read_to_string(Path::new(path)).unwrap_or_default();
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     if halts_without_polling(&read(DRIVER), &read(POLL_NS)) {
         info!(
             "this machine's idle CPUs halt without polling first (cpuidle driver haltpoll, \
