@@ -1,7 +1,7 @@
 # maitred's two commands:
 #   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
 #   make test   build it, run the lint gates (make lint), then the Rust and the Python test suites
-#   make wheel  a manylinux wheel in dist/, for installing maitred where there is no Rust (README, Installing)
+#   make wheel  a manylinux2014 wheel in dist/, for installing maitred where there is no Rust (README, Installing)
 #
 # Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
 
@@ -18,25 +18,42 @@ $(BIN)/python:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 
-# The build backend, for --no-build-isolation (the same requirement as pyproject.toml's
-# [build-system]); redone when pyproject.toml changes.
+# The build backend, for --no-build-isolation: pyproject.toml's [build-system] requirement,
+# pinned here within its range so that every build is made by the same maturin; redone when
+# pyproject.toml changes.
 $(VENV)/.build-tools: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --upgrade pip "maturin>=1.9,<2"
+	$(BIN)/pip install --quiet "pip==26.3" "maturin==1.16.0"
 	touch $@
 
-# maturin's build backend starts the `maturin` executable by name, so the build runs with the
-# venv's bin first on PATH (the venv is not activated, and nothing outside it may be used).
+# maitred itself, and nothing more: it has no run-time dependency, so `make run` waits only for
+# the build. maturin's build backend starts the `maturin` executable by name, so the build runs
+# with the venv's bin first on PATH (the venv is not activated, and nothing outside it may be
+# used). --no-build-isolation applies to maitred alone: it builds with the venv's maturin and
+# cargo's incremental target directory.
 install: $(VENV)/.build-tools
 	@echo "Building maitred into $(VENV) (the first build takes a few minutes)"
-	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation ".[test,reload]"
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation .
 
-# The same release build as `make install` (cargo reuses it when it is up to date: the same
-# interpreter, so the same pyo3 configuration), packed by maturin, which reads the glibc symbol
-# versions the library needs and tags the wheel with the manylinux policy they allow, as
-# auditwheel would.
-wheel: $(VENV)/.build-tools
+# What the tests and the lint gates use, pinned in tests/requirements.txt, and --reload's
+# watchfiles (the [reload] extra, pinned there too). pip builds a package served only as a source
+# distribution in an isolated environment of its own; redone when the pins change.
+$(VENV)/.test-tools: tests/requirements.txt | $(BIN)/python
+	$(BIN)/pip install --quiet --requirement tests/requirements.txt
+	touch $@
+
+# A wheel for machines without Rust: the release build, linked by zig (ziglang from PyPI, pinned)
+# against glibc 2.17's symbols, so that maturin can tag it manylinux2014 and it installs on
+# every Linux of the last ten years (Debian 9, Ubuntu 18.04, RHEL 7, Amazon Linux 2 and later).
+# It shares target/ with `make install`, whose host-linked build cargo redoes where the linker
+# differs.
+$(VENV)/.wheel-tools: | $(BIN)/python
+	$(BIN)/pip install --quiet "ziglang==0.17.0"
+	touch $@
+
+wheel: $(VENV)/.build-tools $(VENV)/.wheel-tools
 	rm -f dist/maitred-*.whl
-	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/maturin build --release --interpreter $(BIN)/python3 --out dist
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux2014 \
+		--interpreter $(BIN)/python3 --out dist
 
 run: install
 	@echo "Serving examples/hello.py at http://127.0.0.1:8000/ (Ctrl-C stops it)"
@@ -44,7 +61,7 @@ run: install
 
 # The lint gates: rustfmt, clippy with every warning an error, ruff's checks and its format.
 # rustup's minimal profile leaves out clippy and rustfmt; add them when they are missing.
-lint: install
+lint: install $(VENV)/.test-tools
 	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 	cargo fmt --all --check
@@ -56,7 +73,7 @@ lint: install
 # fetched into .cache/) and says which it skips; the Rust tests learn where from the environment.
 # TESTS picks pytest's files (all of tests/ by default), e.g. TESTS=tests/test_wheel.py.
 TESTS ?= tests
-test: install lint
+test: install $(VENV)/.test-tools lint
 	eval "$$($(BIN)/python tests/corpora.py)" && cargo test --workspace
 	cargo build --release -p maitred-stub
 	$(BIN)/python -m pytest $(TESTS) -q -rs

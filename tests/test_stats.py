@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from conftest import HOST, MAITRED, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 APPS = Path(__file__).resolve().parent / "apps"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -72,6 +74,26 @@ def test_metrics_count_what_the_lobby_served_without_a_worker(maitred_server):
     overflows = families["maitred_listen_overflows"]
     assert value(overflows, "maitred_listen_overflows_total", counter="ListenOverflows", scope="machine") >= 0
     server.wait_for_log("stats at http://", 10)
+
+
+def test_every_family_is_there_from_the_first_scrape_with_its_known_labels_at_zero(maitred_server):
+    """docs/METRICS.md: a family that appears only once something happened breaks a rate() over
+    the time before, so every family, and each label value known in advance, is there at 0."""
+    stats = free_port()
+    maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    families = scrape(stats)
+    documented = set(re.findall(r"^\| `(maitred_[a-z_]+)` \|", (DOCS / "METRICS.md").read_text(), re.MULTILINE))
+    exposed = {sample.name for samples in families.values() for sample in samples}
+    missing = {name for name in documented if not any(e == name or e.startswith(name + "_") for e in exposed)}
+    assert not missing, f"documented in docs/METRICS.md but not on the first scrape: {sorted(missing)}"
+    refusals = {s.labels["status"]: s.value for s in families["maitred_refusals"] if s.name == "maitred_refusals_total"}
+    assert refusals == {
+        status: 0 for status in ("400", "408", "413", "414", "417", "426", "431", "500", "501", "503", "505")
+    }
+    for family, label in (("maitred_shed", "reason"), ("maitred_worker_exits", "reason")):
+        zeros = [s for s in families[family] if s.name == family + "_total"]
+        assert zeros and all(s.value == 0 for s in zeros), (family, zeros)
+        assert all(label in s.labels for s in zeros)
 
 
 def test_busy_workers_and_waiting_requests_show_while_they_wait(maitred_server):

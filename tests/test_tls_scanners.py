@@ -1,7 +1,7 @@
 """TLS checked by tools nobody here wrote (docs/TLS.md, "Checked by scanners"): sslyze finds the
 server compliant with Mozilla's "intermediate" configuration, and testssl.sh reports no HIGH or
 CRITICAL finding. Each test skips, saying why, when its tool is not installed: sslyze comes with
-the [test] extra (PyPI), testssl.sh is the Debian package `testssl.sh` (`apt-get install
+tests/requirements.txt (PyPI), testssl.sh is the Debian package `testssl.sh` (`apt-get install
 testssl.sh`, as CI does).
 
 The certificate is what a real deployment presents: a chain to an authority the scanner is told
@@ -35,7 +35,7 @@ def scanned(tmp_path: Path, maitred_server: Callable[..., Server]) -> tuple[Serv
 
 def test_sslyze_finds_mozilla_intermediate_compliance(scanned: tuple[Server, Authority]) -> None:
     """docs/TLS.md, "Checked by scanners": sslyze --mozilla_config=intermediate passes."""
-    pytest.importorskip("sslyze", reason="sslyze is not installed: pip install maitred[test]")
+    pytest.importorskip("sslyze", reason="sslyze is not installed: make test installs it from tests/requirements.txt")
     server, authority = scanned
     scan = subprocess.run(
         [

@@ -152,6 +152,9 @@ impl RequestError {
         &self.kind
     }
 
+    /// Every status that `status` returns, for counters shown at zero before the first refusal.
+    pub const STATUSES: [u16; 7] = [400, 413, 414, 417, 431, 501, 505];
+
     /// The status code to answer with.
     pub fn status(&self) -> u16 {
         match self.kind {

@@ -11,11 +11,20 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use maitred_protocol::RequestError;
+
 use super::findings::KERNEL_COUNTERS;
 use crate::seating::overload::ShedReason;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
 pub(super) const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The statuses the lobby refuses a request with besides the protocol's errors
+/// (`RequestError::STATUSES`): a head or body later than --header-timeout (408), a WebSocket
+/// version other than 13 (426), a request body that could not be buffered (500) or had no
+/// descriptor for its temporary file (503). With those, `maitred_refusals_total`'s label values,
+/// at zero from the first scrape.
+const LOBBY_REFUSAL_STATUSES: [u16; 4] = [408, 426, 500, 503];
 
 pub struct Metrics {
     pub(super) registry: Registry,
@@ -65,6 +74,9 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(refusals.clone()));
+        for status in RequestError::STATUSES.iter().chain(&LOBBY_REFUSAL_STATUSES) {
+            refusals.with_label_values(&[&status.to_string()]);
+        }
         // 1 ms to about 65 s.
         let request_duration = Histogram::with_opts(
             HistogramOpts::new(

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use super::{decode_every_way, decode_with, refuse_with};
-use crate::error::{ErrorKind, Section};
+use crate::error::{ErrorKind, RequestError, Section};
 use crate::{Limits, MAX_CHUNK_LINE, MAX_HEAD_SIZE};
 
 /// The name of every kind. The match is exhaustive, so a new kind cannot be added without
@@ -348,6 +348,12 @@ fn every_error_kind_is_tested() {
     tested.insert(name(&ErrorKind::IncompleteHead));
     tested.insert(name(&ErrorKind::IncompleteBody));
     assert_eq!(tested.len(), KIND_COUNT, "tested: {tested:?}");
+}
+
+#[test]
+fn the_listed_statuses_are_those_the_errors_have() {
+    let statuses: BTreeSet<u16> = refusals().iter().map(|(_, _, _, status)| *status).collect();
+    assert_eq!(statuses, BTreeSet::from(RequestError::STATUSES));
 }
 
 #[test]
