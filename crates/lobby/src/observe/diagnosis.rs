@@ -193,6 +193,11 @@ fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
     if abandoned + refused == 0 {
         return;
     }
+    // Clients that left a queue that was not growing (a load generator's exit, a proxy's
+    // reload) are not overload (`seating/overload.rs`).
+    if refused == 0 && !lobby.seating.overload.overloaded(Instant::now()) {
+        return;
+    }
     let settings = lobby.settings();
     let shedding = match (settings.queue_policy, lobby.seating.overload.patience(Instant::now())) {
         (QueuePolicy::Fifo, _) => "--queue-policy fifo serves the rest however late".to_string(),
@@ -201,7 +206,9 @@ fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
             patience.as_secs_f64() / 2.0,
             patience.as_secs_f64()
         ),
-        (QueuePolicy::Adaptive, None) => "too few clients have given up yet to tell how long they wait".to_string(),
+        (QueuePolicy::Adaptive, None) => {
+            "too few clients have given up one by one, while the queue grew, to tell how long they wait".to_string()
+        }
     };
     findings.push(Finding {
         name: "overload",

@@ -14,7 +14,7 @@ use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
-use crate::seating::overload::ShedReason;
+use crate::seating::overload::{ShedReason, SUSTAINED};
 use crate::worker::recycle::resident_of;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
@@ -98,6 +98,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             })
         })
         .collect();
+    let instant = std::time::Instant::now();
     let status = json!({
         "server": {
             "version": env!("CARGO_PKG_VERSION"),
@@ -115,7 +116,18 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         },
         "overload": {
             "policy": if settings.queue_policy == QueuePolicy::Adaptive { "adaptive" } else { "fifo" },
-            "patience_seconds": lobby.seating.overload.patience(std::time::Instant::now()).map(|p| p.as_secs_f64()),
+            "patience_seconds": lobby.seating.overload.patience(instant).map(|p| p.as_secs_f64()),
+            "overloaded": lobby.seating.overload.overloaded(instant),
+            "learned": lobby.seating.overload.learned(instant).map(|learned| json!({
+                "patience_seconds": learned.patience.as_secs_f64(),
+                "departures": learned.departures,
+                "clients": learned.clients,
+                "over_seconds": learned.over.as_secs_f64(),
+                "lapses": format!(
+                    "once the queue has drained and stayed short of overload for {} s",
+                    SUSTAINED.as_secs_f64()
+                ),
+            })),
             "shed": shed,
         },
         "queue_wait_seconds": histogram(&metrics.queue_wait),

@@ -83,14 +83,22 @@ impl Seating {
         loop {
             let seat = self.idle.borrow_mut().pop_front();
             match seat {
-                Some(IdleSeat { seat, .. }) => match seat.send(job) {
-                    Ok(()) => return true,
-                    // That worker went away while idle; try the next one.
-                    Err(returned) => job = returned,
-                },
+                Some(IdleSeat { seat, .. }) => {
+                    let at = job.enqueued_at;
+                    match seat.send(job) {
+                        Ok(()) => {
+                            // A seat was free: the workers keep up (`overload.rs`).
+                            self.overload.drained(at);
+                            return true;
+                        }
+                        // That worker went away while idle; try the next one.
+                        Err(returned) => job = returned,
+                    }
+                }
                 None => break,
             }
         }
+        self.overload.joined(job.enqueued_at);
         self.queue.borrow_mut().push_back(job);
         false
     }
@@ -135,11 +143,18 @@ impl Seating {
         match idle {
             Some(IdleSeat { seat, .. }) => {
                 if let Err(job) = seat.send(job) {
-                    self.queue.borrow_mut().push_front(job);
+                    self.requeue(job);
                 }
             }
-            None => self.queue.borrow_mut().push_front(job),
+            None => self.requeue(job),
         }
+    }
+
+    /// Puts a job a worker took back at the front of the queue: it joins it again, as it was
+    /// counted taken (`overload.rs`).
+    fn requeue(&self, job: Job) {
+        self.overload.joined(job.enqueued_at);
+        self.queue.borrow_mut().push_front(job);
     }
 
     /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
@@ -151,9 +166,11 @@ impl Seating {
         {
             return Next::Now(job);
         }
-        if let Some(job) = self.take_oldest(Instant::now()).or_else(|| self.recall_oldest_offer()) {
+        let now = Instant::now();
+        if let Some(job) = self.take_oldest(now).or_else(|| self.recall_oldest_offer()) {
             return Next::Now(job);
         }
+        self.overload.drained(now);
         let (seat, wait) = oneshot::channel();
         self.idle.borrow_mut().push_back(IdleSeat { seat, sockets: sockets.cloned() });
         Next::Later(wait)
@@ -207,6 +224,7 @@ impl Seating {
         loop {
             let job = self.queue.borrow_mut().pop_front()?;
             if job.state.get() == JobState::Queued && !self.refuses(&job, now) {
+                self.overload.taken(now);
                 return Some(job);
             }
         }

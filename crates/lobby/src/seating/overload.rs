@@ -3,20 +3,28 @@
 //! A request is served only while it can still be answered in time. In time means within its
 //! client's patience: `--request-deadline` when it is set, counted from when a trusted proxy
 //! received the request (`X-Request-Start`) or else from when the lobby queued it; otherwise the
-//! patience this module learns from the clients that gave up while their requests waited (the
-//! median wait at which they left, once `LEARN_FROM` have within `WINDOW`).
+//! patience this module learns from the clients that gave up while their requests waited.
 //!
 //! - A request that has waited its whole deadline is answered 503 (`Deadline`).
 //! - Under `--queue-policy adaptive` (the default), a request that has waited more than half
 //!   the patience when a worker would take it is answered 503 with Retry-After (`Overload`):
 //!   half for the queue, half left for the application and the answer, as CoDel keeps a
 //!   standing queue at a target sojourn (here set by the clients, not fixed).
-//! - With no deadline set and no client seen leaving, nothing is shed: a standing queue of
-//!   patient clients (S1, S4) is not overload, and is served in arrival order.
+//! - With no deadline set and no patience learned, nothing is shed: a standing queue of patient
+//!   clients (S1, S4) is not overload, and is served in arrival order.
 //!
-//! Learned patience stays in force while requests are shed for it, and lapses `WINDOW` after
-//! the last client left or request was shed for it: once the overload ends, the queue drains
-//! under the target and the queue is a plain FIFO again.
+//! Patience is learned only from clients that leave while the server is past its capacity:
+//! the queue has not drained for `SUSTAINED`, and over that time more requests joined it than
+//! workers took from it (by at least a tenth), so that its wait grew. A closed-loop load (wrk,
+//! a proxy's pool) keeps a standing queue whose wait does not grow: its clients leaving at the
+//! end of a run teach nothing. Departures within `SAME_INSTANT` of each other are one event,
+//! counted once (their median wait): a program's exit, a proxy's reload or a balancer
+//! recycling its connections closes many at one instant, with the waits their requests
+//! happened to have, which say nothing of how long clients wait. The patience is the median of
+//! the last `LEARN_FROM` or more such events within `WINDOW`.
+//!
+//! Learned patience lapses once the overload has ended: a worker found the queue empty, and
+//! the queue has stayed short of overload for `SUSTAINED` since.
 //!
 //! A leaf: the queue holds it and the connections report to it; it imports nothing of theirs.
 
@@ -24,12 +32,24 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How recent the clients that left must be for their patience to count, and how long learned
-/// patience stays in force after the last sign of overload.
+/// How recent the departures must be for their patience to count.
 const WINDOW: Duration = Duration::from_secs(10);
-/// How many clients must have left within `WINDOW` before their patience is learned: a few
-/// impatient clients (a scanner, a health check with a short timeout) do not make overload.
+/// How many separate departures must have happened within `WINDOW`, while overloaded, before
+/// their patience is learned: a few impatient clients (a scanner, a health check with a short
+/// timeout) do not make overload.
 const LEARN_FROM: usize = 5;
+/// How long arrivals must have outrun the workers, the queue never draining, for the server to
+/// be past its capacity; and how long the queue must stay short of that, once drained, for
+/// learned patience to lapse.
+pub const SUSTAINED: Duration = Duration::from_secs(1);
+/// The arrival record's resolution: `SUSTAINED` in ten ticks.
+const TICK: Duration = Duration::from_millis(100);
+const TICKS: usize = 10;
+/// Departures closer than this to the one before are one event. The lobby notices the
+/// connections a program closes at its exit within a few microseconds of each other (a
+/// connection's task runs for about 10 us); clients giving up one by one, even at thousands
+/// a second, are further apart.
+const SAME_INSTANT: Duration = Duration::from_micros(200);
 
 /// Why a request was dropped or refused instead of served, as `maitred_shed_total` labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,13 +96,78 @@ pub struct Verdict {
     pub retry_after: u64,
 }
 
+/// The patience learned, and from what: for the shed log line and status.json.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Learned {
+    pub patience: Duration,
+    /// Separate departures it was learned from (a burst counted once).
+    pub departures: usize,
+    /// The clients that left in them.
+    pub clients: usize,
+    /// From the first of them to the last.
+    pub over: Duration,
+}
+
+/// Clients that left at one instant.
+struct Departure {
+    first_at: Instant,
+    last_at: Instant,
+    waits: Vec<Duration>,
+}
+
+impl Departure {
+    fn median_wait(&self) -> Duration {
+        let mut waits = self.waits.clone();
+        waits.sort_unstable();
+        waits[waits.len() / 2]
+    }
+}
+
+/// Requests that joined the queue and that workers took from it, per `TICK`, over `SUSTAINED`.
+#[derive(Default)]
+struct Flow {
+    origin: Option<Instant>,
+    /// The tick `joined` and `taken` hold last.
+    tick: u64,
+    joined: [u32; TICKS],
+    taken: [u32; TICKS],
+}
+
+impl Flow {
+    /// The slot of `now`'s tick, the slots of ticks since the last one emptied.
+    fn slot(&mut self, now: Instant) -> usize {
+        let origin = *self.origin.get_or_insert(now);
+        let tick = (now.saturating_duration_since(origin).as_nanos() / TICK.as_nanos()) as u64;
+        if tick > self.tick {
+            for skipped in (self.tick + 1..=tick).take(TICKS) {
+                let slot = skipped as usize % TICKS;
+                self.joined[slot] = 0;
+                self.taken[slot] = 0;
+            }
+            self.tick = tick;
+        }
+        self.tick as usize % TICKS
+    }
+
+    /// Requests that joined and were taken over the last `SUSTAINED`.
+    fn totals(&mut self, now: Instant) -> (u32, u32) {
+        self.slot(now);
+        (self.joined.iter().sum(), self.taken.iter().sum())
+    }
+}
+
 #[derive(Default)]
 pub struct Overload {
     policy: Cell<Policy>,
-    /// When recent clients left, and how long their requests had waited then; oldest first.
-    left: RefCell<VecDeque<(Instant, Duration)>>,
-    /// The patience learned from them, and until when it is in force.
-    learned: Cell<Option<(Duration, Instant)>>,
+    flow: RefCell<Flow>,
+    /// When a worker last found the queue empty.
+    drained_at: Cell<Option<Instant>>,
+    /// Since when the queue has been short of overload, once drained (None: it is overloaded,
+    /// or has not drained since).
+    calm_since: Cell<Option<Instant>>,
+    /// Recent departures while overloaded; oldest first.
+    departures: RefCell<VecDeque<Departure>>,
+    learned: Cell<Option<Learned>>,
     shed: [Cell<u64>; ShedReason::ALL.len()],
 }
 
@@ -98,33 +183,91 @@ impl Overload {
         counter.set(counter.get() + 1);
     }
 
+    /// A request joined the queue at `at`: no seat was free.
+    pub fn joined(&self, at: Instant) {
+        let mut flow = self.flow.borrow_mut();
+        let slot = flow.slot(at);
+        flow.joined[slot] += 1;
+    }
+
+    /// A worker took a queued request at `now`.
+    pub fn taken(&self, now: Instant) {
+        let mut flow = self.flow.borrow_mut();
+        let slot = flow.slot(now);
+        flow.taken[slot] += 1;
+    }
+
+    /// A worker found the queue empty at `now`: whatever came, the workers kept up with it.
+    pub fn drained(&self, now: Instant) {
+        self.drained_at.set(Some(now));
+        if self.calm_since.get().is_none() {
+            self.calm_since.set(Some(now));
+        }
+    }
+
+    /// Whether the server is past its capacity at `now`: the queue has not drained for
+    /// `SUSTAINED`, and more joined it than workers took, by a tenth at least, so its wait grew.
+    pub fn overloaded(&self, now: Instant) -> bool {
+        let undrained = self.drained_at.get().is_some_and(|at| now.saturating_duration_since(at) >= SUSTAINED);
+        if !undrained {
+            return false;
+        }
+        let (joined, taken) = self.flow.borrow_mut().totals(now);
+        let excess = joined.saturating_sub(taken);
+        let overloaded = excess as usize >= LEARN_FROM && excess * 10 >= joined;
+        if overloaded {
+            self.calm_since.set(None);
+        }
+        overloaded
+    }
+
     /// A client left at `now` while its request waited, after `waited` (the upstream wait
     /// included).
     pub fn left(&self, now: Instant, waited: Duration) {
         self.count(ShedReason::Abandoned);
-        let mut left = self.left.borrow_mut();
-        left.push_back((now, waited));
-        while left.front().is_some_and(|(at, _)| now.duration_since(*at) > WINDOW) {
-            left.pop_front();
+        if !self.overloaded(now) {
+            return;
         }
-        if left.len() >= LEARN_FROM {
-            let mut waits: Vec<Duration> = left.iter().map(|(_, waited)| *waited).collect();
+        let mut departures = self.departures.borrow_mut();
+        match departures.back_mut() {
+            Some(last) if now.saturating_duration_since(last.last_at) < SAME_INSTANT => {
+                last.last_at = now;
+                last.waits.push(waited);
+            }
+            _ => departures.push_back(Departure { first_at: now, last_at: now, waits: vec![waited] }),
+        }
+        while departures.front().is_some_and(|departure| now.saturating_duration_since(departure.last_at) > WINDOW) {
+            departures.pop_front();
+        }
+        if departures.len() >= LEARN_FROM {
+            let mut waits: Vec<Duration> = departures.iter().map(Departure::median_wait).collect();
             waits.sort_unstable();
-            self.learned.set(Some((waits[waits.len() / 2], now + WINDOW)));
+            self.learned.set(Some(Learned {
+                patience: waits[waits.len() / 2],
+                departures: departures.len(),
+                clients: departures.iter().map(|departure| departure.waits.len()).sum(),
+                over: now.saturating_duration_since(departures[0].first_at),
+            }));
         }
     }
 
     /// How long clients wait for an answer now, if known: `--request-deadline`, or the
     /// patience learned from clients that left, while it is in force.
     pub fn patience(&self, now: Instant) -> Option<Duration> {
-        self.policy.get().deadline.or_else(|| self.learned_patience(now))
+        self.policy.get().deadline.or_else(|| self.learned(now).map(|learned| learned.patience))
     }
 
-    fn learned_patience(&self, now: Instant) -> Option<Duration> {
-        match self.learned.get() {
-            Some((patience, until)) if now < until => Some(patience),
-            _ => None,
+    /// The patience learned, while in force: it lapses once the queue has drained and stayed
+    /// short of overload for `SUSTAINED`.
+    pub fn learned(&self, now: Instant) -> Option<Learned> {
+        let learned = self.learned.get()?;
+        let calm = self.calm_since.get().is_some_and(|since| now.saturating_duration_since(since) >= SUSTAINED);
+        if calm && !self.overloaded(now) {
+            self.learned.set(None);
+            self.departures.borrow_mut().clear();
+            return None;
         }
+        Some(learned)
     }
 
     /// Whether a request that has waited `age` (the upstream wait included) is still served;
@@ -146,20 +289,26 @@ impl Overload {
         if !policy.adaptive {
             return None;
         }
-        let patience = self.patience(now)?;
+        let learned = match policy.deadline {
+            Some(_) => None,
+            None => Some(self.learned(now)?),
+        };
+        let patience = policy.deadline.or(learned.map(|learned| learned.patience))?;
         let target = patience / 2;
         if age <= target {
             return None;
         }
-        self.count(ShedReason::Overload);
-        let source = match policy.deadline {
-            Some(_) => "--request-deadline",
-            None => {
-                // Shedding for learned patience keeps it in force while the overload lasts.
-                self.learned.set(Some((patience, now + WINDOW)));
-                "the wait at which clients gave up"
-            }
+        let source = match learned {
+            None => "--request-deadline".to_string(),
+            Some(learned) => format!(
+                "the median wait at which clients gave up: {} of them, in {} separate departures over {:.1} s of \
+                 overload",
+                learned.clients,
+                learned.departures,
+                learned.over.as_secs_f64()
+            ),
         };
+        self.count(ShedReason::Overload);
         Some(Verdict {
             reason: ShedReason::Overload,
             detail: format!(
@@ -193,38 +342,129 @@ mod tests {
         overload
     }
 
+    const MS: Duration = Duration::from_millis(1);
+
+    /// From `from` for `span`, every 10 ms: two requests join the queue and workers take one (an
+    /// open loop at twice the capacity), or take both (`twice: false`: a closed loop).
+    fn flow(overload: &Overload, from: Instant, span: Duration, twice: bool) {
+        let mut at = from;
+        while at < from + span {
+            overload.joined(at);
+            overload.joined(at);
+            overload.taken(at);
+            if !twice {
+                overload.taken(at);
+            }
+            at += 10 * MS;
+        }
+    }
+
+    /// A queue that drained at `start` and then ran past capacity until `start + span`.
+    fn overloaded_until(span: Duration) -> (Overload, Instant) {
+        let overload = adaptive(None);
+        let start = Instant::now();
+        overload.drained(start);
+        flow(&overload, start, span, true);
+        (overload, start + span)
+    }
+
     #[test]
     fn patient_clients_are_never_shed_however_long_they_wait() {
-        let overload = adaptive(None);
-        let now = Instant::now();
+        let (overload, now) = overloaded_until(Duration::from_secs(3));
+        assert!(overload.overloaded(now));
         assert!(overload.verdict(now, Duration::from_secs(600)).is_none());
         // A few impatient clients are not overload either.
-        for _ in 0..LEARN_FROM - 1 {
-            overload.left(now, Duration::from_millis(100));
+        for n in 0..LEARN_FROM as u32 - 1 {
+            overload.left(now + n * 5 * MS, Duration::from_millis(100));
         }
         assert!(overload.verdict(now, Duration::from_secs(600)).is_none());
         assert_eq!(overload.counts(), [4, 0, 0, 0]);
     }
 
     #[test]
-    fn once_clients_give_up_the_wait_past_half_their_patience_is_shed() {
-        let overload = adaptive(None);
-        let start = Instant::now();
-        for wait_ms in [900, 1_000, 1_000, 1_050, 1_100] {
-            overload.left(start, Duration::from_millis(wait_ms));
+    fn past_capacity_spread_departures_teach_patience_and_the_wait_past_half_is_shed() {
+        let (overload, now) = overloaded_until(Duration::from_secs(2));
+        for (n, wait_ms) in [900, 1_000, 1_000, 1_050, 1_100].into_iter().enumerate() {
+            overload.left(now + n as u32 * 3 * MS, Duration::from_millis(wait_ms));
         }
-        assert_eq!(overload.patience(start), Some(Duration::from_millis(1_000)));
-        assert!(overload.verdict(start, Duration::from_millis(499)).is_none());
-        let shed = overload.verdict(start, Duration::from_millis(501)).unwrap();
+        let now = now + 20 * MS;
+        let learned = overload.learned(now).unwrap();
+        assert_eq!((learned.patience, learned.departures, learned.clients), (Duration::from_millis(1_000), 5, 5));
+        assert_eq!(learned.over, 12 * MS);
+        assert!(overload.verdict(now, Duration::from_millis(499)).is_none());
+        let shed = overload.verdict(now, Duration::from_millis(501)).unwrap();
         assert_eq!((shed.reason, shed.retry_after), (ShedReason::Overload, 1));
         assert!(shed.detail.contains("more than half of 1.00 s"), "{}", shed.detail);
-        // Shedding keeps the learned patience in force; without it, it lapses.
-        let later = start + WINDOW - Duration::from_secs(1);
+        assert!(shed.detail.contains("5 of them, in 5 separate departures over 0.0 s"), "{}", shed.detail);
+        assert_eq!(overload.counts(), [5, 1, 0, 0]);
+    }
+
+    #[test]
+    fn a_burst_of_departures_at_one_instant_is_one_departure() {
+        // A load generator's exit: every connection closed within microseconds, whatever its
+        // request had waited.
+        let (overload, now) = overloaded_until(Duration::from_secs(2));
+        for n in 0..32u32 {
+            overload.left(now + n * Duration::from_micros(10), n * 10 * MS);
+        }
+        assert_eq!(overload.learned(now + MS), None);
+        assert!(overload.verdict(now + MS, Duration::from_secs(60)).is_none());
+        // Four more bursts make five departures: one sample each.
+        for burst in 1..5u32 {
+            for n in 0..10u32 {
+                overload.left(now + burst * 50 * MS + n * Duration::from_micros(10), Duration::from_millis(300));
+            }
+        }
+        let learned = overload.learned(now + 300 * MS).unwrap();
+        assert_eq!((learned.departures, learned.clients, learned.patience), (5, 72, Duration::from_millis(300)));
+    }
+
+    #[test]
+    fn departures_from_a_queue_that_does_not_grow_teach_nothing() {
+        // A closed loop: as many join as workers take. Its clients leaving, one by one or at its
+        // end, are not overload.
+        let overload = adaptive(None);
+        let start = Instant::now();
+        overload.drained(start);
+        let end = start + Duration::from_secs(4);
+        flow(&overload, start, Duration::from_secs(4), false);
+        assert!(!overload.overloaded(end));
+        for n in 0..20u32 {
+            overload.left(end + n * 5 * MS, Duration::from_millis(60));
+        }
+        assert_eq!(overload.learned(end + Duration::from_millis(100)), None);
+    }
+
+    #[test]
+    fn departures_from_a_queue_that_drains_between_bursts_teach_nothing() {
+        let overload = adaptive(None);
+        let mut at = Instant::now();
+        for _ in 0..10 {
+            overload.drained(at);
+            flow(&overload, at, 500 * MS, true);
+            at += 500 * MS;
+            overload.left(at, Duration::from_millis(200));
+        }
+        assert_eq!(overload.learned(at), None);
+    }
+
+    #[test]
+    fn learned_patience_lasts_while_overloaded_and_lapses_once_the_queue_drained_and_stayed_short() {
+        let (overload, now) = overloaded_until(Duration::from_secs(2));
+        for n in 0..5u32 {
+            overload.left(now + n * 3 * MS, Duration::from_secs(1));
+        }
+        // Overloaded for another 30 s: no timer ends it.
+        flow(&overload, now, Duration::from_secs(30), true);
+        let later = now + Duration::from_secs(30);
+        assert_eq!(overload.patience(later), Some(Duration::from_secs(1)));
         assert!(overload.verdict(later, Duration::from_millis(600)).is_some());
-        assert_eq!(overload.patience(later + Duration::from_secs(5)), Some(Duration::from_millis(1_000)));
-        assert_eq!(overload.patience(later + WINDOW + Duration::from_secs(1)), None);
-        assert!(overload.verdict(later + WINDOW + Duration::from_secs(1), Duration::from_secs(5)).is_none());
-        assert_eq!(overload.counts(), [5, 2, 0, 0]);
+        // The overload ends: the queue drains, and stays short.
+        overload.drained(later);
+        flow(&overload, later, Duration::from_secs(2), false);
+        assert_eq!(overload.patience(later + Duration::from_millis(500)), Some(Duration::from_secs(1)));
+        assert_eq!(overload.patience(later + SUSTAINED + MS), None);
+        assert!(overload.verdict(later + Duration::from_secs(2), Duration::from_secs(5)).is_none());
     }
 
     #[test]
@@ -236,20 +476,22 @@ mod tests {
         let shed = fifo.verdict(now, Duration::from_secs(2)).unwrap();
         assert_eq!((shed.reason, shed.retry_after), (ShedReason::Deadline, 1));
         let overload = adaptive(Some(Duration::from_secs(2)));
-        assert_eq!(overload.verdict(now, Duration::from_millis(1_500)).unwrap().reason, ShedReason::Overload);
+        let shed = overload.verdict(now, Duration::from_millis(1_500)).unwrap();
+        assert_eq!(shed.reason, ShedReason::Overload);
+        assert!(shed.detail.contains("(--request-deadline)"), "{}", shed.detail);
         assert!(overload.verdict(now, Duration::from_millis(900)).is_none());
         assert_eq!(overload.counts(), [0, 1, 0, 0]);
         assert_eq!(fifo.counts(), [0, 0, 1, 0]);
     }
 
     #[test]
-    fn clients_that_left_long_ago_are_forgotten() {
-        let overload = adaptive(None);
-        let start = Instant::now();
-        for _ in 0..LEARN_FROM - 1 {
-            overload.left(start, Duration::from_secs(1));
+    fn departures_long_ago_are_forgotten() {
+        let (overload, now) = overloaded_until(Duration::from_secs(15));
+        let early = now - Duration::from_secs(13);
+        for n in 0..LEARN_FROM as u32 - 1 {
+            overload.left(early + n * 3 * MS, Duration::from_secs(1));
         }
-        overload.left(start + WINDOW + Duration::from_secs(1), Duration::from_secs(1));
-        assert_eq!(overload.patience(start + WINDOW + Duration::from_secs(1)), None);
+        overload.left(now, Duration::from_secs(1));
+        assert_eq!(overload.learned(now), None);
     }
 }
