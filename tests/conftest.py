@@ -238,6 +238,15 @@ def maitred_module_server(tmp_path_factory: pytest.TempPathFactory, maitred_comm
     launcher.kill_all()
 
 
+@pytest.fixture(scope="module")
+def uvicorn_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launcher]:
+    """``maitred_module_server``'s twin for uvicorn with its websockets backend, the peer that
+    shows a conformance test is right: call it with ``bind=False`` and ``--port``."""
+    launcher = _Launcher([sys.executable, "-m", "uvicorn", "--ws", "websockets"], tmp_path_factory.mktemp("uvicorn"))
+    yield launcher
+    launcher.kill_all()
+
+
 @dataclass
 class Finished:
     """A `maitred` run that ended by itself."""
