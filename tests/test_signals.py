@@ -238,6 +238,26 @@ def test_a_graceful_stop_answers_every_request_sent_on_a_keep_alive_connection(m
         assert (run.lost, run.unsent, run.closed) == (0, 0, 50), run
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
+def test_a_large_upload_on_a_connection_the_drain_lets_finish_is_answered(maitred_server, signum):
+    """Issue 31: a request body over the 256 KiB kept in memory goes to a temporary file, which
+    takes a place under --max-connections; the drain of SIGTERM, and of the old lobby at
+    SIGUSR2, must leave those places to the connections it lets finish. The request's head is
+    still arriving when the drain begins, so its body is spilled during the drain."""
+    server = maitred_server("-w", "1", "echo:app", cwd=APPS)
+    body = os.urandom(1 << 20)
+    with socket.create_connection((HOST, server.port), timeout=30) as sock:
+        sock.sendall(b"POST /upload HTTP/1.1\r\nHost: test\r\n")
+        server.send_signal(signum)
+        server.wait_for_log("shutting down: no new connections", 30)
+        sock.sendall(f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        reply = read_reply(sock)
+    assert reply.status == 200, reply
+    assert reply.body.split()[1] == str(len(body)).encode()
+    # At SIGUSR2 the old lobby hands the connection over to the new maitred after the answer.
+    assert reply.headers["Connection"] == ("close" if signum == signal.SIGTERM else None)
+
+
 def test_workers_lost_during_the_drain_are_replaced_while_requests_wait(maitred_server):
     """One worker, retired after two requests (--max-requests), and six requests queued when
     SIGTERM comes: replacements serve them all, well before --graceful-timeout."""

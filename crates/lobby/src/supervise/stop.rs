@@ -56,6 +56,21 @@ pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, workers: &[i32]) {
     }
 }
 
+/// How often a shutdown looks whether every connection has closed.
+const CLOSED_CHECK: Duration = Duration::from_millis(10);
+
+/// Once every place under --max-connections is free: every connection closed, and every
+/// temporary file of a request body gone. It looks rather than acquires: a waiter for the
+/// permits would be handed each one released before anyone else, and a connection the drain
+/// lets finish could no longer take one for a body it must spill (a 1 MiB upload got 503 during
+/// every drain).
+async fn all_places_free(connections: &Semaphore, max_connections: usize) {
+    let mut checks = tokio::time::interval(CLOSED_CHECK);
+    while connections.available_permits() < max_connections {
+        checks.tick().await;
+    }
+}
+
 impl Supervisor {
     /// Waits until every connection has closed or `deadline` passes, still replacing lost
     /// workers while requests wait in the queue. Returns whether everything finished; SIGQUIT
@@ -72,7 +87,7 @@ impl Supervisor {
             info!("stopping the new maitred (pid {}) that SIGUSR2 started: a shutdown began", candidate.pid());
             candidate.stop();
         }
-        let all_closed = connections.acquire_many(max_connections as u32);
+        let all_closed = all_places_free(connections, max_connections);
         tokio::pin!(all_closed);
         let timer = tokio::time::sleep(deadline);
         tokio::pin!(timer);
