@@ -4,6 +4,7 @@ seat of its own in the lobby's one FIFO, and what is per request staying per req
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -274,3 +275,33 @@ def test_more_threads_than_a_worker_may_have_is_one_cli_line(run_maitred):
     assert len(result.stderr.splitlines()) == 1 and "--threads" in result.stderr and "64" in result.stderr, (
         result.stderr
     )
+
+
+def test_a_stopped_worker_costs_no_request_its_busy_thread_runs(maitred_server):
+    """Issue 31: `-w 3 --threads 2`, and a worker stopped (SIGSTOP) while one of its threads
+    runs a 2 s request. A request seated at its idle thread is not taken: it goes to another
+    worker, the stopped one takes nothing more (the log says so), and the request its busy
+    thread runs is answered 200 once the worker is continued, not 502. The worker is then
+    replaced."""
+    stats = free_port()
+    server = maitred_server("-w", "3", "--threads", "2", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
+    workers_of(server.pid, 3)
+    held = send(server.port, "/sleep?seconds=2")
+    assert eventually(lambda: busy_threads(stats) == 1, 10)
+    (stopped,) = [w["pid"] for w in status_of(stats)["scoreboard"] if any(t is not None for t in w["threads"])]
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        # Quick requests, one after the other, until one has come to the stopped worker's idle
+        # thread and the lobby has noticed: each is answered, by another worker.
+        for _ in range(60):
+            reply = get(server.port, "/who", timeout=30)
+            assert reply.status == 200 and int(reply.body.split()[0]) != stopped, reply
+            if f"worker {stopped} takes no new request" in server.stderr():
+                break
+        server.wait_for_log(f"worker {stopped} takes no new request", 10)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    held.join(30)
+    assert held.reply is not None and held.reply.status == 200, held.error or held.reply
+    assert int(held.reply.body.split()[0]) == stopped
+    assert eventually(lambda: stopped not in workers_of(server.pid) and len(workers_of(server.pid)) == 3, 15)

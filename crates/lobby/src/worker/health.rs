@@ -172,19 +172,22 @@ const STOP_POLL: Duration = Duration::from_millis(5);
 
 /// Whether a worker that has not answered a request `READ_WITHIN` after it was sent on its
 /// channel never read the whole of it, and so never started it: then the request may go to
-/// another worker, and this one is killed.
+/// another worker.
 ///
 /// The worker reads the request on its main thread, holding the GIL, and calls the
 /// application only once the whole frame is in (crates/python/src/channel/receive.rs): while bytes of
 /// it are still in the channel (`SIOCOUTQ`), the application has not been called. To be sure
 /// it cannot start meanwhile, the worker is stopped (SIGSTOP) and seen stopped before the
-/// bytes are counted; a worker found to have read it all is continued (SIGCONT) and waits for
-/// --timeout like any slow request. `channel` is the lobby's end of the worker's channel.
-pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>) -> bool {
+/// bytes are counted. The lobby continues (SIGCONT) a worker it stopped itself when it read the
+/// request, which then waits for --timeout like any slow request, and, with `keep`, one that did
+/// not (its other threads have requests to finish); never one that someone else had stopped
+/// (`kill -STOP` to look at it). `channel` is the lobby's end of the worker's channel.
+pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>, keep: bool) -> bool {
     if maitred_sys::socket::unsent_bytes(channel).is_none_or(|unsent| unsent == 0) {
         return false;
     }
     let stat = ProcStat::open(pid);
+    let stopped_before = stat.is_stopped();
     if lobby.zygotes.kill(pid, libc::SIGSTOP).await.is_err() {
         return false;
     }
@@ -193,7 +196,7 @@ pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>) -> boo
         tokio::time::sleep(STOP_POLL).await;
     }
     let unread = stat.is_stopped() && maitred_sys::socket::unsent_bytes(channel).is_some_and(|unsent| unsent > 0);
-    if !unread {
+    if !stopped_before && (keep || !unread) {
         let _ = lobby.zygotes.kill(pid, libc::SIGCONT).await;
     }
     unread

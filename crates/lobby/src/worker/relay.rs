@@ -162,11 +162,16 @@ pub(super) async fn relay_response(
             }
             Next::ReadCheck => {
                 read_check = None;
+                // A worker with other threads keeps them: what they run may finish, under
+                // --timeout (`threads.rs`); a worker with one has nothing else to lose.
+                let keep = !thread.sole;
                 let never_read = offers.recall_answering()
-                    || taken.on_channel && health::never_read(lobby, pid, channel.socket.as_fd()).await;
+                    || taken.on_channel && health::never_read(lobby, pid, channel.socket.as_fd(), keep).await;
                 if never_read {
-                    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
-                        error!("could not ask the zygote to kill worker {pid}: {e}");
+                    if !keep {
+                        if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                            error!("could not ask the zygote to kill worker {pid}: {e}");
+                        }
                     }
                     return Err(Lost::Unread(Unread::Wedged));
                 }

@@ -194,7 +194,7 @@ async fn seat_jobs(
         };
         card.end(thread.number);
         if let Err(lost) = relayed {
-            return lost_with(lobby, offers, taken.job, lost);
+            return lost_with(lobby, offers, thread, taken.job, lost);
         }
         if let Err(corrupt) = offers.answered() {
             return broke(lobby, pid, offers, corrupt).await;
@@ -249,7 +249,7 @@ async fn broke(lobby: &Lobby, pid: i32, offers: &Offers, corrupt: Corrupt) -> Go
 
 /// The worker was lost while answering `job`: what it had not taken goes back to the queue,
 /// and `job` too when it provably never read it.
-fn lost_with(lobby: &Lobby, offers: &Offers, job: Job, lost: Lost) -> Gone {
+fn lost_with(lobby: &Lobby, offers: &Offers, thread: Thread, job: Job, lost: Lost) -> Gone {
     lobby.seating.requeue_front(offers.give_up());
     for taken in offers.drain() {
         fail(&taken, false, 502, "the worker exited while handling this request");
@@ -262,8 +262,13 @@ fn lost_with(lobby: &Lobby, offers: &Offers, job: Job, lost: Lost) -> Gone {
                 Unread::Wedged => (
                     ExitReason::Wedged,
                     format!(
-                        "was killed: alive but wedged (its main thread did not take, in {} s, the request \
-                         seated at it; another thread holding the GIL does this) before it read",
+                        "{}: alive but wedged (its main thread did not take, in {} s, the request seated at it; \
+                         another thread holding the GIL, or a SIGSTOP, does this) before it read",
+                        if thread.sole {
+                            "was killed"
+                        } else {
+                            "takes no new request, and its other threads finish what they hold (--timeout)"
+                        },
                         health::READ_WITHIN.as_secs_f64()
                     ),
                 ),

@@ -16,7 +16,7 @@ use super::scoreboard::ExitReason;
 use super::seat::{self, Gone, Seat, Thread};
 use super::serve;
 use crate::lobby::Lobby;
-use crate::log::debug;
+use crate::log::{debug, warning};
 use crate::seating::websocket::WorkerSockets;
 
 /// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
@@ -68,7 +68,7 @@ pub async fn serve_worker(
     while let Some(ended) = seats.join_next().await {
         let gone = ended.unwrap_or_else(|e| Gone::Lost(ExitReason::Crash, format!("its task failed: {e}")));
         match gone {
-            Gone::Lost(ExitReason::Timeout, _) if first_loss.is_none() => {
+            Gone::Lost(ExitReason::Timeout, _) if !first_loss.as_ref().is_some_and(is_timeout) => {
                 // Python cannot stop one thread: the worker takes nothing more, and goes once its
                 // other threads have answered what they hold, or at the grace's end.
                 lobby.seating.requeue_front(seat.retire());
@@ -83,6 +83,19 @@ pub async fn serve_worker(
                 // Its seats, cut by the kill, end on their own; what they held is answered 502.
                 while seats.join_next().await.is_some() {}
             }
+            Gone::Lost(ExitReason::Stopped | ExitReason::Wedged, _) if first_loss.is_none() => {
+                // One thread's request was not taken (the worker is stopped, or another thread
+                // holds the GIL): it went to another worker. What the other threads run may
+                // still finish: the worker takes nothing more, and is killed only by --timeout,
+                // which each of their requests keeps, or once --timeout has passed with the
+                // worker still there.
+                if let Gone::Lost(_, detail) = &gone {
+                    warning!("worker {pid} takes no new request: {detail}");
+                }
+                lobby.seating.requeue_front(seat.retire());
+                health::kill_if_still_there(lobby.clone(), pid, health::ProcStat::open(pid), lobby.settings().timeout);
+                first_loss = Some(gone);
+            }
             Gone::Lost(..) if first_loss.is_none() => {
                 // Lost to one thread is lost to all: the process is killed, if it has not gone
                 // already, so that its other seats end now rather than at their timeouts.
@@ -95,4 +108,8 @@ pub async fn serve_worker(
         }
     }
     first_loss.unwrap_or(Gone::Retired)
+}
+
+fn is_timeout(gone: &Gone) -> bool {
+    matches!(gone, Gone::Lost(ExitReason::Timeout, _))
 }
