@@ -7,6 +7,7 @@ and kills that whole group -- lobby, zygote and workers -- when the test ends.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ import pytest
 
 MAITRED = Path(sys.executable).with_name("maitred")
 HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -28,6 +30,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
+
+
+def maitred_stub() -> Path:
+    """Where `cargo build --release -p maitred-stub` (make test) puts maitred-stub: in cargo's
+    target directory, which CARGO_TARGET_DIR or cargo's configuration may move from target/;
+    `cargo metadata` says where it is."""
+    metadata = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    return Path(json.loads(metadata.stdout)["target_directory"]) / "release" / "maitred-stub"
 
 
 def accepts_connections(port: int) -> bool:

@@ -13,9 +13,11 @@ this repository; each is found, in order:
 A corpus that cannot be had this way is skipped, with one line saying which and why; the
 project's own protocol tests (crates/protocol/src/tests/) cover the same rules without it.
 
-Run as a script (``make test`` does), it prints ``export MAITRED_CORPUS_<NAME>=...`` for each
-corpus found, for the shell to evaluate before ``cargo test``, and one line on standard error
-for each that is skipped.
+Run as a script (``make test`` does), it prints, for the shell to evaluate before ``cargo
+test``, ``export MAITRED_CORPUS_<NAME>=...`` for each corpus found, and ``CARGO_TEST_SKIPS``:
+the libtest arguments that leave out the Rust tests of the corpora it skips (each such test
+has ``<name>_corpus`` in its name, and fails when its variable is unset, so that a corpus
+missing cannot pass for a corpus checked), with one line on standard error for each.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ CORPORA = {
             "gunicorn", "26.2.0", "62b864895d9ebff0b2f9867ba04fe811c93121596540830c9c916d0769668447", "tests/requests"
         ),
     ),
+    # llhttp's test/request/*.md are in its git repository only: the npm package llhttp (1.0.1,
+    # the only version npm serves) holds lib/ and src/, and PyPI's llhttp (a binding) C sources.
     "llhttp": Corpus("llhttp", "test/request"),
 }
 
@@ -95,7 +99,7 @@ def locate(name: str) -> Found:
     if (shared / corpus.cases).is_dir():
         return Found(shared)
     if corpus.sdist is None:
-        return Found(None, f"not at {shared}, and {name} publishes no package that carries it")
+        return Found(None, f"not at {shared}, and no package registry serves it (only {name}'s git repository)")
     return fetch(corpus, corpus.sdist)
 
 
@@ -151,16 +155,25 @@ def unpack(archive: Path, top: str, member: str, root: Path) -> None:
 
 
 def skip_line(name: str, found: Found) -> str:
-    return f"corpus {name}: skipped: {found.why_not}"
+    return f"skipped: {name} corpus: {found.why_not}"
+
+
+def cargo_test_filter(name: str) -> str:
+    """The part of the name of every Rust test that reads the corpus `name`."""
+    return f"{name}_corpus"
 
 
 def main() -> int:
+    skips = []
     for name in CORPORA:
         found = locate(name)
         if found.root is None:
             print(skip_line(name, found), file=sys.stderr)
+            skips += ["--skip", cargo_test_filter(name)]
         else:
             print(f"export {env_name(name)}={shlex.quote(str(found.root))}")
+    # Always set, so that a value from the caller's environment cannot leave a corpus out.
+    print(f"CARGO_TEST_SKIPS={shlex.quote(shlex.join(skips))}")
     return 0
 
 

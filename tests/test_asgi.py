@@ -184,20 +184,39 @@ def test_a_blocked_event_loop_is_diagnosed_with_the_blocking_call(
 
 
 def test_overload_past_the_seats_queues_in_the_lobby_and_expires_with_503(
-    maitred_server: Callable[..., Server], events: Path
+    maitred_server: Callable[..., Server], events: Path, tmp_path: Path
 ) -> None:
-    # One worker with two seats; eight requests of 1 s each: two run, the rest wait in the
-    # lobby's FIFO, and those that wait past --queue-timeout get 503 without reaching the worker.
-    server = fastapi_server(maitred_server, events, "-w", "1", "--worker-connections", "2", "--queue-timeout", "0.5")
+    # One worker with two seats, both taken by requests held until the test lets them go: six
+    # more wait in the lobby's FIFO past --queue-timeout, and get 503 without reaching the worker.
+    release = tmp_path / "release"
+    server = fastapi_server(
+        maitred_server,
+        events,
+        "-w",
+        "1",
+        "--worker-connections",
+        "2",
+        "--queue-timeout",
+        "0.5",
+        env={"FASTAPI_RELEASE": str(release)},
+    )
 
-    def one(_: int) -> int:
-        return requests.get(f"{server.url}/sleep", params={"seconds": 1}, timeout=TIMEOUT).status_code
+    def held(number: int) -> int:
+        return requests.get(f"{server.url}/held", params={"number": number}, timeout=TIMEOUT).status_code
 
     with ThreadPoolExecutor(8) as pool:
-        statuses = sorted(pool.map(one, range(8)))
-    assert statuses.count(200) >= 2
-    assert statuses.count(503) >= 4
-    assert set(statuses) <= {200, 503}
+        seated = [pool.submit(held, number) for number in (0, 1)]
+        wait_for_lines(events, "began", 2)
+        queued = [pool.submit(held, number) for number in range(2, 8)]
+        refused = [future.result() for future in queued]
+        release.touch()
+        served = [future.result() for future in seated]
+    assert (served, refused) == ([200] * 2, [503] * 6)
+    # Request 8 comes after the six in the FIFO: had any of them been left in it, the worker
+    # would have begun it before request 8.
+    assert held(8) == 200
+    began = sorted(int(line.split()[1]) for line in wait_for_lines(events, "began", 3))
+    assert began == [0, 1, 8]
 
 
 def test_starlette_routes_bodies_and_streams(maitred_server: Callable[..., Server]) -> None:

@@ -8,13 +8,14 @@ over real sockets; every wait is bounded.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from client import eventually
 from conftest import HOST
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -23,6 +24,9 @@ from bounded_app import expected_digest
 
 MIB = 1024 * 1024
 
+# Where the lobby makes its spill files (tempfile::tempfile(), in Rust's std::env::temp_dir()).
+SPILL_DIRECTORY = os.path.realpath(os.environ.get("TMPDIR") or "/tmp")
+
 
 def lobby_rss(pid: int) -> int:
     """The lobby's resident set, in bytes."""
@@ -30,6 +34,21 @@ def lobby_rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def spill_files(pid: int) -> list[str]:
+    """The spill files process `pid` holds open. They have no name (O_TMPFILE, or unlinked at
+    once), so nothing of them is left in the directory: /proc shows each as the directory and
+    `#<inode> (deleted)`, or its old name and `(deleted)`."""
+    found = []
+    for link in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(link)
+        except FileNotFoundError:
+            continue  # closed while we looked
+        if target.startswith(SPILL_DIRECTORY + "/") and target.endswith(" (deleted)"):
+            found.append(target)
+    return found
 
 
 def slow_socket(port: int, receive_buffer: int = 4096) -> socket.socket:
@@ -124,6 +143,8 @@ def test_slow_readers_keep_the_lobby_small_and_the_workers_free(maitred_server):
         peak = max(peak, lobby_rss(server.pid))
         time.sleep(0.1)
     assert peak - idle < 64 * MIB, f"lobby RSS grew from {idle / MIB:.0f} to {peak / MIB:.0f} MiB"
+    # What the lobby does not hold in memory waits in files, one per answer.
+    assert eventually(lambda: len(spill_files(server.pid)) == len(readers), timeout=10), spill_files(server.pid)
     expected = expected_digest(100)
     for reader in readers:
         reader.read_to_end(timeout=60)
@@ -256,9 +277,11 @@ def test_past_max_head_memory_the_oldest_incomplete_heads_get_408_first(maitred_
 
 
 @pytest.fixture(autouse=True)
-def _no_stray_spill_files():
-    """Spill files are unlinked: nothing named is left in the temporary directory."""
-    before = set(Path(tempfile.gettempdir()).iterdir())
+def _no_spill_file_outlives_its_answer(maitred_server):
+    """Once a test's clients are done or gone, every lobby still running has closed its spill
+    files (it gives them back as the bytes in them are sent or the client leaves)."""
     yield
-    after = set(Path(tempfile.gettempdir()).iterdir())
-    assert not {p for p in after - before if p.name.startswith(".tmp")}
+    for server in maitred_server.started:
+        if server.process.poll() is None:
+            lobby = server.pid
+            assert eventually(lambda lobby=lobby: not spill_files(lobby), timeout=10), spill_files(lobby)

@@ -2,9 +2,10 @@
 requests at native stub workers, which speak the worker protocol (docs/PROTOCOL.md) and answer
 every request at once.
 
-Builds nothing: it runs target/release/maitred-stub, which `make test` builds first (`cargo build
---release -p maitred-stub`, as bench/ceiling.py does), and is skipped, saying so, when a bare
-pytest run finds it missing.
+Builds nothing: it runs maitred-stub from cargo's target directory (target/, or where
+CARGO_TARGET_DIR puts it), which `make test` builds first (`cargo build --release -p
+maitred-stub`, as bench/ceiling.py does), and is skipped, saying so, when a bare pytest run finds
+it missing.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOST, accepts_connections, free_port, kill_group, wait_for_empty_group
+from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group
 
-ROOT = Path(__file__).resolve().parent.parent
-STUB = ROOT / "target" / "release" / "maitred-stub"
+STUB = maitred_stub()
 
 pytestmark = pytest.mark.skipif(
-    not STUB.exists(), reason=f"{STUB.relative_to(ROOT)} is not built (cargo build --release -p maitred-stub)"
+    not STUB.exists(), reason=f"{STUB} is not built (cargo build --release -p maitred-stub)"
 )
 
 

@@ -26,7 +26,9 @@ from test_cli import HELLO, assert_one_error_line
 from test_lifecycle import APPS, wait_for_workers
 
 TMUX = shutil.which("tmux")
-needs_tmux = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (Debian: apt-get install tmux)")
+needs_tmux = pytest.mark.skipif(
+    TMUX is None, reason="tmux is not installed (Debian: apt-get install tmux; .ci/run installs it)"
+)
 
 WIDTH, HEIGHT = 160, 40
 

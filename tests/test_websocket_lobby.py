@@ -5,8 +5,9 @@ lobby's handshake, framing, limits, seat cap and stops are tested without the Py
 Clients: the `websockets` library, and raw sockets where a client must misbehave (a bad
 handshake, a client that never answers a ping).
 
-Builds nothing: it runs target/release/maitred-stub, which `make test` builds first, and is
-skipped, saying so, when a bare pytest run finds it missing.
+Builds nothing: it runs maitred-stub from cargo's target directory (target/, or where
+CARGO_TARGET_DIR puts it), which `make test` builds first, and is skipped, saying so, when a bare
+pytest run finds it missing.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import HOST, accepts_connections, free_port, kill_group, wait_for_empty_group
+from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-ROOT = Path(__file__).resolve().parent.parent
-STUB = ROOT / "target" / "release" / "maitred-stub"
+STUB = maitred_stub()
 
 pytestmark = pytest.mark.skipif(
-    not STUB.exists(), reason=f"{STUB.relative_to(ROOT)} is not built (cargo build --release -p maitred-stub)"
+    not STUB.exists(), reason=f"{STUB} is not built (cargo build --release -p maitred-stub)"
 )
 
 # A handshake as RFC 6455, 1.3 shows it.

@@ -1,9 +1,11 @@
 """A FastAPI application for tests/test_asgi.py: lifespan state, a streamed response, an upload
 hashed as it arrives, a wait for the client to leave, a request that outlives --timeout, a
-handler that blocks its event loop, and the worker's pid.
+handler that blocks its event loop, requests held until the test lets them go, and the worker's
+pid.
 
 FASTAPI_EVENTS names a file each worker appends a line to at lifespan startup and shutdown,
-and when a handler sees its client leave."""
+when a handler sees its client leave, and when a held request begins; FASTAPI_RELEASE names the
+file whose creation lets held requests go."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 EVENTS = os.environ.get("FASTAPI_EVENTS")
+RELEASE = os.environ.get("FASTAPI_RELEASE")
 
 
 def record(event: str) -> None:
@@ -85,6 +88,15 @@ async def wait_for_leave(request: Request) -> PlainTextResponse:
 async def sleep(seconds: float = 1.0) -> PlainTextResponse:
     await asyncio.sleep(seconds)
     return PlainTextResponse(f"slept {seconds}")
+
+
+@app.get("/held")
+async def held(number: int) -> PlainTextResponse:
+    """Says that request `number` began, then answers once the file FASTAPI_RELEASE exists."""
+    record(f"began {number}")
+    while RELEASE is None or not os.path.exists(RELEASE):
+        await asyncio.sleep(0.02)
+    return PlainTextResponse(f"released {number}")
 
 
 @app.get("/block")

@@ -1,7 +1,9 @@
 //! A lobby thread and a worker thread over two mappings of one region, passing 100,000 requests
 //! and their answers, each side sleeping on a socketpair when it has nothing to do and woken only
 //! as the crate's wake protocol says. A lost wake-up leaves a side asleep: its read times out
-//! and the test fails, so the timeout bounds it instead of any fixed sleep.
+//! and the test fails, so the timeout bounds it instead of any fixed sleep. A side that spins
+//! instead of sleeping, or rings a bell nobody asked for, would still pass every check of what
+//! arrived: so the test also counts each side's sleeps, wakes and recalls, and checks them.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -61,9 +63,24 @@ fn wake(socket: &mut UnixStream) {
 
 #[derive(Debug, Default)]
 struct Counts {
-    sleeps: u64,
-    wakes_sent: u64,
+    /// `prepare_to_sleep`s: each sets the flag one wake of the other side's may clear.
+    flags_set: u64,
+    /// `prepare_to_sleep`s taken back because the recheck found work.
     sleeps_cancelled: u64,
+    /// Sleeps a wake ended, waiting for work: a request (the worker), an answer (the lobby).
+    woken_for_work: u64,
+    /// The worker's sleeps a wake ended, waiting for room in the ring.
+    woken_for_room: u64,
+    /// Wakes sent after queueing requests (the lobby) or writing an answer (the worker).
+    wakes_for_work: u64,
+    /// The lobby's wakes after it consumed answers, to a worker waiting for room.
+    wakes_for_room: u64,
+}
+
+impl Counts {
+    fn wakes_sent(&self) -> u64 {
+        self.wakes_for_work + self.wakes_for_room
+    }
 }
 
 /// The worker: takes requests, answers each with its frames, waits for requests or room.
@@ -75,15 +92,16 @@ fn worker(mut end: WorkerEnd, mut socket: UnixStream) -> (Vec<u32>, Counts) {
         frame.clear();
         let Some(taken) = end.take_next(&mut frame).unwrap() else {
             end.prepare_to_sleep(Awaiting::Request);
+            counts.flags_set += 1;
             if end.has_request() {
                 end.sleep_cancelled();
                 counts.sleeps_cancelled += 1;
                 continue;
             }
-            counts.sleeps += 1;
             if !sleep(&mut socket, "worker") {
                 return (taken_ids, counts);
             }
+            counts.woken_for_work += 1;
             continue;
         };
         assert_eq!(&frame[HEADER_LEN..HEADER_LEN + 4], taken.id.to_le_bytes(), "request {taken:?}");
@@ -102,20 +120,21 @@ fn worker(mut end: WorkerEnd, mut socket: UnixStream) -> (Vec<u32>, Counts) {
                     Ok(()) => break,
                     Err(AnswerError::NoRoom) => {
                         end.prepare_to_sleep(Awaiting::Room);
+                        counts.flags_set += 1;
                         if end.room_for(answer.len()).unwrap() {
                             end.sleep_cancelled();
                             counts.sleeps_cancelled += 1;
                             continue;
                         }
-                        counts.sleeps += 1;
                         assert!(sleep(&mut socket, "worker"), "the lobby left while answers were due");
+                        counts.woken_for_room += 1;
                     }
                     Err(e) => panic!("{e}"),
                 }
             }
             if end.wake_lobby() {
                 wake(&mut socket);
-                counts.wakes_sent += 1;
+                counts.wakes_for_work += 1;
             }
         }
     }
@@ -166,7 +185,7 @@ fn no_request_answer_or_wake_up_is_lost() {
         }
         if progress && lobby.wake_worker().unwrap() {
             wake(&mut socket);
-            counts.wakes_sent += 1;
+            counts.wakes_for_work += 1;
         }
         let mut consumed = false;
         while let Some(got) = lobby.next_answer(&mut answer).unwrap() {
@@ -185,19 +204,20 @@ fn no_request_answer_or_wake_up_is_lost() {
         }
         if consumed && lobby.wake_worker_for_room().unwrap() {
             wake(&mut socket);
-            counts.wakes_sent += 1;
+            counts.wakes_for_room += 1;
         }
         if progress || consumed {
             continue;
         }
         lobby.prepare_to_sleep();
+        counts.flags_set += 1;
         if lobby.has_answer() {
             lobby.sleep_cancelled().unwrap();
             counts.sleeps_cancelled += 1;
             continue;
         }
-        counts.sleeps += 1;
         assert!(sleep(&mut socket, "lobby"), "the worker left");
+        counts.woken_for_work += 1;
     }
     drop(socket);
     let (mut taken, worker_counts) = worker.join().unwrap();
@@ -205,9 +225,19 @@ fn no_request_answer_or_wake_up_is_lost() {
     taken.sort_unstable();
     assert_eq!(taken, (0..REQUESTS).collect::<Vec<_>>(), "every request taken once");
     assert!(next_frame.iter().enumerate().all(|(id, &count)| count == answer_count(id as u32)));
-    eprintln!(
-        "{REQUESTS} requests in {:?}; {} taken back and queued again; lobby {counts:?}; worker {worker_counts:?}",
+    let summary = format!(
+        "{REQUESTS} requests in {:?}; {taken_back} taken back and queued again; lobby {counts:?}; worker {worker_counts:?}",
         started.elapsed(),
-        taken_back,
     );
+    eprintln!("{summary}");
+    // Each side slept until the other rang: for work, and the worker for room in the small ring.
+    assert!(counts.woken_for_work > 0, "the lobby never slept: {summary}");
+    assert!(worker_counts.woken_for_work > 0, "the worker never slept for a request: {summary}");
+    assert!(worker_counts.woken_for_room > 0, "the worker never slept for room: {summary}");
+    // Every seventh request is recalled as soon as it is queued, before the lobby rings: unless
+    // the worker was awake to take it in between, it comes back.
+    assert!(taken_back > 0, "no request was taken back: {summary}");
+    // A wake clears a flag that a `prepare_to_sleep` set: neither side rings unasked.
+    assert!(counts.wakes_sent() <= worker_counts.flags_set, "the lobby rang unasked: {summary}");
+    assert!(worker_counts.wakes_sent() <= counts.flags_set, "the worker rang unasked: {summary}");
 }

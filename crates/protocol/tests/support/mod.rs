@@ -2,26 +2,26 @@
 
 #![allow(dead_code)] // Each test crate uses its own part of this module.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
 use maitred_protocol::{ErrorKind, Event, Limits, RequestDecoder, RequestError, RequestHead};
 
 /// The root of the corpus `name` (gunicorn, llhttp), from `$MAITRED_CORPUS_<NAME>`, which
-/// tests/corpora.py sets (`make test` runs it: it finds each corpus in ../shared or fetches
-/// it). Without it the corpus is skipped: one line on the test's standard error, written past
-/// libtest's capture so that the skip is never silent.
-pub fn corpus(name: &str) -> Option<PathBuf> {
+/// tests/corpora.py sets (`make test` runs it: it finds each corpus in ../shared or fetches it).
+/// A test that reads a corpus has `<name>_corpus` in its name: when the corpus cannot be had,
+/// tests/corpora.py says why and `make test` passes cargo `--skip <name>_corpus`, so the test is
+/// reported as filtered out. Run without either, it fails here: a corpus test that checked
+/// nothing must not count as passed.
+pub fn corpus(name: &str) -> PathBuf {
     let variable = format!("MAITRED_CORPUS_{}", name.to_uppercase());
     match std::env::var_os(&variable) {
-        Some(root) => Some(PathBuf::from(root)),
-        None => {
-            let line =
-                format!("corpus {name}: skipped: {variable} is unset (make test sets it with tests/corpora.py)\n");
-            std::io::stderr().write_all(line.as_bytes()).expect("write to standard error");
-            None
-        }
+        Some(root) => PathBuf::from(root),
+        None => panic!(
+            "{variable} is unset, so this test has no {name} corpus to check: `make test` sets it (tests/corpora.py \
+             finds the corpus, or says why not and skips this test); by hand, set {variable} to the corpus's \
+             directory, or leave the test out with `cargo test -- --skip {name}_corpus`"
+        ),
     }
 }
 
