@@ -594,6 +594,23 @@ def test_connection_close_is_honoured(client: Client) -> None:
     assert client.at_eof()
 
 
+def test_hop_by_hop_headers_from_the_application_are_dropped_as_gunicorn_does(server: Server, log: Log) -> None:
+    with Client(server.port) as client:
+        for _ in range(2):
+            response = client.exchange("GET", "/hop-by-hop")
+            assert (response.status, response.body, response.framing) == (200, b"hop by hop\n", "chunked")
+            assert [name for name, _ in response.headers].count("transfer-encoding") == 1
+            assert response.header("connection") is None and response.header("keep-alive") is None
+        # The application's Connection: close still closes, after the answer.
+        response = client.exchange("GET", "/hop-by-hop?close=1")
+        assert (response.status, response.body) == (200, b"hop by hop\n")
+        assert response.header("connection") == "close"
+        assert client.at_eof()
+    # Said once per worker, at the first.
+    lines = [line for line in server.stderr().splitlines() if "hop-by-hop" in line]
+    assert len(lines) == 1 and '"connection"' in lines[0], lines
+
+
 # linux/tcp_states.h: the state of a socket that has received its peer's FIN.
 TCP_CLOSE_WAIT = 8
 

@@ -324,7 +324,10 @@ class _Seat:
             await worker.application(scope, exchange.receive, exchange.send)
             if isinstance(exchange, _WebSocket):
                 exchange.finish()
-            elif not exchange.done and not exchange.disconnected:
+            elif exchange.disconnected and not exchange.done:
+                # It heard http.disconnect and stopped, as it should: the answer ends here.
+                channel.fail("the client went away")
+            elif not exchange.done:
                 log("error", f"the application returned without completing its response to {exchange.line}")
                 channel.fail("the application returned without completing its response")
         except asyncio.CancelledError:
@@ -387,7 +390,8 @@ class _Worker:
         self.options = options
         self.loop = loop
         self.channels = channels
-        self.state: dict[str, Any] | None = None
+        # The lifespan's state, of which every request's scope gets a shallow copy.
+        self.state: dict[str, Any] = {}
         self._open = len(channels)
         self._done: asyncio.Future[int] = loop.create_future()
         self.seats: list[_Seat] = []
@@ -454,7 +458,7 @@ async def _serve(
     if failure is not None:
         return boot_failed(f"the application's lifespan startup failed: {failure}")
     worker = _Worker(channels, application, options, loop)
-    worker.state = lifespan.state or None
+    worker.state = lifespan.state
     for channel in channels:
         channel.ready()
     worker.start()

@@ -18,8 +18,9 @@ from maitred.log import log
 Message = MutableMapping[str, Any]
 Application = Callable[..., Awaitable[None]]
 
-# ASGI's versions, as the scopes say them (crates/python/src/scope.rs builds the others).
-ASGI_VERSIONS = {"version": _native.ASGI_VERSION, "spec_version": _native.ASGI_SPEC_VERSION}
+# ASGI's version, as every scope says it (crates/python/src/scope.rs builds the others), and the
+# lifespan specification's own, 2.0 (startup.failed and shutdown.failed), not the HTTP one's.
+ASGI_VERSIONS = {"version": _native.ASGI_VERSION, "spec_version": "2.0"}
 
 
 class Lifespan:

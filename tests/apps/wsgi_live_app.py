@@ -153,6 +153,15 @@ def stream(environ: dict, start_response: StartResponse) -> Iterator[bytes]:
         yield f"chunk {index}\n".encode()
 
 
+def hop_by_hop(environ: dict, start_response: StartResponse) -> Iterator[bytes]:
+    """What a WSGI proxy that copies its upstream's headers sends: hop-by-hop ones among them,
+    which PEP 3333 forbids and gunicorn drops (with ``?close=1``, ``Connection: close``)."""
+    connection = "close" if "close" in query(environ) else "keep-alive"
+    start_response("200 OK", [TEXT, ("Connection", connection), ("Transfer-Encoding", "chunked"), ("Keep-Alive", "5")])
+    yield b"hop "
+    yield b"by hop\n"
+
+
 def write_callable(environ: dict, start_response: StartResponse) -> list[bytes]:
     """Sends through write(), then returns the rest of the body as an iterable."""
     write = start_response("200 OK", [TEXT])
@@ -305,6 +314,7 @@ ROUTES = {
     "hello": hello,
     "several": several,
     "stream": stream,
+    "hop-by-hop": hop_by_hop,
     "write": write_callable,
     "write-only": write_only,
     "status": status,

@@ -27,6 +27,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ChannelClosed", m.py().get_type::<channel::ChannelClosed>())?;
     m.add("ClientDisconnected", m.py().get_type::<channel::ClientDisconnected>())?;
     m.add("ASGI_VERSION", scope::ASGI_VERSION)?;
-    m.add("ASGI_SPEC_VERSION", scope::ASGI_SPEC_VERSION)?;
     Ok(())
 }

@@ -5,9 +5,11 @@
 
 use std::borrow::Cow;
 use std::mem;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use maitred_wire::{FrameHeader, Kind, WireError, Writer, HEADER_LEN};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
@@ -29,20 +31,40 @@ pub enum Phase {
     Complete,
 }
 
-/// Headers the application may not send: they describe one connection, which is the
-/// lobby's (PEP 3333, "Other HTTP Features", after RFC 2616 section 13.5.1; RFC 9110 section
-/// 7.6.1 adds Proxy-Connection).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// The hop-by-hop header `name` stands for, if it is one: a header that describes one
+/// connection, which is the lobby's (PEP 3333, "Other HTTP Features", after RFC 2616 section
+/// 13.5.1; RFC 9110 section 7.6.1 adds Proxy-Connection). The application's are dropped, as
+/// gunicorn, uvicorn and granian do not refuse them: the lobby frames every answer itself.
+///
+/// By length first: a header of another length, most of them, costs one comparison.
+fn hop_by_hop(name: &[u8]) -> Option<&'static str> {
+    let candidates: &[&'static str] = match name.len() {
+        2 => &["te"],
+        7 => &["trailer", "upgrade"],
+        10 => &["connection", "keep-alive"],
+        16 => &["proxy-connection"],
+        17 => &["transfer-encoding"],
+        18 => &["proxy-authenticate"],
+        19 => &["proxy-authorization"],
+        _ => return None,
+    };
+    candidates.iter().copied().find(|hop| name.eq_ignore_ascii_case(hop.as_bytes()))
+}
+
+/// Whether this worker has said that it drops the application's hop-by-hop headers: it says so
+/// once, at the first.
+static HOP_BY_HOP_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Where a header list goes: a response's head, or a WebSocket's `101` (`WS_ACCEPT`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum HeadersFor {
+    /// `Connection` goes on to the lobby, which closes the connection after the answer when it
+    /// lists `close`, and drops it (crates/protocol's `write_response_head`); the other
+    /// hop-by-hop headers are dropped here.
+    Response,
+    /// Every hop-by-hop header is dropped: the lobby's `101` has its own `Connection`.
+    WebSocketAccept,
+}
 
 /// RFC 9110's field-name characters.
 fn is_token_byte(b: u8) -> bool {
@@ -109,6 +131,9 @@ pub struct Response {
     headers: Vec<u8>,
     header_count: u16,
     declared_length: Option<u64>,
+    /// The first hop-by-hop header of the current head, which the worker dropped (`Connection`
+    /// it passes on to the lobby, which drops it after it has read it).
+    pub hop_by_hop: Option<&'static str>,
     /// Body bytes the application produced so far (sent, or dropped for a body-less response).
     produced: u64,
     /// Where `start_response` validates a new head before it replaces the current one.
@@ -125,6 +150,7 @@ impl Response {
             headers: Vec::new(),
             header_count: 0,
             declared_length: None,
+            hop_by_hop: None,
             produced: 0,
             scratch: Vec::new(),
         }
@@ -182,15 +208,16 @@ impl Response {
         let (code, status_bytes, reason_start) = parse_status(status)?;
         let mut encoded = mem::take(&mut self.scratch);
         encoded.clear();
-        let result = encode_headers(headers, text, &mut encoded);
+        let result = encode_headers(headers, text, HeadersFor::Response, &mut encoded);
         match result {
-            Ok((count, declared_length)) => {
+            Ok(Encoded { count, declared_length, hop_by_hop }) => {
                 self.status = code;
                 self.reason.clear();
                 self.reason.extend_from_slice(&status_bytes[reason_start..]);
                 self.scratch = mem::replace(&mut self.headers, encoded);
                 self.header_count = count;
                 self.declared_length = declared_length;
+                self.hop_by_hop = hop_by_hop;
                 self.phase = Phase::HeadPending;
                 Ok(())
             }
@@ -199,6 +226,26 @@ impl Response {
                 Err(error)
             }
         }
+    }
+
+    /// The first time a head of this worker's carries a hop-by-hop header, says in the log that
+    /// it is dropped, naming the request (`method`, `target`); later ones cost the check of an
+    /// `Option`.
+    pub fn say_hop_by_hop_dropped(&self, py: Python<'_>, method: &[u8], target: &[u8]) -> PyResult<()> {
+        let Some(name) = self.hop_by_hop else { return Ok(()) };
+        if HOP_BY_HOP_SAID.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let message = format!(
+            "worker {}: the response to {} {} carries the hop-by-hop header \"{name}\", which maitred drops, as it \
+             drops every such header: the framing of each answer is its own, and a \"connection: close\" still \
+             closes the connection after the answer (said once per worker)",
+            std::process::id(),
+            String::from_utf8_lossy(method),
+            String::from_utf8_lossy(target),
+        );
+        py.import(intern!(py, "maitred.log"))?.call_method1(intern!(py, "log"), (intern!(py, "info"), message))?;
+        Ok(())
     }
 
     /// Replaces whatever head the application chose with the worker's own `status`, whose body
@@ -276,25 +323,38 @@ fn parse_status<'a>(status: &'a Bound<'_, PyAny>) -> PyResult<(u16, Cow<'a, [u8]
     Ok((code, bytes, reason_start))
 }
 
-/// Checks the application's header list and appends each `(name, value)` to `out` in the
-/// frame's encoding. Returns the count and the Content-Length the application declared.
-/// An ASGI header list (pairs of bytes), checked as a response's are, encoded as the wire
-/// carries headers: a `u16` count, then each name and value.
+/// A WebSocket's extra `101` headers (ASGI's pairs of bytes), checked as a response's are,
+/// encoded as the wire carries headers: a `u16` count, then each name and value.
 pub fn encode_asgi_headers(headers: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<()> {
     let count_at = out.len();
     out.extend_from_slice(&[0, 0]);
     let mut items = Vec::new();
-    let (count, _) = encode_headers(headers, HeaderText::Bytes, &mut items)?;
+    let Encoded { count, .. } = encode_headers(headers, HeaderText::Bytes, HeadersFor::WebSocketAccept, &mut items)?;
     out[count_at..count_at + 2].copy_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&items);
     Ok(())
 }
 
-fn encode_headers(headers: &Bound<'_, PyAny>, text: HeaderText, out: &mut Vec<u8>) -> PyResult<(u16, Option<u64>)> {
+/// What `encode_headers` wrote: how many headers, the Content-Length the application declared,
+/// and the first hop-by-hop header it sent.
+struct Encoded {
+    count: u16,
+    declared_length: Option<u64>,
+    hop_by_hop: Option<&'static str>,
+}
+
+/// Checks the application's header list and appends each `(name, value)` but the hop-by-hop
+/// ones to `out` in the frame's encoding.
+fn encode_headers(
+    headers: &Bound<'_, PyAny>,
+    text: HeaderText,
+    used: HeadersFor,
+    out: &mut Vec<u8>,
+) -> PyResult<Encoded> {
     if let Ok(list) = headers.cast::<PyList>() {
-        encode_header_items(list.len(), list.iter(), text, out)
+        encode_header_items(list.len(), list.iter(), text, used, out)
     } else if let Ok(tuple) = headers.cast::<PyTuple>() {
-        encode_header_items(tuple.len(), tuple.iter(), text, out)
+        encode_header_items(tuple.len(), tuple.iter(), text, used, out)
     } else {
         let kind = headers.get_type().name()?;
         Err(PyTypeError::new_err(format!("the response headers must be a list of (name, value) tuples, not {kind}")))
@@ -305,14 +365,16 @@ fn encode_header_items<'py>(
     len: usize,
     items: impl Iterator<Item = Bound<'py, PyAny>>,
     text: HeaderText,
+    used: HeadersFor,
     out: &mut Vec<u8>,
-) -> PyResult<(u16, Option<u64>)> {
+) -> PyResult<Encoded> {
     // One place stays free for the Content-Length the worker may add.
-    let count = u16::try_from(len)
-        .ok()
-        .filter(|&count| count < u16::MAX)
-        .ok_or_else(|| PyValueError::new_err(format!("{len} response headers are too many")))?;
+    if u16::try_from(len).ok().is_none_or(|count| count == u16::MAX) {
+        return Err(PyValueError::new_err(format!("{len} response headers are too many")));
+    }
+    let mut count = 0;
     let mut declared_length = None;
+    let mut first_hop_by_hop = None;
     let mut w = Writer::new(out);
     for (index, item) in items.enumerate() {
         // ASGI's headers are two-item iterables, lists as often as tuples.
@@ -334,11 +396,8 @@ fn encode_header_items<'py>(
             })?;
         // Token bytes are ASCII.
         let name_text = std::str::from_utf8(&name).expect("token bytes");
-        if HOP_BY_HOP.iter().any(|hop| name_text.eq_ignore_ascii_case(hop)) {
-            return Err(PyValueError::new_err(format!(
-                "response header {name_text:?} is hop-by-hop; the server manages the connection (PEP 3333)"
-            )));
-        }
+        let hop = hop_by_hop(&name);
+        first_hop_by_hop = first_hop_by_hop.or(hop);
         let bytes = header_bytes(&value, text, &|| format!("the value of response header {name_text:?}"))?.ok_or_else(
             || PyValueError::new_err(format!("the value of response header {name_text:?} is not latin-1")),
         )?;
@@ -355,11 +414,15 @@ fn encode_header_items<'py>(
                 PyValueError::new_err(format!("invalid Content-Length {:?}", String::from_utf8_lossy(&bytes)))
             })?);
         }
+        if hop.is_some_and(|hop| !(hop == "connection" && used == HeadersFor::Response)) {
+            continue;
+        }
         let too_long = |e: WireError| PyValueError::new_err(format!("response header {name_text:?}: {e}"));
         w.str16("header name", name_text.as_bytes()).map_err(too_long)?;
         w.bytes32("header value", &bytes).map_err(too_long)?;
+        count += 1;
     }
-    Ok((count, declared_length))
+    Ok(Encoded { count, declared_length, hop_by_hop: first_hop_by_hop })
 }
 
 /// A Content-Length value: decimal digits only.
@@ -380,6 +443,26 @@ mod tests {
         assert_eq!(parse_length(b"18446744073709551615"), Some(u64::MAX));
         for bad in [&b""[..], b"-1", b"+1", b" 1", b"1 ", b"1e3", b"18446744073709551616"] {
             assert_eq!(parse_length(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_told_by_name_in_any_case() {
+        for name in [
+            "Connection",
+            "KEEP-ALIVE",
+            "proxy-authenticate",
+            "Proxy-Authorization",
+            "proxy-connection",
+            "TE",
+            "Trailer",
+            "transfer-encoding",
+            "Upgrade",
+        ] {
+            assert_eq!(hop_by_hop(name.as_bytes()), Some(name.to_ascii_lowercase()).as_deref(), "{name}");
+        }
+        for name in ["set-cookie", "content-type", "t", "tea", "trailers", "connections", "x-upgrade"] {
+            assert_eq!(hop_by_hop(name.as_bytes()), None, "{name}");
         }
     }
 

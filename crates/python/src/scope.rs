@@ -1,5 +1,7 @@
-//! The ASGI scope of one HTTP request (the ASGI HTTP spec, version 2.4), built from a decoded
-//! `REQUEST` frame, as `environ` builds the WSGI environ.
+//! The ASGI scope of one HTTP request or WebSocket (the ASGI HTTP and WebSocket spec, version
+//! 2.5), built from a decoded `REQUEST` frame, as `environ` builds the WSGI environ. Each key is
+//! the specification's, with uvicorn's types where it leaves the choice (tuples for `client` and
+//! `server`, lists for `headers` and `subprotocols`): tests/test_asgi_conformance.py holds them.
 //!
 //! The lobby has checked the request strictly; this module only translates. Names and values
 //! stay bytes, as ASGI wants them; header names are lowercased.
@@ -13,9 +15,11 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::environ::{percent_decode, split_target};
 
-/// ASGI's versions as every scope says them; `maitred.lifespan` takes them from here.
+/// ASGI's version as every scope says it; `maitred.lifespan` takes it from here.
 pub const ASGI_VERSION: &str = "3.0";
-pub const ASGI_SPEC_VERSION: &str = "2.4";
+/// The HTTP and WebSocket specification's version that maitred implements whole: 2.4's
+/// `OSError` from a `send` after the client left, and 2.5's `reason` in `websocket.disconnect`.
+const ASGI_SPEC_VERSION: &str = "2.5";
 
 /// The scope's `path` with the mount point (`root_path`) in front: as received when it starts
 /// with it, otherwise behind a proxy that stripped it, so it is put back (as uvicorn does with
@@ -29,7 +33,8 @@ fn full_path(path: &[u8], root_path: &[u8]) -> Vec<u8> {
 }
 
 /// A new scope for `request`: an HTTP one, or with `websocket` (the lobby checked the opening
-/// handshake) a WebSocket one; `state` is the lifespan's state, shallow-copied into it.
+/// handshake) a WebSocket one; `state` is the lifespan's state, shallow-copied into it (an empty
+/// one without: a scope always has `state`, as uvicorn's).
 pub fn build<'py>(
     py: Python<'py>,
     root_path: &[u8],
@@ -47,7 +52,10 @@ pub fn build<'py>(
     scope.set_item(intern!(py, "asgi"), asgi)?;
     let version = if request.http_minor == 0 { intern!(py, "1.0") } else { intern!(py, "1.1") };
     scope.set_item(intern!(py, "http_version"), version)?;
-    scope.set_item(intern!(py, "method"), PyString::new(py, &String::from_utf8_lossy(request.method)))?;
+    // A WebSocket scope has no method (Litestar refuses a WebSocket whose scope has one).
+    if !websocket {
+        scope.set_item(intern!(py, "method"), PyString::new(py, &String::from_utf8_lossy(request.method)))?;
+    }
     let scheme = match (websocket, request.https) {
         (false, false) => intern!(py, "http"),
         (false, true) => intern!(py, "https"),
@@ -82,6 +90,11 @@ pub fn build<'py>(
     scope.set_item(intern!(py, "headers"), headers)?;
     if websocket {
         scope.set_item(intern!(py, "subprotocols"), subprotocols)?;
+        // The one extension maitred implements: the denial response (docs/PROTOCOL.md, section
+        // 5). HTTP's (trailers, pathsend, early hints, zero-copy send, tls) it does not.
+        let extensions = PyDict::new(py);
+        extensions.set_item(intern!(py, "websocket.http.response"), PyDict::new(py))?;
+        scope.set_item(intern!(py, "extensions"), extensions)?;
     }
     // A Unix-socket peer has no address: ASGI's client is then None.
     if request.peer_addr.is_empty() {
@@ -91,10 +104,14 @@ pub fn build<'py>(
         scope.set_item(intern!(py, "client"), (host, request.peer_port))?;
     }
     let server_name = PyString::new(py, &String::from_utf8_lossy(request.server_name));
-    scope.set_item(intern!(py, "server"), (server_name, request.server_port))?;
-    if let Some(state) = state {
-        scope.set_item(intern!(py, "state"), state.copy()?)?;
-    }
+    // A Unix socket's is its path and no port (port 0 on the wire: no TCP listener has it).
+    let server_port = (request.server_port != 0).then_some(request.server_port);
+    scope.set_item(intern!(py, "server"), (server_name, server_port))?;
+    let state = match state {
+        Some(state) => state.copy()?,
+        None => PyDict::new(py),
+    };
+    scope.set_item(intern!(py, "state"), state)?;
     Ok(scope)
 }
 

@@ -142,7 +142,8 @@ ROWS: tuple[Setting, ...] = (
         seconds(allow_zero=False),
         30.0,
         "A request running longer than this gets 504 and its worker's Python stack is logged; the worker is "
-        "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout).",
+        "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout). "
+        "ASGI: the request's task is cancelled, and the worker killed only if its event loop is blocked.",
     ),
     Setting(
         "workers",

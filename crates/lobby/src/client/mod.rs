@@ -1,7 +1,8 @@
 //! Client connections, in every state of their life (docs/DESIGN.md, "The life of a
 //! connection"): waiting for a request, reading it (`read.rs`, with the PROXY header and the
 //! forwarded headers of `proxies.rs` and the head budget of `heads.rs`), queued and answered
-//! (`task.rs`), writing the answer (`write.rs`), and asleep between requests (`asleep.rs`,
+//! (`task.rs`), its client watched for leaving meanwhile (`watch.rs`), writing the answer
+//! (`write.rs`), and asleep between requests (`asleep.rs`,
 //! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket.rs`). `states.rs`
 //! counts them by state; `peer.rs` says what a connection is. A TLS listener's connections begin
 //! with a handshake (`handshake.rs`), with the certificate of `certificates.rs`, and are then read
@@ -23,6 +24,7 @@ pub(crate) mod states;
 pub(crate) mod task;
 mod tls;
 pub(crate) mod wake;
+mod watch;
 mod websocket;
 mod write;
 
@@ -52,7 +54,8 @@ impl From<RequestError> for Stop {
 }
 
 /// A connection's task, in whatever it is doing. Its `impl` is spread over files by concern:
-/// `task.rs` (the life between requests, and the queue), `read.rs` and `write.rs`.
+/// `task.rs` (the life between requests, and the queue), `watch.rs` (the client while its
+/// request waits and its answer streams), `read.rs` and `write.rs`.
 struct Connection<S> {
     lobby: Rc<Lobby>,
     stream: S,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
 use maitred_wire::{build_frame, Kind, FLAG_FD};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
@@ -26,14 +26,14 @@ use super::proxies::Origin;
 use super::read::{read_now, Body, READ_CHUNK};
 use super::states::ConnectionState;
 use super::tls::TlsStream;
+use super::watch::Waiting;
 use super::websocket;
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
-use crate::seating::overload::ShedReason;
-use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
+use crate::seating::spool::{answer_channel, AnswerSender, ResponsePart};
 
 /// How long a request that had to queue waits before its client is watched for leaving.
 /// Watching costs a peek (recv with MSG_PEEK) per request, as the socket's readiness is still
@@ -283,6 +283,8 @@ impl<S: ClientStream> Connection<S> {
         };
         let mut answer = Answer::new(&context);
         let mut next = self.first_part(&responses, &waiting).await;
+        // Whether the client is watched for leaving while the answer streams (`next_part`).
+        let mut watching = true;
         loop {
             let part = match next {
                 Some(part) => part,
@@ -312,7 +314,7 @@ impl<S: ClientStream> Connection<S> {
                 // that one is answered with `Connection: close` (wait_for_request).
                 return Ok(keep_open);
             }
-            next = responses.recv().await;
+            next = self.next_part(&responses, &mut watching).await;
         }
     }
 
@@ -364,95 +366,6 @@ impl<S: ClientStream> Connection<S> {
         Ok((job, body_descriptor))
     }
 
-    /// The first part of the answer. Meanwhile the wait is watched:
-    /// - past `--queue-timeout`, a request still waiting for a worker (in the queue, or offered
-    ///   to a busy worker that has not taken it) is withdrawn and answered 503;
-    /// - from `WATCH_AFTER` on (`WATCH_SERVED_AFTER` for a request an idle worker took at
-    ///   once), a client that leaves has its request dropped (`abandon`), and
-    ///   None comes back: the connection ends.
-    async fn first_part(&self, responses: &AnswerReceiver, waiting: &Waiting) -> Option<ResponsePart> {
-        let queue_timeout = self.lobby.settings().queue_timeout;
-        let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + waiting.watch_after);
-        let mut watching = true;
-        loop {
-            let unseated = matches!(waiting.state.get(), JobState::Queued | JobState::Offered);
-            let timeout = queue_timeout.filter(|_| unseated);
-            let timed_out = waiting.enqueued_at + timeout.unwrap_or_default();
-            tokio::select! {
-                part = responses.recv() => return part,
-                _ = sleep_until(timed_out.into()), if timeout.is_some() => {
-                    let Some(limit) = timeout else { continue };
-                    if self.withdraw(waiting) {
-                        self.lobby.seating.overload.count(ShedReason::QueueTimeout);
-                        return Some(ResponsePart::Refused {
-                            status: 503,
-                            detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
-                            retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
-                        });
-                    }
-                }
-                left = async { sleep_until(watch_from).await; self.client_left().await }, if watching => {
-                    if left {
-                        self.abandon(waiting);
-                        return None;
-                    }
-                    watching = false;
-                }
-            }
-        }
-    }
-
-    /// Takes the request back from the queue (or from the busy worker it was offered to) if no
-    /// worker has begun it; it is then never seated.
-    fn withdraw(&self, waiting: &Waiting) -> bool {
-        match waiting.state.get() {
-            JobState::Queued => {
-                waiting.state.set(JobState::Cancelled);
-                true
-            }
-            JobState::Offered => self.lobby.seating.withdraw_offer(&waiting.state),
-            JobState::Seated | JobState::Cancelled => false,
-        }
-    }
-
-    /// Waits until the client does something while its request waits, and says whether it
-    /// left: it closed or reset the connection or, under `--half-close abandon`, shut its
-    /// sending side (which looks the same as a close until the answer is written). False when it
-    /// sent more (a pipelined request) or half-closed under `--half-close serve`: it is still
-    /// there to read the answer, and is not watched further.
-    async fn client_left(&self) -> bool {
-        loop {
-            if poll_fn(|cx| self.stream.poll_read_ready(cx)).await.is_err() {
-                return true;
-            }
-            let fd = self.stream.as_fd();
-            match self.stream.try_io(Interest::READABLE, || maitred_sys::socket::peek(fd)) {
-                Ok(0) => return self.lobby.settings().half_close_leaves(),
-                Ok(_) => return false,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return true,
-            }
-        }
-    }
-
-    /// The client left while its request waited: a request no worker has begun is dropped, and
-    /// counted (its wait teaches the queue how long clients wait, `overload.rs`); one a worker
-    /// has is stopped as the connection ends (its relay tells the worker, CANCEL).
-    fn abandon(&self, waiting: &Waiting) {
-        let now = Instant::now();
-        let waited = now.saturating_duration_since(waiting.enqueued_at) + waiting.upstream;
-        if self.withdraw(waiting) {
-            self.lobby.seating.overload.left(now, waited);
-            debug!(
-                "the client {} left after {:.3} s; its request is dropped",
-                self.peer.display(),
-                waited.as_secs_f64()
-            );
-        } else {
-            debug!("the client {} left while its request was served; its worker is told", self.peer.display());
-        }
-    }
-
     fn log_access(
         &self,
         head: &RequestHead,
@@ -485,13 +398,4 @@ impl<S: ClientStream> Connection<S> {
             },
         );
     }
-}
-
-/// What a connection keeps of its request while it waits for the answer.
-struct Waiting {
-    state: Rc<Cell<JobState>>,
-    enqueued_at: Instant,
-    upstream: Duration,
-    /// When its client begins to be watched for leaving.
-    watch_after: Duration,
 }

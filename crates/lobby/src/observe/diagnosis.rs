@@ -246,19 +246,32 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
         if took < threshold {
             continue;
         }
+        // An event loop's request is cancelled at --timeout, and its worker serves on; a
+        // worker of threads, or of one, is killed.
+        let (at_timeout, fix) = if card.asgi.get() {
+            (
+                "when its task is cancelled and its client answered 504",
+                "if such a request is expected, raise --timeout; if not, the worker serves on, and its event loop's \
+                 stack is logged only if the loop is blocked then",
+            )
+        } else {
+            (
+                "when it is killed",
+                "if such a request is expected, raise --timeout; if not, the worker's Python stack is logged when \
+                 --timeout kills it",
+            )
+        };
         findings.push(Finding {
             name: "long_request",
             scenario: "long request",
             // The request, not only the worker: the next long one is a new finding.
             subject: format!("{pid} {}", card.served.get()),
             message: format!(
-                "worker {pid} has been in {summary} for {:.1} s, over half of --timeout ({} s), when it is killed",
+                "worker {pid} has been in {summary} for {:.1} s, over half of --timeout ({} s), {at_timeout}",
                 took.as_secs_f64(),
                 timeout.as_secs_f64()
             ),
-            fix: "if such a request is expected, raise --timeout; if not, the worker's Python stack is logged when \
-                  --timeout kills it"
-                .into(),
+            fix: fix.into(),
         });
     }
 }

@@ -1,7 +1,8 @@
 //! Relaying one request's answer from a worker to its connection: each frame the worker sends
 //! goes to the answer's spool as it comes; a client that leaves gets the worker told
 //! (`CANCEL`); a worker past `--timeout`, wedged, or gone ends the request with 504 or 502, or,
-//! when it provably never read it, sends it back to the queue.
+//! when it provably never read it, sends it back to the queue. An event loop's request past
+//! `--timeout` is answered 504 at once, and its worker killed only if its loop is blocked.
 
 use std::fs::File;
 use std::io;
@@ -50,9 +51,10 @@ pub(super) enum Unread {
 /// Reads the worker's answer to the request it took and hands it to the request's connection.
 /// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
 /// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
-/// the worker never read it. A timeout kills the worker here when `thread` is its only one or
-/// runs an event loop (after `EVENT_LOOP_GRACE`); with threads, the worker's task gives the
-/// others a grace first.
+/// the worker never read it. A timeout kills the worker here when `thread` is its only one;
+/// with threads, the worker's task gives the others a grace first. An event loop's request
+/// (`thread.evented`) is answered 504 at --timeout and its relay goes on until the loop has
+/// ended it: the worker is killed only when its loop is found blocked (`timed_out_on_a_loop`).
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
@@ -69,14 +71,12 @@ pub(super) async fn relay_response(
         ClientGone,
     }
     let timeout = lobby.settings().timeout;
-    let kills = thread.sole || thread.evented;
-    let limit = if thread.evented { timeout + EVENT_LOOP_GRACE } else { timeout };
     let seated_at = Instant::now();
     if let Some(served) = &job.served {
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
-    let mut deadline = tokio::time::Instant::from_std(seated_at + limit);
+    let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
     // If the worker has not answered after a moment, it may be wedged: the request still in
     // its slot, or (sent on the channel) with bytes unread (health::never_read).
     // Not an event loop's: one blocked by a request's synchronous call leaves the others unread
@@ -84,6 +84,9 @@ pub(super) async fn relay_response(
     let mut read_check = (!thread.evented).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
+    // An event loop's request past --timeout: answered 504 (or cut) already, its frames are
+    // read and dropped until the loop has ended it.
+    let mut timed_out = false;
     loop {
         // A slow client's answer past its caps: stop reading from the worker until the client
         // catches up. The time spent so is the client's, not the application's: --timeout
@@ -128,6 +131,10 @@ pub(super) async fn relay_response(
                     ExitReason::Crash,
                     fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
                 ));
+            }
+            Next::Frame(Ok(None) | Err(_)) if timed_out => {
+                // Its client has had its 504: the other requests the worker held say the rest.
+                return Err(Lost::Answered(ExitReason::Crash, "exited after a request ran past --timeout".into()));
             }
             Next::Frame(closed @ (Ok(None) | Err(_))) => {
                 // A worker that leaves after an answer (SystemExit, a crash) may do so while the
@@ -177,14 +184,27 @@ pub(super) async fn relay_response(
                 }
                 continue;
             }
+            Next::TimedOut if thread.evented => {
+                if timed_out_on_a_loop(lobby, pid, channel, job, head_sent, timed_out).await {
+                    return Err(Lost::Answered(ExitReason::Timeout, "its event loop is blocked".into()));
+                }
+                timed_out = true;
+                // Said again, as the loop's health is asked again: a CANCEL is read at once by
+                // a loop that runs, and it is not unread for long on the channel. `cancelled`
+                // keeps the client's leaving from sending one more.
+                cancelled = true;
+                if let Err(e) = channel.send(&cancel_frame(taken.id), None).await {
+                    return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
+                }
+                deadline = tokio::time::Instant::now() + EVENT_LOOP_GRACE;
+                continue;
+            }
             Next::TimedOut => {
                 // Said before the stack, which the worker writes to the same log
                 // (health::dump_stack); the lobby says nothing more until it is written.
                 let elapsed = seated_at.elapsed().as_secs_f64();
                 let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
-                let then = if thread.evented {
-                    "then it is killed: its event loop did not cancel the request at --timeout, so it is blocked"
-                } else if kills {
+                let then = if thread.sole {
                     "then it is killed"
                 } else {
                     "then it takes no new request, and it is killed once its other threads have finished \
@@ -197,17 +217,27 @@ pub(super) async fn relay_response(
                     job.summary
                 );
                 health::dump_stack(lobby, pid).await;
-                if kills {
+                if thread.sole {
                     health::end(lobby, pid).await;
                 }
-                let detail = if head_sent {
-                    "the application did not finish its response within --timeout"
-                } else {
-                    "the application did not answer within --timeout"
-                };
-                return Err(Lost::Answered(ExitReason::Timeout, fail(job, head_sent, 504, detail)));
+                return Err(Lost::Answered(
+                    ExitReason::Timeout,
+                    fail(job, head_sent, 504, timed_out_detail(head_sent)),
+                ));
             }
         };
+        if timed_out {
+            // The client has had its 504: what the loop still sends for the request is dropped,
+            // checked only to be frames, until the last one frees the seat.
+            match decode_part(frame) {
+                Ok(part) if part.is_last() => return Ok(Relayed::Answered),
+                Ok(_) => continue,
+                Err(e) => {
+                    let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                    return Err(Lost::Answered(ExitReason::Crash, format!("the worker broke the protocol: {e}")));
+                }
+            }
+        }
         let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
             Ok(part) => part,
             Err(e) => {
@@ -246,6 +276,49 @@ pub(super) async fn relay_response(
             return Ok(Relayed::Answered);
         }
     }
+}
+
+/// What the client of a request past --timeout is told, in the 504's body or the log.
+fn timed_out_detail(head_sent: bool) -> &'static str {
+    if head_sent {
+        "the application did not finish its response within --timeout"
+    } else {
+        "the application did not answer within --timeout"
+    }
+}
+
+/// An event loop's request past --timeout (docs/ASGI.md, "Timeouts and a blocked loop"). The
+/// first time (`answered` false): the client gets its 504 now (or its connection is cut) and
+/// the worker's loop, which cancels the request's task at --timeout itself, serves on. Each
+/// time the relay then sends a `CANCEL`, which a loop that runs reads at once; one still unread
+/// on the channel `EVENT_LOOP_GRACE` later says that the loop is blocked: then its stack is
+/// logged, the worker is killed, and this returns true.
+async fn timed_out_on_a_loop(
+    lobby: &Lobby,
+    pid: i32,
+    channel: &Channel,
+    job: &Job,
+    head_sent: bool,
+    answered: bool,
+) -> bool {
+    if !answered {
+        fail(job, head_sent, 504, timed_out_detail(head_sent));
+        return false;
+    }
+    if maitred_sys::socket::unsent_bytes(channel.socket.as_fd()).is_none_or(|unread| unread == 0) {
+        return false;
+    }
+    error!(
+        "worker {pid} timed out on {}: its event loop is blocked (it did not read, in {} s, the CANCEL sent when \
+         the request ran past --timeout, {} s); its Python stack follows, then it is killed with every request \
+         it holds (--timeout)",
+        job.summary,
+        EVENT_LOOP_GRACE.as_secs_f64(),
+        lobby.settings().timeout.as_secs_f64()
+    );
+    health::dump_stack(lobby, pid).await;
+    health::end(lobby, pid).await;
+    true
 }
 
 /// Checks a part against the request it answers: WebSocket frames answer only a WebSocket

@@ -128,6 +128,9 @@ pub struct Card {
     pub born: Instant,
     /// It has loaded the application.
     pub ready: Cell<bool>,
+    /// It runs an ASGI application on an event loop: --timeout cancels a request there, and
+    /// kills the worker only when the loop is blocked.
+    pub asgi: Cell<bool>,
     pub phase: watch::Sender<Phase>,
     /// What each of its threads is busy with (`GET /path HTTP/1.1`) and since when: a line per
     /// thread, each a seat of its own (docs/PROTOCOL.md, section 4).
@@ -145,6 +148,7 @@ impl Card {
             pid: Cell::new(None),
             born: Instant::now(),
             ready: Cell::new(false),
+            asgi: Cell::new(false),
             phase: watch::Sender::new(phase),
             threads: RefCell::new(vec![None]),
             served: Cell::new(0),

@@ -91,11 +91,13 @@ pub struct Thread {
     /// runs in it (docs/PROTOCOL.md, section 4).
     pub sole: bool,
     /// The worker runs an ASGI application on an event loop, which cancels a request's task at
-    /// --timeout and answers 504 itself: the lobby steps in only `EVENT_LOOP_GRACE` later, when
-    /// the loop must be blocked, and then kills the worker, as every request of it is stuck.
+    /// --timeout itself: the lobby answers 504 then, and kills the worker only when its loop is
+    /// blocked (it leaves a `CANCEL` unread for `EVENT_LOOP_GRACE`), as every request of it is
+    /// stuck then. A loop that runs serves on, however long the cancelled task takes to end.
     pub evented: bool,
 }
 
-/// How long after --timeout the lobby waits for an ASGI worker's own 504 before it takes the
-/// worker's event loop for blocked. A loop that runs answers within milliseconds.
+/// How long an event loop may leave a `CANCEL` unread before the lobby takes it for blocked. A
+/// loop that runs reads it within milliseconds; one that misses its heartbeat for 0.5 s is
+/// diagnosed blocked by the worker's own watchdog (docs/ASGI.md).
 pub const EVENT_LOOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

@@ -46,6 +46,7 @@ pub async fn serve_worker(
         }
     }
     seat.card.set_threads(opened.len());
+    seat.card.asgi.set(asgi);
     // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats, for as long as
     // it serves.
     let _asgi = asgi.then(|| {

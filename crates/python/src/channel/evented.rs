@@ -85,12 +85,11 @@ impl WorkerChannel {
     }
 
     /// While a request is in progress: reads what the channel holds, without waiting, and says
-    /// whether the lobby cancelled the request or closed the channel.
+    /// whether the lobby cancelled the request (now) or closed the channel. It reads even once
+    /// the request is cancelled: the lobby sends a request past --timeout a `CANCEL` again to
+    /// learn whether the event loop runs, and one left unread says it is blocked.
     pub(super) fn look_in_progress(&mut self, py: Python<'_>) -> PyResult<InProgress> {
         self.wake()?;
-        if self.response.phase == Phase::Cancelled {
-            return Ok(InProgress::Cancelled);
-        }
         let mut closed = false;
         if !self.closed {
             if let Received::Closed = self.read_available()? {

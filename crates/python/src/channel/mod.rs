@@ -374,11 +374,12 @@ impl WorkerChannel {
 
     /// ASGI's `http.response.start`: `status` as `"200 OK"` and `headers` as (name, value)
     /// pairs of bytes, checked as `start_response` checks WSGI's.
-    fn start(&mut self, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn start(&mut self, py: Python<'_>, status: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.response.phase != Phase::AwaitingStart {
             return Err(PyRuntimeError::new_err("http.response.start was sent twice"));
         }
-        self.response.start(status, headers, HeaderText::Bytes)
+        self.response.start(status, headers, HeaderText::Bytes)?;
+        self.response.say_hop_by_hop_dropped(py, &self.method, &self.target)
     }
 
     /// ASGI's `http.response.body`: `data`, and with `more_body` false the end of the response.
@@ -459,6 +460,7 @@ impl StartResponse {
                 None => {}
             }
             channel.response.start(status, headers, HeaderText::Str)?;
+            channel.response.say_hop_by_hop_dropped(py, &channel.method, &channel.target)?;
         }
         slf.getattr(intern!(py, "write"))
     }

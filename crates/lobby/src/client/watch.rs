@@ -1,0 +1,144 @@
+//! Watching a connection's client while its request waits and while its answer streams: a
+//! client that leaves has its request dropped, if no worker has begun it, or its worker told
+//! (the relay's `CANCEL`); `--queue-timeout` withdraws a request no worker took in time.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::io;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::io::Interest;
+use tokio::time::sleep_until;
+
+use super::peer::ClientStream;
+use super::Connection;
+use crate::log::debug;
+use crate::seating::job::JobState;
+use crate::seating::overload::ShedReason;
+use crate::seating::spool::{AnswerReceiver, ResponsePart};
+
+/// What a connection keeps of its request while it waits for the answer.
+pub(super) struct Waiting {
+    pub(super) state: Rc<Cell<JobState>>,
+    pub(super) enqueued_at: Instant,
+    pub(super) upstream: Duration,
+    /// When its client begins to be watched for leaving.
+    pub(super) watch_after: Duration,
+}
+
+impl<S: ClientStream> Connection<S> {
+    /// The next part of an answer that streams. While the worker has not sent it, a client
+    /// that leaves (`client_left`) ends the connection: None comes back, and the relay tells
+    /// the worker (CANCEL), whose application hears it at once (ASGI's `http.disconnect`).
+    /// A part that is there already is taken without a look at the client; the first look may
+    /// cost a peek (the socket's readiness left from reading the request), later ones nothing
+    /// until the client does something. A client that sends more (a pipelined request) is not
+    /// watched further: `watching` turns false.
+    pub(super) async fn next_part(&self, responses: &AnswerReceiver, watching: &mut bool) -> Option<ResponsePart> {
+        if !*watching {
+            return responses.recv().await;
+        }
+        tokio::select! {
+            biased;
+            part = responses.recv() => part,
+            left = self.client_left() => {
+                if left {
+                    debug!("the client {} left while its answer streamed; its worker is told", self.peer.display());
+                    return None;
+                }
+                *watching = false;
+                responses.recv().await
+            }
+        }
+    }
+
+    /// The first part of the answer. Meanwhile the wait is watched:
+    /// - past `--queue-timeout`, a request still waiting for a worker (in the queue, or offered
+    ///   to a busy worker that has not taken it) is withdrawn and answered 503;
+    /// - from `WATCH_AFTER` on (`WATCH_SERVED_AFTER` for a request an idle worker took at
+    ///   once), a client that leaves has its request dropped (`abandon`), and
+    ///   None comes back: the connection ends.
+    pub(super) async fn first_part(&self, responses: &AnswerReceiver, waiting: &Waiting) -> Option<ResponsePart> {
+        let queue_timeout = self.lobby.settings().queue_timeout;
+        let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + waiting.watch_after);
+        let mut watching = true;
+        loop {
+            let unseated = matches!(waiting.state.get(), JobState::Queued | JobState::Offered);
+            let timeout = queue_timeout.filter(|_| unseated);
+            let timed_out = waiting.enqueued_at + timeout.unwrap_or_default();
+            tokio::select! {
+                part = responses.recv() => return part,
+                _ = sleep_until(timed_out.into()), if timeout.is_some() => {
+                    let Some(limit) = timeout else { continue };
+                    if self.withdraw(waiting) {
+                        self.lobby.seating.overload.count(ShedReason::QueueTimeout);
+                        return Some(ResponsePart::Refused {
+                            status: 503,
+                            detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
+                            retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
+                        });
+                    }
+                }
+                left = async { sleep_until(watch_from).await; self.client_left().await }, if watching => {
+                    if left {
+                        self.abandon(waiting);
+                        return None;
+                    }
+                    watching = false;
+                }
+            }
+        }
+    }
+
+    /// Takes the request back from the queue (or from the busy worker it was offered to) if no
+    /// worker has begun it; it is then never seated.
+    fn withdraw(&self, waiting: &Waiting) -> bool {
+        match waiting.state.get() {
+            JobState::Queued => {
+                waiting.state.set(JobState::Cancelled);
+                true
+            }
+            JobState::Offered => self.lobby.seating.withdraw_offer(&waiting.state),
+            JobState::Seated | JobState::Cancelled => false,
+        }
+    }
+
+    /// Waits until the client does something while its request waits, and says whether it
+    /// left: it closed or reset the connection or, under `--half-close abandon`, shut its
+    /// sending side (which looks the same as a close until the answer is written). False when it
+    /// sent more (a pipelined request) or half-closed under `--half-close serve`: it is still
+    /// there to read the answer, and is not watched further.
+    async fn client_left(&self) -> bool {
+        loop {
+            if poll_fn(|cx| self.stream.poll_read_ready(cx)).await.is_err() {
+                return true;
+            }
+            let fd = self.stream.as_fd();
+            match self.stream.try_io(Interest::READABLE, || maitred_sys::socket::peek(fd)) {
+                Ok(0) => return self.lobby.settings().half_close_leaves(),
+                Ok(_) => return false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// The client left while its request waited: a request no worker has begun is dropped, and
+    /// counted (its wait teaches the queue how long clients wait, `overload.rs`); one a worker
+    /// has is stopped as the connection ends (its relay tells the worker, CANCEL).
+    fn abandon(&self, waiting: &Waiting) {
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(waiting.enqueued_at) + waiting.upstream;
+        if self.withdraw(waiting) {
+            self.lobby.seating.overload.left(now, waited);
+            debug!(
+                "the client {} left after {:.3} s; its request is dropped",
+                self.peer.display(),
+                waited.as_secs_f64()
+            );
+        } else {
+            debug!("the client {} left while its request was served; its worker is told", self.peer.display());
+        }
+    }
+}
