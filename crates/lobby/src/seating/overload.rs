@@ -17,10 +17,11 @@
 //! the queue has not drained for `SUSTAINED`, and over that time more requests joined it than
 //! workers took from it (by at least a tenth), so that its wait grew. A closed-loop load (wrk,
 //! a proxy's pool) keeps a standing queue whose wait does not grow: its clients leaving at the
-//! end of a run teach nothing. Departures within `SAME_INSTANT` of each other are one event,
-//! counted once (their median wait): a program's exit, a proxy's reload or a balancer
-//! recycling its connections closes many at one instant, with the waits their requests
-//! happened to have, which say nothing of how long clients wait. The patience is the median of
+//! end of a run teach nothing. Departures closer together than half the time between two
+//! arrivals are one event, counted once (their median wait): clients that give up leave at the
+//! pace they came, while a program's exit, a proxy's reload or a balancer recycling its
+//! connections closes many at once, with the waits their requests happened to have, which say
+//! nothing of how long clients wait. The patience is the median of
 //! the last `LEARN_FROM` or more such events within `WINDOW`.
 //!
 //! Learned patience lapses once the overload has ended: a worker found the queue empty, and
@@ -45,11 +46,14 @@ pub const SUSTAINED: Duration = Duration::from_secs(1);
 /// The arrival record's resolution: `SUSTAINED` in ten ticks.
 const TICK: Duration = Duration::from_millis(100);
 const TICKS: usize = 10;
-/// Departures closer than this to the one before are one event. The lobby notices the
-/// connections a program closes at its exit within a few microseconds of each other (a
-/// connection's task runs for about 10 us); clients giving up one by one, even at thousands
-/// a second, are further apart.
-const SAME_INSTANT: Duration = Duration::from_micros(200);
+/// Departures closer to the one before than half the time between two arrivals are one event:
+/// clients that give up one by one leave at the pace they came, each its patience after its
+/// arrival, while a program's exit closes all its connections faster than any of them came (the
+/// lobby notices them within microseconds of each other, or a few hundred on a busy machine).
+/// Bounded: at least this, at thousands of arrivals a second...
+const SAME_INSTANT_LEAST: Duration = Duration::from_micros(200);
+/// ... and at most this, at a few a second.
+const SAME_INSTANT_MOST: Duration = Duration::from_millis(100);
 
 /// Why a request was dropped or refused instead of served, as `maitred_shed_total` labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,9 +232,11 @@ impl Overload {
         if !self.overloaded(now) {
             return;
         }
+        let (joined, _) = self.flow.borrow_mut().totals(now);
+        let same_instant = (SUSTAINED / joined.max(1) / 2).clamp(SAME_INSTANT_LEAST, SAME_INSTANT_MOST);
         let mut departures = self.departures.borrow_mut();
         match departures.back_mut() {
-            Some(last) if now.saturating_duration_since(last.last_at) < SAME_INSTANT => {
+            Some(last) if now.saturating_duration_since(last.last_at) < same_instant => {
                 last.last_at = now;
                 last.waits.push(waited);
             }
