@@ -158,13 +158,14 @@ class _WebSocket:
     """One WebSocket: the lobby did the handshake and does the framing; here are ASGI's
     `websocket.*` events, whole messages each (docs/PROTOCOL.md, section 5)."""
 
-    __slots__ = ("_channel", "_connected", "_seat", "accepted", "disconnected", "done", "scope")
+    __slots__ = ("_channel", "_close_code", "_connected", "_seat", "accepted", "disconnected", "done", "scope")
 
     def __init__(self, seat: _Seat, scope: Scope) -> None:
         self._seat = seat
         self._channel = seat.channel
         self.scope = scope
         self._connected = False
+        self._close_code = 1000
         self.accepted = False
         self.disconnected = False
         self.done = False
@@ -177,6 +178,10 @@ class _WebSocket:
         if not self._connected:
             self._connected = True
             return {"type": "websocket.connect"}
+        if self.done:
+            # The application closed it (or refused it): what is left to receive is the end,
+            # as a framework that keeps receiving until it sees one expects (Channels).
+            return {"type": "websocket.disconnect", "code": self._close_code, "reason": ""}
         while True:
             event = self._channel.ws_receive()
             if event is not None:
@@ -206,7 +211,8 @@ class _WebSocket:
             # --timeout runs until a WebSocket is accepted: then it lives as long as it is wanted.
             self._seat.deadline = None
         elif kind == "websocket.close":
-            channel.ws_close(int(message.get("code", 1000)), message.get("reason") or "")
+            self._close_code = int(message.get("code", 1000))
+            channel.ws_close(self._close_code, message.get("reason") or "")
             self.done = True
         elif kind == "websocket.http.response.start" and not self.accepted:
             # ASGI's denial response, in place of the 403 of a refusal.
