@@ -36,8 +36,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    """Starts argv as the leader of a new process group, with stdout and stderr going to log."""
+def start(
+    argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str], user: str | None = None
+) -> subprocess.Popen:
+    """Starts argv as the leader of a new process group, with stdout and stderr going to log; as
+    user where one is named (PostgreSQL refuses to run as root)."""
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -46,6 +49,7 @@ def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]
         cwd=cwd,
         env=env,
         start_new_session=True,
+        user=user,
     )
     _live_groups[process.pid] = process
     return process
@@ -119,6 +123,23 @@ def cpu_seconds(pids: Sequence[int]) -> float:
         # utime and stime are fields 14 and 15.
         fields = stat[stat.rindex(")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """The CPU time, user and system, that process group pgid has spent: every live member's own,
+    and what each has collected from the children it reaped (a database's backends that ended, a
+    worker that was replaced), so that the difference between two readings misses nothing that
+    ran in between."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:  # ended meanwhile: its parent has collected its time
+            continue
+        # utime, stime, cutime and cstime are fields 14 to 17 (see cpu_seconds).
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks += sum(int(field) for field in fields[11:15])
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
