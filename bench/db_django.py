@@ -10,10 +10,9 @@ connections"); the threads of a worker each hold one.
 
 import os
 
+import db_rules
 import django
 from django.conf import settings
-
-import db_rules
 
 settings.configure(
     DEBUG=False,
@@ -33,11 +32,12 @@ settings.configure(
 )
 django.setup()
 
-from django.core.handlers.wsgi import WSGIHandler  # noqa: E402 (needs the settings above)
-from django.db import models, transaction  # noqa: E402
-from django.http import HttpResponse, JsonResponse  # noqa: E402
-from django.shortcuts import render  # noqa: E402
-from django.urls import path  # noqa: E402
+# Django's models and views can be imported only once it is set up.
+from django.core.handlers.wsgi import WSGIHandler
+from django.db import models, transaction
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import path
 
 
 class World(models.Model):

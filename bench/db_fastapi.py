@@ -11,11 +11,10 @@ advise for resources an application shares between requests ("Lifespan Events").
 from contextlib import asynccontextmanager
 
 import asyncpg
+import db_rules
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.templating import Jinja2Templates
-
-import db_rules
 
 SELECT_WORLD = "SELECT id, randomnumber FROM world WHERE id = $1"
 UPDATE_WORLD = "UPDATE world SET randomnumber = $1 WHERE id = $2"

@@ -13,10 +13,9 @@ warn against.
 
 import threading
 
+import db_rules
 import psycopg_pool
 from flask import Flask, jsonify, render_template, request
-
-import db_rules
 
 app = Flask(__name__, template_folder=db_rules.TEMPLATES)
 
