@@ -21,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import db_levels
 import hop
 import lifecycle
+import postgres
 import procs
 from measure import (
     ACCEPT_SYSCALLS,
@@ -35,7 +37,7 @@ from measure import (
     strace_counts,
 )
 from scenarios import Crowd, Entry, Scenario
-from servers import BENCH, SERVERS
+from servers import BENCH, DB_APPS, SERVERS
 
 WORK = BENCH / ".work"
 # A pause after a server is ready (so its start-up does not share the CPU with the load) and
@@ -63,11 +65,13 @@ def run_once(
     repetition: int,
     alone: dict | None = None,
     stage: str = "",
+    database: postgres.Cluster | None = None,
 ) -> dict:
     """alone (C1): the figure without the crowd, from a run of the same server under the same load
     in another scenario of this invocation ({"measurement", "source"}); None: measure it here,
     on this server instance, before the crowd arrives. stage: names a run that measures what the
-    scenario's runs need first (O1's "capacity"); its logs go beside theirs, into <run>-<stage>."""
+    scenario's runs need first (O1's "capacity"); its logs go beside theirs, into <run>-<stage>.
+    database: the cluster the database scenarios' applications use (bench/postgres.py)."""
     server = SERVERS[entry.server]
     slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
     workdir = WORK / "runs" / scenario.id / slug / (f"{repetition}-{stage}" if stage else str(repetition))
@@ -76,6 +80,10 @@ def run_once(
     port = procs.free_port()
     launch = scenario.launch(entry, port)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
+    if scenario.db_tests:
+        # The applications' packages (bench/peers/db-apps.txt) before whatever the server's own
+        # Python has, so that every server runs the same versions.
+        env.update(database.environment(), PYTHONPATH=os.pathsep.join([str(DB_APPS), str(BENCH)]))
     result = {
         "server": label,
         "run": repetition,
@@ -175,6 +183,16 @@ def run_once(
                 process, launch.workers, workdir, env, lambda where: _load(load, url, where, env, scenario.limit())
             )
             result["extra"].update(figures)
+        elif scenario.db_tests:
+            measurement, result["cut_short"], result["levels"] = db_levels.run(
+                scenario.db_tests,
+                load,
+                process.pid,
+                database.cpu_seconds,
+                lambda shaped, path, where: _load(shaped, url.rstrip("/") + path, where, env, scenario.limit()),
+                workdir,
+            )
+            result["extra"].update(measurement.pop("figures"))
         elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures", {}))

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 import apps
+import db_levels
 import lifecycle
+from db_levels import DbTests, level_key
 from front import NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
 from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
@@ -162,6 +164,9 @@ class Scenario:
     # The app's interface (A1, O1-ASGI: ASGI 3, bench/asgi_apps.py); every server of the line-up
     # must serve it.
     interface: Literal["wsgi", "asgi"] = "wsgi"
+    # DB-DJANGO, DB-FLASK, DB-FASTAPI: TechEmpower's test types against one server per run, each at
+    # several concurrencies of the load (a Wrk), on the harness's PostgreSQL (bench/db_levels.py).
+    db_tests: DbTests | None = None
 
     def __post_init__(self) -> None:
         if wrong := [e.server for e in self.lineup if self.interface not in SERVERS[e.server].interfaces]:
@@ -173,7 +178,10 @@ class Scenario:
         return load if entry.clients is None else replace(load, concurrency=entry.clients)
 
     def describe_load(self, load: Load, entries: list[Entry] | tuple[Entry, ...]) -> str:
-        """The load as the entries run it: its command, or one per concurrency (H1-hop)."""
+        """The load as the entries run it: its command, or one per concurrency (H1-hop), or per test
+        type and concurrency (the database scenarios)."""
+        if self.db_tests:
+            return self.db_tests.describe(load)
         return "; ".join(dict.fromkeys(self.load_for(entry, load).describe() for entry in entries))
 
     def launch(self, entry: Entry, port: int) -> Launch:
@@ -448,6 +456,75 @@ ASGI_HELLO_NOTE = (
 # O1-ASGI's capacity run: enough clients that the 50 ms await does not bound the rate before the
 # CPU does (each client makes at most 1 / 52 ms = 19 requests a second).
 ASGI_CAPACITY_CLIENTS = 64
+
+# DB-DJANGO, DB-FLASK, DB-FASTAPI: TechEmpower's test types on PostgreSQL (bench/db_levels.py),
+# wrk's duration per load (run.py --db-seconds changes it), at each of DB_TESTS' concurrencies.
+DB_TESTS = DbTests()
+DB_LOAD = Wrk(threads=2, connections=max(DB_TESTS.connections), seconds=10)
+# The WSGI applications: 2 workers of 4 threads where the server has threads (maitred --threads 4,
+# gunicorn's gthread worker --threads 4: gunicorn's docs advise 2-4 threads per core), and granian
+# with its default blocking threads and --backpressure 4: granian's docs advise leaving the threads
+# alone and bounding a WSGI worker's concurrent requests with --backpressure, and 4 is the others'
+# threads and the 4 connections of each worker's pool (DB-FLASK).
+DB_THREADS = 4
+DB_WSGI = (
+    Entry("maitred", threads=DB_THREADS),
+    Entry("gunicorn-gthread", threads=DB_THREADS),
+    Entry("granian", options=("--backpressure", str(DB_THREADS))),
+)
+# The ASGI application: A1's line-up (maitred, uvicorn, granian, gunicorn with uvicorn's worker).
+DB_ASGI = ASGI_HELLO
+
+
+def _no_non2xx_in_any_run(summary: Summary, peers: list[Summary]) -> bool:
+    return summary["non2xx_worst"] == 0
+
+
+def _leads_at(test: str, connections: int, figure: str, lower_is_better: bool, text: str) -> Target:
+    """maitred's figure for one test type at one concurrency at least as good as every peer's; not
+    met when no peer measured it."""
+    key = level_key(test, connections)
+
+    def holds(summary: Summary, peers: list[Summary]) -> bool:
+        ours = summary["levels"].get(key, {}).get(figure)
+        theirs = [p["levels"][key][figure] for p in peers if p["levels"].get(key, {}).get(figure) is not None]
+        if ours is None or not theirs:
+            return False
+        return ours <= min(theirs) if lower_is_better else ours >= max(theirs)
+
+    return Target(f"{test} at {connections} connections: {text}", holds)
+
+
+DB_TARGETS = (
+    Target("0 non-2xx in every run (every load, warm-ups included)", _no_non2xx_in_any_run),
+    *(
+        target
+        for test in ("db", "fortunes")
+        for connections in DB_TESTS.connections
+        for target in (
+            _leads_at(test, connections, "rps", False, "req/s >= the best peer's"),
+            _leads_at(test, connections, "server_cpu_us", True, "server CPU per request <= the best peer's"),
+        )
+    ),
+)
+DB_COLUMNS = (
+    Column("server_cpu_us", "server CPU µs / request"),
+    Column("database_cpu_us", "database CPU µs / request"),
+)
+DB_NOTE = (
+    "PostgreSQL is Debian's, a throw-away cluster the harness makes for the invocation "
+    "(bench/postgres.py: TechEmpower's world table of 10,000 rows and fortune table of 12), reached "
+    "over its Unix socket. Each run starts the server once and runs TechEmpower's four test types "
+    f"against it in turn: /db (one random row), /queries?queries={db_levels.QUERIES} (as many rows, "
+    "one query each), /fortunes (the 12 rows and one added at request time, sorted, through the "
+    f"framework's templates), /updates?queries={db_levels.QUERIES} (as many rows read, changed and "
+    "written back in one transaction). Each test type gets a warm-up at the highest concurrency, "
+    "then each concurrency in turn, 2 s apart, as TechEmpower's harness runs its levels; the "
+    "warm-ups are not measured, but their non-2xx and socket errors count. The table above sums each "
+    "run's measured loads (req/s over their time; CPU per request: the server's process group, "
+    "and the postmaster and its backends, read from /proc around each load, ended processes "
+    "included); the table below has each load's figures, medians over the runs."
+)
 
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
@@ -1015,6 +1092,46 @@ SCENARIOS: dict[str, Scenario] = {
             "to a worker before a thread of it is free makes them wait up to 2 s. With 2 slow "
             "clients the result would hang on how the connections happened to spread. A request that fails on a reused connection before any byte of its answer "
             "is sent again on a new one (uWSGI's --http-socket closes every connection after its answer).",
+        ),
+        Scenario(
+            id="DB-DJANGO",
+            title="Django on PostgreSQL (its ORM, psycopg, persistent connections): TechEmpower's test types",
+            app="db_django:application",
+            workers=2,
+            load=DB_LOAD,
+            lineup=DB_WSGI,
+            db_tests=DB_TESTS,
+            targets=DB_TARGETS,
+            columns=DB_COLUMNS,
+            note="bench/db_django.py: Django's ORM on psycopg 3, CONN_MAX_AGE None (each thread keeps its "
+            "connection), the fortunes through Django's template engine. " + DB_NOTE,
+        ),
+        Scenario(
+            id="DB-FLASK",
+            title="Flask on PostgreSQL (a psycopg_pool pool): TechEmpower's test types",
+            app="db_flask:app",
+            workers=2,
+            load=DB_LOAD,
+            lineup=DB_WSGI,
+            db_tests=DB_TESTS,
+            targets=DB_TARGETS,
+            columns=DB_COLUMNS,
+            note="bench/db_flask.py: psycopg 3 through psycopg_pool's ConnectionPool (4 connections per "
+            "worker, autocommit), the fortunes through Flask's Jinja2 templates. " + DB_NOTE,
+        ),
+        Scenario(
+            id="DB-FASTAPI",
+            title="FastAPI on PostgreSQL (an asyncpg pool made in the lifespan): TechEmpower's test types",
+            app="db_fastapi:app",
+            interface="asgi",
+            workers=2,
+            load=DB_LOAD,
+            lineup=DB_ASGI,
+            db_tests=DB_TESTS,
+            targets=DB_TARGETS,
+            columns=DB_COLUMNS,
+            note="bench/db_fastapi.py: asyncpg's pool (10 connections per worker) made in the lifespan's "
+            "startup, async endpoints, the fortunes through Starlette's Jinja2Templates. " + DB_NOTE,
         ),
     )
 }
