@@ -4,8 +4,8 @@ TechEmpower's harness runs them.
 One server serves every test type of a run, one after the other: for each, a warm-up at the
 highest concurrency, then each concurrency in turn, every load a fixed duration of wrk, 2 s apart
 (the harness's pause between its levels). Around each measured load the CPU time of the server's
-process group and of the database's (the postmaster and its backends) is read, from /proc, ended
-processes included (procs.group_cpu_seconds), and divided by the requests wrk completed.
+process tree and of the database's (the postmaster and its backends) is read, from /proc, ended
+processes included (procs.tree_cpu_seconds), and divided by the requests wrk completed.
 
 A run's measurement is the sum over its measured loads (requests, and their rate over the loads'
 time), with failures and non-2xx counted over every load, warm-ups included; each load's own
@@ -64,7 +64,7 @@ def level_key(test: str, connections: int, warm_up: bool = False) -> str:
 def run(
     tests: DbTests,
     load: Wrk,
-    server_group: int,
+    server: int,
     database_cpu: Callable[[], float],
     run_load: Callable[[Wrk, str, Path], tuple[dict, bool]],
     workdir: Path,
@@ -86,9 +86,9 @@ def run(
             shaped = replace(load, connections=connections)
             if warm_up:
                 shaped = replace(shaped, seconds=tests.warm_up_seconds)
-            server_before, database_before = procs.group_cpu_seconds(server_group), database_cpu()
+            server_before, database_before = procs.tree_cpu_seconds(server), database_cpu()
             measurement, cut = run_load(shaped, path, workdir / key.replace(" ", "-").replace("=", ""))
-            server_cpu = procs.group_cpu_seconds(server_group) - server_before
+            server_cpu = procs.tree_cpu_seconds(server) - server_before
             database = database_cpu() - database_before
             cut_short |= cut
             levels[key] = _figures(measurement, server_cpu, database, cut)

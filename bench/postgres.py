@@ -15,7 +15,9 @@ PGDATABASE), which psycopg, Django and asyncpg all read: `Cluster.environment()`
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -77,7 +79,7 @@ class Cluster:
 
     def cpu_seconds(self) -> float:
         """The CPU time the postmaster and its backends have spent (those that ended included)."""
-        return procs.group_cpu_seconds(self.postmaster.pid)
+        return procs.tree_cpu_seconds(self.postmaster.pid)
 
     def version(self) -> str:
         return _run_as_owner([str(self.programs / "postgres"), "--version"], self.directory).strip()
@@ -121,11 +123,24 @@ def running() -> Iterator[Cluster]:
         yield cluster
     finally:
         if postmaster is not None:
-            # SIGINT is PostgreSQL's fast shutdown: it ends the backends and stops at once, where
-            # procs.stop's SIGTERM would wait for every client to leave.
-            procs.interrupt(postmaster)
-            procs.stop(postmaster, grace=10.0)
+            _stop(postmaster)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _stop(postmaster: subprocess.Popen) -> None:
+    """Stops the postmaster and every process it started. SIGINT is PostgreSQL's fast shutdown: the
+    postmaster ends its backends and exits once they have, where procs.stop's SIGTERM would wait
+    for every client to leave. Each backend runs in a session of its own, out of the postmaster's
+    process group that procs.stop watches: one still alive after the postmaster (had it been
+    killed, a backend ends only when it next notices) gets SIGKILL, found by its pid and its start
+    time, so that a pid reused meanwhile by another process is left alone."""
+    backends = {pid: procs.start_time(pid) for pid in procs.descendants(postmaster.pid)}
+    procs.interrupt(postmaster)
+    procs.stop(postmaster, grace=10.0)
+    for pid, started in backends.items():
+        if started is not None and procs.start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _run_as_owner(argv: list[str], cwd: Path, stdin: str | None = None) -> str:

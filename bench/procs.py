@@ -126,21 +126,45 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """The CPU time, user and system, that process group pgid has spent: every live member's own,
-    and what each has collected from the children it reaped (a database's backends that ended, a
-    worker that was replaced), so that the difference between two readings misses nothing that
-    ran in between."""
+def tree_cpu_seconds(pid: int) -> float:
+    """The CPU time, user and system, that process pid and its descendants have spent: every live
+    one's own, and what each has collected from the children it reaped (a database backend that
+    ended, a worker that was replaced), so that the difference between two readings misses nothing
+    that ran in between. By the tree, not the process group: PostgreSQL's backends each start a
+    session of their own."""
     ticks = 0
-    for pid in group_members(pgid):
+    for each in [pid, *descendants(pid)]:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:  # ended meanwhile: its parent has collected its time
+            stat = Path(f"/proc/{each}/stat").read_text()
+        except FileNotFoundError:  # ended meanwhile: its time goes to its parent once reaped
             continue
         # utime, stime, cutime and cstime are fields 14 to 17 (see cpu_seconds).
         fields = stat[stat.rindex(")") + 2 :].split()
         ticks += sum(int(field) for field in fields[11:15])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def start_time(pid: int) -> int | None:
+    """When process pid started, in clock ticks since boot (field 22 of /proc/PID/stat): with the
+    pid, it names one process, where a pid alone may be reused; None when no such process lives."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below pid in the process tree, children first; those that end while it is
+    read are left out."""
+    found = []
+    try:
+        below = children(pid)
+    except OSError:  # pid, or one of its threads, ended meanwhile
+        return found
+    for child in below:
+        found += [child, *descendants(child)]
+    return found
 
 
 def children(pid: int) -> list[int]:
