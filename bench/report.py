@@ -408,7 +408,7 @@ def _levels_table(summaries: dict[str, dict | None]) -> list[str]:
     over the runs), the warm-ups shown for their non-2xx and socket errors."""
     lines = [
         (
-            "Each load (medians over the runs; CPU per request: the server's process group, and the "
+            "Each load (medians over the runs; CPU per request: the server's process tree, and the "
             "postmaster and its backends):"
         ),
         "",

@@ -521,7 +521,7 @@ DB_NOTE = (
     "written back in one transaction). Each test type gets a warm-up at the highest concurrency, "
     "then each concurrency in turn, 2 s apart, as TechEmpower's harness runs its levels; the "
     "warm-ups are not measured, but their non-2xx and socket errors count. The table above sums each "
-    "run's measured loads (req/s over their time; CPU per request: the server's process group, "
+    "run's measured loads (req/s over their time; CPU per request: the server's process tree, "
     "and the postmaster and its backends, read from /proc around each load, ended processes "
     "included); the table below has each load's figures, medians over the runs."
 )
