@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import matplotlib.ticker
+from front import NginxFront
 from measure import KERNEL_COUNTERS
 from servers import SERVERS
 
@@ -258,9 +259,10 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         lines += [f"Capacity, measured first in each round: `{record['capacity']}`", ""]
     if record.get("front"):
         lines += [
-            "Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):",
+            # Records written before HAProxy joined nginx as a front name no command: nginx's.
+            f"Front proxy, the load's target (`{record.get('front_command') or NginxFront.command}`):",
             "",
-            "```nginx",
+            "```",
             record["front"].rstrip(),
             "```",
             "",

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, _interrupt)
     records: list[dict] = []
-    tool_versions = {}
+    tool_versions = {s.front.name: s.front.version() for s in scenarios if s.front and s.front.available()}
     try:
         with contextlib.ExitStack() as stack:
             database = stack.enter_context(postgres.running()) if with_database else None
@@ -172,12 +172,14 @@ def _inside_peers_venv() -> bool:
 
 
 def _install_debian_tools(scenarios: list[Scenario]) -> None:
-    missing = sorted({package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None})
+    """The load tools, and what the scenarios asked for need: PostgreSQL, a front proxy."""
+    missing = {package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None}
     if any(scenario.db_tests for scenario in scenarios) and postgres.bin_directory() is None:
-        missing.append(DATABASE_PACKAGE)
+        missing.add(DATABASE_PACKAGE)
+    missing |= {scenario.front.debian for scenario in scenarios if scenario.front and not scenario.front.available()}
     if missing:
-        print(f"bench: installing {' '.join(missing)} from Debian", file=sys.stderr)
-        for argv in _apt_get_install(missing):
+        print(f"bench: installing {' '.join(sorted(missing))} from Debian", file=sys.stderr)
+        for argv in _apt_get_install(sorted(missing)):
             subprocess.run(argv, check=True, env=_INSTALL_ENV)
 
 
@@ -350,7 +352,7 @@ def _run_scenario(
             "'Too many open files' rather than the server's doing."
         )
     if scenario.front and not scenario.front.available():
-        warnings.append("nginx (the front proxy) is not installed: every run fails.")
+        warnings.append(f"{scenario.front.name} is not installed: every run fails.")
     warnings += [
         f"{labels[entry]} without --threads ({MAITRED}'s --help does not list it): "
         f"{scenario.launch(entry, 0).workers} workers, one request at a time each."
@@ -365,6 +367,7 @@ def _run_scenario(
         "crowd": crowd.describe() if crowd else None,
         "capacity": capacity.describe() if capacity else None,
         "front": scenario.front.describe() if scenario.front else None,
+        "front_command": scenario.front.command if scenario.front else None,
         "time_limit_s": scenario.limit(),
         "alone_from": scenario.alone_from if alone else None,
         "commands": commands,

@@ -19,7 +19,7 @@ import apps
 import db_levels
 import lifecycle
 from db_levels import DbTests, level_key
-from front import NginxFront
+from front import HAProxyFront, NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
 from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
 from servers import SERVERS, Launch
@@ -131,8 +131,11 @@ class Scenario:
     note: str = ""
     # S3's second half: the server runs under `strace -f -c` counting accept calls.
     trace_accepts: bool = False
-    # S5: a proxy the load goes through, started for each run after the server is ready.
-    front: NginxFront | None = None
+    # S5, O1-HAPROXY: a proxy the load goes through, started for each run after the server is ready.
+    front: NginxFront | HAProxyFront | None = None
+    # O1-HAPROXY: the app counts the requests it runs (apps.cpu_3ms_counted), and the run compares
+    # them with the proxy's log: how many of those the proxy gave up on were run all the same.
+    count_runs: bool = False
     # C1, M1: connections held open while the load runs (C1) or as the load (M1).
     crowd: Crowd | None = None
     # C1: the figure the crowd's effect is measured against, the load without the crowd: taken
@@ -474,6 +477,22 @@ DB_WSGI = (
 )
 # The ASGI application: A1's line-up (maitred, uvicorn, granian, gunicorn with uvicorn's worker).
 DB_ASGI = ASGI_HELLO
+
+
+# O1-HAPROXY, overload behind a proxy that gives up after 1 s: O1-WSGI's prefork and threaded
+# peers, each behind HAProxy.
+HAPROXY_OVERLOAD = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
+# The clients' own deadline: past HAProxy's 1 s, so that they see what HAProxy answers (504 when it
+# gives up) rather than give up first themselves.
+HAPROXY_CLIENT_DEADLINE = 2.0
+HAPROXY_COLUMNS = (
+    *OVERLOAD_COLUMNS,
+    Column("proxy_gave_up", "HAProxy gave up (504)"),
+    Column("proxy_no_connection", "HAProxy could not connect (503)"),
+    Column("ran", "requests the app ran"),
+    Column("ran_unanswered", "ran after HAProxy gave up"),
+    Column("pct_ran_unanswered", "% of the requests through HAProxy", digits=1, suffix="%"),
+)
 
 
 def _no_non2xx_in_any_run(summary: Summary, peers: list[Summary]) -> bool:
@@ -1132,6 +1151,48 @@ SCENARIOS: dict[str, Scenario] = {
             columns=DB_COLUMNS,
             note="bench/db_fastapi.py: asyncpg's pool (10 connections per worker) made in the lifespan's "
             "startup, async endpoints, the fortunes through Starlette's Jinja2Templates. " + DB_NOTE,
+        ),
+        Scenario(
+            id="O1-HAPROXY",
+            title="overload behind HAProxy (timeout server 1s): the 3 ms CPU app at 1.5 x each server's own capacity",
+            app="apps:cpu_3ms_counted",
+            workers=2,
+            front=HAProxyFront(timeout_server=1.0),
+            capacity=ClosedLoop(seconds=3, deadline=HAPROXY_CLIENT_DEADLINE, concurrency=16),
+            load=OpenLoop(seconds=15, deadline=HAPROXY_CLIENT_DEADLINE, times_capacity=1.5, own_capacity=True),
+            lineup=HAPROXY_OVERLOAD,
+            count_runs=True,
+            # The generator stops itself at 15 s plus the last deadline.
+            time_limit=30.0,
+            open_files=4000,
+            targets=(
+                _percent_at_least("pct_capacity", 90, "answered 200 in time >= 90% of its own capacity"),
+                Target(
+                    "requests run after HAProxy gave up on them <= 1% of the requests through it",
+                    lambda summary, peers: (
+                        summary["pct_ran_unanswered"] is not None and summary["pct_ran_unanswered"] <= 1
+                    ),
+                ),
+            ),
+            columns=HAPROXY_COLUMNS,
+            headline=Column("pct_capacity", "answered 200 in time, % of own capacity"),
+            note="O1's method with HAProxy (Debian's) in front of each server, `timeout server 1s`: "
+            "HAProxy waits 1 s for the server's answer, then gives up, answers its client 504 and "
+            "closes its connection to the server; it queues nothing itself (no maxconn on the server "
+            "line), so every request reaches the server at once. The app is O1-WSGI's 3 ms of CPU, "
+            "counting each request it runs (apps.cpu_3ms_counted). In each round, each server in "
+            "turn: its capacity through HAProxy, bench/deadline-clients closed, 16 clients each "
+            "opening a new connection per request for 3 s, 200s answered per second; then at once, "
+            "on another fresh server, 15 s of requests arriving at HAProxy at 1.5 x that capacity, "
+            "each on a new connection, with a 2 s deadline (past HAProxy's second, so that the "
+            "clients see what HAProxy answers). The req/s column is the answers 200 per second of "
+            "the 15 s, every one within HAProxy's second; the headline is their share of the "
+            "server's capacity. From HAProxy's log (a line per request: status and termination "
+            "state): the requests it gave up on (sH, sD: 504) and those it could not connect for "
+            "(503, which the clients count as shed with the server's own 503s). The app's count, "
+            "read once it has not grown for 1 s after the load (the server may go on running "
+            "requests whose clients are gone), less the 200s HAProxy received, is the requests run "
+            "after HAProxy gave up on them: work for nobody.",
         ),
     )
 }
