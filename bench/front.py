@@ -89,14 +89,16 @@ class NginxFront:
 _HAPROXY_CONFIG = """\
 # The proxy in front of the server under test (bench/front.py). PORT and BACKEND are chosen per run.
 global
-    maxconn 20000
+    # Past what O1's arrivals hold open at once (1.5 x a capacity of some hundreds a second, each
+    # for up to 2 s), and within the open-files limit: HAProxy wants 2 descriptors a connection.
+    maxconn 5000
     # One line per request on standard error (the run's front.log), read after the load.
     log stderr format raw local0 info
 defaults
     mode http
     log global
     log-format "{marker} %ST %tsc"
-    maxconn 20000
+    maxconn 5000
     timeout connect 1s
     timeout client 10s
     timeout server {timeout_server}s

@@ -486,7 +486,9 @@ HAPROXY_OVERLOAD = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
 # gives up) rather than give up first themselves.
 HAPROXY_CLIENT_DEADLINE = 2.0
 HAPROXY_COLUMNS = (
-    *OVERLOAD_COLUMNS,
+    *OVERLOAD_COLUMNS[:4],
+    Column("late", f"late (no answer within {HAPROXY_CLIENT_DEADLINE:g} s)"),
+    *OVERLOAD_COLUMNS[5:],
     Column("proxy_gave_up", "HAProxy gave up (504)"),
     Column("proxy_no_connection", "HAProxy could not connect (503)"),
     Column("ran", "requests the app ran"),
