@@ -62,6 +62,12 @@ def _json(world: World) -> dict:
     return {"id": world.id, "randomNumber": world.randomnumber}
 
 
+def _random_worlds(request) -> list[World]:
+    """As many random rows of world as the queries parameter asks for (db_rules), a query each."""
+    count = db_rules.query_count(request.GET.get("queries"))
+    return [World.objects.get(id=world_id) for world_id in db_rules.random_ids(count)]
+
+
 def ready(request):
     return HttpResponse(db_rules.READY_BODY, content_type="text/plain")
 
@@ -71,9 +77,7 @@ def db(request):
 
 
 def queries(request):
-    count = db_rules.query_count(request.GET.get("queries"))
-    worlds = [World.objects.get(id=world_id) for world_id in db_rules.random_ids(count)]
-    return JsonResponse([_json(world) for world in worlds], safe=False)
+    return JsonResponse([_json(world) for world in _random_worlds(request)], safe=False)
 
 
 def fortunes(request):
@@ -83,8 +87,7 @@ def fortunes(request):
 
 
 def updates(request):
-    count = db_rules.query_count(request.GET.get("queries"))
-    worlds = [World.objects.get(id=world_id) for world_id in db_rules.random_ids(count)]
+    worlds = _random_worlds(request)
     for world in worlds:
         world.randomnumber = db_rules.random_number()
     with transaction.atomic():

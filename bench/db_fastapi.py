@@ -35,6 +35,14 @@ def _json(row) -> dict:
     return {"id": row[0], "randomNumber": row[1]}
 
 
+async def _random_rows(connection: asyncpg.Connection, queries: str | None) -> list:
+    """As many random rows of world as the queries parameter asks for (db_rules), a query each."""
+    return [
+        await connection.fetchrow(SELECT_WORLD, world_id)
+        for world_id in db_rules.random_ids(db_rules.query_count(queries))
+    ]
+
+
 @app.get("/", response_class=PlainTextResponse)
 async def ready():
     return db_rules.READY_BODY
@@ -52,10 +60,7 @@ async def db(request: Request):
 @app.get("/queries")
 async def queries(request: Request, queries: str | None = None):
     async with request.app.state.pool.acquire() as connection:
-        rows = [
-            await connection.fetchrow(SELECT_WORLD, world_id)
-            for world_id in db_rules.random_ids(db_rules.query_count(queries))
-        ]
+        rows = await _random_rows(connection, queries)
     return [_json(row) for row in rows]
 
 
@@ -75,10 +80,7 @@ async def fortunes(request: Request):
 @app.get("/updates")
 async def updates(request: Request, queries: str | None = None):
     async with request.app.state.pool.acquire() as connection:
-        rows = [
-            await connection.fetchrow(SELECT_WORLD, world_id)
-            for world_id in db_rules.random_ids(db_rules.query_count(queries))
-        ]
+        rows = await _random_rows(connection, queries)
         worlds = [(world_id, db_rules.random_number()) for world_id, _old in rows]
         async with connection.transaction():
             await connection.executemany(UPDATE_WORLD, [(number, world_id) for world_id, number in sorted(worlds)])

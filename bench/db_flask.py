@@ -14,6 +14,7 @@ warn against.
 import threading
 
 import db_rules
+import psycopg
 import psycopg_pool
 from flask import Flask, jsonify, render_template, request
 
@@ -39,6 +40,13 @@ def _json(row: tuple[int, int]) -> dict:
     return {"id": row[0], "randomNumber": row[1]}
 
 
+def _random_rows(connection: psycopg.Connection) -> list[tuple[int, int]]:
+    """As many random rows of world as the request's queries parameter asks for (db_rules), a
+    query each."""
+    count = db_rules.query_count(request.args.get("queries"))
+    return [connection.execute(SELECT_WORLD, (world_id,)).fetchone() for world_id in db_rules.random_ids(count)]
+
+
 @app.get("/")
 def ready():
     return db_rules.READY_BODY
@@ -53,9 +61,8 @@ def db():
 
 @app.get("/queries")
 def queries():
-    count = db_rules.query_count(request.args.get("queries"))
     with _connection() as connection:
-        rows = [connection.execute(SELECT_WORLD, (world_id,)).fetchone() for world_id in db_rules.random_ids(count)]
+        rows = _random_rows(connection)
     return jsonify([_json(row) for row in rows])
 
 
@@ -72,9 +79,8 @@ def fortunes():
 
 @app.get("/updates")
 def updates():
-    count = db_rules.query_count(request.args.get("queries"))
     with _connection() as connection:
-        rows = [connection.execute(SELECT_WORLD, (world_id,)).fetchone() for world_id in db_rules.random_ids(count)]
+        rows = _random_rows(connection)
         worlds = [(world_id, db_rules.random_number()) for world_id, _old in rows]
         with connection.transaction(), connection.cursor() as cursor:
             cursor.executemany(UPDATE_WORLD, [(number, world_id) for world_id, number in sorted(worlds)])

@@ -115,15 +115,23 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     10 ms here). Raises ProcessLookupError, naming the pid, for a process that has ended."""
     ticks = 0
     for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            raise ProcessLookupError(pid) from None
-        # The fields after the command's closing parenthesis, from the state (field 3) on:
+        fields = _stat_fields(pid)
+        if fields is None:
+            raise ProcessLookupError(pid)
         # utime and stime are fields 14 and 15.
-        fields = stat[stat.rindex(")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's closing parenthesis (the command may itself
+    hold spaces), from the state (field 3) on, so field N is at index N - 3; None when the process
+    has ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -134,24 +142,18 @@ def tree_cpu_seconds(pid: int) -> float:
     session of their own."""
     ticks = 0
     for each in [pid, *descendants(pid)]:
-        try:
-            stat = Path(f"/proc/{each}/stat").read_text()
-        except FileNotFoundError:  # ended meanwhile: its time goes to its parent once reaped
-            continue
-        # utime, stime, cutime and cstime are fields 14 to 17 (see cpu_seconds).
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks += sum(int(field) for field in fields[11:15])
+        # utime, stime, cutime and cstime are fields 14 to 17; a process that has ended meanwhile
+        # is left out: its time goes to its parent's once reaped.
+        if (fields := _stat_fields(each)) is not None:
+            ticks += sum(int(field) for field in fields[11:15])
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def start_time(pid: int) -> int | None:
     """When process pid started, in clock ticks since boot (field 22 of /proc/PID/stat): with the
     pid, it names one process, where a pid alone may be reused; None when no such process lives."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def descendants(pid: int) -> list[int]:

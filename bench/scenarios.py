@@ -547,6 +547,32 @@ DB_NOTE = (
     "included); the table below has each load's figures, medians over the runs."
 )
 
+
+def _db_scenario(
+    scenario_id: str,
+    framework: str,
+    app: str,
+    lineup: tuple[Entry, ...],
+    note: str,
+    interface: Literal["wsgi", "asgi"] = "wsgi",
+) -> Scenario:
+    """A database scenario: the application, its line-up and what its note says of it; the rest is
+    the three's."""
+    return Scenario(
+        id=scenario_id,
+        title=f"{framework}: TechEmpower's test types",
+        app=app,
+        interface=interface,
+        workers=2,
+        load=DB_LOAD,
+        lineup=lineup,
+        db_tests=DB_TESTS,
+        targets=DB_TARGETS,
+        columns=DB_COLUMNS,
+        note=f"{note} {DB_NOTE}",
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
     for scenario in (
@@ -1114,45 +1140,30 @@ SCENARIOS: dict[str, Scenario] = {
             "clients the result would hang on how the connections happened to spread. A request that fails on a reused connection before any byte of its answer "
             "is sent again on a new one (uWSGI's --http-socket closes every connection after its answer).",
         ),
-        Scenario(
-            id="DB-DJANGO",
-            title="Django on PostgreSQL (its ORM, psycopg, persistent connections): TechEmpower's test types",
-            app="db_django:application",
-            workers=2,
-            load=DB_LOAD,
-            lineup=DB_WSGI,
-            db_tests=DB_TESTS,
-            targets=DB_TARGETS,
-            columns=DB_COLUMNS,
-            note="bench/db_django.py: Django's ORM on psycopg 3, CONN_MAX_AGE None (each thread keeps its "
-            "connection), the fortunes through Django's template engine. " + DB_NOTE,
+        _db_scenario(
+            "DB-DJANGO",
+            "Django on PostgreSQL (its ORM, psycopg, persistent connections)",
+            "db_django:application",
+            DB_WSGI,
+            "bench/db_django.py: Django's ORM on psycopg 3, CONN_MAX_AGE None (each thread keeps its "
+            "connection), the fortunes through Django's template engine.",
         ),
-        Scenario(
-            id="DB-FLASK",
-            title="Flask on PostgreSQL (a psycopg_pool pool): TechEmpower's test types",
-            app="db_flask:app",
-            workers=2,
-            load=DB_LOAD,
-            lineup=DB_WSGI,
-            db_tests=DB_TESTS,
-            targets=DB_TARGETS,
-            columns=DB_COLUMNS,
-            note="bench/db_flask.py: psycopg 3 through psycopg_pool's ConnectionPool (4 connections per "
-            "worker, autocommit), the fortunes through Flask's Jinja2 templates. " + DB_NOTE,
+        _db_scenario(
+            "DB-FLASK",
+            "Flask on PostgreSQL (a psycopg_pool pool)",
+            "db_flask:app",
+            DB_WSGI,
+            "bench/db_flask.py: psycopg 3 through psycopg_pool's ConnectionPool (4 connections per "
+            "worker, autocommit), the fortunes through Flask's Jinja2 templates.",
         ),
-        Scenario(
-            id="DB-FASTAPI",
-            title="FastAPI on PostgreSQL (an asyncpg pool made in the lifespan): TechEmpower's test types",
-            app="db_fastapi:app",
+        _db_scenario(
+            "DB-FASTAPI",
+            "FastAPI on PostgreSQL (an asyncpg pool made in the lifespan)",
+            "db_fastapi:app",
+            DB_ASGI,
+            "bench/db_fastapi.py: asyncpg's pool (10 connections per worker) made in the lifespan's "
+            "startup, async endpoints, the fortunes through Starlette's Jinja2Templates.",
             interface="asgi",
-            workers=2,
-            load=DB_LOAD,
-            lineup=DB_ASGI,
-            db_tests=DB_TESTS,
-            targets=DB_TARGETS,
-            columns=DB_COLUMNS,
-            note="bench/db_fastapi.py: asyncpg's pool (10 connections per worker) made in the lifespan's "
-            "startup, async endpoints, the fortunes through Starlette's Jinja2Templates. " + DB_NOTE,
         ),
         Scenario(
             id="O1-HAPROXY",
