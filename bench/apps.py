@@ -3,6 +3,7 @@
 Run from this directory (the harness puts it on PYTHONPATH), e.g. ``gunicorn apps:hello``.
 """
 
+import os
 import time
 
 HELLO_BODY = b"Hello world\n"  # 12 bytes, the same fixed body nginx serves as the ceiling.
@@ -37,6 +38,23 @@ def cpu_3ms(environ, start_response):
         pass
     start_response("200 OK", _HEADERS)
     return [HELLO_BODY]
+
+
+# O1-HAPROXY: the variable naming the file cpu_3ms_counted counts the requests it ran in.
+RAN_FILE_VARIABLE = "BENCH_RAN_FILE"
+
+
+def cpu_3ms_counted(environ, start_response):
+    """cpu_3ms, counting each request it runs first (O1-HAPROXY: were the requests the proxy gave up
+    on run all the same?): one byte appended to the file RAN_FILE_VARIABLE names, whose length is
+    then the count. An append is one write at the file's end whoever else appends, so the workers
+    and their threads need no lock."""
+    counter = os.open(os.environ[RAN_FILE_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(counter, b".")
+    finally:
+        os.close(counter)
+    return cpu_3ms(environ, start_response)
 
 
 # IO1's wait per request: a database or an HTTP API answering in 20 ms, during which the request's

@@ -36,8 +36,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    """Starts argv as the leader of a new process group, with stdout and stderr going to log."""
+def start(
+    argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str], user: str | None = None
+) -> subprocess.Popen:
+    """Starts argv as the leader of a new process group, with stdout and stderr going to log; as
+    user where one is named (PostgreSQL refuses to run as root)."""
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -46,6 +49,7 @@ def start(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]
         cwd=cwd,
         env=env,
         start_new_session=True,
+        user=user,
     )
     _live_groups[process.pid] = process
     return process
@@ -111,15 +115,58 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     10 ms here). Raises ProcessLookupError, naming the pid, for a process that has ended."""
     ticks = 0
     for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            raise ProcessLookupError(pid) from None
-        # The fields after the command's closing parenthesis, from the state (field 3) on:
+        fields = _stat_fields(pid)
+        if fields is None:
+            raise ProcessLookupError(pid)
         # utime and stime are fields 14 and 15.
-        fields = stat[stat.rindex(")") + 2 :].split()
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's closing parenthesis (the command may itself
+    hold spaces), from the state (field 3) on, so field N is at index N - 3; None when the process
+    has ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """The CPU time, user and system, that process pid and its descendants have spent: every live
+    one's own, and what each has collected from the children it reaped (a database backend that
+    ended, a worker that was replaced), so that the difference between two readings misses nothing
+    that ran in between. By the tree, not the process group: PostgreSQL's backends each start a
+    session of their own."""
+    ticks = 0
+    for each in [pid, *descendants(pid)]:
+        # utime, stime, cutime and cstime are fields 14 to 17; a process that has ended meanwhile
+        # is left out: its time goes to its parent's once reaped.
+        if (fields := _stat_fields(each)) is not None:
+            ticks += sum(int(field) for field in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def start_time(pid: int) -> int | None:
+    """When process pid started, in clock ticks since boot (field 22 of /proc/PID/stat): with the
+    pid, it names one process, where a pid alone may be reused; None when no such process lives."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below pid in the process tree, children first; those that end while it is
+    read are left out."""
+    found = []
+    try:
+        below = children(pid)
+    except OSError:  # pid, or one of its threads, ended meanwhile
+        return found
+    for child in below:
+        found += [child, *descendants(child)]
+    return found
 
 
 def children(pid: int) -> list[int]:

@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import matplotlib.ticker
+from front import NginxFront
 from measure import KERNEL_COUNTERS
 from servers import SERVERS
 
@@ -27,6 +28,8 @@ REFERENCE = "maitred"
 # nor in a target that compares maitred with its peers.
 CEILINGS = {server.name for server in SERVERS.values() if server.ceiling}
 TABLE_PERCENTILES = ("50", "90", "99")
+# The database scenarios' figures per load (bench/db_levels.py), as their table shows them.
+LEVEL_FIGURES = ("rps", "p50_ms", "p99_ms", "non2xx", "socket_errors", "server_cpu_us", "database_cpu_us")
 
 
 def write(out: Path, environment: dict, records: list[dict], scenarios: dict) -> list[Path]:
@@ -71,6 +74,14 @@ def summarize(runs: list[dict]) -> dict | None:
     }
     for key in ("rps", "requests", "failed", "non2xx", "keepalive", "max_ms", "connect_max_ms"):
         summary[key] = median([m[key] for m in measurements])
+    # A target that must hold in every run (the database scenarios' 0 non-2xx) reads the worst.
+    summary["non2xx_worst"] = max((m["non2xx"] for m in measurements if m["non2xx"] is not None), default=None)
+    # The database scenarios: each load's figures, {level: {figure: median over the runs}}.
+    levels = [run["levels"] for run in good if run.get("levels")]
+    summary["levels"] = {
+        key: {figure: median([each[key].get(figure) for each in levels if key in each]) for figure in LEVEL_FIGURES}
+        for key in dict.fromkeys(key for each in levels for key in each)
+    }
     for name in KERNEL_COUNTERS:
         summary[name] = median([run["kernel"][name] for run in good])
     for key in dict.fromkeys(key for run in good for key in run.get("extra", {})):
@@ -248,9 +259,10 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
         lines += [f"Capacity, measured first in each round: `{record['capacity']}`", ""]
     if record.get("front"):
         lines += [
-            "Front proxy, the load's target (`nginx -p WORKDIR -c front-nginx.conf`):",
+            # Records written before HAProxy joined nginx as a front name no command: nginx's.
+            f"Front proxy, the load's target (`{record.get('front_command') or NginxFront.command}`):",
             "",
-            "```nginx",
+            "```",
             record["front"].rstrip(),
             "```",
             "",
@@ -286,6 +298,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     lines.append("")
     if any(run.get("hop") for run in record["runs"]):
         lines += _calls_by_name(record)
+    if any(run.get("levels") for run in record["runs"]):
+        lines += _levels_table(summaries)
 
     if scenario.targets:
         lines += ["Targets for maitred (bench/README.md):", ""]
@@ -388,6 +402,38 @@ def _calls_by_name(record: dict) -> list[str]:
             f"| {side} | {name} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in values) + " |"
             for name, values in rows
         ]
+    return lines + [""]
+
+
+def _levels_table(summaries: dict[str, dict | None]) -> list[str]:
+    """The database scenarios: each load's figures per test type, concurrency and server (medians
+    over the runs), the warm-ups shown for their non-2xx and socket errors."""
+    lines = [
+        (
+            "Each load (medians over the runs; CPU per request: the server's process tree, and the "
+            "postmaster and its backends):"
+        ),
+        "",
+        (
+            "| load | server | req/s | x maitred | p50 | p99 | non-2xx | socket errors | server CPU µs / request "
+            "| database CPU µs / request |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    measured = {label: s["levels"] for label, s in summaries.items() if s is not None}
+    ours = measured.get(REFERENCE, {})
+    for key in dict.fromkeys(key for levels in measured.values() for key in levels):
+        for label, levels in measured.items():
+            if key not in levels:
+                continue
+            level = levels[key]
+            reference = ours.get(key)
+            lines.append(
+                f"| {key} | {label} | {_number(level['rps'])} | {_ratio(level, reference)} | "
+                f"{_ms(level['p50_ms'])} | {_ms(level['p99_ms'])} | {_number(level['non2xx'])} | "
+                f"{_number(level['socket_errors'])} | {_number(level['server_cpu_us'])} | "
+                f"{_number(level['database_cpu_us'])} |"
+            )
     return lines + [""]
 
 

@@ -13,35 +13,43 @@ See bench/README.md for what is measured and how to read the results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import postgres
 import procs
 from measure import DEADLINE_CLIENTS_MANIFEST, DeadlineClients, Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
-from servers import BENCH, MAITRED, PEERS_VENV, REPO, SERVERS, Server, maitred_takes_threads
+from servers import BENCH, DB_APPS, MAITRED, PEERS, PEERS_VENV, REPO, SERVERS, Server, maitred_takes_threads
 
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
 # strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5.
 DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk", "strace": "strace", "nginx": "nginx"}
+# The database scenarios' PostgreSQL (bench/postgres.py makes a cluster of its own with it).
+DATABASE_PACKAGE = "postgresql"
+# The database applications' packages, pinned, installed into DB_APPS.
+DB_APPS_REQUIREMENTS = PEERS / "db-apps.txt"
 
 
 def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     if not _inside_peers_venv():
         try:
-            _install_debian_tools()
+            _install_debian_tools(_selected(args))
             _create_peers_venv()
         except subprocess.CalledProcessError as error:
             return _fail(
@@ -64,9 +72,7 @@ def main(argv: list[str]) -> int:
         return 0
     if unknown := set(args.scenarios or ()) - set(SCENARIOS):
         return _fail(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
-    # In the registry's order whatever the command line's, so that T1 runs before C1, which takes
-    # its figure without the slow clients from T1's runs.
-    scenarios = [s for s in SCENARIOS.values() if not args.scenarios or s.id in args.scenarios]
+    scenarios = _selected(args)
     wanted = set(args.servers) if args.servers else {e.server for s in scenarios for e in s.lineup}
     if unknown := wanted - set(SERVERS):
         return _fail(f"unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(SERVERS)}")
@@ -76,6 +82,9 @@ def main(argv: list[str]) -> int:
         return _fail(error)
 
     installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
+    with_database = any(scenario.db_tests for scenario in scenarios)
+    if with_database and (error := _install_db_apps()):
+        return _fail(error)
     available = {name for name in wanted if installs.get(name, "ok") == "ok"}
     out = Path(args.out) if args.out else (WORK / "quick" if args.quick else BENCH / "results")
     runs = args.runs if args.runs is not None else (1 if args.quick else 3)
@@ -84,12 +93,20 @@ def main(argv: list[str]) -> int:
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, _interrupt)
     records: list[dict] = []
+    tool_versions = {s.front.name: s.front.version() for s in scenarios if s.front and s.front.available()}
     try:
-        for scenario in scenarios:
-            records.append(_run_scenario(scenario, runs, args.quick, available, records))
+        with contextlib.ExitStack() as stack:
+            database = stack.enter_context(postgres.running()) if with_database else None
+            if database:
+                tool_versions["postgresql"] = database.version()
+                tool_versions["database applications"] = ", ".join(_db_apps_requirements(direct_only=True))
+            for scenario in scenarios:
+                records.append(_run_scenario(scenario, runs, args.quick, available, records, database, args.db_seconds))
     except KeyboardInterrupt:
         print("\ninterrupted: nothing written", file=sys.stderr)
         return 130
+    except postgres.ClusterError as error:
+        return _fail(f"the database scenarios' PostgreSQL: {error}")
     finally:
         # A second Ctrl-C must not cut the clean-up short.
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -98,7 +115,7 @@ def main(argv: list[str]) -> int:
 
     import report  # needs matplotlib, which only the peers' venv has
 
-    environment = _environment(available, installs)
+    environment = _environment(available, installs, tool_versions)
     paths = report.write(out, environment, records, SCENARIOS)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
@@ -116,6 +133,11 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="short loads for trying the harness out; writes to bench/.work/quick unless --out says otherwise",
     )
+    parser.add_argument(
+        "--db-seconds",
+        type=int,
+        help="seconds of wrk per load in the database scenarios (default: 10; --quick: 3)",
+    )
     parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
     parser.add_argument(
@@ -128,6 +150,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _selected(args: argparse.Namespace) -> list[Scenario]:
+    """The scenarios asked for, in the registry's order whatever the command line's, so that T1 runs
+    before C1, which takes its figure without the slow clients from T1's runs."""
+    return [s for s in SCENARIOS.values() if not args.scenarios or s.id in args.scenarios]
 
 
 def _fail(message: str) -> int:
@@ -143,11 +171,15 @@ def _inside_peers_venv() -> bool:
     return Path(sys.prefix).resolve() == PEERS_VENV.resolve()
 
 
-def _install_debian_tools() -> None:
-    missing = sorted({package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None})
+def _install_debian_tools(scenarios: list[Scenario]) -> None:
+    """The load tools, and what the scenarios asked for need: PostgreSQL, a front proxy."""
+    missing = {package for tool, package in DEBIAN_TOOLS.items() if shutil.which(tool) is None}
+    if any(scenario.db_tests for scenario in scenarios) and postgres.bin_directory() is None:
+        missing.add(DATABASE_PACKAGE)
+    missing |= {scenario.front.debian for scenario in scenarios if scenario.front and not scenario.front.available()}
     if missing:
-        print(f"bench: installing {' '.join(missing)} from Debian", file=sys.stderr)
-        for argv in _apt_get_install(missing):
+        print(f"bench: installing {' '.join(sorted(missing))} from Debian", file=sys.stderr)
+        for argv in _apt_get_install(sorted(missing)):
             subprocess.run(argv, check=True, env=_INSTALL_ENV)
 
 
@@ -227,6 +259,40 @@ def _install_peer(server: Server) -> str:
     return "ok"
 
 
+def _install_db_apps() -> str | None:
+    """Installs the database applications' pinned packages into DB_APPS, unless every one is there
+    at its version already. None, or why it failed."""
+    pins = {_normalized(name): version for name, _, version in (r.partition("==") for r in _db_apps_requirements())}
+    installed = {
+        _normalized(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions(path=[str(DB_APPS)])
+    }
+    if installed == pins:
+        return None
+    print(f"bench: installing the database applications' packages into {DB_APPS.relative_to(REPO)}", file=sys.stderr)
+    argv = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(DB_APPS)]
+    result = subprocess.run([*argv, "-r", str(DB_APPS_REQUIREMENTS)], check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"installing {DB_APPS_REQUIREMENTS.relative_to(REPO)} failed: {last}"
+    return None
+
+
+def _db_apps_requirements(direct_only: bool = False) -> list[str]:
+    """The "name==version" lines of DB_APPS_REQUIREMENTS, or only those marked direct."""
+    lines = DB_APPS_REQUIREMENTS.read_text().splitlines()
+    return [
+        line.partition("#")[0].strip()
+        for line in lines
+        if line.partition("#")[0].strip() and (line.endswith("# direct") or not direct_only)
+    ]
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as PyPI compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _pinned_installed(requirements: tuple[str, ...]) -> bool:
     """Whether every "name==version" is installed at that version here (pip takes a second per
     call to find that out for itself)."""
@@ -246,11 +312,24 @@ def _raise_open_files_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str], earlier: list[dict]) -> dict:
+def _run_scenario(
+    scenario: Scenario,
+    runs: int,
+    quick: bool,
+    available: set[str],
+    earlier: list[dict],
+    database: postgres.Cluster | None,
+    db_seconds: int | None,
+) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
     (A B C A B C ...) so that drift in the machine's speed hits every server alike. earlier: the
-    records of the scenarios this invocation has run so far."""
+    records of the scenarios this invocation has run so far. database: the cluster of the
+    database scenarios, db_seconds the duration of their loads (None: the scenario's)."""
     load = scenario.load and (scenario.load.shortened() if quick else scenario.load)
+    if scenario.db_tests and db_seconds:
+        load = replace(load, seconds=db_seconds)
+    if scenario.db_tests and quick:
+        scenario = replace(scenario, db_tests=scenario.db_tests.shortened())
     crowd = scenario.crowd and (scenario.crowd.shortened() if quick else scenario.crowd)
     capacity = scenario.capacity and (scenario.capacity.shortened() if quick else scenario.capacity)
     entries = [entry for entry in scenario.lineup if entry.server in available]
@@ -273,7 +352,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
             "'Too many open files' rather than the server's doing."
         )
     if scenario.front and not scenario.front.available():
-        warnings.append("nginx (the front proxy) is not installed: every run fails.")
+        warnings.append(f"{scenario.front.name} is not installed: every run fails.")
     warnings += [
         f"{labels[entry]} without --threads ({MAITRED}'s --help does not list it): "
         f"{scenario.launch(entry, 0).workers} workers, one request at a time each."
@@ -288,6 +367,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
         "crowd": crowd.describe() if crowd else None,
         "capacity": capacity.describe() if capacity else None,
         "front": scenario.front.describe() if scenario.front else None,
+        "front_command": scenario.front.command if scenario.front else None,
         "time_limit_s": scenario.limit(),
         "alone_from": scenario.alone_from if alone else None,
         "commands": commands,
@@ -338,6 +418,7 @@ def _run_scenario(scenario: Scenario, runs: int, quick: bool, available: set[str
                 labels[entry],
                 repetition,
                 alone=alone.get((labels[entry], repetition)),
+                database=database,
             )
             if capacity:
                 _add_capacity(result, capacity_runs[labels[entry]], capacities.get(labels[entry]))
@@ -420,8 +501,9 @@ def _git_commit() -> str:
     return commit + (" with uncommitted changes" if dirty else "")
 
 
-def _environment(available: set[str], installs: dict[str, str]) -> dict:
-    """What a reader needs to reproduce the figures: machine, kernel settings, versions."""
+def _environment(available: set[str], installs: dict[str, str], tool_versions: dict[str, str]) -> dict:
+    """What a reader needs to reproduce the figures: machine, kernel settings, versions (the
+    servers', the load tools', and tool_versions: those of what some scenarios add)."""
 
     def first_line(text: str) -> str:
         return text.splitlines()[0] if text else ""
@@ -444,6 +526,7 @@ def _environment(available: set[str], installs: dict[str, str]) -> dict:
         "ab": first_line(_run(["ab", "-V"])).replace("This is ApacheBench, Version", "ApacheBench").split(" <")[0],
         "wrk": first_line(_run(["wrk", "-v"])).split(" Copyright")[0],
         "python (peers)": platform.python_version(),
+        **tool_versions,
     }
     maitred_python = REPO / ".venv" / "bin" / "python"
     if maitred_python.exists():

@@ -21,9 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+import apps
+import db_levels
 import hop
 import lifecycle
+import postgres
 import procs
+from front import HAProxyFront
 from measure import (
     ACCEPT_SYSCALLS,
     Load,
@@ -35,7 +39,7 @@ from measure import (
     strace_counts,
 )
 from scenarios import Crowd, Entry, Scenario
-from servers import BENCH, SERVERS
+from servers import BENCH, DB_APPS, SERVERS
 
 WORK = BENCH / ".work"
 # A pause after a server is ready (so its start-up does not share the CPU with the load) and
@@ -48,6 +52,11 @@ SETTLE_SECONDS = 0.2
 # measured; most servers exit within 0.3 s, uWSGI takes 1 s.
 STOP_GRACE_SECONDS = 0.5
 CROWD_MARKER = "CONNECTIONS-JSON "
+# O1-HAPROXY: the app's count of the requests it ran is read once it has not grown for this long
+# (the server may still be running requests whose clients the proxy has answered already), or
+# after RAN_WAIT_SECONDS at most.
+RAN_SETTLED_SECONDS = 1.0
+RAN_WAIT_SECONDS = 15.0
 
 
 class RunError(Exception):
@@ -63,11 +72,13 @@ def run_once(
     repetition: int,
     alone: dict | None = None,
     stage: str = "",
+    database: postgres.Cluster | None = None,
 ) -> dict:
     """alone (C1): the figure without the crowd, from a run of the same server under the same load
     in another scenario of this invocation ({"measurement", "source"}); None: measure it here,
     on this server instance, before the crowd arrives. stage: names a run that measures what the
-    scenario's runs need first (O1's "capacity"); its logs go beside theirs, into <run>-<stage>."""
+    scenario's runs need first (O1's "capacity"); its logs go beside theirs, into <run>-<stage>.
+    database: the cluster the database scenarios' applications use (bench/postgres.py)."""
     server = SERVERS[entry.server]
     slug = "".join(c for c in label.replace(" ", "-") if c.isalnum() or c == "-")
     workdir = WORK / "runs" / scenario.id / slug / (f"{repetition}-{stage}" if stage else str(repetition))
@@ -76,6 +87,13 @@ def run_once(
     port = procs.free_port()
     launch = scenario.launch(entry, port)
     env = dict(os.environ, PYTHONPATH=str(BENCH))
+    if scenario.db_tests:
+        # The applications' packages (bench/peers/db-apps.txt) before whatever the server's own
+        # Python has, so that every server runs the same versions.
+        env.update(database.environment(), PYTHONPATH=os.pathsep.join([str(DB_APPS), str(BENCH)]))
+    ran_file = workdir / "ran"
+    if scenario.count_runs:
+        env[apps.RAN_FILE_VARIABLE] = str(ran_file)
     result = {
         "server": label,
         "run": repetition,
@@ -121,7 +139,7 @@ def run_once(
             try:
                 procs.wait_ready(front, port=target, log_path=workdir / "front.log", log_pattern=None, log_count=1)
             except procs.StartError as error:
-                raise RunError(f"the front nginx did not start: {error}") from None
+                raise RunError(f"{scenario.front.name} did not start: {error}") from None
         time.sleep(SETTLE_SECONDS)
         phases.end("settle")
         url = f"http://127.0.0.1:{target}/"
@@ -139,6 +157,10 @@ def run_once(
             result["extra"]["alone_rps"] = alone_measured["rps"]
             time.sleep(SETTLE_SECONDS)
 
+        if scenario.count_runs:
+            # The readiness checks' requests are not the load's.
+            ran_before = _ran(ran_file)
+            proxy_log_from = (workdir / "front.log").stat().st_size
         before = kernel_counters()
         began = time.monotonic()
         if crowd:
@@ -175,6 +197,16 @@ def run_once(
                 process, launch.workers, workdir, env, lambda where: _load(load, url, where, env, scenario.limit())
             )
             result["extra"].update(figures)
+        elif scenario.db_tests:
+            measurement, result["cut_short"], result["levels"] = db_levels.run(
+                scenario.db_tests,
+                load,
+                process.pid,
+                database.cpu_seconds,
+                lambda shaped, path, where: _load(shaped, url.rstrip("/") + path, where, env, scenario.limit()),
+                workdir,
+            )
+            result["extra"].update(measurement.pop("figures"))
         elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures", {}))
@@ -183,6 +215,9 @@ def run_once(
         phases.end("load")
         after = kernel_counters()
         result["kernel"] = {name: after[name] - before[name] for name in after}
+        if scenario.count_runs:
+            proxy_log = (workdir / "front.log").read_bytes()[proxy_log_from:].decode(errors="replace")
+            result["extra"].update(_runs_and_outcomes(_ran_settled(ran_file) - ran_before, scenario.front, proxy_log))
         if scenario.memory_after_load:
             result["extra"].update(_memory_figures(procs.group_memory(process.pid)))
 
@@ -258,6 +293,36 @@ def _load(load: Load, url: str, workdir: Path, env: dict[str, str], limit: float
         return load.parse(output, workdir, seconds), cut_short
     except ParseError as error:
         raise RunError(f"{load.tool} exited with status {status}; {error}") from None
+
+
+def _ran(path: Path) -> int:
+    """How many requests apps.cpu_3ms_counted has run: one byte each."""
+    return path.stat().st_size if path.exists() else 0
+
+
+def _ran_settled(path: Path) -> int:
+    """_ran once the count has stopped growing for RAN_SETTLED_SECONDS (at most RAN_WAIT_SECONDS):
+    requests the server runs after the load has ended are the ones the proxy gave up on."""
+    count, changed = _ran(path), time.monotonic()
+    deadline = changed + RAN_WAIT_SECONDS
+    while time.monotonic() - changed < RAN_SETTLED_SECONDS and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (now := _ran(path)) != count:
+            count, changed = now, time.monotonic()
+    return count
+
+
+def _runs_and_outcomes(ran: int, front: HAProxyFront, proxy_log: str) -> dict:
+    """O1-HAPROXY: what became of the requests at the proxy (front.outcomes), how many the app ran,
+    and how many of those the proxy did not get a 200 from in time: run after it had given up."""
+    outcomes = front.outcomes(proxy_log)
+    unanswered = ran - outcomes["proxy_200"]
+    return {
+        **outcomes,
+        "ran": ran,
+        "ran_unanswered": unanswered,
+        "pct_ran_unanswered": 100 * unanswered / outcomes["proxy_requests"] if outcomes["proxy_requests"] else None,
+    }
 
 
 def _crowd_figures(crowd: Crowd, holding: dict, end: dict, rss_before: int, rss_holding: int) -> dict:

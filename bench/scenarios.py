@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Literal
 
 import apps
+import db_levels
 import lifecycle
-from front import NginxFront
+from db_levels import DbTests, level_key
+from front import HAProxyFront, NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
 from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
 from servers import SERVERS, Launch
@@ -129,8 +131,11 @@ class Scenario:
     note: str = ""
     # S3's second half: the server runs under `strace -f -c` counting accept calls.
     trace_accepts: bool = False
-    # S5: a proxy the load goes through, started for each run after the server is ready.
-    front: NginxFront | None = None
+    # S5, O1-HAPROXY: a proxy the load goes through, started for each run after the server is ready.
+    front: NginxFront | HAProxyFront | None = None
+    # O1-HAPROXY: the app counts the requests it runs (apps.cpu_3ms_counted), and the run compares
+    # them with the proxy's log: how many of those the proxy gave up on were run all the same.
+    count_runs: bool = False
     # C1, M1: connections held open while the load runs (C1) or as the load (M1).
     crowd: Crowd | None = None
     # C1: the figure the crowd's effect is measured against, the load without the crowd: taken
@@ -162,6 +167,9 @@ class Scenario:
     # The app's interface (A1, O1-ASGI: ASGI 3, bench/asgi_apps.py); every server of the line-up
     # must serve it.
     interface: Literal["wsgi", "asgi"] = "wsgi"
+    # DB-DJANGO, DB-FLASK, DB-FASTAPI: TechEmpower's test types against one server per run, each at
+    # several concurrencies of the load (a Wrk), on the harness's PostgreSQL (bench/db_levels.py).
+    db_tests: DbTests | None = None
 
     def __post_init__(self) -> None:
         if wrong := [e.server for e in self.lineup if self.interface not in SERVERS[e.server].interfaces]:
@@ -173,7 +181,10 @@ class Scenario:
         return load if entry.clients is None else replace(load, concurrency=entry.clients)
 
     def describe_load(self, load: Load, entries: list[Entry] | tuple[Entry, ...]) -> str:
-        """The load as the entries run it: its command, or one per concurrency (H1-hop)."""
+        """The load as the entries run it: its command, or one per concurrency (H1-hop), or per test
+        type and concurrency (the database scenarios)."""
+        if self.db_tests:
+            return self.db_tests.describe(load)
         return "; ".join(dict.fromkeys(self.load_for(entry, load).describe() for entry in entries))
 
     def launch(self, entry: Entry, port: int) -> Launch:
@@ -448,6 +459,119 @@ ASGI_HELLO_NOTE = (
 # O1-ASGI's capacity run: enough clients that the 50 ms await does not bound the rate before the
 # CPU does (each client makes at most 1 / 52 ms = 19 requests a second).
 ASGI_CAPACITY_CLIENTS = 64
+
+# DB-DJANGO, DB-FLASK, DB-FASTAPI: TechEmpower's test types on PostgreSQL (bench/db_levels.py),
+# wrk's duration per load (run.py --db-seconds changes it), at each of DB_TESTS' concurrencies.
+DB_TESTS = DbTests()
+DB_LOAD = Wrk(threads=2, connections=max(DB_TESTS.connections), seconds=10)
+# The WSGI applications: 2 workers of 4 threads where the server has threads (maitred --threads 4,
+# gunicorn's gthread worker --threads 4: gunicorn's docs advise 2-4 threads per core), and granian
+# with its default blocking threads and --backpressure 4: granian's docs advise leaving the threads
+# alone and bounding a WSGI worker's concurrent requests with --backpressure, and 4 is the others'
+# threads and the 4 connections of each worker's pool (DB-FLASK).
+DB_THREADS = 4
+DB_WSGI = (
+    Entry("maitred", threads=DB_THREADS),
+    Entry("gunicorn-gthread", threads=DB_THREADS),
+    Entry("granian", options=("--backpressure", str(DB_THREADS))),
+)
+# The ASGI application: A1's line-up (maitred, uvicorn, granian, gunicorn with uvicorn's worker).
+DB_ASGI = ASGI_HELLO
+
+
+# O1-HAPROXY, overload behind a proxy that gives up after 1 s: O1-WSGI's prefork and threaded
+# peers, each behind HAProxy.
+HAPROXY_OVERLOAD = (MAITRED, GUNICORN_SYNC, GTHREAD, GRANIAN)
+# The clients' own deadline: past HAProxy's 1 s, so that they see what HAProxy answers (504 when it
+# gives up) rather than give up first themselves.
+HAPROXY_CLIENT_DEADLINE = 2.0
+HAPROXY_COLUMNS = (
+    *OVERLOAD_COLUMNS[:4],
+    Column("late", f"late (no answer within {HAPROXY_CLIENT_DEADLINE:g} s)"),
+    *OVERLOAD_COLUMNS[5:],
+    Column("proxy_gave_up", "HAProxy gave up (504)"),
+    Column("proxy_no_connection", "HAProxy could not connect (503)"),
+    Column("ran", "requests the app ran"),
+    Column("ran_unanswered", "ran after HAProxy gave up"),
+    Column("pct_ran_unanswered", "% of the requests through HAProxy", digits=1, suffix="%"),
+)
+
+
+def _no_non2xx_in_any_run(summary: Summary, peers: list[Summary]) -> bool:
+    return summary["non2xx_worst"] == 0
+
+
+def _leads_at(test: str, connections: int, figure: str, lower_is_better: bool, text: str) -> Target:
+    """maitred's figure for one test type at one concurrency at least as good as every peer's; not
+    met when no peer measured it."""
+    key = level_key(test, connections)
+
+    def holds(summary: Summary, peers: list[Summary]) -> bool:
+        ours = summary["levels"].get(key, {}).get(figure)
+        theirs = [p["levels"][key][figure] for p in peers if p["levels"].get(key, {}).get(figure) is not None]
+        if ours is None or not theirs:
+            return False
+        return ours <= min(theirs) if lower_is_better else ours >= max(theirs)
+
+    return Target(f"{test} at {connections} connections: {text}", holds)
+
+
+DB_TARGETS = (
+    Target("0 non-2xx in every run (every load, warm-ups included)", _no_non2xx_in_any_run),
+    *(
+        target
+        for test in ("db", "fortunes")
+        for connections in DB_TESTS.connections
+        for target in (
+            _leads_at(test, connections, "rps", False, "req/s >= the best peer's"),
+            _leads_at(test, connections, "server_cpu_us", True, "server CPU per request <= the best peer's"),
+        )
+    ),
+)
+DB_COLUMNS = (
+    Column("server_cpu_us", "server CPU µs / request"),
+    Column("database_cpu_us", "database CPU µs / request"),
+)
+DB_NOTE = (
+    "PostgreSQL is Debian's, a throw-away cluster the harness makes for the invocation "
+    "(bench/postgres.py: TechEmpower's world table of 10,000 rows and fortune table of 12), reached "
+    "over its Unix socket. Each run starts the server once and runs TechEmpower's four test types "
+    f"against it in turn: /db (one random row), /queries?queries={db_levels.QUERIES} (as many rows, "
+    "one query each), /fortunes (the 12 rows and one added at request time, sorted, through the "
+    f"framework's templates), /updates?queries={db_levels.QUERIES} (as many rows read, changed and "
+    "written back in one transaction). Each test type gets a warm-up at the highest concurrency, "
+    "then each concurrency in turn, 2 s apart, as TechEmpower's harness runs its levels; the "
+    "warm-ups are not measured, but their non-2xx and socket errors count. The table above sums each "
+    "run's measured loads (req/s over their time; CPU per request: the server's process tree, "
+    "and the postmaster and its backends, read from /proc around each load, ended processes "
+    "included); the table below has each load's figures, medians over the runs."
+)
+
+
+def _db_scenario(
+    scenario_id: str,
+    framework: str,
+    app: str,
+    lineup: tuple[Entry, ...],
+    note: str,
+    interface: Literal["wsgi", "asgi"] = "wsgi",
+) -> Scenario:
+    """A database scenario: the application, its line-up and what its note says of it; the rest is
+    the three's."""
+    return Scenario(
+        id=scenario_id,
+        title=f"{framework}: TechEmpower's test types",
+        app=app,
+        interface=interface,
+        workers=2,
+        load=DB_LOAD,
+        lineup=lineup,
+        db_tests=DB_TESTS,
+        targets=DB_TARGETS,
+        columns=DB_COLUMNS,
+        note=f"{note} {DB_NOTE}",
+    )
+
 
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
@@ -1015,6 +1139,73 @@ SCENARIOS: dict[str, Scenario] = {
             "to a worker before a thread of it is free makes them wait up to 2 s. With 2 slow "
             "clients the result would hang on how the connections happened to spread. A request that fails on a reused connection before any byte of its answer "
             "is sent again on a new one (uWSGI's --http-socket closes every connection after its answer).",
+        ),
+        _db_scenario(
+            "DB-DJANGO",
+            "Django on PostgreSQL (its ORM, psycopg, persistent connections)",
+            "db_django:application",
+            DB_WSGI,
+            "bench/db_django.py: Django's ORM on psycopg 3, CONN_MAX_AGE None (each thread keeps its "
+            "connection), the fortunes through Django's template engine.",
+        ),
+        _db_scenario(
+            "DB-FLASK",
+            "Flask on PostgreSQL (a psycopg_pool pool)",
+            "db_flask:app",
+            DB_WSGI,
+            "bench/db_flask.py: psycopg 3 through psycopg_pool's ConnectionPool (4 connections per "
+            "worker, autocommit), the fortunes through Flask's Jinja2 templates.",
+        ),
+        _db_scenario(
+            "DB-FASTAPI",
+            "FastAPI on PostgreSQL (an asyncpg pool made in the lifespan)",
+            "db_fastapi:app",
+            DB_ASGI,
+            "bench/db_fastapi.py: asyncpg's pool (10 connections per worker) made in the lifespan's "
+            "startup, async endpoints, the fortunes through Starlette's Jinja2Templates.",
+            interface="asgi",
+        ),
+        Scenario(
+            id="O1-HAPROXY",
+            title="overload behind HAProxy (timeout server 1s): the 3 ms CPU app at 1.5 x each server's own capacity",
+            app="apps:cpu_3ms_counted",
+            workers=2,
+            front=HAProxyFront(timeout_server=1.0),
+            capacity=ClosedLoop(seconds=3, deadline=HAPROXY_CLIENT_DEADLINE, concurrency=16),
+            load=OpenLoop(seconds=15, deadline=HAPROXY_CLIENT_DEADLINE, times_capacity=1.5, own_capacity=True),
+            lineup=HAPROXY_OVERLOAD,
+            count_runs=True,
+            # The generator stops itself at 15 s plus the last deadline.
+            time_limit=30.0,
+            open_files=4000,
+            targets=(
+                _percent_at_least("pct_capacity", 90, "answered 200 in time >= 90% of its own capacity"),
+                Target(
+                    "requests run after HAProxy gave up on them <= 1% of the requests through it",
+                    lambda summary, peers: (
+                        summary["pct_ran_unanswered"] is not None and summary["pct_ran_unanswered"] <= 1
+                    ),
+                ),
+            ),
+            columns=HAPROXY_COLUMNS,
+            headline=Column("pct_capacity", "answered 200 in time, % of own capacity"),
+            note="O1's method with HAProxy (Debian's) in front of each server, `timeout server 1s`: "
+            "HAProxy waits 1 s for the server's answer, then gives up, answers its client 504 and "
+            "closes its connection to the server; it queues nothing itself (no maxconn on the server "
+            "line), so every request reaches the server at once. The app is O1-WSGI's 3 ms of CPU, "
+            "counting each request it runs (apps.cpu_3ms_counted). In each round, each server in "
+            "turn: its capacity through HAProxy, bench/deadline-clients closed, 16 clients each "
+            "opening a new connection per request for 3 s, 200s answered per second; then at once, "
+            "on another fresh server, 15 s of requests arriving at HAProxy at 1.5 x that capacity, "
+            "each on a new connection, with a 2 s deadline (past HAProxy's second, so that the "
+            "clients see what HAProxy answers). The req/s column is the answers 200 per second of "
+            "the 15 s, every one within HAProxy's second; the headline is their share of the "
+            "server's capacity. From HAProxy's log (a line per request: status and termination "
+            "state): the requests it gave up on (sH, sD: 504) and those it could not connect for "
+            "(503, which the clients count as shed with the server's own 503s). The app's count, "
+            "read once it has not grown for 1 s after the load (the server may go on running "
+            "requests whose clients are gone), less the 200s HAProxy received, is the requests run "
+            "after HAProxy gave up on them: work for nobody.",
         ),
     )
 }

@@ -24,6 +24,9 @@ PEERS = BENCH / "peers"
 # The project's build (`make`); MAITRED=/path/to/maitred measures another build instead.
 MAITRED = Path(os.environ.get("MAITRED", REPO / ".venv" / "bin" / "maitred"))
 PEERS_VENV = BENCH / ".peers"
+# The database applications' packages (peers/db-apps.txt), installed apart from both venvs and put
+# first on every server's PYTHONPATH in the database scenarios.
+DB_APPS = PEERS_VENV / "db-apps"
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ def _granian(launch: Launch, threads: int | None) -> list[str]:
         str(launch.workers),
         *thread_flags,
         *backlog,
+        *launch.options,
         launch.app,
     ]
 
@@ -378,6 +382,8 @@ SERVERS: dict[str, Server] = {
             # For ASGI the app runs on each worker's event loop (uvloop when installed, --loop
             # auto) and --blocking-threads is not given either.
             default_threads=AUTO,
+            # launch.options: --backpressure in the database scenarios (scenarios.py says why).
+            takes_options=True,
             interfaces=("wsgi", "asgi"),
         ),
         Server(
