@@ -61,6 +61,7 @@ from soak_clients import (
 from tls import make_certificate
 
 ID = "SOAK"
+TITLE = "faults under mixed, checked load: maitred (WSGI and ASGI) and gunicorn gthread, a fault every 20 s"
 MINUTES = 8.0
 QUICK_MINUTES = 2.0
 FAULT_EVERY = 20.0
@@ -293,8 +294,10 @@ async def _soak(targets: list[Target], seconds: float, fault_every: float, cert:
         tasks += [asyncio.create_task(client) for client in _clients(target, context, start)]
     sampler = asyncio.create_task(_sample(targets, start))
     await _faults(targets, start, seconds, fault_every)
-    await asyncio.gather(*(_stop(target, tasks, start) for target in targets))
+    await asyncio.sleep(max(0.0, start + seconds - time.monotonic()))
+    # The samples end before the stop, which closes every connection.
     sampler.cancel()
+    await asyncio.gather(*(_stop(target, tasks, start) for target in targets))
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -21,6 +21,9 @@ function init(args)
   prefix, pause, failures = args[1], tonumber(args[2]), args[3] .. "." .. number
   sent, good, bad, lost = 0, 0, 0, 0
   pending = nil
+  -- wrk calls the first thread's request() once before the load, to count pipelined requests:
+  -- that call sends nothing.
+  counted = number ~= 1
 end
 
 local function note(line)
@@ -30,6 +33,10 @@ local function note(line)
 end
 
 function request()
+  if not counted then
+    counted = true
+    return wrk.format("GET", "/")
+  end
   if pending then
     lost = lost + 1
     note(os.time() .. " " .. pending .. " lost")
@@ -47,6 +54,9 @@ function response(status, headers, body)
     note(os.time() .. " " .. pending .. " " .. status)
   end
   pending = nil
+  -- wrk calls the first thread's request() once before the load, to count pipelined requests:
+  -- that call sends nothing.
+  counted = number ~= 1
 end
 
 function delay()
