@@ -608,7 +608,7 @@ def _upgrade(target: Target, outcome: dict) -> float | None:
             return None
         time.sleep(1.0)  # the app's import, which gunicorn logs no line for
         os.kill(old, signal.SIGTERM)
-    exited = _until(lambda: not _alive(old) and target.lobby() != old, GRACEFUL_TIMEOUT + 20.0)
+    exited = _until(lambda: not _alive(old) and _alive(target.lobby()), GRACEFUL_TIMEOUT + 20.0)
     outcome["victim"] = old
     outcome["detail"] = f"lobby {old} -> {target.lobby()}" + ("" if exited else f", {old} still there")
     return _until(_serving(target)) if exited else None
@@ -779,9 +779,11 @@ def _results(target: Target) -> dict:
         ws_outside.append({"at": t - target.start, "session": session, "pid": pid, "code": code, "reason": reason})
     stopped_checks = []
     wrk_failed = {c["id"] for c in classified if c["client"] == "wrk"}
-    for at, pid, held in target.stopped:
-        answered = sum(i in record.good_ids or ("-wrk" in i and i not in wrk_failed) for i in held)
-        stopped_checks.append({"pid": pid, "held": len(held), "answered": answered})
+    for _at, pid, held in target.stopped:
+        # Its WebSocket sessions are checked as sessions (ws_outside), not as answers.
+        requests = {i for i in held if "-ws" not in i}
+        answered = sum(i in record.good_ids or ("-wrk" in i and i not in wrk_failed) for i in requests)
+        stopped_checks.append({"pid": pid, "held": len(requests), "answered": answered})
     per_fault = _per_fault(target, classified, ws_outside, stopped_checks)
     samples = target.samples
     rss_slope, fd_slope = _slopes(samples)

@@ -21,9 +21,6 @@ function init(args)
   prefix, pause, failures = args[1], tonumber(args[2]), args[3] .. "." .. number
   sent, good, bad, lost = 0, 0, 0, 0
   pending = nil
-  -- wrk calls the first thread's request() once before the load, to count pipelined requests:
-  -- that call sends nothing.
-  counted = number ~= 1
 end
 
 local function note(line)
@@ -33,11 +30,9 @@ local function note(line)
 end
 
 function request()
-  if not counted then
-    counted = true
-    return wrk.format("GET", "/")
-  end
-  if pending then
+  -- wrk calls request() once before the load to check the script, and that request is never
+  -- sent: a request is taken as lost only once its thread has had an answer.
+  if pending and good + bad > 0 then
     lost = lost + 1
     note(os.time() .. " " .. pending .. " lost")
   end
@@ -54,9 +49,6 @@ function response(status, headers, body)
     note(os.time() .. " " .. pending .. " " .. status)
   end
   pending = nil
-  -- wrk calls the first thread's request() once before the load, to count pipelined requests:
-  -- that call sends nothing.
-  counted = number ~= 1
 end
 
 function delay()
