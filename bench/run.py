@@ -31,6 +31,7 @@ from pathlib import Path
 
 import postgres
 import procs
+import soak
 from measure import DEADLINE_CLIENTS_MANIFEST, DeadlineClients, Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
@@ -62,6 +63,8 @@ def main(argv: list[str]) -> int:
     if args.list:
         _print_registry()
         return 0
+    if args.scenarios and soak.ID in args.scenarios:
+        return _run_soak(args)
     if args.report_only:
         import report  # needs matplotlib, which only the peers' venv has
 
@@ -139,6 +142,11 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         help="seconds of wrk per load in the database scenarios (default: 10; --quick: 3)",
     )
     parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
+    parser.add_argument(
+        "--soak-minutes",
+        type=float,
+        help=f"SOAK's length (default: {soak.MINUTES:g} minutes; --quick: {soak.QUICK_MINUTES:g})",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
     parser.add_argument(
         "--report-only",
@@ -146,6 +154,23 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         help="run nothing: write latest.md again from latest.json (after a change to the report)",
     )
     return parser.parse_args(argv)
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    """SOAK runs apart from the registry: several servers at once under one schedule of faults
+    (bench/soak.py), with a report of its own."""
+    if args.scenarios != [soak.ID]:
+        return _fail(f"{soak.ID} runs alone (-s {soak.ID})")
+    if not MAITRED.exists():
+        return _fail(f"{MAITRED} is missing: run `make` first to build it")
+    gunicorn = _install_peers([SERVERS["gunicorn-gthread"]]).get("gunicorn-gthread", "ok") == "ok"
+    _raise_open_files_limit()
+    minutes = args.soak_minutes or (soak.QUICK_MINUTES if args.quick else soak.MINUTES)
+    out = Path(args.out) if args.out else (WORK / "quick" if args.quick else BENCH / "results" / "soak")
+    try:
+        return soak.run(minutes, args.quick, out, gunicorn)
+    finally:
+        procs.stop_all()
 
 
 def _names(text: str) -> list[str]:
@@ -576,6 +601,7 @@ def _print_registry() -> None:
             f"  {scenario.id:<8} {scenario.title}\n           {first}{' + '.join(loads)}; "
             f"{scenario.workers} workers; {', '.join(_label(e) for e in scenario.lineup)}"
         )
+    print(f"  {soak.ID:<8} {soak.TITLE} (runs alone: bench/soak.py)")
     print("servers:")
     for server in SERVERS.values():
         packages = [
