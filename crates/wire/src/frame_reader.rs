@@ -26,17 +26,19 @@ enum ReadRoom {
 }
 
 /// How an end of the channel reads frames: the header check, the split after
-/// `HEADER_LEN + len`, and the room each read makes (at most [`MOST_ROOM_PER_READ`] beyond the
-/// end's read size). It holds no bytes: each end keeps its buffer its own way.
+/// `HEADER_LEN + len`, and the room each read makes (never more than the end's read size or
+/// [`MOST_ROOM_PER_READ`], whichever is larger). It holds no bytes: each end keeps its buffer
+/// its own way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameReader {
     room: ReadRoom,
 }
 
 impl FrameReader {
-    /// The lobby's: 16 KiB until a frame's header has come, then the rest of the frame. A
-    /// buffer whose spare room already fits the rest of a frame is read into as it is: making
-    /// more room there would reallocate it and copy the part of the frame it holds.
+    /// The lobby's: 16 KiB until a frame's header has come, then the rest of the frame (up to
+    /// [`MOST_ROOM_PER_READ`]). A buffer whose spare room already fits the rest of a frame is
+    /// read into as it is: making more room there would reallocate it and copy the part of the
+    /// frame it holds.
     pub const LOBBY: FrameReader = FrameReader { room: ReadRoom::ReadSizeThenRest(16 * 1024) };
 
     /// The worker's: at least 64 KiB, so that one `recvmsg` usually takes a whole request.
