@@ -3,42 +3,51 @@
 //!
 //! Neither end's reading can be called without a socket: the lobby's is `Channel::read_frame`
 //! and `decode_part` in crates/lobby/src/worker/{channel,relay}.rs (async, over a registered
-//! descriptor), the
-//! worker's is `WorkerChannel::next_request`, `take_from_slot` and `take_request` in
-//! crates/python/src/channel/receive.rs (inside the pyo3 module, which only links into a Python
-//! process). Both are thin loops around crates/wire: `FrameHeader::decode`, the payload
-//! decoders and `Reader`. So the targets run the real crates/wire decoders inside a copy of
-//! each loop that keeps its buffer arithmetic (what it reserves, where it slices) and drops the
-//! I/O; a change to either loop must be mirrored here (docs/FUZZING.md).
+//! descriptor), the worker's is `WorkerChannel::next_request`, `take_from_slot` and
+//! `take_request` in crates/python/src/channel/receive.rs (inside the pyo3 module, which only
+//! links into a Python process). What both do with the bytes is crates/wire's, and the targets
+//! call the same code: `FrameReader` (the header check, the split after `HEADER_LEN + len`, the
+//! room each read makes), `FrameHeader::decode`, the payload decoders and `Reader`. Around it,
+//! they keep a copy of what each loop does with a whole frame (the lobby's `decode_part`, the
+//! worker's kind checks and where it cuts the inline body) and drop the I/O; a change there
+//! must be mirrored here (docs/FUZZING.md).
 //!
 //! Properties: no panic; the same events whether the stream arrives whole, a byte at a time
-//! or cut into reads of every size; no read reserves more than [`MOST_RESERVED`] (the copies
-//! check the amount instead of allocating it, which would only slow the fuzzer); every
-//! header and payload that decodes encodes back to the same bytes (the reserved header bytes
-//! aside); a request's inline body is the end of its payload, where the worker slices it.
+//! or cut into reads of every size; no read makes room for more than [`MOST_RESERVED`]
+//! however long a frame its header announces (the room is checked rather than allocated,
+//! which would only slow the fuzzer); every header and payload that decodes encodes back to
+//! the same bytes (the reserved header bytes aside); a request's inline body is the end of its
+//! payload, where the worker slices it.
 
 use std::mem;
 
 use bytes::{Bytes, BytesMut};
-use maitred_wire::{decode_cancel, FileRange, FrameHeader, Kind, Request, ResponseHead, WireError, HEADER_LEN};
+use maitred_wire::{
+    decode_cancel, FileRange, FrameHeader, FrameReader, Kind, Request, ResponseHead, WireError, HEADER_LEN, MAX_PAYLOAD,
+};
 
 use crate::{pieces, Input};
 
-/// The most either loop may reserve for one frame: well above the largest frame the protocol
-/// allows (a 1 MiB payload), far below what a length field taken as is could ask (4 GiB).
-pub const MOST_RESERVED: usize = 16 << 20;
+/// The most room a reader may make before one read: that of the largest frame but a WebSocket
+/// message, whose header may announce 64 MiB. Room for more has to wait for the bytes, so that
+/// one header cannot make a reader allocate what the stream never sends.
+pub const MOST_RESERVED: usize = HEADER_LEN + MAX_PAYLOAD;
 
 /// A header that decodes is the one `FrameHeader::new` makes from its fields, and encodes
 /// back to its bytes, less the two reserved ones (which `decode` ignores).
-fn check_header(bytes: &[u8; HEADER_LEN], header: &FrameHeader) {
+fn check_header(bytes: &[u8], header: &FrameHeader) {
+    let bytes: &[u8; HEADER_LEN] = bytes.first_chunk().expect("a whole header");
     assert_eq!(FrameHeader::new(header.kind, header.flags, header.len as usize), Ok(*header), "{bytes:?}");
     let mut canonical = *bytes;
     canonical[2..4].fill(0);
     assert_eq!(header.encode(), canonical);
 }
 
-fn check_reserve(n: usize) {
-    assert!(n <= MOST_RESERVED, "a frame header makes the reader reserve {n} bytes");
+/// The room a reader makes before a read, `unread` being the bytes it holds and has not taken
+/// as frames (all of which it has checked).
+fn check_room(reader: FrameReader, unread: &[u8]) {
+    let room = reader.room_for_next_read(unread).expect("a header the reader took");
+    assert!(room <= MOST_RESERVED, "a frame header makes the reader reserve {room} bytes");
 }
 
 /// What the lobby made of the worker's frames.
@@ -71,31 +80,15 @@ enum LobbyEvent {
     },
 }
 
-/// The lobby's end: `Channel`'s buffer and `read_frame`, in crates/lobby/src/worker/channel.rs.
-struct LobbyChannel {
-    buf: BytesMut,
-}
-
-impl LobbyChannel {
-    /// `read_frame` up to the point where it would read the socket: the next whole frame, or
-    /// None with room reserved for the rest.
-    fn next_frame(&mut self) -> Result<Option<(FrameHeader, Bytes)>, WireError> {
-        if self.buf.len() >= HEADER_LEN {
-            let mut head = [0u8; HEADER_LEN];
-            head.copy_from_slice(&self.buf[..HEADER_LEN]);
-            let header = FrameHeader::decode(&head)?;
-            check_header(&head, &header);
-            let total = HEADER_LEN + header.len as usize;
-            if self.buf.len() >= total {
-                let mut frame = self.buf.split_to(total);
-                let payload = frame.split_off(HEADER_LEN).freeze();
-                return Ok(Some((header, payload)));
-            }
-            // It reserves the rest of the frame (checked here rather than allocated).
-            check_reserve(total - self.buf.len());
-        }
-        Ok(None)
+/// `read_frame` up to the point where it would read the socket: the next whole frame from the
+/// lobby's buffer, its header checked.
+fn next_frame(buf: &mut BytesMut) -> Result<Option<(FrameHeader, Bytes)>, WireError> {
+    let header_bytes = buf.first_chunk::<HEADER_LEN>().copied();
+    let frame = FrameReader::take_frame(buf)?;
+    if let (Some((header, _)), Some(bytes)) = (&frame, header_bytes) {
+        check_header(&bytes, header);
     }
+    Ok(frame)
 }
 
 /// `decode_part` in crates/lobby/src/worker/relay.rs, with the descriptor of an `FD` frame taken as
@@ -136,12 +129,13 @@ fn decode_part(header: FrameHeader, payload: Bytes) -> Result<LobbyEvent, String
 /// The lobby reading a worker's stream that arrives in `pieces`: `await_ready`, then the
 /// parts of responses, until the worker breaks the protocol or the stream ends.
 fn lobby_reads<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<LobbyEvent> {
-    let mut channel = LobbyChannel { buf: BytesMut::new() };
+    let mut buf = BytesMut::new();
     let mut events = Vec::new();
     for piece in pieces {
-        channel.buf.extend_from_slice(piece);
+        check_room(FrameReader::LOBBY, &buf);
+        buf.extend_from_slice(piece);
         loop {
-            let (header, payload) = match channel.next_frame() {
+            let (header, payload) = match next_frame(&mut buf) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(e) => {
@@ -169,7 +163,8 @@ fn lobby_reads<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<LobbyEvent
             }
         }
     }
-    events.push(LobbyEvent::Closed { inside_frame: !channel.buf.is_empty() });
+    check_room(FrameReader::LOBBY, &buf);
+    events.push(LobbyEvent::Closed { inside_frame: !buf.is_empty() });
     events
 }
 
@@ -195,8 +190,7 @@ struct WorkerChannel {
     lobby_bell: bool,
 }
 
-/// `READ_SIZE` and `HAND_OVER_BODY` in channel/receive.rs.
-const READ_SIZE: usize = 64 * 1024;
+/// `HAND_OVER_BODY` in channel/receive.rs.
 const HAND_OVER_BODY: usize = 16 * 1024;
 
 /// What the worker made of the lobby's frames.
@@ -237,13 +231,14 @@ impl WorkerChannel {
         WorkerChannel { inbox: Vec::new(), inbox_start: 0, region: false, bell: false, lobby_bell: false }
     }
 
-    fn buffered_header(&self) -> Result<Option<FrameHeader>, String> {
-        let Some(bytes) = self.inbox[self.inbox_start..].first_chunk::<HEADER_LEN>() else {
-            return Ok(None);
-        };
-        let header = FrameHeader::decode(bytes).map_err(|e| format!("the lobby sent a bad frame: {e}"))?;
-        check_header(bytes, &header);
-        Ok(Some(header))
+    /// `buffered_frame`: the first unconsumed frame, when all of it has arrived.
+    fn buffered_frame(&self) -> Result<Option<FrameAt>, String> {
+        let unread = &self.inbox[self.inbox_start..];
+        let frame = FrameReader::whole_frame(unread).map_err(|e| format!("the lobby sent a bad frame: {e}"))?;
+        Ok(frame.map(|(header, len)| {
+            check_header(unread, &header);
+            FrameAt { header, start: self.inbox_start, end: self.inbox_start + len }
+        }))
     }
 
     fn compact(&mut self) {
@@ -263,53 +258,44 @@ impl WorkerChannel {
 
     /// `next_request` up to the point where it would wait: a whole `REQUEST` (taken as the one
     /// whose place the worker took in a slot: the lobby queues that place only after the frame),
-    /// after the CANCEL, REGION and BELL frames before it (which it handles), or how many bytes
-    /// are missing.
-    fn next_request(&mut self, events: &mut Vec<WorkerEvent>) -> Result<Result<FrameAt, usize>, String> {
-        loop {
-            let available = self.inbox.len() - self.inbox_start;
-            let mut missing = HEADER_LEN.saturating_sub(available);
-            if let Some(header) = self.buffered_header()? {
-                let len = HEADER_LEN + header.len as usize;
-                if available >= len {
-                    let frame = FrameAt { header, start: self.inbox_start, end: self.inbox_start + len };
-                    match header.kind {
-                        Kind::Request => return Ok(Ok(frame)),
-                        Kind::Cancel => {
-                            // check_cancel_frame
-                            if header.flags != 0 {
-                                return Err("a CANCEL frame with flags".into());
-                            }
-                            let id = decode_cancel(&self.inbox[frame.start + HEADER_LEN..frame.end])
-                                .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
-                            events.push(WorkerEvent::Cancel(id));
-                        }
-                        // open_region, take_bell, take_lobby_bell: setup_descriptor
-                        Kind::Region | Kind::Bell | Kind::LobbyBell => {
-                            let (again, event) = match header.kind {
-                                Kind::Region => (&mut self.region, WorkerEvent::Region),
-                                Kind::Bell => (&mut self.bell, WorkerEvent::Bell),
-                                _ => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
-                            };
-                            if !(header.has_fd() && header.len == 0 && !*again) {
-                                return Err(format!("a bad {:?} frame", header.kind));
-                            }
-                            *again = true;
-                            events.push(event);
-                        }
-                        other => {
-                            return Err(format!(
-                                "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
-                            ))
-                        }
+    /// after the CANCEL, REGION and BELL frames before it (which it handles), or None when no
+    /// whole frame is buffered.
+    fn next_request(&mut self, events: &mut Vec<WorkerEvent>) -> Result<Option<FrameAt>, String> {
+        while let Some(frame) = self.buffered_frame()? {
+            let header = frame.header;
+            match header.kind {
+                Kind::Request => return Ok(Some(frame)),
+                Kind::Cancel => {
+                    // check_cancel_frame
+                    if header.flags != 0 {
+                        return Err("a CANCEL frame with flags".into());
                     }
-                    self.consume_through(frame.end);
-                    continue;
+                    let id = decode_cancel(&self.inbox[frame.start + HEADER_LEN..frame.end])
+                        .map_err(|e| format!("the lobby sent a bad CANCEL frame: {e}"))?;
+                    events.push(WorkerEvent::Cancel(id));
                 }
-                missing = len - available;
+                // open_region, take_bell, take_lobby_bell: setup_descriptor
+                Kind::Region | Kind::Bell | Kind::LobbyBell => {
+                    let (again, event) = match header.kind {
+                        Kind::Region => (&mut self.region, WorkerEvent::Region),
+                        Kind::Bell => (&mut self.bell, WorkerEvent::Bell),
+                        _ => (&mut self.lobby_bell, WorkerEvent::LobbyBell),
+                    };
+                    if !(header.has_fd() && header.len == 0 && !*again) {
+                        return Err(format!("a bad {:?} frame", header.kind));
+                    }
+                    *again = true;
+                    events.push(event);
+                }
+                other => {
+                    return Err(format!(
+                        "a {other:?} frame; a worker only receives REQUEST, CANCEL, REGION, BELL and LOBBY_BELL"
+                    ))
+                }
             }
-            return Ok(Err(missing));
+            self.consume_through(frame.end);
         }
+        Ok(None)
     }
 
     /// `take_request`, without the environ (which needs Python): the request, its inline body
@@ -363,12 +349,10 @@ impl WorkerChannel {
     /// `take_from_slot` once the slot is copied out: one whole REQUEST frame without a
     /// descriptor, or the place of one on the channel; then `take_request` from that copy.
     fn take_from_slot(slot: &[u8]) -> Result<Option<WorkerEvent>, String> {
-        let header = slot
-            .first_chunk::<HEADER_LEN>()
-            .map(FrameHeader::decode)
-            .transpose()
+        let header = FrameReader::whole_frame(slot)
             .map_err(|e| format!("the lobby queued a bad frame: {e}"))?
-            .filter(|header| HEADER_LEN + header.len as usize == slot.len());
+            .filter(|(_, len)| *len == slot.len())
+            .map(|(header, _)| header);
         match header {
             Some(header) if header.kind == Kind::Request && !header.has_fd() => {
                 let mut copy = WorkerChannel { inbox: slot.to_vec(), ..WorkerChannel::new() };
@@ -388,10 +372,10 @@ fn worker_reads<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<WorkerEve
     let mut channel = WorkerChannel::new();
     let mut events = Vec::new();
     for piece in pieces {
-        let missing = loop {
+        loop {
             let frame = match channel.next_request(&mut events) {
-                Ok(Ok(frame)) => frame,
-                Ok(Err(missing)) => break missing,
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
                 Err(e) => {
                     events.push(WorkerEvent::Broken(e));
                     return events;
@@ -404,17 +388,17 @@ fn worker_reads<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Vec<WorkerEve
                     return events;
                 }
             }
-        };
-        // The read: compact, reserve (checked here rather than allocated), receive.
+        }
+        // read_available: the room (checked here rather than made), compact, receive.
+        check_room(FrameReader::WORKER, &channel.inbox[channel.inbox_start..]);
         channel.compact();
-        check_reserve(missing.max(READ_SIZE));
         channel.inbox.extend_from_slice(piece);
     }
     // What is buffered after the last read.
     loop {
         let frame = match channel.next_request(&mut events) {
-            Ok(Ok(frame)) => frame,
-            Ok(Err(_)) => break,
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
             Err(e) => {
                 events.push(WorkerEvent::Broken(e));
                 return events;

@@ -1,13 +1,16 @@
 //! Frames exchanged between the maitred lobby and its workers (docs/PROTOCOL.md).
 //!
 //! Pure encoding and decoding: no sockets, no file descriptors. Callers move bytes and
-//! pass descriptors themselves; this crate only says what the bytes mean.
+//! pass descriptors themselves; this crate only says what the bytes mean, where each frame
+//! ends and how much room to make for the next read ([`FrameReader`]).
 
 use std::fmt;
 
+mod frame_reader;
 mod ready;
 mod websocket;
 
+pub use frame_reader::{FrameReader, MOST_ROOM_PER_READ};
 pub use ready::Ready;
 pub use websocket::{WsAccept, WsClosing, WsData, WsOpcode};
 
@@ -486,6 +489,7 @@ impl FileRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     fn sample_request(inline_body: &[u8]) -> Request<'_> {
         Request {
@@ -620,7 +624,7 @@ mod tests {
     }
 
     /// Section 5's frames, each as it is decoded, for comparing runs.
-    #[derive(Debug, PartialEq, Eq)]
+    #[derive(Clone, Debug, PartialEq, Eq)]
     enum Decoded {
         Ready(Ready),
         Accept(Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>),
@@ -648,26 +652,38 @@ mod tests {
         })
     }
 
-    /// Cuts whole frames out of a byte stream as it arrives, as the lobby's channel does.
-    #[derive(Default)]
-    struct Stream {
-        buf: Vec<u8>,
-        decoded: Vec<Decoded>,
-    }
-
-    impl Stream {
-        fn feed(&mut self, bytes: &[u8]) {
-            self.buf.extend_from_slice(bytes);
-            while self.buf.len() >= HEADER_LEN {
-                let header = FrameHeader::decode(self.buf[..HEADER_LEN].try_into().unwrap()).unwrap();
-                let total = HEADER_LEN + header.len as usize;
-                if self.buf.len() < total {
-                    return;
-                }
-                let frame: Vec<u8> = self.buf.drain(..total).collect();
-                self.decoded.push(decode_ws(header, &frame[HEADER_LEN..]).unwrap());
+    /// The frames of a stream that arrives in `reads`, read as the lobby's channel reads them
+    /// (`FrameReader::LOBBY`'s room before each read, `take_frame`), and the bytes left over.
+    fn lobby_reads(reads: &[&[u8]]) -> (Vec<Decoded>, usize) {
+        let mut buf = BytesMut::new();
+        let mut decoded = Vec::new();
+        for read in reads {
+            buf.reserve(FrameReader::LOBBY.room_for_next_read(&buf).unwrap());
+            buf.extend_from_slice(read);
+            while let Some((header, payload)) = FrameReader::take_frame(&mut buf).unwrap() {
+                decoded.push(decode_ws(header, &payload).unwrap());
             }
         }
+        (decoded, buf.len())
+    }
+
+    /// The same, read as the worker reads them: `FrameReader::WORKER`'s room before each read,
+    /// `whole_frame` on the bytes after those consumed.
+    fn worker_reads(reads: &[&[u8]]) -> (Vec<Decoded>, usize) {
+        let mut inbox = Vec::new();
+        let mut consumed = 0;
+        let mut decoded = Vec::new();
+        for read in reads {
+            inbox.drain(..consumed);
+            consumed = 0;
+            inbox.reserve(FrameReader::WORKER.room_for_next_read(&inbox).unwrap());
+            inbox.extend_from_slice(read);
+            while let Some((header, len)) = FrameReader::whole_frame(&inbox[consumed..]).unwrap() {
+                decoded.push(decode_ws(header, &inbox[consumed + HEADER_LEN..consumed + len]).unwrap());
+                consumed += len;
+            }
+        }
+        (decoded, inbox.len() - consumed)
     }
 
     fn ws_stream() -> Vec<u8> {
@@ -712,34 +728,26 @@ mod tests {
     #[test]
     fn websocket_frames_decode_the_same_whole_byte_by_byte_and_split_at_every_offset() {
         let bytes = ws_stream();
-        let mut whole = Stream::default();
-        whole.feed(&bytes);
-        assert!(whole.buf.is_empty());
-        assert_eq!(
-            whole.decoded,
-            vec![
-                Decoded::Ready(Ready { pid: 4242, flags: READY_ASGI }),
-                Decoded::Accept(
-                    b"chat".to_vec(),
-                    vec![(b"Set-Cookie".to_vec(), b"a=b".to_vec()), (b"X-Empty".to_vec(), vec![])]
-                ),
-                Decoded::Data(Kind::WsMessage, WsOpcode::Text, "h\u{e9}llo".as_bytes().to_vec()),
-                Decoded::Data(Kind::WsSend, WsOpcode::Binary, vec![0, 255, 13, 10]),
-                Decoded::Data(Kind::WsSend, WsOpcode::Text, vec![]),
-                Decoded::Closing(Kind::WsClosed, false, 1005, String::new()),
-                Decoded::Closing(Kind::WsClose, true, 1000, "bye \u{2713}".into()),
-            ]
-        );
-        let mut bytewise = Stream::default();
-        for byte in &bytes {
-            bytewise.feed(std::slice::from_ref(byte));
-        }
-        assert_eq!(bytewise.decoded, whole.decoded, "fed byte by byte");
-        for at in 0..=bytes.len() {
-            let mut split = Stream::default();
-            split.feed(&bytes[..at]);
-            split.feed(&bytes[at..]);
-            assert_eq!(split.decoded, whole.decoded, "split at {at}");
+        let expected = vec![
+            Decoded::Ready(Ready { pid: 4242, flags: READY_ASGI }),
+            Decoded::Accept(
+                b"chat".to_vec(),
+                vec![(b"Set-Cookie".to_vec(), b"a=b".to_vec()), (b"X-Empty".to_vec(), vec![])],
+            ),
+            Decoded::Data(Kind::WsMessage, WsOpcode::Text, "h\u{e9}llo".as_bytes().to_vec()),
+            Decoded::Data(Kind::WsSend, WsOpcode::Binary, vec![0, 255, 13, 10]),
+            Decoded::Data(Kind::WsSend, WsOpcode::Text, vec![]),
+            Decoded::Closing(Kind::WsClosed, false, 1005, String::new()),
+            Decoded::Closing(Kind::WsClose, true, 1000, "bye \u{2713}".into()),
+        ];
+        for (end, reads) in [("lobby", lobby_reads as fn(&[&[u8]]) -> _), ("worker", worker_reads)] {
+            assert_eq!(reads(&[&bytes]), (expected.clone(), 0), "the {end} fed it whole");
+            let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
+            assert_eq!(reads(&bytewise), (expected.clone(), 0), "the {end} fed it byte by byte");
+            for at in 0..=bytes.len() {
+                let (first, second) = bytes.split_at(at);
+                assert_eq!(reads(&[first, second]), (expected.clone(), 0), "the {end} fed it split at {at}");
+            }
         }
     }
 

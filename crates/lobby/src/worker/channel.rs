@@ -7,7 +7,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use bytes::{Bytes, BytesMut};
-use maitred_wire::{FrameHeader, HEADER_LEN};
+use maitred_wire::{FrameHeader, FrameReader};
 use tokio::io::unix::AsyncFd;
 
 /// A received frame: its header, its payload, and its descriptor if it carried one.
@@ -55,29 +55,19 @@ impl Channel {
     /// The next whole frame; None at a clean end-of-file between frames.
     pub async fn read_frame(&mut self) -> io::Result<Option<Frame>> {
         loop {
-            if self.buf.len() >= HEADER_LEN {
-                let mut head = [0u8; HEADER_LEN];
-                head.copy_from_slice(&self.buf[..HEADER_LEN]);
-                let header = FrameHeader::decode(&head).map_err(invalid)?;
-                let total = HEADER_LEN + header.len as usize;
-                if self.buf.len() >= total {
-                    let mut frame = self.buf.split_to(total);
-                    let payload = frame.split_off(HEADER_LEN).freeze();
-                    let fd = if header.has_fd() {
-                        Some(
-                            self.fds
-                                .pop_front()
-                                .ok_or_else(|| invalid("a frame announced a descriptor that did not come"))?,
-                        )
-                    } else {
-                        None
-                    };
-                    return Ok(Some(Frame { header, payload, fd }));
-                }
-                self.buf.reserve(total - self.buf.len());
-            } else {
-                self.buf.reserve(16 * 1024);
+            if let Some((header, payload)) = FrameReader::take_frame(&mut self.buf).map_err(invalid)? {
+                let fd = if header.has_fd() {
+                    Some(
+                        self.fds
+                            .pop_front()
+                            .ok_or_else(|| invalid("a frame announced a descriptor that did not come"))?,
+                    )
+                } else {
+                    None
+                };
+                return Ok(Some(Frame { header, payload, fd }));
             }
+            self.buf.reserve(FrameReader::LOBBY.room_for_next_read(&self.buf).map_err(invalid)?);
             if self.fill().await? == 0 {
                 return if self.buf.is_empty() {
                     Ok(None)

@@ -12,7 +12,7 @@ use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
 
 use maitred_shm::{Awaiting, Region, WorkerEnd};
-use maitred_wire::{decode_cancel, FrameHeader, Kind, Request, FLAG_WEBSOCKET, HEADER_LEN};
+use maitred_wire::{decode_cancel, FrameHeader, FrameReader, Kind, Request, FLAG_WEBSOCKET, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -25,10 +25,6 @@ use crate::response::Phase;
 use crate::scope;
 use maitred_sys::fd::wait_readable_either;
 use maitred_sys::fdpass::{recv_into, RecvError};
-
-/// The receive buffer grows by at least this much, so that one `recvmsg` usually takes a
-/// whole request.
-const READ_SIZE: usize = 64 * 1024;
 
 /// An inline body at least this large keeps the buffer it arrived in rather than being copied
 /// out of it.
@@ -68,21 +64,11 @@ pub(super) enum Next {
 }
 
 impl WorkerChannel {
-    /// The header of the first unconsumed frame, once all of it has arrived.
-    fn buffered_header(&self) -> PyResult<Option<FrameHeader>> {
-        let Some(bytes) = self.inbox[self.inbox_start..].first_chunk::<HEADER_LEN>() else {
-            return Ok(None);
-        };
-        let header = FrameHeader::decode(bytes).map_err(|error| channel_error("the lobby sent a bad frame", error))?;
-        Ok(Some(header))
-    }
-
     /// The first unconsumed frame, when all of it has arrived: its header and where it ends.
     pub(super) fn buffered_frame(&self) -> PyResult<Option<(FrameHeader, usize)>> {
-        Ok(self.buffered_header()?.and_then(|header| {
-            let end = self.inbox_start + HEADER_LEN + header.len as usize;
-            (end <= self.inbox.len()).then_some((header, end))
-        }))
+        let frame = FrameReader::whole_frame(&self.inbox[self.inbox_start..])
+            .map_err(|error| channel_error("the lobby sent a bad frame", error))?;
+        Ok(frame.map(|(header, len)| (header, self.inbox_start + len)))
     }
 
     /// Moves the unconsumed bytes to the front of the receive buffer, before reading more.
@@ -202,13 +188,10 @@ impl WorkerChannel {
             .map_err(|error| channel_error("the shared region is corrupt", error))?;
         let Some(taken) = taken else { return Ok(None) };
         self.request_id = taken.id;
-        let header = self
-            .slot_frame
-            .first_chunk::<HEADER_LEN>()
-            .map(FrameHeader::decode)
-            .transpose()
+        let header = FrameReader::whole_frame(&self.slot_frame)
             .map_err(|error| channel_error("the lobby queued a bad frame", error))?
-            .filter(|header| HEADER_LEN + header.len as usize == self.slot_frame.len());
+            .filter(|(_, len)| *len == self.slot_frame.len())
+            .map(|(header, _)| header);
         match header {
             Some(header) if header.kind == Kind::Request && !header.has_fd() => {
                 Ok(Some(FrameAt { header, start: 0, end: self.slot_frame.len(), from_slot: true }))
@@ -270,12 +253,11 @@ impl WorkerChannel {
 
     /// One nonblocking read of what the channel holds.
     pub(super) fn read_available(&mut self) -> PyResult<Received> {
-        let missing = match self.buffered_header()? {
-            Some(header) => (HEADER_LEN + header.len as usize).saturating_sub(self.inbox.len() - self.inbox_start),
-            None => HEADER_LEN,
-        };
+        let room = FrameReader::WORKER
+            .room_for_next_read(&self.inbox[self.inbox_start..])
+            .map_err(|error| channel_error("the lobby sent a bad frame", error))?;
         self.compact();
-        self.inbox.reserve(missing.max(READ_SIZE));
+        self.inbox.reserve(room);
         match recv_into(self.link.fd.as_raw_fd(), &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
             Ok(0) => Ok(Received::Closed),
             Ok(_) => Ok(Received::Bytes),
