@@ -18,6 +18,7 @@ use futures_util::{SinkExt, StreamExt};
 use maitred_protocol::{write_error_response, RequestHead, Version};
 use maitred_wire::FLAG_WEBSOCKET;
 use tokio::time::{sleep_until, timeout, Instant};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -136,7 +137,7 @@ pub(super) fn link_job(job: &mut Job) -> ToWorker {
 }
 
 impl<S: ClientStream> Connection<S> {
-    /// With ASGI workers, whether the request is a WebSocket handshake: its accept key. A bad
+    /// With an ASGI application, whether the request is a WebSocket handshake: its accept key. A bad
     /// one is refused here, before a worker sees it (Err: the connection closes).
     pub(super) async fn websocket_handshake(
         &mut self,
@@ -204,6 +205,11 @@ impl<S: ClientStream> Connection<S> {
     /// Relays messages both ways until the WebSocket closes; says how it ended. The client is
     /// read while a message is being written to it: a client that sends and reads under one
     /// lock (as the `websockets` library does) would otherwise never read what waits for it.
+    ///
+    /// A client that breaks the protocol is failed (RFC 6455, 7.1.7) only once every message
+    /// it sent before the bad frame has reached the worker, and what the worker sends until it
+    /// has heard of the failure has gone out: the client gets the answers to its good messages,
+    /// then the Close.
     async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver) -> Closing {
         let lobby = self.lobby.clone();
         let limits = lobby.settings().websocket;
@@ -220,6 +226,11 @@ impl<S: ClientStream> Connection<S> {
         let mut idle_sink = Some(sink);
         let mut writing: Option<Pin<Box<dyn Future<Output = Written<'_, S>> + '_>>> = None;
         let mut pending: Option<ClientMessage> = None;
+        // Taken when the worker is told how the client side ended (`WS_CLOSED` follows the
+        // messages sent before it).
+        let mut link = Some(link);
+        // The client broke the protocol: the Close it gets, and when it gets it at the latest.
+        let mut failing: Option<(Closing, Instant)> = None;
         let mut heard = Instant::now();
         // A ping is out: when its pong is due.
         let mut pong_due: Option<Instant> = None;
@@ -227,7 +238,15 @@ impl<S: ClientStream> Connection<S> {
         tokio::pin!(going_away);
         // The lobby (or the worker) closes: the code and reason sent, and what the worker hears.
         let (sent, ended) = loop {
+            if let Some((failed, _)) = &failing {
+                if pending.is_none() {
+                    if let Some(link) = link.take() {
+                        link.close(failed.clone());
+                    }
+                }
+            }
             let ping_at = pong_due.unwrap_or(heard + limits.ping_interval);
+            let fail_at = failing.as_ref().map(|(_, at)| *at);
             tokio::select! {
                 biased;
                 (sink, result) = async { writing.as_mut().expect("a write in flight").await }, if writing.is_some() => {
@@ -259,10 +278,12 @@ impl<S: ClientStream> Connection<S> {
                             (sink, result)
                         }));
                     }
-                    Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => {
-                        // The worker has ended: it hears nothing more.
-                        break (Some((code, reason)), closing(code, "the application closed"));
-                    }
+                    // The worker has ended: it hears nothing more. A failed connection closes
+                    // with the failure's code, whatever the worker's.
+                    Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => match failing {
+                        Some((failed, _)) => break (Some((failed.code, failed.reason.clone())), failed),
+                        None => break (Some((code, reason)), closing(code, "the application closed")),
+                    },
                     Some(ResponsePart::WebSocket(WsPart::GoingAway)) => {
                         let reason = "the server is reloading";
                         break (Some((1001, reason.into())), closing(1001, reason));
@@ -273,12 +294,12 @@ impl<S: ClientStream> Connection<S> {
                         break (Some((1011, reason.into())), closing(1011, reason));
                     }
                 },
-                permit = link.messages.reserve(), if pending.is_some() => match permit {
+                permit = async { link.as_ref().expect("a link").messages.reserve().await }, if pending.is_some() && link.is_some() => match permit {
                     Ok(permit) => permit.send(pending.take().expect("a pending message")),
                     // The relay has ended: the worker's last part is on its way.
                     Err(_) => pending = None,
                 },
-                message = stream.next(), if pending.is_none() => {
+                message = stream.next(), if pending.is_none() && failing.is_none() => {
                     heard = Instant::now();
                     match message {
                         Some(Ok(Message::Text(text))) => pending = Some(ClientMessage { text: true, data: text.into() }),
@@ -295,20 +316,22 @@ impl<S: ClientStream> Connection<S> {
                             });
                         }
                         Some(Ok(Message::Frame(_))) => unreachable!("raw frames only come to a writer"),
-                        Some(Err(WsError::Capacity(e))) => {
-                            log::info_limited!("WebSocket of {peer} closed (1009): {e} (--ws-max-size)");
-                            break (Some((1009, "message too big".into())), closing(1009, "message too big"));
-                        }
-                        Some(Err(e @ (WsError::Protocol(_) | WsError::Utf8(_)))) => {
-                            log::info_limited!("WebSocket of {peer} closed (1002): {e}");
-                            break (Some((1002, "protocol error".into())), closing(1002, &e.to_string()));
-                        }
-                        Some(Err(_)) | None => {
-                            break (None, closing(1006, "the connection ended without a Close"));
-                        }
+                        Some(Err(e)) => match failure(&e) {
+                            Some((code, reason)) => {
+                                let hint = if code == 1009 { " (--ws-max-size)" } else { "" };
+                                log::info_limited!("WebSocket of {peer} closed ({code}): {e}{hint}");
+                                failing = Some((closing(code, reason), Instant::now() + CLOSE_WAIT));
+                            }
+                            None => break (None, closing(1006, "the connection ended without a Close")),
+                        },
+                        None => break (None, closing(1006, "the connection ended without a Close")),
                     }
                 },
-                _ = sleep_until(ping_at), if idle_sink.is_some() => {
+                _ = sleep_until(fail_at.unwrap_or(ping_at)), if fail_at.is_some() && idle_sink.is_some() => {
+                    let (failed, _) = failing.take().expect("checked");
+                    break (Some((failed.code, failed.reason.clone())), failed);
+                }
+                _ = sleep_until(ping_at), if idle_sink.is_some() && failing.is_none() => {
                     if pong_due.is_some() {
                         log::info_limited!(
                             "WebSocket of {peer} closed (1011): no pong within --ws-ping-timeout ({} s)",
@@ -329,8 +352,10 @@ impl<S: ClientStream> Connection<S> {
             }
         };
         // The worker gets WS_CLOSED with it, after every message sent before (unless it closed
-        // itself); meanwhile the client gets the lobby's Close.
-        link.close(ended.clone());
+        // itself, or has been told already); meanwhile the client gets the lobby's Close.
+        if let Some(link) = link {
+            link.close(ended.clone());
+        }
         // A message being written finishes first, within the wait for the closing handshake.
         let sink = match (idle_sink, writing) {
             (Some(sink), _) => Some(sink),
@@ -347,6 +372,20 @@ impl<S: ClientStream> Connection<S> {
             }
         }
         ended
+    }
+}
+
+/// The Close for a client's frames that fail the connection (RFC 6455, 7.4.1): 1007 a text
+/// message (or a Close's reason) not UTF-8, 1009 a message over --ws-max-size, 1002 any other
+/// breach of the protocol. None when the connection itself is gone: no Close can be sent, and
+/// the worker hears 1006 (7.1.5). The reason is short: a Close's must fit in 123 bytes.
+fn failure(error: &WsError) -> Option<(u16, &'static str)> {
+    match error {
+        WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
+        WsError::Capacity(_) => Some((1009, "message too big")),
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => None,
+        WsError::Protocol(_) => Some((1002, "protocol error")),
+        _ => None,
     }
 }
 
