@@ -72,22 +72,23 @@ def close_code(payload: bytes) -> int:
 @pytest.mark.parametrize(
     ("ending", "heard"),
     [
-        # RFC 6455, 7.1.5: no Close came, the connection was lost.
+        # RFC 6455, 7.1.5: no Close came, the connection was lost: closed (FIN) or reset (RST).
+        (None, "disconnect 1006"),
         (b"", "disconnect 1006"),
         # A Close without a code: 1005, as ASGI asks (7.1.5 too).
         (client_frame(0x8, b""), "disconnect 1005"),
         (client_frame(0x8, struct.pack("!H", 4001) + b"bye"), "disconnect 4001"),
     ],
-    ids=["tcp-dropped", "close-without-code", "close-4001"],
+    ids=["tcp-closed", "tcp-reset", "close-without-code", "close-4001"],
 )
-def test_the_application_hears_how_its_client_ended(opened: Opened, ending: bytes, heard: str) -> None:
+def test_the_application_hears_how_its_client_ended(opened: Opened, ending: bytes | None, heard: str) -> None:
     opened.sock.sendall(client_frame(0x1, b"hello"))
     assert opened.read_frame() == (0x1, b"hello")
-    if ending:
-        opened.sock.sendall(ending)
-    else:
-        # A reset, not even a FIN's orderly end: the client is gone without a word.
+    if ending == b"":
+        # A reset, not even a FIN's orderly end.
         opened.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    elif ending is not None:
+        opened.sock.sendall(ending)
     opened.sock.close()
     assert disconnects(opened.events) == [heard]
 
