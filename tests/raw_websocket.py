@@ -48,6 +48,12 @@ def read_head(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 def read_frame(sock: socket.socket, buffered: bytearray) -> tuple[int, bytes]:
     """One server frame (unmasked): its opcode and payload."""
+    first, payload = read_frame_bits(sock, buffered)
+    return first & 0x0F, payload
+
+
+def read_frame_bits(sock: socket.socket, buffered: bytearray) -> tuple[int, bytes]:
+    """One server frame (unmasked): its first byte (FIN, RSV1-3 and the opcode) and payload."""
 
     def need(count: int) -> None:
         while len(buffered) < count:
@@ -56,7 +62,7 @@ def read_frame(sock: socket.socket, buffered: bytearray) -> tuple[int, bytes]:
             buffered.extend(chunk)
 
     need(2)
-    opcode, length = buffered[0] & 0x0F, buffered[1] & 0x7F
+    first, length = buffered[0], buffered[1] & 0x7F
     at = 2
     if length == 126:
         need(4)
@@ -69,13 +75,13 @@ def read_frame(sock: socket.socket, buffered: bytearray) -> tuple[int, bytes]:
     need(at + length)
     payload = bytes(buffered[at : at + length])
     del buffered[: at + length]
-    return opcode, payload
+    return first, payload
 
 
-def client_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+def client_frame(opcode: int, payload: bytes, fin: bool = True, rsv1: bool = False) -> bytes:
     """A client's frame, masked as RFC 6455, 5.3 requires (with a zero key, which leaves the
-    payload as it is)."""
-    first = (0x80 if fin else 0) | opcode
+    payload as it is); RSV1 says it is compressed (RFC 7692)."""
+    first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
     if len(payload) < 126:
         head = bytes([first, 0x80 | len(payload)])
     elif len(payload) < 1 << 16:

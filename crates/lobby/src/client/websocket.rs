@@ -25,6 +25,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
+use super::deflate::{Deflate, Inflating, Refused};
 use super::peer::ClientStream;
 use super::states::ConnectionState;
 use super::write::http_date;
@@ -96,13 +97,23 @@ fn is_nonce(key: &[u8]) -> bool {
         && index(&key[21]).is_some_and(|i| i & 0x0f == 0)
 }
 
+/// A handshake the lobby checked: what its `101` will say.
+pub(super) struct Handshake {
+    accept_key: String,
+    /// The permessage-deflate agreed to, with `--ws-per-message-deflate`.
+    deflate: Option<Deflate>,
+}
+
 /// The `101 Switching Protocols` for an accepted WebSocket.
-fn switching_protocols(accept_key: &str, subprotocol: &[u8], headers: &[(Bytes, Bytes)]) -> Vec<u8> {
+fn switching_protocols(handshake: &Handshake, subprotocol: &[u8], headers: &[(Bytes, Bytes)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
     out.extend_from_slice(b"Sec-WebSocket-Accept: ");
-    out.extend_from_slice(accept_key.as_bytes());
+    out.extend_from_slice(handshake.accept_key.as_bytes());
     out.extend_from_slice(b"\r\n");
+    if let Some(deflate) = &handshake.deflate {
+        deflate.response_field(&mut out);
+    }
     if !subprotocol.is_empty() {
         out.extend_from_slice(b"Sec-WebSocket-Protocol: ");
         out.extend_from_slice(subprotocol);
@@ -137,18 +148,21 @@ pub(super) fn link_job(job: &mut Job) -> ToWorker {
 }
 
 impl<S: ClientStream> Connection<S> {
-    /// With an ASGI application, whether the request is a WebSocket handshake: its accept key. A bad
-    /// one is refused here, before a worker sees it (Err: the connection closes).
+    /// With an ASGI application, whether the request is a WebSocket handshake: what its 101
+    /// will say. A bad one is refused here, before a worker sees it (Err: the connection closes).
     pub(super) async fn websocket_handshake(
         &mut self,
         head: &RequestHead,
         body_len: u64,
-    ) -> Result<Option<String>, ()> {
+    ) -> Result<Option<Handshake>, ()> {
         if !self.lobby.websockets.accepted() || !asks_websocket(head) {
             return Ok(None);
         }
         match check_handshake(head, body_len) {
-            Ok(accept_key) => Ok(Some(accept_key)),
+            Ok(accept_key) => {
+                let deflate = self.lobby.settings().websocket.per_message_deflate.then(|| Deflate::negotiate(head));
+                Ok(Some(Handshake { accept_key, deflate: deflate.flatten() }))
+            }
             Err(bad) => {
                 self.refuse_handshake(bad).await;
                 Err(())
@@ -174,7 +188,7 @@ impl<S: ClientStream> Connection<S> {
     /// session runs until the WebSocket closes. Returns the status for the access log.
     pub(super) async fn websocket(
         &mut self,
-        accept_key: &str,
+        handshake: &Handshake,
         first: WsPart,
         link: ToWorker,
         responses: &AnswerReceiver,
@@ -193,11 +207,11 @@ impl<S: ClientStream> Connection<S> {
             }
         };
         self.mark.set(ConnectionState::WebSocket);
-        if self.write_all(&switching_protocols(accept_key, &subprotocol, &headers)).await.is_err() {
+        if self.write_all(&switching_protocols(handshake, &subprotocol, &headers)).await.is_err() {
             link.close(closing(1006, "the client left before the 101 was written"));
             return 101;
         }
-        let ended = self.session(link, responses).await;
+        let ended = self.session(link, responses, handshake.deflate).await;
         debug!("WebSocket of {} closed ({}: {})", self.peer.display(), ended.code, ended.reason);
         101
     }
@@ -210,7 +224,7 @@ impl<S: ClientStream> Connection<S> {
     /// it sent before the bad frame has reached the worker, and what the worker sends until it
     /// has heard of the failure has gone out: the client gets the answers to its good messages,
     /// then the Close.
-    async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver) -> Closing {
+    async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver, deflate: Option<Deflate>) -> Closing {
         let lobby = self.lobby.clone();
         let limits = lobby.settings().websocket;
         let send_timeout = lobby.settings().send_timeout;
@@ -219,7 +233,8 @@ impl<S: ClientStream> Connection<S> {
             WebSocketConfig::default().max_message_size(Some(limits.max_size)).max_frame_size(Some(limits.max_size));
         // What the client sent right after its handshake is the WebSocket's first bytes.
         let early = std::mem::take(&mut self.buf).to_vec();
-        let ws = WebSocketStream::from_partially_read(&mut self.stream, early, Role::Server, Some(config)).await;
+        let (stream, early) = Inflating::new(&mut self.stream, deflate, early, limits.max_size);
+        let ws = WebSocketStream::from_partially_read(stream, early, Role::Server, Some(config)).await;
         let (sink, mut stream) = ws.split();
         // The writing half, while no message is being written; the message being written owns it
         // meanwhile, and gives it back.
@@ -266,11 +281,11 @@ impl<S: ClientStream> Connection<S> {
                 }
                 part = responses.recv(), if idle_sink.is_some() => match part {
                     Some(ResponsePart::WebSocket(WsPart::Send { text, data })) => {
-                        let message = if text {
+                        let message = match &deflate {
+                            Some(deflate) => Message::Frame(deflate.compressed_frame(text, &data)),
                             // The relay checked it (WsData::decode_payload).
-                            Message::Text(Utf8Bytes::try_from(data).expect("checked UTF-8"))
-                        } else {
-                            Message::Binary(data)
+                            None if text => Message::Text(Utf8Bytes::try_from(data).expect("checked UTF-8")),
+                            None => Message::Binary(data),
                         };
                         let mut sink = idle_sink.take().expect("checked");
                         writing = Some(Box::pin(async move {
@@ -376,13 +391,18 @@ impl<S: ClientStream> Connection<S> {
 }
 
 /// The Close for a client's frames that fail the connection (RFC 6455, 7.4.1): 1007 a text
-/// message (or a Close's reason) not UTF-8, 1009 a message over --ws-max-size, 1002 any other
-/// breach of the protocol. None when the connection itself is gone: no Close can be sent, and
-/// the worker hears 1006 (7.1.5). The reason is short: a Close's must fit in 123 bytes.
+/// message (or a Close's reason) not UTF-8, 1009 a message over --ws-max-size (inflated, when
+/// compressed), 1002 any other breach of the protocol (or of RFC 7692). None when the
+/// connection itself is gone: no Close can be sent, and the worker hears 1006 (7.1.5). The
+/// reason is short: a Close's must fit in 123 bytes.
 fn failure(error: &WsError) -> Option<(u16, &'static str)> {
     match error {
         WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
         WsError::Capacity(_) => Some((1009, "message too big")),
+        WsError::Io(e) => match Refused::of(e)? {
+            Refused::TooBig => Some((1009, "message too big")),
+            Refused::Broken(_) => Some((1002, "protocol error")),
+        },
         WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => None,
         WsError::Protocol(_) => Some((1002, "protocol error")),
         _ => None,
@@ -390,11 +410,13 @@ fn failure(error: &WsError) -> Option<(u16, &'static str)> {
 }
 
 /// What writing one message to the client gives back: the writing half, and how it went.
-type Written<'a, S> =
-    (SplitSink<WebSocketStream<&'a mut S>, Message>, Result<Result<(), WsError>, tokio::time::error::Elapsed>);
+type Written<'a, S> = (
+    SplitSink<WebSocketStream<Inflating<&'a mut S>>, Message>,
+    Result<Result<(), WsError>, tokio::time::error::Elapsed>,
+);
 
 /// Sends a Close and waits, within `CLOSE_WAIT`, for the client's.
-async fn close<S: ClientStream>(ws: &mut WebSocketStream<&mut S>, code: u16, reason: &str) {
+async fn close<S: ClientStream>(ws: &mut WebSocketStream<Inflating<&mut S>>, code: u16, reason: &str) {
     let frame = CloseFrame { code: CloseCode::from(code), reason: reason.into() };
     if ws.close(Some(frame)).await.is_err() {
         return;
