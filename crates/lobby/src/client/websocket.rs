@@ -297,7 +297,7 @@ impl<S: ClientStream> Connection<S> {
                     // with the failure's code, whatever the worker's.
                     Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => match failing {
                         Some((failed, _)) => break (Some((failed.code, failed.reason.clone())), failed),
-                        None => break (Some((code, reason)), closing(code, "the application closed")),
+                        None => break (Some(wire_close(&peer, code, reason)), closing(code, "the application closed")),
                     },
                     Some(ResponsePart::WebSocket(WsPart::GoingAway)) => {
                         let reason = "the server is reloading";
@@ -390,6 +390,28 @@ impl<S: ClientStream> Connection<S> {
     }
 }
 
+/// The application's close code and reason as a Close may carry them (RFC 6455, 5.5 and 7.4):
+/// a code no Close may carry (1005, 1006, 1015, one below 1000 or unassigned) becomes 1011, and a
+/// reason past 123 bytes is cut at a character's end; each with a log line.
+fn wire_close(peer: &str, code: u16, reason: String) -> (u16, String) {
+    const MAX_REASON: usize = 123;
+    if !CloseCode::from(code).is_allowed() {
+        log::info_limited!(
+            "WebSocket of {peer}: the application closed with {code}, which no Close may carry; sent 1011"
+        );
+        return (1011, String::new());
+    }
+    if reason.len() <= MAX_REASON {
+        return (code, reason);
+    }
+    log::info_limited!(
+        "WebSocket of {peer}: the application's close reason is {} bytes; sent its first {MAX_REASON} at most",
+        reason.len()
+    );
+    let end = (0..=MAX_REASON).rev().find(|&at| reason.is_char_boundary(at)).unwrap_or(0);
+    (code, reason[..end].to_string())
+}
+
 /// The Close for a client's frames that fail the connection (RFC 6455, 7.4.1): 1007 a text
 /// message (or a Close's reason) not UTF-8, 1009 a message over --ws-max-size (inflated, when
 /// compressed), 1002 any other breach of the protocol (or of RFC 7692). None when the
@@ -460,6 +482,17 @@ mod tests {
         // RFC 6455, 1.3.
         assert_eq!(check_handshake(&head("GET", GOOD), 0).ok().as_deref(), Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
         assert!(!asks_websocket(&head("GET", &[("Upgrade", "h2c")])));
+    }
+
+    #[test]
+    fn an_applications_close_is_sent_as_a_close_may_carry_it() {
+        assert_eq!(wire_close("p", 4000, "asked to".into()), (4000, "asked to".into()));
+        for code in [999, 1005, 1006, 1015, 1016, 2999] {
+            assert_eq!(wire_close("p", code, "x".into()), (1011, String::new()), "{code}");
+        }
+        let long = "é".repeat(100);
+        let (code, reason) = wire_close("p", 1000, long);
+        assert_eq!((code, reason.len()), (1000, 122));
     }
 
     #[test]
