@@ -256,6 +256,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "ws_max_size": 16 << 20,
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 20.0,
+        "ws_per_message_deflate": True,
         "websocket_seats": None,
         "max_requests": 0,
         "max_requests_jitter": 0,

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group
+from raw_websocket import ACCEPT, GOOD, client_frame, raw_handshake, read_frame, read_head
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -39,10 +40,6 @@ STUB = maitred_stub()
 pytestmark = pytest.mark.skipif(
     not STUB.exists(), reason=f"{STUB} is not built (cargo build --release -p maitred-stub)"
 )
-
-# A handshake as RFC 6455, 1.3 shows it.
-KEY = "dGhlIHNhbXBsZSBub25jZQ=="
-ACCEPT = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
 
 
 @dataclass
@@ -107,64 +104,6 @@ def start_stub(tmp_path: Path) -> Iterator:
     for stub in started:
         kill_group(stub.process.pid)
         stub.process.wait()
-
-
-def raw_handshake(
-    port: int, headers: dict[str, str], method: str = "GET", version: str = "HTTP/1.1", target: str = "/ws"
-) -> socket.socket:
-    sock = socket.create_connection((HOST, port), timeout=10)
-    lines = [
-        f"{method} {target} {version}",
-        f"Host: {HOST}:{port}",
-        *(f"{name}: {value}" for name, value in headers.items()),
-    ]
-    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-    return sock
-
-
-GOOD = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": KEY}
-
-
-def read_head(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """The response head's status and fields, and the bytes read past it."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        assert chunk, f"the connection closed inside a head: {data!r}"
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    fields = {}
-    for line in lines:
-        name, value = line.split(":", 1)
-        fields[name.strip().lower()] = value.strip()
-    return int(status_line.split()[1]), fields, rest
-
-
-def read_frame(sock: socket.socket, buffered: bytearray) -> tuple[int, bytes]:
-    """One server frame (unmasked): its opcode and payload."""
-
-    def need(count: int) -> None:
-        while len(buffered) < count:
-            chunk = sock.recv(4096)
-            assert chunk, "the connection closed inside a frame"
-            buffered.extend(chunk)
-
-    need(2)
-    opcode, length = buffered[0] & 0x0F, buffered[1] & 0x7F
-    at = 2
-    if length == 126:
-        need(4)
-        (length,) = struct.unpack("!H", buffered[2:4])
-        at = 4
-    elif length == 127:
-        need(10)
-        (length,) = struct.unpack("!Q", buffered[2:10])
-        at = 10
-    need(at + length)
-    payload = bytes(buffered[at : at + length])
-    del buffered[: at + length]
-    return opcode, payload
 
 
 def read_to_end(sock: socket.socket, rest: bytes) -> bytes:
@@ -326,9 +265,9 @@ def test_a_slow_reader_that_leaves_while_paused_frees_its_seat_and_the_stop(star
     sock = raw_handshake(stub.port, GOOD)
     status, _, _ = read_head(sock)
     assert status == 101
-    # Masked binary frames (a zero masking key leaves the payload as it is), never read back.
+    # Binary frames, never read back.
     payload = os.urandom(100 * 1024)
-    frame = bytes([0x82, 0x80 | 127]) + struct.pack("!Q", len(payload)) + b"\0\0\0\0" + payload
+    frame = client_frame(0x2, payload)
 
     def send_all() -> None:
         try:

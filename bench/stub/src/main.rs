@@ -155,6 +155,7 @@ impl Options {
                 max_size: 16 << 20,
                 ping_interval: Duration::from_secs(20),
                 ping_timeout: Duration::from_secs(20),
+                per_message_deflate: true,
                 seats: None,
             },
             access_logfile: None,

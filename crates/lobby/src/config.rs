@@ -106,7 +106,8 @@ pub struct Config {
     pub websocket: WebSocketLimits,
 }
 
-/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout` and `--websocket-seats`.
+/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`, `--ws-per-message-deflate` and
+/// `--websocket-seats`.
 #[derive(Clone, Copy, Debug)]
 pub struct WebSocketLimits {
     /// The largest message, either way; a larger one from the client closes with 1009.
@@ -115,6 +116,8 @@ pub struct WebSocketLimits {
     pub ping_interval: Duration,
     /// How long the lobby waits for the pong before it closes with 1011.
     pub ping_timeout: Duration,
+    /// Whether a client's permessage-deflate offer is taken (RFC 7692).
+    pub per_message_deflate: bool,
     /// Seats of one worker that may hold a WebSocket; None: half its seats, at least one.
     pub seats: Option<usize>,
 }

@@ -203,6 +203,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             max_size: required(settings, "ws_max_size")?,
             ping_interval: seconds(settings, "ws_ping_interval")?,
             ping_timeout: seconds(settings, "ws_ping_timeout")?,
+            per_message_deflate: required(settings, "ws_per_message_deflate")?,
             seats: optional(settings, "websocket_seats")?,
         },
         tls: tls_settings(settings)?,

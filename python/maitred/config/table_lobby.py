@@ -1,5 +1,6 @@
 """The settings table's rows whose values the lobby receives (`for_lobby`): listening, workers,
-requests, websockets, proxies and logging, in --help's order. table.py puts them first.
+requests, proxies and logging, in --help's order (WebSockets' are in table_websockets.py, TLS's in
+table_tls.py). table.py puts them first.
 
 May import: setting.py and values.py (and maitred.log, for the level names).
 """
@@ -363,48 +364,6 @@ ROWS: tuple[Setting, ...] = (
         _whole_number(0, WIRE_LIMIT),
         8190,
         "Longest header field (name and value) accepted (0: no limit beyond the 64 KiB head ceiling).",
-    ),
-    Setting(
-        "websockets",
-        "ws_max_size",
-        ("--ws-max-size",),
-        "BYTES",
-        # WS_MESSAGE and WS_SEND carry a whole message, up to 64 MiB (docs/PROTOCOL.md, section 5).
-        _whole_number(1, 64 << 20),
-        16 << 20,
-        "Largest WebSocket message, either way (uvicorn's name and default); a larger one from the client "
-        "closes its WebSocket with 1009. ASGI workers only (docs/PROTOCOL.md, WebSockets).",
-    ),
-    Setting(
-        "websockets",
-        "ws_ping_interval",
-        ("--ws-ping-interval",),
-        "SECONDS",
-        seconds(allow_zero=False),
-        20.0,
-        "A WebSocket whose client has sent nothing for this long is pinged (uvicorn's name and default).",
-    ),
-    Setting(
-        "websockets",
-        "ws_ping_timeout",
-        ("--ws-ping-timeout",),
-        "SECONDS",
-        seconds(allow_zero=False),
-        20.0,
-        "A WebSocket whose client has not answered a ping within this is closed with 1011 (uvicorn's name and "
-        "default).",
-    ),
-    Setting(
-        "websockets",
-        "websocket_seats",
-        ("--websocket-seats",),
-        "INT",
-        _whole_number(1, 64),
-        None,
-        "Seats of each worker that may hold an open WebSocket, which takes its seat for its life; further "
-        "handshakes wait in a queue of their own, under --queue-timeout, so that WebSockets never starve HTTP "
-        "requests (docs/TUNING.md, WebSockets).",
-        default_text="half the worker's seats, at least 1",
     ),
     Setting(
         "proxies",

@@ -338,6 +338,26 @@ def one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+_TRUTHS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _boolean(text: str) -> bool:
+    """true or false (1, yes, on; 0, no, off), in any case, as uvicorn's boolean flags take them."""
+    truth = _TRUTHS.get(text.lower())
+    if truth is None:
+        raise ValueError(f"expected true or false, got {text!r}")
+    return truth
+
+
+def _boolean_value(value: object) -> bool:
+    """A config file's boolean: True or False, or the command line's words for them."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _boolean(value)
+    raise ValueError(f"expected True or False, got {value!r}")
+
+
 PROXY_PROTOCOL_MODES = ("off", "v1", "v2", "auto")
 
 _proxy_protocol = one_of(*PROXY_PROTOCOL_MODES)

@@ -14,6 +14,7 @@
 
 pub(crate) mod asleep;
 pub(crate) mod certificates;
+mod deflate;
 mod encrypted;
 pub(crate) mod handshake;
 pub(crate) mod heads;

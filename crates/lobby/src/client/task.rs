@@ -292,10 +292,10 @@ impl<S: ClientStream> Connection<S> {
                 // --graceful-timeout.
                 None => return Ok(false),
             };
-            if let (ResponsePart::WebSocket(first), Some(accept_key)) = (&part, &websocket) {
+            if let (ResponsePart::WebSocket(first), Some(handshake)) = (&part, &websocket) {
                 let link = to_worker.take().expect("a WebSocket job has its link");
                 let ResponsePart::WebSocket(first) = part else { unreachable!("matched above: {first:?}") };
-                let status = Box::pin(self.websocket(accept_key, first, link, &responses)).await;
+                let status = Box::pin(self.websocket(handshake, first, link, &responses)).await;
                 // One line per WebSocket, when it ends: its time is the WebSocket's life.
                 answer.status = status;
                 self.lobby.metrics.answered(status);

@@ -18,12 +18,14 @@ use futures_util::{SinkExt, StreamExt};
 use maitred_protocol::{write_error_response, RequestHead, Version};
 use maitred_wire::FLAG_WEBSOCKET;
 use tokio::time::{sleep_until, timeout, Instant};
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
+use super::deflate::{Deflate, Inflating, Refused};
 use super::peer::ClientStream;
 use super::states::ConnectionState;
 use super::write::http_date;
@@ -95,13 +97,23 @@ fn is_nonce(key: &[u8]) -> bool {
         && index(&key[21]).is_some_and(|i| i & 0x0f == 0)
 }
 
+/// A handshake the lobby checked: what its `101` will say.
+pub(super) struct Handshake {
+    accept_key: String,
+    /// The permessage-deflate agreed to, with `--ws-per-message-deflate`.
+    deflate: Option<Deflate>,
+}
+
 /// The `101 Switching Protocols` for an accepted WebSocket.
-fn switching_protocols(accept_key: &str, subprotocol: &[u8], headers: &[(Bytes, Bytes)]) -> Vec<u8> {
+fn switching_protocols(handshake: &Handshake, subprotocol: &[u8], headers: &[(Bytes, Bytes)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n");
     out.extend_from_slice(b"Sec-WebSocket-Accept: ");
-    out.extend_from_slice(accept_key.as_bytes());
+    out.extend_from_slice(handshake.accept_key.as_bytes());
     out.extend_from_slice(b"\r\n");
+    if let Some(deflate) = &handshake.deflate {
+        deflate.response_field(&mut out);
+    }
     if !subprotocol.is_empty() {
         out.extend_from_slice(b"Sec-WebSocket-Protocol: ");
         out.extend_from_slice(subprotocol);
@@ -136,18 +148,21 @@ pub(super) fn link_job(job: &mut Job) -> ToWorker {
 }
 
 impl<S: ClientStream> Connection<S> {
-    /// With ASGI workers, whether the request is a WebSocket handshake: its accept key. A bad
-    /// one is refused here, before a worker sees it (Err: the connection closes).
+    /// With an ASGI application, whether the request is a WebSocket handshake: what its 101
+    /// will say. A bad one is refused here, before a worker sees it (Err: the connection closes).
     pub(super) async fn websocket_handshake(
         &mut self,
         head: &RequestHead,
         body_len: u64,
-    ) -> Result<Option<String>, ()> {
+    ) -> Result<Option<Handshake>, ()> {
         if !self.lobby.websockets.accepted() || !asks_websocket(head) {
             return Ok(None);
         }
         match check_handshake(head, body_len) {
-            Ok(accept_key) => Ok(Some(accept_key)),
+            Ok(accept_key) => {
+                let deflate = self.lobby.settings().websocket.per_message_deflate.then(|| Deflate::negotiate(head));
+                Ok(Some(Handshake { accept_key, deflate: deflate.flatten() }))
+            }
             Err(bad) => {
                 self.refuse_handshake(bad).await;
                 Err(())
@@ -173,7 +188,7 @@ impl<S: ClientStream> Connection<S> {
     /// session runs until the WebSocket closes. Returns the status for the access log.
     pub(super) async fn websocket(
         &mut self,
-        accept_key: &str,
+        handshake: &Handshake,
         first: WsPart,
         link: ToWorker,
         responses: &AnswerReceiver,
@@ -192,11 +207,11 @@ impl<S: ClientStream> Connection<S> {
             }
         };
         self.mark.set(ConnectionState::WebSocket);
-        if self.write_all(&switching_protocols(accept_key, &subprotocol, &headers)).await.is_err() {
+        if self.write_all(&switching_protocols(handshake, &subprotocol, &headers)).await.is_err() {
             link.close(closing(1006, "the client left before the 101 was written"));
             return 101;
         }
-        let ended = self.session(link, responses).await;
+        let ended = self.session(link, responses, handshake.deflate).await;
         debug!("WebSocket of {} closed ({}: {})", self.peer.display(), ended.code, ended.reason);
         101
     }
@@ -204,7 +219,12 @@ impl<S: ClientStream> Connection<S> {
     /// Relays messages both ways until the WebSocket closes; says how it ended. The client is
     /// read while a message is being written to it: a client that sends and reads under one
     /// lock (as the `websockets` library does) would otherwise never read what waits for it.
-    async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver) -> Closing {
+    ///
+    /// A client that breaks the protocol is failed (RFC 6455, 7.1.7) only once every message
+    /// it sent before the bad frame has reached the worker, and what the worker sends until it
+    /// has heard of the failure has gone out: the client gets the answers to its good messages,
+    /// then the Close.
+    async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver, deflate: Option<Deflate>) -> Closing {
         let lobby = self.lobby.clone();
         let limits = lobby.settings().websocket;
         let send_timeout = lobby.settings().send_timeout;
@@ -213,13 +233,19 @@ impl<S: ClientStream> Connection<S> {
             WebSocketConfig::default().max_message_size(Some(limits.max_size)).max_frame_size(Some(limits.max_size));
         // What the client sent right after its handshake is the WebSocket's first bytes.
         let early = std::mem::take(&mut self.buf).to_vec();
-        let ws = WebSocketStream::from_partially_read(&mut self.stream, early, Role::Server, Some(config)).await;
+        let (stream, early) = Inflating::new(&mut self.stream, deflate, early, limits.max_size);
+        let ws = WebSocketStream::from_partially_read(stream, early, Role::Server, Some(config)).await;
         let (sink, mut stream) = ws.split();
         // The writing half, while no message is being written; the message being written owns it
         // meanwhile, and gives it back.
         let mut idle_sink = Some(sink);
         let mut writing: Option<Pin<Box<dyn Future<Output = Written<'_, S>> + '_>>> = None;
         let mut pending: Option<ClientMessage> = None;
+        // Taken when the worker is told how the client side ended (`WS_CLOSED` follows the
+        // messages sent before it).
+        let mut link = Some(link);
+        // The client broke the protocol: the Close it gets, and when it gets it at the latest.
+        let mut failing: Option<(Closing, Instant)> = None;
         let mut heard = Instant::now();
         // A ping is out: when its pong is due.
         let mut pong_due: Option<Instant> = None;
@@ -227,7 +253,15 @@ impl<S: ClientStream> Connection<S> {
         tokio::pin!(going_away);
         // The lobby (or the worker) closes: the code and reason sent, and what the worker hears.
         let (sent, ended) = loop {
+            if let Some((failed, _)) = &failing {
+                if pending.is_none() {
+                    if let Some(link) = link.take() {
+                        link.close(failed.clone());
+                    }
+                }
+            }
             let ping_at = pong_due.unwrap_or(heard + limits.ping_interval);
+            let fail_at = failing.as_ref().map(|(_, at)| *at);
             tokio::select! {
                 biased;
                 (sink, result) = async { writing.as_mut().expect("a write in flight").await }, if writing.is_some() => {
@@ -247,11 +281,11 @@ impl<S: ClientStream> Connection<S> {
                 }
                 part = responses.recv(), if idle_sink.is_some() => match part {
                     Some(ResponsePart::WebSocket(WsPart::Send { text, data })) => {
-                        let message = if text {
+                        let message = match &deflate {
+                            Some(deflate) => Message::Frame(deflate.compressed_frame(text, &data)),
                             // The relay checked it (WsData::decode_payload).
-                            Message::Text(Utf8Bytes::try_from(data).expect("checked UTF-8"))
-                        } else {
-                            Message::Binary(data)
+                            None if text => Message::Text(Utf8Bytes::try_from(data).expect("checked UTF-8")),
+                            None => Message::Binary(data),
                         };
                         let mut sink = idle_sink.take().expect("checked");
                         writing = Some(Box::pin(async move {
@@ -259,10 +293,12 @@ impl<S: ClientStream> Connection<S> {
                             (sink, result)
                         }));
                     }
-                    Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => {
-                        // The worker has ended: it hears nothing more.
-                        break (Some((code, reason)), closing(code, "the application closed"));
-                    }
+                    // The worker has ended: it hears nothing more. A failed connection closes
+                    // with the failure's code, whatever the worker's.
+                    Some(ResponsePart::WebSocket(WsPart::Close { code, reason })) => match failing {
+                        Some((failed, _)) => break (Some((failed.code, failed.reason.clone())), failed),
+                        None => break (Some(wire_close(&peer, code, reason)), closing(code, "the application closed")),
+                    },
                     Some(ResponsePart::WebSocket(WsPart::GoingAway)) => {
                         let reason = "the server is reloading";
                         break (Some((1001, reason.into())), closing(1001, reason));
@@ -273,12 +309,12 @@ impl<S: ClientStream> Connection<S> {
                         break (Some((1011, reason.into())), closing(1011, reason));
                     }
                 },
-                permit = link.messages.reserve(), if pending.is_some() => match permit {
+                permit = async { link.as_ref().expect("a link").messages.reserve().await }, if pending.is_some() && link.is_some() => match permit {
                     Ok(permit) => permit.send(pending.take().expect("a pending message")),
                     // The relay has ended: the worker's last part is on its way.
                     Err(_) => pending = None,
                 },
-                message = stream.next(), if pending.is_none() => {
+                message = stream.next(), if pending.is_none() && failing.is_none() => {
                     heard = Instant::now();
                     match message {
                         Some(Ok(Message::Text(text))) => pending = Some(ClientMessage { text: true, data: text.into() }),
@@ -295,20 +331,22 @@ impl<S: ClientStream> Connection<S> {
                             });
                         }
                         Some(Ok(Message::Frame(_))) => unreachable!("raw frames only come to a writer"),
-                        Some(Err(WsError::Capacity(e))) => {
-                            log::info_limited!("WebSocket of {peer} closed (1009): {e} (--ws-max-size)");
-                            break (Some((1009, "message too big".into())), closing(1009, "message too big"));
-                        }
-                        Some(Err(e @ (WsError::Protocol(_) | WsError::Utf8(_)))) => {
-                            log::info_limited!("WebSocket of {peer} closed (1002): {e}");
-                            break (Some((1002, "protocol error".into())), closing(1002, &e.to_string()));
-                        }
-                        Some(Err(_)) | None => {
-                            break (None, closing(1006, "the connection ended without a Close"));
-                        }
+                        Some(Err(e)) => match failure(&e) {
+                            Some((code, reason)) => {
+                                let hint = if code == 1009 { " (--ws-max-size)" } else { "" };
+                                log::info_limited!("WebSocket of {peer} closed ({code}): {e}{hint}");
+                                failing = Some((closing(code, reason), Instant::now() + CLOSE_WAIT));
+                            }
+                            None => break (None, closing(1006, "the connection ended without a Close")),
+                        },
+                        None => break (None, closing(1006, "the connection ended without a Close")),
                     }
                 },
-                _ = sleep_until(ping_at), if idle_sink.is_some() => {
+                _ = sleep_until(fail_at.unwrap_or(ping_at)), if fail_at.is_some() && idle_sink.is_some() => {
+                    let (failed, _) = failing.take().expect("checked");
+                    break (Some((failed.code, failed.reason.clone())), failed);
+                }
+                _ = sleep_until(ping_at), if idle_sink.is_some() && failing.is_none() => {
                     if pong_due.is_some() {
                         log::info_limited!(
                             "WebSocket of {peer} closed (1011): no pong within --ws-ping-timeout ({} s)",
@@ -329,8 +367,10 @@ impl<S: ClientStream> Connection<S> {
             }
         };
         // The worker gets WS_CLOSED with it, after every message sent before (unless it closed
-        // itself); meanwhile the client gets the lobby's Close.
-        link.close(ended.clone());
+        // itself, or has been told already); meanwhile the client gets the lobby's Close.
+        if let Some(link) = link {
+            link.close(ended.clone());
+        }
         // A message being written finishes first, within the wait for the closing handshake.
         let sink = match (idle_sink, writing) {
             (Some(sink), _) => Some(sink),
@@ -350,12 +390,55 @@ impl<S: ClientStream> Connection<S> {
     }
 }
 
+/// The application's close code and reason as a Close may carry them (RFC 6455, 5.5 and 7.4):
+/// a code no Close may carry (1005, 1006, 1015, one below 1000 or unassigned) becomes 1011, and a
+/// reason past 123 bytes is cut at a character's end; each with a log line.
+fn wire_close(peer: &str, code: u16, reason: String) -> (u16, String) {
+    const MAX_REASON: usize = 123;
+    if !CloseCode::from(code).is_allowed() {
+        log::info_limited!(
+            "WebSocket of {peer}: the application closed with {code}, which no Close may carry; sent 1011"
+        );
+        return (1011, String::new());
+    }
+    if reason.len() <= MAX_REASON {
+        return (code, reason);
+    }
+    log::info_limited!(
+        "WebSocket of {peer}: the application's close reason is {} bytes; sent its first {MAX_REASON} at most",
+        reason.len()
+    );
+    let end = (0..=MAX_REASON).rev().find(|&at| reason.is_char_boundary(at)).unwrap_or(0);
+    (code, reason[..end].to_string())
+}
+
+/// The Close for a client's frames that fail the connection (RFC 6455, 7.4.1): 1007 a text
+/// message (or a Close's reason) not UTF-8, 1009 a message over --ws-max-size (inflated, when
+/// compressed), 1002 any other breach of the protocol (or of RFC 7692). None when the
+/// connection itself is gone: no Close can be sent, and the worker hears 1006 (7.1.5). The
+/// reason is short: a Close's must fit in 123 bytes.
+fn failure(error: &WsError) -> Option<(u16, &'static str)> {
+    match error {
+        WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
+        WsError::Capacity(_) => Some((1009, "message too big")),
+        WsError::Io(e) => match Refused::of(e)? {
+            Refused::TooBig => Some((1009, "message too big")),
+            Refused::Broken(_) => Some((1002, "protocol error")),
+        },
+        WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => None,
+        WsError::Protocol(_) => Some((1002, "protocol error")),
+        _ => None,
+    }
+}
+
 /// What writing one message to the client gives back: the writing half, and how it went.
-type Written<'a, S> =
-    (SplitSink<WebSocketStream<&'a mut S>, Message>, Result<Result<(), WsError>, tokio::time::error::Elapsed>);
+type Written<'a, S> = (
+    SplitSink<WebSocketStream<Inflating<&'a mut S>>, Message>,
+    Result<Result<(), WsError>, tokio::time::error::Elapsed>,
+);
 
 /// Sends a Close and waits, within `CLOSE_WAIT`, for the client's.
-async fn close<S: ClientStream>(ws: &mut WebSocketStream<&mut S>, code: u16, reason: &str) {
+async fn close<S: ClientStream>(ws: &mut WebSocketStream<Inflating<&mut S>>, code: u16, reason: &str) {
     let frame = CloseFrame { code: CloseCode::from(code), reason: reason.into() };
     if ws.close(Some(frame)).await.is_err() {
         return;
@@ -399,6 +482,17 @@ mod tests {
         // RFC 6455, 1.3.
         assert_eq!(check_handshake(&head("GET", GOOD), 0).ok().as_deref(), Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
         assert!(!asks_websocket(&head("GET", &[("Upgrade", "h2c")])));
+    }
+
+    #[test]
+    fn an_applications_close_is_sent_as_a_close_may_carry_it() {
+        assert_eq!(wire_close("p", 4000, "asked to".into()), (4000, "asked to".into()));
+        for code in [999, 1005, 1006, 1015, 1016, 2999] {
+            assert_eq!(wire_close("p", code, "x".into()), (1011, String::new()), "{code}");
+        }
+        let long = "é".repeat(100);
+        let (code, reason) = wire_close("p", 1000, long);
+        assert_eq!((code, reason.len()), (1000, 122));
     }
 
     #[test]

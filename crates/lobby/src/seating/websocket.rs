@@ -11,9 +11,12 @@ use tokio::sync::{mpsc, watch};
 
 /// What the lobby knows of WebSockets as a whole.
 pub struct WebSockets {
-    /// Workers serving now that said `READY_ASGI`: only while there is one are `Upgrade:
-    /// websocket` requests WebSockets.
-    asgi_workers: Cell<usize>,
+    /// The application is ASGI: its workers said `READY_ASGI` at the start, before the lobby
+    /// accepted a connection. From then on every `Upgrade: websocket` request is a WebSocket,
+    /// which waits for a seat as any request does, also while no worker is up (a replacement,
+    /// a reload). The interface never changes after: a worker of the other one fails to boot
+    /// (docs/ASGI.md, "Which interface").
+    asgi: Cell<bool>,
     /// WebSockets accepted and not yet closed by their workers (`maitred_websockets_open`).
     open: watch::Sender<usize>,
     /// Turns true when a stop's --graceful-timeout has passed: every open WebSocket closes with
@@ -23,21 +26,20 @@ pub struct WebSockets {
 
 impl Default for WebSockets {
     fn default() -> WebSockets {
-        WebSockets { asgi_workers: Cell::new(0), open: watch::Sender::new(0), going_away: watch::Sender::new(false) }
+        WebSockets { asgi: Cell::new(false), open: watch::Sender::new(0), going_away: watch::Sender::new(false) }
     }
 }
 
 impl WebSockets {
-    /// Whether an `Upgrade: websocket` request is a WebSocket: some worker serving now takes
-    /// them.
+    /// Whether an `Upgrade: websocket` request is a WebSocket: the application is ASGI. A WSGI
+    /// application gets it as a plain request, as gunicorn and uvicorn's WSGI interface pass it.
     pub fn accepted(&self) -> bool {
-        self.asgi_workers.get() > 0
+        self.asgi.get()
     }
 
-    /// An ASGI worker serves from now on, until the guard is dropped.
-    pub fn asgi_worker(self: &Rc<Self>) -> AsgiWorker {
-        self.asgi_workers.set(self.asgi_workers.get() + 1);
-        AsgiWorker(self.clone())
+    /// A worker said `READY_ASGI`: the application is ASGI.
+    pub fn asgi_application(&self) {
+        self.asgi.set(true);
     }
 
     /// WebSockets open now.
@@ -69,15 +71,6 @@ impl WebSockets {
         let mut going = self.going_away.subscribe();
         // The sender lives as long as `self`.
         let _ = going.wait_for(|going| *going).await;
-    }
-}
-
-/// An ASGI worker's place in `WebSockets::accepted`.
-pub struct AsgiWorker(Rc<WebSockets>);
-
-impl Drop for AsgiWorker {
-    fn drop(&mut self) {
-        self.0.asgi_workers.set(self.0.asgi_workers.get() - 1);
     }
 }
 
