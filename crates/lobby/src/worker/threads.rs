@@ -46,15 +46,9 @@ pub async fn serve_worker(
         }
     }
     seat.card.set_threads(opened.len());
-<<<<<<< HEAD
     seat.card.asgi.set(asgi);
-    // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats, for as long as
-    // it serves.
-    let _asgi = asgi.then(|| {
-=======
     // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats.
     if asgi {
->>>>>>> ws-conformance
         let cap = lobby.settings().websocket.seats_of(opened.len());
         *seat.websockets.borrow_mut() = Some(WorkerSockets::new(cap));
         lobby.websockets.asgi_application();
