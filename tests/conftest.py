@@ -123,12 +123,24 @@ def is_probe(pid: int) -> bool:
         return False
 
 
+def is_worker(pid: int) -> bool:
+    """Whether the zygote's child `pid` is a worker: alive (a probe reaped between the listing of
+    the zygote's children and this look is gone), and not the interface probe."""
+    # Imported here: without maitred installed, the maitred_command fixture says so in one line.
+    from maitred.zygote import PROBE_NAME
+
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().rstrip("\n") != PROBE_NAME
+    except OSError:
+        return False
+
+
 def workers_of(lobby: int, count: int = 0) -> set[int]:
     """The pids of the workers under `lobby`'s zygote; with `count`, once it has forked that
     many (a lobby serves as soon as one worker is ready, so the others may be on their way)."""
     deadline = time.monotonic() + 10
     while True:
-        workers = {worker for zygote in children(lobby) for worker in children(zygote) if not is_probe(worker)}
+        workers = {worker for zygote in children(lobby) for worker in children(zygote) if is_worker(worker)}
         if len(workers) >= count or time.monotonic() > deadline:
             return workers
         time.sleep(0.02)

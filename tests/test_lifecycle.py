@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from client import Reply, eventually, get, read_reply, wait_for_queue
-from conftest import HOST, Server, free_port, is_probe, processes_in_group, wait_for_empty_group
+from conftest import HOST, Server, free_port, is_worker, processes_in_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "crashy:app"  # tests/apps/crashy.py: every answer is the serving worker's pid
@@ -42,10 +42,10 @@ def parent_of(pid: int) -> int | None:
 
 def worker_pids(server: Server) -> set[int]:
     """The live workers: the grandchildren of the lobby (its child is the zygote), but for the
-    zygote's short-lived child that asks whether the application is ASGI (`is_probe`)."""
+    zygote's short-lived child that asks whether the application is ASGI (`is_worker`)."""
     group = processes_in_group(server.pid)
     zygotes = {pid for pid in group if parent_of(pid) == server.pid}
-    return {pid for pid in group if parent_of(pid) in zygotes and not is_probe(pid)}
+    return {pid for pid in group if parent_of(pid) in zygotes and is_worker(pid)}
 
 
 def wait_for_workers(server: Server, count: int, timeout: float = 20.0) -> set[int]:

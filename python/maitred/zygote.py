@@ -95,6 +95,14 @@ def _name_this_process(name: str) -> None:
         pass  # no /proc: the name is only a courtesy
 
 
+def _name_of_this_process() -> str | None:
+    try:
+        with open("/proc/self/comm") as comm:
+            return comm.read().rstrip("\n")
+    except OSError:
+        return None
+
+
 def probe_interface(load_app: LoadApp) -> str | None:
     """Whether the application is ASGI or WSGI, asked of a child that imports it and exits, so
     that the zygote stays without the application (no --preload). None when the import fails:
@@ -102,18 +110,23 @@ def probe_interface(load_app: LoadApp) -> str | None:
     reader, writer = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
     sys.stderr.flush()
+    # The probe is born with its name, the zygote's for the moment of the fork: named after it,
+    # it would show for that moment as one more child of the zygote, like a worker.
+    own_name = _name_of_this_process()
+    _name_this_process(PROBE_NAME)
     pid = os.fork()
     if pid == 0:
         answer = b"?"
         try:
             os.close(reader)
-            _name_this_process(PROBE_NAME)
             answer = b"asgi" if asgi.is_asgi(load_app()) else b"wsgi"
         except BaseException:  # noqa: BLE001, S110 - the worker that imports it next says why
             pass
         finally:
             os.write(writer, answer)
             os._exit(0)
+    if own_name is not None:
+        _name_this_process(own_name)
     os.close(writer)
     with os.fdopen(reader, "rb") as answer:
         said = answer.read()

@@ -2,7 +2,8 @@
 way Autobahn|Testsuite's fuzzingclient wants its server to (tests/test_autobahn.py). Plain HTTP
 is answered with the worker's pid, so that a test can tell the workers apart.
 
-With WEBSOCKET_ECHO_EVENTS set, each disconnect's code is a line `disconnect CODE` in that file.
+With WEBSOCKET_ECHO_EVENTS set, each disconnect is a line `disconnect CODE REASON` in that file
+(REASON empty when none came).
 With WEBSOCKET_ECHO_HOLD set, a worker's import waits while that file exists: a test holds a new
 worker back.
 """
@@ -37,7 +38,7 @@ async def app(scope, receive, send):
         while True:
             message = await receive()
             if message["type"] == "websocket.disconnect":
-                record(f"disconnect {message['code']}")
+                record(f"disconnect {message['code']} {message.get('reason', '')}".rstrip())
                 return
             if message.get("text") is not None:
                 await send({"type": "websocket.send", "text": message["text"]})
