@@ -245,6 +245,8 @@ def test_a_large_upload_on_a_connection_the_drain_lets_finish_is_answered(maitre
     SIGUSR2, must leave those places to the connections it lets finish. The request's head is
     still arriving when the drain begins, so its body is spilled during the drain."""
     server = maitred_server("-w", "1", "echo:app", cwd=APPS)
+    # Serving: a signal before the workers are ready stops at once, without a drain.
+    server.wait_for_log("serving echo:app", 30)
     body = os.urandom(1 << 20)
     with socket.create_connection((HOST, server.port), timeout=30) as sock:
         sock.sendall(b"POST /upload HTTP/1.1\r\nHost: test\r\n")

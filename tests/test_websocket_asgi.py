@@ -79,8 +79,8 @@ def close_code(payload: bytes) -> int:
     ("ending", "heard"),
     [
         # RFC 6455, 7.1.5: no Close came, the connection was lost: closed (FIN) or reset (RST).
-        (None, "disconnect 1006"),
-        (b"", "disconnect 1006"),
+        (None, "disconnect 1006 the connection ended without a Close"),
+        (b"", "disconnect 1006 the connection ended without a Close"),
         # A Close without a code: 1005, as ASGI asks (7.1.5 too).
         (client_frame(0x8, b""), "disconnect 1005"),
         # ASGI 2.5: the client's reason comes with its code.
