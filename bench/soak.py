@@ -97,7 +97,7 @@ FAULTS = (
 # What a client sees, per fault: docs/SIGNALS.md's table, checked in each fault's window.
 STATEMENTS = {
     "SIGHUP": "no request fails; WebSockets stay with the old workers until 1001 at --graceful-timeout",
-    "SIGUSR2": "no request fails; idle plain connections are handed over; TLS ones close after an answer",
+    "SIGUSR2": "no request fails; idle plain connections are handed over; TLS ones answered by the old lobby, then close",
     "SIGTTIN, SIGTTOU": "no request fails; 4 workers, then 3",
     "SIGKILL a worker": "502 (or a cut answer) only for the requests it held; its WebSockets 1011",
     "SIGSTOP a worker 3 s": "no request fails: those on the stopped worker are answered after SIGCONT",

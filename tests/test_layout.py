@@ -18,6 +18,7 @@ braces) with comments and `#[cfg(test)]` modules left out: what the compiler res
 from __future__ import annotations
 
 import re
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
@@ -197,3 +198,17 @@ def test_no_python_module_passes_500_lines_or_reaches_into_config():
         if "config" not in path.relative_to(package).parts and re.search(r"\bconfig\._[a-z]", path.read_text())
     )
     assert not private
+
+
+def test_no_tracked_file_holds_a_merge_conflict_marker():
+    """A merge resolved in haste once left both sides of a conflict in docs/DESIGN.md's source
+    map, markers included, and nothing read it as wrong."""
+    listed = subprocess.run(
+        ["git", "grep", "-n", "-I", "-E", r"^(<{7} |={7}$|>{7} )", "--", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert listed.returncode in (0, 1), listed.stderr
+    assert listed.stdout == "", listed.stdout

@@ -9,6 +9,7 @@ name the worker's pid) and talks to them over real sockets; every wait is bounde
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import threading
@@ -212,3 +213,32 @@ def test_the_stats_listener_goes_to_the_new_lobby_too(maitred_server):
     with socket.create_connection((HOST, stats), timeout=10) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: stats\r\n\r\n")
         assert read_reply(sock).status == 200
+
+
+def test_an_idle_proxy_protocol_connection_stays_with_the_old_lobby_and_is_answered(maitred_server, tmp_path):
+    """docs/SIGNALS.md: a connection under --proxy-protocol cannot go to the new maitred (the
+    client its header named does not travel with the descriptor). Idle at SIGUSR2, it is not
+    closed under its client: its next request is answered by the old lobby, with Connection:
+    close, and the old lobby exits once it has closed."""
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server("-w", "1", "--pid", str(pid_file), "--proxy-protocol", "v1", "echo:app", cwd=APPS)
+    old_workers = workers_of(server.pid, count=1)
+    with socket.create_connection((HOST, server.port), timeout=10) as sock:
+        sock.sendall(b"PROXY TCP4 203.0.113.7 127.0.0.1 5555 80\r\n")
+        assert ask(sock) in old_workers
+        server.send_signal(signal.SIGUSR2)
+        server.wait_for_log("shutting down: no new connections", 10)
+        # A close that must not come: the old rule closed it within 0.5 s of the signal.
+        readable, _, _ = select.select([sock], [], [], 1.0)
+        assert not readable, "the idle PROXY protocol connection was closed at the upgrade"
+        sock.sendall(REQUEST)
+        reply = read_reply(sock)
+        assert reply.status == 200, reply
+        assert reply.pid in old_workers
+        assert reply.headers["Connection"].lower() == "close", reply
+    assert server.wait(timeout=10) == 0, server.stderr()
+    os.kill(read_pid(pid_file), signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while pid_file.exists():
+        assert time.monotonic() < deadline, server.stderr()
+        time.sleep(0.05)

@@ -23,7 +23,7 @@ use rustls::ServerConnection;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::peer::{Peer, Site, StreamKind};
+use super::peer::{Peer, ProxyStage, Site, StreamKind};
 use crate::log::debug;
 
 /// How long a connection waits in its task before it hibernates.
@@ -54,6 +54,23 @@ pub struct Sleeper {
     pub deadline: Instant,
     /// A TLS connection's session: its keys and sequence numbers, its buffers empty.
     pub tls: Option<Box<ServerConnection>>,
+}
+
+impl Sleeper {
+    /// Whether a new maitred can take this connection at a binary upgrade. A TLS connection
+    /// cannot (its keys are in this lobby), nor one under `--proxy-protocol` (the client its
+    /// header named does not travel with the descriptor, and the new lobby would take the next
+    /// request's first bytes for a header): such a connection stays here, is answered here with
+    /// `Connection: close`, and closes at its `--keep-alive` or when this lobby's
+    /// `--graceful-timeout` ends (docs/SIGNALS.md).
+    pub fn can_move(&self) -> bool {
+        can_move(self.tls.is_some(), &self.peer)
+    }
+}
+
+/// `Sleeper::can_move`, for a connection still in its task.
+pub fn can_move(encrypted: bool, peer: &Peer) -> bool {
+    !encrypted && peer.proxy == ProxyStage::Off
 }
 
 pub struct Hibernation {
@@ -106,12 +123,11 @@ impl Hibernation {
         Ok(n)
     }
 
-    /// Takes every sleeper out of the watch, for a new maitred to take over (SIGUSR2). The
-    /// descriptor is removed from the epoll set explicitly: the new lobby's copy keeps the
-    /// socket open, and with it the registration closing ours would otherwise have removed.
-    pub(super) fn take_all(&self) -> Vec<Sleeper> {
-        let mut sleepers = self.sleepers.borrow_mut();
-        let taken = sleepers.take_all();
+    /// Takes every sleeper a new maitred can take (SIGUSR2) out of the watch. The descriptor is
+    /// removed from the epoll set explicitly: the new lobby's copy keeps the socket open, and
+    /// with it the registration closing ours would otherwise have removed.
+    pub(super) fn take_movable(&self) -> Vec<Sleeper> {
+        let taken = self.sleepers.borrow_mut().take_where(Sleeper::can_move);
         for sleeper in &taken {
             self.unwatch(sleeper);
         }
@@ -122,13 +138,12 @@ impl Hibernation {
         let _ = maitred_sys::sleepers::unwatch(self.epoll.get_ref().as_fd(), &sleeper.socket);
     }
 
-    /// Closes the sleepers whose deadline has passed, and at a shutdown every sleeper that
-    /// has been answered (one that has not yet sent its first request may still send it).
-    pub(super) fn close_expired(&self, now: Instant, shutting_down: bool) -> usize {
+    /// Closes the sleepers whose deadline has passed, and, once the lobby is closing (a
+    /// shutdown, not an upgrade), every sleeper that has been answered (one that has not yet
+    /// sent its first request may still send it).
+    pub(super) fn close_expired(&self, now: Instant, closing: bool) -> usize {
         // Closing a descriptor also removes it from the epoll set.
-        self.sleepers
-            .borrow_mut()
-            .remove_where(|sleeper| sleeper.deadline <= now || (shutting_down && sleeper.answered > 0))
+        self.sleepers.borrow_mut().remove_where(|sleeper| sleeper.deadline <= now || (closing && sleeper.answered > 0))
     }
 
     /// Hands freed memory back to the system after many connections went to sleep.
@@ -184,23 +199,21 @@ impl<T> Slots<T> {
         Some(value)
     }
 
-    fn take_all(&mut self) -> Vec<T> {
-        self.free.clear();
-        self.len = 0;
-        std::mem::take(&mut self.entries).into_iter().flatten().collect()
-    }
-
-    fn remove_where(&mut self, mut doomed: impl FnMut(&T) -> bool) -> usize {
-        let mut removed = 0;
+    /// Takes out the entries `chosen` picks; their keys become free.
+    fn take_where(&mut self, mut chosen: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut taken = Vec::new();
         for (key, entry) in self.entries.iter_mut().enumerate() {
-            if entry.as_ref().is_some_and(&mut doomed) {
-                *entry = None;
+            if entry.as_ref().is_some_and(&mut chosen) {
+                taken.extend(entry.take());
                 self.free.push(key);
-                removed += 1;
             }
         }
-        self.len -= removed;
-        removed
+        self.len -= taken.len();
+        taken
+    }
+
+    fn remove_where(&mut self, doomed: impl FnMut(&T) -> bool) -> usize {
+        self.take_where(doomed).len()
     }
 
     fn len(&self) -> usize {
@@ -226,8 +239,12 @@ mod tests {
         assert_eq!(slots.remove(b), None);
         assert_eq!(slots.len(), 1);
         assert_eq!(slots.remove(99), None);
-        assert_eq!(slots.take_all(), vec!["c"]);
+        let e = slots.insert("e");
+        assert_eq!(slots.take_where(|v| *v == "c"), vec!["c"]);
+        assert_eq!(slots.len(), 1);
+        assert_eq!(slots.insert("d"), a);
+        assert_eq!(slots.take_where(|_| true), vec!["d", "e"]);
+        assert_eq!(slots.remove(e), None);
         assert_eq!(slots.len(), 0);
-        assert_eq!(slots.insert("d"), 0);
     }
 }

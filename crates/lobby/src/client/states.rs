@@ -67,6 +67,14 @@ impl ConnectionStates {
         recent + self.old[state as usize].get()
     }
 
+    /// Connections with a request or a WebSocket under way: in any state but `Idle`.
+    pub fn busy(&self) -> u32 {
+        [ConnectionState::Reading, ConnectionState::Awaiting, ConnectionState::Writing, ConnectionState::WebSocket]
+            .into_iter()
+            .map(|state| self.count(state))
+            .sum()
+    }
+
     /// Connections in `state` for at least `OLD_AFTER`.
     pub fn old(&self, state: ConnectionState) -> u32 {
         self.old[state as usize].get()

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
-use super::asleep::{Sleeper, HIBERNATE_AFTER, TICK};
+use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{read_now, Body, READ_CHUNK};
@@ -151,8 +151,8 @@ impl<S: ClientStream> Connection<S> {
             Ok((socket, tls)) => {
                 let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls };
                 match lobby.successor() {
-                    Some(successor) => successor.hand_over(sleeper),
-                    None => lobby.hibernation.put(sleeper),
+                    Some(successor) if sleeper.can_move() => successor.hand_over(sleeper),
+                    _ => lobby.hibernation.put(sleeper),
                 }
             }
             Err(e) => debug!("closing an idle connection that cannot hibernate: {e}"),
@@ -168,7 +168,10 @@ impl<S: ClientStream> Connection<S> {
     /// once it has idled for `HIBERNATE_AFTER`. Its last answer may have said keep-alive just
     /// before the shutdown began, and a client in a hurry sends its next request at once:
     /// that request is answered, with `Connection: close`, instead of meeting a connection
-    /// closed under it (docs/SIGNALS.md).
+    /// closed under it (docs/SIGNALS.md). At a binary upgrade nothing closes for idling: a
+    /// connection goes to the new maitred, or, if it cannot (TLS, PROXY protocol), waits here
+    /// as at any other time; an idle connection closed under a request its client is sending
+    /// is a request lost, and a client whose pace is the idle time meets that every time.
     async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
         self.buf = BytesMut::new();
         let settings = self.lobby.settings();
@@ -177,17 +180,20 @@ impl<S: ClientStream> Connection<S> {
         let deadline = now + patience;
         let hibernate_at = now + HIBERNATE_AFTER;
         // A new maitred has taken over (SIGUSR2): it gets the connection now, with whatever
-        // the client has sent and this lobby has not read, rather than once it has idled. A TLS
-        // connection cannot go (its keys are here): it is closed as at a shutdown, below.
-        if self.lobby.handing_over() && !S::ENCRYPTED {
+        // the client has sent and this lobby has not read, rather than once it has idled. One
+        // it cannot take (TLS, PROXY protocol) waits here as at any time, and its next request
+        // is answered here with `Connection: close`.
+        if self.lobby.handing_over() && asleep::can_move(S::ENCRYPTED, &self.peer) {
             return Wait::Hibernate { deadline };
         }
         loop {
             if !std::mem::take(&mut read_first) {
                 tokio::select! {
+                    // Bytes that came with the timer are a request, not a reason to close.
+                    biased;
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        let closing = self.answered > 0 && self.closes_when_answered();
+                        let closing = self.answered > 0 && self.lobby.closing();
                         return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
                 }
@@ -203,10 +209,10 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Whether the connection closes after its answer: at a shutdown, and for a TLS
-    /// connection at a binary upgrade too (its keys cannot go to the new maitred).
+    /// Whether the connection closes after its answer: at a shutdown, and at a binary upgrade
+    /// when the new maitred cannot take it (TLS, PROXY protocol).
     pub(super) fn closes_when_answered(&self) -> bool {
-        self.lobby.closing() || (S::ENCRYPTED && self.lobby.handing_over())
+        self.lobby.closing() || (self.lobby.handing_over() && !asleep::can_move(S::ENCRYPTED, &self.peer))
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {

@@ -1,6 +1,6 @@
 //! The watcher of hibernating connections: wakes a sleeper when its client speaks (it gets a
 //! task again, `task::resume`), closes it when its time is up, and at a binary upgrade hands
-//! every sleeper to the new maitred.
+//! every sleeper it can to the new maitred.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -32,21 +32,23 @@ pub async fn watch(lobby: Rc<Lobby>) {
             _ = ticks.tick() => {
                 let shutting_down = *shutdown.borrow();
                 if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
-                    // A binary upgrade: the new maitred takes every idle connection, those
-                    // whose client has spoken too (it reads what they sent); but a TLS one
-                    // whose client has spoken is answered here, its keys being here.
+                    // A binary upgrade: the new maitred takes every idle connection it can,
+                    // those whose client has spoken too (it reads what they sent). One it cannot
+                    // take (`Sleeper::can_move`) sleeps on here, and is answered here when its
+                    // client speaks.
                     while let Ok(n) = hibernation.take_woken(&mut woken) {
                         for sleeper in woken.drain(..) {
-                            match sleeper.tls {
-                                Some(_) => task::resume(&lobby, sleeper),
-                                None => successor.hand_over(sleeper),
+                            if sleeper.can_move() {
+                                successor.hand_over(sleeper);
+                            } else {
+                                task::resume(&lobby, sleeper);
                             }
                         }
                         if n < EVENTS_PER_WAIT {
                             break;
                         }
                     }
-                    for sleeper in hibernation.take_all() {
+                    for sleeper in hibernation.take_movable() {
                         successor.hand_over(sleeper);
                     }
                 } else if shutting_down {
@@ -61,7 +63,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                         }
                     }
                 }
-                let closed = hibernation.close_expired(Instant::now(), shutting_down);
+                let closed = hibernation.close_expired(Instant::now(), lobby.closing());
                 if closed > 0 {
                     debug!("closed {closed} idle connections");
                 }

@@ -97,6 +97,13 @@ impl Supervisor {
                 biased;
                 _ = &mut all_closed => return true,
                 _ = &mut timer => {
+                    // Connections left idle are no request unfinished: those a new maitred could
+                    // not take (TLS, PROXY protocol), or whose client has not sent a first one.
+                    if self.lobby.connection_states.busy() == 0 {
+                        let idle = max_connections - connections.available_permits();
+                        info!("--graceful-timeout passed; closing the {idle} connections left, all idle");
+                        return true;
+                    }
                     if self.lobby.websockets.open() > 0 {
                         self.close_websockets(&mut all_closed).await;
                     }

@@ -12,8 +12,8 @@ use tokio::io::unix::AsyncFd;
 
 use super::{receive, Succession, UpgradeError, MAIN, READY, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
 use crate::client::asleep::Sleeper;
-use crate::client::peer::{ProxyStage, StreamKind};
-use crate::log::{debug, warning, warning_limited};
+use crate::client::peer::StreamKind;
+use crate::log::{warning, warning_limited};
 use crate::process::spawn::{self, seqpacket_pair};
 
 /// How long the new maitred may take to start its workers and say it is ready.
@@ -129,22 +129,10 @@ pub(crate) struct Successor {
 
 impl Successor {
     /// Sends an idle connection, with what the new lobby needs to serve it as this one would.
-    /// If it cannot be sent, it is closed, as a shutdown would. So is a connection under
-    /// `--proxy-protocol`: the client its header named does not travel with the descriptor, and
-    /// the new lobby would take the next request's first bytes for a header (the proxy opens a
-    /// new connection, with its header).
+    /// Only a connection that `Sleeper::can_move` is given; if it cannot be sent, it is closed,
+    /// as a shutdown would.
     pub(crate) fn hand_over(&self, sleeper: Sleeper) {
-        if sleeper.tls.is_some() {
-            debug!("closing an idle TLS connection from {}: its keys stay in this lobby", sleeper.peer.display());
-            return;
-        }
-        if sleeper.peer.proxy != ProxyStage::Off {
-            debug!(
-                "closing an idle PROXY protocol connection from {} instead of handing it over",
-                sleeper.peer.display()
-            );
-            return;
-        }
+        debug_assert!(sleeper.can_move(), "a TLS or PROXY protocol connection stays in the old lobby");
         let kind = match sleeper.kind {
             StreamKind::Tcp => "tcp",
             StreamKind::Unix => "unix",
