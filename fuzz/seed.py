@@ -14,9 +14,9 @@ The fuzzer grows the corpus from these; `cargo fuzz cmin` then keeps what adds c
 that is what fuzz/corpus/ holds.
 """
 
+import argparse
 import re
 import struct
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,4 +196,6 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description="Writes each fuzz target's seed inputs into DIRECTORY/<target>/.")
+    parser.add_argument("directory", help="where to write them (docs/FUZZING.md uses fuzz/harness/corpus)")
+    main(parser.parse_args().directory)
