@@ -315,7 +315,31 @@ def _routes() -> dict[str, Callable[[dict, Callable], Any]]:
         start_response("200 OK", text)
         return [b" ".join(sorted(listing.stdout.split()))]
 
+    class HoldsItsBody:
+        """As Django's HttpResponse: an object that iterates a list of the chunks it holds."""
+
+        closed = False
+
+        def __init__(self, chunks: list[bytes]) -> None:
+            self._chunks = chunks
+
+        def __iter__(self) -> Iterator[bytes]:
+            return iter(self._chunks)
+
+        def close(self) -> None:
+            HoldsItsBody.closed = True
+
+    def holds_its_body(environ: dict, start_response: Callable) -> HoldsItsBody:
+        start_response("200 OK", text)
+        return HoldsItsBody([b"held", b" body"])
+
+    def was_closed(environ: dict, start_response: Callable) -> list[bytes]:
+        start_response("200 OK", text)
+        return [str(HoldsItsBody.closed).encode()]
+
     return {
+        "/holds-its-body": holds_its_body,
+        "/was-closed": was_closed,
         "/list": lambda e, s: (s("200 OK", text), [b"hello"])[1],
         "/list-declared": lambda e, s: (s("200 OK", [*text, ("Content-Length", "5")]), [b"hello"])[1],
         "/list-many": lambda e, s: (s("200 OK", text), [b"a", b"bc", b"def"])[1],
@@ -1103,6 +1127,17 @@ def test_whole_bodies_are_one_frame(start_worker: Callable[..., Worker], path: s
     response = start_worker().request(target=path)
     assert len(response.frames) == 1 and response.frames[0].flags == END
     assert (response.body, response.header("Content-Length")) == (body, length)
+
+
+def test_an_object_iterating_a_list_it_holds_is_one_frame_and_is_closed(start_worker: Callable[..., Worker]) -> None:
+    """Django's HttpResponse iterates the list of chunks it holds: its whole body is known, and
+    goes out as one frame with a Content-Length, as a list's does (one wake of the lobby, not
+    two); the object is still closed, as PEP 3333 asks."""
+    worker = start_worker()
+    response = worker.request(target="/holds-its-body")
+    assert len(response.frames) == 1 and response.frames[0].flags == END
+    assert (response.body, response.header("Content-Length")) == (b"held body", "9")
+    assert worker.request(target="/was-closed").body == b"True"
 
 
 def test_head_requests_send_no_body(start_worker: Callable[..., Worker]) -> None:

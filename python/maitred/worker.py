@@ -325,6 +325,10 @@ def _answer(channel: WorkerChannel, application: Application, environ: dict[str,
             raise  # SystemExit and the like end the worker once the client has its answer
 
 
+# The iterators of a list and a tuple: their chunks are all made already.
+_MADE_ITERATORS = (type(iter([])), type(iter(())))
+
+
 def _send(channel: WorkerChannel, result: Any) -> None:
     result_type = type(result)
     if result_type is list or result_type is tuple:
@@ -336,8 +340,17 @@ def _send(channel: WorkerChannel, result: Any) -> None:
         if file_range is not None:
             channel.send_file(*file_range)
             return
+    chunks = iter(result)
+    if type(chunks) in _MADE_ITERATORS:
+        # An object that iterates a list it holds (Django's HttpResponse): its body is whole
+        # too, and goes out as one frame, as a list's does. Sent chunk by chunk and then ended,
+        # it was two frames, each of which could wake the lobby: under DB-DJANGO's /fortunes
+        # load the worker rang the lobby's bell twice per request and looked for a CANCEL
+        # between (bench/results/db).
+        channel.respond(list(chunks))
+        return
     send_body = channel.send_body
-    for chunk in result:
+    for chunk in chunks:
         send_body(chunk)
     channel.finish()
 
