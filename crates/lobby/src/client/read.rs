@@ -38,7 +38,7 @@ pub(super) enum Body {
 }
 
 impl Body {
-    fn for_length(expected: Option<u64>, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
+    pub(super) fn for_length(expected: Option<u64>, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
         match expected {
             Some(len) if len > BODY_MEMORY_LIMIT as u64 => {
                 let (file, descriptor) = spill_file(descriptors)?;
@@ -49,7 +49,7 @@ impl Body {
         }
     }
 
-    fn push(&mut self, data: &[u8], descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
+    pub(super) fn push(&mut self, data: &[u8], descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
         if let Body::Memory(bytes) = self {
             if bytes.len() + data.len() <= BODY_MEMORY_LIMIT {
                 bytes.extend_from_slice(data);
@@ -139,7 +139,7 @@ impl<S: ClientStream> Connection<S> {
     /// Reads the PROXY header the connection must begin with, from a peer in
     /// `--proxy-allow-from` (any Unix-socket peer, as under gunicorn), within
     /// `--header-timeout`; the client it names becomes the peer.
-    async fn read_proxy_header(&mut self) -> Result<(), Stop> {
+    pub(super) async fn read_proxy_header(&mut self) -> Result<(), Stop> {
         let settings = self.lobby.settings();
         let Some(versions) = settings.proxy_protocol else {
             // A reload turned it off after this connection was accepted.

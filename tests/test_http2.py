@@ -1,0 +1,362 @@
+"""HTTP/2 in the lobby (docs/HTTP2.md): by ALPN on TLS listeners, with prior knowledge on plain
+ones beside HTTP/1.1; each stream a request in the one queue, under the same limits; bodies both
+ways within flow control; resets that drop a queued request; GOAWAY at a shutdown; the floods
+the h2 crate refuses; h2spec's conformance suite.
+
+The clients are real: curl (--http2, --http2-prior-knowledge), httpx with http2=True, h2spec, and
+raw frames from the `h2` package (hyper-h2) where a test must send what no polite client sends.
+Each test that needs a tool skips, saying why, without it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import httpx
+import pytest
+from client import eventually, get, status_of, wait_for_queue
+from conftest import HOST, Server, free_port
+from tls_certs import Authority, Pair
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+TIMEOUT = 10.0
+
+BIG_APP = """
+def app(environ, start_response):
+    size = int(environ['QUERY_STRING'] or 0)
+    body = environ['wsgi.input'].read()
+    start_response('200 OK', [('Content-Length', str(size + len(body))), ('Connection', 'keep-alive')])
+    return [b'z' * size, body]
+"""
+
+
+def curl() -> str:
+    path = shutil.which("curl")
+    if path is None:
+        pytest.skip("curl is not installed")
+    features = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    if "HTTP2" not in features:
+        pytest.skip("this curl is built without HTTP/2 (nghttp2)")
+    return path
+
+
+def h2spec() -> str:
+    """h2spec from .ci/run's build (.cache/bin) or the PATH."""
+    built = ROOT / ".cache" / "bin" / "h2spec"
+    path = str(built) if built.exists() else shutil.which("h2spec")
+    if path is None:
+        pytest.skip("h2spec is not installed (.ci/run builds it into .cache/bin with go)")
+    return path
+
+
+class RawH2:
+    """An HTTP/2 client connection on a socket, frame by frame, with hyper-h2's state machine:
+    for what httpx and curl will not send (resets, many cookie fields, floods)."""
+
+    def __init__(self, port: int, sock: socket.socket | None = None) -> None:
+        self.sock = sock or socket.create_connection((HOST, port), timeout=TIMEOUT)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.conn.initiate_connection()
+        self.flush()
+        self.ended: dict[int, tuple[int, dict[bytes, bytes], bytes]] = {}
+        self.partial: dict[int, list] = {}
+        self.resets: dict[int, int] = {}
+        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.closed = False
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request(self, path: str, method: str = "GET", headers: list[tuple[str, str]] = (), body: bytes = b"") -> int:
+        stream = self.conn.get_next_available_stream_id()
+        fields = [(":method", method), (":scheme", "http"), (":authority", "example.test"), (":path", path)]
+        self.conn.send_headers(stream, [*fields, *headers], end_stream=not body)
+        if body:
+            self.conn.send_data(stream, body, end_stream=True)
+        self.flush()
+        return stream
+
+    def pump(self) -> None:
+        """Reads once and takes what came: the answers, resets and GOAWAY."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.closed = True
+            return
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                self.partial[event.stream_id] = [dict(event.headers), b""]
+            elif isinstance(event, h2.events.DataReceived):
+                self.partial[event.stream_id][1] += event.data
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                headers, body = self.partial.pop(event.stream_id)
+                self.ended[event.stream_id] = (int(headers[b":status"]), headers, body)
+            elif isinstance(event, h2.events.StreamReset):
+                self.resets[event.stream_id] = event.error_code
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.goaway = event
+        self.flush()
+
+    def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            assert not self.closed, "the server closed the connection"
+            self.pump()
+
+    def response(self, stream: int) -> tuple[int, dict[bytes, bytes], bytes]:
+        self.until(lambda: stream in self.ended or stream in self.resets)
+        assert stream in self.ended, f"stream {stream} reset: {self.resets[stream]}"
+        return self.ended[stream]
+
+
+@pytest.fixture
+def authority(tmp_path: Path) -> Authority:
+    directory = tmp_path / "pki"
+    directory.mkdir()
+    return Authority(directory)
+
+
+@pytest.fixture
+def server_pair(authority: Authority) -> Pair:
+    return authority.server()
+
+
+def tls_args(pair: Pair) -> tuple[str, ...]:
+    return ("--certfile", str(pair.cert), "--keyfile", str(pair.key))
+
+
+def test_curl_speaks_http2_with_prior_knowledge_beside_http11_on_a_plain_port(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, "Where it is spoken": a plain listener takes HTTP/2 from a client that
+    opens with the preface, and HTTP/1.1 from the others; the environ says HTTP/2, and Host
+    comes from :authority."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    out = subprocess.run(
+        [curl(), "-sS", "--http2-prior-knowledge", "-w", "\n%{http_version}", "-d", "hello", f"{server.url}/a?b=1"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    ).stdout
+    body, version = out.rsplit("\n", 1)
+    assert version == "2"
+    seen = json.loads(body)
+    assert seen["SERVER_PROTOCOL"] == "HTTP/2"
+    assert seen["HTTP_HOST"] == f"{HOST}:{server.port}"
+    assert (seen["PATH_INFO"], seen["QUERY_STRING"]) == ("/a", "b=1")
+    assert base64.b64decode(seen["body"]) == b"hello"
+    reply = get(server.port, "/plain")
+    assert reply.status == 200 and json.loads(reply.body)["SERVER_PROTOCOL"] == "HTTP/1.1"
+
+
+def test_tls_offers_h2_by_alpn_and_curl_takes_it(
+    maitred_server: Callable[..., Server], server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, "Where it is spoken": TLS offers h2 first, then http/1.1."""
+    server = maitred_server(*tls_args(server_pair), "environ_echo:app", cwd=APPS)
+    url = f"https://localhost:{server.port}/"
+    for flag, version, protocol in (("--http2", "2", "HTTP/2"), ("--http1.1", "1.1", "HTTP/1.1")):
+        out = subprocess.run(
+            [curl(), "-sS", flag, "--cacert", str(authority.pem), "-w", "\n%{http_version}", url],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=True,
+        ).stdout
+        body, seen_version = out.rsplit("\n", 1)
+        assert seen_version == version
+        assert json.loads(body)["SERVER_PROTOCOL"] == protocol
+
+
+def test_httpx_sends_and_receives_large_bodies_within_flow_control(
+    maitred_server: Callable[..., Server], app_dir: Path, server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, "Bodies and flow control": a body past the stream's window (and past
+    256 KiB, so in a file) reaches the application whole, and an answer of megabytes (spilled
+    to the answer's file) reaches a client whose window is 64 KiB; several streams at once on
+    one connection."""
+    (app_dir / "big.py").write_text(BIG_APP)
+    server = maitred_server("-w", "2", *tls_args(server_pair), "big:app", cwd=app_dir)
+    upload = os.urandom(1_500_000)
+    with httpx.Client(http2=True, verify=str(authority.pem), timeout=TIMEOUT) as client:
+        answer = client.post(f"https://localhost:{server.port}/?3000000", content=upload)
+        assert answer.http_version == "HTTP/2"
+        assert answer.status_code == 200
+        assert answer.content[:3_000_000] == b"z" * 3_000_000
+        assert answer.content[3_000_000:] == upload
+        # The application's Connection field is dropped: HTTP/2 forbids it.
+        assert "connection" not in answer.headers
+        assert answer.headers["server"] == "maitred"
+        for size in (0, 1, 70_000):
+            answer = client.get(f"https://localhost:{server.port}/?{size}")
+            assert answer.status_code == 200 and answer.content == b"z" * size
+
+
+def test_the_asgi_scope_says_http_version_2(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "What the application sees": ASGI's http_version is "2"; httpx with
+    http1=False speaks HTTP/2 with prior knowledge."""
+    server = maitred_server("asgi_conformance:app", "-w", "1", cwd=APPS)
+    with httpx.Client(http1=False, http2=True, timeout=TIMEOUT) as client:
+        answer = client.get(f"{server.url}/scope")
+    assert answer.http_version == "HTTP/2"
+    scope = answer.json()
+    assert scope["http_version"] == ["str", "2"]
+    assert scope["scheme"] == ["str", "http"]
+
+
+def test_cookie_fields_are_joined_and_authority_is_the_host(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "What the application sees": several cookie fields arrive as one, joined
+    with "; "; :authority wins over a host field."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    client = RawH2(server.port)
+    stream = client.request("/", headers=[("cookie", "a=1"), ("host", "ignored.test"), ("cookie", "b=2")])
+    status, _, body = client.response(stream)
+    assert status == 200
+    seen = json.loads(body)
+    assert seen["HTTP_COOKIE"] == "a=1; b=2"
+    assert seen["HTTP_HOST"] == "example.test"
+
+
+def test_limits_refuse_one_stream_and_the_connection_goes_on(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "The same limits": 431, 414 and 413 as for HTTP/1.1, with the reason in the
+    body and a log line; the connection's other streams are served."""
+    server = maitred_server(
+        "--limit-request-fields", "5", "--limit-request-line", "100", "--max-body", "1000",
+        "environ_echo:app", cwd=APPS,
+    )  # fmt: skip
+    client = RawH2(server.port)
+    many = client.request("/", headers=[(f"x-{n}", "v") for n in range(6)])
+    long_path = client.request("/" + "p" * 200)
+    large = client.request("/", method="POST", body=b"b" * 2000)
+    fine = client.request("/fine")
+    assert client.response(many)[0] == 431
+    assert b"--limit-request-fields" in client.response(many)[2]
+    assert client.response(long_path)[0] == 414
+    assert client.response(large)[0] == 413
+    assert client.response(fine)[0] == 200
+    server.wait_for_log("431 to 127.0.0.1", TIMEOUT)
+
+
+def test_a_stream_reset_while_queued_is_dropped_without_running(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Clients that leave": a queued stream its client resets never reaches a
+    worker, and counts as abandoned."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    server = maitred_server(
+        "-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)}
+    )
+    client = RawH2(server.port)
+    busy = client.request("/busy?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    doomed = client.request("/doomed")
+    wait_for_queue(stats, busy=1, waiting=1)
+    client.conn.reset_stream(doomed, h2.errors.ErrorCodes.CANCEL)
+    client.flush()
+    assert eventually(lambda: status_of(stats)["overload"]["shed"]["abandoned"] == 1, TIMEOUT)
+    assert client.response(busy)[0] == 200
+    after = client.request("/after")
+    assert client.response(after)[0] == 200
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/busy", "/after"]
+
+
+def test_sigterm_sends_goaway_and_finishes_the_open_streams(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "A connection's life": at a shutdown the connection gets GOAWAY at once,
+    the stream it holds is answered, then it closes and the lobby exits cleanly."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    server = maitred_server(
+        "-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)}
+    )
+    client = RawH2(server.port)
+    held = client.request("/held?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    server.send_signal(signal.SIGTERM)
+    client.until(lambda: client.goaway is not None)
+    status, _, body = client.response(held)
+    assert (status, body) == (200, b"done\n")
+    client.until(lambda: client.closed)
+    assert server.wait(TIMEOUT) == 0
+
+
+def test_http_protocols_turns_either_off(
+    maitred_server: Callable[..., Server], server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, `--http-protocols`: h1 leaves HTTP/2 out of ALPN and refuses the preface;
+    h2 answers an HTTP/1.1 request 505 with the reason."""
+    only_h1 = maitred_server(*tls_args(server_pair), "--http-protocols", "h1", "environ_echo:app", cwd=APPS)
+    context = ssl.create_default_context(cafile=str(authority.pem))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with context.wrap_socket(socket.create_connection((HOST, only_h1.port)), server_hostname="localhost") as sock:
+        assert sock.selected_alpn_protocol() == "http/1.1"
+    only_h2 = maitred_server("--http-protocols", "h2", "environ_echo:app", cwd=APPS)
+    reply = get(only_h2.port, "/")
+    assert reply.status == 505 and b"--http-protocols h2" in reply.body
+    client = RawH2(only_h2.port)
+    assert client.response(client.request("/"))[0] == 200
+
+
+def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Floods": HEADERS then RST_STREAM, 10,000 times, ends in GOAWAY
+    ENHANCE_YOUR_CALM with one log line; the worker runs only a few of the requests, and
+    another client is served meanwhile."""
+    tally = tmp_path / "tally"
+    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    client = RawH2(server.port)
+    for _ in range(10_000):
+        stream = client.request("/flood")
+        client.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        try:
+            client.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    client.until(lambda: client.goaway is not None)
+    assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert get(server.port, "/other").status == 200
+    ran = tally.read_text().splitlines()
+    assert ran[-1].split()[1] == "/other"
+    assert len(ran) < 100, len(ran)
+
+
+def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Path) -> None:
+    """docs/HTTP2.md, "Checked against": h2spec's whole suite, over prior knowledge."""
+    tool = h2spec()
+    (tmp_path / "hello.py").write_text(
+        "def app(environ, start_response):\n"
+        "    environ['wsgi.input'].read()\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain'), ('Content-Length', '3')])\n"
+        "    return [b'ok\\n']\n"
+    )
+    server = maitred_server("-w", "2", "hello:app", cwd=tmp_path)
+    report = subprocess.run(
+        [tool, "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert report.returncode == 0, report.stdout[-6000:]
