@@ -36,8 +36,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, Config, Forwarding, HalfClose, HttpProtocols, Level, QueuePolicy,
-    Succession, WebSocketLimits,
+    AccessFormat, AllowList, BindAddress, Config, Forwarding, HalfClose, HttpProtocols, Level, QueuePolicy, Succession,
+    WebSocketLimits,
 };
 
 const USAGE: &str = "usage: maitred-stub [--port PORT] [--workers N] [--threads N] [--worker-cpu CPU] [--log-level \

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, CertReqs, Config, Credentials, Forwarding, HalfClose, HookFailed, HttpProtocols, Level,
-    LobbyHook, ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession, TlsSettings, WebSocketLimits,
+    AccessFormat, AllowList, BindAddress, CertReqs, Config, Credentials, Forwarding, HalfClose, HookFailed,
+    HttpProtocols, Level, LobbyHook, ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession,
+    TlsSettings, WebSocketLimits,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;

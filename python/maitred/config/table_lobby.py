@@ -43,8 +43,6 @@ ROWS: tuple[Setting, ...] = (
         ("-b", "--bind"),
         "ADDRESS",
         _bind_address,
-    _http_protocols,
-    _http_protocols_value,
         ("127.0.0.1:8000",),
         "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
         "listening socket); with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). "

@@ -65,10 +65,13 @@ impl Certificates {
             rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
         // h2 first: a client that speaks both gets HTTP/2 (RFC 7301 leaves the choice to the
         // server, and rustls takes the server's order).
-        let alpn = [(http2, &b"h2"[..]), (http1, &b"http/1.1"[..])]
-            .into_iter()
-            .filter_map(|(on, name)| on.then(|| name.to_vec()))
-            .collect::<Vec<_>>();
+        let mut alpn = Vec::new();
+        if http2 {
+            alpn.push(b"h2".to_vec());
+        }
+        if http1 {
+            alpn.push(b"http/1.1".to_vec());
+        }
         let config = server_config(settings, &alpn, &ticketer, &sessions)?;
         Ok(Certificates { settings: settings.clone(), alpn, current: RefCell::new(config), ticketer, sessions })
     }

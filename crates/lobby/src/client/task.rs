@@ -123,7 +123,11 @@ impl<S: ClientStream> Connection<S> {
             // A plain connection's first bytes say which protocol it speaks; a TLS one's
             // handshake has said (`handshake.rs`).
             if self.answered == 0 && !S::ENCRYPTED {
-                match Box::pin(self.opening()).await {
+                let opening = match self.protocol_chosen() {
+                    Some(chosen) => chosen,
+                    None => Box::pin(self.opening()).await,
+                };
+                match opening {
                     Ok(false) => {}
                     Ok(true) => return self.into_http2(),
                     Err(stop) => return self.stop(stop).await,
@@ -158,10 +162,17 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Whether a plain connection speaks HTTP/2: it opens (after its PROXY header, if one is
-    /// due) with HTTP/2's preface. The bytes already read decide; only a connection whose
-    /// first bytes could still be the preface's first four is read further. Refused when it
-    /// speaks HTTP/1.x and `--http-protocols` leaves HTTP/1.x out.
+    /// Whether a plain connection speaks HTTP/2, from the bytes already read: it opens with
+    /// HTTP/2's preface. None when more must be read first (`opening`): its PROXY header is
+    /// due, or its first bytes could still be the preface's first four.
+    fn protocol_chosen(&self) -> Option<Result<bool, Stop>> {
+        if self.peer.proxy == ProxyStage::Awaited || (self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf)) {
+            return None;
+        }
+        Some(self.chosen())
+    }
+
+    /// `protocol_chosen`, once the PROXY header and enough bytes have been read.
     async fn opening(&mut self) -> Result<bool, Stop> {
         if self.peer.proxy == ProxyStage::Awaited {
             self.read_proxy_header().await?;
@@ -173,6 +184,11 @@ impl<S: ClientStream> Connection<S> {
                 _ => return Err(Stop::Quietly),
             }
         }
+        self.chosen()
+    }
+
+    /// HTTP/2 for its preface; HTTP/1.x otherwise, refused when `--http-protocols` leaves it out.
+    fn chosen(&self) -> Result<bool, Stop> {
         let protocols = &self.lobby.config.http;
         if protocols.http2 && h2::opens_with_preface(&self.buf) {
             return Ok(true);

@@ -38,7 +38,11 @@ pub(super) fn read(parts: &Parts, limits: &Limits) -> Result<Head, Refusal> {
     if limits.max_request_line > 0 && line > limits.max_request_line {
         return Err((
             414,
-            format!("the request's :path is {} bytes, past --limit-request-line ({})", target.len(), limits.max_request_line),
+            format!(
+                "the request's :path is {} bytes, past --limit-request-line ({})",
+                target.len(),
+                limits.max_request_line
+            ),
         ));
     }
     let mut headers = Vec::with_capacity(parts.headers.keys_len() + 1);
@@ -69,7 +73,11 @@ pub(super) fn read(parts: &Parts, limits: &Limits) -> Result<Head, Refusal> {
     if limits.max_headers > 0 && headers.len() > limits.max_headers {
         return Err((
             431,
-            format!("the request has {} header fields, past --limit-request-fields ({})", headers.len(), limits.max_headers),
+            format!(
+                "the request has {} header fields, past --limit-request-fields ({})",
+                headers.len(),
+                limits.max_headers
+            ),
         ));
     }
     for (name, value) in &headers {

@@ -114,9 +114,12 @@ pub(super) fn start<T>(
     tokio::task::spawn_local(serve(shared, io, permit));
 }
 
+/// A stream the client opened: its request, and where its answer goes.
+type Incoming = (http::Request<h2::RecvStream>, h2::server::SendResponse<Bytes>);
+
 /// What woke the connection's task.
 enum Event {
-    Accepted(Option<Result<(http::Request<h2::RecvStream>, h2::server::SendResponse<Bytes>), h2::Error>>),
+    Accepted(Option<Result<Box<Incoming>, h2::Error>>),
     Shutdown,
     Idle,
     Changed,
@@ -139,7 +142,9 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
         .max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS));
     let mut connection = match tokio::time::timeout(settings.header_timeout, builder.handshake::<T, Bytes>(io)).await {
         Ok(Ok(connection)) => connection,
-        Ok(Err(e)) => return log::info_limited!("HTTP/2 connection from {} failed at its start: {e}", shared.peer_text),
+        Ok(Err(e)) => {
+            return log::info_limited!("HTTP/2 connection from {} failed at its start: {e}", shared.peer_text)
+        }
         Err(_) => {
             return log::info_limited!(
                 "closed the HTTP/2 connection from {}: its preface did not arrive within --header-timeout",
@@ -156,14 +161,15 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
     let mut idle_deadline = Some(Instant::now() + settings.header_timeout);
     loop {
         let event = tokio::select! {
-            accepted = connection.accept() => Event::Accepted(accepted),
+            accepted = connection.accept() => Event::Accepted(accepted.map(|stream| stream.map(Box::new))),
             _ = shutdown.wait_for(|stopping| *stopping), if !going_away => Event::Shutdown,
             _ = sleep_until(idle_deadline.unwrap_or_else(Instant::now)), if idle_deadline.is_some() && !going_away => Event::Idle,
             _ = shared.changed.notified() => Event::Changed,
         };
         match event {
             Event::Accepted(None) => break,
-            Event::Accepted(Some(Ok((request, respond)))) => {
+            Event::Accepted(Some(Ok(incoming))) => {
+                let (request, respond) = *incoming;
                 shared.open.set(shared.open.get() + 1);
                 idle_deadline = None;
                 mark.set(ConnectionState::Awaiting);

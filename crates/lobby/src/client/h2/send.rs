@@ -68,7 +68,10 @@ pub(super) async fn answer(
             }
             // The worker's answer broke before its head, or a WebSocket part (never asked for
             // over HTTP/2, `stream.rs` sets no WebSocket link).
-            ResponsePart::Abort | ResponsePart::Body { .. } | ResponsePart::File { .. } | ResponsePart::WebSocket(_) => {
+            ResponsePart::Abort
+            | ResponsePart::Body { .. }
+            | ResponsePart::File { .. }
+            | ResponsePart::WebSocket(_) => {
                 respond.send_reset(Reason::INTERNAL_ERROR);
                 return Err(Cut::Gone);
             }

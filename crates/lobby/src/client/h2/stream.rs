@@ -61,7 +61,9 @@ pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>
     match read.await {
         Ok((head, origin, body)) => seat(&shared, &head, &origin, body, respond, started).await,
         Err(Unread::Refused((status, reason))) => send::refuse(&shared, &mut respond, status, &reason),
-        Err(Unread::Gone) => debug!("the client {} reset an HTTP/2 stream before its request was whole", shared.peer_text),
+        Err(Unread::Gone) => {
+            debug!("the client {} reset an HTTP/2 stream before its request was whole", shared.peer_text)
+        }
     }
     shared.stream_ended();
 }
@@ -200,11 +202,8 @@ fn job(
     };
     let flags = if body_file.is_some() { FLAG_FD } else { 0 };
     let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
-    let summary = format!(
-        "{} {} HTTP/2.0",
-        String::from_utf8_lossy(&head.method),
-        String::from_utf8_lossy(&head.target)
-    );
+    let summary =
+        format!("{} {} HTTP/2.0", String::from_utf8_lossy(&head.method), String::from_utf8_lossy(&head.target));
     let job = Job {
         frame,
         body_file,
