@@ -30,7 +30,7 @@ import hyperframe.frame
 import pytest
 from client import eventually, get, status_of, wait_for_queue
 from conftest import HOST, Server, free_port
-from hpack import Decoder
+from hpack import Decoder, Encoder
 from tls_certs import Authority, Pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -336,6 +336,39 @@ def test_sigterm_sends_goaway_and_finishes_the_open_streams(
     assert server.wait(TIMEOUT) == 0
 
 
+def test_sigusr2_sends_goaway_and_the_new_lobby_takes_the_next_connection(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "A connection's life": at a binary upgrade the old lobby sends GOAWAY,
+    answers the stream it holds and exits; the connection is never handed over, and the
+    client's next connection is the new lobby's."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server(
+        "-w", "1", "--pid", str(pid_file), "--stats", f"{HOST}:{stats}", "tally:app",
+        cwd=APPS, env={"TALLY": str(tally)},
+    )  # fmt: skip
+    client = RawH2(server.port)
+    held = client.request("/held?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    server.send_signal(signal.SIGUSR2)
+    frames = frames_until_close(client.sock)
+    kinds = [type(frame).__name__ for frame in frames]
+    assert "GoAwayFrame" in kinds, kinds
+    answer = [frame for frame in frames if frame.stream_id == held]
+    assert dict(Decoder().decode(answer[0].data, raw=True))[b":status"] == b"200"
+    assert "END_STREAM" in answer[-1].flags
+    assert server.wait(30) == 0, server.stderr()
+    new_lobby = int(pid_file.read_text())
+    assert new_lobby != server.pid
+    again = RawH2(server.port)
+    assert again.response(again.request("/next"))[0] == 200
+    os.kill(new_lobby, signal.SIGTERM)
+    assert eventually(lambda: not pid_file.exists(), 30), server.stderr()
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/held", "/next"]
+
+
 def test_http_protocols_turns_either_off(
     maitred_server: Callable[..., Server], server_pair: Pair, authority: Authority
 ) -> None:
@@ -361,6 +394,7 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     another client is served afterwards."""
     tally = tmp_path / "tally"
     server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    before = rss_mib(server.pid)
     client = RawH2(server.port)
     sent = 0
     try:
@@ -374,6 +408,7 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     assert sent < 10_000 or goaways
     assert [frame.error_code for frame in goaways][-1:] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
     server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert rss_mib(server.pid) - before < 50
     assert get(server.port, "/other").status == 200
     ran = tally.read_text().splitlines()
     assert ran[-1].split()[1] == "/other"
@@ -400,3 +435,179 @@ def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Pat
         check=False,
     )
     assert report.returncode == 0, report.stdout[-6000:]
+
+
+class Flooder:
+    """A raw HTTP/2 client connection: the preface and an empty SETTINGS, then whatever frames
+    a test writes, with hyperframe and hpack alone; what the server answers is read as frames."""
+
+    def __init__(self, port: int, settings: dict[int, int] | None = None) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+        self.sock.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0, settings or {}).serialize()
+        )
+        self.frames: list = []
+        self.closed = False
+        self.buffer = b""
+
+    def send(self, frames: list) -> bool:
+        """Sends the frames; False once the server has closed the connection (or stopped reading
+        past TIMEOUT)."""
+        try:
+            self.sock.sendall(b"".join(frame.serialize() for frame in frames))
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            return False
+        return True
+
+    def read_until(self, condition: Callable[[list], bool]) -> list:
+        """Reads frames until `condition(frames)` holds or the server closes; PINGs answered."""
+        while not condition(self.frames) and not self.closed:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self.buffer += chunk
+            while len(self.buffer) >= 9:
+                frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(self.buffer[:9]))
+                if len(self.buffer) < 9 + length:
+                    break
+                frame.parse_body(memoryview(self.buffer[9 : 9 + length]))
+                self.frames.append(frame)
+                self.buffer = self.buffer[9 + length :]
+        return self.frames
+
+
+def goaway(frames: list) -> hyperframe.frame.GoAwayFrame | None:
+    return next((frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)), None)
+
+
+def request_block(path: str = "/") -> bytes:
+    return Encoder().encode([(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", path)])
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def continuation_flood() -> list:
+    """A header block that never ends: CONTINUATION frames of 1,000 fresh bytes each."""
+    frames = [hyperframe.frame.HeadersFrame(1, request_block())]
+    pad = Encoder().encode([("x-pad", "a" * 1000)])
+    frames += [hyperframe.frame.ContinuationFrame(1, pad) for _ in range(10_000)]
+    return frames
+
+
+def empty_data_flood() -> list:
+    """A POST whose body never comes: empty DATA frames, 100,000 of them."""
+    return [hyperframe.frame.HeadersFrame(1, request_block(), flags=["END_HEADERS"])] + [
+        hyperframe.frame.DataFrame(1, b"") for _ in range(100_000)
+    ]
+
+
+def zero_length_headers() -> list:
+    """HEADERS frames with an empty block (no pseudo-header: malformed), 10,000 streams."""
+    return [hyperframe.frame.HeadersFrame(2 * n + 1, b"", flags=["END_HEADERS", "END_STREAM"]) for n in range(10_000)]
+
+
+def settings_flood() -> list:
+    return [hyperframe.frame.SettingsFrame(0, {}) for _ in range(100_000)]
+
+
+def ping_flood() -> list:
+    return [hyperframe.frame.PingFrame(0, b"\0" * 8) for _ in range(100_000)]
+
+
+def window_update_of_zero() -> list:
+    return [hyperframe.frame.WindowUpdateFrame(0, 0)]
+
+
+def window_past_the_limit() -> list:
+    return [hyperframe.frame.WindowUpdateFrame(0, 2**31 - 1)]
+
+
+FLOODS = [
+    continuation_flood,
+    empty_data_flood,
+    zero_length_headers,
+    settings_flood,
+    ping_flood,
+    window_update_of_zero,
+    window_past_the_limit,
+]
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=[flood.__name__ for flood in FLOODS])
+def test_a_flood_ends_in_goaway_and_others_are_served(
+    maitred_server: Callable[..., Server], tmp_path: Path, flood: Callable[[], list]
+) -> None:
+    """docs/HTTP2.md, "Floods": each ends in GOAWAY with one log line, the lobby's memory grows
+    by less than 50 MiB, no request reaches the worker, and another client is served."""
+    tally = tmp_path / "tally"
+    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    before = rss_mib(server.pid)
+    flooder = Flooder(server.port)
+    flooder.send(flood())
+    frames = flooder.read_until(lambda frames: goaway(frames) is not None)
+    assert goaway(frames) is not None, [type(frame).__name__ for frame in frames][-20:]
+    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert rss_mib(server.pid) - before < 50
+    assert get(server.port, "/other").status == 200
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/other"]
+
+
+def test_an_hpack_bomb_past_the_header_limit_is_refused(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "Floods": 4,000 bytes indexed once and referred to 100 times decode to
+    400 KB, past the 64 KiB a head may have: refused (431 or a reset of the stream, or GOAWAY)
+    without the application seeing it, and others are served."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    fields = [(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/")]
+    block = Encoder().encode(fields + [("x-bomb", "b" * 4000)] * 100)
+    assert len(block) < 5000
+    flooder = Flooder(server.port)
+    flooder.send([hyperframe.frame.HeadersFrame(1, block, flags=["END_HEADERS", "END_STREAM"])])
+
+    def answered(frames: list) -> bool:
+        return goaway(frames) is not None or any(
+            isinstance(frame, (hyperframe.frame.RstStreamFrame, hyperframe.frame.HeadersFrame)) and frame.stream_id == 1
+            for frame in frames
+        )
+
+    frames = flooder.read_until(answered)
+    heads = [frame for frame in frames if isinstance(frame, hyperframe.frame.HeadersFrame)]
+    if heads:
+        # The connection's first header block: a fresh decoder reads it.
+        assert dict(Decoder().decode(heads[0].data, raw=True))[b":status"] == b"431"
+    else:
+        assert answered(frames), [type(frame).__name__ for frame in frames]
+    assert get(server.port, "/").status == 200
+
+
+def test_a_zero_window_on_100_streams_is_cut_by_send_timeout(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """docs/HTTP2.md, "Floods": a client that opens 100 streams and never gives a window to
+    any is disconnected with GOAWAY after --send-timeout, with one log line."""
+    (app_dir / "big.py").write_text(BIG_APP)
+    server = maitred_server("-w", "2", "--send-timeout", "1", "big:app", cwd=app_dir)
+    flooder = Flooder(server.port, {hyperframe.frame.SettingsFrame.INITIAL_WINDOW_SIZE: 0})
+    encoder = Encoder()
+    flooder.send(
+        [
+            hyperframe.frame.HeadersFrame(
+                2 * n + 1,
+                encoder.encode([(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/?100000")]),
+                flags=["END_HEADERS", "END_STREAM"],
+            )
+            for n in range(100)
+        ]
+    )
+    frames = flooder.read_until(lambda frames: goaway(frames) is not None)
+    assert goaway(frames).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    server.wait_for_log("took no byte of its answer for 1 s (--send-timeout)", TIMEOUT)
+    assert get(server.port, "/?3").status == 200

@@ -9,9 +9,11 @@
 //! never handed over: it finishes its streams here) and after `--keep-alive` without a stream,
 //! and closes when a stream's client took nothing for `--send-timeout`. What a client may make
 //! it hold is bounded by the settings below; the h2 crate refuses the floods it knows
-//! (rapid reset, CONTINUATION, headers past the list size, too many locally reset streams)
-//! with GOAWAY, and the connection's end says so in one log line.
+//! (rapid reset, CONTINUATION, headers past the list size, too many locally reset streams,
+//! empty DATA frames) with GOAWAY, `guard.rs` those it does not (SETTINGS and PING), and the
+//! connection's end says so in one log line.
 
+mod guard;
 mod head;
 mod rewound;
 mod send;
@@ -111,6 +113,7 @@ pub(super) fn start<T>(
         cut: RefCell::new(None),
         changed: Notify::new(),
     });
+    let io = guard::Guarded::new(io, shared.clone());
     tokio::task::spawn_local(serve(shared, io, permit));
 }
 
