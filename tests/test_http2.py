@@ -311,6 +311,25 @@ def test_a_stream_reset_while_queued_is_dropped_without_running(
     assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/busy", "/after"]
 
 
+def test_a_stream_reset_in_service_is_a_disconnect_for_the_application(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Clients that leave": a stream reset while its answer streams tells the
+    worker, whose ASGI application hears http.disconnect at once, as when an HTTP/1.1 client
+    closes; the connection's other streams go on."""
+    events = tmp_path / "events"
+    server = maitred_server("asgi_conformance:app", "-w", "1", cwd=APPS, env={"ASGI_EVENTS": str(events)})
+    client = RawH2(server.port)
+    stream = client.request("/first-then-wait")
+    client.until(lambda: stream in client.partial and client.partial[stream][1] == b"first\n")
+    client.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+    client.flush()
+    assert eventually(lambda: events.exists() and "http.disconnect" in events.read_text(), TIMEOUT), (
+        events.read_text() if events.exists() else "no events"
+    )
+    assert client.response(client.request("/pid"))[0] == 200
+
+
 def test_sigterm_sends_goaway_and_finishes_the_open_streams(
     maitred_server: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -367,6 +386,16 @@ def test_sigusr2_sends_goaway_and_the_new_lobby_takes_the_next_connection(
     os.kill(new_lobby, signal.SIGTERM)
     assert eventually(lambda: not pid_file.exists(), 30), server.stderr()
     assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/held", "/next"]
+
+
+def test_an_idle_connection_gets_goaway_after_keep_alive(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "A connection's life": a connection without a stream for --keep-alive
+    gets GOAWAY (NO_ERROR), then is closed."""
+    server = maitred_server("--keep-alive", "1", "environ_echo:app", cwd=APPS)
+    client = RawH2(server.port)
+    assert client.response(client.request("/"))[0] == 200
+    goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert goaways and goaways[-1].error_code == h2.errors.ErrorCodes.NO_ERROR
 
 
 def test_http_protocols_turns_either_off(
@@ -611,3 +640,23 @@ def test_a_zero_window_on_100_streams_is_cut_by_send_timeout(
     assert goaway(frames).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     server.wait_for_log("took no byte of its answer for 1 s (--send-timeout)", TIMEOUT)
     assert get(server.port, "/?3").status == 200
+
+
+def test_the_access_log_and_the_metrics_count_http2(maitred_server: Callable[..., Server], tmp_path: Path) -> None:
+    """docs/HTTP2.md, "The access log" and docs/METRICS.md: the protocol atom says HTTP/2.0, and
+    maitred_http2_requests_total counts HTTP/2's answers among maitred_requests_total's."""
+    access = tmp_path / "access.log"
+    stats = free_port()
+    server = maitred_server(
+        "--access-logfile", str(access), "--access-logformat", '%(H)s "%(r)s" %(s)s',
+        "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS,
+    )  # fmt: skip
+    client = RawH2(server.port)
+    assert client.response(client.request("/two?x=1"))[0] == 200
+    assert get(server.port, "/one").status == 200
+    assert eventually(lambda: access.exists() and len(access.read_text().splitlines()) == 2, TIMEOUT)
+    lines = access.read_text().splitlines()
+    assert 'HTTP/2.0 "GET /two?x=1 HTTP/2.0" 200' in lines, lines
+    assert 'HTTP/1.1 "GET /one HTTP/1.1" 200' in lines, lines
+    metrics = get(stats, "/metrics").body.decode()
+    assert "maitred_http2_requests_total 1" in metrics.splitlines()

@@ -153,6 +153,8 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
+    /// Ends the connection; a refusal is written first. The refusal's future is boxed, so that
+    /// this one adds no more to the connection's future than the inline code it replaces.
     async fn stop(&mut self, stop: Stop) {
         if let Stop::Refuse(status, reason) = stop {
             // What was read is not needed to refuse it; a head given up for
