@@ -244,6 +244,24 @@ def test_httpx_sends_and_receives_large_bodies_within_flow_control(
             assert answer.status_code == 200 and answer.content == b"z" * size
 
 
+def test_an_answer_is_held_to_its_content_length(maitred_server: Callable[..., Server], app_dir: Path) -> None:
+    """docs/HTTP2.md, "Answers": bytes past the application's Content-Length are dropped, and an
+    answer that ends short resets its stream, as HTTP/1.1 closes its connection, so that no
+    client takes a truncated answer for a whole one; both with a warning."""
+    (app_dir / "liar.py").write_text(
+        "def app(environ, start_response):\n"
+        "    start_response('200 OK', [('Content-Length', '5')])\n"
+        "    return [b'12345678' if environ['PATH_INFO'] == '/long' else b'123']\n"
+    )
+    server = maitred_server("liar:app", cwd=app_dir)
+    client = RawH2(server.port)
+    assert client.response(client.request("/long"))[2] == b"12345"
+    short = client.request("/short")
+    client.until(lambda: short in client.resets)
+    assert client.resets[short] == h2.errors.ErrorCodes.INTERNAL_ERROR
+    server.wait_for_log("bytes fewer than its Content-Length; the stream is reset", TIMEOUT)
+
+
 def test_the_asgi_scope_says_http_version_2(maitred_server: Callable[..., Server]) -> None:
     """docs/HTTP2.md, "What the application sees": ASGI's http_version is "2"; httpx with
     http1=False speaks HTTP/2 with prior knowledge."""
