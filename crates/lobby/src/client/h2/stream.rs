@@ -31,6 +31,11 @@ use crate::seating::job::{Job, JobState};
 use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 
+/// A stream's body past this size goes to a temporary file, as an HTTP/1.1 one past 256 KiB
+/// does: a connection may carry `--http2-max-concurrent-streams` bodies at once, and each file
+/// takes a place under `--max-connections`, which bounds them all.
+const BODY_MEMORY: usize = 64 * 1024;
+
 /// Why a stream's request was not read whole.
 enum Unread {
     Refused(Refusal),
@@ -71,7 +76,7 @@ pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>
 /// Reads the body to its end, within `--header-timeout` for each gap and `--body-min-rate`
 /// overall, as an HTTP/1.1 body is read (`read.rs`), and within `--max-body`.
 async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Result<Body, Unread> {
-    let mut body = Body::for_length(head.content_length, &shared.descriptors)?;
+    let mut body = Body::for_length(head.content_length, BODY_MEMORY, &shared.descriptors)?;
     if stream.is_end_stream() {
         return Ok(body);
     }
@@ -105,7 +110,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
             Some(Err(_)) => return Err(Unread::Gone),
             Some(Ok(data)) => {
                 gap_started = Instant::now();
-                body.push(&data, &shared.descriptors)?;
+                body.push(&data, BODY_MEMORY, &shared.descriptors)?;
                 // The bytes are the request's now: the client may send as many more.
                 let _ = stream.flow_control().release_capacity(data.len());
                 if let Some(max) = config.max_body.filter(|max| body.len() > *max) {
