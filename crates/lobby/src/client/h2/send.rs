@@ -30,8 +30,6 @@ pub(super) struct Sent {
     pub(super) body_bytes: u64,
     /// The application's header fields, when the access log writes some (`{name}o`).
     pub(super) headers: Vec<(Bytes, Bytes)>,
-    /// Body bytes still owed under the application's Content-Length.
-    remaining: Option<u64>,
 }
 
 /// Why an answer stopped.
@@ -82,11 +80,6 @@ pub(super) async fn answer(
         // HEAD, 204 and 304 carry no body, whatever the application wrote.
         let bodiless = head.method.as_ref() == b"HEAD" || status == 204 || status == 304;
         let response = response_head(status, &headers);
-        sent.remaining = response
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|text| text.parse().ok());
         if log::access_log_enabled() && shared.lobby.settings().access_log_format.uses_response_headers() {
             sent.headers = headers;
         }
@@ -216,26 +209,17 @@ fn error_response(respond: &mut SendResponse<Bytes>, status: u16, detail: &str, 
 async fn send_data(
     stream: &mut SendStream<Bytes>,
     mut data: Bytes,
-    mut end: bool,
+    end: bool,
     limit: Duration,
     sent: &mut Sent,
 ) -> Result<(), Cut> {
-    // The body is held to the application's Content-Length, as over HTTP/1.1 (`write.rs`): the
-    // excess is dropped, and a body that ends short resets the stream rather than end it, so
-    // that the client does not take a truncated answer for a whole one.
-    let mut short = 0;
-    if let Some(remaining) = &mut sent.remaining {
-        if data.len() as u64 > *remaining {
-            log::warning_limited!("the application sent more bytes than its Content-Length; the excess was dropped");
-            data.truncate(*remaining as usize);
-        }
-        *remaining -= data.len() as u64;
-        if end && *remaining > 0 {
-            short = *remaining;
-            end = false;
-        }
-    }
     sent.body_bytes += data.len() as u64;
+    if data.is_empty() {
+        if end {
+            stream.send_data(data, true)?;
+        }
+        return Ok(());
+    }
     while !data.is_empty() {
         stream.reserve_capacity(data.len());
         let granted = match tokio::time::timeout(limit, poll_fn(|cx| stream.poll_capacity(cx))).await {
@@ -248,17 +232,6 @@ async fn send_data(
         }
         let chunk = data.split_to(granted.min(data.len()));
         stream.send_data(chunk, end && data.is_empty())?;
-        if end && data.is_empty() {
-            return Ok(());
-        }
-    }
-    if short > 0 {
-        log::warning_limited!("the application sent {short} bytes fewer than its Content-Length; the stream is reset");
-        stream.send_reset(Reason::INTERNAL_ERROR);
-        return Err(Cut::Gone);
-    }
-    if end {
-        stream.send_data(Bytes::new(), true)?;
     }
     Ok(())
 }
