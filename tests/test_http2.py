@@ -25,6 +25,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import httpx
 import hyperframe.frame
 import pytest
@@ -437,6 +438,26 @@ def test_http_protocols_turns_either_off(
     assert reply.status == 505 and b"--http-protocols h2" in reply.body
     client = RawH2(only_h2.port)
     assert client.response(client.request("/"))[0] == 200
+
+
+def test_the_stream_cap_is_announced_and_held(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "The same queue": --http2-max-concurrent-streams is the client's
+    SETTINGS_MAX_CONCURRENT_STREAMS, and a stream past it is refused (REFUSED_STREAM) while the
+    others are answered."""
+    server = maitred_server(
+        "-w", "1", "--http2-max-concurrent-streams", "2", "tally:app", cwd=APPS, env={"TALLY": "/dev/null"}
+    )
+    client = RawH2(server.port)
+    client.until(lambda: client.conn.remote_settings.max_concurrent_streams == 2)
+    # hyper-h2 keeps to the cap itself: the third stream goes out with the state machine's
+    # cap lifted, as a client that ignores it would send it.
+    first, second = client.request("/a?sleep=0.5"), client.request("/b?sleep=0.5")
+    client.conn.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 3
+    client.conn.remote_settings.acknowledge()
+    third = client.request("/c")
+    client.until(lambda: third in client.resets)
+    assert client.resets[third] == h2.errors.ErrorCodes.REFUSED_STREAM
+    assert client.response(first)[0] == client.response(second)[0] == 200
 
 
 def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
