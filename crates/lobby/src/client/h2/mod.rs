@@ -185,15 +185,18 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
                 }
                 break;
             }
-            Event::Shutdown => {
+            Event::Shutdown if shared.open.get() > 0 => {
                 // GOAWAY: no new stream; those open are answered, within --graceful-timeout.
                 debug!("HTTP/2 connection from {}: GOAWAY for the shutdown", shared.peer_text);
                 connection.graceful_shutdown();
                 going_away = true;
             }
-            Event::Idle => {
-                debug!("HTTP/2 connection from {} idle past its timeout: GOAWAY", shared.peer_text);
-                connection.graceful_shutdown();
+            // Without a stream there is nothing to finish: GOAWAY with the last stream taken,
+            // and the close, without waiting for the client to answer the graceful GOAWAY's PING
+            // (a stream it sent meanwhile is one it knows it may send again).
+            Event::Shutdown | Event::Idle => {
+                debug!("HTTP/2 connection from {} idle at a shutdown or past its timeout: GOAWAY", shared.peer_text);
+                connection.abrupt_shutdown(Reason::NO_ERROR);
                 going_away = true;
             }
             Event::Changed => {
@@ -213,9 +216,10 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
 }
 
 /// One line for a connection that ended in an error: the client's (a protocol error, a flood
-/// the h2 crate refused) at info, rate-limited; a socket that failed or closed at debug.
+/// the h2 crate refused) at info, rate-limited; a socket that failed or closed, or a GOAWAY
+/// without an error (either side's), at debug.
 fn ended(shared: &Shared, e: &h2::Error) {
-    if e.is_io() || (e.is_go_away() && e.is_remote() && e.reason() == Some(Reason::NO_ERROR)) {
+    if e.is_io() || (e.is_go_away() && e.reason() == Some(Reason::NO_ERROR)) {
         debug!("HTTP/2 connection from {} ended: {e}", shared.peer_text);
     } else {
         log::info_limited!("HTTP/2 connection from {} closed: {e}", shared.peer_text);
