@@ -125,7 +125,11 @@ impl<S: ClientStream> Connection<S> {
             if self.answered == 0 && !S::ENCRYPTED {
                 let opening = match self.protocol_chosen() {
                     Some(chosen) => chosen,
-                    None => Box::pin(self.opening()).await,
+                    None => {
+                        // A PROXY header, or more of the preface, is read: as a head is.
+                        self.mark.set(ConnectionState::Reading);
+                        Box::pin(self.opening()).await
+                    }
                 };
                 match opening {
                     Ok(false) => {}
