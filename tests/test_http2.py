@@ -433,6 +433,10 @@ def test_http_protocols_turns_either_off(
     context.set_alpn_protocols(["h2", "http/1.1"])
     with context.wrap_socket(socket.create_connection((HOST, only_h1.port)), server_hostname="localhost") as sock:
         assert sock.selected_alpn_protocol() == "http/1.1"
+    # A client that offers only h2 is refused at the handshake (no_application_protocol).
+    context.set_alpn_protocols(["h2"])
+    with pytest.raises(ssl.SSLError, match="no application protocol"):
+        context.wrap_socket(socket.create_connection((HOST, only_h1.port)), server_hostname="localhost")
     only_h2 = maitred_server("--http-protocols", "h2", "environ_echo:app", cwd=APPS)
     reply = get(only_h2.port, "/")
     assert reply.status == 505 and b"--http-protocols h2" in reply.body
