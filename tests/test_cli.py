@@ -244,6 +244,8 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "timeout": 30.0,
         "graceful_timeout": 30.0,
         "keep_alive": 75.0,
+        "http_protocols": ["h1", "h2"],
+        "http2_max_concurrent_streams": 100,
         "header_timeout": 10.0,
         "body_min_rate": 500,
         "send_timeout": 60.0,

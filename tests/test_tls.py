@@ -91,11 +91,12 @@ def exchange(sock: socket.socket, body: str = "") -> Reply:
 
 
 def test_https_is_served_with_tls_13_alpn_and_the_https_scheme(tls_server: StartTls, authority: Authority) -> None:
-    """docs/TLS.md, "HTTPS on a listener": TLS 1.3 by default, ALPN http/1.1, and the
-    application sees wsgi.url_scheme https; keep-alive requests share one connection."""
+    """docs/TLS.md, "HTTPS on a listener": TLS 1.3 by default, ALPN http/1.1 to a client that
+    offers it (h2 is tests/test_http2.py's), and the application sees wsgi.url_scheme https;
+    keep-alive requests share one connection."""
     server = tls_server()
     context = client_context(authority)
-    context.set_alpn_protocols(["h2", "http/1.1"])
+    context.set_alpn_protocols(["http/1.1"])
     with tls_connect(server.port, context) as sock:
         assert sock.version() == "TLSv1.3"
         assert sock.selected_alpn_protocol() == "http/1.1"

@@ -201,7 +201,7 @@ enum WorkerEvent {
     Bell,
     LobbyBell,
     Request {
-        http_minor: u8,
+        http_version: u8,
         method: Vec<u8>,
         target: Vec<u8>,
         peer: (Vec<u8>, u16),
@@ -305,8 +305,8 @@ impl WorkerChannel {
         let payload = &self.inbox[frame.start + HEADER_LEN..frame.end];
         let request = Request::decode_payload(payload, body_in_file)
             .map_err(|e| format!("the lobby sent a bad REQUEST frame: {e}"))?;
-        if request.http_minor > 1 {
-            return Err(format!("a REQUEST frame has HTTP minor version {}", request.http_minor));
+        if request.http_version > maitred_wire::HTTP_2 {
+            return Err(format!("a REQUEST frame has an unknown HTTP version byte {}", request.http_version));
         }
         let mut again = Vec::new();
         request.encode_payload(&mut again).expect("a decoded request encodes");
@@ -321,7 +321,7 @@ impl WorkerChannel {
         let tail = &payload[payload.len() - inline_len..];
         assert!(std::ptr::eq(tail, request.inline_body), "the inline body is not the end of the payload");
         let mut event = WorkerEvent::Request {
-            http_minor: request.http_minor,
+            http_version: request.http_version,
             method: request.method.to_vec(),
             target: request.target.to_vec(),
             peer: (request.peer_addr.to_vec(), request.peer_port),

@@ -210,7 +210,7 @@ fn stream(
 /// announces, mostly) or in a file, now and then a WebSocket's.
 fn request_frame() -> impl Strategy<Value = Vec<u8>> {
     let line = (
-        prop_oneof![4 => 0..=1u8, 1 => any::<u8>()],
+        prop_oneof![4 => 0..=2u8, 1 => any::<u8>()],
         words(&["GET", "POST", "HEAD", "", "M-SEARCH"]),
         prop_oneof![words(&["/", "/a%20b?x=1", "*"]), bytes(24)],
     );
@@ -224,7 +224,7 @@ fn request_frame() -> impl Strategy<Value = Vec<u8>> {
     let flags = prop_oneof![3 => Just(0), 1 => Just(FLAG_WEBSOCKET), 1 => any::<u8>()];
     (line, peers, tls, header_pairs(), body, flags).prop_map(
         |(
-            (http_minor, method, target),
+            (http_version, method, target),
             (peer_addr, peer_port, server_name, server_port),
             (https, client_subject),
             headers,
@@ -232,7 +232,7 @@ fn request_frame() -> impl Strategy<Value = Vec<u8>> {
             flags,
         )| {
             let request = Request {
-                http_minor,
+                http_version,
                 method: &method,
                 target: &target,
                 peer_addr: &peer_addr,

@@ -55,7 +55,7 @@ _IGNORED = Verdict.IGNORED
 _REFUSED = Verdict.REFUSED
 
 _OFF = (None, False, "", 0, (), [], {})
-_HTTP1_ONLY = "maitred speaks HTTP/1.0 and HTTP/1.1 only: let the proxy in front of it speak HTTP/2"
+_HTTP2_FIXED = "maitred's HTTP/2 windows and frame size are fixed: 256 KiB a stream, 1 MiB a connection (docs/HTTP2.md)"
 _DIRTY = "maitred has no dirty-worker pool: every worker runs the application"
 _CONTROL = "maitred has no control socket: use signals (docs/SIGNALS.md) and --stats"
 _LOGGING = "maitred writes its own log lines (--error-logfile, --access-logfile); no Python logging configuration"
@@ -306,12 +306,31 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "the application hears http.disconnect when its client leaves; --timeout bounds the rest",
     ),
     # HTTP/2
-    GunicornSetting("http_protocols", ("--http-protocols",), _IGNORED, _HTTP1_ONLY, ("h1",)),
-    GunicornSetting("http2_cleartext", ("--http2-cleartext",), _IGNORED, _HTTP1_ONLY, _OFF),
-    GunicornSetting("http2_max_concurrent_streams", ("--http2-max-concurrent-streams",), _IGNORED, _HTTP1_ONLY),
-    GunicornSetting("http2_initial_window_size", ("--http2-initial-window-size",), _IGNORED, _HTTP1_ONLY),
-    GunicornSetting("http2_max_frame_size", ("--http2-max-frame-size",), _IGNORED, _HTTP1_ONLY),
-    GunicornSetting("http2_max_header_list_size", ("--http2-max-header-list-size",), _IGNORED, _HTTP1_ONLY),
+    GunicornSetting(
+        "http_protocols",
+        ("--http-protocols",),
+        _SAME,
+        "maitred's default is h1,h2 (gunicorn's: h1), and h2 is spoken on plain listeners too, to clients that "
+        "open with its preface (docs/HTTP2.md)",
+    ),
+    GunicornSetting(
+        "http2_cleartext",
+        ("--http2-cleartext",),
+        _IGNORED,
+        "maitred takes HTTP/2 with prior knowledge on every plain listener while --http-protocols has h2, and "
+        "never by Upgrade: h2c",
+        (*_OFF, "off", "prior-knowledge"),
+    ),
+    GunicornSetting("http2_max_concurrent_streams", ("--http2-max-concurrent-streams",), _SAME),
+    GunicornSetting("http2_initial_window_size", ("--http2-initial-window-size",), _IGNORED, _HTTP2_FIXED),
+    GunicornSetting("http2_max_frame_size", ("--http2-max-frame-size",), _IGNORED, _HTTP2_FIXED),
+    GunicornSetting(
+        "http2_max_header_list_size",
+        ("--http2-max-header-list-size",),
+        _IGNORED,
+        "a header block is held to 64 KiB decoded, as an HTTP/1.1 head is; its fields to --limit-request-fields "
+        "and --limit-request-field-size",
+    ),
     GunicornSetting("http_parser", ("--http-parser",), _IGNORED, _PARSER, ("auto",)),
     # Dirty arbiters
     GunicornSetting("dirty_apps", ("--dirty-app",), _IGNORED, _DIRTY, _OFF),

@@ -36,7 +36,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, Config, Forwarding, HalfClose, Level, QueuePolicy, Succession,
+    AccessFormat, AllowList, BindAddress, Config, Forwarding, HalfClose, HttpProtocols, Level, QueuePolicy, Succession,
     WebSocketLimits,
 };
 
@@ -315,5 +315,6 @@ fn config(options: &Options) -> Config {
         websocket: options.websocket,
         tls: None,
         plain_binds: Vec::new(),
+        http: HttpProtocols::default(),
     }
 }

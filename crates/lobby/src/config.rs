@@ -104,6 +104,26 @@ pub struct Config {
     pub plain_binds: Vec<BindAddress>,
     /// The limits of WebSockets (docs/PROTOCOL.md, section 5).
     pub websocket: WebSocketLimits,
+    /// `--http-protocols` and HTTP/2's own limits (docs/HTTP2.md).
+    pub http: HttpProtocols,
+}
+
+/// Which protocols clients may speak, and HTTP/2's limits. The protocols are read as the lobby
+/// starts (TLS offers them by ALPN from then on); the limits from each new connection on.
+#[derive(Clone, Debug)]
+pub struct HttpProtocols {
+    /// HTTP/1.0 and HTTP/1.1.
+    pub http1: bool,
+    /// HTTP/2: by ALPN on TLS listeners, with prior knowledge on plain ones.
+    pub http2: bool,
+    /// `--http2-max-concurrent-streams`: the streams one connection may have open at once.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for HttpProtocols {
+    fn default() -> HttpProtocols {
+        HttpProtocols { http1: true, http2: true, max_concurrent_streams: 100 }
+    }
 }
 
 /// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`, `--ws-per-message-deflate` and

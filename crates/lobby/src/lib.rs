@@ -32,7 +32,7 @@ use tokio::task::LocalSet;
 
 pub use client::certificates::{CertReqs, TlsSettings};
 pub use client::proxies::{AllowList, Forwarding};
-pub use config::{BindAddress, Config, Credentials, HalfClose, QueuePolicy, WebSocketLimits};
+pub use config::{BindAddress, Config, Credentials, HalfClose, HttpProtocols, QueuePolicy, WebSocketLimits};
 pub use listen::bind::LISTEN_FDS_START;
 pub use log::access_format::AccessFormat;
 pub use log::Level;

@@ -96,7 +96,12 @@ pub(crate) async fn until_stopped(
         log::open_access_log(target).map_err(|e| StartupError(format!("cannot open access log {target}: {e}")))?;
     }
     // The key may be readable by root only, as nginx's often is.
-    let tls = config.tls.as_ref().map(Certificates::load).transpose().map_err(StartupError)?;
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|tls| Certificates::load(tls, config.http.http1, config.http.http2))
+        .transpose()
+        .map_err(StartupError)?;
     if let Some(certificates) = &tls {
         info!("TLS with the certificate in {}", certificates.certfile().display());
     }

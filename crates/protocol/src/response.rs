@@ -36,11 +36,12 @@ pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 /// The end of a chunked body (no trailers).
 pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
-/// Header fields that concern one connection, not the message; the lobby decides those.
+/// Header fields that concern one connection, not the message; the lobby decides those (and
+/// HTTP/2 forbids them, RFC 9113 8.2.2).
 const HOP_BY_HOP: [&[u8]; 7] =
     [b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-connection"];
 
-fn is_hop_by_hop(name: &[u8]) -> bool {
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop))
 }
 

@@ -140,9 +140,10 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
     environ.set_item(intern!(py, "PATH_INFO"), latin1(py, strip_script_name(&path, script_name))?)?;
     environ.set_item(intern!(py, "QUERY_STRING"), latin1(py, target.query)?)?;
     environ.set_item(intern!(py, "RAW_URI"), latin1(py, request.target)?)?;
-    let protocol = match request.http_minor {
-        0 => intern!(py, "HTTP/1.0"),
-        _ => intern!(py, "HTTP/1.1"),
+    let protocol = match request.http_version {
+        maitred_wire::HTTP_1_0 => intern!(py, "HTTP/1.0"),
+        maitred_wire::HTTP_1_1 => intern!(py, "HTTP/1.1"),
+        _ => intern!(py, "HTTP/2"),
     };
     environ.set_item(intern!(py, "SERVER_PROTOCOL"), protocol)?;
     environ.set_item(intern!(py, "SERVER_NAME"), latin1(py, request.server_name)?)?;

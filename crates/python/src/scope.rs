@@ -50,7 +50,11 @@ pub fn build<'py>(
     asgi.set_item(intern!(py, "version"), intern!(py, ASGI_VERSION))?;
     asgi.set_item(intern!(py, "spec_version"), intern!(py, ASGI_SPEC_VERSION))?;
     scope.set_item(intern!(py, "asgi"), asgi)?;
-    let version = if request.http_minor == 0 { intern!(py, "1.0") } else { intern!(py, "1.1") };
+    let version = match request.http_version {
+        maitred_wire::HTTP_1_0 => intern!(py, "1.0"),
+        maitred_wire::HTTP_1_1 => intern!(py, "1.1"),
+        _ => intern!(py, "2"),
+    };
     scope.set_item(intern!(py, "http_version"), version)?;
     // A WebSocket scope has no method (Litestar refuses a WebSocket whose scope has one).
     if !websocket {

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use maitred_lobby::{
-    AccessFormat, AllowList, BindAddress, CertReqs, Config, Credentials, Forwarding, HalfClose, HookFailed, Level,
-    LobbyHook, ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession, TlsSettings, WebSocketLimits,
+    AccessFormat, AllowList, BindAddress, CertReqs, Config, Credentials, Forwarding, HalfClose, HookFailed,
+    HttpProtocols, Level, LobbyHook, ProxyVersions, QueuePolicy, Reread, Rereader, ServerHooks, Succession,
+    TlsSettings, WebSocketLimits,
 };
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyValueError;
@@ -198,6 +199,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
                 .collect(),
         },
         proxy_protocol: proxy_versions(&required::<String>(settings, "proxy_protocol")?)?,
+        http: http_protocols(settings)?,
         proxy_allow_ips: allow_list(settings, "proxy_allow_ips")?,
         websocket: WebSocketLimits {
             max_size: required(settings, "ws_max_size")?,
@@ -245,6 +247,20 @@ fn bind_address(py: Python<'_>, address: &str) -> PyResult<BindAddress> {
         ("fd", 2) => Ok(BindAddress::Fd(parts.get_item(1)?.extract()?)),
         _ => Err(PyValueError::new_err(format!("not an address: {parts}"))),
     }
+}
+
+/// `--http-protocols` (a list of `h1` and `h2`, checked by the CLI) and
+/// `--http2-max-concurrent-streams`.
+fn http_protocols(settings: &Bound<'_, PyDict>) -> PyResult<HttpProtocols> {
+    let protocols = required::<Vec<String>>(settings, "http_protocols")?;
+    if let Some(other) = protocols.iter().find(|name| !matches!(name.as_str(), "h1" | "h2")) {
+        return Err(PyValueError::new_err(format!("setting 'http_protocols': unknown protocol '{other}'")));
+    }
+    Ok(HttpProtocols {
+        http1: protocols.iter().any(|name| name == "h1"),
+        http2: protocols.iter().any(|name| name == "h2"),
+        max_concurrent_streams: required(settings, "http2_max_concurrent_streams")?,
+    })
 }
 
 /// `--proxy-protocol`'s modes, as gunicorn names them (the CLI has checked them).

@@ -344,10 +344,17 @@ impl<'a> Reader<'a> {
 /// In a `REQUEST`'s url-scheme byte, beside https (1): a client certificate's subject follows.
 const SCHEME_CLIENT_SUBJECT: u8 = 2;
 
+/// A `REQUEST`'s protocol byte: HTTP/1.0 and HTTP/1.1 keep the values they had as the HTTP
+/// minor version, and HTTP/2 follows.
+pub const HTTP_1_0: u8 = 0;
+pub const HTTP_1_1: u8 = 1;
+pub const HTTP_2: u8 = 2;
+
 /// The head of a `REQUEST` frame, borrowing from the payload it was decoded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request<'a> {
-    pub http_minor: u8,
+    /// The protocol the client spoke: [`HTTP_1_0`], [`HTTP_1_1`] or [`HTTP_2`].
+    pub http_version: u8,
     pub method: &'a [u8],
     pub target: &'a [u8],
     pub peer_addr: &'a [u8],
@@ -370,7 +377,7 @@ impl<'a> Request<'a> {
     /// Appends the payload of a `REQUEST` frame (without its frame header).
     pub fn encode_payload(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         let mut w = Writer::new(out);
-        w.u8(self.http_minor);
+        w.u8(self.http_version);
         w.str16("method", self.method)?;
         w.str16("target", self.target)?;
         w.str16("peer address", self.peer_addr)?;
@@ -390,7 +397,7 @@ impl<'a> Request<'a> {
     /// Decodes a `REQUEST` payload. `body_in_file` is the frame's `FD` flag.
     pub fn decode_payload(payload: &'a [u8], body_in_file: bool) -> Result<Request<'a>, WireError> {
         let mut r = Reader::new(payload);
-        let http_minor = r.u8("http minor version")?;
+        let http_version = r.u8("http version")?;
         let method = r.str16("method")?;
         let target = r.str16("target")?;
         let peer_addr = r.str16("peer address")?;
@@ -415,7 +422,7 @@ impl<'a> Request<'a> {
             };
         }
         Ok(Request {
-            http_minor,
+            http_version,
             method,
             target,
             peer_addr,
@@ -493,7 +500,7 @@ mod tests {
 
     fn sample_request(inline_body: &[u8]) -> Request<'_> {
         Request {
-            http_minor: 1,
+            http_version: 1,
             method: b"POST",
             target: b"/a%20b?x=1",
             peer_addr: b"127.0.0.1",

@@ -16,6 +16,8 @@ from maitred.config.values import (
     _address_list,
     _address_list_value,
     _bind_address,
+    _http_protocols,
+    _http_protocols_value,
     _log_destination,
     _log_level,
     _proxy_protocol,
@@ -223,6 +225,29 @@ ROWS: tuple[Setting, ...] = (
         75.0,
         "How long an idle keep-alive connection is held open (0: close after each response). "
         "An idle connection costs no worker; keep this above your proxy's idle timeout.",
+    ),
+    Setting(
+        "requests",
+        "http_protocols",
+        ("--http-protocols",),
+        "LIST",
+        _http_protocols,
+        ["h1", "h2"],
+        "Protocols clients may speak, comma-separated: h1 (HTTP/1.0 and HTTP/1.1) and h2 (HTTP/2: offered by "
+        "ALPN on TLS listeners, and taken on plain ones from clients that open with its preface, as curl "
+        "--http2-prior-knowledge does; docs/HTTP2.md). Read at start.",
+        default_text="h1,h2",
+        from_python=_http_protocols_value,
+    ),
+    Setting(
+        "requests",
+        "http2_max_concurrent_streams",
+        ("--http2-max-concurrent-streams",),
+        "INT",
+        _whole_number(1, 2**31 - 1),
+        100,
+        "Most HTTP/2 streams (requests) one connection may have open at once; each is a request in the one "
+        "queue, under the same limits as an HTTP/1.1 one.",
     ),
     Setting(
         "requests",

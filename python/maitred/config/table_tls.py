@@ -93,7 +93,7 @@ ROWS: tuple[Setting, ...] = (
         _readable_file,
         None,
         "PEM certificate, its chain after it. With --keyfile every listener speaks TLS (HTTPS), but those "
-        "written http://ADDRESS; TLS 1.2 and 1.3, ALPN http/1.1. SIGHUP reads it again (docs/TLS.md).",
+        "written http://ADDRESS; TLS 1.2 and 1.3, ALPN h2 and http/1.1 (--http-protocols). SIGHUP reads it again (docs/TLS.md).",
         default_text="off",
     ),
     Setting(

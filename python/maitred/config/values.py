@@ -292,6 +292,27 @@ def _address_list_value(value: object) -> list[str]:
     raise ValueError(f"expected a comma-separated string or a list of strings, got {value!r}")
 
 
+def _http_protocols(text: str) -> list[str]:
+    """Comma-separated protocols, h1 (HTTP/1.0 and 1.1) and h2 (HTTP/2), as gunicorn's
+    --http-protocols takes them; their order does not matter (maitred prefers none)."""
+    entries = [entry.strip().lower() for entry in text.split(",") if entry.strip()]
+    unknown = [entry for entry in entries if entry not in ("h1", "h2")]
+    if unknown:
+        raise ValueError(f"expected h1, h2 or h1,h2, got {unknown[0]!r}")
+    if not entries:
+        raise ValueError("expected h1, h2 or h1,h2: at least one protocol")
+    return sorted(set(entries))
+
+
+def _http_protocols_value(value: object) -> list[str]:
+    """A config file's protocols: a comma-separated string, as gunicorn's, or a list of strings."""
+    if isinstance(value, str):
+        return _http_protocols(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return _http_protocols(",".join(value))
+    raise ValueError(f"expected a comma-separated string or a list of strings, got {value!r}")
+
+
 # gunicorn's default secure_scheme_headers: a trusted proxy's header that says https.
 SECURE_SCHEME_HEADERS = {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https", "X-FORWARDED-SSL": "on"}
 

@@ -1,5 +1,5 @@
 //! The TLS listeners' certificate and rules (docs/TLS.md): `--certfile` and `--keyfile` read
-//! into a rustls configuration, TLS 1.2 and 1.3 only, ALPN `http/1.1`, session tickets on,
+//! into a rustls configuration, TLS 1.2 and 1.3 only, ALPN `h2` and `http/1.1`, session tickets on,
 //! `--ciphers` and client certificates (`--ca-certs`, `--cert-reqs`). A SIGHUP reads the
 //! files again; new handshakes use what it read, open connections keep theirs. A leaf: it
 //! imports nothing of the lobby's.
@@ -47,6 +47,8 @@ pub enum CertReqs {
 /// The configuration every new handshake uses, replaced whole by a reload.
 pub struct Certificates {
     settings: TlsSettings,
+    /// The protocols offered by ALPN, in the server's order of preference.
+    alpn: Vec<Vec<u8>>,
     current: RefCell<Arc<ServerConfig>>,
     /// Kept across reloads, so that a client resumes with a ticket or a session id issued
     /// before the certificate was renewed.
@@ -55,13 +57,23 @@ pub struct Certificates {
 }
 
 impl Certificates {
-    /// Reads the files; Err is one line naming the file and what is wrong with it.
-    pub fn load(settings: &TlsSettings) -> Result<Certificates, String> {
+    /// Reads the files; Err is one line naming the file and what is wrong with it. The
+    /// handshake offers h2 and http/1.1 by ALPN, as `--http-protocols` allows (docs/HTTP2.md).
+    pub fn load(settings: &TlsSettings, http1: bool, http2: bool) -> Result<Certificates, String> {
         let ticketer = ring::Ticketer::new().map_err(|e| format!("cannot make a session ticket key: {e}"))?;
         let sessions: Arc<dyn StoresServerSessions + Send + Sync> =
             rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
-        let config = server_config(settings, &ticketer, &sessions)?;
-        Ok(Certificates { settings: settings.clone(), current: RefCell::new(config), ticketer, sessions })
+        // h2 first: a client that speaks both gets HTTP/2 (RFC 7301 leaves the choice to the
+        // server, and rustls takes the server's order).
+        let mut alpn = Vec::new();
+        if http2 {
+            alpn.push(b"h2".to_vec());
+        }
+        if http1 {
+            alpn.push(b"http/1.1".to_vec());
+        }
+        let config = server_config(settings, &alpn, &ticketer, &sessions)?;
+        Ok(Certificates { settings: settings.clone(), alpn, current: RefCell::new(config), ticketer, sessions })
     }
 
     /// The configuration for a handshake starting now.
@@ -71,7 +83,7 @@ impl Certificates {
 
     /// Reads the files again. On Err (one line: why) the configuration in force stays.
     pub fn reload(&self) -> Result<(), String> {
-        let config = server_config(&self.settings, &self.ticketer, &self.sessions)?;
+        let config = server_config(&self.settings, &self.alpn, &self.ticketer, &self.sessions)?;
         *self.current.borrow_mut() = config;
         Ok(())
     }
@@ -83,6 +95,7 @@ impl Certificates {
 
 fn server_config(
     settings: &TlsSettings,
+    alpn: &[Vec<u8>],
     ticketer: &Arc<dyn ProducesTickets>,
     sessions: &Arc<dyn StoresServerSessions + Send + Sync>,
 ) -> Result<Arc<ServerConfig>, String> {
@@ -121,8 +134,9 @@ fn server_config(
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| format!("the key in {keyfile} (--keyfile) does not go with the certificate in {certfile}: {e}"))?;
-    // HTTP/2 is not spoken (docs/TLS.md): a client that offers only h2 is refused.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // A client that offers only protocols left out of --http-protocols is refused at the
+    // handshake (no_application_protocol); one that offers none gets what is on.
+    config.alpn_protocols = alpn.to_vec();
     // The server's order (rustls's: AES-256-GCM, AES-128-GCM, then ChaCha20): every suite
     // offered is strong, but scanners (testssl.sh) count a server without an order as a finding.
     config.ignore_client_order = true;

@@ -2,7 +2,8 @@
 //! request head (docs/TLS.md). It must finish within `--header-timeout`, and its buffers
 //! count against `--max-head-memory` meanwhile; a client that sends plain HTTP gets a 400
 //! saying so, in plain HTTP, and one rate-limited log line. Then the connection's task
-//! begins (`task.rs`), reading and writing through rustls (`tls.rs`).
+//! begins (`task.rs`), reading and writing through rustls (`tls.rs`); or, when the client
+//! chose `h2` by ALPN, an HTTP/2 connection's (`h2/`).
 
 use std::future::poll_fn;
 use std::io;
@@ -17,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{sleep_until, Instant};
 
+use super::h2;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
 use super::task;
@@ -83,7 +85,21 @@ async fn handshake<S: ClientStream>(
     };
     drop(ticket);
     match outcome {
-        Ok(session) => task::start(&lobby, TlsStream::new(io, session), peer, site, permit, 0),
+        Ok(session) => {
+            // The client chose by ALPN; one that offered nothing gets HTTP/1.1, or HTTP/2 when
+            // --http-protocols leaves HTTP/1.1 out.
+            let http2 = match session.alpn_protocol() {
+                Some(protocol) => protocol == b"h2",
+                None => !lobby.config.http.http1,
+            };
+            let stream = TlsStream::new(io, session);
+            if http2 {
+                let about = stream.tls().cloned();
+                h2::start(&lobby, stream, &peer, site, permit, about);
+            } else {
+                task::start(&lobby, stream, peer, site, permit, 0);
+            }
+        }
         Err(Failure::PlainHttp) => {
             let reason = "this port speaks HTTPS: plain HTTP was sent to a TLS listener";
             log::info_limited!("400 to {}: {reason}", peer.display());

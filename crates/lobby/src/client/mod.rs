@@ -6,7 +6,9 @@
 //! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket.rs`). `states.rs`
 //! counts them by state; `peer.rs` says what a connection is. A TLS listener's connections begin
 //! with a handshake (`handshake.rs`), with the certificate of `certificates.rs`, and are then read
-//! and written through rustls (`tls.rs`).
+//! and written through rustls (`tls.rs`). A connection whose client speaks HTTP/2 (chosen by
+//! ALPN in `handshake.rs`, or by its preface on a plain listener in `task.rs`) is served by
+//! `h2/` instead, each of its streams a request like an HTTP/1.1 one.
 //!
 //! It may import the queue (`seating`: a request goes in as a `Job`, its answer comes back
 //! through the spool), the logs and the shared context (`Lobby`); never the workers or their
@@ -16,6 +18,7 @@ pub(crate) mod asleep;
 pub(crate) mod certificates;
 mod deflate;
 mod encrypted;
+mod h2;
 pub(crate) mod handshake;
 pub(crate) mod heads;
 pub(crate) mod peer;

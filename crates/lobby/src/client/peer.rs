@@ -40,6 +40,7 @@ pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'stati
 }
 
 /// What a TLS connection's handshake settled.
+#[derive(Clone)]
 pub struct TlsAbout {
     /// `TLSv1.3` or `TLSv1.2`.
     pub version: &'static str,

@@ -19,7 +19,8 @@ use super::proxies::{self, Origin};
 use super::{Connection, Stop};
 
 /// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
-/// unlinked temporary file whose descriptor the worker reads.
+/// unlinked temporary file whose descriptor the worker reads. (An HTTP/2 stream's limit is
+/// lower, `h2/stream.rs`: one connection carries many bodies at once.)
 const BODY_MEMORY_LIMIT: usize = 256 * 1024;
 
 /// Reads take at least this much free room; most request heads fit in one.
@@ -38,9 +39,10 @@ pub(super) enum Body {
 }
 
 impl Body {
-    fn for_length(expected: Option<u64>, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
+    /// An empty body, in a file from the start when `expected` is past `memory` bytes.
+    pub(super) fn for_length(expected: Option<u64>, memory: usize, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
         match expected {
-            Some(len) if len > BODY_MEMORY_LIMIT as u64 => {
+            Some(len) if len > memory as u64 => {
                 let (file, descriptor) = spill_file(descriptors)?;
                 Ok(Body::File { file, len: 0, descriptor })
             }
@@ -49,9 +51,10 @@ impl Body {
         }
     }
 
-    fn push(&mut self, data: &[u8], descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
+    /// Appends `data`, moving the body to a file once it passes `memory` bytes.
+    pub(super) fn push(&mut self, data: &[u8], memory: usize, descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
         if let Body::Memory(bytes) = self {
-            if bytes.len() + data.len() <= BODY_MEMORY_LIMIT {
+            if bytes.len() + data.len() <= memory {
                 bytes.extend_from_slice(data);
                 return Ok(());
             }
@@ -93,13 +96,13 @@ impl<S: ClientStream> Connection<S> {
             BodyLength::Chunked => None,
         };
         let descriptors = self.permit.semaphore().clone();
-        let mut body = Body::for_length(expected, &descriptors)?;
+        let mut body = Body::for_length(expected, BODY_MEMORY_LIMIT, &descriptors)?;
         let started = Instant::now();
         let mut gap_started = started;
         let config = self.lobby.settings();
         loop {
             match self.decoder.decode(&mut self.buf)? {
-                Some(Event::Data(data)) => body.push(&data, &descriptors)?,
+                Some(Event::Data(data)) => body.push(&data, BODY_MEMORY_LIMIT, &descriptors)?,
                 Some(Event::End { .. }) => return Ok((head, origin, body)),
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
@@ -139,7 +142,7 @@ impl<S: ClientStream> Connection<S> {
     /// Reads the PROXY header the connection must begin with, from a peer in
     /// `--proxy-allow-from` (any Unix-socket peer, as under gunicorn), within
     /// `--header-timeout`; the client it names becomes the peer.
-    async fn read_proxy_header(&mut self) -> Result<(), Stop> {
+    pub(super) async fn read_proxy_header(&mut self) -> Result<(), Stop> {
         let settings = self.lobby.settings();
         let Some(versions) = settings.proxy_protocol else {
             // A reload turned it off after this connection was accepted.

@@ -21,7 +21,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
 use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
-use super::peer::{ClientStream, Peer, Site, StreamKind};
+use super::h2;
+use super::peer::{ClientStream, Peer, ProxyStage, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{read_now, Body, READ_CHUNK};
 use super::states::ConnectionState;
@@ -119,6 +120,23 @@ impl<S: ClientStream> Connection<S> {
                     Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
                 }
             }
+            // A plain connection's first bytes say which protocol it speaks; a TLS one's
+            // handshake has said (`handshake.rs`).
+            if self.answered == 0 && !S::ENCRYPTED {
+                let opening = match self.protocol_chosen() {
+                    Some(chosen) => chosen,
+                    None => {
+                        // A PROXY header, or more of the preface, is read: as a head is.
+                        self.mark.set(ConnectionState::Reading);
+                        Box::pin(self.opening()).await
+                    }
+                };
+                match opening {
+                    Ok(false) => {}
+                    Ok(true) => return self.into_http2(),
+                    Err(stop) => return self.stop(stop).await,
+                }
+            }
             self.mark.set(ConnectionState::Reading);
             let stop = match Box::pin(self.next_request()).await {
                 Ok((head, origin, body)) => match Box::pin(self.seat(&head, &origin, body)).await {
@@ -135,14 +153,67 @@ impl<S: ClientStream> Connection<S> {
                 },
                 Err(stop) => stop,
             };
-            if let Stop::Refuse(status, reason) = stop {
-                // What was read is not needed to refuse it; a head given up for
-                // --max-head-memory must give its memory back now, not after the linger.
-                self.buf = BytesMut::new();
-                Box::pin(self.refuse(status, &reason)).await;
-            }
-            return;
+            return self.stop(stop).await;
         }
+    }
+
+    /// Ends the connection; a refusal is written first. The refusal's future is boxed, so that
+    /// this one adds no more to the connection's future than the inline code it replaces.
+    async fn stop(&mut self, stop: Stop) {
+        if let Stop::Refuse(status, reason) = stop {
+            // What was read is not needed to refuse it; a head given up for
+            // --max-head-memory must give its memory back now, not after the linger.
+            self.buf = BytesMut::new();
+            Box::pin(self.refuse(status, &reason)).await;
+        }
+    }
+
+    /// Whether a plain connection speaks HTTP/2, from the bytes already read: it opens with
+    /// HTTP/2's preface. None when more must be read first (`opening`): its PROXY header is
+    /// due, or its first bytes could still be the preface's first four.
+    fn protocol_chosen(&self) -> Option<Result<bool, Stop>> {
+        if self.peer.proxy == ProxyStage::Awaited || (self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf)) {
+            return None;
+        }
+        Some(self.chosen())
+    }
+
+    /// `protocol_chosen`, once the PROXY header and enough bytes have been read.
+    async fn opening(&mut self) -> Result<bool, Stop> {
+        if self.peer.proxy == ProxyStage::Awaited {
+            self.read_proxy_header().await?;
+        }
+        let deadline = tokio::time::Instant::now() + self.lobby.settings().header_timeout;
+        while self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf) {
+            match tokio::time::timeout_at(deadline, self.read_more()).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return Err(Stop::Quietly),
+            }
+        }
+        self.chosen()
+    }
+
+    /// HTTP/2 for its preface; HTTP/1.x otherwise, refused when `--http-protocols` leaves it out.
+    fn chosen(&self) -> Result<bool, Stop> {
+        let protocols = &self.lobby.config.http;
+        if protocols.http2 && h2::opens_with_preface(&self.buf) {
+            return Ok(true);
+        }
+        if !protocols.http1 {
+            return Err(Stop::Refuse(
+                505,
+                "this server speaks HTTP/2 only (--http-protocols h2): open with the HTTP/2 preface \
+                 (curl --http2-prior-knowledge)"
+                    .into(),
+            ));
+        }
+        Ok(false)
+    }
+
+    /// Hands the connection, and the bytes read from it, to HTTP/2.
+    fn into_http2(self) {
+        let Connection { lobby, stream, peer, site, permit, buf, .. } = self;
+        h2::start(&lobby, h2::Rewound::new(buf, stream), &peer, site, permit, None);
     }
 
     fn hibernate(self, deadline: Instant) {
@@ -340,9 +411,9 @@ impl<S: ClientStream> Connection<S> {
         };
         let peer_addr = origin.ip_text();
         let request = maitred_wire::Request {
-            http_minor: match head.version {
-                Version::Http10 => 0,
-                Version::Http11 => 1,
+            http_version: match head.version {
+                Version::Http10 => maitred_wire::HTTP_1_0,
+                Version::Http11 => maitred_wire::HTTP_1_1,
             },
             method: &head.method,
             target: &head.target,

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub(super) registry: Registry,
     /// `maitred_requests_total` for 1xx to 5xx, looked up once: an answer costs one atomic add.
     pub(super) requests: [IntCounter; 5],
+    /// `maitred_http2_requests_total`: those of them that came over HTTP/2.
+    pub(super) http2_requests: IntCounter,
     pub(super) refusals: IntCounterVec,
     pub(super) request_duration: Histogram,
     pub(super) queue_wait: Histogram,
@@ -65,6 +67,12 @@ impl Metrics {
         .expect("valid");
         register(Box::new(by_class.clone()));
         let requests = STATUS_CLASSES.map(|class| by_class.with_label_values(&[class]));
+        let http2_requests = IntCounter::new(
+            "http2_requests_total",
+            "Requests answered that came over HTTP/2, as streams (counted in requests_total too)",
+        )
+        .expect("valid");
+        register(Box::new(http2_requests.clone()));
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
@@ -180,6 +188,7 @@ impl Metrics {
             websockets_open,
             websockets_queued,
             requests,
+            http2_requests,
             refusals,
             request_duration,
             queue_wait,
@@ -202,6 +211,12 @@ impl Metrics {
     pub fn answered(&self, status: u16) {
         let class = (status / 100).clamp(1, 5) as usize - 1;
         self.requests[class].inc();
+    }
+
+    /// An answer written to an HTTP/2 stream, counted by `answered` or `refused` besides: HTTP/1.x's
+    /// are the difference, so that its answers cost no second count.
+    pub fn answered_http2(&self) {
+        self.http2_requests.inc();
     }
 
     /// A request the lobby answered itself, with an error.

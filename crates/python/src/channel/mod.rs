@@ -113,7 +113,7 @@ pub struct WorkerChannel {
     body: Option<Py<RequestBody>>,
     method: Vec<u8>,
     target: Vec<u8>,
-    http_minor: u8,
+    http_version: u8,
 }
 
 #[pymethods]
@@ -164,7 +164,7 @@ impl WorkerChannel {
             body: None,
             method: Vec::new(),
             target: Vec::new(),
-            http_minor: 1,
+            http_version: 1,
         })
     }
 
@@ -405,7 +405,11 @@ impl WorkerChannel {
         line.extend_from_slice(&self.method);
         line.push(b' ');
         line.extend_from_slice(&self.target);
-        line.extend_from_slice(if self.http_minor == 0 { b" HTTP/1.0" } else { b" HTTP/1.1" });
+        line.extend_from_slice(match self.http_version {
+            maitred_wire::HTTP_1_0 => b" HTTP/1.0",
+            maitred_wire::HTTP_1_1 => b" HTTP/1.1",
+            _ => b" HTTP/2",
+        });
         latin1(py, &line)
     }
 }

@@ -373,17 +373,17 @@ impl WorkerChannel {
         if self.websocket && matches!(interface, Interface::Wsgi) {
             return Err(ChannelError::new_err("the lobby sent a WebSocket to a WSGI worker"));
         }
-        if request.http_minor > 1 {
+        if request.http_version > maitred_wire::HTTP_2 {
             return Err(ChannelError::new_err(format!(
-                "a REQUEST frame has HTTP minor version {}",
-                request.http_minor
+                "a REQUEST frame has an unknown HTTP version byte {}",
+                request.http_version
             )));
         }
         self.method.clear();
         self.method.extend_from_slice(request.method);
         self.target.clear();
         self.target.extend_from_slice(request.target);
-        self.http_minor = request.http_minor;
+        self.http_version = request.http_version;
 
         let wsgi = matches!(interface, Interface::Wsgi);
         let environ = match interface {

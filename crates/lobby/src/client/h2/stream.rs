@@ -1,0 +1,285 @@
+//! One HTTP/2 stream, one request, in a task of its own: its head checked (`head.rs`), its
+//! body read whole into the request's buffer or file (each byte taken gives the client its
+//! window back), then queued as a `Job` like an HTTP/1.1 request, and answered (`send.rs`).
+//!
+//! A stream waits in the queue, never in a worker: the connection's streams are capped by
+//! `--http2-max-concurrent-streams`, and the queue seats them one by one like any request. A
+//! client that resets its stream while the request waits has it dropped without running
+//! (counted as `abandoned`); one that resets it in service has its worker told, as when an
+//! HTTP/1.1 client leaves: dropping the answer's receiver is what tells the relay.
+
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use maitred_wire::{build_frame, Kind, FLAG_FD};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::sleep_until;
+
+use super::head::{self, Head, Refusal};
+use super::send::{self, Sent};
+use super::Shared;
+use crate::client::proxies::{self, Origin};
+use crate::client::read::Body;
+use crate::client::Stop;
+use crate::log::{self, debug};
+use crate::seating::job::{Job, JobState};
+use crate::seating::overload::ShedReason;
+use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
+
+/// A stream's body past this size goes to a temporary file, as an HTTP/1.1 one past 256 KiB
+/// does: a connection may carry `--http2-max-concurrent-streams` bodies at once, and each file
+/// takes a place under `--max-connections`, which bounds them all.
+const BODY_MEMORY: usize = 64 * 1024;
+
+/// Why a stream's request was not read whole.
+enum Unread {
+    Refused(Refusal),
+    /// The client reset the stream, or the connection ended.
+    Gone,
+}
+
+impl From<Stop> for Unread {
+    fn from(stop: Stop) -> Unread {
+        match stop {
+            Stop::Refuse(status, reason) => Unread::Refused((status, reason)),
+            Stop::Quietly => Unread::Gone,
+        }
+    }
+}
+
+/// Serves one stream to its end.
+pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let read = async {
+        let head = head::read(&parts, &shared.lobby.limits()).map_err(Unread::Refused)?;
+        let origin = proxies::origin(shared.peer, &head.headers, &shared.lobby.settings().forwarding)
+            .map_err(|e| Unread::Refused((400, e.to_string())))?;
+        let body = read_body(&shared, &head, body).await?;
+        Ok::<_, Unread>((head, origin, body))
+    };
+    match read.await {
+        Ok((head, origin, body)) => seat(&shared, &head, &origin, body, respond, started).await,
+        Err(Unread::Refused((status, reason))) => send::refuse(&shared, &mut respond, status, &reason),
+        Err(Unread::Gone) => {
+            debug!("the client {} reset an HTTP/2 stream before its request was whole", shared.peer_text)
+        }
+    }
+    shared.stream_ended();
+}
+
+/// Reads the body to its end, within `--header-timeout` for each gap and `--body-min-rate`
+/// overall, as an HTTP/1.1 body is read (`read.rs`), and within `--max-body`.
+async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Result<Body, Unread> {
+    let mut body = Body::for_length(head.content_length, BODY_MEMORY, &shared.descriptors)?;
+    if stream.is_end_stream() {
+        return Ok(body);
+    }
+    let config = shared.lobby.settings();
+    let started = Instant::now();
+    let mut gap_started = started;
+    loop {
+        let gap_deadline = gap_started + config.header_timeout;
+        let rate_deadline = (config.body_min_rate > 0).then(|| {
+            started + config.header_timeout + Duration::from_secs_f64(body.len() as f64 / config.body_min_rate as f64)
+        });
+        let deadline = rate_deadline.map_or(gap_deadline, |rate| rate.min(gap_deadline));
+        let data = tokio::select! {
+            data = stream.data() => data,
+            _ = sleep_until(deadline.into()) => {
+                let reason = if rate_deadline.is_some_and(|rate| rate < gap_deadline) {
+                    format!(
+                        "the request body arrived slower than --body-min-rate ({} bytes/s): {} bytes in {:.0} s",
+                        config.body_min_rate,
+                        body.len(),
+                        started.elapsed().as_secs_f64()
+                    )
+                } else {
+                    "the request body stalled for longer than --header-timeout".into()
+                };
+                return Err(Unread::Refused((408, reason)));
+            }
+        };
+        match data {
+            None => return Ok(body),
+            Some(Err(_)) => return Err(Unread::Gone),
+            Some(Ok(data)) => {
+                gap_started = Instant::now();
+                body.push(&data, BODY_MEMORY, &shared.descriptors)?;
+                // The bytes are the request's now: the client may send as many more.
+                let _ = stream.flow_control().release_capacity(data.len());
+                if let Some(max) = config.max_body.filter(|max| body.len() > *max) {
+                    return Err(Unread::Refused((
+                        413,
+                        format!("the request body is larger than --max-body ({max} bytes)"),
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Queues the request, then sends its answer.
+async fn seat(
+    shared: &Rc<Shared>,
+    head: &Head,
+    origin: &Origin,
+    body: Body,
+    mut respond: SendResponse<Bytes>,
+    started: Instant,
+) {
+    let lobby = &shared.lobby;
+    let (sender, responses) =
+        answer_channel(lobby.spill_budget.clone(), lobby.settings().max_spill, shared.descriptors.clone());
+    let upstream = origin.upstream_wait(SystemTime::now());
+    // The body file's place under --max-connections is held until the answer is sent.
+    let (job, _body_descriptor) = match job(shared, head, origin, body, sender, upstream) {
+        Ok(job) => job,
+        Err(detail) => return send::refuse(shared, &mut respond, 431, &detail),
+    };
+    let (state, enqueued_at, served) = (job.state.clone(), job.enqueued_at, job.served.clone());
+    lobby.seating.submit(job);
+    let Some(first) = first_part(shared, &mut respond, &responses, &state, enqueued_at, upstream).await else {
+        return;
+    };
+    let mut sent = Sent::default();
+    if send::answer(shared, head, respond, first, &responses, &mut sent).await {
+        lobby.metrics.answered(sent.status);
+        lobby.metrics.answered_http2();
+        if log::access_log_enabled() {
+            log::access(
+                &lobby.settings().access_log_format,
+                &log::AccessRecord {
+                    peer: &origin.ip_text(),
+                    method: &head.method,
+                    target: &head.target,
+                    version: "HTTP/2.0",
+                    request_headers: &head.headers,
+                    status: sent.status,
+                    body_bytes: sent.body_bytes,
+                    response_headers: &sent.headers,
+                    started,
+                    enqueued: enqueued_at,
+                    upstream,
+                    seated: served.as_ref().and_then(|served| served.seated.get()),
+                    answered: served.as_ref().and_then(|served| served.answered.get()),
+                    worker: served.as_ref().and_then(|served| served.worker.get()),
+                    tls: shared.tls.as_ref().map(|tls| (tls.version, tls.cipher)),
+                },
+            );
+        }
+    }
+}
+
+/// The `REQUEST` frame, as `task.rs` makes it for HTTP/1.1, with HTTP/2 as its version.
+fn job(
+    shared: &Shared,
+    head: &Head,
+    origin: &Origin,
+    body: Body,
+    respond: AnswerSender,
+    upstream: Duration,
+) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
+    let body_len = body.len();
+    let (inline, body_file, body_descriptor) = match body {
+        Body::Memory(bytes) => (bytes, None, None),
+        Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
+    };
+    let peer_addr = origin.ip_text();
+    let request = maitred_wire::Request {
+        http_version: maitred_wire::HTTP_2,
+        method: &head.method,
+        target: &head.target,
+        peer_addr: peer_addr.as_bytes(),
+        peer_port: origin.port.unwrap_or(0),
+        server_name: shared.site.server_name.as_bytes(),
+        server_port: shared.site.server_port,
+        https: origin.https || shared.site.tls,
+        client_subject: shared.tls.as_ref().and_then(|tls| tls.client_subject.as_deref()).map(str::as_bytes),
+        headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
+        body_len,
+        inline_body: &inline,
+    };
+    let flags = if body_file.is_some() { FLAG_FD } else { 0 };
+    let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
+    let summary =
+        format!("{} {} HTTP/2.0", String::from_utf8_lossy(&head.method), String::from_utf8_lossy(&head.target));
+    let job = Job {
+        frame,
+        body_file,
+        state: Rc::new(Cell::new(JobState::Queued)),
+        respond,
+        enqueued_at: Instant::now(),
+        upstream,
+        summary: summary.into(),
+        served: log::access_log_enabled().then(Rc::default),
+        websocket: None,
+    };
+    Ok((job, body_descriptor))
+}
+
+/// The answer's first part, while the wait is watched: a request no worker took within
+/// `--queue-timeout` is withdrawn and answered 503; a stream its client resets has its request
+/// dropped (or its worker told), and None comes back.
+async fn first_part(
+    shared: &Shared,
+    respond: &mut SendResponse<Bytes>,
+    responses: &AnswerReceiver,
+    state: &Rc<Cell<JobState>>,
+    enqueued_at: Instant,
+    upstream: Duration,
+) -> Option<ResponsePart> {
+    let lobby = &shared.lobby;
+    let queue_timeout = lobby.settings().queue_timeout;
+    loop {
+        let unseated = matches!(state.get(), JobState::Queued | JobState::Offered);
+        let timeout = queue_timeout.filter(|_| unseated);
+        tokio::select! {
+            part = responses.recv() => return part,
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => {
+                let now = Instant::now();
+                let waited = now.saturating_duration_since(enqueued_at) + upstream;
+                if withdraw(shared, state) {
+                    lobby.seating.overload.left(now, waited);
+                    debug!(
+                        "the client {} reset its HTTP/2 stream after {:.3} s; its request is dropped",
+                        shared.peer_text,
+                        waited.as_secs_f64()
+                    );
+                } else {
+                    debug!("the client {} reset its HTTP/2 stream in service; its worker is told", shared.peer_text);
+                }
+                return None;
+            }
+            _ = sleep_until((enqueued_at + timeout.unwrap_or_default()).into()), if timeout.is_some() => {
+                let Some(limit) = timeout else { continue };
+                if withdraw(shared, state) {
+                    lobby.seating.overload.count(ShedReason::QueueTimeout);
+                    return Some(ResponsePart::Refused {
+                        status: 503,
+                        detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
+                        retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Takes the request back from the queue (or from the busy worker it was offered to) if no
+/// worker has begun it.
+fn withdraw(shared: &Shared, state: &Rc<Cell<JobState>>) -> bool {
+    match state.get() {
+        JobState::Queued => {
+            state.set(JobState::Cancelled);
+            true
+        }
+        JobState::Offered => shared.lobby.seating.withdraw_offer(state),
+        JobState::Seated | JobState::Cancelled => false,
+    }
+}

@@ -1,0 +1,711 @@
+"""HTTP/2 in the lobby (docs/HTTP2.md): by ALPN on TLS listeners, with prior knowledge on plain
+ones beside HTTP/1.1; each stream a request in the one queue, under the same limits; bodies both
+ways within flow control; resets that drop a queued request; GOAWAY at a shutdown; the floods
+the h2 crate refuses; h2spec's conformance suite.
+
+The clients are real: curl (--http2, --http2-prior-knowledge), httpx with http2=True, h2spec, and
+raw frames from the `h2` package (hyper-h2) where a test must send what no polite client sends.
+Each test that needs a tool skips, saying why, without it."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import httpx
+import hyperframe.frame
+import pytest
+from client import eventually, get, status_of, wait_for_queue
+from conftest import HOST, Server, free_port
+from hpack import Decoder, Encoder
+from tls_certs import Authority, Pair
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+TIMEOUT = 10.0
+
+BIG_APP = """
+def app(environ, start_response):
+    size = int(environ['QUERY_STRING'] or 0)
+    body = environ['wsgi.input'].read()
+    start_response('200 OK', [('Content-Length', str(size + len(body))), ('Connection', 'keep-alive')])
+    return [b'z' * size, body]
+"""
+
+
+def curl() -> str:
+    path = shutil.which("curl")
+    if path is None:
+        pytest.skip("curl is not installed")
+    features = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    if "HTTP2" not in features:
+        pytest.skip("this curl is built without HTTP/2 (nghttp2)")
+    return path
+
+
+def h2spec() -> str:
+    """h2spec from .ci/run's build (.cache/bin) or the PATH."""
+    built = ROOT / ".cache" / "bin" / "h2spec"
+    path = str(built) if built.exists() else shutil.which("h2spec")
+    if path is None:
+        pytest.skip("h2spec is not installed (.ci/run builds it into .cache/bin with go)")
+    return path
+
+
+class RawH2:
+    """An HTTP/2 client connection on a socket, frame by frame, with hyper-h2's state machine:
+    for what httpx and curl will not send (resets, many cookie fields, floods)."""
+
+    def __init__(self, port: int, sock: socket.socket | None = None) -> None:
+        self.sock = sock or socket.create_connection((HOST, port), timeout=TIMEOUT)
+        # It checks nothing it sends: a test sends what a polite client would not.
+        config = h2.config.H2Configuration(
+            client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+        )
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.initiate_connection()
+        self.flush()
+        self.ended: dict[int, tuple[int, dict[bytes, bytes], bytes]] = {}
+        self.partial: dict[int, list] = {}
+        self.resets: dict[int, int] = {}
+        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.closed = False
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request(self, path: str, method: str = "GET", headers: list[tuple[str, str]] = (), body: bytes = b"") -> int:
+        stream = self.conn.get_next_available_stream_id()
+        fields = [(":method", method), (":scheme", "http"), (":authority", "example.test"), (":path", path)]
+        self.conn.send_headers(stream, [*fields, *headers], end_stream=not body)
+        if body:
+            self.conn.send_data(stream, body, end_stream=True)
+        self.flush()
+        return stream
+
+    def pump(self) -> None:
+        """Reads once and takes what came: the answers, resets and GOAWAY."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.closed = True
+            return
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                self.partial[event.stream_id] = [dict(event.headers), b""]
+            elif isinstance(event, h2.events.DataReceived):
+                self.partial[event.stream_id][1] += event.data
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                headers, body = self.partial.pop(event.stream_id)
+                self.ended[event.stream_id] = (int(headers[b":status"]), headers, body)
+            elif isinstance(event, h2.events.StreamReset):
+                self.resets[event.stream_id] = event.error_code
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self.goaway = event
+        self.flush()
+
+    def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            assert not self.closed, "the server closed the connection"
+            self.pump()
+
+    def response(self, stream: int) -> tuple[int, dict[bytes, bytes], bytes]:
+        self.until(lambda: stream in self.ended or stream in self.resets)
+        assert stream in self.ended, f"stream {stream} reset: {self.resets[stream]}"
+        return self.ended[stream]
+
+
+def frames_until_close(sock: socket.socket) -> list:
+    """Every frame the server sends until it closes the connection, read with hyperframe alone:
+    hyper-h2's state machine stops at the first GOAWAY, and a graceful one is followed by a PING
+    (answered here, as every client answers it), the streams' answers and a last GOAWAY."""
+    frames, data = [], b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            return frames
+        data += chunk
+        while len(data) >= 9:
+            frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+            if len(data) < 9 + length:
+                break
+            frame.parse_body(memoryview(data[9 : 9 + length]))
+            frames.append(frame)
+            if isinstance(frame, hyperframe.frame.PingFrame) and "ACK" not in frame.flags:
+                ack = hyperframe.frame.PingFrame(0, frame.opaque_data, flags=["ACK"])
+                with contextlib.suppress(OSError):
+                    sock.sendall(ack.serialize())
+            data = data[9 + length :]
+
+
+@pytest.fixture
+def authority(tmp_path: Path) -> Authority:
+    directory = tmp_path / "pki"
+    directory.mkdir()
+    return Authority(directory)
+
+
+@pytest.fixture
+def server_pair(authority: Authority) -> Pair:
+    return authority.server()
+
+
+def tls_args(pair: Pair) -> tuple[str, ...]:
+    return ("--certfile", str(pair.cert), "--keyfile", str(pair.key))
+
+
+def test_curl_speaks_http2_with_prior_knowledge_beside_http11_on_a_plain_port(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, "Where it is spoken": a plain listener takes HTTP/2 from a client that
+    opens with the preface, and HTTP/1.1 from the others; the environ says HTTP/2, and Host
+    comes from :authority."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    out = subprocess.run(
+        [curl(), "-sS", "--http2-prior-knowledge", "-w", "\n%{http_version}", "-d", "hello", f"{server.url}/a?b=1"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    ).stdout
+    body, version = out.rsplit("\n", 1)
+    assert version == "2"
+    seen = json.loads(body)
+    assert seen["SERVER_PROTOCOL"] == "HTTP/2"
+    assert seen["HTTP_HOST"] == f"{HOST}:{server.port}"
+    assert (seen["PATH_INFO"], seen["QUERY_STRING"]) == ("/a", "b=1")
+    assert base64.b64decode(seen["body"]) == b"hello"
+    reply = get(server.port, "/plain")
+    assert reply.status == 200 and json.loads(reply.body)["SERVER_PROTOCOL"] == "HTTP/1.1"
+
+
+def test_tls_offers_h2_by_alpn_and_curl_takes_it(
+    maitred_server: Callable[..., Server], server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, "Where it is spoken": TLS offers h2 first, then http/1.1."""
+    server = maitred_server(*tls_args(server_pair), "environ_echo:app", cwd=APPS)
+    url = f"https://localhost:{server.port}/"
+    for flag, version, protocol in (("--http2", "2", "HTTP/2"), ("--http1.1", "1.1", "HTTP/1.1")):
+        out = subprocess.run(
+            [curl(), "-sS", flag, "--cacert", str(authority.pem), "-w", "\n%{http_version}", url],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=True,
+        ).stdout
+        body, seen_version = out.rsplit("\n", 1)
+        assert seen_version == version
+        assert json.loads(body)["SERVER_PROTOCOL"] == protocol
+
+
+def test_httpx_sends_and_receives_large_bodies_within_flow_control(
+    maitred_server: Callable[..., Server], app_dir: Path, server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, "Bodies and flow control": a body past the stream's window (and past
+    256 KiB, so in a file) reaches the application whole, and an answer of megabytes (spilled
+    to the answer's file) reaches a client whose window is 64 KiB; several streams at once on
+    one connection."""
+    (app_dir / "big.py").write_text(BIG_APP)
+    server = maitred_server("-w", "2", *tls_args(server_pair), "big:app", cwd=app_dir)
+    upload = os.urandom(1_500_000)
+    verify = ssl.create_default_context(cafile=str(authority.pem))
+    with httpx.Client(http2=True, verify=verify, timeout=TIMEOUT) as client:
+        answer = client.post(f"https://localhost:{server.port}/?3000000", content=upload)
+        assert answer.http_version == "HTTP/2"
+        assert answer.status_code == 200
+        assert answer.content[:3_000_000] == b"z" * 3_000_000
+        assert answer.content[3_000_000:] == upload
+        # The application's Connection field is dropped: HTTP/2 forbids it.
+        assert "connection" not in answer.headers
+        assert answer.headers["server"] == "maitred"
+        for size in (0, 1, 70_000):
+            answer = client.get(f"https://localhost:{server.port}/?{size}")
+            assert answer.status_code == 200 and answer.content == b"z" * size
+
+
+def test_an_answer_that_breaks_after_its_head_resets_only_its_stream(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """docs/HTTP2.md, "Answers": an answer that breaks once its head is sent (here its body ends
+    short of its Content-Length, which the worker refuses) resets its stream, where HTTP/1.1
+    cuts the connection, so that no client takes a truncated answer for a whole one; the
+    connection's other streams go on."""
+    (app_dir / "short.py").write_text(
+        "def app(environ, start_response):\n"
+        "    start_response('200 OK', [('Content-Length', '5')])\n"
+        "    yield b'1'\n"
+        "    if environ['PATH_INFO'] == '/short':\n"
+        "        yield b'23'\n"
+        "    else:\n"
+        "        yield b'2345'\n"
+    )
+    server = maitred_server("short:app", cwd=app_dir)
+    client = RawH2(server.port)
+    short = client.request("/short")
+    client.until(lambda: short in client.resets)
+    assert client.resets[short] == h2.errors.ErrorCodes.INTERNAL_ERROR
+    assert client.response(client.request("/whole"))[2] == b"12345"
+
+
+def test_the_asgi_scope_says_http_version_2(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "What the application sees": ASGI's http_version is "2"; httpx with
+    http1=False speaks HTTP/2 with prior knowledge."""
+    server = maitred_server("asgi_conformance:app", "-w", "1", cwd=APPS)
+    with httpx.Client(http1=False, http2=True, timeout=TIMEOUT) as client:
+        answer = client.get(f"{server.url}/scope")
+    assert answer.http_version == "HTTP/2"
+    scope = answer.json()
+    assert scope["http_version"] == ["str", "2"]
+    assert scope["scheme"] == ["str", "http"]
+
+
+def test_cookie_fields_are_joined_and_authority_is_the_host(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "What the application sees": several cookie fields arrive as one, joined
+    with "; "; :authority wins over a host field."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    client = RawH2(server.port)
+    stream = client.request("/", headers=[("cookie", "a=1"), ("host", "ignored.test"), ("cookie", "b=2")])
+    status, _, body = client.response(stream)
+    assert status == 200
+    seen = json.loads(body)
+    assert seen["HTTP_COOKIE"] == "a=1; b=2"
+    assert seen["HTTP_HOST"] == "example.test"
+
+
+def test_limits_refuse_one_stream_and_the_connection_goes_on(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "The same limits": 431, 414 and 413 as for HTTP/1.1, with the reason in the
+    body and a log line; the connection's other streams are served."""
+    server = maitred_server(
+        "--limit-request-fields", "5", "--limit-request-line", "100", "--max-body", "1000",
+        "environ_echo:app", cwd=APPS,
+    )  # fmt: skip
+    client = RawH2(server.port)
+    many = client.request("/", headers=[(f"x-{n}", "v") for n in range(6)])
+    long_path = client.request("/" + "p" * 200)
+    large = client.request("/", method="POST", body=b"b" * 2000)
+    fine = client.request("/fine")
+    assert client.response(many)[0] == 431
+    assert b"--limit-request-fields" in client.response(many)[2]
+    assert client.response(long_path)[0] == 414
+    assert client.response(large)[0] == 413
+    assert client.response(fine)[0] == 200
+    server.wait_for_log("431 to 127.0.0.1", TIMEOUT)
+
+
+def test_a_stream_reset_while_queued_is_dropped_without_running(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Clients that leave": a queued stream its client resets never reaches a
+    worker, and counts as abandoned."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    client = RawH2(server.port)
+    busy = client.request("/busy?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    doomed = client.request("/doomed")
+    wait_for_queue(stats, busy=1, waiting=1)
+    client.conn.reset_stream(doomed, h2.errors.ErrorCodes.CANCEL)
+    client.flush()
+    assert eventually(lambda: status_of(stats)["overload"]["shed"]["abandoned"] == 1, TIMEOUT)
+    assert client.response(busy)[0] == 200
+    after = client.request("/after")
+    assert client.response(after)[0] == 200
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/busy", "/after"]
+
+
+def test_a_stream_reset_in_service_is_a_disconnect_for_the_application(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Clients that leave": a stream reset while its answer streams tells the
+    worker, whose ASGI application hears http.disconnect at once, as when an HTTP/1.1 client
+    closes; the connection's other streams go on."""
+    events = tmp_path / "events"
+    server = maitred_server("asgi_conformance:app", "-w", "1", cwd=APPS, env={"ASGI_EVENTS": str(events)})
+    client = RawH2(server.port)
+    stream = client.request("/first-then-wait")
+    client.until(lambda: stream in client.partial and client.partial[stream][1] == b"first\n")
+    client.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+    client.flush()
+    assert eventually(lambda: events.exists() and "http.disconnect" in events.read_text(), TIMEOUT), (
+        events.read_text() if events.exists() else "no events"
+    )
+    assert client.response(client.request("/pid"))[0] == 200
+
+
+def test_sigterm_sends_goaway_and_finishes_the_open_streams(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "A connection's life": at a shutdown the connection gets GOAWAY at once,
+    the stream it holds is answered, then it closes and the lobby exits cleanly."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    client = RawH2(server.port)
+    held = client.request("/held?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    server.send_signal(signal.SIGTERM)
+    frames = frames_until_close(client.sock)
+    kinds = [type(frame).__name__ for frame in frames]
+    assert "GoAwayFrame" in kinds, kinds
+    first_goaway = kinds.index("GoAwayFrame")
+    answer = [frame for frame in frames if frame.stream_id == held]
+    assert kinds.index("HeadersFrame") > first_goaway, kinds
+    status = dict(Decoder().decode(answer[0].data, raw=True))[b":status"]
+    assert status == b"200"
+    assert b"".join(frame.data for frame in answer if isinstance(frame, hyperframe.frame.DataFrame)) == b"done\n"
+    assert "END_STREAM" in answer[-1].flags
+    assert server.wait(TIMEOUT) == 0
+
+
+def test_sigusr2_sends_goaway_and_the_new_lobby_takes_the_next_connection(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "A connection's life": at a binary upgrade the old lobby sends GOAWAY,
+    answers the stream it holds and exits; the connection is never handed over, and the
+    client's next connection is the new lobby's."""
+    tally = tmp_path / "tally"
+    stats = free_port()
+    pid_file = tmp_path / "maitred.pid"
+    server = maitred_server(
+        "-w", "1", "--pid", str(pid_file), "--stats", f"{HOST}:{stats}", "tally:app",
+        cwd=APPS, env={"TALLY": str(tally)},
+    )  # fmt: skip
+    client = RawH2(server.port)
+    held = client.request("/held?sleep=1")
+    wait_for_queue(stats, busy=1, waiting=0)
+    server.send_signal(signal.SIGUSR2)
+    frames = frames_until_close(client.sock)
+    kinds = [type(frame).__name__ for frame in frames]
+    assert "GoAwayFrame" in kinds, kinds
+    answer = [frame for frame in frames if frame.stream_id == held]
+    assert dict(Decoder().decode(answer[0].data, raw=True))[b":status"] == b"200"
+    assert "END_STREAM" in answer[-1].flags
+    assert server.wait(30) == 0, server.stderr()
+    new_lobby = int(pid_file.read_text())
+    assert new_lobby != server.pid
+    again = RawH2(server.port)
+    assert again.response(again.request("/next"))[0] == 200
+    os.kill(new_lobby, signal.SIGTERM)
+    assert eventually(lambda: not pid_file.exists(), 30), server.stderr()
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/held", "/next"]
+
+
+def test_an_idle_connection_gets_goaway_after_keep_alive(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "A connection's life": a connection without a stream for --keep-alive
+    gets GOAWAY (NO_ERROR), then is closed."""
+    server = maitred_server("--keep-alive", "1", "environ_echo:app", cwd=APPS)
+    client = RawH2(server.port)
+    assert client.response(client.request("/"))[0] == 200
+    goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert goaways and goaways[-1].error_code == h2.errors.ErrorCodes.NO_ERROR
+
+
+def test_http_protocols_turns_either_off(
+    maitred_server: Callable[..., Server], server_pair: Pair, authority: Authority
+) -> None:
+    """docs/HTTP2.md, `--http-protocols`: h1 leaves HTTP/2 out of ALPN and refuses the preface;
+    h2 answers an HTTP/1.1 request 505 with the reason."""
+    only_h1 = maitred_server(*tls_args(server_pair), "--http-protocols", "h1", "environ_echo:app", cwd=APPS)
+    context = ssl.create_default_context(cafile=str(authority.pem))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with context.wrap_socket(socket.create_connection((HOST, only_h1.port)), server_hostname="localhost") as sock:
+        assert sock.selected_alpn_protocol() == "http/1.1"
+    # A client that offers only h2 is refused at the handshake (no_application_protocol).
+    context.set_alpn_protocols(["h2"])
+    with pytest.raises(ssl.SSLError, match="no application protocol"):
+        context.wrap_socket(socket.create_connection((HOST, only_h1.port)), server_hostname="localhost")
+    only_h2 = maitred_server("--http-protocols", "h2", "environ_echo:app", cwd=APPS)
+    reply = get(only_h2.port, "/")
+    assert reply.status == 505 and b"--http-protocols h2" in reply.body
+    client = RawH2(only_h2.port)
+    assert client.response(client.request("/"))[0] == 200
+
+
+def test_the_stream_cap_is_announced_and_held(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "The same queue": --http2-max-concurrent-streams is the client's
+    SETTINGS_MAX_CONCURRENT_STREAMS, and a stream past it is refused (REFUSED_STREAM) while the
+    others are answered."""
+    server = maitred_server(
+        "-w", "1", "--http2-max-concurrent-streams", "2", "tally:app", cwd=APPS, env={"TALLY": "/dev/null"}
+    )
+    client = RawH2(server.port)
+    client.until(lambda: client.conn.remote_settings.max_concurrent_streams == 2)
+    # hyper-h2 keeps to the cap itself: the third stream goes out with the state machine's
+    # cap lifted, as a client that ignores it would send it.
+    first, second = client.request("/a?sleep=0.5"), client.request("/b?sleep=0.5")
+    client.conn.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 3
+    client.conn.remote_settings.acknowledge()
+    third = client.request("/c")
+    client.until(lambda: third in client.resets)
+    assert client.resets[third] == h2.errors.ErrorCodes.REFUSED_STREAM
+    assert client.response(first)[0] == client.response(second)[0] == 200
+
+
+def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """docs/HTTP2.md, "Floods": HEADERS then RST_STREAM, up to 10,000 times, ends in GOAWAY
+    ENHANCE_YOUR_CALM with one log line; the worker runs only a few of the requests, and
+    another client is served afterwards."""
+    tally = tmp_path / "tally"
+    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    before = rss_mib(server.pid)
+    client = RawH2(server.port)
+    sent = 0
+    try:
+        for sent in range(1, 10_001):
+            stream = client.request("/flood")
+            client.conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+            client.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # The server closed the connection: the GOAWAY is in what it sent before.
+    goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert sent < 10_000 or goaways
+    assert [frame.error_code for frame in goaways][-1:] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
+    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert rss_mib(server.pid) - before < 50
+    assert get(server.port, "/other").status == 200
+    ran = tally.read_text().splitlines()
+    assert ran[-1].split()[1] == "/other"
+    assert len(ran) < 100, len(ran)
+
+
+def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair) -> None:
+    """docs/HTTP2.md, "Checked against": h2spec's whole suite, over TLS (h2 by ALPN)."""
+    tool = h2spec()
+    (tmp_path / "hello.py").write_text(
+        "def app(environ, start_response):\n"
+        "    environ['wsgi.input'].read()\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain'), ('Content-Length', '3')])\n"
+        "    return [b'ok\\n']\n"
+    )
+    server = maitred_server("-w", "2", *tls_args(server_pair), "hello:app", cwd=tmp_path)
+    # Over TLS: on a plain listener a client that does not open with the preface is taken for an
+    # HTTP/1.1 one and answered so, where h2spec (3.5, 2) wants HTTP/2's error.
+    report = subprocess.run(
+        [tool, "-t", "-k", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert report.returncode == 0, report.stdout[-6000:]
+
+
+class Flooder:
+    """A raw HTTP/2 client connection: the preface and an empty SETTINGS, then whatever frames
+    a test writes, with hyperframe and hpack alone; what the server answers is read as frames."""
+
+    def __init__(self, port: int, settings: dict[int, int] | None = None) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+        self.sock.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0, settings or {}).serialize()
+        )
+        self.frames: list = []
+        self.closed = False
+        self.buffer = b""
+
+    def send(self, frames: list) -> bool:
+        """Sends the frames; False once the server has closed the connection (or stopped reading
+        past TIMEOUT)."""
+        try:
+            self.sock.sendall(b"".join(frame.serialize() for frame in frames))
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            return False
+        return True
+
+    def read_until(self, condition: Callable[[list], bool]) -> list:
+        """Reads frames until `condition(frames)` holds or the server closes; PINGs answered."""
+        while not condition(self.frames) and not self.closed:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self.buffer += chunk
+            while len(self.buffer) >= 9:
+                frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(self.buffer[:9]))
+                if len(self.buffer) < 9 + length:
+                    break
+                frame.parse_body(memoryview(self.buffer[9 : 9 + length]))
+                self.frames.append(frame)
+                self.buffer = self.buffer[9 + length :]
+        return self.frames
+
+
+def goaway(frames: list) -> hyperframe.frame.GoAwayFrame | None:
+    return next((frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)), None)
+
+
+def request_block(path: str = "/") -> bytes:
+    return Encoder().encode([(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", path)])
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def continuation_flood() -> list:
+    """A header block that never ends: CONTINUATION frames of 1,000 fresh bytes each."""
+    frames = [hyperframe.frame.HeadersFrame(1, request_block())]
+    pad = Encoder().encode([("x-pad", "a" * 1000)])
+    frames += [hyperframe.frame.ContinuationFrame(1, pad) for _ in range(10_000)]
+    return frames
+
+
+def empty_data_flood() -> list:
+    """A POST whose body never comes: empty DATA frames, 100,000 of them."""
+    return [hyperframe.frame.HeadersFrame(1, request_block(), flags=["END_HEADERS"])] + [
+        hyperframe.frame.DataFrame(1, b"") for _ in range(100_000)
+    ]
+
+
+def zero_length_headers() -> list:
+    """HEADERS frames with an empty block (no pseudo-header: malformed), 10,000 streams."""
+    return [hyperframe.frame.HeadersFrame(2 * n + 1, b"", flags=["END_HEADERS", "END_STREAM"]) for n in range(10_000)]
+
+
+def settings_flood() -> list:
+    return [hyperframe.frame.SettingsFrame(0, {}) for _ in range(100_000)]
+
+
+def ping_flood() -> list:
+    return [hyperframe.frame.PingFrame(0, b"\0" * 8) for _ in range(100_000)]
+
+
+def window_update_of_zero() -> list:
+    return [hyperframe.frame.WindowUpdateFrame(0, 0)]
+
+
+def window_past_the_limit() -> list:
+    return [hyperframe.frame.WindowUpdateFrame(0, 2**31 - 1)]
+
+
+FLOODS = [
+    continuation_flood,
+    empty_data_flood,
+    zero_length_headers,
+    settings_flood,
+    ping_flood,
+    window_update_of_zero,
+    window_past_the_limit,
+]
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=[flood.__name__ for flood in FLOODS])
+def test_a_flood_ends_in_goaway_and_others_are_served(
+    maitred_server: Callable[..., Server], tmp_path: Path, flood: Callable[[], list]
+) -> None:
+    """docs/HTTP2.md, "Floods": each ends in GOAWAY with one log line, the lobby's memory grows
+    by less than 50 MiB, no request reaches the worker, and another client is served."""
+    tally = tmp_path / "tally"
+    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    before = rss_mib(server.pid)
+    flooder = Flooder(server.port)
+    flooder.send(flood())
+    frames = flooder.read_until(lambda frames: goaway(frames) is not None)
+    assert goaway(frames) is not None, [type(frame).__name__ for frame in frames][-20:]
+    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert rss_mib(server.pid) - before < 50
+    assert get(server.port, "/other").status == 200
+    assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/other"]
+
+
+def test_an_hpack_bomb_past_the_header_limit_is_refused(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "Floods": 4,000 bytes indexed once and referred to 100 times decode to
+    400 KB, past the 64 KiB a head may have: refused (431 or a reset of the stream, or GOAWAY)
+    without the application seeing it, and others are served."""
+    server = maitred_server("environ_echo:app", cwd=APPS)
+    fields = [(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/")]
+    block = Encoder().encode(fields + [("x-bomb", "b" * 4000)] * 100)
+    assert len(block) < 5000
+    flooder = Flooder(server.port)
+    flooder.send([hyperframe.frame.HeadersFrame(1, block, flags=["END_HEADERS", "END_STREAM"])])
+
+    def answered(frames: list) -> bool:
+        return goaway(frames) is not None or any(
+            isinstance(frame, (hyperframe.frame.RstStreamFrame, hyperframe.frame.HeadersFrame)) and frame.stream_id == 1
+            for frame in frames
+        )
+
+    frames = flooder.read_until(answered)
+    heads = [frame for frame in frames if isinstance(frame, hyperframe.frame.HeadersFrame)]
+    if heads:
+        # The connection's first header block: a fresh decoder reads it.
+        assert dict(Decoder().decode(heads[0].data, raw=True))[b":status"] == b"431"
+    else:
+        assert answered(frames), [type(frame).__name__ for frame in frames]
+    assert get(server.port, "/").status == 200
+
+
+def test_a_zero_window_on_100_streams_is_cut_by_send_timeout(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """docs/HTTP2.md, "Floods": a client that opens 100 streams and never gives a window to
+    any is disconnected with GOAWAY after --send-timeout, with one log line."""
+    (app_dir / "big.py").write_text(BIG_APP)
+    server = maitred_server("-w", "2", "--send-timeout", "1", "big:app", cwd=app_dir)
+    flooder = Flooder(server.port, {hyperframe.frame.SettingsFrame.INITIAL_WINDOW_SIZE: 0})
+    encoder = Encoder()
+    flooder.send(
+        [
+            hyperframe.frame.HeadersFrame(
+                2 * n + 1,
+                encoder.encode([(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/?100000")]),
+                flags=["END_HEADERS", "END_STREAM"],
+            )
+            for n in range(100)
+        ]
+    )
+    frames = flooder.read_until(lambda frames: goaway(frames) is not None)
+    assert goaway(frames).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    server.wait_for_log("took no byte of its answer for 1 s (--send-timeout)", TIMEOUT)
+    assert get(server.port, "/?3").status == 200
+
+
+def test_the_access_log_and_the_metrics_count_http2(maitred_server: Callable[..., Server], tmp_path: Path) -> None:
+    """docs/HTTP2.md, "The access log" and docs/METRICS.md: the protocol atom says HTTP/2.0, and
+    maitred_http2_requests_total counts HTTP/2's answers among maitred_requests_total's."""
+    access = tmp_path / "access.log"
+    stats = free_port()
+    server = maitred_server(
+        "--access-logfile", str(access), "--access-logformat", '%(H)s "%(r)s" %(s)s',
+        "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS,
+    )  # fmt: skip
+    client = RawH2(server.port)
+    assert client.response(client.request("/two?x=1"))[0] == 200
+    assert get(server.port, "/one").status == 200
+    assert eventually(lambda: access.exists() and len(access.read_text().splitlines()) == 2, TIMEOUT)
+    lines = access.read_text().splitlines()
+    assert 'HTTP/2.0 "GET /two?x=1 HTTP/2.0" 200' in lines, lines
+    assert 'HTTP/1.1 "GET /one HTTP/1.1" 200' in lines, lines
+    metrics = get(stats, "/metrics").body.decode()
+    assert "maitred_http2_requests_total 1" in metrics.splitlines()
