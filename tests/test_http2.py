@@ -494,7 +494,8 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
 
 
 def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair) -> None:
-    """docs/HTTP2.md, "Checked against": h2spec's whole suite, over TLS (h2 by ALPN)."""
+    """docs/HTTP2.md, "Checked against": h2spec's whole suite, strict mode included (-S), over
+    TLS (h2 by ALPN)."""
     tool = h2spec()
     (tmp_path / "hello.py").write_text(
         "def app(environ, start_response):\n"
@@ -506,7 +507,7 @@ def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Pat
     # Over TLS: on a plain listener a client that does not open with the preface is taken for an
     # HTTP/1.1 one and answered so, where h2spec (3.5, 2) wants HTTP/2's error.
     report = subprocess.run(
-        [tool, "-t", "-k", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
+        [tool, "-t", "-k", "-S", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
         capture_output=True,
         text=True,
         timeout=300,
