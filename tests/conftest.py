@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tls_certs import Authority, Pair
 
 MAITRED = Path(sys.executable).with_name("maitred")
 HOST = "127.0.0.1"
@@ -332,3 +333,17 @@ def app_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "app"
     directory.mkdir()
     return directory
+
+
+@pytest.fixture
+def authority(tmp_path: Path) -> Authority:
+    """A certificate authority of the test's own, in its temporary directory (tls_certs.py)."""
+    directory = tmp_path / "pki"
+    directory.mkdir()
+    return Authority(directory)
+
+
+@pytest.fixture
+def server_pair(authority: Authority) -> Pair:
+    """A server certificate and key that `authority` signed."""
+    return authority.server()

@@ -160,18 +160,6 @@ def frames_until_close(sock: socket.socket) -> list:
             data = data[9 + length :]
 
 
-@pytest.fixture
-def authority(tmp_path: Path) -> Authority:
-    directory = tmp_path / "pki"
-    directory.mkdir()
-    return Authority(directory)
-
-
-@pytest.fixture
-def server_pair(authority: Authority) -> Pair:
-    return authority.server()
-
-
 def tls_args(pair: Pair) -> tuple[str, ...]:
     return ("--certfile", str(pair.cert), "--keyfile", str(pair.key))
 

@@ -40,18 +40,6 @@ def app(environ, start_response):
 
 
 @pytest.fixture
-def authority(tmp_path: Path) -> Authority:
-    directory = tmp_path / "pki"
-    directory.mkdir()
-    return Authority(directory)
-
-
-@pytest.fixture
-def server_pair(authority: Authority) -> Pair:
-    return authority.server()
-
-
-@pytest.fixture
 def environ_app(app_dir: Path) -> Path:
     (app_dir / "seen.py").write_text(ENVIRON_APP)
     return app_dir
