@@ -1,7 +1,8 @@
 """Headless chromium, started by a test in a process group of its own and driven over the
-DevTools protocol (websocket-client): tests/test_status_page.py's live page and
-tests/test_asgi.py's WebSocket in a real browser. CHROMIUM is None when it is not installed
-(Debian's chromium package; .ci/run installs it): the tests that need it skip, saying so."""
+DevTools protocol (websocket-client): tests/test_status_page.py's live page, tests/test_asgi.py's
+WebSocket and tests/test_http2_browser_and_proxy.py's HTTP/2 in a real browser. CHROMIUM is None
+when it is not installed (Debian's chromium package; .ci/run installs it): the tests that need it
+skip, saying so."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class Browser:
     """Headless chromium in a process group of its own, with a fresh profile, and a DevTools
     connection to its one page. Every wait is bounded; `close` leaves no process behind."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, flags: tuple[str, ...] = ()) -> None:
+        """flags: more of chromium's command-line switches (tests/test_http2_browser_and_proxy.py's
+        trust in its test authority's certificate)."""
         self.events: list[dict] = []
         self.last_id = 0
         # Chromium's crash handler writes under $HOME and starts in a session of its own, out of
@@ -42,6 +45,7 @@ class Browser:
             "--remote-debugging-port=0",
             "--window-size=1400,1000",
             "--no-first-run",
+            *flags,
             "about:blank",
         ]
         if os.geteuid() == 0:

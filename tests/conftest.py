@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,6 +88,44 @@ def kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def haproxy_command() -> str:
+    """Debian's haproxy (in /usr/sbin, which a user's PATH may leave out), or the test skips."""
+    found = shutil.which("haproxy", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    if found is None:
+        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)")
+    return found
+
+
+@pytest.fixture
+def haproxy_started(tmp_path: Path) -> Iterator[Callable[[str, list[int]], None]]:
+    """Starts Debian's haproxy in the foreground with a configuration (its text), returning once
+    each of the ports given accepts connections; its log is tmp_path/haproxy.log. Every haproxy
+    started is stopped when the test ends. Skips the test without haproxy."""
+    command = haproxy_command()
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(config: str, ports: list[int]) -> None:
+        path = tmp_path / f"haproxy-{len(started)}.cfg"
+        path.write_text(config)
+        with open(tmp_path / "haproxy.log", "ab") as log:
+            started.append(subprocess.Popen([command, "-db", "-f", str(path)], stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 10
+        while not all(accepts_connections(port) for port in ports):
+            log_text = (tmp_path / "haproxy.log").read_text(errors="replace")
+            assert started[-1].poll() is None, f"haproxy exited with {started[-1].returncode}:\n{log_text}"
+            assert time.monotonic() < deadline, f"haproxy did not listen within 10 s:\n{log_text}"
+            time.sleep(0.05)
+
+    yield start
+    for process in started:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
 
 def _environment(extra: Mapping[str, str] | None) -> dict[str, str]:

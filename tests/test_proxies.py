@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import socket
 import struct
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from client import Reply, eventually, read_reply
-from conftest import HOST, Server, accepts_connections, free_port
+from conftest import HOST, Server, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
 TIMEOUT = 10.0
@@ -173,47 +170,24 @@ def test_bad_proxy_settings_are_one_line_with_exit_code_2(run_maitred: Callable[
 # The PROXY protocol, from a real HAProxy.
 
 
-def haproxy_command() -> str:
-    found = shutil.which("haproxy", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
-    if found is None:
-        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)")
-    return found
-
-
 @pytest.fixture
-def haproxy(tmp_path: Path) -> Iterator[Callable[[int], dict[str, int]]]:
+def haproxy(haproxy_started: Callable[[str, list[int]], None]) -> Callable[[int], dict[str, int]]:
     """Starts HAProxy in TCP mode in front of maitred's port: one frontend port that sends
     maitred a PROXY v1 header (`send-proxy`), one that sends v2 (`send-proxy-v2`). Returns the
-    frontends' ports by version; stops HAProxy at the end."""
-    command = haproxy_command()
-    started: list[subprocess.Popen[bytes]] = []
+    frontends' ports by version; HAProxy is stopped at the end."""
 
     def start(backend: int) -> dict[str, int]:
         ports = {"v1": free_port(), "v2": free_port()}
-        config = tmp_path / "haproxy.cfg"
         sections = ["defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n"]
         for version, port in ports.items():
             send = "send-proxy" if version == "v1" else "send-proxy-v2"
             sections.append(
                 f"listen front_{version}\n    bind {HOST}:{port}\n    server maitred {HOST}:{backend} {send}\n"
             )
-        config.write_text("\n".join(sections))
-        log = open(tmp_path / "haproxy.log", "wb")  # noqa: SIM115 - kept open for the process's life
-        process = subprocess.Popen([command, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        started.append(process)
-        ready = eventually(lambda: all(accepts_connections(port) for port in ports.values()), TIMEOUT)
-        assert ready, (tmp_path / "haproxy.log").read_text()
+        haproxy_started("\n".join(sections), list(ports.values()))
         return ports
 
-    yield start
-    for process in started:
-        process.terminate()
-        try:
-            process.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=TIMEOUT)
+    return start
 
 
 def test_haproxy_send_proxy_v1_and_v2_give_the_client_address_and_port(

@@ -3,7 +3,9 @@ server certificate for 127.0.0.1 and localhost signed by it, and client certific
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import ipaddress
 import ssl
 from dataclasses import dataclass
@@ -141,3 +143,11 @@ def peer_serial(sock: ssl.SSLSocket) -> int:
     der = sock.getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
+
+
+def spki_sha256(pair: Pair) -> str:
+    """The base64 SHA-256 of the server certificate's public key (its SubjectPublicKeyInfo), as
+    chromium's --ignore-certificate-errors-spki-list names a certificate to trust."""
+    leaf = x509.load_pem_x509_certificates(pair.cert.read_bytes())[0]
+    spki = leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
