@@ -2,12 +2,16 @@
 
     python3 bench/connections.py slow --port P --count 2000    # C1: request heads that never end
     python3 bench/connections.py idle --port P --count 10000   # M1: one request, then idle keep-alive
+    python3 bench/connections.py idle-h2 --port P --count 10000   # M1-H2: the same over HTTP/2
 
 slow: each connection sends a request line and a Host header at once, then one more byte of a
 header every --interval seconds (5 s): the head never ends, so a server either holds the
 connection or closes it (a header timeout), and nothing else.
 idle: each connection sends one GET, reads the whole response, then stays open without a word,
 as a browser or a proxy's pool does between requests.
+idle-h2: idle's over HTTP/2 with prior knowledge: each connection sends the preface, an empty
+SETTINGS and one GET on stream 1, reads until that stream ends, then stays open, acknowledging
+the server's SETTINGS and PINGs as every client must (and nothing else).
 
 At most --in-flight connections are being opened (or, for idle, awaiting their response) at once,
 so that the server's accept queue sets the pace rather than overflowing. Once every connection is
@@ -21,7 +25,8 @@ open (or has failed), or --open-seconds have passed, the program prints its coun
     refused    connects that failed (refused, reset, timed out)
     pending    connects still in progress, plus (idle) requests still awaiting their response
     answered   idle: complete responses read; slow: connections on which the server sent anything
-    non2xx     idle: responses with a status outside 200-299
+    non2xx     idle: responses with a status outside 200-299 (idle-h2: a :status other than the
+               200, 204 or 206 that HPACK's static table indexes, which is how servers send them)
     closed     connections the server closed (end of file or reset) after they opened
     open       connections open now (opened and not closed)
     held       idle: answered and still open (what M1 counts as held); slow: the same as open
@@ -48,6 +53,23 @@ SLOW_TRICKLE = b"X-Slow: 1\r\n"
 # The longest response head an idle connection accepts before calling the response broken.
 MAX_HEAD = 16384
 
+# idle-h2's opening, all at once: the preface, an empty SETTINGS frame, and HEADERS on stream 1
+# (END_STREAM, END_HEADERS) whose block is HPACK's static entries for GET, http and / and the
+# :authority name with a literal value.
+H2_AUTHORITY = b"127.0.0.1"
+H2_BLOCK = bytes([0x82, 0x86, 0x84, 0x41, len(H2_AUTHORITY)]) + H2_AUTHORITY
+H2_OPENING = (
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    + bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+    + len(H2_BLOCK).to_bytes(3, "big")
+    + bytes([0x1, 0x5, 0, 0, 0, 1])
+    + H2_BLOCK
+)
+H2_DATA, H2_HEADERS, H2_SETTINGS, H2_PING = 0x0, 0x1, 0x4, 0x6
+H2_END_STREAM, H2_ACK, H2_PADDED, H2_PRIORITY = 0x1, 0x1, 0x8, 0x20
+# HPACK's static table: indexes 8, 9 and 10 are :status 200, 204 and 206.
+H2_SUCCESS = (0x88, 0x89, 0x8A)
+
 CONNECTING, AWAITING, HOLDING, GONE = "connecting", "awaiting", "holding", "gone"
 
 
@@ -73,7 +95,7 @@ def response_status(received: bytes) -> str | None:
 
 
 class Connection:
-    __slots__ = ("answered", "received", "sent", "sock", "state")
+    __slots__ = ("answered", "headed", "received", "sent", "sock", "state")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -81,6 +103,7 @@ class Connection:
         self.received = b""
         self.sent = 0  # slow: bytes of SLOW_TRICKLE sent so far
         self.answered = False
+        self.headed = False  # idle-h2: the answer's header block has come
 
 
 # States in which a connection counts against --in-flight.
@@ -127,7 +150,7 @@ class Crowd:
             self.forget(connection)
             return
         self.counts["opened"] += 1
-        first = REQUEST if self.args.mode == "idle" else SLOW_START
+        first = {"idle": REQUEST, "idle-h2": H2_OPENING, "slow": SLOW_START}[self.args.mode]
         try:
             connection.sock.send(first)  # a few dozen bytes: they fit in an empty send buffer
         except OSError:
@@ -135,7 +158,7 @@ class Crowd:
             self.forget(connection)
             return
         self.selector.register(connection.sock, selectors.EVENT_READ, connection)
-        if self.args.mode == "idle":
+        if self.args.mode != "slow":
             self.move(connection, AWAITING)
         else:
             self.move(connection, HOLDING)
@@ -152,6 +175,9 @@ class Crowd:
             data = b""
         if not data:
             self.server_closed(connection)
+        elif self.args.mode == "idle-h2":
+            connection.received += data
+            self.read_frames(connection)
         elif connection.state == AWAITING:
             connection.received += data
             self.read_response(connection)
@@ -175,6 +201,37 @@ class Crowd:
         self.counts["answered"] += 1
         if not status.startswith("2"):
             self.counts["non2xx"] += 1
+
+    def read_frames(self, connection: Connection) -> None:
+        """idle-h2: takes the whole frames received: the answer on stream 1 (its status from the
+        first byte of its header block), and the SETTINGS and PINGs to acknowledge."""
+        received = connection.received
+        while len(received) >= 9:
+            length = int.from_bytes(received[:3], "big")
+            if len(received) < 9 + length:
+                break
+            kind, flags, stream = received[3], received[4], int.from_bytes(received[5:9], "big") & 0x7FFFFFFF
+            payload, received = received[9 : 9 + length], received[9 + length :]
+            if kind == H2_SETTINGS and not flags & H2_ACK:
+                self.acknowledge(connection, bytes([0, 0, 0, H2_SETTINGS, H2_ACK, 0, 0, 0, 0]))
+            elif kind == H2_PING and not flags & H2_ACK:
+                self.acknowledge(connection, bytes([0, 0, 8, H2_PING, H2_ACK, 0, 0, 0, 0]) + payload)
+            elif stream == 1 and kind == H2_HEADERS and not connection.headed:
+                connection.headed = True
+                skip = (1 if flags & H2_PADDED else 0) + (5 if flags & H2_PRIORITY else 0)
+                if payload[skip] not in H2_SUCCESS:
+                    self.counts["non2xx"] += 1
+            if stream == 1 and kind in (H2_HEADERS, H2_DATA) and flags & H2_END_STREAM and not connection.answered:
+                connection.answered = True
+                self.counts["answered"] += 1
+                self.move(connection, HOLDING)
+        connection.received = received
+
+    def acknowledge(self, connection: Connection, frame: bytes) -> None:
+        try:
+            connection.sock.send(frame)  # a few bytes: they fit in the send buffer
+        except OSError:
+            pass  # the server closed: the next read says so
 
     def server_closed(self, connection: Connection) -> None:
         self.counts["closed"] += 1
@@ -248,7 +305,7 @@ class Crowd:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/connections.py", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("slow", "idle"))
+    parser.add_argument("mode", choices=("slow", "idle", "idle-h2"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--interval", type=float, default=5.0, help="slow: seconds between bytes")

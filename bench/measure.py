@@ -1,4 +1,4 @@
-"""Load tools (ab, wrk, bench/deadline-clients): their command lines and how to read their output,
+"""Load tools (ab, wrk, h2load, bench/deadline-clients): their command lines and how to read their output,
 plus the kernel's TCP counters read around each run.
 
 Every tool's output is reduced to the same dict, a "measurement":
@@ -212,6 +212,84 @@ class Wrk:
 
 
 @dataclass(frozen=True)
+class H2Load:
+    """h2load (nghttp2's, Debian's nghttp2-client): HTTP/2 with prior knowledge on a plain
+    listener, `clients` connections of `streams` concurrent requests each, for `seconds` (-D).
+    It reports the mean and max latency, no percentiles. A server that does not take the preface
+    makes h2load negotiate nothing: the run is an error, not a slow HTTP/1.1 figure."""
+
+    clients: int
+    streams: int
+    seconds: int
+    threads: int = 1
+
+    tool = "h2load"
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        return [
+            "h2load",
+            "-t",
+            str(self.threads),
+            "-c",
+            str(self.clients),
+            "-m",
+            str(self.streams),
+            "-D",
+            str(self.seconds),
+            url,
+        ]
+
+    def describe(self) -> str:
+        return f"h2load -t {self.threads} -c {self.clients} -m {self.streams} -D {self.seconds} http://127.0.0.1:PORT/"
+
+    def shortened(self) -> H2Load:
+        return replace(self, seconds=min(self.seconds, 3))
+
+    def default_time_limit(self) -> float:
+        return self.seconds + 40.0
+
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        protocol = re.search(r"^Application protocol: (\S+)", output, re.MULTILINE)
+        if not protocol or protocol.group(1) not in ("h2c", "h2"):
+            raise ParseError(f"h2load did not speak HTTP/2 with the server:\n{_tail(output)}")
+        finished = re.search(r"^finished in ([\d.]+)s, ([\d.]+) req/s", output, re.MULTILINE)
+        requests = re.search(
+            r"^requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, "
+            r"(\d+) timeout",
+            output,
+            re.MULTILINE,
+        )
+        statuses = re.search(r"^status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", output, re.MULTILINE)
+        latency = re.search(r"^time for request:\s+(\S+)\s+(\S+)\s+(\S+)", output, re.MULTILINE)
+        if not (finished and requests and statuses):
+            raise ParseError(f"no result in h2load's output:\n{_tail(output)}")
+        _done, succeeded, failed, errored, timeout = map(int, requests.groups())
+        return {
+            "requests": succeeded,
+            "rps": float(finished.group(2)),
+            "duration_s": float(finished.group(1)),
+            # h2load's failed counts the errored and timed-out requests too.
+            "failed": failed,
+            "failed_detail": {"errored": errored, "timeout": timeout},
+            "non2xx": sum(map(int, statuses.groups()[1:])),
+            "keepalive": None,
+            "latency_ms": {},
+            "max_ms": _h2load_ms(latency.group(2)) if latency else None,
+            "mean_ms": _h2load_ms(latency.group(3)) if latency else None,
+            "connect_max_ms": None,
+            "gave_up": None,
+        }
+
+
+def _h2load_ms(value: str) -> float:
+    """h2load's durations ("110us", "30.89ms", "1.02s") in milliseconds."""
+    for unit, factor in (("us", 0.001), ("ms", 1.0), ("s", 1000.0)):
+        if value.endswith(unit):
+            return float(value[: -len(unit)]) * factor
+    raise ParseError(f"an h2load duration without a known unit: {value!r}")
+
+
+@dataclass(frozen=True)
 class DeadlineClients:
     """bench/deadline-clients: each request on a new connection and given up after `deadline` s,
     requests starting for `seconds`; ClosedLoop and OpenLoop say when each one starts."""
@@ -373,7 +451,7 @@ class MixedClients:
         }
 
 
-Load = Ab | Wrk | ClosedLoop | OpenLoop | MixedClients
+Load = Ab | Wrk | H2Load | ClosedLoop | OpenLoop | MixedClients
 
 
 def _deadline_clients_measurement(output: str) -> dict:

@@ -38,8 +38,9 @@ from scenarios import SCENARIOS, Entry, Scenario
 from servers import BENCH, DB_APPS, MAITRED, PEERS, PEERS_VENV, REPO, SERVERS, Server, maitred_takes_threads
 
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
-# strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5.
-DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk", "strace": "strace", "nginx": "nginx"}
+# strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5; h2load
+# is the HTTP/2 load (H2-T1, H2-L1).
+DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk", "strace": "strace", "nginx": "nginx", "h2load": "nghttp2-client"}
 # The database scenarios' PostgreSQL (bench/postgres.py makes a cluster of its own with it).
 DATABASE_PACKAGE = "postgresql"
 # The database applications' packages, pinned, installed into DB_APPS.
@@ -360,6 +361,7 @@ def _run_scenario(
     entries = [entry for entry in scenario.lineup if entry.server in available]
     labels = {entry: _label(entry) for entry in scenario.lineup}
     alone = _alone_figures(scenario, earlier)
+    http1 = _http1_figures(scenario, earlier)
     commands = {}
     for entry in entries:
         argv = SERVERS[entry.server].argv(scenario.launch(entry, 0))
@@ -447,6 +449,8 @@ def _run_scenario(
             )
             if capacity:
                 _add_capacity(result, capacity_runs[labels[entry]], capacities.get(labels[entry]))
+            if scenario.http1_from:
+                _add_http1(result, http1.get((_label(replace(entry, options=())), repetition)))
             record["runs"].append(result)
             print(f"  run {repetition}/{runs} {labels[entry]:<28} {brief(result)}", file=sys.stderr)
             time.sleep(SETTLE_SECONDS)
@@ -508,6 +512,27 @@ def _alone_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, i
     }
 
 
+def _http1_figures(scenario: Scenario, earlier: list[dict]) -> dict[tuple[str, int], float]:
+    """H2-T1, H2-L1: {(server label, run number): req/s} of the runs of scenario.http1_from (T1,
+    L1) in this invocation that measured their whole load; empty when it did not run."""
+    record = next((r for r in earlier if r["id"] == scenario.http1_from), None) if scenario.http1_from else None
+    if record is None:
+        return {}
+    return {
+        (run["server"], run["run"]): run["measurement"]["rps"]
+        for run in record["runs"]
+        if run["measurement"] is not None and not run["cut_short"] and not run["error"]
+    }
+
+
+def _add_http1(result: dict, http1_rps: float | None) -> None:
+    """H2-T1, H2-L1: the same server's HTTP/1.1 req/s (None: not measured in this invocation) and
+    the HTTP/2 figure's ratio to it."""
+    http2_rps = result["measurement"]["rps"] if result["measurement"] else None
+    result["extra"]["http1_rps"] = http1_rps
+    result["extra"]["h2_over_http1"] = http2_rps / http1_rps if http2_rps is not None and http1_rps else None
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -550,6 +575,7 @@ def _environment(available: set[str], installs: dict[str, str], tool_versions: d
     versions = {
         "ab": first_line(_run(["ab", "-V"])).replace("This is ApacheBench, Version", "ApacheBench").split(" <")[0],
         "wrk": first_line(_run(["wrk", "-v"])).split(" Copyright")[0],
+        "h2load": f"nghttp2-client {_debian_installed('nghttp2-client') or 'not installed'} (Debian)",
         "python (peers)": platform.python_version(),
         **tool_versions,
     }

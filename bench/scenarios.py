@@ -21,7 +21,7 @@ import lifecycle
 from db_levels import DbTests, level_key
 from front import HAProxyFront, NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
-from measure import Ab, ClosedLoop, Load, MixedClients, OpenLoop, Wrk
+from measure import Ab, ClosedLoop, H2Load, Load, MixedClients, OpenLoop, Wrk
 from servers import SERVERS, Launch
 
 HERE = Path(__file__).resolve().parent
@@ -80,9 +80,10 @@ class Column:
 @dataclass(frozen=True)
 class Crowd:
     """Connections held open by bench/connections.py while the run lasts: "slow" ones whose request
-    head never ends (C1), or "idle" keep-alive ones after one request each (M1)."""
+    head never ends (C1), or "idle" keep-alive ones after one request each (M1; "idle-h2", the
+    same over HTTP/2, M1-H2)."""
 
-    kind: str  # "slow" or "idle"
+    kind: str  # "slow", "idle" or "idle-h2"
     count: int
     interval: float = 5.0  # slow: seconds between the bytes of the endless head
     open_seconds: float = 15.0  # how long opening them may take before the run goes on regardless
@@ -170,6 +171,10 @@ class Scenario:
     # DB-DJANGO, DB-FLASK, DB-FASTAPI: TechEmpower's test types against one server per run, each at
     # several concurrencies of the load (a Wrk), on the harness's PostgreSQL (bench/db_levels.py).
     db_tests: DbTests | None = None
+    # H2-T1, H2-L1: the HTTP/1.1 scenario of the same app, workers and clients (T1, L1) whose runs in
+    # the same invocation each server's HTTP/2 figure is set beside: its run of the same number,
+    # the server matched by its label without the entry's options (gunicorn's HTTP/2 flags).
+    http1_from: str | None = None
 
     def __post_init__(self) -> None:
         if wrong := [e.server for e in self.lineup if self.interface not in SERVERS[e.server].interfaces]:
@@ -310,6 +315,16 @@ ASGI_OVERLOAD = (
     Entry("maitred", options=("--request-deadline", "1")),
     Entry("uvicorn", options=("--limit-concurrency", str(UVICORN_LIMIT))),
 )
+# H2-T1, H2-L1, M1-H2: HTTP/2 with prior knowledge on a plain listener, as h2load's http:// URLs
+# and HAProxy's `proto h2` speak it, against the peers that serve HTTP/2 on one: granian (its
+# default --http auto takes the preface beside HTTP/1.1) and gunicorn's gthread worker (gunicorn's
+# sync worker has no HTTP/2) with it turned on. gunicorn's `--http2-cleartext both`, not
+# `prior-knowledge`: with the latter alone it answers 400 to every HTTP/1.1 request from a peer it
+# trusts (127.0.0.1 by default), the harness's readiness check among them; `both` also honours
+# `Upgrade: h2c`, which no client here sends. All three over cleartext, so that TLS's cost (T1-TLS,
+# bench/tls.py) is not in the figures, and gunicorn needs no certificate to speak HTTP/2.
+GUNICORN_H2 = Entry("gunicorn-gthread", options=("--http-protocols", "h2,h1", "--http2-cleartext", "both"))
+HTTP2 = (MAITRED, GUNICORN_H2, GRANIAN)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -339,6 +354,17 @@ def _leads(summary: Summary, peers: list[Summary]) -> bool:
 
 
 LEADS = Target("req/s >= every peer", _leads)
+
+# H2-T1: HTTP/2 must not cost a server its HTTP/1.1 throughput (each server's own, from T1's run of
+# the same number in the same invocation: Scenario.http1_from).
+AT_LEAST_ITS_OWN_HTTP1 = Target(
+    "req/s >= its own HTTP/1.1 T1's (the same invocation)",
+    lambda summary, peers: summary.get("http1_rps") is not None and summary["rps"] >= summary["http1_rps"],
+)
+HTTP1_COLUMNS = (
+    Column("http1_rps", "HTTP/1.1 req/s"),
+    Column("h2_over_http1", "HTTP/2 / HTTP/1.1", digits=2),
+)
 
 
 def _percent_at_least(key: str, percent: float, text: str) -> Target:
@@ -572,6 +598,27 @@ def _db_scenario(
         note=f"{note} {DB_NOTE}",
     )
 
+
+# M1, M1-H2: the idle connections held and what holding them costs.
+IDLE_COLUMNS = (
+    Column("crowd_held", "held"),
+    Column("crowd_closed", "closed by the server"),
+    Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
+    Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
+    Column("kb_per_held", "KB per held connection", digits=2),
+)
+IDLE_HEADLINE = Column("kb_per_held", "KB per held idle connection", digits=2)
+ALL_HELD = Target(
+    "all 10,000 connections answered and held open",
+    lambda summary, peers: summary["crowd_held"] == summary["crowd_count"],
+)
+H2_NOTE = (
+    "HTTP/2 with prior knowledge on each server's plain listener (h2load's http:// URL sends the "
+    "preface at once). gunicorn serves HTTP/2 with its gthread worker only, turned on by "
+    "--http-protocols h2,h1 and --http2-cleartext both (prior-knowledge alone answers 400 to "
+    "HTTP/1.1 from a trusted peer, the harness's readiness check among them); granian takes the "
+    "preface with its default --http auto; maitred with its defaults."
+)
 
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
@@ -836,22 +883,13 @@ SCENARIOS: dict[str, Scenario] = {
             time_limit=30.0,
             open_files=10100,
             targets=(
-                Target(
-                    "all 10,000 connections answered and held open",
-                    lambda summary, peers: summary["crowd_held"] == summary["crowd_count"],
-                ),
+                ALL_HELD,
                 Target(
                     "RSS growth <= 5 MB (0.5 KB per connection)", lambda summary, peers: summary["rss_growth_mb"] <= 5
                 ),
             ),
-            columns=(
-                Column("crowd_held", "held"),
-                Column("crowd_closed", "closed by the server"),
-                Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
-                Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
-                Column("kb_per_held", "KB per held connection", digits=2),
-            ),
-            headline=Column("kb_per_held", "KB per held idle connection", digits=2),
+            columns=IDLE_COLUMNS,
+            headline=IDLE_HEADLINE,
             headline_lower_is_better=True,
             note="bench/connections.py opens 10,000 connections (at most 500 opening at once), sends one "
             "GET on each, reads the whole response, and then keeps them open without a word. The "
@@ -1206,6 +1244,56 @@ SCENARIOS: dict[str, Scenario] = {
             "read once it has not grown for 1 s after the load (the server may go on running "
             "requests whose clients are gone), less the 200s HAProxy received, is the requests run "
             "after HAProxy gave up on them: work for nobody.",
+        ),
+        Scenario(
+            id="H2-T1",
+            title="hello world over HTTP/2, h2load, 100 connections x 10 streams (throughput)",
+            app="apps:hello",
+            workers=2,
+            load=H2Load(threads=2, clients=100, streams=10, seconds=10),
+            lineup=HTTP2,
+            http1_from="T1",
+            targets=(NO_FAILURES, _at_least("granian (default threads)"), AT_LEAST_ITS_OWN_HTTP1),
+            columns=HTTP1_COLUMNS,
+            note=f"{H2_NOTE} T1's app and workers; h2load reports no latency percentiles, only the "
+            "mean and max. The HTTP/1.1 columns are each server's T1 run of the same number in the same "
+            "invocation (- when T1 did not run).",
+        ),
+        Scenario(
+            id="H2-L1",
+            title="hello world over HTTP/2, h2load, one connection, one stream (latency-bound)",
+            app="apps:hello",
+            workers=2,
+            load=H2Load(clients=1, streams=1, seconds=10),
+            lineup=HTTP2,
+            http1_from="L1",
+            targets=(NO_FAILURES,),
+            columns=HTTP1_COLUMNS,
+            note=f"{H2_NOTE} L1's app and workers. The HTTP/1.1 columns are each server's L1 run of the "
+            "same number in the same invocation (- when L1 did not run).",
+        ),
+        Scenario(
+            id="M1-H2",
+            title="memory: 10,000 idle HTTP/2 connections",
+            app="apps:hello",
+            workers=2,
+            load=None,
+            lineup=HTTP2,
+            crowd=Crowd("idle-h2", 10000, open_seconds=15.0, idle_seconds=3.0),
+            time_limit=30.0,
+            open_files=10100,
+            targets=(ALL_HELD,),
+            columns=IDLE_COLUMNS,
+            headline=IDLE_HEADLINE,
+            headline_lower_is_better=True,
+            note=f"{H2_NOTE} M1's method over HTTP/2: bench/connections.py idle-h2 opens 10,000 "
+            "connections (at most 500 opening at once), each sending the preface, an empty SETTINGS and "
+            "one GET, reads until that stream ends, then keeps the connection open, acknowledging the "
+            "server's SETTINGS and PINGs and saying nothing else. The server's RSS (the sum of VmRSS over "
+            "its process group) is read once it is ready and again 3 s after every connection was "
+            "answered: the growth per connection held is the figure. An idle HTTP/2 connection keeps "
+            "its task and the h2 crate's state in maitred's lobby (docs/HTTP2.md), where an HTTP/1.1 one "
+            "hibernates: compare with M1.",
         ),
     )
 }

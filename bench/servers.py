@@ -185,6 +185,7 @@ def _gunicorn(worker_class: str) -> Callable[[Launch, int | None], list[str]]:
             f"127.0.0.1:{launch.port}",
             *_backlog(launch),
             *_pid_file(launch),
+            *launch.options,
             launch.app,
         ]
 
@@ -356,9 +357,12 @@ SERVERS: dict[str, Server] = {
             command=_gunicorn("gthread"),
             ready_line=lambda launch: re.compile(r"Booting worker with pid"),
             ready_count=lambda launch: launch.workers,
-            pip=("gunicorn==27.0.1",),
+            # h2 (gunicorn's [http2] extra): its HTTP/2, which the gthread worker serves (H2-T1,
+            # H2-L1, M1-H2 turn it on with launch.options; scenarios.py says how).
+            pip=("gunicorn==27.0.1", "h2==4.4.1"),
             # gunicorn's docs advise 2-4 threads per core for gthread; the suite takes 4.
             default_threads=4,
+            takes_options=True,
         ),
         Server(
             name="uwsgi",
