@@ -18,7 +18,7 @@ pub(crate) mod asleep;
 pub(crate) mod certificates;
 mod deflate;
 mod encrypted;
-mod h2;
+pub(crate) mod h2;
 pub(crate) mod handshake;
 pub(crate) mod heads;
 pub(crate) mod peer;

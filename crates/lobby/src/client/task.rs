@@ -439,6 +439,7 @@ impl<S: ClientStream> Connection<S> {
             summary,
             served: log::access_log_enabled().then(Rc::default),
             websocket: None,
+            http2: false,
         };
         Ok((job, body_descriptor))
     }
