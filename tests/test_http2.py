@@ -501,9 +501,14 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     assert len(ran) < 100, len(ran)
 
 
-def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair) -> None:
+@pytest.mark.parametrize("transport", ["tls", "prior_knowledge"])
+def test_h2spec_conformance(
+    maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair, transport: str
+) -> None:
     """docs/HTTP2.md, "Checked against": h2spec's whole suite, strict mode included (-S), over
-    TLS (h2 by ALPN)."""
+    TLS (h2 by ALPN) and with prior knowledge on a plain listener that speaks HTTP/2 only
+    (--http-protocols h2), where bytes that are not the preface get HTTP/2's connection error
+    (h2spec 3.5/2)."""
     tool = h2spec()
     (tmp_path / "hello.py").write_text(
         "def app(environ, start_response):\n"
@@ -511,17 +516,46 @@ def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Pat
         "    start_response('200 OK', [('Content-Type', 'text/plain'), ('Content-Length', '3')])\n"
         "    return [b'ok\\n']\n"
     )
-    server = maitred_server("-w", "2", *tls_args(server_pair), "hello:app", cwd=tmp_path)
-    # Over TLS: on a plain listener a client that does not open with the preface is taken for an
-    # HTTP/1.1 one and answered so, where h2spec (3.5, 2) wants HTTP/2's error.
+    if transport == "tls":
+        server = maitred_server("-w", "2", *tls_args(server_pair), "hello:app", cwd=tmp_path)
+        over = ["-t", "-k"]
+    else:
+        server = maitred_server("-w", "2", "--http-protocols", "h2", "hello:app", cwd=tmp_path)
+        over = []
     report = subprocess.run(
-        [tool, "-t", "-k", "-S", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
+        [tool, *over, "-S", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert report.returncode == 0, report.stdout[-6000:]
+    assert " 0 failed" in report.stdout, report.stdout[-2000:]
+
+
+def test_an_invalid_preface_where_only_http2_is_spoken_is_a_connection_error(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, `--http-protocols`: on a plain listener that speaks HTTP/2 only, first bytes
+    that are neither the preface nor an HTTP/1.x request get the server's SETTINGS and GOAWAY
+    PROTOCOL_ERROR, then the close, with one log line, counted as invalid_preface; an HTTP/1.1
+    request still gets 505 with the reason."""
+    stats = free_port()
+    server = maitred_server("--http-protocols", "h2", "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(b"INVALID CONNECTION PREFACE\r\n\r\n")
+        frames = frames_until_close(sock)
+    assert [type(frame).__name__ for frame in frames] == ["SettingsFrame", "GoAwayFrame"], frames
+    assert frames[1].error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    assert_refused_once(
+        server,
+        stats,
+        "invalid_preface",
+        'it opened with "INVALID CONNECTION PREFACE\\r\\n\\r\\n", neither',
+        "protocol_error",
+    )
+    reply = get(server.port, "/")
+    assert reply.status == 505 and b"--http-protocols h2" in reply.body
 
 
 class Flooder:

@@ -21,6 +21,7 @@ mod encrypted;
 pub(crate) mod h2;
 pub(crate) mod handshake;
 pub(crate) mod heads;
+mod opening;
 pub(crate) mod peer;
 pub(crate) mod proxies;
 mod read;

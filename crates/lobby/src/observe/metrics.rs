@@ -83,7 +83,7 @@ impl Metrics {
                 "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
                  continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
                  ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
-                 (flow_control, protocol_error)",
+                 (flow_control, invalid_preface, protocol_error)",
             ),
             &["reason"],
         )

@@ -1,6 +1,6 @@
 //! HTTP/2 connections (docs/HTTP2.md), spoken with the h2 crate beside HTTP/1.1's own code: a
 //! TLS connection whose client chose `h2` by ALPN (`handshake.rs`), or a plain one that opened
-//! with HTTP/2's preface (`task.rs` looks at the bytes it read first). Each stream is a request
+//! with HTTP/2's preface (`opening.rs` looks at the bytes it read first). Each stream is a request
 //! like an HTTP/1.1 one (`stream.rs`, with its head checked in `head.rs`): read whole, queued as
 //! a `Job`, answered through the spool. The queue and the workers never learn the protocol.
 //!
@@ -104,6 +104,39 @@ const LOCAL_ERROR_RESETS: usize = 256;
 pub(super) fn opens_with_preface(first: &[u8]) -> bool {
     let n = first.len().min(PREFACE.len());
     n >= 4 && first[..n] == PREFACE[..n]
+}
+
+/// Where only HTTP/2 is spoken, whether a plain connection's first bytes, not the preface,
+/// are an HTTP/1.x request (its first line ends with its version), to be answered in HTTP/1.1;
+/// anything else is an invalid preface. None until the first line has come, or
+/// `LONGEST_FIRST_LINE` bytes without it (then it is no HTTP/1.x client's).
+pub(super) fn is_http1_request_line(first: &[u8]) -> Option<bool> {
+    let Some(end) = first.iter().position(|&byte| byte == b'\n') else {
+        return (first.len() >= LONGEST_FIRST_LINE).then_some(false);
+    };
+    let line = first[..end].strip_suffix(b"\r").unwrap_or(&first[..end]);
+    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
+}
+
+/// A request line longer than this is refused by every HTTP/1.x server (gunicorn's
+/// `--limit-request-line` is at most 8190).
+const LONGEST_FIRST_LINE: usize = 8192;
+
+/// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
+/// server's preface, an empty SETTINGS frame, then GOAWAY saying why. Written by the lobby, as
+/// the h2 crate closes without a word when the preface is wrong.
+pub(super) fn invalid_preface_answer() -> Vec<u8> {
+    const DEBUG_DATA: &[u8] = b"invalid connection preface";
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    let mut out = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
+    let length = (8 + DEBUG_DATA.len()) as u8;
+    out.extend_from_slice(&[0, 0, length, GOAWAY, 0, 0, 0, 0, 0]);
+    // The last stream the server took: none.
+    out.extend_from_slice(&0u32.to_be_bytes());
+    out.extend_from_slice(&u32::from(Reason::PROTOCOL_ERROR).to_be_bytes());
+    out.extend_from_slice(DEBUG_DATA);
+    out
 }
 
 /// What a connection's streams share with it.
@@ -370,10 +403,11 @@ fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
             format!("more than {LOCAL_ERROR_RESETS} of its streams broke the protocol and were reset (a flood)")
         }
         Http2Refusal::FlowControl => "it broke flow control (a window past 2^31-1, or data past its window)".into(),
-        // `guard.rs` and `send.rs` name their own; the rest is the h2 crate's word for it.
+        // `guard.rs`, `send.rs` and `opening.rs` name their own; the rest is the h2 crate's word for it.
         Http2Refusal::SettingsFlood
         | Http2Refusal::PingFlood
         | Http2Refusal::ZeroWindow
+        | Http2Refusal::InvalidPreface
         | Http2Refusal::ProtocolError => {
             format!("it broke the HTTP/2 protocol ({e})")
         }
@@ -383,6 +417,15 @@ fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_http1_request_line_is_told_from_an_invalid_preface() {
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1\r\nHost: a\r\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.0\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"INVALID CONNECTION PREFACE\r\n\r\n"), Some(false));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1"), None);
+        assert_eq!(is_http1_request_line(&[b'x'; LONGEST_FIRST_LINE]), Some(false));
+    }
 
     #[test]
     fn the_h2_crates_floods_are_told_apart_by_their_debug_data() {

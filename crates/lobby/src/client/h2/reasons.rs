@@ -24,12 +24,15 @@ pub enum Http2Refusal {
     ZeroWindow,
     /// A window past 2^31-1, or data past the window granted (FLOW_CONTROL_ERROR).
     FlowControl,
+    /// A plain connection, where only HTTP/2 is spoken, that opened with neither the preface
+    /// nor an HTTP/1.x request.
+    InvalidPreface,
     /// Any other broken rule of HTTP/2 the h2 crate ended the connection for.
     ProtocolError,
 }
 
 impl Http2Refusal {
-    pub const ALL: [Http2Refusal; 10] = [
+    pub const ALL: [Http2Refusal; 11] = [
         Http2Refusal::RapidReset,
         Http2Refusal::ContinuationFlood,
         Http2Refusal::HeaderListTooLarge,
@@ -39,6 +42,7 @@ impl Http2Refusal {
         Http2Refusal::PingFlood,
         Http2Refusal::ZeroWindow,
         Http2Refusal::FlowControl,
+        Http2Refusal::InvalidPreface,
         Http2Refusal::ProtocolError,
     ];
 
@@ -53,6 +57,7 @@ impl Http2Refusal {
             Http2Refusal::PingFlood => "ping_flood",
             Http2Refusal::ZeroWindow => "zero_window",
             Http2Refusal::FlowControl => "flow_control",
+            Http2Refusal::InvalidPreface => "invalid_preface",
             Http2Refusal::ProtocolError => "protocol_error",
         }
     }
@@ -61,7 +66,9 @@ impl Http2Refusal {
     /// the broken rules their error.
     pub fn goaway(self) -> GoawayReason {
         match self {
-            Http2Refusal::FlowControl | Http2Refusal::ProtocolError => GoawayReason::ProtocolError,
+            Http2Refusal::FlowControl | Http2Refusal::InvalidPreface | Http2Refusal::ProtocolError => {
+                GoawayReason::ProtocolError
+            }
             _ => GoawayReason::Flood,
         }
     }
