@@ -77,47 +77,38 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(http2_requests.clone()));
-        let http2_refused = IntCounterVec::new(
-            Opts::new(
-                "http2_refused_total",
-                "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
-                 continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
-                 ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
-                 (flow_control, invalid_preface, protocol_error)",
-            ),
-            &["reason"],
-        )
-        .expect("valid");
-        register(Box::new(http2_refused.clone()));
-        for refusal in Http2Refusal::ALL {
-            http2_refused.with_label_values(&[refusal.label()]);
-        }
-        let http2_goaways = IntCounterVec::new(
-            Opts::new(
-                "http2_goaways_total",
-                "GOAWAY frames the lobby sent to HTTP/2 clients, one a connection, by why: shutdown (a shutdown or a \
-                 binary upgrade), idle (--keep-alive), protocol_error, flood (ENHANCE_YOUR_CALM)",
-            ),
-            &["reason"],
-        )
-        .expect("valid");
-        register(Box::new(http2_goaways.clone()));
-        for reason in GoawayReason::ALL {
-            http2_goaways.with_label_values(&[reason.label()]);
-        }
-        let http2_streams_reset = IntCounterVec::new(
-            Opts::new(
-                "http2_streams_reset_total",
-                "HTTP/2 streams their client reset (RST_STREAM) before their answer was whole, by where their request \
-                 was: reading, queued, in_service, writing",
-            ),
-            &["state"],
-        )
-        .expect("valid");
-        register(Box::new(http2_streams_reset.clone()));
-        for stage in StreamStage::ALL {
-            http2_streams_reset.with_label_values(&[stage.label()]);
-        }
+        // A counter by one label, each of whose values is on the first scrape, at zero.
+        let counter_by = |name: &str, help: &str, label: &str, values: &mut dyn Iterator<Item = &'static str>| {
+            let counter = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid");
+            register(Box::new(counter.clone()));
+            for value in values {
+                counter.with_label_values(&[value]);
+            }
+            counter
+        };
+        let http2_refused = counter_by(
+            "http2_refused_total",
+            "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
+             continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
+             ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
+             (flow_control, invalid_preface, protocol_error)",
+            "reason",
+            &mut Http2Refusal::ALL.iter().map(|refusal| refusal.label()),
+        );
+        let http2_goaways = counter_by(
+            "http2_goaways_total",
+            "GOAWAY frames the lobby sent to HTTP/2 clients, one a connection, by why: shutdown (a shutdown or a \
+             binary upgrade), idle (--keep-alive), protocol_error, flood (ENHANCE_YOUR_CALM)",
+            "reason",
+            &mut GoawayReason::ALL.iter().map(|reason| reason.label()),
+        );
+        let http2_streams_reset = counter_by(
+            "http2_streams_reset_total",
+            "HTTP/2 streams their client reset (RST_STREAM) before their answer was whole, by where their request \
+             was: reading, queued, in_service, writing",
+            "state",
+            &mut StreamStage::ALL.iter().map(|stage| stage.label()),
+        );
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
