@@ -97,6 +97,12 @@ const SEND_BUFFER: usize = 64 * 1024;
 const PENDING_ACCEPT_RESETS: usize = 20;
 /// Streams the lobby reset for the client's errors; past it, GOAWAY (ENHANCE_YOUR_CALM).
 const LOCAL_ERROR_RESETS: usize = 256;
+/// Bounds of the h2 crate's own, which it does not export, for the log lines: the empty DATA
+/// frames it takes (`MAX_RECV_EMPTY_DATA_FRAMES`), and how many times
+/// SETTINGS_MAX_HEADER_LIST_SIZE a header block may decode to before it ends the connection
+/// (`MAX_HEADER_LIST_ABUSE_MULTIPLIER`), in h2 0.4.20.
+const H2_EMPTY_DATA_FRAMES: usize = 100;
+const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
 
 /// Whether a plain connection's first bytes are HTTP/2's preface, or its beginning: "PRI " is
 /// no method any HTTP/1.1 client sends (RFC 9113 3.4 reserves it), and four bytes come in one
@@ -392,12 +398,13 @@ fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
             MAX_HEAD_SIZE / 1024
         ),
         Http2Refusal::HeaderListTooLarge => format!(
-            "it sent a header block that decodes past {} KiB, four times the {} KiB a head may have (an HPACK bomb)",
-            4 * MAX_HEAD_SIZE / 1024,
+            "it sent a header block that decodes past {} KiB, {H2_HEADER_LIST_ABUSE_FACTOR} times the {} KiB a head \
+             may have (an HPACK bomb)",
+            H2_HEADER_LIST_ABUSE_FACTOR * MAX_HEAD_SIZE / 1024,
             MAX_HEAD_SIZE / 1024
         ),
         Http2Refusal::EmptyDataFlood => {
-            "it sent more than 100 empty DATA frames, or too many tiny ones (a flood)".into()
+            format!("it sent more than {H2_EMPTY_DATA_FRAMES} empty DATA frames, or too many tiny ones (a flood)")
         }
         Http2Refusal::MalformedStreams => {
             format!("more than {LOCAL_ERROR_RESETS} of its streams broke the protocol and were reset (a flood)")
