@@ -32,6 +32,7 @@ import pytest
 from client import eventually, get, status_of, wait_for_queue
 from conftest import HOST, Server, free_port
 from hpack import Decoder, Encoder
+from prometheus_client.parser import text_string_to_metric_families
 from tls_certs import Authority, Pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,6 +255,8 @@ def test_an_answer_that_breaks_after_its_head_resets_only_its_stream(
     short = client.request("/short")
     client.until(lambda: short in client.resets)
     assert client.resets[short] == h2.errors.ErrorCodes.INTERNAL_ERROR
+    server.wait_for_log("GET /short HTTP/2.0; its HTTP/2 stream reset (INTERNAL_ERROR)", TIMEOUT)
+    assert "connection cut" not in server.stderr()
     assert client.response(client.request("/whole"))[2] == b"12345"
 
 
@@ -306,7 +309,7 @@ def test_a_stream_reset_while_queued_is_dropped_without_running(
     maitred_server: Callable[..., Server], tmp_path: Path
 ) -> None:
     """docs/HTTP2.md, "Clients that leave": a queued stream its client resets never reaches a
-    worker, and counts as abandoned."""
+    worker, and counts as abandoned, and as a stream reset while queued."""
     tally = tmp_path / "tally"
     stats = free_port()
     server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
@@ -318,6 +321,8 @@ def test_a_stream_reset_while_queued_is_dropped_without_running(
     client.conn.reset_stream(doomed, h2.errors.ErrorCodes.CANCEL)
     client.flush()
     assert eventually(lambda: status_of(stats)["overload"]["shed"]["abandoned"] == 1, TIMEOUT)
+    resets = counts(stats, "maitred_http2_streams_reset")
+    assert resets == {"reading": 0, "queued": 1, "in_service": 0, "writing": 0}, resets
     assert client.response(busy)[0] == 200
     after = client.request("/after")
     assert client.response(after)[0] == 200
@@ -329,9 +334,13 @@ def test_a_stream_reset_in_service_is_a_disconnect_for_the_application(
 ) -> None:
     """docs/HTTP2.md, "Clients that leave": a stream reset while its answer streams tells the
     worker, whose ASGI application hears http.disconnect at once, as when an HTTP/1.1 client
-    closes; the connection's other streams go on."""
+    closes; the connection's other streams go on. It counts as a stream reset while its answer
+    was written."""
     events = tmp_path / "events"
-    server = maitred_server("asgi_conformance:app", "-w", "1", cwd=APPS, env={"ASGI_EVENTS": str(events)})
+    stats = free_port()
+    server = maitred_server(
+        "asgi_conformance:app", "-w", "1", "--stats", f"{HOST}:{stats}", cwd=APPS, env={"ASGI_EVENTS": str(events)}
+    )
     client = RawH2(server.port)
     stream = client.request("/first-then-wait")
     client.until(lambda: stream in client.partial and client.partial[stream][1] == b"first\n")
@@ -341,20 +350,25 @@ def test_a_stream_reset_in_service_is_a_disconnect_for_the_application(
         events.read_text() if events.exists() else "no events"
     )
     assert client.response(client.request("/pid"))[0] == 200
+    resets = counts(stats, "maitred_http2_streams_reset")
+    assert resets == {"reading": 0, "queued": 0, "in_service": 0, "writing": 1}, resets
 
 
 def test_sigterm_sends_goaway_and_finishes_the_open_streams(
     maitred_server: Callable[..., Server], tmp_path: Path
 ) -> None:
     """docs/HTTP2.md, "A connection's life": at a shutdown the connection gets GOAWAY at once,
-    the stream it holds is answered, then it closes and the lobby exits cleanly."""
+    counted as maitred_http2_goaways_total{reason="shutdown"}, the stream it holds is answered,
+    then it closes and the lobby exits cleanly."""
     tally = tmp_path / "tally"
     stats = free_port()
     server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
     client = RawH2(server.port)
-    held = client.request("/held?sleep=1")
+    held = client.request("/held?sleep=2")
     wait_for_queue(stats, busy=1, waiting=0)
     server.send_signal(signal.SIGTERM)
+    # The stats listener serves while the held stream is answered.
+    assert eventually(lambda: counts(stats, "maitred_http2_goaways")["shutdown"] == 1, TIMEOUT)
     frames = frames_until_close(client.sock)
     kinds = [type(frame).__name__ for frame in frames]
     assert "GoAwayFrame" in kinds, kinds
@@ -403,12 +417,15 @@ def test_sigusr2_sends_goaway_and_the_new_lobby_takes_the_next_connection(
 
 def test_an_idle_connection_gets_goaway_after_keep_alive(maitred_server: Callable[..., Server]) -> None:
     """docs/HTTP2.md, "A connection's life": a connection without a stream for --keep-alive
-    gets GOAWAY (NO_ERROR), then is closed."""
-    server = maitred_server("--keep-alive", "1", "environ_echo:app", cwd=APPS)
+    gets GOAWAY (NO_ERROR), counted as maitred_http2_goaways_total{reason="idle"}, then is
+    closed."""
+    stats = free_port()
+    server = maitred_server("--keep-alive", "1", "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
     client = RawH2(server.port)
     assert client.response(client.request("/"))[0] == 200
     goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
     assert goaways and goaways[-1].error_code == h2.errors.ErrorCodes.NO_ERROR
+    assert counts(stats, "maitred_http2_goaways") == {"shutdown": 0, "idle": 1, "protocol_error": 0, "flood": 0}
 
 
 def test_http_protocols_turns_either_off(
@@ -459,7 +476,8 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     ENHANCE_YOUR_CALM with one log line; the worker runs only a few of the requests, and
     another client is served afterwards."""
     tally = tmp_path / "tally"
-    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
     before = rss_mib(server.pid)
     client = RawH2(server.port)
     sent = 0
@@ -473,7 +491,9 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
     assert sent < 10_000 or goaways
     assert [frame.error_code for frame in goaways][-1:] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
-    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert_refused_once(
+        server, stats, "rapid_reset", "it reset more than 20 streams before the lobby took them (rapid reset"
+    )
     assert rss_mib(server.pid) - before < 50
     assert get(server.port, "/other").status == 200
     ran = tally.read_text().splitlines()
@@ -481,9 +501,14 @@ def test_rapid_reset_ends_in_goaway_and_runs_few_requests(
     assert len(ran) < 100, len(ran)
 
 
-def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair) -> None:
+@pytest.mark.parametrize("transport", ["tls", "prior_knowledge"])
+def test_h2spec_conformance(
+    maitred_server: Callable[..., Server], tmp_path: Path, server_pair: Pair, transport: str
+) -> None:
     """docs/HTTP2.md, "Checked against": h2spec's whole suite, strict mode included (-S), over
-    TLS (h2 by ALPN)."""
+    TLS (h2 by ALPN) and with prior knowledge on a plain listener that speaks HTTP/2 only
+    (--http-protocols h2), where bytes that are not the preface get HTTP/2's connection error
+    (h2spec 3.5/2)."""
     tool = h2spec()
     (tmp_path / "hello.py").write_text(
         "def app(environ, start_response):\n"
@@ -491,17 +516,46 @@ def test_h2spec_conformance(maitred_server: Callable[..., Server], tmp_path: Pat
         "    start_response('200 OK', [('Content-Type', 'text/plain'), ('Content-Length', '3')])\n"
         "    return [b'ok\\n']\n"
     )
-    server = maitred_server("-w", "2", *tls_args(server_pair), "hello:app", cwd=tmp_path)
-    # Over TLS: on a plain listener a client that does not open with the preface is taken for an
-    # HTTP/1.1 one and answered so, where h2spec (3.5, 2) wants HTTP/2's error.
+    if transport == "tls":
+        server = maitred_server("-w", "2", *tls_args(server_pair), "hello:app", cwd=tmp_path)
+        over = ["-t", "-k"]
+    else:
+        server = maitred_server("-w", "2", "--http-protocols", "h2", "hello:app", cwd=tmp_path)
+        over = []
     report = subprocess.run(
-        [tool, "-t", "-k", "-S", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
+        [tool, *over, "-S", "-h", HOST, "-p", str(server.port), "-o", "5", "-j", str(tmp_path / "h2spec.xml")],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert report.returncode == 0, report.stdout[-6000:]
+    assert " 0 failed" in report.stdout, report.stdout[-2000:]
+
+
+def test_an_invalid_preface_where_only_http2_is_spoken_is_a_connection_error(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, `--http-protocols`: on a plain listener that speaks HTTP/2 only, first bytes
+    that are neither the preface nor an HTTP/1.x request get the server's SETTINGS and GOAWAY
+    PROTOCOL_ERROR, then the close, with one log line, counted as invalid_preface; an HTTP/1.1
+    request still gets 505 with the reason."""
+    stats = free_port()
+    server = maitred_server("--http-protocols", "h2", "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(b"INVALID CONNECTION PREFACE\r\n\r\n")
+        frames = frames_until_close(sock)
+    assert [type(frame).__name__ for frame in frames] == ["SettingsFrame", "GoAwayFrame"], frames
+    assert frames[1].error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    assert_refused_once(
+        server,
+        stats,
+        "invalid_preface",
+        'it opened with "INVALID CONNECTION PREFACE\\r\\n\\r\\n", neither',
+        "protocol_error",
+    )
+    reply = get(server.port, "/")
+    assert reply.status == 505 and b"--http-protocols h2" in reply.body
 
 
 class Flooder:
@@ -562,6 +616,34 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
+def counts(stats: int, family: str) -> dict[str, float]:
+    """A labelled counter's samples, by the value of its one label, from /metrics."""
+    text = get(stats, "/metrics").body.decode()
+    for metric in text_string_to_metric_families(text):
+        if metric.name == family:
+            return {next(iter(sample.labels.values())): sample.value for sample in metric.samples}
+    raise AssertionError(f"no {family} in /metrics")
+
+
+def refusal_lines(server: Server) -> list[str]:
+    return [
+        line
+        for line in server.stderr().splitlines()
+        if "HTTP/2 connection from 127.0.0.1:" in line and " refused: " in line
+    ]
+
+
+def assert_refused_once(server: Server, stats: int, reason: str, words: str, goaway: str = "flood") -> None:
+    """One log line saying what the client did and what maitred did, and its counts: the
+    refusal's label and the GOAWAY's, each 1, and no other refusal."""
+    server.wait_for_log(words, TIMEOUT)
+    lines = refusal_lines(server)
+    assert len(lines) == 1 and words in lines[0], lines
+    refused = counts(stats, "maitred_http2_refused")
+    assert refused[reason] == 1 and sum(refused.values()) == 1, refused
+    assert counts(stats, "maitred_http2_goaways")[goaway] == 1
+
+
 def continuation_flood() -> list:
     """A header block that never ends: CONTINUATION frames of 1,000 fresh bytes each."""
     frames = [hyperframe.frame.HeadersFrame(1, request_block())]
@@ -598,31 +680,46 @@ def window_past_the_limit() -> list:
     return [hyperframe.frame.WindowUpdateFrame(0, 2**31 - 1)]
 
 
+# Each flood, the GOAWAY's error it gets, its label in maitred_http2_refused_total and its GOAWAY's
+# in maitred_http2_goaways_total, and the words of its one log line.
 FLOODS = [
-    continuation_flood,
-    empty_data_flood,
-    zero_length_headers,
-    settings_flood,
-    ping_flood,
-    window_update_of_zero,
-    window_past_the_limit,
-]
+    (continuation_flood, "ENHANCE_YOUR_CALM", "continuation_flood", "flood", "more CONTINUATION frames than a head of 64 KiB needs"),
+    (empty_data_flood, "ENHANCE_YOUR_CALM", "empty_data_flood", "flood", "more than 100 empty DATA frames"),
+    (zero_length_headers, "ENHANCE_YOUR_CALM", "malformed_streams", "flood", "more than 256 of its streams broke the protocol"),
+    (settings_flood, "ENHANCE_YOUR_CALM", "settings_flood", "flood", "more than 256 SETTINGS frames within a second"),
+    (ping_flood, "ENHANCE_YOUR_CALM", "ping_flood", "flood", "more than 256 PING frames within a second"),
+    (window_update_of_zero, "PROTOCOL_ERROR", "protocol_error", "protocol_error", "it broke the HTTP/2 protocol"),
+    (window_past_the_limit, "FLOW_CONTROL_ERROR", "flow_control", "protocol_error", "a window past 2^31-1"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("flood", FLOODS, ids=[flood.__name__ for flood in FLOODS])
+@pytest.mark.parametrize(
+    ("flood", "error", "reason", "goaway_reason", "words"), FLOODS, ids=[f[0].__name__ for f in FLOODS]
+)
 def test_a_flood_ends_in_goaway_and_others_are_served(
-    maitred_server: Callable[..., Server], tmp_path: Path, flood: Callable[[], list]
+    maitred_server: Callable[..., Server],
+    tmp_path: Path,
+    flood: Callable[[], list],
+    error: str,
+    reason: str,
+    goaway_reason: str,
+    words: str,
 ) -> None:
-    """docs/HTTP2.md, "Floods": each ends in GOAWAY with one log line, the lobby's memory grows
-    by less than 50 MiB, no request reaches the worker, and another client is served."""
+    """docs/HTTP2.md, "Floods": each ends in GOAWAY with one log line saying what the client did
+    and the GOAWAY, counted in maitred_http2_refused_total and maitred_http2_goaways_total; the
+    lobby's memory grows by less than 50 MiB, no request reaches the worker, and another client is
+    served."""
     tally = tmp_path / "tally"
-    server = maitred_server("-w", "1", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": str(tally)})
     before = rss_mib(server.pid)
     flooder = Flooder(server.port)
     flooder.send(flood())
     frames = flooder.read_until(lambda frames: goaway(frames) is not None)
     assert goaway(frames) is not None, [type(frame).__name__ for frame in frames][-20:]
-    server.wait_for_log("HTTP/2 connection from 127.0.0.1", TIMEOUT)
+    assert goaway(frames).error_code == h2.errors.ErrorCodes[error]
+    assert_refused_once(server, stats, reason, words, goaway_reason)
+    assert f"GOAWAY {error}, connection closed" in refusal_lines(server)[0]
     assert rss_mib(server.pid) - before < 50
     assert get(server.port, "/other").status == 200
     assert [line.split()[1] for line in tally.read_text().splitlines()] == ["/other"]
@@ -630,28 +727,21 @@ def test_a_flood_ends_in_goaway_and_others_are_served(
 
 def test_an_hpack_bomb_past_the_header_limit_is_refused(maitred_server: Callable[..., Server]) -> None:
     """docs/HTTP2.md, "Floods": 4,000 bytes indexed once and referred to 100 times decode to
-    400 KB, past the 64 KiB a head may have: refused (431 or a reset of the stream, or GOAWAY)
-    without the application seeing it, and others are served."""
-    server = maitred_server("environ_echo:app", cwd=APPS)
+    400 KB, past four times the 64 KiB a head may have (and past --limit-request-fields and
+    --limit-request-field-size): GOAWAY ENHANCE_YOUR_CALM with one log line naming the HPACK bomb,
+    counted as header_list_too_large, without the application seeing it; others are served."""
+    stats = free_port()
+    server = maitred_server("--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
     fields = [(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/")]
     block = Encoder().encode(fields + [("x-bomb", "b" * 4000)] * 100)
     assert len(block) < 5000
     flooder = Flooder(server.port)
     flooder.send([hyperframe.frame.HeadersFrame(1, block, flags=["END_HEADERS", "END_STREAM"])])
-
-    def answered(frames: list) -> bool:
-        return goaway(frames) is not None or any(
-            isinstance(frame, (hyperframe.frame.RstStreamFrame, hyperframe.frame.HeadersFrame)) and frame.stream_id == 1
-            for frame in frames
-        )
-
-    frames = flooder.read_until(answered)
-    heads = [frame for frame in frames if isinstance(frame, hyperframe.frame.HeadersFrame)]
-    if heads:
-        # The connection's first header block: a fresh decoder reads it.
-        assert dict(Decoder().decode(heads[0].data, raw=True))[b":status"] == b"431"
-    else:
-        assert answered(frames), [type(frame).__name__ for frame in frames]
+    frames = flooder.read_until(lambda frames: goaway(frames) is not None)
+    assert goaway(frames).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert_refused_once(
+        server, stats, "header_list_too_large", "past 256 KiB, 4 times the 64 KiB a head may have (an HPACK bomb)"
+    )
     assert get(server.port, "/").status == 200
 
 
@@ -661,7 +751,8 @@ def test_a_zero_window_on_100_streams_is_cut_by_send_timeout(
     """docs/HTTP2.md, "Floods": a client that opens 100 streams and never gives a window to
     any is disconnected with GOAWAY after --send-timeout, with one log line."""
     (app_dir / "big.py").write_text(BIG_APP)
-    server = maitred_server("-w", "2", "--send-timeout", "1", "big:app", cwd=app_dir)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--send-timeout", "1", "--stats", f"{HOST}:{stats}", "big:app", cwd=app_dir)
     flooder = Flooder(server.port, {hyperframe.frame.SettingsFrame.INITIAL_WINDOW_SIZE: 0})
     encoder = Encoder()
     flooder.send(
@@ -676,7 +767,9 @@ def test_a_zero_window_on_100_streams_is_cut_by_send_timeout(
     )
     frames = flooder.read_until(lambda frames: goaway(frames) is not None)
     assert goaway(frames).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-    server.wait_for_log("took no byte of its answer for 1 s (--send-timeout)", TIMEOUT)
+    assert_refused_once(
+        server, stats, "zero_window", "it gave no window for its answer (or read nothing) for 1 s (--send-timeout)"
+    )
     assert get(server.port, "/?3").status == 200
 
 
@@ -698,3 +791,47 @@ def test_the_access_log_and_the_metrics_count_http2(maitred_server: Callable[...
     assert 'HTTP/1.1 "GET /one HTTP/1.1" 200' in lines, lines
     metrics = get(stats, "/metrics").body.decode()
     assert "maitred_http2_requests_total 1" in metrics.splitlines()
+
+
+def test_streams_count_as_requests_in_the_connection_states(maitred_server: Callable[..., Server]) -> None:
+    """docs/HTTP2.md, "Streams are requests": in /status.json (and maitred_connections) each
+    stream counts as the request it is, where an HTTP/1.1 connection with that request would: one
+    connection with three streams against one busy worker shows one in service and two queued,
+    as three HTTP/1.1 connections would, and the connection itself is not counted beside them;
+    without a stream it is idle again."""
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "tally:app", cwd=APPS, env={"TALLY": "/dev/null"})
+    client = RawH2(server.port)
+    streams = [client.request(f"/{n}?sleep=1") for n in range(3)]
+    wait_for_queue(stats, busy=1, waiting=2)
+    connections = status_of(stats)["connections"]
+    assert (connections["queued"], connections["in_service"], connections["idle"]) == (2, 1, 0), connections
+    assert [client.response(stream)[0] for stream in streams] == [200, 200, 200]
+    assert eventually(lambda: status_of(stats)["connections"]["idle"] == 1, TIMEOUT)
+    assert sum(status_of(stats)["connections"].values()) == 1
+
+
+def test_streams_slow_to_send_their_bodies_are_named_slow_clients(maitred_server: Callable[..., Server]) -> None:
+    """docs/METRICS.md, "Diagnoses": twelve streams of one connection that send half their body
+    and stop are twelve clients sending their request, as twelve HTTP/1.1 connections would be:
+    the slow_clients diagnosis names them within a second or so, and the worker serves on."""
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
+    client = RawH2(server.port)
+    for _ in range(12):
+        stream = client.conn.get_next_available_stream_id()
+        fields = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "t"),
+            (":path", "/"),
+            ("content-length", "10"),
+        ]
+        client.conn.send_headers(stream, fields)
+        client.conn.send_data(stream, b"half")
+    client.flush()
+    marker = "(slow_clients): "
+    line = next(line for line in server.wait_for_log(marker, TIMEOUT).splitlines() if marker in line)
+    assert "12 connections have been sending their request" in line, line
+    assert any(d["name"] == "slow_clients" for d in status_of(stats)["diagnoses"])
+    assert get(server.port, "/").status == 200

@@ -22,7 +22,8 @@ use tokio::time::sleep_until;
 
 use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
 use super::h2;
-use super::peer::{ClientStream, Peer, ProxyStage, Site, StreamKind};
+use super::opening::Opening;
+use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
 use super::read::{read_now, Body, READ_CHUNK};
 use super::states::ConnectionState;
@@ -132,8 +133,9 @@ impl<S: ClientStream> Connection<S> {
                     }
                 };
                 match opening {
-                    Ok(false) => {}
-                    Ok(true) => return self.into_http2(),
+                    Ok(Opening::Http1) => {}
+                    Ok(Opening::Http2) => return self.into_http2(),
+                    Ok(Opening::InvalidPreface) => return Box::pin(self.refuse_preface()).await,
                     Err(stop) => return self.stop(stop).await,
                 }
             }
@@ -166,48 +168,6 @@ impl<S: ClientStream> Connection<S> {
             self.buf = BytesMut::new();
             Box::pin(self.refuse(status, &reason)).await;
         }
-    }
-
-    /// Whether a plain connection speaks HTTP/2, from the bytes already read: it opens with
-    /// HTTP/2's preface. None when more must be read first (`opening`): its PROXY header is
-    /// due, or its first bytes could still be the preface's first four.
-    fn protocol_chosen(&self) -> Option<Result<bool, Stop>> {
-        if self.peer.proxy == ProxyStage::Awaited || (self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf)) {
-            return None;
-        }
-        Some(self.chosen())
-    }
-
-    /// `protocol_chosen`, once the PROXY header and enough bytes have been read.
-    async fn opening(&mut self) -> Result<bool, Stop> {
-        if self.peer.proxy == ProxyStage::Awaited {
-            self.read_proxy_header().await?;
-        }
-        let deadline = tokio::time::Instant::now() + self.lobby.settings().header_timeout;
-        while self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf) {
-            match tokio::time::timeout_at(deadline, self.read_more()).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return Err(Stop::Quietly),
-            }
-        }
-        self.chosen()
-    }
-
-    /// HTTP/2 for its preface; HTTP/1.x otherwise, refused when `--http-protocols` leaves it out.
-    fn chosen(&self) -> Result<bool, Stop> {
-        let protocols = &self.lobby.config.http;
-        if protocols.http2 && h2::opens_with_preface(&self.buf) {
-            return Ok(true);
-        }
-        if !protocols.http1 {
-            return Err(Stop::Refuse(
-                505,
-                "this server speaks HTTP/2 only (--http-protocols h2): open with the HTTP/2 preface \
-                 (curl --http2-prior-knowledge)"
-                    .into(),
-            ));
-        }
-        Ok(false)
     }
 
     /// Hands the connection, and the bytes read from it, to HTTP/2.
@@ -300,7 +260,7 @@ impl<S: ClientStream> Connection<S> {
     /// Closing a socket with unread input makes the kernel send a reset, which can destroy
     /// the refusal just written before the client reads it. So: stop writing, then read and
     /// discard what the client is still sending, within bounds, before closing.
-    async fn linger(&mut self) {
+    pub(super) async fn linger(&mut self) {
         if self.stream.shutdown().await.is_err() {
             return;
         }
@@ -439,6 +399,7 @@ impl<S: ClientStream> Connection<S> {
             summary,
             served: log::access_log_enabled().then(Rc::default),
             websocket: None,
+            http2: false,
         };
         Ok((job, body_descriptor))
     }

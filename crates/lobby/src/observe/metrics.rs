@@ -14,6 +14,7 @@ use prometheus::{
 use maitred_protocol::RequestError;
 
 use super::findings::KERNEL_COUNTERS;
+use crate::client::h2::reasons::{GoawayReason, Http2Refusal, StreamStage};
 use crate::seating::overload::ShedReason;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
@@ -32,6 +33,9 @@ pub struct Metrics {
     pub(super) requests: [IntCounter; 5],
     /// `maitred_http2_requests_total`: those of them that came over HTTP/2.
     pub(super) http2_requests: IntCounter,
+    pub(super) http2_refused: IntCounterVec,
+    pub(super) http2_goaways: IntCounterVec,
+    pub(super) http2_streams_reset: IntCounterVec,
     pub(super) refusals: IntCounterVec,
     pub(super) request_duration: Histogram,
     pub(super) queue_wait: Histogram,
@@ -73,6 +77,38 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(http2_requests.clone()));
+        // A counter by one label, each of whose values is on the first scrape, at zero.
+        let counter_by = |name: &str, help: &str, label: &str, values: &mut dyn Iterator<Item = &'static str>| {
+            let counter = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid");
+            register(Box::new(counter.clone()));
+            for value in values {
+                counter.with_label_values(&[value]);
+            }
+            counter
+        };
+        let http2_refused = counter_by(
+            "http2_refused_total",
+            "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
+             continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
+             ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
+             (flow_control, invalid_preface, protocol_error)",
+            "reason",
+            &mut Http2Refusal::ALL.iter().map(|refusal| refusal.label()),
+        );
+        let http2_goaways = counter_by(
+            "http2_goaways_total",
+            "GOAWAY frames the lobby sent to HTTP/2 clients, one a connection, by why: shutdown (a shutdown or a \
+             binary upgrade), idle (--keep-alive), protocol_error, flood (ENHANCE_YOUR_CALM)",
+            "reason",
+            &mut GoawayReason::ALL.iter().map(|reason| reason.label()),
+        );
+        let http2_streams_reset = counter_by(
+            "http2_streams_reset_total",
+            "HTTP/2 streams their client reset (RST_STREAM) before their answer was whole, by where their request \
+             was: reading, queued, in_service, writing",
+            "state",
+            &mut StreamStage::ALL.iter().map(|stage| stage.label()),
+        );
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
@@ -189,6 +225,9 @@ impl Metrics {
             websockets_queued,
             requests,
             http2_requests,
+            http2_refused,
+            http2_goaways,
+            http2_streams_reset,
             refusals,
             request_duration,
             queue_wait,
@@ -217,6 +256,21 @@ impl Metrics {
     /// are the difference, so that its answers cost no second count.
     pub fn answered_http2(&self) {
         self.http2_requests.inc();
+    }
+
+    /// An HTTP/2 connection ended with GOAWAY for what its client sent.
+    pub fn http2_refused(&self, refusal: Http2Refusal) {
+        self.http2_refused.with_label_values(&[refusal.label()]).inc();
+        self.http2_goaway(refusal.goaway());
+    }
+
+    pub fn http2_goaway(&self, reason: GoawayReason) {
+        self.http2_goaways.with_label_values(&[reason.label()]).inc();
+    }
+
+    /// A stream its client reset.
+    pub fn http2_stream_reset(&self, stage: StreamStage) {
+        self.http2_streams_reset.with_label_values(&[stage.label()]).inc();
     }
 
     /// A request the lobby answered itself, with an error.

@@ -40,12 +40,24 @@ pub struct Job {
     pub served: Option<Rc<Served>>,
     /// A WebSocket handshake (`REQUEST` with the `WEBSOCKET` flag): its link with its connection.
     pub websocket: Option<Box<WebSocketJob>>,
+    /// It came as an HTTP/2 stream: an answer that breaks after its head resets the stream
+    /// (RST_STREAM), where HTTP/1.1 cuts the connection.
+    pub http2: bool,
 }
 
 impl Job {
     /// How long it has waited for an answer at `now`: in the queue, and upstream before.
     pub fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.enqueued_at) + self.upstream
+    }
+
+    /// What the client gets of an answer that breaks after its head, for the log.
+    pub fn cut_short(&self) -> &'static str {
+        if self.http2 {
+            "its HTTP/2 stream reset (INTERNAL_ERROR)"
+        } else {
+            "its connection cut"
+        }
     }
 }
 
@@ -78,6 +90,7 @@ pub(crate) mod tests {
             summary: name.into(),
             served: None,
             websocket: None,
+            http2: false,
         };
         (job, receive)
     }

@@ -249,7 +249,7 @@ pub(super) async fn relay_response(
             }
         };
         if matches!(part, ResponsePart::Abort) && !cancelled {
-            warning!("the application failed while sending the response to {}; connection cut", job.summary);
+            warning!("the application failed while sending the response to {}; {}", job.summary, job.cut_short());
         }
         head_sent = true;
         let last = part.is_last();

@@ -1,6 +1,6 @@
 //! HTTP/2 connections (docs/HTTP2.md), spoken with the h2 crate beside HTTP/1.1's own code: a
 //! TLS connection whose client chose `h2` by ALPN (`handshake.rs`), or a plain one that opened
-//! with HTTP/2's preface (`task.rs` looks at the bytes it read first). Each stream is a request
+//! with HTTP/2's preface (`opening.rs` looks at the bytes it read first). Each stream is a request
 //! like an HTTP/1.1 one (`stream.rs`, with its head checked in `head.rs`): read whole, queued as
 //! a `Job`, answered through the spool. The queue and the workers never learn the protocol.
 //!
@@ -11,10 +11,11 @@
 //! it hold is bounded by the settings below; the h2 crate refuses the floods it knows
 //! (rapid reset, CONTINUATION, headers past the list size, too many locally reset streams,
 //! empty DATA frames) with GOAWAY, `guard.rs` those it does not (SETTINGS and PING), and the
-//! connection's end says so in one log line.
+//! connection's end says so in one log line naming what the client did, and counts it
+//! (`maitred_http2_refused_total`, `maitred_http2_goaways_total`; `reasons.rs`).
 
-/// The write side of a wrapper that watches (`guard.rs`) or replays (`rewound.rs`) what its
-/// stream `io` reads: passed through as it is.
+/// The write side of a wrapper that replays (`rewound.rs`) what its stream `io` reads: passed
+/// through as it is.
 macro_rules! write_through {
     ($wrapper:ident) => {
         impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for $wrapper<T> {
@@ -57,6 +58,7 @@ macro_rules! write_through {
 
 mod guard;
 mod head;
+pub(crate) mod reasons;
 mod rewound;
 mod send;
 mod stream;
@@ -77,6 +79,7 @@ use super::peer::{Peer, Site, TlsAbout};
 use super::states::ConnectionState;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
+use reasons::{GoawayReason, Http2Refusal, StreamStage};
 pub(super) use rewound::Rewound;
 
 /// The client connection preface (RFC 9113 3.4).
@@ -94,6 +97,12 @@ const SEND_BUFFER: usize = 64 * 1024;
 const PENDING_ACCEPT_RESETS: usize = 20;
 /// Streams the lobby reset for the client's errors; past it, GOAWAY (ENHANCE_YOUR_CALM).
 const LOCAL_ERROR_RESETS: usize = 256;
+/// Bounds of the h2 crate's own, which it does not export, for the log lines: the empty DATA
+/// frames it takes (`MAX_RECV_EMPTY_DATA_FRAMES`), and how many times
+/// SETTINGS_MAX_HEADER_LIST_SIZE a header block may decode to before it ends the connection
+/// (`MAX_HEADER_LIST_ABUSE_MULTIPLIER`), in h2 0.4.20.
+const H2_EMPTY_DATA_FRAMES: usize = 100;
+const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
 
 /// Whether a plain connection's first bytes are HTTP/2's preface, or its beginning: "PRI " is
 /// no method any HTTP/1.1 client sends (RFC 9113 3.4 reserves it), and four bytes come in one
@@ -101,6 +110,39 @@ const LOCAL_ERROR_RESETS: usize = 256;
 pub(super) fn opens_with_preface(first: &[u8]) -> bool {
     let n = first.len().min(PREFACE.len());
     n >= 4 && first[..n] == PREFACE[..n]
+}
+
+/// Where only HTTP/2 is spoken, whether a plain connection's first bytes, not the preface,
+/// are an HTTP/1.x request (its first line ends with its version), to be answered in HTTP/1.1;
+/// anything else is an invalid preface. None until the first line has come, or
+/// `LONGEST_FIRST_LINE` bytes without it (then it is no HTTP/1.x client's).
+pub(super) fn is_http1_request_line(first: &[u8]) -> Option<bool> {
+    let Some(end) = first.iter().position(|&byte| byte == b'\n') else {
+        return (first.len() >= LONGEST_FIRST_LINE).then_some(false);
+    };
+    let line = first[..end].strip_suffix(b"\r").unwrap_or(&first[..end]);
+    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
+}
+
+/// A request line longer than this is refused by every HTTP/1.x server (gunicorn's
+/// `--limit-request-line` is at most 8190).
+const LONGEST_FIRST_LINE: usize = 8192;
+
+/// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
+/// server's preface, an empty SETTINGS frame, then GOAWAY saying why. Written by the lobby, as
+/// the h2 crate closes without a word when the preface is wrong.
+pub(super) fn invalid_preface_answer() -> Vec<u8> {
+    const DEBUG_DATA: &[u8] = b"invalid connection preface";
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    let mut out = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
+    let length = (8 + DEBUG_DATA.len()) as u8;
+    out.extend_from_slice(&[0, 0, length, GOAWAY, 0, 0, 0, 0, 0]);
+    // The last stream the server took: none.
+    out.extend_from_slice(&0u32.to_be_bytes());
+    out.extend_from_slice(&u32::from(Reason::PROTOCOL_ERROR).to_be_bytes());
+    out.extend_from_slice(DEBUG_DATA);
+    out
 }
 
 /// What a connection's streams share with it.
@@ -115,8 +157,15 @@ struct Shared {
     descriptors: Arc<Semaphore>,
     /// Streams being served.
     open: Cell<usize>,
-    /// Set by a stream whose client took nothing for --send-timeout: the connection closes.
-    cut: RefCell<Option<String>>,
+    /// Set by a stream whose client took nothing for --send-timeout, or by `guard.rs` for a
+    /// flood: what the client did, and the line's words for it. The connection closes.
+    cut: RefCell<Option<(Http2Refusal, String)>>,
+    /// The connection has ended (or is being cut): its streams' resets are its end's, not
+    /// resets their client sent.
+    ended: Cell<bool>,
+    /// The payload of the last GOAWAY the h2 crate wrote (`guard.rs`): its debug data names the
+    /// flood the crate found.
+    goaway_sent: RefCell<Vec<u8>>,
     /// Told when a stream ends or asks for the cut.
     changed: Notify,
 }
@@ -127,8 +176,15 @@ impl Shared {
         self.changed.notify_one();
     }
 
-    fn cut(&self, why: String) {
-        self.cut.borrow_mut().get_or_insert(why);
+    /// A stream its client reset (RST_STREAM), unless the connection's end reset it.
+    fn client_reset(&self, stage: StreamStage) {
+        if !self.ended.get() {
+            self.lobby.metrics.http2_stream_reset(stage);
+        }
+    }
+
+    fn cut(&self, refusal: Http2Refusal, why: String) {
+        self.cut.borrow_mut().get_or_insert((refusal, why));
         self.changed.notify_one();
     }
 }
@@ -153,6 +209,8 @@ pub(super) fn start<T>(
         descriptors: permit.semaphore().clone(),
         open: Cell::new(0),
         cut: RefCell::new(None),
+        ended: Cell::new(false),
+        goaway_sent: RefCell::new(Vec::new()),
         changed: Notify::new(),
     });
     let io = guard::Guarded::new(io, shared.clone());
@@ -172,7 +230,10 @@ enum Event {
 
 async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, io: T, _permit: OwnedSemaphorePermit) {
     let lobby = shared.lobby.clone();
-    let mut mark = lobby.connection_states.mark(ConnectionState::Reading);
+    // The connection counts in `maitred_connections` while it has no stream; with streams, its
+    // streams count, each as the request it is (`stream.rs`), so that the queue's requests and
+    // the connections waiting for them stay one to one.
+    let mut mark = Some(lobby.connection_states.mark(ConnectionState::Reading));
     let settings = lobby.settings();
     let mut builder = h2::server::Builder::new();
     builder
@@ -197,7 +258,9 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
             )
         }
     };
-    mark.set(ConnectionState::Idle);
+    if let Some(mark) = mark.as_mut() {
+        mark.set(ConnectionState::Idle);
+    }
     let mut shutdown = lobby.shutdown.clone();
     let mut going_away = false;
     let mut cut = false;
@@ -212,15 +275,19 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
             _ = shared.changed.notified() => Event::Changed,
         };
         match event {
-            Event::Accepted(None) => break,
+            Event::Accepted(None) => {
+                shared.ended.set(true);
+                break;
+            }
             Event::Accepted(Some(Ok(incoming))) => {
                 let (request, respond) = *incoming;
                 shared.open.set(shared.open.get() + 1);
                 idle_deadline = None;
-                mark.set(ConnectionState::Awaiting);
+                mark = None;
                 tokio::task::spawn_local(stream::serve(shared.clone(), request, respond));
             }
             Event::Accepted(Some(Err(e))) => {
+                shared.ended.set(true);
                 // A connection the lobby cut has had its line already.
                 if !cut {
                     ended(&shared, &e);
@@ -231,25 +298,38 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
                 // GOAWAY: no new stream; those open are answered, within --graceful-timeout.
                 debug!("HTTP/2 connection from {}: GOAWAY for the shutdown", shared.peer_text);
                 connection.graceful_shutdown();
+                lobby.metrics.http2_goaway(GoawayReason::Shutdown);
                 going_away = true;
             }
             // Without a stream there is nothing to finish: GOAWAY with the last stream taken,
             // and the close, without waiting for the client to answer the graceful GOAWAY's PING
             // (a stream it sent meanwhile is one it knows it may send again).
-            Event::Shutdown | Event::Idle => {
-                debug!("HTTP/2 connection from {} idle at a shutdown or past its timeout: GOAWAY", shared.peer_text);
+            Event::Shutdown => {
+                debug!("HTTP/2 connection from {} idle at a shutdown: GOAWAY", shared.peer_text);
                 connection.abrupt_shutdown(Reason::NO_ERROR);
+                lobby.metrics.http2_goaway(GoawayReason::Shutdown);
+                going_away = true;
+            }
+            Event::Idle => {
+                debug!("HTTP/2 connection from {} idle past its timeout: GOAWAY", shared.peer_text);
+                connection.abrupt_shutdown(Reason::NO_ERROR);
+                lobby.metrics.http2_goaway(GoawayReason::Idle);
                 going_away = true;
             }
             Event::Changed => {
-                if let Some(why) = shared.cut.borrow_mut().take() {
-                    log::info_limited!("HTTP/2 connection from {} cut: {why}", shared.peer_text);
+                if let Some((refusal, why)) = shared.cut.borrow_mut().take() {
+                    shared.ended.set(true);
+                    log::info_limited!(
+                        "HTTP/2 connection from {} refused: {why}; GOAWAY ENHANCE_YOUR_CALM, connection closed",
+                        shared.peer_text
+                    );
+                    lobby.metrics.http2_refused(refusal);
                     connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
                     going_away = true;
                     cut = true;
                 }
                 if shared.open.get() == 0 {
-                    mark.set(ConnectionState::Idle);
+                    mark.get_or_insert_with(|| lobby.connection_states.mark(ConnectionState::Idle));
                     idle_deadline = Some(Instant::now() + lobby.settings().keep_alive);
                 }
             }
@@ -257,13 +337,113 @@ async fn serve<T: AsyncRead + AsyncWrite + Unpin + 'static>(shared: Rc<Shared>, 
     }
 }
 
-/// One line for a connection that ended in an error: the client's (a protocol error, a flood
-/// the h2 crate refused) at info, rate-limited; a socket that failed or closed, or a GOAWAY
-/// without an error (either side's), at debug.
+/// One line for a connection that ended in an error: one the h2 crate found in what the client
+/// sent (a flood, a broken rule) at info, rate-limited, saying what the client did, and counted;
+/// a socket that failed or closed, or a GOAWAY (either side's) without an error, at debug; the
+/// client's own GOAWAY with an error at info.
 fn ended(shared: &Shared, e: &h2::Error) {
-    if e.is_io() || (e.is_go_away() && e.reason() == Some(Reason::NO_ERROR)) {
+    if let Some(refusal) = refused(e, guard::debug_data(&shared.goaway_sent.borrow())) {
+        let reason = e.reason().unwrap_or(Reason::PROTOCOL_ERROR);
+        log::info_limited!(
+            "HTTP/2 connection from {} refused: {}; GOAWAY {reason:?}, connection closed",
+            shared.peer_text,
+            what_the_client_did(refusal, e)
+        );
+        shared.lobby.metrics.http2_refused(refusal);
+    } else if e.is_io() || e.reason() == Some(Reason::NO_ERROR) {
         debug!("HTTP/2 connection from {} ended: {e}", shared.peer_text);
     } else {
         log::info_limited!("HTTP/2 connection from {} closed: {e}", shared.peer_text);
+    }
+}
+
+/// What a connection error of the h2 crate's says the client did, when the crate itself ended
+/// the connection for it (with GOAWAY, whose debug data it sent is `debug_data`).
+fn refused(e: &h2::Error, debug_data: &[u8]) -> Option<Http2Refusal> {
+    if !(e.is_go_away() && e.is_library()) {
+        return None;
+    }
+    Some(refusal(e.reason()?, debug_data))
+}
+
+/// The h2 crate tells its floods apart only by the debug data of the GOAWAY it sends (the
+/// error it returns has lost it).
+fn refusal(reason: Reason, debug_data: &[u8]) -> Http2Refusal {
+    const FLOODS: [(&[u8], Http2Refusal); 5] = [
+        (b"too_many_resets", Http2Refusal::RapidReset),
+        (b"too_many_continuations", Http2Refusal::ContinuationFlood),
+        (b"header_list_way_too_large", Http2Refusal::HeaderListTooLarge),
+        (b"too_many_data_frames", Http2Refusal::EmptyDataFlood),
+        (b"too_many_internal_resets", Http2Refusal::MalformedStreams),
+    ];
+    match reason {
+        Reason::ENHANCE_YOUR_CALM => FLOODS
+            .iter()
+            .find(|(words, _)| *words == debug_data)
+            .map_or(Http2Refusal::ProtocolError, |(_, refusal)| *refusal),
+        Reason::FLOW_CONTROL_ERROR => Http2Refusal::FlowControl,
+        _ => Http2Refusal::ProtocolError,
+    }
+}
+
+/// The log line's words for what the client did, with the bound it went past.
+fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
+    match refusal {
+        Http2Refusal::RapidReset => format!(
+            "it reset more than {PENDING_ACCEPT_RESETS} streams before the lobby took them (rapid reset, \
+             CVE-2023-44487)"
+        ),
+        Http2Refusal::ContinuationFlood => format!(
+            "it sent one header block in more CONTINUATION frames than a head of {} KiB needs (a CONTINUATION flood)",
+            MAX_HEAD_SIZE / 1024
+        ),
+        Http2Refusal::HeaderListTooLarge => format!(
+            "it sent a header block that decodes past {} KiB, {H2_HEADER_LIST_ABUSE_FACTOR} times the {} KiB a head \
+             may have (an HPACK bomb)",
+            H2_HEADER_LIST_ABUSE_FACTOR * MAX_HEAD_SIZE / 1024,
+            MAX_HEAD_SIZE / 1024
+        ),
+        Http2Refusal::EmptyDataFlood => {
+            format!("it sent more than {H2_EMPTY_DATA_FRAMES} empty DATA frames, or too many tiny ones (a flood)")
+        }
+        Http2Refusal::MalformedStreams => {
+            format!("more than {LOCAL_ERROR_RESETS} of its streams broke the protocol and were reset (a flood)")
+        }
+        Http2Refusal::FlowControl => "it broke flow control (a window past 2^31-1, or data past its window)".into(),
+        // `guard.rs`, `send.rs` and `opening.rs` name their own; the rest is the h2 crate's word for it.
+        Http2Refusal::SettingsFlood
+        | Http2Refusal::PingFlood
+        | Http2Refusal::ZeroWindow
+        | Http2Refusal::InvalidPreface
+        | Http2Refusal::ProtocolError => {
+            format!("it broke the HTTP/2 protocol ({e})")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http1_request_line_is_told_from_an_invalid_preface() {
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1\r\nHost: a\r\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.0\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"INVALID CONNECTION PREFACE\r\n\r\n"), Some(false));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1"), None);
+        assert_eq!(is_http1_request_line(&[b'x'; LONGEST_FIRST_LINE]), Some(false));
+    }
+
+    #[test]
+    fn the_h2_crates_floods_are_told_apart_by_their_debug_data() {
+        let calm = |debug_data: &[u8]| refusal(Reason::ENHANCE_YOUR_CALM, debug_data);
+        assert_eq!(calm(b"too_many_resets"), Http2Refusal::RapidReset);
+        assert_eq!(calm(b"too_many_continuations"), Http2Refusal::ContinuationFlood);
+        assert_eq!(calm(b"header_list_way_too_large"), Http2Refusal::HeaderListTooLarge);
+        assert_eq!(calm(b"too_many_data_frames"), Http2Refusal::EmptyDataFlood);
+        assert_eq!(calm(b"too_many_internal_resets"), Http2Refusal::MalformedStreams);
+        assert_eq!(calm(b""), Http2Refusal::ProtocolError);
+        assert_eq!(refusal(Reason::FLOW_CONTROL_ERROR, b""), Http2Refusal::FlowControl);
+        assert_eq!(refusal(Reason::PROTOCOL_ERROR, b""), Http2Refusal::ProtocolError);
     }
 }

@@ -1,4 +1,4 @@
-//! A plain connection handed to HTTP/2 after its first bytes were read (`task.rs` reads them
+//! A plain connection handed to HTTP/2 after its first bytes were read (`opening.rs` reads them
 //! to tell the preface from an HTTP/1.1 request): those bytes are read again first.
 
 use std::io;

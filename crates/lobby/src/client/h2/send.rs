@@ -14,6 +14,7 @@ use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, 
 use maitred_protocol::{is_hop_by_hop, reason_phrase};
 
 use super::head::Head;
+use super::reasons::{Http2Refusal, StreamStage};
 use super::Shared;
 use crate::client::write::http_date;
 use crate::log::{self, debug};
@@ -34,15 +35,21 @@ pub(super) struct Sent {
 
 /// Why an answer stopped.
 enum Cut {
-    /// The client reset the stream, or the connection ended.
+    /// The client reset the stream.
+    Reset,
+    /// The connection ended, or the answer broke (the stream is reset).
     Gone,
     /// The client gave no window for `--send-timeout`.
     Stalled(Duration),
 }
 
 impl From<h2::Error> for Cut {
-    fn from(_: h2::Error) -> Cut {
-        Cut::Gone
+    fn from(e: h2::Error) -> Cut {
+        if e.is_reset() && e.is_remote() {
+            Cut::Reset
+        } else {
+            Cut::Gone
+        }
     }
 }
 
@@ -96,7 +103,9 @@ pub(super) async fn answer(
         while !last {
             let part = tokio::select! {
                 part = responses.recv() => part,
-                _ = poll_fn(|cx| stream.poll_reset(cx)) => return Err(Cut::Gone),
+                reset = poll_fn(|cx| stream.poll_reset(cx)) => {
+                    return Err(if reset.is_ok() && !shared.ended.get() { Cut::Reset } else { Cut::Gone });
+                }
             };
             match part {
                 Some(ResponsePart::Body { data, end }) => {
@@ -122,12 +131,22 @@ pub(super) async fn answer(
     };
     match result.await {
         Ok(()) => true,
+        Err(Cut::Reset) => {
+            shared.client_reset(StreamStage::Writing);
+            false
+        }
         Err(Cut::Gone) => {
             debug!("an HTTP/2 stream of {} ended before its answer did", shared.peer_text);
             false
         }
         Err(Cut::Stalled(limit)) => {
-            shared.cut(format!("the client took no byte of its answer for {} s (--send-timeout)", limit.as_secs_f64()));
+            shared.cut(
+                Http2Refusal::ZeroWindow,
+                format!(
+                    "it gave no window for its answer (or read nothing) for {} s (--send-timeout)",
+                    limit.as_secs_f64()
+                ),
+            );
             false
         }
     }

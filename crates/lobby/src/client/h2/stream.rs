@@ -6,7 +6,11 @@
 //! `--http2-max-concurrent-streams`, and the queue seats them one by one like any request. A
 //! client that resets its stream while the request waits has it dropped without running
 //! (counted as `abandoned`); one that resets it in service has its worker told, as when an
-//! HTTP/1.1 client leaves: dropping the answer's receiver is what tells the relay.
+//! HTTP/1.1 client leaves: dropping the answer's receiver is what tells the relay. Each reset
+//! is counted by where its request was (`maitred_http2_streams_reset_total`).
+//!
+//! A stream counts in `maitred_connections` as an HTTP/1.1 connection with one request would:
+//! reading, then awaiting (queued or in service), then writing; the diagnoses see it so.
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -21,10 +25,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
 use super::head::{self, Head, Refusal};
+use super::reasons::StreamStage;
 use super::send::{self, Sent};
 use super::Shared;
 use crate::client::proxies::{self, Origin};
 use crate::client::read::Body;
+use crate::client::states::{ConnectionState, StateMark};
 use crate::client::Stop;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState};
@@ -39,7 +45,9 @@ const BODY_MEMORY: usize = 64 * 1024;
 /// Why a stream's request was not read whole.
 enum Unread {
     Refused(Refusal),
-    /// The client reset the stream, or the connection ended.
+    /// The client reset the stream.
+    Reset,
+    /// The connection ended.
     Gone,
 }
 
@@ -55,6 +63,7 @@ impl From<Stop> for Unread {
 /// Serves one stream to its end.
 pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>, mut respond: SendResponse<Bytes>) {
     let started = Instant::now();
+    let mut mark = shared.lobby.connection_states.mark(ConnectionState::Reading);
     let (parts, body) = request.into_parts();
     let read = async {
         let head = head::read(&parts, &shared.lobby.limits()).map_err(Unread::Refused)?;
@@ -64,10 +73,17 @@ pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>
         Ok::<_, Unread>((head, origin, body))
     };
     match read.await {
-        Ok((head, origin, body)) => seat(&shared, &head, &origin, body, respond, started).await,
-        Err(Unread::Refused((status, reason))) => send::refuse(&shared, &mut respond, status, &reason),
-        Err(Unread::Gone) => {
+        Ok((head, origin, body)) => seat(&shared, &head, &origin, body, respond, started, &mut mark).await,
+        Err(Unread::Refused((status, reason))) => {
+            mark.set(ConnectionState::Writing);
+            send::refuse(&shared, &mut respond, status, &reason);
+        }
+        Err(Unread::Reset) => {
+            shared.client_reset(StreamStage::Reading);
             debug!("the client {} reset an HTTP/2 stream before its request was whole", shared.peer_text)
+        }
+        Err(Unread::Gone) => {
+            debug!("an HTTP/2 stream of {} ended with its connection before its request was whole", shared.peer_text)
         }
     }
     shared.stream_ended();
@@ -107,6 +123,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
         };
         match data {
             None => return Ok(body),
+            Some(Err(e)) if e.is_reset() && e.is_remote() => return Err(Unread::Reset),
             Some(Err(_)) => return Err(Unread::Gone),
             Some(Ok(data)) => {
                 gap_started = Instant::now();
@@ -132,6 +149,7 @@ async fn seat(
     body: Body,
     mut respond: SendResponse<Bytes>,
     started: Instant,
+    mark: &mut StateMark,
 ) {
     let lobby = &shared.lobby;
     let (sender, responses) =
@@ -143,10 +161,12 @@ async fn seat(
         Err(detail) => return send::refuse(shared, &mut respond, 431, &detail),
     };
     let (state, enqueued_at, served) = (job.state.clone(), job.enqueued_at, job.served.clone());
+    mark.set(ConnectionState::Awaiting);
     lobby.seating.submit(job);
     let Some(first) = first_part(shared, &mut respond, &responses, &state, enqueued_at, upstream).await else {
         return;
     };
+    mark.set(ConnectionState::Writing);
     let mut sent = Sent::default();
     if send::answer(shared, head, respond, first, &responses, &mut sent).await {
         lobby.metrics.answered(sent.status);
@@ -219,6 +239,7 @@ fn job(
         summary: summary.into(),
         served: log::access_log_enabled().then(Rc::default),
         websocket: None,
+        http2: true,
     };
     Ok((job, body_descriptor))
 }
@@ -241,10 +262,14 @@ async fn first_part(
         let timeout = queue_timeout.filter(|_| unseated);
         tokio::select! {
             part = responses.recv() => return part,
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => {
+            reset = poll_fn(|cx| respond.poll_reset(cx)) => {
                 let now = Instant::now();
                 let waited = now.saturating_duration_since(enqueued_at) + upstream;
-                if withdraw(shared, state) {
+                let withdrawn = withdraw(shared, state);
+                if reset.is_ok() {
+                    shared.client_reset(if withdrawn { StreamStage::Queued } else { StreamStage::InService });
+                }
+                if withdrawn {
                     lobby.seating.overload.left(now, waited);
                     debug!(
                         "the client {} reset its HTTP/2 stream after {:.3} s; its request is dropped",
