@@ -605,6 +605,11 @@ def goaway(frames: list) -> hyperframe.frame.GoAwayFrame | None:
     return next((frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)), None)
 
 
+def ended(frame: hyperframe.frame.Frame, stream: int) -> bool:
+    """Whether `frame` ends the server's side of `stream`."""
+    return frame.stream_id == stream and "END_STREAM" in frame.flags
+
+
 def request_block(path: str = "/") -> bytes:
     return Encoder().encode([(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", path)])
 
@@ -742,6 +747,37 @@ def test_an_hpack_bomb_past_the_header_limit_is_refused(maitred_server: Callable
     assert_refused_once(
         server, stats, "header_list_too_large", "past 256 KiB, 4 times the 64 KiB a head may have (an HPACK bomb)"
     )
+    assert get(server.port, "/").status == 200
+
+
+def test_an_hpack_bomb_under_four_times_the_limit_is_answered_431_with_a_line_and_a_count(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, "Floods": 4,000 bytes indexed once and referred to 25 times decode to
+    100 KB, past the 64 KiB a head may have but short of the four times that end the
+    connection. The h2 crate answers the stream 431 and resets it by itself; the lobby still
+    writes one line and counts the refusal, the application never sees it, and the connection
+    goes on: its next stream is served."""
+    stats = free_port()
+    server = maitred_server("--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
+    fields = [(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", "/bomb")]
+    encoder = Encoder()
+    block = encoder.encode(fields + [("x-bomb", "b" * 4000)] * 25)
+    flooder = Flooder(server.port)
+    flooder.send([hyperframe.frame.HeadersFrame(1, block, flags=["END_HEADERS", "END_STREAM"])])
+    frames = flooder.read_until(lambda frames: any(ended(frame, 1) for frame in frames))
+    heads = [frame for frame in frames if isinstance(frame, hyperframe.frame.HeadersFrame)]
+    assert [dict(Decoder().decode(head.data)).get(":status") for head in heads] == ["431"]
+    words = "stream 1's header list decodes past the 65536 bytes a head may have (an HPACK bomb"
+    server.wait_for_log(words, TIMEOUT)
+    assert len([line for line in server.stderr().splitlines() if words in line]) == 1
+    assert counts(stats, "maitred_refusals")["431"] == 1
+    assert sum(counts(stats, "maitred_http2_refused").values()) == 0
+    # The same connection's next stream is served.
+    next_block = encoder.encode(fields[:3] + [(":path", "/next")])
+    flooder.send([hyperframe.frame.HeadersFrame(3, next_block, flags=["END_HEADERS", "END_STREAM"])])
+    frames = flooder.read_until(lambda frames: any(ended(frame, 3) for frame in frames))
+    assert goaway(frames) is None and not flooder.closed
     assert get(server.port, "/").status == 200
 
 

@@ -10,6 +10,10 @@
 //! Written: the debug data of a GOAWAY the h2 crate sends for a flood it found itself
 //! (`too_many_resets`, `too_many_continuations`, …), which is the only place the crate names
 //! the flood: the error it returns has lost it. `mod.rs` reads it when the connection ends.
+//! And the HEADERS frames: each answers a stream the lobby answered (`send.rs` says so before
+//! it hands the crate the head), but for the 431 the crate answers by itself to a stream whose
+//! header list decodes past the limit (short of four times it, where it ends the connection).
+//! That stream never reaches the lobby, and the frame going by is the only sign of it.
 
 use std::io;
 use std::pin::Pin;
@@ -29,6 +33,7 @@ const FRAME_HEADER: usize = 9;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const HEADERS: u8 = 0x1;
 const ACK: u8 = 0x1;
 /// A GOAWAY's payload before its debug data: the last stream's id and the error code.
 const GOAWAY_FIXED: usize = 8;
@@ -57,13 +62,17 @@ impl<T> Guarded<T> {
         }
     }
 
-    /// Follows what was written, keeping the payload of GOAWAY frames for the connection's end.
+    /// Follows what was written: keeps the payload of GOAWAY frames for the connection's end,
+    /// and tells the connection of a head it did not write.
     fn wrote(&mut self, mut bytes: &[u8]) {
         let shared = &self.shared;
         self.written.follow(&mut bytes, |piece| match piece {
-            Piece::Header { kind, .. } => {
+            Piece::Header { kind, stream, .. } => {
                 if kind == GOAWAY {
                     shared.goaway_sent.borrow_mut().clear();
+                }
+                if kind == HEADERS && !shared.head_written(stream) {
+                    shared.header_list_refused(stream);
                 }
                 kind == GOAWAY
             }
@@ -87,6 +96,7 @@ enum Piece<'a> {
     Header {
         kind: u8,
         flags: u8,
+        stream: u32,
     },
     /// Some of the payload of a frame whose header was answered `true`.
     Payload(&'a [u8]),
@@ -128,9 +138,11 @@ impl Frames {
                 break;
             }
             self.have = 0;
-            let [l0, l1, l2, kind, flags, ..] = self.header;
+            let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = self.header;
             self.skip = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
-            self.showing = look(Piece::Header { kind, flags });
+            // The stream identifier's reserved high bit is ignored (RFC 9113 4.1).
+            let stream = u32::from_be_bytes([s0, s1, s2, s3]) & 0x7fff_ffff;
+            self.showing = look(Piece::Header { kind, flags, stream });
         }
     }
 }
@@ -174,7 +186,7 @@ impl ControlFrames {
     fn scan(&mut self, frames: &mut Frames, mut bytes: &[u8]) -> Option<Http2Refusal> {
         let mut flood = None;
         frames.follow(&mut bytes, |piece| {
-            if let Piece::Header { kind, flags } = piece {
+            if let Piece::Header { kind, flags, .. } = piece {
                 let found = match kind {
                     _ if flags & ACK != 0 => None,
                     SETTINGS if self.settings.spend() => Some(Http2Refusal::SettingsFlood),
@@ -298,5 +310,30 @@ mod tests {
             });
         }
         assert_eq!(debug_data(&kept), b"too_many_resets");
+    }
+
+    #[test]
+    fn each_headers_frames_stream_is_seen_whole_byte_by_byte_and_split_anywhere() {
+        let mut bytes = frame(HEADERS, 0x5, &[0x88]);
+        bytes[5..9].copy_from_slice(&1u32.to_be_bytes());
+        let mut second = frame(HEADERS, 0x4, &[0x88; 3]);
+        // The reserved bit set: still stream 3.
+        second[5..9].copy_from_slice(&(3u32 | 1 << 31).to_be_bytes());
+        bytes.extend(frame(0x0, 0, &[7; 20]));
+        bytes.extend(second);
+        for size in 1..=bytes.len() {
+            let mut frames = Frames::new(0);
+            let mut seen = Vec::new();
+            for chunk in bytes.chunks(size) {
+                let mut chunk = chunk;
+                frames.follow(&mut chunk, |piece| {
+                    if let Piece::Header { kind: HEADERS, stream, .. } = piece {
+                        seen.push(stream);
+                    }
+                    false
+                });
+            }
+            assert_eq!(seen, [1, 3], "in chunks of {size}");
+        }
     }
 }

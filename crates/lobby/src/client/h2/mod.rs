@@ -69,7 +69,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use h2::Reason;
+use h2::server::SendResponse;
+use h2::{Reason, SendStream};
 use maitred_protocol::MAX_HEAD_SIZE;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -95,6 +96,9 @@ const SEND_BUFFER: usize = 64 * 1024;
 /// Streams the client opened and reset before the lobby accepted them; past it, GOAWAY
 /// (ENHANCE_YOUR_CALM): the rapid reset attack (CVE-2023-44487).
 const PENDING_ACCEPT_RESETS: usize = 20;
+/// Heads handed to the h2 crate and not yet seen written that a connection remembers, in
+/// `--http2-max-concurrent-streams`: more than its streams can be answering at once.
+const HEADS_REMEMBERED_PER_STREAM: usize = 4;
 /// Streams the lobby reset for the client's errors; past it, GOAWAY (ENHANCE_YOUR_CALM).
 const LOCAL_ERROR_RESETS: usize = 256;
 /// Bounds of the h2 crate's own, which it does not export, for the log lines: the empty DATA
@@ -166,6 +170,9 @@ struct Shared {
     /// The payload of the last GOAWAY the h2 crate wrote (`guard.rs`): its debug data names the
     /// flood the crate found.
     goaway_sent: RefCell<Vec<u8>>,
+    /// Streams whose head the lobby handed to the h2 crate and `guard.rs` has not yet seen
+    /// written: a few, one per stream being answered.
+    heads_coming: RefCell<Vec<u32>>,
     /// Told when a stream ends or asks for the cut.
     changed: Notify,
 }
@@ -186,6 +193,53 @@ impl Shared {
     fn cut(&self, refusal: Http2Refusal, why: String) {
         self.cut.borrow_mut().get_or_insert((refusal, why));
         self.changed.notify_one();
+    }
+
+    /// Hands a stream's head to the h2 crate, telling `guard.rs` to expect it written. A head
+    /// the crate then drops unwritten (its stream reset meanwhile) is forgotten once enough
+    /// newer ones wait: the crate writes heads in the order given.
+    fn send_head(
+        &self,
+        respond: &mut SendResponse<Bytes>,
+        head: http::Response<()>,
+        end_of_stream: bool,
+    ) -> Result<SendStream<Bytes>, h2::Error> {
+        let stream = u32::from(respond.stream_id());
+        {
+            let mut coming = self.heads_coming.borrow_mut();
+            let remembered = HEADS_REMEMBERED_PER_STREAM * self.lobby.settings().http.max_concurrent_streams as usize;
+            if coming.len() >= remembered {
+                coming.remove(0);
+            }
+            coming.push(stream);
+        }
+        let sent = respond.send_response(head, end_of_stream);
+        if sent.is_err() {
+            self.head_written(stream);
+        }
+        sent
+    }
+
+    /// A HEADERS frame for `stream` was written (or will not be): whether it was a head the
+    /// lobby handed over.
+    fn head_written(&self, stream: u32) -> bool {
+        let mut coming = self.heads_coming.borrow_mut();
+        let Some(at) = coming.iter().position(|&id| id == stream) else { return false };
+        coming.swap_remove(at);
+        true
+    }
+
+    /// The h2 crate answered a stream 431 by itself (`guard.rs` saw it go by): its header list
+    /// decoded past the 64 KiB a head may have, short of the four times that end the connection.
+    /// One line and the count, as the lobby's own refusals have (`send::refuse`).
+    fn header_list_refused(&self, stream: u32) {
+        log::info_limited!(
+            "431 to {} (HTTP/2): stream {stream}'s header list decodes past the {MAX_HEAD_SIZE} bytes a head may \
+             have (an HPACK bomb, or fields too large); the h2 crate answered 431 and reset the stream",
+            self.peer_text
+        );
+        self.lobby.metrics.refused(431);
+        self.lobby.metrics.answered_http2();
     }
 }
 
@@ -211,6 +265,7 @@ pub(super) fn start<T>(
         cut: RefCell::new(None),
         ended: Cell::new(false),
         goaway_sent: RefCell::new(Vec::new()),
+        heads_coming: RefCell::new(Vec::new()),
         changed: Notify::new(),
     });
     let io = guard::Guarded::new(io, shared.clone());
@@ -218,7 +273,7 @@ pub(super) fn start<T>(
 }
 
 /// A stream the client opened: its request, and where its answer goes.
-type Incoming = (http::Request<h2::RecvStream>, h2::server::SendResponse<Bytes>);
+type Incoming = (http::Request<h2::RecvStream>, SendResponse<Bytes>);
 
 /// What woke the connection's task.
 enum Event {

@@ -69,7 +69,7 @@ pub(super) async fn answer(
             // The lobby's answer on the worker's behalf (502, 504, 503): counted as answered,
             // like the worker's own, by the caller.
             ResponsePart::Refused { status, detail, retry_after } => {
-                error_response(&mut respond, status, &detail, retry_after);
+                error_response(shared, &mut respond, status, &detail, retry_after);
                 sent.status = status;
                 return Ok(());
             }
@@ -90,7 +90,7 @@ pub(super) async fn answer(
         if log::access_log_enabled() && shared.lobby.settings().access_log_format.uses_response_headers() {
             sent.headers = headers;
         }
-        let mut stream = respond.send_response(response, end && (bodiless || body.is_empty()))?;
+        let mut stream = shared.send_head(&mut respond, response, end && (bodiless || body.is_empty()))?;
         if bodiless {
             if !end {
                 // The rest is not needed: the stream has ended.
@@ -200,11 +200,17 @@ pub(super) fn refuse(shared: &Shared, respond: &mut SendResponse<Bytes>, status:
     log::info_limited!("{status} to {} (HTTP/2): {detail}", shared.peer_text);
     shared.lobby.metrics.refused(status);
     shared.lobby.metrics.answered_http2();
-    error_response(respond, status, detail, None);
+    error_response(shared, respond, status, detail, None);
 }
 
 /// The lobby's own answer: the status, and the reason in a text body.
-fn error_response(respond: &mut SendResponse<Bytes>, status: u16, detail: &str, retry_after: Option<u64>) {
+fn error_response(
+    shared: &Shared,
+    respond: &mut SendResponse<Bytes>,
+    status: u16,
+    detail: &str,
+    retry_after: Option<u64>,
+) {
     let mut text = format!("{status} {}", reason_phrase(status));
     if !detail.is_empty() {
         text.push_str(": ");
@@ -219,7 +225,7 @@ fn error_response(respond: &mut SendResponse<Bytes>, status: u16, detail: &str, 
         fields.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     // A few hundred bytes: the h2 crate holds them until the client's window takes them.
-    if let Ok(mut stream) = respond.send_response(response, false) {
+    if let Ok(mut stream) = shared.send_head(respond, response, false) {
         let _ = stream.send_data(Bytes::from(text), true);
     }
 }
