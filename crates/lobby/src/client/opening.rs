@@ -15,6 +15,22 @@ use crate::log;
 /// line shows.
 const SHOWN_OF_A_BAD_PREFACE: usize = 32;
 
+/// Where only HTTP/2 is spoken, whether a plain connection's first bytes, not the preface,
+/// are an HTTP/1.x request (its first line ends with its version), to be answered in HTTP/1.1;
+/// anything else is an invalid preface. None until the first line has come, or
+/// `LONGEST_FIRST_LINE` bytes without it (then it is no HTTP/1.x client's).
+fn is_http1_request_line(first: &[u8]) -> Option<bool> {
+    let Some(end) = first.iter().position(|&byte| byte == b'\n') else {
+        return (first.len() >= LONGEST_FIRST_LINE).then_some(false);
+    };
+    let line = first[..end].strip_suffix(b"\r").unwrap_or(&first[..end]);
+    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
+}
+
+/// A request line longer than this is refused by every HTTP/1.x server (gunicorn's
+/// `--limit-request-line` is at most 8190).
+const LONGEST_FIRST_LINE: usize = 8192;
+
 /// What a plain connection speaks, from its first bytes.
 pub(super) enum Opening {
     Http1,
@@ -39,7 +55,7 @@ impl<S: ClientStream> Connection<S> {
         (self.buf.len() < 4 && h2::PREFACE.starts_with(&self.buf))
             || (!self.lobby.config.http.http1
                 && !h2::opens_with_preface(&self.buf)
-                && h2::is_http1_request_line(&self.buf).is_none())
+                && is_http1_request_line(&self.buf).is_none())
     }
 
     /// `protocol_chosen`, once the PROXY header and enough bytes have been read.
@@ -66,7 +82,7 @@ impl<S: ClientStream> Connection<S> {
             return Ok(Opening::Http2);
         }
         if !protocols.http1 {
-            if h2::is_http1_request_line(&self.buf) == Some(false) {
+            if is_http1_request_line(&self.buf) == Some(false) {
                 return Ok(Opening::InvalidPreface);
             }
             return Err(Stop::Refuse(
@@ -95,5 +111,19 @@ impl<S: ClientStream> Connection<S> {
         if self.write_closing(&h2::invalid_preface_answer()).await.is_ok() {
             self.linger().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http1_request_line_is_told_from_an_invalid_preface() {
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1\r\nHost: a\r\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.0\n"), Some(true));
+        assert_eq!(is_http1_request_line(b"INVALID CONNECTION PREFACE\r\n\r\n"), Some(false));
+        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1"), None);
+        assert_eq!(is_http1_request_line(&[b'x'; LONGEST_FIRST_LINE]), Some(false));
     }
 }

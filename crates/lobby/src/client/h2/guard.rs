@@ -24,16 +24,12 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::reasons::Http2Refusal;
-use super::{Shared, PREFACE};
+use super::{Shared, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
 
 /// SETTINGS frames, and PING frames (not their acknowledgements), a client may send within a
 /// second, of each. A browser sends a few SETTINGS at the start and a PING now and then.
 const CONTROL_FRAMES_PER_SECOND: u32 = 256;
 const FRAME_HEADER: usize = 9;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const HEADERS: u8 = 0x1;
 const ACK: u8 = 0x1;
 /// A GOAWAY's payload before its debug data: the last stream's id and the error code.
 const GOAWAY_FIXED: usize = 8;

@@ -83,6 +83,13 @@ use crate::log::{self, debug};
 use reasons::{GoawayReason, Http2Refusal, StreamStage};
 pub(super) use rewound::Rewound;
 
+/// Frame types (RFC 9113 6), for the frames the lobby watches go by (`guard.rs`) or writes
+/// itself (`invalid_preface_answer`).
+const HEADERS: u8 = 0x1;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+
 /// The client connection preface (RFC 9113 3.4).
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// What a stream may send before the lobby has taken its bytes: its body goes on to the
@@ -116,29 +123,11 @@ pub(super) fn opens_with_preface(first: &[u8]) -> bool {
     n >= 4 && first[..n] == PREFACE[..n]
 }
 
-/// Where only HTTP/2 is spoken, whether a plain connection's first bytes, not the preface,
-/// are an HTTP/1.x request (its first line ends with its version), to be answered in HTTP/1.1;
-/// anything else is an invalid preface. None until the first line has come, or
-/// `LONGEST_FIRST_LINE` bytes without it (then it is no HTTP/1.x client's).
-pub(super) fn is_http1_request_line(first: &[u8]) -> Option<bool> {
-    let Some(end) = first.iter().position(|&byte| byte == b'\n') else {
-        return (first.len() >= LONGEST_FIRST_LINE).then_some(false);
-    };
-    let line = first[..end].strip_suffix(b"\r").unwrap_or(&first[..end]);
-    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
-}
-
-/// A request line longer than this is refused by every HTTP/1.x server (gunicorn's
-/// `--limit-request-line` is at most 8190).
-const LONGEST_FIRST_LINE: usize = 8192;
-
 /// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
 /// server's preface, an empty SETTINGS frame, then GOAWAY saying why. Written by the lobby, as
 /// the h2 crate closes without a word when the preface is wrong.
 pub(super) fn invalid_preface_answer() -> Vec<u8> {
     const DEBUG_DATA: &[u8] = b"invalid connection preface";
-    const SETTINGS: u8 = 0x4;
-    const GOAWAY: u8 = 0x7;
     let mut out = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
     let length = (8 + DEBUG_DATA.len()) as u8;
     out.extend_from_slice(&[0, 0, length, GOAWAY, 0, 0, 0, 0, 0]);
@@ -479,15 +468,6 @@ fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_http1_request_line_is_told_from_an_invalid_preface() {
-        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1\r\nHost: a\r\n"), Some(true));
-        assert_eq!(is_http1_request_line(b"GET / HTTP/1.0\n"), Some(true));
-        assert_eq!(is_http1_request_line(b"INVALID CONNECTION PREFACE\r\n\r\n"), Some(false));
-        assert_eq!(is_http1_request_line(b"GET / HTTP/1.1"), None);
-        assert_eq!(is_http1_request_line(&[b'x'; LONGEST_FIRST_LINE]), Some(false));
-    }
 
     #[test]
     fn the_h2_crates_floods_are_told_apart_by_their_debug_data() {
