@@ -23,6 +23,7 @@ use rustls::ServerConnection;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::h2::Asleep;
 use super::peer::{Peer, ProxyStage, Site, StreamKind};
 use crate::log::debug;
 
@@ -54,6 +55,8 @@ pub struct Sleeper {
     pub deadline: Instant,
     /// A TLS connection's session: its keys and sequence numbers, its buffers empty.
     pub tls: Option<Box<ServerConnection>>,
+    /// An HTTP/2 connection's state, for a new h2 connection to go on from (`h2/sleep.rs`).
+    pub http2: Option<Asleep>,
 }
 
 impl Sleeper {
@@ -63,8 +66,11 @@ impl Sleeper {
     /// request's first bytes for a header): such a connection stays here, is answered here with
     /// `Connection: close`, and closes at its `--keep-alive` or when this lobby's
     /// `--graceful-timeout` ends (docs/SIGNALS.md).
+    ///
+    /// Nor an HTTP/2 connection, whose state is this lobby's too: at a shutdown or an upgrade it
+    /// is woken to say GOAWAY (`take_http2_ending`).
     pub fn can_move(&self) -> bool {
-        can_move(self.tls.is_some(), &self.peer)
+        self.http2.is_none() && can_move(self.tls.is_some(), &self.peer)
     }
 }
 
@@ -136,6 +142,19 @@ impl Hibernation {
 
     fn unwatch(&self, sleeper: &Sleeper) {
         let _ = maitred_sys::sleepers::unwatch(self.epoll.get_ref().as_fd(), &sleeper.socket);
+    }
+
+    /// Takes the HTTP/2 sleepers whose time is up, or all of them once the lobby stops (a shutdown
+    /// or an upgrade): woken, each says GOAWAY before it closes, as one awake would.
+    pub(super) fn take_http2_ending(&self, now: Instant, stopping: bool) -> Vec<Sleeper> {
+        let taken = self
+            .sleepers
+            .borrow_mut()
+            .take_where(|sleeper| sleeper.http2.is_some() && (stopping || sleeper.deadline <= now));
+        for sleeper in &taken {
+            self.unwatch(sleeper);
+        }
+        taken
     }
 
     /// Closes the sleepers whose deadline has passed, and, once the lobby is closing (a

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use maitred_protocol::write_error_response;
 use rustls::{ServerConfig, ServerConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,8 +95,7 @@ async fn handshake<S: ClientStream>(
             };
             let stream = TlsStream::new(io, session);
             if http2 {
-                let about = stream.tls().cloned();
-                h2::start(&lobby, stream, &peer, site, permit, about);
+                h2::start(&lobby, stream, BytesMut::new(), peer, site, permit);
             } else {
                 task::start(&lobby, stream, peer, site, permit, 0);
             }

@@ -78,7 +78,25 @@ pub fn start<S: ClientStream>(
 
 /// Wakes a hibernating connection whose client has spoken (or closed).
 pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
-    let Sleeper { socket, kind, peer, site, permit, answered, tls, .. } = sleeper;
+    let Sleeper { socket, kind, peer, site, permit, answered, tls, http2, deadline } = sleeper;
+    if let Some(asleep) = http2 {
+        let started = match (kind, tls) {
+            (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
+                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
+            (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
+                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
+            (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into()).map(|stream| {
+                h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)
+            }),
+            (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into()).map(|stream| {
+                h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)
+            }),
+        };
+        if let Err(e) = started {
+            debug!("could not wake an idle HTTP/2 connection: {e}");
+        }
+        return;
+    }
     let started = match (kind, tls) {
         (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
             .map(|stream| start(lobby, stream, peer, site, permit, answered)),
@@ -173,14 +191,14 @@ impl<S: ClientStream> Connection<S> {
     /// Hands the connection, and the bytes read from it, to HTTP/2.
     fn into_http2(self) {
         let Connection { lobby, stream, peer, site, permit, buf, .. } = self;
-        h2::start(&lobby, h2::Rewound::new(buf, stream), &peer, site, permit, None);
+        h2::start(&lobby, stream, buf, peer, site, permit);
     }
 
     fn hibernate(self, deadline: Instant) {
         let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
         match stream.into_sleeping() {
             Ok((socket, tls)) => {
-                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls };
+                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls, http2: None };
                 match lobby.successor() {
                     Some(successor) if sleeper.can_move() => successor.hand_over(sleeper),
                     _ => lobby.hibernation.put(sleeper),

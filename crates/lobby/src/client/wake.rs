@@ -31,6 +31,9 @@ pub async fn watch(lobby: Rc<Lobby>) {
             }
             _ = ticks.tick() => {
                 let shutting_down = *shutdown.borrow();
+                for sleeper in hibernation.take_http2_ending(Instant::now(), shutting_down) {
+                    task::resume(&lobby, sleeper);
+                }
                 if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
                     // A binary upgrade: the new maitred takes every idle connection it can,
                     // those whose client has spoken too (it reads what they sent). One it cannot

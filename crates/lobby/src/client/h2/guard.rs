@@ -14,6 +14,11 @@
 //! it hands the crate the head), but for the 431 the crate answers by itself to a stream whose
 //! header list decodes past the limit (short of four times it, where it ends the connection).
 //! That stream never reaches the lobby, and the frame going by is the only sign of it.
+//!
+//! Both ways: what a connection must keep to hibernate (`sleep.rs`'s `Ledger`). On a connection
+//! woken from hibernation, it also leaves out the two frames its new h2 connection must not send
+//! (`Unsent`), and turns frames the client sends late for the old connection's streams into
+//! frames of no known type, which the new one passes by (RFC 9113 5.5).
 
 use std::io;
 use std::pin::Pin;
@@ -24,13 +29,18 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::reasons::Http2Refusal;
+use super::sleep::{Asleep, Ledger, Unsent};
 use super::{Shared, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
 
 /// SETTINGS frames, and PING frames (not their acknowledgements), a client may send within a
 /// second, of each. A browser sends a few SETTINGS at the start and a PING now and then.
 const CONTROL_FRAMES_PER_SECOND: u32 = 256;
 const FRAME_HEADER: usize = 9;
-const ACK: u8 = 0x1;
+pub(super) const ACK: u8 = 0x1;
+/// Where a frame header says its type.
+const TYPE_AT: usize = 3;
+/// A frame type no specification defines, which a receiver ignores: what a stale frame becomes.
+const NO_TYPE: u8 = 0xfa;
 /// A GOAWAY's payload before its debug data: the last stream's id and the error code.
 const GOAWAY_FIXED: usize = 8;
 /// Of a GOAWAY's debug data, what is kept: the h2 crate's words are a few dozen bytes.
@@ -44,10 +54,18 @@ pub(super) struct Guarded<T> {
     written: Frames,
     /// The client flooded: nothing more is read.
     stopped: bool,
+    ledger: Ledger,
+    unsent: Unsent,
+    /// The last write found the socket full: the h2 crate holds bytes it could not write.
+    write_blocked: bool,
+    /// The first bytes of a frame header that ended a read, held back until the header is
+    /// whole (only on a woken connection, whose stale frames are rewritten before the h2 crate
+    /// sees them).
+    held: Vec<u8>,
 }
 
 impl<T> Guarded<T> {
-    pub(super) fn new(io: T, shared: Rc<Shared>) -> Guarded<T> {
+    pub(super) fn new(io: T, shared: Rc<Shared>, woken: Option<&Asleep>) -> Guarded<T> {
         Guarded {
             io,
             shared,
@@ -55,30 +73,84 @@ impl<T> Guarded<T> {
             control: ControlFrames::new(),
             written: Frames::new(0),
             stopped: false,
+            ledger: Ledger::new(woken),
+            unsent: if woken.is_some() { Unsent::for_woken() } else { Unsent::default() },
+            write_blocked: false,
+            held: Vec::new(),
         }
     }
 
+    pub(super) fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    pub(super) fn into_inner(self) -> T {
+        self.io
+    }
+
+    /// What the connection keeps to hibernate, if it can now: between frames both ways, with
+    /// nothing left to write.
+    pub(super) fn asleep(&self) -> Option<Asleep> {
+        let quiet = self.read.between_frames() && self.written.between_frames() && self.held.is_empty();
+        if !quiet || self.write_blocked || self.stopped || self.unsent.any() {
+            return None;
+        }
+        self.ledger.asleep()
+    }
+
     /// Follows what was written: keeps the payload of GOAWAY frames for the connection's end,
-    /// and tells the connection of a head it did not write.
+    /// tells the connection of a head it did not write, and keeps the ledger.
     fn wrote(&mut self, mut bytes: &[u8]) {
-        let shared = &self.shared;
+        let (shared, ledger) = (&self.shared, &mut self.ledger);
+        let mut goaway = false;
         self.written.follow(&mut bytes, |piece| match piece {
-            Piece::Header { kind, stream, .. } => {
-                if kind == GOAWAY {
+            Piece::Header { kind, flags, stream, length, .. } => {
+                goaway = kind == GOAWAY;
+                if goaway {
                     shared.goaway_sent.borrow_mut().clear();
                 }
                 if kind == HEADERS && !shared.head_written(stream) {
                     shared.header_list_refused(stream);
                 }
-                kind == GOAWAY
+                ledger.wrote_header(kind, flags, stream, length) || goaway
             }
-            Piece::Payload(payload) => {
+            Piece::Payload(payload) if goaway => {
                 let mut kept = shared.goaway_sent.borrow_mut();
                 let room = (GOAWAY_FIXED + DEBUG_DATA_KEPT).saturating_sub(kept.len());
                 kept.extend_from_slice(&payload[..payload.len().min(room)]);
                 true
             }
+            Piece::Payload(payload) => {
+                ledger.wrote_payload(payload);
+                true
+            }
         });
+    }
+
+    /// Of bytes the h2 crate would write on a woken connection, while a frame it must not send
+    /// is awaited: how many to write, and how many to leave out, from the start. The crate
+    /// writes whole frames from its buffer, so a header is seen whole before any of it is
+    /// written, and a frame left out is whole at the start of what it writes next.
+    fn unsent_split(&mut self, data: &[u8]) -> (usize, usize) {
+        if self.written.have > 0 {
+            return (data.len(), 0);
+        }
+        let mut at = self.written.skip;
+        while at + FRAME_HEADER <= data.len() {
+            let header = Header::parse(data[at..at + FRAME_HEADER].try_into().expect("a whole header"));
+            let end = at + FRAME_HEADER + header.length;
+            if self.unsent.is_unsent(header.kind, header.flags, header.stream) {
+                if at > 0 {
+                    return (at, 0);
+                }
+                if end <= data.len() {
+                    self.unsent.left_out(header.kind);
+                    return (0, end);
+                }
+            }
+            at = end;
+        }
+        (data.len(), 0)
     }
 }
 
@@ -93,9 +165,33 @@ enum Piece<'a> {
         kind: u8,
         flags: u8,
         stream: u32,
+        length: usize,
+        /// Where in the bytes given to `follow` the header ended.
+        end: usize,
     },
     /// Some of the payload of a frame whose header was answered `true`.
     Payload(&'a [u8]),
+}
+
+/// A frame header's fields (RFC 9113 4.1).
+struct Header {
+    length: usize,
+    kind: u8,
+    flags: u8,
+    stream: u32,
+}
+
+impl Header {
+    fn parse(bytes: [u8; FRAME_HEADER]) -> Header {
+        let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = bytes;
+        Header {
+            length: usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2),
+            kind,
+            flags,
+            // The stream identifier's reserved high bit is ignored.
+            stream: u32::from_be_bytes([s0, s1, s2, s3]) & 0x7fff_ffff,
+        }
+    }
 }
 
 /// Follows frames through a byte stream cut anywhere.
@@ -114,8 +210,13 @@ impl Frames {
         Frames { skip: preface, showing: false, header: [0; FRAME_HEADER], have: 0 }
     }
 
+    fn between_frames(&self) -> bool {
+        self.skip == 0 && self.have == 0
+    }
+
     /// Shows `look` each frame header in `bytes`, and the payload of those it answers `true`.
     fn follow(&mut self, bytes: &mut &[u8], mut look: impl FnMut(Piece<'_>) -> bool) {
+        let given = bytes.len();
         while !bytes.is_empty() {
             if self.skip > 0 {
                 let n = self.skip.min(bytes.len());
@@ -134,11 +235,10 @@ impl Frames {
                 break;
             }
             self.have = 0;
-            let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = self.header;
-            self.skip = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
-            // The stream identifier's reserved high bit is ignored (RFC 9113 4.1).
-            let stream = u32::from_be_bytes([s0, s1, s2, s3]) & 0x7fff_ffff;
-            self.showing = look(Piece::Header { kind, flags, stream });
+            let Header { length, kind, flags, stream } = Header::parse(self.header);
+            self.skip = length;
+            let end = given - bytes.len();
+            self.showing = look(Piece::Header { kind, flags, stream, length, end });
         }
     }
 }
@@ -177,23 +277,49 @@ impl ControlFrames {
         ControlFrames { settings: Budget::new(), pings: Budget::new() }
     }
 
-    /// Counts the frames whose headers are in bytes just read; the flood, once the client has
-    /// flooded.
-    fn scan(&mut self, frames: &mut Frames, mut bytes: &[u8]) -> Option<Http2Refusal> {
-        let mut flood = None;
-        frames.follow(&mut bytes, |piece| {
-            if let Piece::Header { kind, flags, .. } = piece {
-                let found = match kind {
-                    _ if flags & ACK != 0 => None,
-                    SETTINGS if self.settings.spend() => Some(Http2Refusal::SettingsFlood),
-                    PING if self.pings.spend() => Some(Http2Refusal::PingFlood),
-                    _ => None,
-                };
-                flood = flood.or(found);
+    /// Counts the frame with this header; the flood, once the client has flooded.
+    fn count(&mut self, kind: u8, flags: u8) -> Option<Http2Refusal> {
+        match kind {
+            _ if flags & ACK != 0 => None,
+            SETTINGS if self.settings.spend() => Some(Http2Refusal::SettingsFlood),
+            PING if self.pings.spend() => Some(Http2Refusal::PingFlood),
+            _ => None,
+        }
+    }
+}
+
+impl<T> Guarded<T> {
+    /// Follows the bytes just read, `bytes[..]` of which the first `held` were held back from the
+    /// last read: counts SETTINGS and PING frames (the flood, once the client has flooded), keeps
+    /// the ledger, and turns stale frames into frames of no type. Returns how many bytes, at the
+    /// end, begin a frame header and are held back (only on a woken connection).
+    fn scan(&mut self, bytes: &mut [u8]) -> (Option<Http2Refusal>, usize) {
+        let (control, ledger) = (&mut self.control, &mut self.ledger);
+        let (mut flood, mut stale) = (None, Vec::new());
+        let mut rest: &[u8] = bytes;
+        self.read.follow(&mut rest, |piece| match piece {
+            Piece::Header { kind, flags, stream, length, end } => {
+                flood = flood.or(control.count(kind, flags));
+                if ledger.is_stale(kind, stream) {
+                    stale.push(end - FRAME_HEADER + TYPE_AT);
+                    return false;
+                }
+                ledger.read_header(kind, flags, stream, length)
             }
-            false
+            Piece::Payload(payload) => {
+                ledger.read_payload(payload);
+                true
+            }
         });
-        flood
+        for at in stale {
+            bytes[at] = NO_TYPE;
+        }
+        let held = if self.ledger.rewrites_stale() { self.read.have } else { 0 };
+        if held > 0 {
+            // Read again, whole, with the next bytes.
+            self.read.have = 0;
+        }
+        (flood, held)
     }
 }
 
@@ -205,8 +331,34 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
             return Poll::Pending;
         }
         let before = buf.filled().len();
-        let read = Pin::new(&mut this.io).poll_read(cx, buf);
-        let flood = if read.is_ready() { this.control.scan(&mut this.read, &buf.filled()[before..]) } else { None };
+        let mut held = std::mem::take(&mut this.held);
+        let fits = held.len().min(buf.remaining());
+        buf.put_slice(&held[..fits]);
+        let read = if fits < held.len() {
+            // Room for some only (the h2 crate reads into 8 KiB or more): the rest next time.
+            this.held = held.split_off(fits);
+            Poll::Ready(Ok(()))
+        } else {
+            match Pin::new(&mut this.io).poll_read(cx, buf) {
+                // Held bytes are bytes read.
+                Poll::Pending if !held.is_empty() => Poll::Ready(Ok(())),
+                read => read,
+            }
+        };
+        if !read.is_ready() {
+            return read;
+        }
+        let end = buf.filled().len();
+        let (flood, keep_back) = this.scan(&mut buf.filled_mut()[before..]);
+        if keep_back > 0 && keep_back < end - before {
+            let mut back = buf.filled()[end - keep_back..].to_vec();
+            back.append(&mut this.held);
+            this.held = back;
+            buf.set_filled(end - keep_back);
+        } else if keep_back > 0 {
+            // Nothing else came: the end of the stream, or a header that will not be whole.
+            this.read.have = keep_back;
+        }
         if let Some(flood) = flood {
             this.stopped = true;
             let kind = if flood == Http2Refusal::SettingsFlood { "SETTINGS" } else { "PING" };
@@ -221,7 +373,16 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let mut data = data;
+        if self.unsent.any() {
+            let (write, leave_out) = self.unsent_split(data);
+            if leave_out > 0 {
+                return Poll::Ready(Ok(leave_out));
+            }
+            data = &data[..write];
+        }
         let written = Pin::new(&mut self.io).poll_write(cx, data);
+        self.write_blocked = written.is_pending();
         if let Poll::Ready(Ok(n)) = written {
             self.wrote(&data[..n]);
         }
@@ -233,7 +394,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.unsent.any() {
+            // One buffer at a time, each split as `poll_write` splits it.
+            let first = bufs.iter().find(|buf| !buf.is_empty()).map_or(&[][..], |buf| &buf[..]);
+            return self.poll_write(cx, first);
+        }
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.write_blocked = written.is_pending();
         if let Poll::Ready(Ok(n)) = written {
             let mut left = n;
             for buf in bufs {
@@ -269,6 +436,18 @@ mod tests {
         out
     }
 
+    /// Follows bytes read as `Guarded::scan` does for the floods: the first flood found.
+    fn flood(frames: &mut Frames, control: &mut ControlFrames, mut bytes: &[u8]) -> Option<Http2Refusal> {
+        let mut flood = None;
+        frames.follow(&mut bytes, |piece| {
+            if let Piece::Header { kind, flags, .. } = piece {
+                flood = flood.or(control.count(kind, flags));
+            }
+            false
+        });
+        flood
+    }
+
     #[test]
     fn pings_past_the_budget_are_a_flood_acks_and_other_frames_are_not() {
         let (mut frames, mut control) = (Frames::new(PREFACE.len()), ControlFrames::new());
@@ -281,10 +460,10 @@ mod tests {
         }
         // Byte by byte: headers and payloads split anywhere are followed.
         for byte in &bytes {
-            assert_eq!(control.scan(&mut frames, std::slice::from_ref(byte)), None);
+            assert_eq!(flood(&mut frames, &mut control, std::slice::from_ref(byte)), None);
         }
-        assert_eq!(control.scan(&mut frames, &frame(SETTINGS, 0, &[])), Some(Http2Refusal::SettingsFlood));
-        assert_eq!(control.scan(&mut frames, &frame(PING, 0, &[0; 8])), Some(Http2Refusal::PingFlood));
+        assert_eq!(flood(&mut frames, &mut control, &frame(SETTINGS, 0, &[])), Some(Http2Refusal::SettingsFlood));
+        assert_eq!(flood(&mut frames, &mut control, &frame(PING, 0, &[0; 8])), Some(Http2Refusal::PingFlood));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! A plain connection handed to HTTP/2 after its first bytes were read (`opening.rs` reads them
-//! to tell the preface from an HTTP/1.1 request): those bytes are read again first.
+//! to tell the preface from an HTTP/1.1 request): those bytes are read again first. Or one woken
+//! from hibernation, whose new h2 connection first reads what the old one had been told
+//! (`sleep.rs`).
 
 use std::io;
 use std::pin::Pin;
@@ -16,6 +18,15 @@ pub(in crate::client) struct Rewound<S> {
 impl<S> Rewound<S> {
     pub(in crate::client) fn new(first: BytesMut, io: S) -> Rewound<S> {
         Rewound { first, io }
+    }
+
+    /// Whether the bytes to read again have all been read.
+    pub(in crate::client) fn is_drained(&self) -> bool {
+        self.first.is_empty()
+    }
+
+    pub(in crate::client) fn into_inner(self) -> S {
+        self.io
     }
 }
 

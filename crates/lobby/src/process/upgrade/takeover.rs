@@ -104,6 +104,7 @@ fn adopt(
         answered,
         deadline: Instant::now() + patience,
         tls: None,
+        http2: None,
     });
     Ok(())
 }

@@ -1,0 +1,349 @@
+//! Hibernation for HTTP/2 (docs/HTTP2.md, "Idle connections"). The h2 crate holds about 20 KB
+//! for a connection whatever it carries (its buffers: 16 KiB to write, 8 KiB to read, 4 KiB of
+//! HPACK), and cannot give it back. So a connection without a stream for `HIBERNATE_AFTER`
+//! drops its h2 connection and sleeps as an HTTP/1.1 one does (`asleep.rs`), keeping only what
+//! a new h2 connection needs to go on where the old one stopped: the client's settings, what is
+//! left of its connection window, and its last stream. When the client speaks, the task starts
+//! a new h2 connection on the same socket and feeds it, before the client's bytes, the preface
+//! and the client's settings again (`preamble`), and a WINDOW_UPDATE that gives it the window
+//! the client had left.
+//!
+//! What makes that sound:
+//! - **HPACK.** The lobby's SETTINGS say HEADER_TABLE_SIZE 0: a client indexes nothing in its
+//!   encoder's table, so the new decoder's empty table is the client's. The other way, the new
+//!   encoder starts empty; the client's decoder still holds the old one's entries, and as entries
+//!   are added, it drops the old ones first: the indexes the new encoder uses stay the same.
+//! - **Settings.** The new connection answers the replayed SETTINGS with an ACK the client never
+//!   asked for, and sends the WINDOW_UPDATE that opens its own receive window once more: the
+//!   client has that window already. Both are kept off the wire (`Unsent`).
+//! - **Windows.** The client's window for answers is what it granted minus what it was sent,
+//!   followed frame by frame (`Ledger`); a connection whose window is below HTTP/2's initial
+//!   65,535 stays awake, as a new connection cannot start below it. The client's window for
+//!   bodies, which the new connection takes to be the full `CONNECTION_WINDOW`, must be at least
+//!   half of it, so that the new connection's WINDOW_UPDATEs (sent once a third is used) come.
+//! - **Quiet.** Only a connection that is between frames both ways, has nothing waiting to be
+//!   written and has had its SETTINGS acknowledged sleeps.
+//!
+//! Frames for streams the old connection ended (a late WINDOW_UPDATE or RST_STREAM) would be
+//! frames on idle streams to the new one, a connection error: `Ledger::is_stale` names them,
+//! and `guard.rs` passes them by.
+
+use std::cell::RefCell;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::{CONNECTION_WINDOW, PREFACE, SETTINGS};
+
+pub(super) const WINDOW_UPDATE: u8 = 0x8;
+const RST_STREAM: u8 = 0x3;
+const PRIORITY: u8 = 0x2;
+/// A connection's flow-control window when it starts (RFC 9113 6.9.2).
+const INITIAL_WINDOW: i64 = 65_535;
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+const SETTING_SIZE: usize = 6;
+/// Setting identifiers RFC 9113 and RFC 8441 define (1 to 8, and 9 of RFC 9218): a client's
+/// other identifiers are ignored (RFC 9113 6.5.2), and need not be kept.
+const KNOWN_SETTINGS: u16 = 9;
+
+/// What a hibernating HTTP/2 connection keeps (`asleep::Sleeper::http2`), in the sleeper
+/// itself: an allocation of its own, however small, would keep a page of the freed h2
+/// connection's memory from going back to the system (4 KB per connection, measured).
+pub struct Asleep {
+    /// The client's settings, each as it last said it.
+    settings: Settings,
+    /// Bytes of answers the client's connection window still takes, and of bodies the client
+    /// knows the lobby's takes.
+    send_window: u32,
+    receive_window: u32,
+    /// The last stream the client opened.
+    last_stream: u32,
+}
+
+impl Asleep {
+    /// What the new h2 connection reads before the client's bytes: the preface, the client's
+    /// settings, and the window it has left for answers past the initial one.
+    pub(super) fn preamble(&self) -> BytesMut {
+        let said = self.settings.said();
+        let mut out = BytesMut::with_capacity(PREFACE.len() + 2 * 9 + said.clone().count() * SETTING_SIZE + 4);
+        out.put_slice(PREFACE);
+        put_header(&mut out, said.clone().count() * SETTING_SIZE, SETTINGS, 0, 0);
+        for (id, value) in said {
+            out.put_u16(id);
+            out.put_u32(value);
+        }
+        let grown = i64::from(self.send_window) - INITIAL_WINDOW;
+        if grown > 0 {
+            put_header(&mut out, 4, WINDOW_UPDATE, 0, 0);
+            out.put_u32(grown as u32);
+        }
+        out
+    }
+
+    pub(super) fn last_stream(&self) -> u32 {
+        self.last_stream
+    }
+}
+
+/// The settings a client said, by identifier.
+#[derive(Clone, Copy, Default)]
+struct Settings {
+    values: [u32; KNOWN_SETTINGS as usize],
+    /// Bit `id - 1` for each identifier said.
+    said: u16,
+}
+
+impl Settings {
+    fn set(&mut self, id: u16, value: u32) {
+        if (1..=KNOWN_SETTINGS).contains(&id) {
+            self.values[usize::from(id - 1)] = value;
+            self.said |= 1 << (id - 1);
+        }
+    }
+
+    fn said(&self) -> impl Iterator<Item = (u16, u32)> + Clone + '_ {
+        (1..=KNOWN_SETTINGS).filter(|id| self.said & 1 << (id - 1) != 0).map(|id| (id, self.values[usize::from(id - 1)]))
+    }
+}
+
+fn put_header(out: &mut BytesMut, length: usize, kind: u8, flags: u8, stream: u32) {
+    out.put_slice(&(length as u32).to_be_bytes()[1..]);
+    out.put_u8(kind);
+    out.put_u8(flags);
+    out.put_u32(stream);
+}
+
+/// What the frames going by say of a connection's state, for `Asleep` (kept by `guard.rs`).
+pub(super) struct Ledger {
+    settings: Settings,
+    /// The kind of the frame whose payload is being read, if it is kept, and its entry so far.
+    reading: Option<u8>,
+    read: Entry,
+    /// Whether the frame being written is the connection's WINDOW_UPDATE, and its increment.
+    writing_window_update: bool,
+    written: Entry,
+    /// The client's window for answers, and the lobby's for bodies as the client knows it.
+    send_window: i64,
+    receive_window: i64,
+    settings_sent: u32,
+    settings_acked: u32,
+    last_stream: u32,
+    /// Streams up to this were the previous h2 connection's: their frames are passed by.
+    stale_up_to: u32,
+}
+
+impl Ledger {
+    pub(super) fn new(woken: Option<&Asleep>) -> Ledger {
+        Ledger {
+            settings: Settings::default(),
+            reading: None,
+            read: Entry::default(),
+            writing_window_update: false,
+            written: Entry::default(),
+            send_window: INITIAL_WINDOW,
+            // The new connection's own WINDOW_UPDATE is not sent (`Unsent`): the client's view
+            // of the window is the one it had.
+            receive_window: woken.map_or(INITIAL_WINDOW, |asleep| i64::from(asleep.receive_window)),
+            settings_sent: 0,
+            settings_acked: 0,
+            last_stream: 0,
+            stale_up_to: woken.map_or(0, Asleep::last_stream),
+        }
+    }
+
+    /// A frame header read: whether its payload is wanted (`read_payload`).
+    pub(super) fn read_header(&mut self, kind: u8, flags: u8, stream: u32, length: usize) -> bool {
+        self.read = Entry::default();
+        self.reading = None;
+        match kind {
+            SETTINGS if flags & super::guard::ACK != 0 => self.settings_acked += 1,
+            SETTINGS => self.reading = Some(SETTINGS),
+            WINDOW_UPDATE if stream == 0 => self.reading = Some(WINDOW_UPDATE),
+            super::HEADERS => self.last_stream = self.last_stream.max(stream),
+            // DATA's length counts against the window, padding included (RFC 9113 6.9.1).
+            super::DATA => self.receive_window -= length as i64,
+            _ => {}
+        }
+        self.reading.is_some()
+    }
+
+    pub(super) fn read_payload(&mut self, mut payload: &[u8]) {
+        let Some(kind) = self.reading else { return };
+        let size = if kind == SETTINGS { SETTING_SIZE } else { 4 };
+        while let Some([a, b, c, d, e, f]) = self.read.fill(&mut payload, size) {
+            if kind == SETTINGS {
+                self.settings.set(u16::from_be_bytes([a, b]), u32::from_be_bytes([c, d, e, f]));
+            } else {
+                self.send_window += i64::from(u32::from_be_bytes([a, b, c, d]) & 0x7fff_ffff);
+            }
+        }
+    }
+
+    /// A frame header written: whether its payload is wanted (`wrote_payload`).
+    pub(super) fn wrote_header(&mut self, kind: u8, flags: u8, stream: u32, length: usize) -> bool {
+        self.written = Entry::default();
+        self.writing_window_update = kind == WINDOW_UPDATE && stream == 0;
+        match kind {
+            super::DATA => self.send_window -= length as i64,
+            SETTINGS if flags & super::guard::ACK == 0 => self.settings_sent += 1,
+            _ => {}
+        }
+        self.writing_window_update
+    }
+
+    pub(super) fn wrote_payload(&mut self, mut payload: &[u8]) {
+        if !self.writing_window_update {
+            return;
+        }
+        while let Some([a, b, c, d, ..]) = self.written.fill(&mut payload, 4) {
+            self.receive_window += i64::from(u32::from_be_bytes([a, b, c, d]) & 0x7fff_ffff);
+        }
+    }
+
+    /// A frame the client sent for a stream of the connection before it slept, which the new
+    /// one would take for a frame on an idle stream.
+    pub(super) fn is_stale(&self, kind: u8, stream: u32) -> bool {
+        stream != 0 && stream <= self.stale_up_to && matches!(kind, WINDOW_UPDATE | RST_STREAM | PRIORITY)
+    }
+
+    /// Whether stale frames can come: the connection was woken from hibernation.
+    pub(super) fn rewrites_stale(&self) -> bool {
+        self.stale_up_to > 0
+    }
+
+    /// What the connection keeps to sleep, if it can: its SETTINGS acknowledged, and the
+    /// windows within what a new connection can take up.
+    pub(super) fn asleep(&self) -> Option<Asleep> {
+        let windows = (INITIAL_WINDOW..=MAX_WINDOW).contains(&self.send_window)
+            && self.receive_window >= i64::from(CONNECTION_WINDOW) / 2;
+        (windows && self.settings_sent == self.settings_acked).then(|| Asleep {
+            settings: self.settings,
+            send_window: self.send_window as u32,
+            receive_window: self.receive_window.min(MAX_WINDOW) as u32,
+            last_stream: self.last_stream.max(self.stale_up_to),
+        })
+    }
+}
+
+/// A SETTINGS entry or a window increment, as its bytes come, cut anywhere.
+#[derive(Default)]
+struct Entry {
+    bytes: [u8; SETTING_SIZE],
+    have: usize,
+}
+
+impl Entry {
+    /// Takes bytes from `payload` towards an entry of `size`: the entry once whole.
+    fn fill(&mut self, payload: &mut &[u8], size: usize) -> Option<[u8; SETTING_SIZE]> {
+        let n = (size - self.have).min(payload.len());
+        self.bytes[self.have..self.have + n].copy_from_slice(&payload[..n]);
+        self.have += n;
+        *payload = &payload[n..];
+        if self.have < size {
+            return None;
+        }
+        self.have = 0;
+        Some(self.bytes)
+    }
+}
+
+/// The two frames a woken connection's h2 connection writes that the client must not get: the
+/// ACK of the replayed SETTINGS, and the first WINDOW_UPDATE of the connection (`guard.rs`
+/// leaves them out).
+#[derive(Default)]
+pub(super) struct Unsent {
+    ack: bool,
+    window_update: bool,
+}
+
+impl Unsent {
+    pub(super) fn for_woken() -> Unsent {
+        Unsent { ack: true, window_update: true }
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.ack || self.window_update
+    }
+
+    /// Whether the frame with this header is one of them.
+    pub(super) fn is_unsent(&self, kind: u8, flags: u8, stream: u32) -> bool {
+        stream == 0
+            && ((kind == SETTINGS && flags & super::guard::ACK != 0 && self.ack)
+                || (kind == WINDOW_UPDATE && self.window_update))
+    }
+
+    /// One of them was left out: it is no longer awaited.
+    pub(super) fn left_out(&mut self, kind: u8) {
+        if kind == SETTINGS {
+            self.ack = false;
+        } else {
+            self.window_update = false;
+        }
+    }
+}
+
+/// The connection's stream, lent to the h2 crate: the task takes it back to hibernate (the
+/// crate gives no way to).
+pub(super) struct Lent<T>(Rc<RefCell<Option<T>>>);
+
+impl<T> Lent<T> {
+    pub(super) fn new(io: T) -> (Lent<T>, Rc<RefCell<Option<T>>>) {
+        let slot = Rc::new(RefCell::new(Some(io)));
+        (Lent(slot.clone()), slot)
+    }
+}
+
+fn taken() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the connection went to sleep")
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Lent<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(io) => Pin::new(io).poll_read(cx, buf),
+            None => Poll::Ready(Err(taken())),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Lent<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(io) => Pin::new(io).poll_write(cx, data),
+            None => Poll::Ready(Err(taken())),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            None => Poll::Ready(Err(taken())),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.borrow().as_ref().is_some_and(AsyncWrite::is_write_vectored)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(io) => Pin::new(io).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.0.borrow_mut().as_mut() {
+            Some(io) => Pin::new(io).poll_shutdown(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
