@@ -10,8 +10,9 @@ connection or closes it (a header timeout), and nothing else.
 idle: each connection sends one GET, reads the whole response, then stays open without a word,
 as a browser or a proxy's pool does between requests.
 idle-h2: idle's over HTTP/2 with prior knowledge: each connection sends the preface, an empty
-SETTINGS and one GET on stream 1, reads until that stream ends, then stays open, acknowledging
-the server's SETTINGS and PINGs as every client must (and nothing else).
+SETTINGS, a WINDOW_UPDATE opening the connection's window (as curl, h2load and browsers do) and
+one GET on stream 1, reads until that stream ends, then stays open, acknowledging the server's
+SETTINGS and PINGs as every client must (and nothing else).
 
 At most --in-flight connections are being opened (or, for idle, awaiting their response) at once,
 so that the server's accept queue sets the pace rather than overflowing. Once every connection is
@@ -53,14 +54,18 @@ SLOW_TRICKLE = b"X-Slow: 1\r\n"
 # The longest response head an idle connection accepts before calling the response broken.
 MAX_HEAD = 16384
 
-# idle-h2's opening, all at once: the preface, an empty SETTINGS frame, and HEADERS on stream 1
-# (END_STREAM, END_HEADERS) whose block is HPACK's static entries for GET, http and / and the
-# :authority name with a literal value.
+# idle-h2's opening, all at once: the preface, an empty SETTINGS frame, a WINDOW_UPDATE that
+# opens the connection's window to 32 MiB as curl's does (h2load opens it to 1 GiB, browsers to
+# 12-15 MiB), and HEADERS on stream 1 (END_STREAM, END_HEADERS) whose block is HPACK's static
+# entries for GET, http and / and the :authority name with a literal value.
 H2_AUTHORITY = b"127.0.0.1"
 H2_BLOCK = bytes([0x82, 0x86, 0x84, 0x41, len(H2_AUTHORITY)]) + H2_AUTHORITY
+H2_CONNECTION_WINDOW = 32 * 1024 * 1024
 H2_OPENING = (
     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
     + bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+    + bytes([0, 0, 4, 0x8, 0, 0, 0, 0, 0])
+    + (H2_CONNECTION_WINDOW - 65535).to_bytes(4, "big")
     + len(H2_BLOCK).to_bytes(3, "big")
     + bytes([0x1, 0x5, 0, 0, 0, 1])
     + H2_BLOCK

@@ -95,8 +95,9 @@ class RawH2:
         stream = self.conn.get_next_available_stream_id()
         fields = [(":method", method), (":scheme", "http"), (":authority", "example.test"), (":path", path)]
         self.conn.send_headers(stream, [*fields, *headers], end_stream=not body)
-        if body:
-            self.conn.send_data(stream, body, end_stream=True)
+        size = self.conn.max_outbound_frame_size
+        for at in range(0, len(body), size):
+            self.conn.send_data(stream, body[at : at + size], end_stream=at + size >= len(body))
         self.flush()
         return stream
 
@@ -426,6 +427,87 @@ def test_an_idle_connection_gets_goaway_after_keep_alive(maitred_server: Callabl
     goaways = [frame for frame in frames_until_close(client.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
     assert goaways and goaways[-1].error_code == h2.errors.ErrorCodes.NO_ERROR
     assert counts(stats, "maitred_http2_goaways") == {"shutdown": 0, "idle": 1, "protocol_error": 0, "flood": 0}
+
+
+def hibernating(stats: int) -> int:
+    return status_of(stats)["connections"]["hibernating"]
+
+
+def opened_like_curl(client: RawH2) -> RawH2:
+    """Opens the connection's window for answers as curl (32 MiB), h2load and browsers do."""
+    client.conn.increment_flow_control_window(32 * 1024 * 1024 - 65535)
+    client.flush()
+    return client
+
+
+def sleep_until_hibernating(client: RawH2, stats: int) -> None:
+    """Idle, the connection's first time: the lobby asks the client to keep no HPACK table
+    (SETTINGS, HEADER_TABLE_SIZE 0), which the client reads and acknowledges; then it sleeps."""
+    client.until(lambda: client.conn.remote_settings.header_table_size == 0)
+    assert eventually(lambda: hibernating(stats) == 1, TIMEOUT), status_of(stats)
+
+
+@pytest.mark.parametrize("listener", ["plain", "tls"])
+def test_an_idle_connection_hibernates_and_its_client_goes_on_as_before(
+    maitred_server: Callable[..., Server], app_dir: Path, server_pair: Pair, authority: Authority, listener: str
+) -> None:
+    """docs/HTTP2.md, "Idle connections": a connection without a stream hibernates as an
+    HTTP/1.1 one does; woken by its client, it goes on where it stopped: bodies and answers past
+    the initial windows both ways, headers (now without an HPACK table), frames the client sends
+    late for the streams it had (WINDOW_UPDATE, RST_STREAM) passed by, and again after a second
+    sleep; no GOAWAY, no reset, the same connection throughout."""
+    (app_dir / "big.py").write_text(BIG_APP)
+    stats = free_port()
+    tls = tls_args(server_pair) if listener == "tls" else ()
+    server = maitred_server("--stats", f"{HOST}:{stats}", *tls, "big:app", cwd=app_dir)
+    sock = socket.create_connection((HOST, server.port), timeout=TIMEOUT)
+    if listener == "tls":
+        context = ssl.create_default_context(cafile=str(authority.pem))
+        context.set_alpn_protocols(["h2"])
+        sock = context.wrap_socket(sock, server_hostname="localhost")
+    client = opened_like_curl(RawH2(server.port, sock))
+    first = client.request("/?10", headers=[("x-first", "a" * 100)])
+    assert client.response(first)[2] == b"z" * 10
+    sleep_until_hibernating(client, stats)
+    # Late frames for stream 1, as a client that read its answer slowly might send them.
+    sock.sendall(
+        hyperframe.frame.WindowUpdateFrame(first, window_increment=10).serialize()
+        + hyperframe.frame.RstStreamFrame(first, error_code=0).serialize()
+    )
+    # Past the initial windows both ways, within the lobby's 256 KiB stream window.
+    upload = os.urandom(200_000)
+    woken = client.request("/?400000", method="POST", headers=[("x-first", "a" * 100)], body=upload)
+    status, _, body = client.response(woken)
+    assert status == 200 and body == b"z" * 400_000 + upload
+    assert eventually(lambda: hibernating(stats) == 1, TIMEOUT), status_of(stats)
+    again = client.request("/?5")
+    assert client.response(again)[2] == b"z" * 5
+    assert client.goaway is None and not client.resets
+    access = [line for line in server.stderr().splitlines() if "HTTP/2 connection" in line and "closed" in line]
+    assert not access, access
+
+
+def test_a_hibernating_connection_gets_goaway_at_keep_alive_and_at_a_shutdown(
+    maitred_server: Callable[..., Server],
+) -> None:
+    """docs/HTTP2.md, "Idle connections": a hibernating connection is woken to say GOAWAY
+    (NO_ERROR) when its --keep-alive runs out, or at once at a shutdown, and counted so, as an
+    awake one is."""
+    stats = free_port()
+    server = maitred_server("--keep-alive", "3", "--stats", f"{HOST}:{stats}", "environ_echo:app", cwd=APPS)
+    idle = opened_like_curl(RawH2(server.port))
+    assert idle.response(idle.request("/"))[0] == 200
+    sleep_until_hibernating(idle, stats)
+    goaways = [frame for frame in frames_until_close(idle.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert [frame.error_code for frame in goaways] == [h2.errors.ErrorCodes.NO_ERROR]
+    assert counts(stats, "maitred_http2_goaways")["idle"] == 1
+    stopping = opened_like_curl(RawH2(server.port))
+    assert stopping.response(stopping.request("/"))[0] == 200
+    sleep_until_hibernating(stopping, stats)
+    server.send_signal(signal.SIGTERM)
+    goaways = [frame for frame in frames_until_close(stopping.sock) if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert [frame.error_code for frame in goaways] == [h2.errors.ErrorCodes.NO_ERROR]
+    assert server.wait(TIMEOUT) == 0
 
 
 def test_http_protocols_turns_either_off(

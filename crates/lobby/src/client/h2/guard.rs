@@ -18,7 +18,8 @@
 //! Both ways: what a connection must keep to hibernate (`sleep.rs`'s `Ledger`). On a connection
 //! woken from hibernation, it also leaves out the two frames its new h2 connection must not send
 //! (`Unsent`), and turns frames the client sends late for the old connection's streams into
-//! frames of no known type, which the new one passes by (RFC 9113 5.5).
+//! frames of no known type, which the new one passes by (RFC 9113 5.5); so too the ACK of the
+//! SETTINGS the lobby writes itself before a connection sleeps (`NO_TABLE`).
 
 use std::io;
 use std::pin::Pin;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::reasons::Http2Refusal;
-use super::sleep::{Asleep, Ledger, Unsent};
+use super::sleep::{Asleep, Ledger, Unsent, NO_TABLE};
 use super::{Shared, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
 
 /// SETTINGS frames, and PING frames (not their acknowledgements), a client may send within a
@@ -59,9 +60,10 @@ pub(super) struct Guarded<T> {
     /// The last write found the socket full: the h2 crate holds bytes it could not write.
     write_blocked: bool,
     /// The first bytes of a frame header that ended a read, held back until the header is
-    /// whole (only on a woken connection, whose stale frames are rewritten before the h2 crate
-    /// sees them).
+    /// whole (only while frames are hidden from the h2 crate: `Ledger::hides`).
     held: Vec<u8>,
+    /// Bytes the lobby writes itself, before the h2 crate's next.
+    owed: Vec<u8>,
 }
 
 impl<T> Guarded<T> {
@@ -77,6 +79,7 @@ impl<T> Guarded<T> {
             unsent: if woken.is_some() { Unsent::for_woken() } else { Unsent::default() },
             write_blocked: false,
             held: Vec::new(),
+            owed: Vec::new(),
         }
     }
 
@@ -89,13 +92,38 @@ impl<T> Guarded<T> {
     }
 
     /// What the connection keeps to hibernate, if it can now: between frames both ways, with
-    /// nothing left to write.
-    pub(super) fn asleep(&self) -> Option<Asleep> {
+    /// nothing left to write. If only the client's HPACK table is in the way, `NO_TABLE` is
+    /// written (its ACK, later, lets the connection sleep).
+    pub(super) fn asleep(&mut self) -> Option<Asleep>
+    where
+        T: AsyncWrite + Unpin,
+    {
         let quiet = self.read.between_frames() && self.written.between_frames() && self.held.is_empty();
-        if !quiet || self.write_blocked || self.stopped || self.unsent.any() {
+        if !quiet || self.write_blocked || self.stopped || self.unsent.any() || !self.owed.is_empty() {
             return None;
         }
-        self.ledger.asleep()
+        let asleep = self.ledger.asleep();
+        if asleep.is_none() && self.ledger.drop_table() {
+            self.owed.extend_from_slice(&NO_TABLE);
+            // Written now if the socket takes it, else before the h2 crate's next bytes.
+            let _ = self.pay_owed(&mut Context::from_waker(std::task::Waker::noop()));
+        }
+        asleep
+    }
+
+    /// Writes what the lobby itself owes the client (`NO_TABLE`): Ready once all is written.
+    fn pay_owed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>
+    where
+        T: AsyncWrite + Unpin,
+    {
+        while !self.owed.is_empty() {
+            let n = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, &self.owed))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.owed.drain(..n);
+        }
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     /// Follows what was written: keeps the payload of GOAWAY frames for the connection's end,
@@ -144,7 +172,7 @@ impl<T> Guarded<T> {
                     return (at, 0);
                 }
                 if end <= data.len() {
-                    self.unsent.left_out(header.kind);
+                    self.unsent.left_out(header.kind, header.flags);
                     return (0, end);
                 }
             }
@@ -300,7 +328,7 @@ impl<T> Guarded<T> {
         self.read.follow(&mut rest, |piece| match piece {
             Piece::Header { kind, flags, stream, length, end } => {
                 flood = flood.or(control.count(kind, flags));
-                if ledger.is_stale(kind, stream) {
+                if ledger.hides(kind, flags, stream) {
                     stale.push(end - FRAME_HEADER + TYPE_AT);
                     return false;
                 }
@@ -314,7 +342,7 @@ impl<T> Guarded<T> {
         for at in stale {
             bytes[at] = NO_TYPE;
         }
-        let held = if self.ledger.rewrites_stale() { self.read.have } else { 0 };
+        let held = if self.ledger.hiding() { self.read.have } else { 0 };
         if held > 0 {
             // Read again, whole, with the next bytes.
             self.read.have = 0;
@@ -373,6 +401,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        if !self.owed.is_empty() {
+            std::task::ready!(self.pay_owed(cx))?;
+        }
         let mut data = data;
         if self.unsent.any() {
             let (write, leave_out) = self.unsent_split(data);
@@ -394,7 +425,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.unsent.any() {
+        if self.unsent.any() || !self.owed.is_empty() {
             // One buffer at a time, each split as `poll_write` splits it.
             let first = bufs.iter().find(|buf| !buf.is_empty()).map_or(&[][..], |buf| &buf[..]);
             return self.poll_write(cx, first);

@@ -334,10 +334,6 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
         // An HTTP/1.1 head is at most 64 KiB: so is an HTTP/2 one, however well it compresses
         // (the HPACK bomb). Past it, the h2 crate answers 431 and resets the stream.
         .max_header_list_size(MAX_HEAD_SIZE as u32)
-        // The client keeps no HPACK table for the lobby to mirror, so that an idle connection
-        // can hibernate (`sleep.rs`). It costs each request's head its repeated fields' bytes:
-        // H2-T1 (h2load, 100 connections) went from ... to ... req/s.
-        .header_table_size(0)
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buffer_size(SEND_BUFFER)
@@ -418,7 +414,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                 going_away = true;
             }
             Event::Hibernate => {
-                let asleep = slot.borrow().as_ref().filter(|io| io.get_ref().is_drained()).and_then(Guarded::asleep);
+                let asleep = slot.borrow_mut().as_mut().filter(|io| io.get_ref().is_drained()).and_then(Guarded::asleep);
                 match (asleep, idle_deadline) {
                     (Some(asleep), Some(deadline)) if !connection.has_streams() => {
                         drop(connection);

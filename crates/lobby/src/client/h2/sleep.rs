@@ -5,17 +5,23 @@
 //! a new h2 connection needs to go on where the old one stopped: the client's settings, what is
 //! left of its connection window, and its last stream. When the client speaks, the task starts
 //! a new h2 connection on the same socket and feeds it, before the client's bytes, the preface
-//! and the client's settings again (`preamble`), and a WINDOW_UPDATE that gives it the window
-//! the client had left.
+//! and the client's settings again (`preamble`), a WINDOW_UPDATE that gives it the window the
+//! client had left, and the ACK of its own settings, which the client has had in force all along.
 //!
 //! What makes that sound:
-//! - **HPACK.** The lobby's SETTINGS say HEADER_TABLE_SIZE 0: a client indexes nothing in its
-//!   encoder's table, so the new decoder's empty table is the client's. The other way, the new
-//!   encoder starts empty; the client's decoder still holds the old one's entries, and as entries
-//!   are added, it drops the old ones first: the indexes the new encoder uses stay the same.
-//! - **Settings.** The new connection answers the replayed SETTINGS with an ACK the client never
-//!   asked for, and sends the WINDOW_UPDATE that opens its own receive window once more: the
-//!   client has that window already. Both are kept off the wire (`Unsent`).
+//! - **HPACK.** Before it sleeps, an idle connection sends SETTINGS with HEADER_TABLE_SIZE 0,
+//!   and waits for the client's ACK (which the h2 crate, which did not send it, never sees): the
+//!   client then drops its encoder's table, and the next header block it sends says so first,
+//!   so the new decoder's empty table is the client's. (A connection starts with the usual 4,096
+//!   bytes: busy connections compress as well as ever, and h2spec's table size updates are
+//!   taken.) The other way, the new encoder starts empty; the client's decoder still holds the
+//!   old one's entries, and as entries are added it drops the old ones first: the indexes the
+//!   new encoder uses stay the same.
+//! - **Settings.** The new connection sends its SETTINGS (the old one's), answers the replayed
+//!   SETTINGS with an ACK the client never asked for, and sends the WINDOW_UPDATE that opens its
+//!   own receive window once more: the client has all three already. They are kept off the wire
+//!   (`Unsent`), and the new connection's settings are in force at once: a client's stream may
+//!   send its body within the window it knows, before any round trip.
 //! - **Windows.** The client's window for answers is what it granted minus what it was sent,
 //!   followed frame by frame (`Ledger`); a connection whose window is below HTTP/2's initial
 //!   65,535 stays awake, as a new connection cannot start below it. The client's window for
@@ -46,6 +52,8 @@ const PRIORITY: u8 = 0x2;
 const INITIAL_WINDOW: i64 = 65_535;
 const MAX_WINDOW: i64 = (1 << 31) - 1;
 const SETTING_SIZE: usize = 6;
+/// SETTINGS with HEADER_TABLE_SIZE (1) 0: the client's encoder is to keep no table.
+pub(super) const NO_TABLE: [u8; 15] = [0, 0, 6, SETTINGS, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
 /// Setting identifiers RFC 9113 and RFC 8441 define (1 to 8, and 9 of RFC 9218): a client's
 /// other identifiers are ignored (RFC 9113 6.5.2), and need not be kept.
 const KNOWN_SETTINGS: u16 = 9;
@@ -81,6 +89,7 @@ impl Asleep {
             put_header(&mut out, 4, WINDOW_UPDATE, 0, 0);
             out.put_u32(grown as u32);
         }
+        put_header(&mut out, 0, SETTINGS, super::guard::ACK, 0);
         out
     }
 
@@ -134,6 +143,18 @@ pub(super) struct Ledger {
     last_stream: u32,
     /// Streams up to this were the previous h2 connection's: their frames are passed by.
     stale_up_to: u32,
+    table: Table,
+}
+
+/// Where the client's HPACK encoder table stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    /// The client may index fields in it, as it may from the start.
+    Used,
+    /// `NO_TABLE` was sent, and its ACK has not come.
+    Dropping,
+    /// The client acknowledged `NO_TABLE`: it keeps none.
+    None,
 }
 
 impl Ledger {
@@ -148,10 +169,13 @@ impl Ledger {
             // The new connection's own WINDOW_UPDATE is not sent (`Unsent`): the client's view
             // of the window is the one it had.
             receive_window: woken.map_or(INITIAL_WINDOW, |asleep| i64::from(asleep.receive_window)),
-            settings_sent: 0,
+            // A woken connection's SETTINGS are left out, and acknowledged by its preamble.
+            settings_sent: u32::from(woken.is_some()),
             settings_acked: 0,
             last_stream: 0,
             stale_up_to: woken.map_or(0, Asleep::last_stream),
+            // A client keeps its settings across the lobby's hibernation.
+            table: if woken.is_some() { Table::None } else { Table::Used },
         }
     }
 
@@ -204,15 +228,31 @@ impl Ledger {
         }
     }
 
-    /// A frame the client sent for a stream of the connection before it slept, which the new
-    /// one would take for a frame on an idle stream.
-    pub(super) fn is_stale(&self, kind: u8, stream: u32) -> bool {
+    /// Whether the h2 crate must not see a frame the client sent: the ACK of `NO_TABLE`, which
+    /// it did not send, or one for a stream of the connection before it slept, which the new one
+    /// would take for a frame on an idle stream.
+    pub(super) fn hides(&mut self, kind: u8, flags: u8, stream: u32) -> bool {
+        // ACKs come in the order of the SETTINGS: `NO_TABLE` is sent when the crate's are acked.
+        if kind == SETTINGS && flags & super::guard::ACK != 0 && self.table == Table::Dropping {
+            self.table = Table::None;
+            return true;
+        }
         stream != 0 && stream <= self.stale_up_to && matches!(kind, WINDOW_UPDATE | RST_STREAM | PRIORITY)
     }
 
-    /// Whether stale frames can come: the connection was woken from hibernation.
-    pub(super) fn rewrites_stale(&self) -> bool {
-        self.stale_up_to > 0
+    /// Whether frames are to be hidden now (`hides`).
+    pub(super) fn hiding(&self) -> bool {
+        self.stale_up_to > 0 || self.table == Table::Dropping
+    }
+
+    /// Whether `NO_TABLE` is to be sent now: the client may still keep a table, and every
+    /// SETTINGS the h2 crate sent has been acknowledged. It is then taken as sent.
+    pub(super) fn drop_table(&mut self) -> bool {
+        let now = self.table == Table::Used && self.settings_sent == self.settings_acked;
+        if now {
+            self.table = Table::Dropping;
+        }
+        now
     }
 
     /// What the connection keeps to sleep, if it can: its SETTINGS acknowledged, and the
@@ -220,7 +260,7 @@ impl Ledger {
     pub(super) fn asleep(&self) -> Option<Asleep> {
         let windows = (INITIAL_WINDOW..=MAX_WINDOW).contains(&self.send_window)
             && self.receive_window >= i64::from(CONNECTION_WINDOW) / 2;
-        (windows && self.settings_sent == self.settings_acked).then(|| Asleep {
+        (windows && self.table == Table::None && self.settings_sent == self.settings_acked).then(|| Asleep {
             settings: self.settings,
             send_window: self.send_window as u32,
             receive_window: self.receive_window.min(MAX_WINDOW) as u32,
@@ -251,37 +291,44 @@ impl Entry {
     }
 }
 
-/// The two frames a woken connection's h2 connection writes that the client must not get: the
-/// ACK of the replayed SETTINGS, and the first WINDOW_UPDATE of the connection (`guard.rs`
-/// leaves them out).
+/// The three frames a woken connection's h2 connection writes first that the client must not
+/// get: its SETTINGS, the ACK of the replayed ones, and the connection's WINDOW_UPDATE
+/// (`guard.rs` leaves them out).
 #[derive(Default)]
 pub(super) struct Unsent {
+    settings: bool,
     ack: bool,
     window_update: bool,
 }
 
 impl Unsent {
     pub(super) fn for_woken() -> Unsent {
-        Unsent { ack: true, window_update: true }
+        Unsent { settings: true, ack: true, window_update: true }
     }
 
     pub(super) fn any(&self) -> bool {
-        self.ack || self.window_update
+        self.settings || self.ack || self.window_update
+    }
+
+    fn awaited(&mut self, kind: u8, flags: u8, stream: u32) -> Option<&mut bool> {
+        match kind {
+            _ if stream != 0 => None,
+            SETTINGS if flags & super::guard::ACK != 0 => Some(&mut self.ack),
+            SETTINGS => Some(&mut self.settings),
+            WINDOW_UPDATE => Some(&mut self.window_update),
+            _ => None,
+        }
     }
 
     /// Whether the frame with this header is one of them.
-    pub(super) fn is_unsent(&self, kind: u8, flags: u8, stream: u32) -> bool {
-        stream == 0
-            && ((kind == SETTINGS && flags & super::guard::ACK != 0 && self.ack)
-                || (kind == WINDOW_UPDATE && self.window_update))
+    pub(super) fn is_unsent(&mut self, kind: u8, flags: u8, stream: u32) -> bool {
+        self.awaited(kind, flags, stream).is_some_and(|awaited| *awaited)
     }
 
     /// One of them was left out: it is no longer awaited.
-    pub(super) fn left_out(&mut self, kind: u8) {
-        if kind == SETTINGS {
-            self.ack = false;
-        } else {
-            self.window_update = false;
+    pub(super) fn left_out(&mut self, kind: u8, flags: u8) {
+        if let Some(awaited) = self.awaited(kind, flags, 0) {
+            *awaited = false;
         }
     }
 }
