@@ -394,3 +394,106 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Lent<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::guard::ACK;
+    use super::super::{DATA, HEADERS};
+    use super::*;
+
+    /// A ledger after a client's opening: its SETTINGS (two known entries and an unknown one),
+    /// and a WINDOW_UPDATE of the connection, each payload given in pieces of `size` bytes.
+    fn opened(size: usize, increment: u32) -> Ledger {
+        let mut ledger = Ledger::new(None);
+        let mut settings = Vec::new();
+        for (id, value) in [(4u16, 1_000_000u32), (0x99, 7), (5, 32_768), (4, 2_000_000)] {
+            settings.extend_from_slice(&id.to_be_bytes());
+            settings.extend_from_slice(&value.to_be_bytes());
+        }
+        assert!(ledger.read_header(SETTINGS, 0, 0, settings.len()));
+        settings.chunks(size).for_each(|piece| ledger.read_payload(piece));
+        assert!(ledger.read_header(WINDOW_UPDATE, 0, 0, 4));
+        increment.to_be_bytes().chunks(size).for_each(|piece| ledger.read_payload(piece));
+        assert!(!ledger.read_header(HEADERS, 0x5, 1, 20));
+        // The lobby's SETTINGS, acknowledged, and its window for bodies; an answer of 100 bytes.
+        ledger.wrote_header(SETTINGS, 0, 0, 6);
+        assert!(ledger.wrote_header(WINDOW_UPDATE, 0, 0, 4));
+        ledger.wrote_payload(&(CONNECTION_WINDOW - 65_535).to_be_bytes());
+        ledger.read_header(SETTINGS, ACK, 0, 0);
+        ledger.wrote_header(DATA, 0x1, 1, 100);
+        ledger
+    }
+
+    #[test]
+    fn a_clients_settings_and_window_are_kept_whole_from_payloads_cut_anywhere() {
+        for size in 1..=7 {
+            let mut ledger = opened(size, 1 << 20);
+            // The client's table first: NO_TABLE goes out, its ACK is hidden from the crate.
+            assert!(ledger.asleep().is_none());
+            assert!(ledger.drop_table());
+            assert!(ledger.hiding());
+            assert!(ledger.hides(SETTINGS, ACK, 0));
+            let asleep = ledger.asleep().expect("quiet, acknowledged, windows open");
+            assert_eq!(asleep.settings.said().collect::<Vec<_>>(), [(4, 2_000_000), (5, 32_768)], "pieces of {size}");
+            assert_eq!(asleep.send_window, 65_535 + (1 << 20) - 100);
+            assert_eq!(asleep.last_stream(), 1);
+        }
+    }
+
+    #[test]
+    fn the_preamble_replays_the_settings_the_window_and_acknowledges_the_lobbys() {
+        let mut ledger = opened(6, 1 << 20);
+        ledger.drop_table();
+        ledger.hides(SETTINGS, ACK, 0);
+        let preamble = ledger.asleep().unwrap().preamble();
+        let (preface, frames) = preamble.split_at(PREFACE.len());
+        assert_eq!(preface, PREFACE);
+        let settings = [0, 0, 12, SETTINGS, 0, 0, 0, 0, 0, 0, 4, 0, 0x1e, 0x84, 0x80, 0, 5, 0, 0, 0x80, 0];
+        let window = [0, 0, 4, WINDOW_UPDATE, 0, 0, 0, 0, 0];
+        let grown = ((1u32 << 20) - 100).to_be_bytes();
+        let ack = [0, 0, 0, SETTINGS, ACK, 0, 0, 0, 0];
+        assert_eq!(frames, [&settings[..], &window, &grown, &ack].concat());
+        // Woken, the ledger knows the table is gone, and the crate's SETTINGS left out.
+        let woken = Ledger::new(Some(&ledger.asleep().unwrap()));
+        assert!(woken.table == Table::None && woken.settings_sent == 1 && woken.hiding());
+    }
+
+    #[test]
+    fn a_connection_whose_client_left_its_window_below_the_initial_one_stays_awake() {
+        let mut ledger = opened(6, 0);
+        ledger.drop_table();
+        ledger.hides(SETTINGS, ACK, 0);
+        assert!(ledger.asleep().is_none(), "65,435 bytes of window: a new connection would assume 65,535");
+        // Bodies: the client's view of the lobby's window must leave room for its updates.
+        let mut ledger = opened(6, 1 << 20);
+        ledger.drop_table();
+        ledger.hides(SETTINGS, ACK, 0);
+        ledger.read_header(DATA, 0, 3, 600_000);
+        assert!(ledger.asleep().is_none());
+        ledger.wrote_header(WINDOW_UPDATE, 0, 0, 4);
+        ledger.wrote_payload(&600_000u32.to_be_bytes());
+        assert!(ledger.asleep().is_some());
+    }
+
+    #[test]
+    fn stale_frames_are_those_of_the_old_connections_streams() {
+        let mut ledger = opened(6, 1 << 20);
+        ledger.drop_table();
+        ledger.hides(SETTINGS, ACK, 0);
+        let woken = &mut Ledger::new(Some(&ledger.asleep().unwrap()));
+        assert!(woken.hides(WINDOW_UPDATE, 0, 1) && woken.hides(RST_STREAM, 0, 1) && woken.hides(PRIORITY, 0, 1));
+        assert!(!woken.hides(WINDOW_UPDATE, 0, 0) && !woken.hides(HEADERS, 0x5, 3) && !woken.hides(RST_STREAM, 0, 3));
+    }
+
+    #[test]
+    fn a_woken_connection_leaves_out_its_first_settings_ack_and_window_update_once_each() {
+        let mut unsent = Unsent::for_woken();
+        for (kind, flags) in [(SETTINGS, 0), (SETTINGS, ACK), (WINDOW_UPDATE, 0)] {
+            assert!(!unsent.is_unsent(kind, flags, 1));
+            assert!(unsent.is_unsent(kind, flags, 0));
+            unsent.left_out(kind, flags);
+            assert!(!unsent.is_unsent(kind, flags, 0));
+        }
+        assert!(!unsent.any());
+    }
+}
