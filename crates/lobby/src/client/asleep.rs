@@ -23,8 +23,7 @@ use rustls::ServerConnection;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::h2::Asleep;
-use super::peer::{Peer, ProxyStage, Site, StreamKind};
+use super::peer::{Http2Sleep, Peer, ProxyStage, Site, StreamKind};
 use crate::log::debug;
 
 /// How long a connection waits in its task before it hibernates.
@@ -56,7 +55,7 @@ pub struct Sleeper {
     /// A TLS connection's session: its keys and sequence numbers, its buffers empty.
     pub tls: Option<Box<ServerConnection>>,
     /// An HTTP/2 connection's state, for a new h2 connection to go on from (`h2/sleep.rs`).
-    pub http2: Option<Asleep>,
+    pub http2: Option<Http2Sleep>,
 }
 
 impl Sleeper {

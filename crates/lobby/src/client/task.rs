@@ -85,12 +85,10 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
                 .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
             (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
                 .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
-            (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into()).map(|stream| {
-                h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)
-            }),
-            (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into()).map(|stream| {
-                h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)
-            }),
+            (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
+                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
+            (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
+                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
         };
         if let Err(e) = started {
             debug!("could not wake an idle HTTP/2 connection: {e}");
@@ -198,7 +196,8 @@ impl<S: ClientStream> Connection<S> {
         let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
         match stream.into_sleeping() {
             Ok((socket, tls)) => {
-                let sleeper = Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls, http2: None };
+                let sleeper =
+                    Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls, http2: None };
                 match lobby.successor() {
                     Some(successor) if sleeper.can_move() => successor.hand_over(sleeper),
                     _ => lobby.hibernation.put(sleeper),

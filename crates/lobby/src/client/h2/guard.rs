@@ -30,14 +30,13 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::reasons::Http2Refusal;
-use super::sleep::{Asleep, Ledger, Unsent, NO_TABLE};
-use super::{Shared, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
+use super::sleep::{Ledger, Unsent, NO_TABLE};
+use super::{Asleep, Shared, ACK, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
 
 /// SETTINGS frames, and PING frames (not their acknowledgements), a client may send within a
 /// second, of each. A browser sends a few SETTINGS at the start and a PING now and then.
 const CONTROL_FRAMES_PER_SECOND: u32 = 256;
 const FRAME_HEADER: usize = 9;
-pub(super) const ACK: u8 = 0x1;
 /// Where a frame header says its type.
 const TYPE_AT: usize = 3;
 /// A frame type no specification defines, which a receiver ignores: what a stale frame becomes.

@@ -56,6 +56,7 @@ macro_rules! write_through {
     };
 }
 
+mod ended;
 mod guard;
 mod head;
 pub(crate) mod reasons;
@@ -77,13 +78,13 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
 use super::asleep::{Sleeper, HIBERNATE_AFTER};
+use super::peer::Http2Sleep as Asleep;
 use super::peer::{ClientStream, Peer, Site, TlsAbout};
 use super::states::ConnectionState;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use reasons::{GoawayReason, Http2Refusal, StreamStage};
 use rewound::Rewound;
-pub use sleep::Asleep;
 use sleep::Lent;
 
 /// Frame types (RFC 9113 6), for the frames the lobby watches go by (`guard.rs`) or writes
@@ -93,6 +94,8 @@ const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+/// The flag of a SETTINGS or PING frame that acknowledges one.
+const ACK: u8 = 0x1;
 
 /// The client connection preface (RFC 9113 3.4).
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -246,8 +249,8 @@ pub(super) fn start<S: ClientStream>(
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
 ) {
-    let deadline = Instant::now() + lobby.settings().header_timeout;
-    spawn(lobby, stream, first, peer, site, permit, None, deadline);
+    let idle_deadline = Instant::now() + lobby.settings().header_timeout;
+    spawn(lobby, stream, first, site, None, Ended { peer, permit, idle_deadline });
 }
 
 /// Wakes a hibernating HTTP/2 connection (`sleep.rs`): its client spoke, its time is up, or the
@@ -262,31 +265,28 @@ pub(super) fn resume<S: ClientStream>(
     deadline: std::time::Instant,
 ) {
     let preamble = asleep.preamble();
-    spawn(lobby, stream, preamble, peer, site, permit, Some(asleep), deadline.into());
+    spawn(lobby, stream, preamble, site, Some(asleep), Ended { peer, permit, idle_deadline: deadline.into() });
 }
 
 /// The connection's stream as the h2 crate has it, and as the task takes it back to hibernate.
 type Io<S> = Guarded<Rewound<S>>;
 use guard::Guarded;
 
-#[allow(clippy::too_many_arguments)]
 fn spawn<S: ClientStream>(
     lobby: &Rc<Lobby>,
     stream: S,
     first: BytesMut,
-    peer: Peer,
     site: Rc<Site>,
-    permit: OwnedSemaphorePermit,
     woken: Option<Asleep>,
-    idle_deadline: Instant,
+    end: Ended,
 ) {
     let shared = Rc::new(Shared {
         lobby: lobby.clone(),
         site,
-        peer: peer.addr,
-        peer_text: peer.display(),
+        peer: end.peer.addr,
+        peer_text: end.peer.display(),
         tls: stream.tls().cloned(),
-        descriptors: permit.semaphore().clone(),
+        descriptors: end.permit.semaphore().clone(),
         open: Cell::new(0),
         cut: RefCell::new(None),
         ended: Cell::new(false),
@@ -295,8 +295,7 @@ fn spawn<S: ClientStream>(
         changed: Notify::new(),
     });
     let io = Guarded::new(Rewound::new(first, stream), shared.clone(), woken.as_ref());
-    let ended = Ended { peer, permit, idle_deadline };
-    tokio::task::spawn_local(serve(shared, io, ended));
+    tokio::task::spawn_local(serve(shared, io, end));
 }
 
 /// What the connection's task holds for its end: to hibernate, the rest of a `Sleeper`.
@@ -387,7 +386,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                 shared.ended.set(true);
                 // A connection the lobby cut has had its line already.
                 if !cut {
-                    ended(&shared, &e);
+                    ended::ended(&shared, &e);
                 }
                 break;
             }
@@ -414,7 +413,8 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                 going_away = true;
             }
             Event::Hibernate => {
-                let asleep = slot.borrow_mut().as_mut().filter(|io| io.get_ref().is_drained()).and_then(Guarded::asleep);
+                let asleep =
+                    slot.borrow_mut().as_mut().filter(|io| io.get_ref().is_drained()).and_then(Guarded::asleep);
                 match (asleep, idle_deadline) {
                     (Some(asleep), Some(deadline)) if !connection.has_streams() => {
                         drop(connection);
@@ -459,107 +459,5 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                 }
             }
         }
-    }
-}
-
-/// One line for a connection that ended in an error: one the h2 crate found in what the client
-/// sent (a flood, a broken rule) at info, rate-limited, saying what the client did, and counted;
-/// a socket that failed or closed, or a GOAWAY (either side's) without an error, at debug; the
-/// client's own GOAWAY with an error at info.
-fn ended(shared: &Shared, e: &h2::Error) {
-    if let Some(refusal) = refused(e, guard::debug_data(&shared.goaway_sent.borrow())) {
-        let reason = e.reason().unwrap_or(Reason::PROTOCOL_ERROR);
-        log::info_limited!(
-            "HTTP/2 connection from {} refused: {}; GOAWAY {reason:?}, connection closed",
-            shared.peer_text,
-            what_the_client_did(refusal, e)
-        );
-        shared.lobby.metrics.http2_refused(refusal);
-    } else if e.is_io() || e.reason() == Some(Reason::NO_ERROR) {
-        debug!("HTTP/2 connection from {} ended: {e}", shared.peer_text);
-    } else {
-        log::info_limited!("HTTP/2 connection from {} closed: {e}", shared.peer_text);
-    }
-}
-
-/// What a connection error of the h2 crate's says the client did, when the crate itself ended
-/// the connection for it (with GOAWAY, whose debug data it sent is `debug_data`).
-fn refused(e: &h2::Error, debug_data: &[u8]) -> Option<Http2Refusal> {
-    if !(e.is_go_away() && e.is_library()) {
-        return None;
-    }
-    Some(refusal(e.reason()?, debug_data))
-}
-
-/// The h2 crate tells its floods apart only by the debug data of the GOAWAY it sends (the
-/// error it returns has lost it).
-fn refusal(reason: Reason, debug_data: &[u8]) -> Http2Refusal {
-    const FLOODS: [(&[u8], Http2Refusal); 5] = [
-        (b"too_many_resets", Http2Refusal::RapidReset),
-        (b"too_many_continuations", Http2Refusal::ContinuationFlood),
-        (b"header_list_way_too_large", Http2Refusal::HeaderListTooLarge),
-        (b"too_many_data_frames", Http2Refusal::EmptyDataFlood),
-        (b"too_many_internal_resets", Http2Refusal::MalformedStreams),
-    ];
-    match reason {
-        Reason::ENHANCE_YOUR_CALM => FLOODS
-            .iter()
-            .find(|(words, _)| *words == debug_data)
-            .map_or(Http2Refusal::ProtocolError, |(_, refusal)| *refusal),
-        Reason::FLOW_CONTROL_ERROR => Http2Refusal::FlowControl,
-        _ => Http2Refusal::ProtocolError,
-    }
-}
-
-/// The log line's words for what the client did, with the bound it went past.
-fn what_the_client_did(refusal: Http2Refusal, e: &h2::Error) -> String {
-    match refusal {
-        Http2Refusal::RapidReset => format!(
-            "it reset more than {PENDING_ACCEPT_RESETS} streams before the lobby took them (rapid reset, \
-             CVE-2023-44487)"
-        ),
-        Http2Refusal::ContinuationFlood => format!(
-            "it sent one header block in more CONTINUATION frames than a head of {} KiB needs (a CONTINUATION flood)",
-            MAX_HEAD_SIZE / 1024
-        ),
-        Http2Refusal::HeaderListTooLarge => format!(
-            "it sent a header block that decodes past {} KiB, {H2_HEADER_LIST_ABUSE_FACTOR} times the {} KiB a head \
-             may have (an HPACK bomb)",
-            H2_HEADER_LIST_ABUSE_FACTOR * MAX_HEAD_SIZE / 1024,
-            MAX_HEAD_SIZE / 1024
-        ),
-        Http2Refusal::EmptyDataFlood => {
-            format!("it sent more than {H2_EMPTY_DATA_FRAMES} empty DATA frames, or too many tiny ones (a flood)")
-        }
-        Http2Refusal::MalformedStreams => {
-            format!("more than {LOCAL_ERROR_RESETS} of its streams broke the protocol and were reset (a flood)")
-        }
-        Http2Refusal::FlowControl => "it broke flow control (a window past 2^31-1, or data past its window)".into(),
-        // `guard.rs`, `send.rs` and `opening.rs` name their own; the rest is the h2 crate's word for it.
-        Http2Refusal::SettingsFlood
-        | Http2Refusal::PingFlood
-        | Http2Refusal::ZeroWindow
-        | Http2Refusal::InvalidPreface
-        | Http2Refusal::ProtocolError => {
-            format!("it broke the HTTP/2 protocol ({e})")
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_h2_crates_floods_are_told_apart_by_their_debug_data() {
-        let calm = |debug_data: &[u8]| refusal(Reason::ENHANCE_YOUR_CALM, debug_data);
-        assert_eq!(calm(b"too_many_resets"), Http2Refusal::RapidReset);
-        assert_eq!(calm(b"too_many_continuations"), Http2Refusal::ContinuationFlood);
-        assert_eq!(calm(b"header_list_way_too_large"), Http2Refusal::HeaderListTooLarge);
-        assert_eq!(calm(b"too_many_data_frames"), Http2Refusal::EmptyDataFlood);
-        assert_eq!(calm(b"too_many_internal_resets"), Http2Refusal::MalformedStreams);
-        assert_eq!(calm(b""), Http2Refusal::ProtocolError);
-        assert_eq!(refusal(Reason::FLOW_CONTROL_ERROR, b""), Http2Refusal::FlowControl);
-        assert_eq!(refusal(Reason::PROTOCOL_ERROR, b""), Http2Refusal::ProtocolError);
     }
 }

@@ -43,7 +43,8 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{CONNECTION_WINDOW, PREFACE, SETTINGS};
+use super::super::peer::{Http2Settings as Settings, Http2Sleep as Asleep, HTTP2_SETTINGS};
+use super::{ACK, CONNECTION_WINDOW, PREFACE, SETTINGS};
 
 pub(super) const WINDOW_UPDATE: u8 = 0x8;
 const RST_STREAM: u8 = 0x3;
@@ -54,23 +55,8 @@ const MAX_WINDOW: i64 = (1 << 31) - 1;
 const SETTING_SIZE: usize = 6;
 /// SETTINGS with HEADER_TABLE_SIZE (1) 0: the client's encoder is to keep no table.
 pub(super) const NO_TABLE: [u8; 15] = [0, 0, 6, SETTINGS, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
-/// Setting identifiers RFC 9113 and RFC 8441 define (1 to 8, and 9 of RFC 9218): a client's
-/// other identifiers are ignored (RFC 9113 6.5.2), and need not be kept.
-const KNOWN_SETTINGS: u16 = 9;
-
-/// What a hibernating HTTP/2 connection keeps (`asleep::Sleeper::http2`), in the sleeper
-/// itself: an allocation of its own, however small, would keep a page of the freed h2
-/// connection's memory from going back to the system (4 KB per connection, measured).
-pub struct Asleep {
-    /// The client's settings, each as it last said it.
-    settings: Settings,
-    /// Bytes of answers the client's connection window still takes, and of bodies the client
-    /// knows the lobby's takes.
-    send_window: u32,
-    receive_window: u32,
-    /// The last stream the client opened.
-    last_stream: u32,
-}
+/// The highest setting identifier kept (`Http2Settings`).
+const KNOWN_SETTINGS: u16 = HTTP2_SETTINGS as u16;
 
 impl Asleep {
     /// What the new h2 connection reads before the client's bytes: the preface, the client's
@@ -89,21 +75,13 @@ impl Asleep {
             put_header(&mut out, 4, WINDOW_UPDATE, 0, 0);
             out.put_u32(grown as u32);
         }
-        put_header(&mut out, 0, SETTINGS, super::guard::ACK, 0);
+        put_header(&mut out, 0, SETTINGS, ACK, 0);
         out
     }
 
     pub(super) fn last_stream(&self) -> u32 {
         self.last_stream
     }
-}
-
-/// The settings a client said, by identifier.
-#[derive(Clone, Copy, Default)]
-struct Settings {
-    values: [u32; KNOWN_SETTINGS as usize],
-    /// Bit `id - 1` for each identifier said.
-    said: u16,
 }
 
 impl Settings {
@@ -115,7 +93,9 @@ impl Settings {
     }
 
     fn said(&self) -> impl Iterator<Item = (u16, u32)> + Clone + '_ {
-        (1..=KNOWN_SETTINGS).filter(|id| self.said & 1 << (id - 1) != 0).map(|id| (id, self.values[usize::from(id - 1)]))
+        (1..=KNOWN_SETTINGS)
+            .filter(|id| self.said & 1 << (id - 1) != 0)
+            .map(|id| (id, self.values[usize::from(id - 1)]))
     }
 }
 
@@ -184,7 +164,7 @@ impl Ledger {
         self.read = Entry::default();
         self.reading = None;
         match kind {
-            SETTINGS if flags & super::guard::ACK != 0 => self.settings_acked += 1,
+            SETTINGS if flags & ACK != 0 => self.settings_acked += 1,
             SETTINGS => self.reading = Some(SETTINGS),
             WINDOW_UPDATE if stream == 0 => self.reading = Some(WINDOW_UPDATE),
             super::HEADERS => self.last_stream = self.last_stream.max(stream),
@@ -213,7 +193,7 @@ impl Ledger {
         self.writing_window_update = kind == WINDOW_UPDATE && stream == 0;
         match kind {
             super::DATA => self.send_window -= length as i64,
-            SETTINGS if flags & super::guard::ACK == 0 => self.settings_sent += 1,
+            SETTINGS if flags & ACK == 0 => self.settings_sent += 1,
             _ => {}
         }
         self.writing_window_update
@@ -233,7 +213,7 @@ impl Ledger {
     /// would take for a frame on an idle stream.
     pub(super) fn hides(&mut self, kind: u8, flags: u8, stream: u32) -> bool {
         // ACKs come in the order of the SETTINGS: `NO_TABLE` is sent when the crate's are acked.
-        if kind == SETTINGS && flags & super::guard::ACK != 0 && self.table == Table::Dropping {
+        if kind == SETTINGS && flags & ACK != 0 && self.table == Table::Dropping {
             self.table = Table::None;
             return true;
         }
@@ -313,7 +293,7 @@ impl Unsent {
     fn awaited(&mut self, kind: u8, flags: u8, stream: u32) -> Option<&mut bool> {
         match kind {
             _ if stream != 0 => None,
-            SETTINGS if flags & super::guard::ACK != 0 => Some(&mut self.ack),
+            SETTINGS if flags & ACK != 0 => Some(&mut self.ack),
             SETTINGS => Some(&mut self.settings),
             WINDOW_UPDATE => Some(&mut self.window_update),
             _ => None,
@@ -397,8 +377,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Lent<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::guard::ACK;
     use super::super::{DATA, HEADERS};
+    use super::ACK;
     use super::*;
 
     /// A ledger after a client's opening: its SETTINGS (two known entries and an unknown one),
