@@ -1287,13 +1287,13 @@ SCENARIOS: dict[str, Scenario] = {
             headline=IDLE_HEADLINE,
             headline_lower_is_better=True,
             note=f"{H2_NOTE} M1's method over HTTP/2: bench/connections.py idle-h2 opens 10,000 "
-            "connections (at most 500 opening at once), each sending the preface, an empty SETTINGS and "
-            "one GET, reads until that stream ends, then keeps the connection open, acknowledging the "
-            "server's SETTINGS and PINGs and saying nothing else. The server's RSS (the sum of VmRSS over "
-            "its process group) is read once it is ready and again 3 s after every connection was "
-            "answered: the growth per connection held is the figure. An idle HTTP/2 connection keeps "
-            "its task and the h2 crate's state in maitred's lobby (docs/HTTP2.md), where an HTTP/1.1 one "
-            "hibernates: compare with M1.",
+            "connections (at most 500 opening at once), each sending the preface, an empty SETTINGS, a "
+            "WINDOW_UPDATE opening the connection's window to 32 MiB (as curl does) and one GET, reads "
+            "until that stream ends, then keeps the connection open, acknowledging the server's SETTINGS "
+            "and PINGs and saying nothing else. The server's RSS (the sum of VmRSS over its process group) "
+            "is read once it is ready and again 3 s after every connection was answered: the growth per "
+            "connection held is the figure. An idle HTTP/2 connection hibernates in maitred's lobby as an "
+            'HTTP/1.1 one does (docs/HTTP2.md, "Idle connections"): compare with M1.',
         ),
     )
 }
