@@ -87,13 +87,16 @@ use reasons::{GoawayReason, Http2Refusal, StreamStage};
 use rewound::Rewound;
 use sleep::Lent;
 
-/// Frame types (RFC 9113 6), for the frames the lobby watches go by (`guard.rs`) or writes
+/// Frame types (RFC 9113 6), for the frames the lobby watches go by (`guard.rs`, `sleep.rs`) or writes
 /// itself (`invalid_preface_answer`).
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
+const PRIORITY: u8 = 0x2;
+const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const WINDOW_UPDATE: u8 = 0x8;
 /// The flag of a SETTINGS or PING frame that acknowledges one.
 const ACK: u8 = 0x1;
 

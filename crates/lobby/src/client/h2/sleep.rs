@@ -31,7 +31,7 @@
 //!   written and has had its SETTINGS acknowledged sleeps.
 //!
 //! Frames for streams the old connection ended (a late WINDOW_UPDATE or RST_STREAM) would be
-//! frames on idle streams to the new one, a connection error: `Ledger::is_stale` names them,
+//! frames on idle streams to the new one, a connection error: `Ledger::hides` names them,
 //! and `guard.rs` passes them by.
 
 use std::cell::RefCell;
@@ -44,11 +44,8 @@ use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::super::peer::{Http2Settings as Settings, Http2Sleep as Asleep, HTTP2_SETTINGS};
-use super::{ACK, CONNECTION_WINDOW, PREFACE, SETTINGS};
+use super::{ACK, CONNECTION_WINDOW, DATA, HEADERS, PREFACE, PRIORITY, RST_STREAM, SETTINGS, WINDOW_UPDATE};
 
-pub(super) const WINDOW_UPDATE: u8 = 0x8;
-const RST_STREAM: u8 = 0x3;
-const PRIORITY: u8 = 0x2;
 /// A connection's flow-control window when it starts (RFC 9113 6.9.2).
 const INITIAL_WINDOW: i64 = 65_535;
 const MAX_WINDOW: i64 = (1 << 31) - 1;
@@ -167,9 +164,9 @@ impl Ledger {
             SETTINGS if flags & ACK != 0 => self.settings_acked += 1,
             SETTINGS => self.reading = Some(SETTINGS),
             WINDOW_UPDATE if stream == 0 => self.reading = Some(WINDOW_UPDATE),
-            super::HEADERS => self.last_stream = self.last_stream.max(stream),
+            HEADERS => self.last_stream = self.last_stream.max(stream),
             // DATA's length counts against the window, padding included (RFC 9113 6.9.1).
-            super::DATA => self.receive_window -= length as i64,
+            DATA => self.receive_window -= length as i64,
             _ => {}
         }
         self.reading.is_some()
@@ -192,7 +189,7 @@ impl Ledger {
         self.written = Entry::default();
         self.writing_window_update = kind == WINDOW_UPDATE && stream == 0;
         match kind {
-            super::DATA => self.send_window -= length as i64,
+            DATA => self.send_window -= length as i64,
             SETTINGS if flags & ACK == 0 => self.settings_sent += 1,
             _ => {}
         }
@@ -377,7 +374,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Lent<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DATA, HEADERS};
     use super::ACK;
     use super::*;
 
