@@ -208,7 +208,8 @@ def test_clients_leaving_at_one_instant_teach_nothing(maitred_server, tmp_path):
     while not status_of(stats)["overload"]["overloaded"]:
         assert len(clients) < 500, "the queue grew for a second and the server never said it was overloaded"
         clients.append(send(server.port, f"/gone{len(clients)}"))
-        assert eventually(lambda n=len(clients): status_of(stats)["queue"]["waiting"] == n, timeout=10)
+        queued = len(clients)
+        assert eventually(lambda n=queued: status_of(stats)["queue"]["waiting"] == n, timeout=10)
     for sock in clients:
         sock.close()
     assert eventually(lambda: shed(stats)["abandoned"] == len(clients), timeout=10)
