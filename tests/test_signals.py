@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from client import Reply, eventually, get, read_reply, requests_arrived, wait_for_queue
+from client import Reply, eventually, get, read_reply, requests_arrived, status_of, wait_for_queue
 from conftest import HOST, Server, free_port, processes_in_group, wait_for_empty_group
 from maitred import config
 from test_lifecycle import APPS, parent_of, wait_for_workers, worker_pids
@@ -481,12 +481,16 @@ def test_sighup_during_the_start_waits_for_it_and_reloads(maitred_server, app_di
 
 
 def test_ttin_and_ttou_add_and_retire_one_worker_never_below_one(maitred_server):
-    server = maitred_server("-w", "2", CRASHY, cwd=APPS)
+    stats = free_port()
+    server = maitred_server("-w", "2", "--stats", f"{HOST}:{stats}", CRASHY, cwd=APPS)
     two = wait_for_workers(server, 2)
     server.send_signal(signal.SIGTTIN)
     three = wait_for_workers(server, 3)
     assert two < three
     server.wait_for_log("SIGTTIN: 3 workers (one more)", 10)
+    # A worker still loading its application is retired first: the new one must have loaded
+    # for the oldest to go (on a busy machine it once had not, and went first).
+    assert eventually(lambda: status_of(stats)["workers"]["starting"] == 0, 20), status_of(stats)["workers"]
     with Load(server.port, clients=3, path="/sleep?seconds=0.01") as load:
         for expected in (2, 1):
             # One at a time: the kernel delivers signals of one kind sent together as one.
