@@ -491,6 +491,7 @@ settings = {
     "capture_output": "auto",
     "interface": "auto",
     "loop": "asyncio",
+    "gc_freeze": True,
 }
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """

@@ -70,6 +70,8 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
         worker_load_app = lambda: application
         if interface == "auto":
             interface = "asgi" if asgi.is_asgi(application) else "wsgi"
+    if settings["gc_freeze"]:
+        worker_load_app = worker.freezing_the_import(worker_load_app)
     grace = settings["graceful_timeout"]
     timeout = settings["timeout"]
     assert isinstance(grace, float) and isinstance(timeout, float)

@@ -29,6 +29,7 @@ KEPT_ON_RELOAD = (
     "access_logfile",
     "error_logfile",
     "preload",
+    "gc_freeze",
     "interface",
     "loop",
     "chdir",

@@ -1,0 +1,35 @@
+"""--gc-freeze (docs/TUNING.md, "Garbage collection"): once a worker has imported the
+application, what the import made is out of the cyclic garbage collector's sight, and what
+requests make is collected as before; `--gc-freeze false` leaves everything to the collector.
+Real servers and requests; the application reports what the collector sees (tests/apps/heap.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from client import get
+from test_lifecycle import APPS
+
+
+@pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
+@pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
+def test_the_import_is_frozen_and_request_garbage_is_still_collected(maitred_server, app, preload):
+    server = maitred_server("-w", "1", *preload, app, cwd=APPS)
+    reply = get(server.port)
+    assert reply.status == 200
+    seen = json.loads(reply.body)
+    # The import of maitred, the standard library's pieces and the application: thousands.
+    assert seen["frozen"] > 1000, seen
+    assert seen["import_frozen"], seen
+    assert seen["cycle_collected"], seen
+
+
+@pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
+def test_gc_freeze_false_leaves_every_object_to_the_collector(maitred_server, app):
+    server = maitred_server("-w", "1", "--gc-freeze", "false", app, cwd=APPS)
+    reply = get(server.port)
+    assert reply.status == 200
+    seen = json.loads(reply.body)
+    assert seen == {"frozen": 0, "import_frozen": False, "cycle_collected": True}
