@@ -245,9 +245,11 @@ def test_gunicorn_config_file_renamed_works(maitred_server, tmp_path):
     # The hooks ran where gunicorn runs them, with the arguments its documentation shows.
     server.wait_for_log("ready with 2 workers", 10)
     assert eventually(lambda: server.stderr().count("forked ") >= 2, 10), server.stderr()
-    # threads = 4: each worker serves with four threads.
+    # threads = 4: each worker serves with four threads. A worker says it is ready on every
+    # channel, then starts the threads of all but the first: they may come just after the line.
     for worker in workers_of(server.pid, 2):
-        assert len(os.listdir(f"/proc/{worker}/task")) >= 4
+        threads = f"/proc/{worker}/task"
+        assert eventually(lambda threads=threads: len(os.listdir(threads)) >= 4, 10), os.listdir(threads)
 
 
 def test_gunicorn_names_map_to_maitreds(clean_environment, tmp_path):
