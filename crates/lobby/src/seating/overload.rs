@@ -163,7 +163,7 @@ impl Flow {
         (self.joined.iter().sum(), self.taken.iter().sum())
     }
 
-    /// The same over each half of it, the older first.
+    /// What `totals` counts, over each half of `SUSTAINED`, the older first.
     fn halves(&mut self, now: Instant) -> [(u32, u32); 2] {
         let newest = self.slot(now);
         let half = |ages: std::ops::Range<usize>| {
@@ -235,9 +235,9 @@ impl Overload {
             let excess = joined.saturating_sub(taken);
             excess >= least && excess * 10 >= joined
         };
-        let mut flow = self.flow.borrow_mut();
-        let overloaded =
-            grew(flow.totals(now), LEARN_FROM as u32) && flow.halves(now).into_iter().all(|half| grew(half, 1));
+        let [older, newer] = self.flow.borrow_mut().halves(now);
+        let whole = (older.0 + newer.0, older.1 + newer.1);
+        let overloaded = grew(whole, LEARN_FROM as u32) && grew(older, 1) && grew(newer, 1);
         if overloaded {
             self.calm_since.set(None);
         }
