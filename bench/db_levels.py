@@ -5,7 +5,9 @@ One server serves every test type of a run, one after the other: for each, a war
 highest concurrency, then each concurrency in turn, every load a fixed duration of wrk, 2 s apart
 (the harness's pause between its levels). Around each measured load the CPU time of the server's
 process tree and of the database's (the postmaster and its backends) is read, from /proc, ended
-processes included (procs.tree_cpu_seconds), and divided by the requests wrk completed.
+processes included (procs.tree_cpu_seconds), and divided by the requests wrk completed; so are
+the times the server's threads went to sleep (procs.tree_sleeps), each ended by a wake-up: the
+figure that says how much of a server's CPU goes to waking up rather than to work.
 
 A run's measurement is the sum over its measured loads (requests, and their rate over the loads'
 time), with failures and non-2xx counted over every load, warm-ups included; each load's own
@@ -87,11 +89,13 @@ def run(
             if warm_up:
                 shaped = replace(shaped, seconds=tests.warm_up_seconds)
             server_before, database_before = procs.tree_cpu_seconds(server), database_cpu()
+            sleeps_before = procs.tree_sleeps(server)
             measurement, cut = run_load(shaped, path, workdir / key.replace(" ", "-").replace("=", ""))
             server_cpu = procs.tree_cpu_seconds(server) - server_before
             database = database_cpu() - database_before
+            sleeps = procs.tree_sleeps(server) - sleeps_before
             cut_short |= cut
-            levels[key] = _figures(measurement, server_cpu, database, cut)
+            levels[key] = _figures(measurement, server_cpu, database, sleeps, cut)
             levels[key].update(test=test, connections=connections, warm_up=warm_up)
             if not warm_up:
                 measured.append(levels[key])
@@ -99,7 +103,7 @@ def run(
     return _total(levels, measured), cut_short, levels
 
 
-def _figures(measurement: dict, server_cpu: float, database_cpu: float, cut_short: bool) -> dict:
+def _figures(measurement: dict, server_cpu: float, database_cpu: float, sleeps: int, cut_short: bool) -> dict:
     requests = measurement["requests"]
     return {
         "requests": requests,
@@ -115,6 +119,7 @@ def _figures(measurement: dict, server_cpu: float, database_cpu: float, cut_shor
         "database_cpu_s": database_cpu,
         "server_cpu_us": server_cpu * 1e6 / requests if requests else None,
         "database_cpu_us": database_cpu * 1e6 / requests if requests else None,
+        "server_sleeps": sleeps / requests if requests else None,
         "cut_short": cut_short,
     }
 
@@ -156,5 +161,6 @@ def _brief(level: dict) -> str:
     return (
         f"{level['rps']:9.0f} req/s  non-2xx {level['non2xx']}  socket errors {level['socket_errors']}  "
         f"p99 {shown(level['p99_ms'], ' ms')}  server CPU {shown(level['server_cpu_us'], ' us')}/req  "
-        f"database CPU {shown(level['database_cpu_us'], ' us')}/req"
+        f"database CPU {shown(level['database_cpu_us'], ' us')}/req  "
+        f"server sleeps {'-' if level['server_sleeps'] is None else format(level['server_sleeps'], '.2f')}/req"
     )

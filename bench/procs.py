@@ -149,6 +149,24 @@ def tree_cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_sleeps(pid: int) -> int:
+    """How many times the threads of process pid and its descendants have gone to sleep of their
+    own accord (voluntary context switches: a wait in epoll_wait, poll, a lock), each of which a
+    wake-up ends. Threads that end between two readings take their count with them."""
+    sleeps = 0
+    for each in [pid, *descendants(pid)]:
+        try:
+            tasks = list(Path(f"/proc/{each}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                sleeps += _proc_field((task / "status").read_text(), "voluntary_ctxt_switches")
+            except FileNotFoundError:
+                continue
+    return sleeps
+
+
 def start_time(pid: int) -> int | None:
     """When process pid started, in clock ticks since boot (field 22 of /proc/PID/stat): with the
     pid, it names one process, where a pid alone may be reused; None when no such process lives."""

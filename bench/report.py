@@ -29,7 +29,16 @@ REFERENCE = "maitred"
 CEILINGS = {server.name for server in SERVERS.values() if server.ceiling}
 TABLE_PERCENTILES = ("50", "90", "99")
 # The database scenarios' figures per load (bench/db_levels.py), as their table shows them.
-LEVEL_FIGURES = ("rps", "p50_ms", "p99_ms", "non2xx", "socket_errors", "server_cpu_us", "database_cpu_us")
+LEVEL_FIGURES = (
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "non2xx",
+    "socket_errors",
+    "server_cpu_us",
+    "database_cpu_us",
+    "server_sleeps",
+)
 
 
 def write(out: Path, environment: dict, records: list[dict], scenarios: dict) -> list[Path]:
@@ -411,14 +420,15 @@ def _levels_table(summaries: dict[str, dict | None]) -> list[str]:
     lines = [
         (
             "Each load (medians over the runs; CPU per request: the server's process tree, and the "
-            "postmaster and its backends):"
+            "postmaster and its backends; sleeps: the server's threads going to sleep of their own "
+            "accord, each ended by a wake-up, per request, - where a run did not count them):"
         ),
         "",
         (
             "| load | server | req/s | x maitred | p50 | p99 | non-2xx | socket errors | server CPU µs / request "
-            "| database CPU µs / request |"
+            "| database CPU µs / request | server sleeps / request |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     measured = {label: s["levels"] for label, s in summaries.items() if s is not None}
     ours = measured.get(REFERENCE, {})
@@ -432,9 +442,13 @@ def _levels_table(summaries: dict[str, dict | None]) -> list[str]:
                 f"| {key} | {label} | {_number(level['rps'])} | {_ratio(level, reference)} | "
                 f"{_ms(level['p50_ms'])} | {_ms(level['p99_ms'])} | {_number(level['non2xx'])} | "
                 f"{_number(level['socket_errors'])} | {_number(level['server_cpu_us'])} | "
-                f"{_number(level['database_cpu_us'])} |"
+                f"{_number(level['database_cpu_us'])} | {_sleeps(level.get('server_sleeps'))} |"
             )
     return lines + [""]
+
+
+def _sleeps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _number(value: float | None) -> str:
