@@ -155,12 +155,12 @@ def _total(levels: dict[str, dict], measured: list[dict]) -> dict:
 
 
 def _brief(level: dict) -> str:
-    def shown(value: float | None, unit: str) -> str:
-        return "-" if value is None else f"{value:.1f}{unit}"
+    def shown(value: float | None, unit: str, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}{unit}"
 
     return (
         f"{level['rps']:9.0f} req/s  non-2xx {level['non2xx']}  socket errors {level['socket_errors']}  "
         f"p99 {shown(level['p99_ms'], ' ms')}  server CPU {shown(level['server_cpu_us'], ' us')}/req  "
         f"database CPU {shown(level['database_cpu_us'], ' us')}/req  "
-        f"server sleeps {'-' if level['server_sleeps'] is None else format(level['server_sleeps'], '.2f')}/req"
+        f"server sleeps {shown(level['server_sleeps'], '', 2)}/req"
     )
