@@ -620,6 +620,50 @@ H2_NOTE = (
     "preface with its default --http auto; maitred with its defaults."
 )
 
+
+def _hop(scenario_id: str, title: str, app: str, interface: Literal["wsgi", "asgi"]) -> Scenario:
+    """H1-hop and A1-hop: the hop, measured under one interface's hello world."""
+    return Scenario(
+        id=scenario_id,
+        title=title,
+        app=app,
+        interface=interface,
+        workers=2,
+        # Each entry runs it at its own concurrency (HOP_LEVELS).
+        load=Ab(concurrency=1, requests=20000, keepalive=True),
+        lineup=HOP_LEVELS,
+        count_hop=True,
+        # Per load: the run under strace is the slower, 1,000-3,500 req/s here (20 s at most).
+        time_limit=60.0,
+        columns=(
+            Column("lobby_calls", "lobby calls / request", digits=2),
+            Column("worker_calls", "workers' calls / request", digits=2),
+            Column("lobby_switches", "lobby voluntary switches / request", digits=2),
+            Column("worker_switches", "workers' voluntary switches / request", digits=2),
+            Column("zygote_switches", "zygote's voluntary switches"),
+            Column("lobby_cpu_us", "lobby CPU µs / request", digits=1),
+            Column("workers_cpu_us", "workers' CPU µs / request", digits=1),
+            Column("server_cpu_us", "server CPU µs / request (lobby, zygote, workers)", digits=1),
+            Column("traced_rps", "req/s under strace"),
+        ),
+        headline=Column("hop_calls", "calls / request, both sides", digits=1),
+        headline_lower_is_better=True,
+        note="maitred alone, at 1, 4 and 100 keep-alive clients, each on a fresh server that serves "
+        "the load twice. First plain: the voluntary context switches (sleeps) of every thread of "
+        "each side are read from /proc/PID/task/*/status, and the CPU time (utime and stime, "
+        "every thread's) of each process from /proc/PID/stat, just before and just after it; "
+        "req/s, the latencies and the CPU per request are this load's. Then the same load with strace attached to each side "
+        "apart, `strace -f -c -p LOBBY` and `strace -f -c -p WORKER1 -p WORKER2`, counting every "
+        "system call of every thread. Each figure is divided by the requests ab completed in its "
+        "own load. The lobby is the process started, the zygote its only child, the workers the "
+        "zygote's children (from /proc); the zygote takes no part in a request: its calls are not "
+        "counted, and its voluntary switches over the plain load are shown whole. Every call of a "
+        "traced process stops it for strace, so the second load is slower (its req/s is shown); "
+        "where a call serves whatever is ready at once (c=4, c=100), how many requests one call "
+        "finds ready, and so the calls per request, can differ from a run at full speed.",
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     scenario.id: scenario
     for scenario in (
@@ -654,43 +698,17 @@ SCENARIOS: dict[str, Scenario] = {
             lineup=ONE_CLIENT,
             targets=(NO_FAILURES, LEADS),
         ),
-        Scenario(
-            id="H1-hop",
-            title="the hop between lobby and workers: system calls and sleeps per request, each side",
-            app="apps:hello",
-            workers=2,
-            # Each entry runs it at its own concurrency (HOP_LEVELS).
-            load=Ab(concurrency=1, requests=20000, keepalive=True),
-            lineup=HOP_LEVELS,
-            count_hop=True,
-            # Per load: the run under strace is the slower, 1,000-3,500 req/s here (20 s at most).
-            time_limit=60.0,
-            columns=(
-                Column("lobby_calls", "lobby calls / request", digits=2),
-                Column("worker_calls", "workers' calls / request", digits=2),
-                Column("lobby_switches", "lobby voluntary switches / request", digits=2),
-                Column("worker_switches", "workers' voluntary switches / request", digits=2),
-                Column("zygote_switches", "zygote's voluntary switches"),
-                Column("lobby_cpu_us", "lobby CPU µs / request", digits=1),
-                Column("workers_cpu_us", "workers' CPU µs / request", digits=1),
-                Column("server_cpu_us", "server CPU µs / request (lobby, zygote, workers)", digits=1),
-                Column("traced_rps", "req/s under strace"),
-            ),
-            headline=Column("hop_calls", "calls / request, both sides", digits=1),
-            headline_lower_is_better=True,
-            note="maitred alone, at 1, 4 and 100 keep-alive clients, each on a fresh server that serves "
-            "the load twice. First plain: the voluntary context switches (sleeps) of every thread of "
-            "each side are read from /proc/PID/task/*/status, and the CPU time (utime and stime, "
-            "every thread's) of each process from /proc/PID/stat, just before and just after it; "
-            "req/s, the latencies and the CPU per request are this load's. Then the same load with strace attached to each side "
-            "apart, `strace -f -c -p LOBBY` and `strace -f -c -p WORKER1 -p WORKER2`, counting every "
-            "system call of every thread. Each figure is divided by the requests ab completed in its "
-            "own load. The lobby is the process started, the zygote its only child, the workers the "
-            "zygote's children (from /proc); the zygote takes no part in a request: its calls are not "
-            "counted, and its voluntary switches over the plain load are shown whole. Every call of a "
-            "traced process stops it for strace, so the second load is slower (its req/s is shown); "
-            "where a call serves whatever is ready at once (c=4, c=100), how many requests one call "
-            "finds ready, and so the calls per request, can differ from a run at full speed.",
+        _hop(
+            "H1-hop",
+            "the hop between lobby and workers: system calls and sleeps per request, each side",
+            "apps:hello",
+            "wsgi",
+        ),
+        _hop(
+            "A1-hop",
+            "the hop under ASGI: system calls and sleeps per request, each side",
+            "asgi_apps:hello",
+            "asgi",
         ),
         Scenario(
             id="S1",

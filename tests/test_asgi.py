@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import eventually
+from client import eventually, get, read_reply
 from conftest import HOST, Finished, Server, children, free_port, is_probe, workers_of
 from maitred.zygote import PROBE_NAME
 
@@ -217,6 +217,38 @@ def test_overload_past_the_seats_queues_in_the_lobby_and_expires_with_503(
     assert held(8) == 200
     began = sorted(int(line.split()[1]) for line in wait_for_lines(events, "began", 3))
     assert began == [0, 1, 8]
+
+
+def lobby_sleeps(pid: int) -> int:
+    """How many times the lobby's event loop (its main thread) has slept: its voluntary context
+    switches, each ended by a wake-up."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_answers_of_one_turn_of_the_loop_wake_the_lobby_once(maitred_server: Callable[..., Server]) -> None:
+    # Twenty requests wait at a gate on one worker's loop, the lobby asleep on all their seats.
+    # Opened, the gate lets them go in one turn of the loop, each answer 2 ms of CPU after the
+    # last: rung at once, each answer would wake the lobby (about 20 sleeps over the 40 ms); rung
+    # at the end of the turn, the lobby wakes for them together.
+    waiting = 20
+    server = maitred_server("gated:app", "-w", "1", cwd=APPS)
+    port = int(server.url.rsplit(":", 1)[1])
+    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(waiting + 1)]
+    try:
+        for sock in sockets[:waiting]:
+            sock.sendall(b"GET /wait HTTP/1.1\r\nHost: test\r\n\r\n")
+        assert eventually(lambda: get(port, "/waiting").body == str(waiting).encode(), TIMEOUT)
+        before = lobby_sleeps(server.pid)
+        sockets[waiting].sendall(b"GET /open HTTP/1.1\r\nHost: test\r\n\r\n")
+        replies = [read_reply(sock).body for sock in sockets]
+        slept = lobby_sleeps(server.pid) - before
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert replies == [b"done"] * waiting + [b"open"]
+    # The request that opens, its answer, the twenty answers, and a wake-up or two to spare.
+    assert slept <= 6, f"the lobby slept {slept} times for {waiting + 1} answers"
 
 
 def test_starlette_routes_bodies_and_streams(maitred_server: Callable[..., Server]) -> None:

@@ -246,6 +246,12 @@ class _Seat:
         self._news: asyncio.Future[None] | None = None
         self._socket, self._bell = channel.watched()
         worker.loop.add_reader(self._socket, self.readable)
+        channel.ring_later(self.ring_later)
+
+    def ring_later(self) -> bool:
+        """An answer was written: True to ring the lobby's bell at once, False when the loop
+        rings it at the end of its turn."""
+        return self.worker.ring_later(self.channel)
 
     def readable(self) -> None:
         """The channel or the bell is readable: a request came (when idle), or news of the one
@@ -290,6 +296,7 @@ class _Seat:
         scope, body = taken
         exchange = _WebSocket(self, scope) if scope["type"] == "websocket" else _Exchange(self, scope, body)
         self.exchange = exchange
+        self.worker.busy_seats += 1
         self.deadline = time.monotonic() + self.worker.options.timeout
         self.expired = False
         self.task = self.worker.loop.create_task(self._run(scope, exchange))
@@ -378,6 +385,7 @@ class _Seat:
             return
         exchange.done = True
         self.exchange = None
+        self.worker.busy_seats -= 1
         self.task = None
         self._tell()
         try:
@@ -401,6 +409,31 @@ class _Worker:
         self._open = len(channels)
         self._done: asyncio.Future[int] = loop.create_future()
         self.seats: list[_Seat] = []
+        # The seats with a request in progress.
+        self.busy_seats = 0
+        # The channels that wrote answers in this turn of the loop, for `_ring`.
+        self._rings_owed: list[WorkerChannel] = []
+
+    def ring_later(self, channel: WorkerChannel) -> bool:
+        """`channel` wrote an answer. With other requests in progress, its lobby bell is rung
+        once the callbacks of this turn of the loop have run, so that the answers one turn
+        writes, on every channel, wake the lobby once rather than once each (docs/PROTOCOL.md,
+        section 4); returns False. Alone, no other answer can join it, and a turn more would
+        cost the loop a wait for nothing: True, ring at once."""
+        if self.busy_seats <= 1:
+            return True
+        if not self._rings_owed:
+            self.loop.call_soon(self._ring)
+        self._rings_owed.append(channel)
+        return False
+
+    def _ring(self) -> None:
+        owed, self._rings_owed = self._rings_owed, []
+        for channel in owed:
+            try:
+                channel.ring()
+            except ChannelError as error:
+                self.broken(error)
 
     def start(self) -> None:
         self.seats = [_Seat(self, channel) for channel in self.channels]

@@ -101,6 +101,11 @@ pub struct WorkerChannel {
     /// Evented, answer frames that found the ring full, each with its request's id, oldest first:
     /// they go before any later frame.
     backlog: VecDeque<(u32, Vec<u8>)>,
+    /// Evented, what the event loop gave (`ring_later`) to be asked, after an answer was
+    /// written, whether to ring the lobby's bell at once or leave it to the loop (`ring`).
+    ring_later: Option<Py<PyAny>>,
+    /// An answer was written and the lobby's bell waits for `ring`.
+    ring_owed: bool,
     /// The lobby closed the channel (end-of-file was read).
     closed: bool,
     /// The request in progress is a WebSocket (the `REQUEST` had the `WEBSOCKET` flag).
@@ -156,6 +161,8 @@ impl WorkerChannel {
             evented,
             asleep: false,
             backlog: VecDeque::new(),
+            ring_later: None,
+            ring_owed: false,
             closed: false,
             websocket: false,
             out: Vec::new(),
@@ -335,6 +342,23 @@ impl WorkerChannel {
     /// `ClientDisconnected` once the lobby has cancelled the request.
     fn flush(&mut self) -> PyResult<bool> {
         self.flush_backlog()
+    }
+
+    /// From now on, the first answer written after each `ring()` asks `callback` (with no
+    /// argument) whether to ring the lobby's bell at once. False: the event loop calls `ring()`
+    /// once its turn's callbacks have run, so that the answers of one turn wake the lobby once.
+    fn ring_later(&mut self, callback: Py<PyAny>) -> PyResult<()> {
+        self.check_evented()?;
+        self.ring_later = Some(callback);
+        Ok(())
+    }
+
+    /// Rings the lobby's bell for the answers written since the last `ring()`, if it sleeps.
+    fn ring(&mut self) -> PyResult<()> {
+        if std::mem::take(&mut self.ring_owed) {
+            self.ring_lobby_if_asleep()?;
+        }
+        Ok(())
     }
 
     /// Answer frames wait for room in the ring: `flush()` them before sending more.

@@ -65,7 +65,8 @@ impl WorkerChannel {
     }
 
     /// Writes one record into the ring, waiting for room as long as it takes, and rings the
-    /// lobby's bell if it sleeps.
+    /// lobby's bell if it sleeps, or has the event loop ring it at the end of its turn
+    /// (`ring_later`).
     fn write_record(&mut self, py: Python<'_>, parts: &[&[u8]]) -> PyResult<()> {
         if self.evented && !self.backlog.is_empty() {
             // Frames go in order: this one waits behind those already waiting.
@@ -87,7 +88,18 @@ impl WorkerChannel {
                 Err(error) => return Err(channel_error("writing an answer into the shared region failed", error)),
             }
         }
-        self.ring_lobby_if_asleep()
+        match &self.ring_later {
+            Some(_) if self.ring_owed => Ok(()),
+            Some(callback) => {
+                if callback.call0(py)?.extract::<bool>(py)? {
+                    self.ring_lobby_if_asleep()
+                } else {
+                    self.ring_owed = true;
+                    Ok(())
+                }
+            }
+            None => self.ring_lobby_if_asleep(),
+        }
     }
 
     /// After an answer was written: rings the lobby's bell if it said that it sleeps.
