@@ -33,5 +33,7 @@ async def app(scope, receive, send):
         body = b"open"
     else:
         body = str(waiting).encode()
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]}
+    )
     await send({"type": "http.response.body", "body": body})
