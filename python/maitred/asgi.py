@@ -435,6 +435,22 @@ class _Worker:
             except ChannelError as error:
                 self.broken(error)
 
+    def ring_while_stalled(self) -> None:
+        """From the watchdog's thread, while the loop is late (a turn that blocks it, docs/ASGI.md,
+        "Timeouts and a blocked loop"): rings the bells owed now, so that an answer written
+        before the block does not wait for its end. Only the loop's thread changes the list of
+        bells owed; this reads a copy, and the loop's `_ring` comes later for every one of them
+        (`ring` rings a channel's bell only if an answer is still unrung). Each `ring` holds the
+        interpreter lock, so the loop's thread cannot enter the channel meanwhile; a channel that
+        it holds (sending a large frame on its socket, detached) refuses, and waits for `_ring`;
+        a bell that cannot be rung leaves the channel broken, which the loop finds at its next
+        use of it."""
+        for channel in list(self._rings_owed):
+            try:
+                channel.ring()
+            except (ChannelError, RuntimeError):
+                pass
+
     def start(self) -> None:
         self.seats = [_Seat(self, channel) for channel in self.channels]
 
@@ -501,7 +517,7 @@ async def _serve(
     for channel in channels:
         channel.ready()
     worker.start()
-    watchdog = Watchdog(loop, worker.expire_overdue, worker.in_progress)
+    watchdog = Watchdog(loop, worker.expire_overdue, worker.ring_while_stalled, worker.in_progress)
     watchdog.beat()
     watchdog.start()
     try:

@@ -20,21 +20,26 @@ from maitred.log import log
 # The heartbeat's period, and how long the loop may miss it before it counts as blocked.
 BEAT = 0.1
 BLOCKED_AFTER = 0.5
+# How long the loop may go without a beat before `on_stall` runs: a beat late.
+STALLED_AFTER = 2 * BEAT
 
 
 class Watchdog(threading.Thread):
-    """Started from the loop's thread. `on_beat` runs in the loop at every beat; `in_progress`,
-    called from the watchdog's thread while the loop is stuck, names the requests that wait."""
+    """Started from the loop's thread. `on_beat` runs in the loop at every beat; from the
+    watchdog's thread, `on_stall` runs at each of its looks while the loop is late, and
+    `in_progress`, once the loop is stuck, names the requests that wait."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         on_beat: Callable[[float], None],
+        on_stall: Callable[[], None],
         in_progress: Callable[[], str],
     ) -> None:
         super().__init__(name="maitred-watchdog", daemon=True)
         self._loop = loop
         self._on_beat = on_beat
+        self._on_stall = on_stall
         self._in_progress = in_progress
         self._loop_thread = threading.get_ident()
         self.last_beat = time.monotonic()
@@ -53,6 +58,8 @@ class Watchdog(threading.Thread):
         while not self._stopped.wait(BEAT):
             last = self.last_beat
             stalled = time.monotonic() - last
+            if stalled >= STALLED_AFTER:
+                self._on_stall()
             if stalled < BLOCKED_AFTER or last == reported:
                 continue
             reported = last
