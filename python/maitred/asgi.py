@@ -24,6 +24,7 @@ from typing import Any
 from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
 from maitred.lifespan import Lifespan
 from maitred.log import log
+from maitred.rings import OwedRings
 from maitred.watchdog import Watchdog
 
 Scope = MutableMapping[str, Any]
@@ -251,7 +252,7 @@ class _Seat:
     def ring_later(self) -> bool:
         """An answer was written: True to ring the lobby's bell at once, False when the loop
         rings it at the end of its turn."""
-        return self.worker.ring_later(self.channel)
+        return self.worker.rings.later(self.channel)
 
     def readable(self) -> None:
         """The channel or the bell is readable: a request came (when idle), or news of the one
@@ -296,7 +297,7 @@ class _Seat:
         scope, body = taken
         exchange = _WebSocket(self, scope) if scope["type"] == "websocket" else _Exchange(self, scope, body)
         self.exchange = exchange
-        self.worker.busy_seats += 1
+        self.worker.rings.busy_seats += 1
         self.deadline = time.monotonic() + self.worker.options.timeout
         self.expired = False
         self.task = self.worker.loop.create_task(self._run(scope, exchange))
@@ -385,7 +386,7 @@ class _Seat:
             return
         exchange.done = True
         self.exchange = None
-        self.worker.busy_seats -= 1
+        self.worker.rings.busy_seats -= 1
         self.task = None
         self._tell()
         try:
@@ -409,47 +410,8 @@ class _Worker:
         self._open = len(channels)
         self._done: asyncio.Future[int] = loop.create_future()
         self.seats: list[_Seat] = []
-        # The seats with a request in progress.
-        self.busy_seats = 0
-        # The channels that wrote answers in this turn of the loop, for `_ring`.
-        self._rings_owed: list[WorkerChannel] = []
-
-    def ring_later(self, channel: WorkerChannel) -> bool:
-        """`channel` wrote an answer. With other requests in progress, its lobby bell is rung
-        once the callbacks of this turn of the loop have run, so that the answers one turn
-        writes, on every channel, wake the lobby once rather than once each (docs/PROTOCOL.md,
-        section 4); returns False. Alone, no other answer can join it, and a turn more would
-        cost the loop a wait for nothing: True, ring at once."""
-        if self.busy_seats <= 1:
-            return True
-        if not self._rings_owed:
-            self.loop.call_soon(self._ring)
-        self._rings_owed.append(channel)
-        return False
-
-    def _ring(self) -> None:
-        owed, self._rings_owed = self._rings_owed, []
-        for channel in owed:
-            try:
-                channel.ring()
-            except ChannelError as error:
-                self.broken(error)
-
-    def ring_while_stalled(self) -> None:
-        """From the watchdog's thread, while the loop is late (a turn that blocks it, docs/ASGI.md,
-        "Timeouts and a blocked loop"): rings the bells owed now, so that an answer written
-        before the block does not wait for its end. Only the loop's thread changes the list of
-        bells owed; this reads a copy, and the loop's `_ring` comes later for every one of them
-        (`ring` rings a channel's bell only if an answer is still unrung). Each `ring` holds the
-        interpreter lock, so the loop's thread cannot enter the channel meanwhile; a channel that
-        it holds (sending a large frame on its socket, detached) refuses, and waits for `_ring`;
-        a bell that cannot be rung leaves the channel broken, which the loop finds at its next
-        use of it."""
-        for channel in list(self._rings_owed):
-            try:
-                channel.ring()
-            except (ChannelError, RuntimeError):
-                pass
+        # The bells this worker's answers owe the lobby, and its seats in use.
+        self.rings = OwedRings(loop, self.broken)
 
     def start(self) -> None:
         self.seats = [_Seat(self, channel) for channel in self.channels]
@@ -517,7 +479,7 @@ async def _serve(
     for channel in channels:
         channel.ready()
     worker.start()
-    watchdog = Watchdog(loop, worker.expire_overdue, worker.ring_while_stalled, worker.in_progress)
+    watchdog = Watchdog(loop, worker.expire_overdue, worker.rings.while_stalled, worker.in_progress)
     watchdog.beat()
     watchdog.start()
     try:

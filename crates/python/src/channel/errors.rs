@@ -1,5 +1,6 @@
-//! What becomes of a failure on the channel: the exceptions the worker raises to Python, and
-//! the conversions the channel's other files use to raise them.
+//! What becomes of a failure on the channel: the exceptions the worker raises to Python, the
+//! conversions the channel's other files use to raise them, and the one line a failure is told
+//! to the lobby in.
 //!
 //! Imports no other file of the channel; of this crate, only `sys` (for `RecvError`).
 
@@ -62,4 +63,34 @@ pub(super) fn recv_error(error: RecvError) -> PyErr {
 
 pub(super) fn wire_error(error: WireError) -> PyErr {
     PyValueError::new_err(error.to_string())
+}
+
+/// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
+const MAX_MESSAGE: usize = 4096;
+
+/// `message` on one line, cut (at a character boundary) to `MAX_MESSAGE` bytes.
+pub(super) fn one_line(message: &str) -> String {
+    let mut line: String = message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
+    if line.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_become_one_bounded_line() {
+        assert_eq!(one_line("ValueError: bad\r\nsecond line\n"), "ValueError: bad second line");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = one_line(&long);
+        assert!(cut.len() <= MAX_MESSAGE && cut.len() > MAX_MESSAGE - 2);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }

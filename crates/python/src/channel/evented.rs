@@ -13,7 +13,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::errors::{client_disconnected, socket_error, ClientDisconnected};
+use super::errors::{client_disconnected, one_line, socket_error, ClientDisconnected};
 use super::receive::{Interface, Next, Received};
 use super::WorkerChannel;
 use crate::response::Phase;
@@ -142,7 +142,7 @@ impl WorkerChannel {
             }
             Phase::HeadSent | Phase::Cancelled => {
                 self.response.phase = Phase::Complete;
-                self.send_frame(py, Kind::ResponseAbort, 0, super::one_line(message).as_bytes())
+                self.send_frame(py, Kind::ResponseAbort, 0, one_line(message).as_bytes())
             }
             Phase::Complete => Ok(()),
         }

@@ -37,26 +37,10 @@ mod respond;
 mod ring;
 mod websocket;
 
-use errors::{client_disconnected, wire_error};
+use errors::{client_disconnected, one_line, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
 use link::Link;
 use receive::{Interface, Next};
-
-/// A message for `BOOT_FAILED` or `RESPONSE_ABORT` is one line of at most this many bytes.
-const MAX_MESSAGE: usize = 4096;
-
-/// `message` on one line, cut (at a character boundary) to `MAX_MESSAGE` bytes.
-fn one_line(message: &str) -> String {
-    let mut line: String = message.split(['\r', '\n']).filter(|part| !part.is_empty()).collect::<Vec<_>>().join(" ");
-    if line.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-    }
-    line
-}
 
 fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     match data.cast::<PyBytes>() {
@@ -502,19 +486,5 @@ impl StartResponse {
             return Err(PyRuntimeError::new_err("write() was called before start_response()"));
         }
         channel.send_chunk(py, bytes_arg(data)?, false, true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_become_one_bounded_line() {
-        assert_eq!(one_line("ValueError: bad\r\nsecond line\n"), "ValueError: bad second line");
-        let long = "é".repeat(MAX_MESSAGE);
-        let cut = one_line(&long);
-        assert!(cut.len() <= MAX_MESSAGE && cut.len() > MAX_MESSAGE - 2);
-        assert!(cut.chars().all(|c| c == 'é'));
     }
 }
