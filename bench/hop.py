@@ -105,22 +105,11 @@ def run(
 
 
 def _per_thread(pids: tuple[int, ...], field: str) -> dict[int, int]:
-    """{thread id: the number a field of its /proc status holds} for every thread of the processes."""
-    found = {}
-    for pid in pids:
-        try:
-            tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        except FileNotFoundError:
-            raise HopError(f"process {pid} of the server ended during the run; see server.log") from None
-        for task in tasks:
-            try:
-                status = (task / "status").read_text()
-            except OSError:  # the thread ended meanwhile
-                continue
-            found[int(task.name)] = next(
-                int(line.split()[1]) for line in status.splitlines() if line.startswith(f"{field}:")
-            )
-    return found
+    """procs.per_thread, and HopError when a process has ended."""
+    try:
+        return procs.per_thread(pids, field)
+    except ProcessLookupError as gone:
+        raise HopError(f"process {gone} of the server ended during the run; see server.log") from None
 
 
 def _cpu_seconds(pids: tuple[int, ...]) -> float:

@@ -149,6 +149,24 @@ def tree_cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def per_thread(pids: Sequence[int], field: str) -> dict[int, int]:
+    """{thread id: the number a field of its /proc status holds} for every thread of the processes
+    (a thread that ends meanwhile is left out). Raises ProcessLookupError, naming the pid, for a
+    process that has ended."""
+    found = {}
+    for pid in pids:
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            raise ProcessLookupError(pid) from None
+        for task in tasks:
+            try:
+                found[int(task.name)] = _proc_field((task / "status").read_text(), field)
+            except OSError:
+                continue
+    return found
+
+
 def tree_sleeps(pid: int) -> int:
     """How many times the threads of process pid and its descendants have gone to sleep of their
     own accord (voluntary context switches: a wait in epoll_wait, poll, a lock), each of which a
@@ -156,14 +174,9 @@ def tree_sleeps(pid: int) -> int:
     sleeps = 0
     for each in [pid, *descendants(pid)]:
         try:
-            tasks = list(Path(f"/proc/{each}/task").iterdir())
-        except FileNotFoundError:
+            sleeps += sum(per_thread([each], "voluntary_ctxt_switches").values())
+        except ProcessLookupError:
             continue
-        for task in tasks:
-            try:
-                sleeps += _proc_field((task / "status").read_text(), "voluntary_ctxt_switches")
-            except FileNotFoundError:
-                continue
     return sleeps
 
 
