@@ -10,7 +10,6 @@ import os
 import random
 import signal
 import socket
-import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import eventually, get, read_reply
+from client import eventually
 from conftest import HOST, Finished, Server, children, free_port, is_probe, workers_of
 from maitred.zygote import PROBE_NAME
 
@@ -218,76 +217,6 @@ def test_overload_past_the_seats_queues_in_the_lobby_and_expires_with_503(
     assert held(8) == 200
     began = sorted(int(line.split()[1]) for line in wait_for_lines(events, "began", 3))
     assert began == [0, 1, 8]
-
-
-# <asm-generic/socket.h>, which Python's socket module leaves out: the time a read's data came,
-# as a struct timespec of two 64-bit words.
-SO_TIMESTAMPNS = 35
-
-
-def arrival(sock: socket.socket) -> tuple[bytes, float]:
-    """What one read takes from `sock`, and when the kernel received it (SO_TIMESTAMPNS, the
-    wall clock, whenever the test gets to read it)."""
-    data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(16))
-    stamps = [payload for level, kind, payload in ancillary if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS)]
-    seconds, nanoseconds = struct.unpack("qq", stamps[0][:16])
-    return data, seconds + nanoseconds / 1e9
-
-
-def test_the_answers_of_one_turn_of_the_loop_ring_the_lobby_at_its_end(
-    maitred_server: Callable[..., Server], tmp_path: Path
-) -> None:
-    # Twenty requests wait at a gate on one worker's loop. Opened, the gate lets them go in one
-    # turn of the loop, each answering 0.5 ms of CPU after the last: their bells are rung once
-    # the turn has run, so that no answer reaches its client before the twentieth was written
-    # (rung at once, the first would arrive about 10 ms before that).
-    waiting = 20
-    marks = tmp_path / "marks"
-    server = maitred_server("gated:app", "-w", "1", cwd=APPS, env={"GATED_MARKS": str(marks)})
-    port = int(server.url.rsplit(":", 1)[1])
-    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(waiting)]
-    try:
-        for sock in sockets:
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            sock.sendall(b"GET /wait HTTP/1.1\r\nHost: test\r\n\r\n")
-        assert eventually(lambda: get(port, "/waiting").body == str(waiting).encode(), TIMEOUT)
-        assert get(port, "/open").body == b"open"
-        answers = [arrival(sock) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-    assert all(data.endswith(b"\r\n\r\ndone") for data, _ in answers), answers
-    written = [float(line.split()[1]) for line in marks.read_text().splitlines()]
-    assert len(written) == waiting
-    first = min(when for _, when in answers)
-    assert first >= max(written), (
-        f"an answer arrived {1000 * (max(written) - first):.1f} ms before the last was written"
-    )
-
-
-def test_an_answer_written_before_the_loop_blocks_does_not_wait_for_the_block(
-    maitred_server: Callable[..., Server], tmp_path: Path
-) -> None:
-    # Two requests let through in one turn: the first answers, its ring left to the end of the
-    # turn; the second then blocks the loop for 3 s. The watchdog's thread rings for the first
-    # while the loop is blocked, so its answer arrives before the block ends.
-    marks = tmp_path / "marks"
-    server = maitred_server("gated:app", "-w", "1", cwd=APPS, env={"GATED_MARKS": str(marks)})
-    port = int(server.url.rsplit(":", 1)[1])
-    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(2)]
-    try:
-        for number, (sock, target) in enumerate(zip(sockets, ("/wait", "/wait?block=3")), 1):
-            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-            assert eventually(lambda number=number: get(port, "/waiting").body == str(number).encode(), TIMEOUT)
-        assert get(port, "/open").body == b"open"
-        assert read_reply(sockets[0]).body == b"done"
-        assert "unblocked" not in marks.read_text(), "the first answer waited for the loop's block to end"
-        assert read_reply(sockets[1]).body == b"done"
-    finally:
-        for sock in sockets:
-            sock.close()
-    assert [line.split()[0] for line in marks.read_text().splitlines()] == ["answered", "unblocked", "answered"]
-    server.wait_for_log("diagnosis S2 (blocked_event_loop)", TIMEOUT)
 
 
 def test_starlette_routes_bodies_and_streams(maitred_server: Callable[..., Server]) -> None:

@@ -71,6 +71,7 @@ pub fn run(
     log::set_level(config.log_level);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(worker::look_before_parking)
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();

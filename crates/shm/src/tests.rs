@@ -104,12 +104,15 @@ fn a_request_goes_over_and_its_answers_come_back() {
     pair.worker.write_answer(41, &[&body(b"hello", false)]).unwrap();
     pair.worker.write_answer(41, &[&body(b"", true)]).unwrap();
     assert!(pair.lobby.has_answer());
+    assert!(!pair.worker.all_read());
     let (answer, bytes) = pair.next_answer().unwrap().unwrap();
+    assert!(!pair.worker.all_read(), "one record of two read");
     assert_eq!(answer, Answer { id: 41, slot: 2, frame_len: HEADER_LEN + 5 });
     assert_eq!(bytes, body(b"hello", false));
     assert_eq!(pair.next_answer().unwrap().unwrap().1, body(b"", true));
     assert_eq!(pair.next_answer().unwrap(), None);
     assert!(!pair.lobby.has_answer());
+    assert!(pair.worker.all_read(), "a ring put off until now is not needed");
 
     pair.lobby.release(2).unwrap();
     assert_eq!(pair.lobby.state(2), Ok(SlotState::Empty));

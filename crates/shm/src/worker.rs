@@ -181,6 +181,12 @@ impl WorkerEnd {
         Ok(self.placement(record_len(frame_len))?.is_some())
     }
 
+    /// Whether the lobby has read every record written: it was awake for them, so a ring put off
+    /// since they were written is not needed (the lobby looks at the ring before it sleeps).
+    pub fn all_read(&self) -> bool {
+        self.region.ring_tail().load(Ordering::SeqCst) == self.head
+    }
+
     /// After writing an answer: clears the lobby's waiting flag and says whether it was set, so
     /// that the caller sends the lobby a wake.
     pub fn wake_lobby(&self) -> bool {

@@ -2,14 +2,66 @@
 //! or, where a ring record says `ON_CHANNEL`, from its channel (docs/PROTOCOL.md, section 3).
 //! The lobby sleeps on its own bell, an eventfd the worker rings only after the lobby has said
 //! in the region that it sleeps, and on the channel, whose end of file says the worker has gone.
+//! Before the lobby's thread parks, it looks once more at the rings of the seats asleep
+//! (`look_before_parking`).
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::rc::Rc;
 
 use maitred_wire::{FrameHeader, Kind, HEADER_LEN};
+use tokio::sync::Notify;
 
 use super::channel::{invalid, AnswerReader, Channel, Frame};
 use crate::seating::offer::Offers;
+
+thread_local! {
+    /// The seats whose tasks sleep in `next_answer` until their worker rings.
+    static ASLEEP: RefCell<Vec<Asleep>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A seat asleep in `next_answer`: its region, and how its task is woken without the bell.
+struct Asleep {
+    offers: Rc<Offers>,
+    woken: Rc<Notify>,
+}
+
+/// Run by the lobby's runtime just before its thread parks (tokio's `on_thread_park`): a seat
+/// asleep whose worker has written an answer and not rung yet is woken now, and its flag in the
+/// region cleared, so that the worker's ring is not sent and the lobby does not park only to be
+/// woken for that answer. An ASGI worker rings once its loop's turn has run (docs/PROTOCOL.md,
+/// section 4), so while its loop renders one answer, those written before it in the same turn
+/// are read here, when the lobby would otherwise sleep.
+pub fn look_before_parking() {
+    ASLEEP.with_borrow_mut(|asleep| {
+        asleep.retain(|seat| {
+            if !seat.offers.has_answer() {
+                return true;
+            }
+            seat.offers.woke();
+            seat.woken.notify_one();
+            false
+        });
+    });
+}
+
+/// A seat on the `ASLEEP` list while its task sleeps, off it however the sleep ends: the bell,
+/// the look before parking, the channel, or the caller dropping `next_answer`.
+struct OnTheList(Rc<Notify>);
+
+impl OnTheList {
+    fn new(offers: &Rc<Offers>, woken: &Rc<Notify>) -> OnTheList {
+        ASLEEP.with_borrow_mut(|asleep| asleep.push(Asleep { offers: offers.clone(), woken: woken.clone() }));
+        OnTheList(woken.clone())
+    }
+}
+
+impl Drop for OnTheList {
+    fn drop(&mut self) {
+        ASLEEP.with_borrow_mut(|asleep| asleep.retain(|seat| !Rc::ptr_eq(&seat.woken, &self.0)));
+    }
+}
 
 impl AnswerReader {
     /// Waits until the worker rings, and silences the bell.
@@ -35,7 +87,7 @@ impl Channel {
     /// The next frame of the answer to request `id`. None: the worker closed its channel (it
     /// has gone). A frame for another request, a bad record, or a frame on the channel that the
     /// ring did not announce is an `InvalidData` error: the worker broke the protocol.
-    pub(super) async fn next_answer(&mut self, offers: &Offers, id: u32) -> io::Result<Option<Frame>> {
+    pub(super) async fn next_answer(&mut self, offers: &Rc<Offers>, id: u32) -> io::Result<Option<Frame>> {
         loop {
             if self.answers.on_channel {
                 let frame = self.read_frame().await?;
@@ -69,10 +121,14 @@ impl Channel {
             if !offers.prepare_to_sleep() {
                 continue;
             }
+            let woken = self.answers.woken.clone();
+            let on_the_list = OnTheList::new(offers, &woken);
             let channel_ready = tokio::select! {
                 rang = self.answers.rung() => { rang?; false }
+                () = woken.notified() => false,
                 ready = self.closed_while_idle() => { ready?; true }
             };
+            drop(on_the_list);
             offers.woke();
             if channel_ready && !offers.has_answer() {
                 // The worker announces in the ring every frame it sends on the channel, before

@@ -5,10 +5,12 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use maitred_wire::{FrameHeader, FrameReader};
 use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
 
 /// A received frame: its header, its payload, and its descriptor if it carried one.
 pub struct Frame {
@@ -26,13 +28,16 @@ pub(super) struct AnswerReader {
     /// await (a timeout, a client that leaves) and call it again.
     pub(super) on_channel: bool,
     pub(super) buf: BytesMut,
+    /// Wakes the reader when the lobby, about to park, finds an answer its worker has not rung
+    /// for (`answers.rs`, `look_before_parking`).
+    pub(super) woken: Rc<Notify>,
 }
 
 impl AnswerReader {
     /// A new reader and its bell, registered with the lobby's reactor.
     pub(super) fn new() -> io::Result<AnswerReader> {
         let bell = maitred_sys::reactor::register(maitred_sys::bell::new()?)?;
-        Ok(AnswerReader { bell, on_channel: false, buf: BytesMut::new() })
+        Ok(AnswerReader { bell, on_channel: false, buf: BytesMut::new(), woken: Rc::new(Notify::new()) })
     }
 }
 

@@ -19,3 +19,5 @@ pub(crate) mod seat;
 pub(crate) mod serve;
 pub(crate) mod threads;
 mod websocket;
+
+pub use answers::look_before_parking;

@@ -59,7 +59,7 @@ pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
-    offers: &Offers,
+    offers: &Rc<Offers>,
     taken: &Taken,
     thread: Thread,
 ) -> Result<Relayed, Lost> {

@@ -92,7 +92,7 @@ async fn seat_jobs(
     lobby: &Rc<Lobby>,
     worker: &WorkerThread<'_>,
     channel: &mut Channel,
-    offers: &Offers,
+    offers: &Rc<Offers>,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
     let WorkerThread { pid, card, recycle, thread, sockets } = *worker;

@@ -3,6 +3,7 @@
 //! (`WS_SEND`, then `WS_CLOSE`) to the connection through the answer's spool, until the worker's
 //! `WS_CLOSE`. The seat is the WebSocket's meanwhile: `--timeout` no longer runs.
 
+use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -28,7 +29,7 @@ pub(super) async fn relay_accepted(
     lobby: &Lobby,
     pid: i32,
     channel: &mut Channel,
-    offers: &Offers,
+    offers: &Rc<Offers>,
     taken: &Taken,
     phase: &mut watch::Receiver<Phase>,
 ) -> Result<(), Lost> {

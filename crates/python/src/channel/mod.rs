@@ -337,9 +337,12 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// Rings the lobby's bell for the answers written since the last `ring()`, if it sleeps.
+    /// Rings the lobby's bell for the answers written since the last `ring()`, if it sleeps and
+    /// has not read them meanwhile: a lobby about to park reads the answers not rung for, and
+    /// then sleeps on the seat for its next request's answer, for which this ring would be a
+    /// wake for nothing.
     fn ring(&mut self) -> PyResult<()> {
-        if std::mem::take(&mut self.ring_owed) {
+        if std::mem::take(&mut self.ring_owed) && !self.region.as_ref().is_some_and(WorkerEnd::all_read) {
             self.ring_lobby_if_asleep()?;
         }
         Ok(())
