@@ -27,6 +27,16 @@ def gated(maitred_server: Callable[..., Server], marks: Path) -> tuple[Server, i
     return server, int(server.url.rsplit(":", 1)[1])
 
 
+def wait_at_the_gate(port: int, targets: list[str]) -> list[socket.socket]:
+    """A connection for each target, whose request waits at the gate, in the order given."""
+    sockets = []
+    for number, target in enumerate(targets, 1):
+        sockets.append(socket.create_connection((HOST, port), timeout=TIMEOUT))
+        sockets[-1].sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+        assert eventually(lambda number=number: get(port, "/waiting").body == str(number).encode(), TIMEOUT)
+    return sockets
+
+
 def test_the_answers_of_one_turn_of_the_loop_wake_the_lobby_once(
     maitred_server: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -38,11 +48,8 @@ def test_the_answers_of_one_turn_of_the_loop_wake_the_lobby_once(
     # (22 to 24 times when each answer rang at once).
     waiting = 20
     server, port = gated(maitred_server, tmp_path / "marks")
-    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(waiting)]
+    sockets = wait_at_the_gate(port, ["/wait"] * waiting)
     try:
-        for sock in sockets:
-            sock.sendall(b"GET /wait HTTP/1.1\r\nHost: test\r\n\r\n")
-        assert eventually(lambda: get(port, "/waiting").body == str(waiting).encode(), TIMEOUT)
         before = sleeps(server.pid)
         assert get(port, "/open").body == b"open"
         assert all(read_reply(sock).body == b"done" for sock in sockets)
@@ -64,11 +71,9 @@ def test_an_answer_not_rung_for_is_read_when_the_lobby_is_about_to_sleep(
     release = tmp_path / "release"
     release.write_bytes(b"0")
     _, port = gated(maitred_server, marks)
-    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(3)]
+    sockets = wait_at_the_gate(port, ["/wait", f"/wait?hold={release}"])
+    sockets.append(socket.create_connection((HOST, port), timeout=TIMEOUT))
     try:
-        for number, (sock, target) in enumerate(zip(sockets, ("/wait", f"/wait?hold={release}")), 1):
-            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-            assert eventually(lambda number=number: get(port, "/waiting").body == str(number).encode(), TIMEOUT)
         assert get(port, "/open").body == b"open"
         assert eventually(lambda: marks.exists() and marks.read_text().startswith("answered"), TIMEOUT)
         sockets[2].sendall(b"GET /waiting HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -92,11 +97,8 @@ def test_an_answer_written_before_the_loop_blocks_does_not_wait_for_the_block(
     # while the loop is blocked, so its answer arrives before the block ends.
     marks = tmp_path / "marks"
     server, port = gated(maitred_server, marks)
-    sockets = [socket.create_connection((HOST, port), timeout=TIMEOUT) for _ in range(2)]
+    sockets = wait_at_the_gate(port, ["/wait", "/wait?block=3"])
     try:
-        for number, (sock, target) in enumerate(zip(sockets, ("/wait", "/wait?block=3")), 1):
-            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-            assert eventually(lambda number=number: get(port, "/waiting").body == str(number).encode(), TIMEOUT)
         assert get(port, "/open").body == b"open"
         assert read_reply(sockets[0]).body == b"done"
         assert "unblocked" not in marks.read_text(), "the first answer waited for the loop's block to end"

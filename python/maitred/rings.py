@@ -49,7 +49,7 @@ class OwedRings:
         "Timeouts and a blocked loop"): rings the bells owed now, so that an answer written
         before the block does not wait for its end. Only the loop's thread changes the list of
         bells owed; this reads a copy, and the loop's `_ring` comes later for every one of them
-        (`ring` rings a channel's bell only if an answer is still unrung). Each `ring` holds the
+        (`ring` rings a channel's bell only if an answer is still unrung, and unread by the lobby). Each `ring` holds the
         interpreter lock, so the loop's thread cannot enter the channel meanwhile; a channel that
         it holds (sending a large frame on its socket, detached) refuses, and waits for `_ring`;
         a bell that cannot be rung leaves the channel broken, which the loop finds at its next
