@@ -254,12 +254,12 @@ class _Seat:
         rings it at the end of its turn."""
         return self.worker.rings.later(self.channel)
 
-    def readable(self) -> None:
-        """The channel or the bell is readable: a request came (when idle), or news of the one
-        in progress (a CANCEL, room in the ring, the channel closed)."""
+    def readable(self, channel_readable: bool = True) -> None:
+        """The channel (or, not channel_readable, the bell) is readable: a request came (when
+        idle), or news of the one in progress (a CANCEL, room in the ring, the channel closed)."""
         try:
             if self.exchange is None:
-                self.take()
+                self.take(channel_readable)
                 return
             state = self.channel.look()
         except ChannelError as error:
@@ -284,9 +284,11 @@ class _Seat:
         while not self.channel.flush():
             await self.wait_for_news()
 
-    def take(self) -> None:
-        """Takes the next request, if the lobby has sent one, and starts its task."""
-        taken = self.channel.receive_scope(self.worker.state)
+    def take(self, channel_readable: bool = False) -> None:
+        """Takes the next request, if the lobby has sent one, and starts its task. The channel's
+        socket is read only when the loop found it readable: whatever it holds otherwise, the
+        loop's watch calls `readable` for."""
+        taken = self.channel.receive_scope(self.worker.state, channel_readable)
         if self._bell is None:
             self._watch_bell()
         if taken is None:
@@ -323,7 +325,7 @@ class _Seat:
         except ChannelError as error:
             self.worker.broken(error)
             return
-        self.readable()
+        self.readable(channel_readable=False)
 
     def _unwatch(self) -> None:
         loop = self.worker.loop

@@ -44,8 +44,8 @@ pub use error::{ErrorKind, RequestError, Section};
 pub use proxy::{decode_proxy_header, ProxyError, ProxyHeader, ProxyVersions, V1_MAX_LINE, V2_FIXED_LEN, V2_SIGNATURE};
 pub use request::{Event, RequestDecoder, RequestHead};
 pub use response::{
-    is_hop_by_hop, reason_phrase, write_chunk, write_error_response, write_response_head, Framing, ResponseContext,
-    CONTINUE, LAST_CHUNK,
+    is_hop_by_hop, one_part_answer_capacity, reason_phrase, write_chunk, write_error_response, write_response_head,
+    Framing, ResponseContext, CONTINUE, LAST_CHUNK,
 };
 
 /// How much a client may send. The defaults are gunicorn's but for the request line, which

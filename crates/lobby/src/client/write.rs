@@ -10,7 +10,10 @@ use std::os::fd::AsFd;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use maitred_protocol::{write_chunk, write_error_response, write_response_head, Framing, ResponseContext, LAST_CHUNK};
+use maitred_protocol::{
+    one_part_answer_capacity, write_chunk, write_error_response, write_response_head, Framing, ResponseContext,
+    LAST_CHUNK,
+};
 use tokio::io::Interest;
 
 use super::peer::{ClientStream, StreamKind};
@@ -31,10 +34,11 @@ impl<S: ClientStream> Connection<S> {
             ResponsePart::Head { status, reason, headers, body, end } => {
                 // A shutdown that began while the request waited closes the connection after it.
                 answer.context.keep_alive &= !self.closes_when_answered();
-                let fields: Vec<(&[u8], &[u8])> = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect();
                 let known = end.then_some(body.len() as u64);
+                let date = http_date();
+                out.reserve(one_part_answer_capacity(&reason, &headers, &date, body.len()));
                 let (framing, keep_alive) =
-                    write_response_head(&mut out, &answer.context, status, &reason, &fields, known, &http_date());
+                    write_response_head(&mut out, &answer.context, status, &reason, &headers, known, &date);
                 answer.started(status, framing, keep_alive);
                 answer.body(&mut out, &body);
                 // Kept for an access log that writes response headers; they hold the frame

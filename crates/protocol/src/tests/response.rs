@@ -1,8 +1,8 @@
 //! Response heads, chunks and the server's own refusals.
 
 use crate::{
-    reason_phrase, write_chunk, write_error_response, write_response_head, Framing, ResponseContext, Version, CONTINUE,
-    LAST_CHUNK,
+    one_part_answer_capacity, reason_phrase, write_chunk, write_error_response, write_response_head, Framing,
+    ResponseContext, Version, CONTINUE, LAST_CHUNK,
 };
 
 const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
@@ -173,10 +173,11 @@ fn bodiless_answers() {
 #[test]
 fn the_reason_is_written_as_given() {
     let mut out = Vec::new();
-    write_response_head(&mut out, &ctx(Version::Http11, true), 299, b"", &[], Some(0), DATE);
+    let no_fields: &[(&[u8], &[u8])] = &[];
+    write_response_head(&mut out, &ctx(Version::Http11, true), 299, b"", no_fields, Some(0), DATE);
     assert!(out.starts_with(b"HTTP/1.1 299 \r\n"));
     out.clear();
-    write_response_head(&mut out, &ctx(Version::Http11, true), 200, b"Fine Thanks", &[], Some(0), DATE);
+    write_response_head(&mut out, &ctx(Version::Http11, true), 200, b"Fine Thanks", no_fields, Some(0), DATE);
     assert!(out.starts_with(b"HTTP/1.1 200 Fine Thanks\r\n"));
 }
 
@@ -243,5 +244,45 @@ fn reason_phrases() {
 fn every_refusal_status_has_a_reason_phrase() {
     for status in [400, 408, 413, 414, 417, 431, 500, 501, 502, 503, 504, 505] {
         assert!(!reason_phrase(status).is_empty(), "{status}");
+    }
+}
+
+#[test]
+fn a_one_part_answer_fits_the_room_reserved_for_it_in_every_framing() {
+    let long_value = "v".repeat(5000);
+    let field_sets: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("Content-Type", "text/html; charset=utf-8")],
+        &[("Content-Length", "18446744073709551615"), ("Connection", "close"), ("X-Long", &long_value)],
+        &[("Date", "Mon, 07 Nov 1994 08:49:37 GMT"), ("Server", "app"), ("Transfer-Encoding", "chunked")],
+    ];
+    let contexts = [ctx(Version::Http11, true), ctx(Version::Http11, false), ctx(Version::Http10, true), head_ctx()];
+    for fields in field_sets {
+        let headers: Vec<(&[u8], &[u8])> = fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())).collect();
+        for context in &contexts {
+            for status in [200, 204, 304, 404, 599] {
+                for body_len in [0, 1, 1_234, 70_000] {
+                    for known_length in [None, Some(body_len as u64)] {
+                        let reason = reason_phrase(status).as_bytes();
+                        let room = one_part_answer_capacity(reason, &headers, DATE, body_len);
+                        let mut out = Vec::with_capacity(room);
+                        let allocated = out.capacity();
+                        let (framing, _) =
+                            write_response_head(&mut out, context, status, reason, &headers, known_length, DATE);
+                        let body = vec![b'b'; body_len];
+                        match framing {
+                            Framing::Chunked => {
+                                write_chunk(&mut out, &body);
+                                out.extend_from_slice(LAST_CHUNK);
+                            }
+                            Framing::NoBody => {}
+                            Framing::Length(_) | Framing::UntilClose => out.extend_from_slice(&body),
+                        }
+                        assert!(out.len() <= room, "{} bytes in {room}: {fields:?}, {status}", out.len());
+                        assert_eq!(out.capacity(), allocated, "the buffer grew: {fields:?}, {status}");
+                    }
+                }
+            }
+        }
     }
 }

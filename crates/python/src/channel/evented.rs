@@ -58,11 +58,12 @@ impl WorkerChannel {
     }
 
     /// The next request's scope and body, or None when there is none yet (or the lobby closed
-    /// the channel: `closed`).
+    /// the channel: `closed`); see `next_request` for `channel_readable`.
     pub(super) fn take_scope<'py>(
         &mut self,
         py: Python<'py>,
         state: Option<Bound<'py, PyDict>>,
+        channel_readable: bool,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.check_evented()?;
         if self.response.phase != Phase::Complete {
@@ -70,7 +71,7 @@ impl WorkerChannel {
         }
         self.wake()?;
         self.release_body(py);
-        let frame = match self.next_request(py)? {
+        let frame = match self.next_request(py, channel_readable)? {
             Next::Request(frame) => frame,
             Next::Closed | Next::Pending => return Ok(None),
         };

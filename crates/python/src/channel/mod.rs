@@ -186,7 +186,7 @@ impl WorkerChannel {
             return Err(PyRuntimeError::new_err("receive() was called before the current response was complete"));
         }
         this.release_body(py);
-        let frame = match this.next_request(py)? {
+        let frame = match this.next_request(py, true)? {
             Next::Request(frame) => frame,
             Next::Closed => return Ok(None),
             Next::Pending => unreachable!("a channel that waits is never pending"),
@@ -299,14 +299,16 @@ impl WorkerChannel {
     /// The next request as `(scope, body)`: an ASGI HTTP scope (with a copy of `state`, the
     /// lifespan's, when given) and the body to read in pieces. None when there is none yet: the
     /// worker has said that it sleeps, and the event loop waits for `watched()`. None too once
-    /// the lobby closed the channel (`closed`).
-    #[pyo3(signature = (state = None))]
+    /// the lobby closed the channel (`closed`). The channel itself is read only when
+    /// `channel_readable`: the event loop found it so.
+    #[pyo3(signature = (state = None, channel_readable = true))]
     fn receive_scope<'py>(
         &mut self,
         py: Python<'py>,
         state: Option<Bound<'py, PyDict>>,
+        channel_readable: bool,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.take_scope(py, state)
+        self.take_scope(py, state, channel_readable)
     }
 
     /// The event loop found the bell readable: silences it. Then look (`receive_scope`, `look`,

@@ -91,8 +91,9 @@ impl WorkerChannel {
     /// The next `REQUEST` (docs/PROTOCOL.md, section 3): the oldest in the region's slots, or,
     /// when that slot holds only its place, the one on the channel. With none, the worker says
     /// it sleeps, looks again, and waits for its bell or the channel; an evented channel does
-    /// not wait but returns `Next::Pending`, its flag left set for the event loop's wait.
-    pub(super) fn next_request(&mut self, py: Python<'_>) -> PyResult<Next> {
+    /// not wait but returns `Next::Pending`, its flag left set for the event loop's wait, and
+    /// reads the channel first only when `channel_readable` (the event loop found it so).
+    pub(super) fn next_request(&mut self, py: Python<'_>, channel_readable: bool) -> PyResult<Next> {
         let wait = !self.evented;
         loop {
             // Whole frames at the front of the receive buffer, each in its turn.
@@ -147,7 +148,11 @@ impl WorkerChannel {
                     continue;
                 }
             }
-            let received = self.wait_and_read(py, wait)?;
+            // An evented channel looked at for its bell, or at the end of a request, is not
+            // read: the event loop watches it (level-triggered), and calls back on its next wait
+            // for whatever it holds. Under load that is one recvmsg(2) a request fewer, each of
+            // which found nothing (docs/PERFORMANCE.md).
+            let received = if wait || channel_readable { self.wait_and_read(py, wait)? } else { Received::Pending };
             if let Received::Pending = received {
                 // The event loop waits for the bell or the channel; the flag stays set until
                 // it has.
