@@ -75,13 +75,7 @@ pub fn run(
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    // The lobby's own life is a task like the others, and `block_on` waits for its end: the
-    // future given to `block_on` is polled at every wake-up of the thread and every 31 tasks,
-    // and polling the supervisor's select there took 0.6-1.0% of the lobby's samples under
-    // FastAPI's fortunes at 64 connections (perf, 2026-11-28), where a join handle costs a load.
-    let stopped = local.spawn_local(run::until_stopped(config, control, zygote_pid, rereader, succession, hooks));
-    let result =
-        local.block_on(&runtime, stopped).unwrap_or_else(|failed| std::panic::resume_unwind(failed.into_panic()));
+    let result = local.block_on(&runtime, run::until_stopped(config, control, zygote_pid, rereader, succession, hooks));
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
     // A config file still being read for a reload is not waited for.
