@@ -7,7 +7,9 @@ highest concurrency, then each concurrency in turn, every load a fixed duration 
 process tree and of the database's (the postmaster and its backends) is read, from /proc, ended
 processes included (procs.tree_cpu_seconds), and divided by the requests wrk completed; so are
 the times the server's threads went to sleep (procs.tree_sleeps), each ended by a wake-up: the
-figure that says how much of a server's CPU goes to waking up rather than to work.
+figure that says how much of a server's CPU goes to waking up rather than to work. Beside each
+load, 80% into it, the harness counts the load's connections the server has sent nothing on yet
+(measure.unanswered_connections): wrk's own figures cannot show a connection left waiting.
 
 A run's measurement is the sum over its measured loads (requests, and their rate over the loads'
 time), with failures and non-2xx counted over every load, warm-ups included; each load's own
@@ -17,13 +19,14 @@ figures are in the run's "levels", which the report shows per test type, concurr
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import procs
-from measure import Wrk
+from measure import UNANSWERED_AT, Wrk, unanswered_connections
 
 # TechEmpower's harness sleeps this long between two loads.
 PAUSE_SECONDS = 2.0
@@ -67,11 +70,13 @@ def run(
     tests: DbTests,
     load: Wrk,
     server: int,
+    port: int,
     database_cpu: Callable[[], float],
     run_load: Callable[[Wrk, str, Path], tuple[dict, bool]],
     workdir: Path,
 ) -> tuple[dict, bool, dict[str, dict]]:
-    """Runs every test type's warm-up and loads (run_load: wrk's measurement of a load against a
+    """Runs every test type's warm-up and loads against the server (its pid, and the port it
+    listens on) (run_load: wrk's measurement of a load against a
     path, into the directory given, and whether the time limit cut it short). Returns the run's
     measurement, whether any load was cut short, and each load's figures by level_key."""
     levels: dict[str, dict] = {}
@@ -90,12 +95,14 @@ def run(
                 shaped = replace(shaped, seconds=tests.warm_up_seconds)
             server_before, database_before = procs.tree_cpu_seconds(server), database_cpu()
             sleeps_before = procs.tree_sleeps(server)
+            look = _LookLater(port, shaped.seconds * UNANSWERED_AT)
             measurement, cut = run_load(shaped, path, workdir / key.replace(" ", "-").replace("=", ""))
+            connections_seen = look.result()
             server_cpu = procs.tree_cpu_seconds(server) - server_before
             database = database_cpu() - database_before
             sleeps = procs.tree_sleeps(server) - sleeps_before
             cut_short |= cut
-            levels[key] = _figures(measurement, server_cpu, database, sleeps, cut)
+            levels[key] = _figures(measurement, server_cpu, database, sleeps, connections_seen, cut)
             levels[key].update(test=test, connections=connections, warm_up=warm_up)
             if not warm_up:
                 measured.append(levels[key])
@@ -103,7 +110,33 @@ def run(
     return _total(levels, measured), cut_short, levels
 
 
-def _figures(measurement: dict, server_cpu: float, database_cpu: float, sleeps: int, cut_short: bool) -> dict:
+class _LookLater:
+    """unanswered_connections(port), read once, `after` seconds from now, beside the load."""
+
+    def __init__(self, port: int, after: float) -> None:
+        self._seen: tuple[int, int] | None = None
+        self._timer = threading.Timer(after, self._look, (port,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _look(self, port: int) -> None:
+        self._seen = unanswered_connections(port)
+
+    def result(self) -> tuple[int, int] | None:
+        """What was seen; None when the load ended before the look (or ss was missing)."""
+        self._timer.cancel()
+        self._timer.join()
+        return self._seen
+
+
+def _figures(
+    measurement: dict,
+    server_cpu: float,
+    database_cpu: float,
+    sleeps: int,
+    connections_seen: tuple[int, int] | None,
+    cut_short: bool,
+) -> dict:
     requests = measurement["requests"]
     return {
         "requests": requests,
@@ -120,6 +153,10 @@ def _figures(measurement: dict, server_cpu: float, database_cpu: float, sleeps: 
         "server_cpu_us": server_cpu * 1e6 / requests if requests else None,
         "database_cpu_us": database_cpu * 1e6 / requests if requests else None,
         "server_sleeps": sleeps / requests if requests else None,
+        # 80% into the load: the connections established to the server, and those it had sent
+        # nothing on.
+        "connections": connections_seen[0] if connections_seen else None,
+        "unanswered": connections_seen[1] if connections_seen else None,
         "cut_short": cut_short,
     }
 
@@ -162,5 +199,6 @@ def _brief(level: dict) -> str:
         f"{level['rps']:9.0f} req/s  non-2xx {level['non2xx']}  socket errors {level['socket_errors']}  "
         f"p99 {shown(level['p99_ms'], ' ms')}  server CPU {shown(level['server_cpu_us'], ' us')}/req  "
         f"database CPU {shown(level['database_cpu_us'], ' us')}/req  "
-        f"server sleeps {shown(level['server_sleeps'], '', 2)}/req"
+        f"server sleeps {shown(level['server_sleeps'], '', 2)}/req  "
+        f"unanswered {shown(level['unanswered'], '', 0)} of {shown(level['connections'], '', 0)} connections"
     )

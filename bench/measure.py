@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -522,6 +523,33 @@ def kernel_counters() -> dict[str, int]:
             _, *counts = numbers.split()
             values.update({(section.rstrip(":"), key): int(count) for key, count in zip(keys, counts)})
     return {name: values.get((section, name), 0) for name, section in KERNEL_COUNTERS.items()}
+
+
+# The database scenarios: how many of a load's connections the server has answered nothing on,
+# read this far into the load (as a share of its duration). wrk times only the requests that are
+# answered, so a server that serves a few connections at a time and leaves the others waiting in
+# its accept queue or unread (scenario 4 of docs/SCENARIOS.md) shows a low latency and no error
+# as long as the wait is shorter than wrk's --timeout; this count is where it shows.
+UNANSWERED_AT = 0.8
+
+
+def unanswered_connections(port: int) -> tuple[int, int] | None:
+    """(connections established to port, how many of them the server has sent nothing on), from
+    the kernel's view of the server's side of each (ss, of iproute2, which every Debian has:
+    tcp_info's bytes_sent, printed only when not 0). None when ss is missing or fails."""
+    try:
+        listing = subprocess.run(
+            ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # One socket per line, its tcp_info on the indented lines after it.
+    sockets = re.split(r"\n(?=\S)", listing) if listing else []
+    return len(sockets), sum(1 for socket in sockets if not re.search(r"\bbytes_sent:[1-9]", socket))
 
 
 # S3: how many accept calls a server makes per connection, counted by strace around the whole

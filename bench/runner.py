@@ -202,6 +202,7 @@ def run_once(
                 scenario.db_tests,
                 load,
                 process.pid,
+                port,
                 database.cpu_seconds,
                 lambda shaped, path, where: _load(shaped, url.rstrip("/") + path, where, env, scenario.limit()),
                 workdir,

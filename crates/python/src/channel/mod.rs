@@ -299,9 +299,9 @@ impl WorkerChannel {
     /// The next request as `(scope, body)`: an ASGI HTTP scope (with a copy of `state`, the
     /// lifespan's, when given) and the body to read in pieces. None when there is none yet: the
     /// worker has said that it sleeps, and the event loop waits for `watched()`. None too once
-    /// the lobby closed the channel (`closed`). The channel itself is read only when
-    /// `channel_readable`: the event loop found it so.
-    #[pyo3(signature = (state = None, channel_readable = true))]
+    /// the lobby closed the channel (`closed`). `state` is None when the application has no
+    /// lifespan state. The channel itself is read only when `channel_readable`: the event loop
+    /// found it so.
     fn receive_scope<'py>(
         &mut self,
         py: Python<'py>,
