@@ -365,7 +365,9 @@ def _run_scenario(
     commands = {}
     for entry in entries:
         argv = SERVERS[entry.server].argv(scenario.launch(entry, 0))
+        # The port, 0 here, as the README writes it: "-b 127.0.0.1:PORT" or "--port PORT".
         command = " ".join([Path(argv[0]).name, *argv[1:]]).replace("127.0.0.1:0", "127.0.0.1:PORT")
+        command = re.sub(r"--port 0\b", "--port PORT", command)
         if scenario.trace_accepts:
             prefix = strace_argv(Path("strace.txt"))
             command = " ".join(prefix) + " " + command
