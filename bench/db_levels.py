@@ -75,9 +75,9 @@ def run(
     run_load: Callable[[Wrk, str, Path], tuple[dict, bool]],
     workdir: Path,
 ) -> tuple[dict, bool, dict[str, dict]]:
-    """Runs every test type's warm-up and loads against the server (its pid, and the port it
-    listens on) (run_load: wrk's measurement of a load against a
-    path, into the directory given, and whether the time limit cut it short). Returns the run's
+    """Runs every test type's warm-up and loads against the server (`server` its pid, `port`
+    the port it listens on; run_load: wrk's measurement of a load against a path, into the
+    directory given, and whether the time limit cut it short). Returns the run's
     measurement, whether any load was cut short, and each load's figures by level_key."""
     levels: dict[str, dict] = {}
     measured: list[dict] = []

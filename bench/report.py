@@ -336,6 +336,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
 
     if scenario.targets:
         lines += ["Targets for maitred (bench/README.md):", ""]
+        answering = _answering_peers(summaries)
         for target in scenario.targets:
             verdict = (
                 "no maitred figures"
@@ -344,7 +345,6 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
                 if target.holds(ours, _peers(summaries))
                 else "**not met**"
             )
-            answering = _answering_peers(summaries)
             if ours is not None and answering is not None and verdict != "met" and target.holds(ours, answering):
                 verdict += "; met against the peers that answered every connection"
             lines.append(f"- {target.text}: {verdict}")

@@ -103,14 +103,12 @@ async def newcomer_among_eager_clients(port: int) -> tuple[int, int, list[int]]:
     """EAGER_CLIENTS clients ask again as soon as each answer comes; once every one of them has
     had an answer, a newcomer connects and asks once. Returns the newcomer's status, how many
     answers the eager clients got between its request and its answer, and their statuses."""
-    answers = 0
     statuses: list[int] = []
     answered: set[int] = set()
     all_answered = asyncio.Event()
     stop = asyncio.Event()
 
     async def eager(index: int) -> None:
-        nonlocal answers
         reader, writer = await asyncio.open_connection(HOST, port)
         try:
             while not stop.is_set():
@@ -118,7 +116,6 @@ async def newcomer_among_eager_clients(port: int) -> tuple[int, int, list[int]]:
                 await writer.drain()
                 status, _headers, _body = await read_response(reader)
                 statuses.append(status)
-                answers += 1
                 answered.add(index)
                 if len(answered) == EAGER_CLIENTS:
                     all_answered.set()
@@ -129,11 +126,11 @@ async def newcomer_among_eager_clients(port: int) -> tuple[int, int, list[int]]:
     await all_answered.wait()
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
-        before = answers
+        before = len(statuses)
         writer.write(b"GET /newcomer HTTP/1.1\r\nHost: load\r\n\r\n")
         await writer.drain()
         status, _headers, _body = await read_response(reader)
-        between = answers - before
+        between = len(statuses) - before
     finally:
         writer.close()
         stop.set()
