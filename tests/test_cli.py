@@ -492,6 +492,7 @@ settings = {
     "interface": "auto",
     "loop": "asyncio",
     "gc_freeze": True,
+    "gc_threshold": 2000,
 }
 sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2])))
 """

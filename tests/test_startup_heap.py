@@ -1,7 +1,9 @@
-"""--gc-freeze (docs/TUNING.md, "Garbage collection"): once a worker has imported the
-application, what the import made is out of the cyclic garbage collector's sight, and what
-requests make is collected as before; `--gc-freeze false` leaves everything to the collector.
-Real servers and requests; the application reports what the collector sees (tests/apps/heap.py).
+"""--gc-freeze and --gc-threshold (docs/TUNING.md, "Garbage collection"): once a worker has
+imported the application, what the import made is out of the cyclic garbage collector's sight,
+and what requests make is collected as before; `--gc-freeze false` leaves everything to the
+collector. The collector's first threshold is --gc-threshold's, unless the application's import
+set its own. Real servers and requests; the application reports what the collector sees
+(tests/apps/heap.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def test_the_import_is_frozen_and_request_garbage_is_still_collected(maitred_ser
     assert seen["frozen"] > 1000, seen
     assert seen["import_frozen"], seen
     assert seen["cycle_collected"], seen
+    assert seen["young_threshold"] == 2000, seen
 
 
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
@@ -32,4 +35,22 @@ def test_gc_freeze_false_leaves_every_object_to_the_collector(maitred_server, ap
     reply = get(server.port)
     assert reply.status == 200
     seen = json.loads(reply.body)
-    assert seen == {"frozen": 0, "import_frozen": False, "cycle_collected": True}
+    assert seen == {"frozen": 0, "import_frozen": False, "cycle_collected": True, "young_threshold": 2000}
+
+
+@pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
+@pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
+def test_gc_threshold_sizes_the_young_generation(maitred_server, app, preload):
+    server = maitred_server("-w", "1", "--gc-threshold", "900", *preload, app, cwd=APPS)
+    reply = get(server.port)
+    assert reply.status == 200
+    assert json.loads(reply.body)["young_threshold"] == 900
+
+
+@pytest.mark.parametrize("app", ["heap_own_threshold:wsgi", "heap_own_threshold:asgi"], ids=["wsgi", "asgi"])
+@pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
+def test_an_application_that_sets_its_own_threshold_keeps_it(maitred_server, app, preload):
+    server = maitred_server("-w", "1", *preload, app, cwd=APPS)
+    reply = get(server.port)
+    assert reply.status == 200
+    assert json.loads(reply.body)["young_threshold"] == 50_000

@@ -72,6 +72,9 @@ def run(control: socket.socket, settings: Mapping[str, object], load_app: LoadAp
             interface = "asgi" if asgi.is_asgi(application) else "wsgi"
     if settings["gc_freeze"]:
         worker_load_app = worker.freezing_the_import(worker_load_app)
+    young_threshold = settings["gc_threshold"]
+    assert isinstance(young_threshold, int)
+    worker_load_app = worker.sizing_the_young_generation(worker_load_app, young_threshold)
     grace = settings["graceful_timeout"]
     timeout = settings["timeout"]
     assert isinstance(grace, float) and isinstance(timeout, float)

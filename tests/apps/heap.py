@@ -3,8 +3,10 @@
 Each answer is JSON: `frozen`, the objects gc.freeze() moved out of the collector's sight
 (gc.get_freeze_count()); `import_frozen`, whether an object this module made at its import is
 among them (gc.get_objects() leaves the frozen out); `cycle_collected`, whether a reference cycle
-the request made and dropped was collected (a weak reference to it dies with the collection).
-WSGI as `heap:wsgi`, ASGI as `heap:asgi`.
+the request made and dropped was collected (a weak reference to it dies with the collection);
+`young_threshold`, the collector's first threshold (gc.get_threshold()[0]), for --gc-threshold.
+WSGI as `heap:wsgi`, ASGI as `heap:asgi`; tests/apps/heap_own_threshold.py is the same application
+setting a threshold of its own at its import.
 """
 
 import gc
@@ -30,7 +32,12 @@ def _report() -> bytes:
     gc.collect()
     import_frozen = not any(candidate is MADE_AT_IMPORT for candidate in gc.get_objects())
     return json.dumps(
-        {"frozen": gc.get_freeze_count(), "import_frozen": import_frozen, "cycle_collected": watch() is None}
+        {
+            "frozen": gc.get_freeze_count(),
+            "import_frozen": import_frozen,
+            "cycle_collected": watch() is None,
+            "young_threshold": gc.get_threshold()[0],
+        }
     ).encode()
 
 

@@ -30,6 +30,7 @@ KEPT_ON_RELOAD = (
     "error_logfile",
     "preload",
     "gc_freeze",
+    "gc_threshold",
     "interface",
     "loop",
     "chdir",

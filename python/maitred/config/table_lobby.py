@@ -16,8 +16,6 @@ from maitred.config.values import (
     _address_list,
     _address_list_value,
     _bind_address,
-    _boolean,
-    _boolean_value,
     _http_protocols,
     _http_protocols_value,
     _log_destination,
@@ -217,20 +215,6 @@ ROWS: tuple[Setting, ...] = (
         False,
         "Import the application once, before forking the workers.",
         default_text="off",
-    ),
-    Setting(
-        "workers",
-        "gc_freeze",
-        ("--gc-freeze",),
-        "BOOL",
-        _boolean,
-        True,
-        "Once a worker has imported the application, move every object the import made out of the garbage "
-        "collector's sight (gc.freeze), so that its full collections skip them and, with --preload, do not "
-        "copy the zygote's pages (docs/TUNING.md, Garbage collection). false: leave them to the collector.",
-        default_text="true",
-        from_python=_boolean_value,
-        for_lobby=False,
     ),
     Setting(
         "requests",

@@ -1,5 +1,6 @@
-"""The settings table's rows the lobby does not receive (`for_lobby=False`): what the maitred
-command does with its processes (process), the workers' own output (logging), --reload
+"""The settings table's rows the lobby does not receive (`for_lobby=False`): the workers'
+garbage collector, what the maitred command does with its processes (process), the workers' own
+output (logging), --reload
 (development) and the server hooks, which are functions given in a config file. table.py puts
 them after table_lobby.py's.
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from maitred import capture, hooks
 from maitred.config.setting import Setting
 from maitred.config.values import (
+    _boolean,
+    _boolean_value,
     _config_location,
     _environment_pair,
     _existing_directory,
@@ -19,6 +22,7 @@ from maitred.config.values import (
     _group,
     _umask,
     _user,
+    _whole_number,
     one_of,
 )
 
@@ -33,6 +37,33 @@ def _capture_output_value(value: object) -> str:
 
 
 ROWS: tuple[Setting, ...] = (
+    Setting(
+        "workers",
+        "gc_freeze",
+        ("--gc-freeze",),
+        "BOOL",
+        _boolean,
+        True,
+        "Once a worker has imported the application, move every object the import made out of the garbage "
+        "collector's sight (gc.freeze), so that its full collections skip them and, with --preload, do not "
+        "copy the zygote's pages (docs/TUNING.md, Garbage collection). false: leave them to the collector.",
+        default_text="true",
+        from_python=_boolean_value,
+        for_lobby=False,
+    ),
+    Setting(
+        "workers",
+        "gc_threshold",
+        ("--gc-threshold",),
+        "INT",
+        _whole_number(1, 1_000_000),
+        2000,
+        "The garbage collector's first threshold in each worker (gc.set_threshold): how many more objects "
+        "may be alive than at its last collection before it collects the youngest. A worker takes requests "
+        "in batches, whose objects swing that count past Python's 700 with nothing to collect "
+        "(docs/TUNING.md, Garbage collection). An application that sets its own at its import keeps it.",
+        for_lobby=False,
+    ),
     Setting(
         "process",
         "chdir",
