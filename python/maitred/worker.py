@@ -163,8 +163,9 @@ def freezing_the_import(load_app: Callable[[], Application]) -> Callable[[], App
     return load
 
 
-# The collector's first threshold before any application was imported: Python's own (700 up to
-# 3.13), against which a threshold the application's import set is told apart.
+# The collector's first threshold before any application was imported: Python's own (700 in the
+# versions maitred is tested on), against which a threshold the application's import set is told
+# apart.
 _PYTHONS_YOUNG_THRESHOLD = gc.get_threshold()[0]
 
 

@@ -1,8 +1,7 @@
 """The settings table's rows the lobby does not receive (`for_lobby=False`): the workers'
 garbage collector, what the maitred command does with its processes (process), the workers' own
-output (logging), --reload
-(development) and the server hooks, which are functions given in a config file. table.py puts
-them after table_lobby.py's.
+output (logging), --reload (development) and the server hooks, which are functions given in a
+config file. table.py puts them after table_lobby.py's.
 
 May import: setting.py, values.py, maitred.capture and maitred.hooks.
 """
