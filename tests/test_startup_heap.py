@@ -15,13 +15,18 @@ from client import get
 from test_lifecycle import APPS
 
 
+def what_the_collector_sees(maitred_server, *arguments: str) -> dict:
+    """Starts a one-worker server with these arguments and returns its application's report."""
+    server = maitred_server("-w", "1", *arguments, cwd=APPS)
+    reply = get(server.port)
+    assert reply.status == 200
+    return json.loads(reply.body)
+
+
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
 @pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
 def test_the_import_is_frozen_and_request_garbage_is_still_collected(maitred_server, app, preload):
-    server = maitred_server("-w", "1", *preload, app, cwd=APPS)
-    reply = get(server.port)
-    assert reply.status == 200
-    seen = json.loads(reply.body)
+    seen = what_the_collector_sees(maitred_server, *preload, app)
     # The import of maitred, the standard library's pieces and the application: thousands.
     assert seen["frozen"] > 1000, seen
     assert seen["import_frozen"], seen
@@ -31,26 +36,19 @@ def test_the_import_is_frozen_and_request_garbage_is_still_collected(maitred_ser
 
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
 def test_gc_freeze_false_leaves_every_object_to_the_collector(maitred_server, app):
-    server = maitred_server("-w", "1", "--gc-freeze", "false", app, cwd=APPS)
-    reply = get(server.port)
-    assert reply.status == 200
-    seen = json.loads(reply.body)
+    seen = what_the_collector_sees(maitred_server, "--gc-freeze", "false", app)
     assert seen == {"frozen": 0, "import_frozen": False, "cycle_collected": True, "young_threshold": 2000}
 
 
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
 @pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
 def test_gc_threshold_sizes_the_young_generation(maitred_server, app, preload):
-    server = maitred_server("-w", "1", "--gc-threshold", "900", *preload, app, cwd=APPS)
-    reply = get(server.port)
-    assert reply.status == 200
-    assert json.loads(reply.body)["young_threshold"] == 900
+    seen = what_the_collector_sees(maitred_server, "--gc-threshold", "900", *preload, app)
+    assert seen["young_threshold"] == 900
 
 
 @pytest.mark.parametrize("app", ["heap_own_threshold:wsgi", "heap_own_threshold:asgi"], ids=["wsgi", "asgi"])
 @pytest.mark.parametrize("preload", [(), ("--preload",)], ids=["", "preload"])
 def test_an_application_that_sets_its_own_threshold_keeps_it(maitred_server, app, preload):
-    server = maitred_server("-w", "1", *preload, app, cwd=APPS)
-    reply = get(server.port)
-    assert reply.status == 200
-    assert json.loads(reply.body)["young_threshold"] == 50_000
+    seen = what_the_collector_sees(maitred_server, *preload, app)
+    assert seen["young_threshold"] == 50_000
