@@ -116,17 +116,17 @@ def _summaries(record: dict) -> dict[str, dict | None]:
     return {label: summarize([run for run in record["runs"] if run["server"] == label]) for label in labels}
 
 
-def _targets_met_by_round(record: dict, targets: list) -> list[int]:
-    """For each round that maitred and a peer both completed, how many of the targets held with
-    that round's figures alone. A round's servers ran minutes apart, the rounds many minutes, so
-    this says how often a verdict of the medians held under the most similar conditions."""
-    counts = []
+def _rounds(record: dict) -> list[tuple[dict, list[dict]]]:
+    """maitred's figures and its peers' for each round both completed, each from that round's
+    runs alone. A round's servers ran minutes apart, the rounds many minutes, so a target counted
+    over these says how often the medians' verdict held under the most similar conditions."""
+    rounds = []
     for number in sorted({run["run"] for run in record["runs"]}):
         summaries = _summaries({"runs": [run for run in record["runs"] if run["run"] == number]})
         ours, peers = summaries.get(REFERENCE), _peers(summaries)
         if ours is not None and peers:
-            counts.append(sum(target.holds(ours, peers) for target in targets))
-    return counts
+            rounds.append((ours, peers))
+    return rounds
 
 
 def _is_peer(label: str) -> bool:
@@ -230,9 +230,10 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
             if ours and targets
             else "-"
         )
-        by_round = _targets_met_by_round(record, targets)
-        if ours and len(by_round) > 1:
-            met += f" (round by round: {', '.join(str(count) for count in by_round)})"
+        rounds = _rounds(record)
+        if ours and len(rounds) > 1:
+            counts = (str(sum(t.holds(mine, theirs) for t in targets)) for mine, theirs in rounds)
+            met += f" (round by round: {', '.join(counts)})"
         answering = _answering_peers(summaries)
         if ours and targets and answering is not None:
             met += (
@@ -353,6 +354,7 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
     if scenario.targets:
         lines += ["Targets for maitred (bench/README.md):", ""]
         answering = _answering_peers(summaries)
+        rounds = _rounds(record)
         for target in scenario.targets:
             verdict = (
                 "no maitred figures"
@@ -363,9 +365,8 @@ def _section(record: dict, scenario, environment: dict) -> list[str]:
             )
             if ours is not None and answering is not None and verdict != "met" and target.holds(ours, answering):
                 verdict += "; met against the peers that answered every connection"
-            by_round = _targets_met_by_round(record, [target])
-            if ours is not None and len(by_round) > 1:
-                verdict += f"; in {sum(by_round)} of {len(by_round)} rounds"
+            if ours is not None and len(rounds) > 1:
+                verdict += f"; in {sum(target.holds(mine, theirs) for mine, theirs in rounds)} of {len(rounds)} rounds"
             lines.append(f"- {target.text}: {verdict}")
         lines.append("")
     beside = " and good answers per second" if _has_timeline(record) else " and latency percentiles" if rate else ""
