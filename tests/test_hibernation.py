@@ -5,6 +5,8 @@ its --max-connections place is freed when its client goes."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import socket
 import time
@@ -88,3 +90,70 @@ def test_a_shutdown_closes_hibernating_connections_at_once(maitred_server):
     assert server.wait(timeout=15) == 0
     assert wait_for_empty_group(server.pid, 10) == []
     assert "20 open (20 of them idle long enough to hibernate)" in server.stderr()
+
+
+def _copy_descriptors(pid: int, inodes: set[int]) -> list[int]:
+    """Copies into this process every descriptor of process `pid` that is one of the sockets
+    `inodes` (pidfd_getfd(2), as a debugger or a child that inherited them would hold them)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    copies = []
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+                copy = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(name), 0)
+                assert copy >= 0, f"pidfd_getfd: {os.strerror(ctypes.get_errno())}"
+                copies.append(copy)
+    finally:
+        os.close(pidfd)
+    return copies
+
+
+_SYS_PIDFD_GETFD = 438  # the same number on x86_64 and aarch64 (asm-generic)
+
+
+def _server_side_inodes(client_ports: set[int]) -> set[int]:
+    """The inodes of the server's ends of the TCP connections whose client ends have these
+    local ports (/proc/net/tcp: the server's end has the client's port as its remote one)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        if remote_port in client_ports:
+            inodes.add(int(fields[9]))
+    return inodes
+
+
+def test_an_idle_connection_closed_while_another_process_holds_its_socket_leaves_no_trace(maitred_server):
+    """Issue 46: the lobby closed an expired sleeper by dropping its descriptor, trusting the close
+    to take it out of the sleepers' epoll set. It does not when the socket is still open
+    elsewhere (a child that inherited it, a debugger): the registration stayed, its key named no
+    sleeper, and once 64 such keys were readable the watcher's loop never yielded again. The
+    lobby then answered nothing, logged nothing and took no signal, its thread at 100% CPU. Here
+    the test itself holds copies of 100 sleepers' sockets while --keep-alive closes them, then
+    makes them all readable: the lobby must go on answering."""
+    stats = free_port()
+    server = maitred_server("--keep-alive", "3", "--stats", f"{HOST}:{stats}", APP, cwd=APPS)
+    idle = [connect_and_ask(server.port) for _ in range(100)]
+    wait_for_hibernating(stats, 100)
+    copies = _copy_descriptors(server.pid, _server_side_inodes({sock.getsockname()[1] for sock in idle}))
+    try:
+        assert len(copies) == 100
+        # --keep-alive closes them in the lobby; the copies keep the sockets open, so their
+        # clients see no end.
+        assert eventually(lambda: status_of(stats)["connections"]["hibernating"] == 0, 10), status_of(stats)
+        for sock in idle:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+        with socket.create_connection((HOST, server.port), timeout=10) as fresh:
+            fresh.sendall(REQUEST)
+            assert read_reply(fresh).status == 200
+        assert status_of(stats)["connections"]["hibernating"] == 0
+    finally:
+        for copy in copies:
+            os.close(copy)
+        for sock in idle:
+            sock.close()

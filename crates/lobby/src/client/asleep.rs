@@ -24,7 +24,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::peer::{Http2Sleep, Peer, ProxyStage, Site, StreamKind};
-use crate::log::debug;
+use crate::log::{debug, warning_limited};
 
 /// How long a connection waits in its task before it hibernates.
 pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
@@ -115,13 +115,25 @@ impl Hibernation {
         self.sleepers.borrow().len()
     }
 
-    /// Takes the sleepers the kernel reports readable (a request, or the client closing).
+    /// Takes the sleepers the kernel reports readable (a request, or the client closing), at
+    /// most `EVENTS_PER_WAIT`; says how many keys the kernel reported.
+    ///
+    /// Every key names a sleeper: no sleeper leaves the set without its registration being
+    /// removed first (`unwatch`). A close does not remove it when the socket is still open
+    /// elsewhere (a child that inherited it, a debugger): a registration left so stayed
+    /// readable under a key that named nobody, and 64 of them kept the watcher's loop from
+    /// ever yielding (issue 46). A key that names nobody is a bug, said once a minute.
     pub(super) fn take_woken(&self, woken: &mut Vec<Sleeper>) -> io::Result<usize> {
         let mut keys = Vec::with_capacity(EVENTS_PER_WAIT);
         let n = maitred_sys::sleepers::ready(self.epoll.get_ref().as_fd(), &mut keys, EVENTS_PER_WAIT)?;
         let mut sleepers = self.sleepers.borrow_mut();
         for key in keys {
-            let Some(sleeper) = sleepers.remove(key as usize) else { continue };
+            let Some(sleeper) = sleepers.remove(key as usize) else {
+                warning_limited!(
+                    "a hibernating connection's key {key} names no connection: its registration outlived it"
+                );
+                continue;
+            };
             self.unwatch(&sleeper);
             woken.push(sleeper);
         }
@@ -160,8 +172,16 @@ impl Hibernation {
     /// shutdown, not an upgrade), every sleeper that has been answered (one that has not yet
     /// sent its first request may still send it).
     pub(super) fn close_expired(&self, now: Instant, closing: bool) -> usize {
-        // Closing a descriptor also removes it from the epoll set.
-        self.sleepers.borrow_mut().remove_where(|sleeper| sleeper.deadline <= now || (closing && sleeper.answered > 0))
+        let expired = self
+            .sleepers
+            .borrow_mut()
+            .take_where(|sleeper| sleeper.deadline <= now || (closing && sleeper.answered > 0));
+        // Unwatched before they close: a close takes a socket out of the epoll set only when no
+        // other descriptor of it is open anywhere (`take_woken`).
+        for sleeper in &expired {
+            self.unwatch(sleeper);
+        }
+        expired.len()
     }
 
     /// Hands freed memory back to the system after many connections went to sleep.
@@ -230,10 +250,6 @@ impl<T> Slots<T> {
         taken
     }
 
-    fn remove_where(&mut self, doomed: impl FnMut(&T) -> bool) -> usize {
-        self.take_where(doomed).len()
-    }
-
     fn len(&self) -> usize {
         self.len
     }
@@ -241,7 +257,73 @@ impl<T> Slots<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::Slots;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    fn sleeper(socket: UnixStream, deadline: Instant) -> Sleeper {
+        Sleeper {
+            socket: socket.into(),
+            kind: StreamKind::Unix,
+            peer: Peer::new(None, false),
+            site: Rc::new(Site { server_name: "t".into(), server_port: 0, tls: false }),
+            permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            answered: 1,
+            deadline,
+            tls: None,
+            http2: None,
+        }
+    }
+
+    /// Issue 46: 100 sleepers whose sockets are also open elsewhere expire, then their clients
+    /// speak. Closed without being unwatched, they stayed in the set under keys that named
+    /// nobody, and the watcher met a full batch of them at every look.
+    #[test]
+    fn an_expired_sleeper_leaves_the_set_even_when_its_socket_is_open_elsewhere() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let hibernation = Hibernation::new().unwrap();
+            let now = Instant::now();
+            let mut clients = Vec::new();
+            let mut elsewhere = Vec::new();
+            for _ in 0..100 {
+                let (ours, client) = UnixStream::pair().unwrap();
+                elsewhere.push(ours.try_clone().unwrap());
+                hibernation.put(sleeper(ours, now));
+                clients.push(client);
+            }
+            assert_eq!(hibernation.sleeping(), 100);
+            assert_eq!(hibernation.close_expired(now, false), 100);
+            for client in &mut clients {
+                client.write_all(b"GET").unwrap();
+            }
+            let mut woken = Vec::new();
+            assert_eq!(hibernation.take_woken(&mut woken).unwrap(), 0);
+            assert!(woken.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_sleeper_whose_client_speaks_is_taken_once() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let hibernation = Hibernation::new().unwrap();
+            let (ours, mut client) = UnixStream::pair().unwrap();
+            let _elsewhere = ours.try_clone().unwrap();
+            hibernation.put(sleeper(ours, Instant::now() + Duration::from_secs(60)));
+            client.write_all(b"GET").unwrap();
+            let mut woken = Vec::new();
+            assert_eq!(hibernation.take_woken(&mut woken).unwrap(), 1);
+            assert_eq!(woken.len(), 1);
+            // Taken out of the set: readable still, it is not reported again.
+            assert_eq!(hibernation.take_woken(&mut woken).unwrap(), 0);
+            assert_eq!(hibernation.sleeping(), 0);
+        });
+    }
 
     #[test]
     fn slots_reuse_keys_and_count() {
@@ -253,7 +335,7 @@ mod tests {
         let c = slots.insert("c");
         assert_eq!(c, a);
         assert_eq!(slots.len(), 2);
-        assert_eq!(slots.remove_where(|v| *v == "b"), 1);
+        assert_eq!(slots.take_where(|v| *v == "b"), vec!["b"]);
         assert_eq!(slots.remove(b), None);
         assert_eq!(slots.len(), 1);
         assert_eq!(slots.remove(99), None);

@@ -5,10 +5,10 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::asleep::{EVENTS_PER_WAIT, TICK};
+use super::asleep::{Hibernation, Sleeper, EVENTS_PER_WAIT, TICK};
 use super::task;
 use crate::lobby::Lobby;
-use crate::log::debug;
+use crate::log::{debug, warning_limited};
 
 /// The watcher: wakes sleepers when their client speaks, closes them when their time is up.
 pub async fn watch(lobby: Rc<Lobby>) {
@@ -20,13 +20,21 @@ pub async fn watch(lobby: Rc<Lobby>) {
         tokio::select! {
             ready = hibernation.epoll.readable() => {
                 let Ok(mut ready) = ready else { return };
-                match hibernation.take_woken(&mut woken) {
-                    Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
-                    Ok(_) => {}
-                    Err(e) => debug!("waiting for hibernating connections failed: {e}"),
-                }
+                let taken = hibernation.take_woken(&mut woken);
                 for sleeper in woken.drain(..) {
                     task::resume(&lobby, sleeper);
+                }
+                match taken {
+                    Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
+                    // A full batch: there may be more. tokio's readiness is no budgeted
+                    // operation, so without a yield this loop would take the next batch, and
+                    // the next, before any other task (or the driver) ran again.
+                    Ok(_) => tokio::task::yield_now().await,
+                    Err(e) => {
+                        // Left ready, the set would be asked again at once, and fail again.
+                        ready.clear_ready();
+                        warning_limited!("waiting for hibernating connections failed: {e}");
+                    }
                 }
             }
             _ = ticks.tick() => {
@@ -39,16 +47,11 @@ pub async fn watch(lobby: Rc<Lobby>) {
                     // those whose client has spoken too (it reads what they sent). One it cannot
                     // take (`Sleeper::can_move`) sleeps on here, and is answered here when its
                     // client speaks.
-                    while let Ok(n) = hibernation.take_woken(&mut woken) {
-                        for sleeper in woken.drain(..) {
-                            if sleeper.can_move() {
-                                successor.hand_over(sleeper);
-                            } else {
-                                task::resume(&lobby, sleeper);
-                            }
-                        }
-                        if n < EVENTS_PER_WAIT {
-                            break;
+                    for sleeper in take_all_woken(hibernation, &mut woken) {
+                        if sleeper.can_move() {
+                            successor.hand_over(sleeper);
+                        } else {
+                            task::resume(&lobby, sleeper);
                         }
                     }
                     for sleeper in hibernation.take_movable() {
@@ -57,13 +60,8 @@ pub async fn watch(lobby: Rc<Lobby>) {
                 } else if shutting_down {
                     // A request that has arrived is answered (with `Connection: close`), not
                     // lost with its connection.
-                    while let Ok(n) = hibernation.take_woken(&mut woken) {
-                        for sleeper in woken.drain(..) {
-                            task::resume(&lobby, sleeper);
-                        }
-                        if n < EVENTS_PER_WAIT {
-                            break;
-                        }
+                    for sleeper in take_all_woken(hibernation, &mut woken) {
+                        task::resume(&lobby, sleeper);
                     }
                 }
                 let closed = hibernation.close_expired(Instant::now(), lobby.closing());
@@ -76,4 +74,16 @@ pub async fn watch(lobby: Rc<Lobby>) {
             _ = shutdown.changed() => ticks.reset_immediately(),
         }
     }
+}
+
+/// Every sleeper readable now, in as many batches as that takes, and no more batches than the
+/// sleepers there were: each batch takes at least one out of the set, or the set has no more.
+fn take_all_woken<'a>(hibernation: &Hibernation, woken: &'a mut Vec<Sleeper>) -> std::vec::Drain<'a, Sleeper> {
+    for _ in 0..=hibernation.sleeping().div_ceil(EVENTS_PER_WAIT) {
+        match hibernation.take_woken(woken) {
+            Ok(n) if n == EVENTS_PER_WAIT => {}
+            _ => break,
+        }
+    }
+    woken.drain(..)
 }
