@@ -243,6 +243,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "backlog": None,
         "timeout": 30.0,
         "graceful_timeout": 30.0,
+        "lobby_timeout": 30.0,
         "keep_alive": 75.0,
         "http_protocols": ["h1", "h2"],
         "http2_max_concurrent_streams": 100,

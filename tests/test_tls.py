@@ -539,3 +539,28 @@ def test_idle_connections_left_at_the_graceful_timeout_end_the_drain_cleanly(
         assert closed_by_server(sock)
     os.kill(int(pid_file.read_text()), signal.SIGTERM)
     assert eventually(lambda: not pid_file.exists(), 30)
+
+
+def test_a_pipelined_request_rustls_holds_while_the_first_waits_stalls_nothing(maitred_server, server_pair, authority):
+    """Issue 46's class, found by reading: a TLS request waited on its answer while rustls held
+    the plaintext of the next one (more than the lobby had read of it), and the watch for the
+    client's leaving spun: rustls said there was input, the socket said there was none, and the
+    loop asked again without ever yielding. The lobby answered nothing more. Here a request
+    waiting a second has an 8 KiB pipelined request behind it: both are answered, and another
+    client is answered while they wait."""
+    apps = Path(__file__).resolve().parent / "apps"
+    server = maitred_server(
+        "-w", "2", "--certfile", str(server_pair.cert), "--keyfile", str(server_pair.key), "crashy:app", cwd=apps
+    )
+    context = client_context(authority)
+    padding = "x" * 4096
+    with tls_connect(server.port, context) as sock:
+        sock.sendall(
+            b"GET /sleep?seconds=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            + f"GET /pid HTTP/1.1\r\nHost: localhost\r\nX-One: {padding}\r\nX-Two: {padding}\r\n\r\n".encode()
+        )
+        with tls_connect(server.port, context) as other:
+            other.sendall(b"GET /pid HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert read_reply(other).status == 200
+        assert read_reply(sock).status == 200
+        assert read_reply(sock).status == 200

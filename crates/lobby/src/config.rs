@@ -39,6 +39,9 @@ pub struct Config {
     pub timeout: Duration,
     /// How long a shutdown waits for queued and running requests.
     pub graceful_timeout: Duration,
+    /// How long the lobby's event loop may make no progress before the lobby ends itself
+    /// (`process/watchdog.rs`); None: never.
+    pub lobby_timeout: Option<Duration>,
     /// How long an idle keep-alive connection is held open.
     pub keep_alive: Duration,
     /// How long a request head, and each gap inside a body, may take to arrive.

@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use tokio::task::LocalSet;
 
+use process::watchdog::{self, Watchdog};
+
 pub use client::certificates::{CertReqs, TlsSettings};
 pub use client::proxies::{AllowList, Forwarding};
 pub use config::{BindAddress, Config, Credentials, HalfClose, HttpProtocols, QueuePolicy, WebSocketLimits};
@@ -75,7 +77,25 @@ pub fn run(
         .build()
         .map_err(|e| StartupError(format!("cannot start the event loop: {e}")))?;
     let local = LocalSet::new();
-    let result = local.block_on(&runtime, run::until_stopped(config, control, zygote_pid, rereader, succession, hooks));
+    // Started on this thread, the one that runs the event loop, which the watchdog watches.
+    let watchdog = config
+        .lobby_timeout
+        .map(Watchdog::start)
+        .transpose()
+        .map_err(|e| StartupError(format!("cannot start the lobby's watchdog (--lobby-timeout): {e}")))?;
+    if let Some(watchdog) = &watchdog {
+        local.spawn_local(watchdog.heartbeat());
+    }
+    if let Some(wedge) = watchdog::wedge_on_signal() {
+        local.spawn_local(wedge);
+    }
+    let result = local.block_on(
+        &runtime,
+        run::until_stopped(config, control, zygote_pid, rereader, succession, hooks, watchdog.clone()),
+    );
+    if let Some(watchdog) = &watchdog {
+        watchdog.stop();
+    }
     // Tasks still holding connections are dropped here, after every worker was stopped.
     drop(local);
     // A config file still being read for a reload is not waited for.

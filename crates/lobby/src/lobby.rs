@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::observe::findings::Diagnoses;
 use crate::observe::metrics::Metrics;
 use crate::process::upgrade::handover::Successor;
+use crate::process::watchdog::Watchdog;
 use crate::seating::spool::SpillBudget;
 use crate::seating::websocket::WebSockets;
 use crate::seating::Seating;
@@ -64,6 +65,8 @@ pub(crate) struct Lobby {
     pub(crate) successor: RefCell<Option<Rc<Successor>>>,
     /// The TLS listeners' certificate (`--certfile`), read again at a SIGHUP; None: no TLS.
     pub tls: Option<Certificates>,
+    /// The event loop's watchdog (`--lobby-timeout`), for its readings; None when it is off.
+    pub watchdog: Option<Watchdog>,
 }
 
 impl Lobby {

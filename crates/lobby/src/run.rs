@@ -28,6 +28,7 @@ use crate::observe::metrics::Metrics;
 use crate::observe::{diagnosis, idle_cpus, server};
 use crate::process::hooks::{self, ServerHooks};
 use crate::process::upgrade::{takeover, Succession};
+use crate::process::watchdog::Watchdog;
 use crate::process::{notify, privileges};
 use crate::seating::spool::SpillBudget;
 use crate::seating::Seating;
@@ -50,6 +51,7 @@ pub(crate) async fn until_stopped(
     rereader: Option<Rereader>,
     mut succession: Succession,
     hooks: Option<ServerHooks>,
+    watchdog: Option<Watchdog>,
 ) -> Result<i32, StartupError> {
     // First, so that no signal the lobby acts on can end it by its default action.
     let signals = Signals::install()?;
@@ -149,6 +151,7 @@ pub(crate) async fn until_stopped(
         abort_on_timeout,
         interrupt_workers,
         started: std::time::Instant::now(),
+        watchdog,
     });
     lobby.seating.configure(lobby.config.overload_policy());
     let (events_tx, mut events) = mpsc::unbounded_channel();

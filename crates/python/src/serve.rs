@@ -146,6 +146,7 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
         backlog: optional(settings, "backlog")?,
         timeout: seconds(settings, "timeout")?,
         graceful_timeout: seconds(settings, "graceful_timeout")?,
+        lobby_timeout: Some(seconds(settings, "lobby_timeout")?).filter(|limit| !limit.is_zero()),
         keep_alive: seconds(settings, "keep_alive")?,
         header_timeout: seconds(settings, "header_timeout")?,
         body_min_rate: required(settings, "body_min_rate")?,

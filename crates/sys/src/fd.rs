@@ -93,6 +93,27 @@ pub fn write_all_waiting(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()>
     Ok(())
 }
 
+/// Writes as much of `bytes` as goes within `timeout`, waiting for room no longer than that in
+/// all; an error if not all of it went.
+pub fn write_all_within(fd: BorrowedFd<'_>, mut bytes: &[u8], timeout: std::time::Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    while !bytes.is_empty() {
+        match rustix::io::write(fd, bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => bytes = &bytes[written..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() || !wait_for(fd, PollFlags::OUT, Some(left))? {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Waits until `fd` can be read, or `timeout` passes (None: however long it takes); returns
 /// whether it can.
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> io::Result<bool> {

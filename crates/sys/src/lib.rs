@@ -23,3 +23,4 @@ pub mod reactor;
 pub mod shared_memory;
 pub mod sleepers;
 pub mod socket;
+pub mod stack;

@@ -21,6 +21,11 @@ pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }
 
+/// The kernel's clock ticks per second, the unit of the CPU times in /proc/PID/stat.
+pub fn clock_ticks_per_second() -> u64 {
+    rustix::param::clock_ticks_per_second()
+}
+
 /// CLOCK_MONOTONIC in microseconds: the clock systemd compares `MONOTONIC_USEC` with.
 pub fn monotonic_usec() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);

@@ -159,6 +159,17 @@ ROWS: tuple[Setting, ...] = (
     ),
     Setting(
         "workers",
+        "lobby_timeout",
+        ("--lobby-timeout",),
+        "SECONDS",
+        seconds(allow_zero=True),
+        30.0,
+        "If the lobby's event loop makes no progress for this long, it logs where its thread is and exits with "
+        "code 70, for the service manager to restart maitred; time the process was stopped or starved of CPU "
+        "does not count (0: never; docs/SIGNALS.md).",
+    ),
+    Setting(
+        "workers",
         "max_requests",
         ("--max-requests",),
         "INT",

@@ -31,6 +31,11 @@ pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'stati
         Ok((self.into_fd()?, None))
     }
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    /// Input the stream holds of its own, which the socket's readiness does not show: a TLS
+    /// session's plaintext already decrypted (a pipelined request), or its peer's close_notify.
+    fn holds_input(&self) -> bool {
+        false
+    }
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R>;
     /// What the TLS handshake settled, for the environ and the access log; None: plain.

@@ -156,6 +156,10 @@ impl<S: ClientStream> ClientStream for TlsStream<S> {
         self.io.poll_read_ready(cx)
     }
 
+    fn holds_input(&self) -> bool {
+        !self.session.wants_read()
+    }
+
     fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.io.poll_write_ready(cx)
     }

@@ -60,7 +60,10 @@ impl<S: ClientStream> Connection<S> {
     ///   once), a client that leaves has its request dropped (`abandon`), and
     ///   None comes back: the connection ends.
     pub(super) async fn first_part(&self, responses: &AnswerReceiver, waiting: &Waiting) -> Option<ResponsePart> {
-        let queue_timeout = self.lobby.settings().queue_timeout;
+        // Turned off once a withdrawal fails: the worker has the request (an offer it took,
+        // which the lobby has not yet seen), and the timer, due already, would fire again at
+        // every turn of this loop until the lobby sees it (issue 46's class).
+        let mut queue_timeout = self.lobby.settings().queue_timeout;
         let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + waiting.watch_after);
         let mut watching = true;
         loop {
@@ -79,6 +82,7 @@ impl<S: ClientStream> Connection<S> {
                             retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
                         });
                     }
+                    queue_timeout = None;
                 }
                 left = async { sleep_until(watch_from).await; self.client_left().await }, if watching => {
                     if left {
@@ -109,8 +113,16 @@ impl<S: ClientStream> Connection<S> {
     /// sending side (which looks the same as a close until the answer is written). False when it
     /// sent more (a pipelined request) or half-closed under `--half-close serve`: it is still
     /// there to read the answer, and is not watched further.
+    ///
+    /// Input the stream holds itself (a TLS session's decrypted plaintext, or its client's
+    /// close_notify) counts as more sent: the socket would show nothing, and asking it again
+    /// while the stream says it is ready made a loop that never yielded (issue 46). A TLS
+    /// client that sent close_notify while it waits is served, as under `--half-close serve`.
     async fn client_left(&self) -> bool {
         loop {
+            if self.stream.holds_input() {
+                return false;
+            }
             if poll_fn(|cx| self.stream.poll_read_ready(cx)).await.is_err() {
                 return true;
             }

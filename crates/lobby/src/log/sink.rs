@@ -348,10 +348,15 @@ pub(super) fn reopen_onto(path: &str, fd: BorrowedFd<'_>, mode: u32) -> io::Resu
     maitred_sys::fd::replace(fd, file.as_fd())
 }
 
-/// Writes a line straight to standard error: when no writer thread could be started.
+/// Writes a line straight to standard error: when no writer thread could be started. On the
+/// event loop's thread, so it waits for room a moment at most: a destination that takes
+/// nothing loses the line rather than stopping the lobby.
 pub(super) fn write_to_stderr(line: &str) {
-    let _ = write_all(stderr(), line.as_bytes());
+    let _ = maitred_sys::fd::write_all_within(stderr(), line.as_bytes(), STDERR_WITHIN);
 }
+
+/// How long `write_to_stderr` waits for room.
+const STDERR_WITHIN: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

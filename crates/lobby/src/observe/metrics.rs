@@ -7,14 +7,15 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use maitred_protocol::RequestError;
 
 use super::findings::KERNEL_COUNTERS;
 use crate::client::h2::reasons::{GoawayReason, Http2Refusal, StreamStage};
+use crate::process::watchdog::Readings;
 use crate::seating::overload::ShedReason;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
@@ -50,6 +51,8 @@ pub struct Metrics {
     pub(super) shed: IntCounterVec,
     pub(super) websockets_open: IntGauge,
     pub(super) websockets_queued: IntGauge,
+    pub(super) loop_lateness_max: Gauge,
+    pub(super) loop_stall_max: Gauge,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
     /// reached at the last scrape, to add what they moved since.
     pub(super) exits_reported: Cell<[u64; ExitReason::ALL.len()]>,
@@ -219,10 +222,25 @@ impl Metrics {
             IntGauge::new("websockets_queued", "WebSocket handshakes waiting for a seat under --websocket-seats")
                 .expect("valid");
         register(Box::new(websockets_queued.clone()));
+        let loop_lateness_max = Gauge::new(
+            "lobby_loop_lateness_max_seconds",
+            "The longest the lobby's event loop ran its once-a-second heartbeat late, since the start (--lobby-timeout)",
+        )
+        .expect("valid");
+        register(Box::new(loop_lateness_max.clone()));
+        let loop_stall_max = Gauge::new(
+            "lobby_loop_stall_max_seconds",
+            "The longest the lobby's watchdog saw its event loop make no progress, since the start; the lobby ends \
+             itself at --lobby-timeout",
+        )
+        .expect("valid");
+        register(Box::new(loop_stall_max.clone()));
         Metrics {
             registry,
             websockets_open,
             websockets_queued,
+            loop_lateness_max,
+            loop_stall_max,
             requests,
             http2_requests,
             http2_refused,
@@ -292,6 +310,8 @@ impl Metrics {
         self.queue_requests.set(now.waiting as i64);
         self.websockets_open.set(now.websockets_open as i64);
         self.websockets_queued.set(now.websockets_queued as i64);
+        self.loop_lateness_max.set(now.event_loop.longest_late.as_secs_f64());
+        self.loop_stall_max.set(now.event_loop.longest_stall.as_secs_f64());
         for (state, count) in WorkerState::ALL.iter().zip(now.workers) {
             self.workers.with_label_values(&[state.label()]).set(count as i64);
         }
@@ -353,6 +373,8 @@ pub(super) struct Now {
     pub(super) websockets_open: usize,
     /// WebSocket handshakes waiting for a seat (cancelled ones not yet swept included).
     pub(super) websockets_queued: usize,
+    /// The watchdog's readings of the event loop (zero when it is off).
+    pub(super) event_loop: Readings,
 }
 
 pub(super) struct ListenerNow {

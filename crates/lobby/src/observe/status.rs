@@ -14,6 +14,7 @@ use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
+use crate::process::watchdog::Watchdog;
 use crate::seating::overload::{ShedReason, SUSTAINED};
 use crate::worker::recycle::resident_of;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
@@ -107,6 +108,9 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             "generation": lobby.scoreboard.generation.get(),
             "workers_target": settings.workers,
             "max_connections": max_connections,
+            "lobby_timeout_seconds": settings.lobby_timeout.map(|limit| limit.as_secs_f64()),
+            "loop_lateness_max_seconds": now.event_loop.longest_late.as_secs_f64(),
+            "loop_stall_max_seconds": now.event_loop.longest_stall.as_secs_f64(),
         },
         "requests": requests,
         "refusals": refusals,
@@ -188,6 +192,7 @@ impl Now {
             overflows: lobby.diagnoses.kernel_overflows(),
             websockets_open: lobby.websockets.open(),
             websockets_queued: lobby.seating.websockets_queued(),
+            event_loop: lobby.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The process's own life, apart from serving: the binary upgrade (`upgrade/`), starting a
 //! maitred process that talks to this one (`spawn.rs`), the config file's server hooks
-//! (`hooks.rs`), telling systemd how things stand (`notify.rs`) and dropping root
-//! (`privileges.rs`).
+//! (`hooks.rs`), telling systemd how things stand (`notify.rs`), dropping root
+//! (`privileges.rs`), and ending the lobby when its event loop stalls (`watchdog.rs`).
 //!
 //! It may import the client connections' sleeping state (an upgrade hands idle connections
 //! over), the logs, the settings and the shared context; never the supervisor, which drives it.
@@ -11,3 +11,4 @@ pub(crate) mod notify;
 pub(crate) mod privileges;
 pub(crate) mod spawn;
 pub(crate) mod upgrade;
+pub(crate) mod watchdog;

@@ -167,7 +167,7 @@ impl Seating {
             return Next::Now(job);
         }
         let now = Instant::now();
-        if let Some(job) = self.take_oldest(now).or_else(|| self.recall_oldest_offer()) {
+        if let Some(job) = self.take_oldest(now, None).or_else(|| self.recall_oldest_offer()) {
             return Next::Now(job);
         }
         self.overload.drained(now);
@@ -211,11 +211,39 @@ impl Seating {
         offer::STALE_AFTER.max(Duration::from_secs_f64(typical * offer::STALE_FACTOR))
     }
 
-    /// For a worker that looks for work, idle or to be offered more: the oldest request offered
-    /// to a worker that has been on one request for `stale_after` (offers are older than
-    /// anything in the queue), else the queue's oldest.
-    pub fn take_oldest(&self, now: Instant) -> Option<Job> {
-        self.recall_stale_offers(now).or_else(|| self.take_queued(now))
+    /// For a worker that looks for work, idle or to be offered more (`taker`, whose own offers
+    /// are never taken back for it): the oldest request offered to another worker that has been
+    /// on one request for `stale_after` (offers are older than anything in the queue), else the
+    /// queue's oldest.
+    fn take_oldest(&self, now: Instant, taker: Option<&Offers>) -> Option<Job> {
+        self.recall_stale_offers(now, taker).or_else(|| self.take_queued(now))
+    }
+
+    /// Offers the busy worker `taker` the oldest waiting requests, as many as `offer_depth`
+    /// calls for and no more than the `left` requests it will still take (--max-requests);
+    /// `waited` hears how long each had waited. One pass, judged at one instant, `now`, and of
+    /// at most `offer_depth` takes: it ends whatever the clock does meanwhile.
+    ///
+    /// Issue 46: the pass read the clock anew at each take and could take back the taker's own
+    /// offers, since its request had begun more than `stale_after` ago by then (the lobby's
+    /// thread preempted for 5 ms, on two cores shared with CPU hogs). It then took back one,
+    /// offered it again and took it back, for ever: the lobby answered nothing more.
+    pub fn offer_to(&self, taker: &Offers, now: Instant, left: Option<u64>, mut waited: impl FnMut(Duration)) {
+        let depth = self.offer_depth();
+        let room = |held: usize| held < depth && left.is_none_or(|left| (held as u64) < left);
+        for _ in 0..depth {
+            if !room(taker.len()) {
+                return;
+            }
+            let Some(next) = self.take_oldest(now, Some(taker)) else { return };
+            // Its wait ends here: the worker takes it as soon as it has answered.
+            let wait = now.saturating_duration_since(next.enqueued_at);
+            if let Err(next) = taker.make(next) {
+                self.return_unstarted(next);
+                return;
+            }
+            waited(wait);
+        }
     }
 
     /// The oldest live job in the queue that can still be answered in time, if any; those
@@ -270,12 +298,13 @@ impl Seating {
     /// Takes back every offer from the worker that holds the oldest one behind a request it has
     /// been on for `stale_after`. The oldest is returned; the rest go to the front of the
     /// queue, for the next worker that looks, rather than back behind the slow request.
-    fn recall_stale_offers(&self, now: Instant) -> Option<Job> {
+    fn recall_stale_offers(&self, now: Instant, taker: Option<&Offers>) -> Option<Job> {
         let stale_after = self.stale_after();
         let holder = self
             .offers
             .borrow()
             .iter()
+            .filter(|offers| taker.is_none_or(|taker| !std::ptr::eq(Rc::as_ptr(offers), taker)))
             .filter_map(|offers| offers.stale_since(now, stale_after).map(|enqueued_at| (enqueued_at, offers.clone())))
             .min_by_key(|(enqueued_at, _)| *enqueued_at)
             .map(|(_, offers)| offers)?;
@@ -617,10 +646,10 @@ mod tests {
         let later = Instant::now() + seating.stale_after();
         // Looking for work, the next worker takes the oldest offer; the other comes back to the
         // front of the queue, ahead of what came after it, rather than behind the slow request.
-        assert_eq!(seating.take_oldest(later).unwrap().frame, b"a");
+        assert_eq!(seating.take_oldest(later, None).unwrap().frame, b"a");
         assert!(slow.is_empty());
-        assert_eq!(seating.take_oldest(later).unwrap().frame, b"b");
-        assert_eq!(seating.take_oldest(later).unwrap().frame, b"c");
+        assert_eq!(seating.take_oldest(later, None).unwrap().frame, b"b");
+        assert_eq!(seating.take_oldest(later, None).unwrap().frame, b"c");
     }
 
     #[test]
@@ -664,8 +693,44 @@ mod tests {
         let _answers = busy_with(&busy, "fast", &["a"]);
         let (b, _rb) = job("b");
         seating.submit(b);
-        assert_eq!(seating.take_oldest(Instant::now()).unwrap().frame, b"b");
+        assert_eq!(seating.take_oldest(Instant::now(), None).unwrap().frame, b"b");
         assert_eq!(busy.len(), 1);
+    }
+
+    /// Issue 46's hang: the offering pass took back the taker's own offer, found stale because
+    /// the pass came more than `stale_after` after its request began, offered it again, and
+    /// so on for ever (a loop that ended only when the worker had `offer_depth` offers).
+    #[test]
+    fn a_worker_offered_more_keeps_its_own_offers_however_late_the_pass() {
+        let seating = Seating::default();
+        let (busy, _worker) = offers_of(&seating);
+        let _answers = busy_with(&busy, "running", &["a"]);
+        let (b, _rb) = job("b");
+        seating.submit(b);
+        let late = Instant::now() + seating.stale_after() * 10;
+        let mut waits = 0;
+        seating.offer_to(&busy, late, None, |_| waits += 1);
+        assert_eq!(waits, 1);
+        assert_eq!(seating.queued(), 0);
+        let held: Vec<Vec<u8>> = busy.recall_until(|_| false).into_iter().map(|job| job.frame).collect();
+        assert_eq!(held, [b"a".to_vec(), b"b".to_vec()]);
+    }
+
+    #[test]
+    fn an_offering_pass_stops_at_the_depth_and_at_the_requests_left() {
+        let seating = Seating::default();
+        let (busy, _worker) = offers_of(&seating);
+        let _answers = busy_with(&busy, "running", &[]);
+        let mut receivers = Vec::new();
+        for name in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
+            let (queued, answer) = job(name);
+            seating.submit(queued);
+            receivers.push(answer);
+        }
+        seating.offer_to(&busy, Instant::now(), Some(3), |_| {});
+        assert_eq!((busy.len(), seating.queued()), (3, 7));
+        seating.offer_to(&busy, Instant::now(), None, |_| {});
+        assert_eq!((busy.len(), seating.queued()), (offer::DEPTH, 10 - offer::DEPTH));
     }
 
     #[test]

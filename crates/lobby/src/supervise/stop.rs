@@ -85,7 +85,7 @@ impl Supervisor {
         self.abandon_reload("a shutdown began").await;
         if let Some(mut candidate) = self.candidate.take() {
             info!("stopping the new maitred (pid {}) that SIGUSR2 started: a shutdown began", candidate.pid());
-            candidate.stop();
+            candidate.stop().await;
         }
         let all_closed = all_places_free(connections, max_connections);
         tokio::pin!(all_closed);

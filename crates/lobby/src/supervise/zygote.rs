@@ -56,6 +56,10 @@ impl std::fmt::Display for Exit {
 /// The variable that tells the `maitred` command to be a zygote on this control channel
 /// (read by `maitred.cli`).
 pub const ZYGOTE_CHANNEL_VARIABLE: &str = "MAITRED_ZYGOTE_FD";
+/// How long a message to the zygote may wait for room in its channel. The zygote reads its
+/// channel between forks, which take milliseconds; one that reads nothing for this long is
+/// stopped or wedged.
+const SEND_WITHIN: Duration = Duration::from_secs(10);
 /// How often a retired zygote is looked for, until it has exited.
 const REAP_POLL: Duration = Duration::from_millis(100);
 
@@ -172,12 +176,18 @@ impl Control {
         let _ = SockRef::from(self.socket.get_ref()).shutdown(std::net::Shutdown::Both);
     }
 
+    /// Sends one message; an error when the zygote has taken no message for `SEND_WITHIN`
+    /// (its end of the pair full), so that no caller waits on it without end.
     async fn send(&self, message: String) -> io::Result<()> {
-        self.socket
-            .async_io(Interest::WRITABLE, |socket| {
-                maitred_sys::socket::send(socket.as_fd(), message.as_bytes(), false).map(drop)
-            })
-            .await
+        let sending = self.socket.async_io(Interest::WRITABLE, |socket| {
+            maitred_sys::socket::send(socket.as_fd(), message.as_bytes(), false).map(drop)
+        });
+        tokio::time::timeout(SEND_WITHIN, sending).await.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the zygote has read no message for {} s", SEND_WITHIN.as_secs()),
+            ))
+        })
     }
 
     /// The next report, or None when the zygote has gone away.

@@ -285,17 +285,7 @@ fn lost_with(lobby: &Lobby, offers: &Offers, thread: Thread, job: Job, lost: Los
 /// call for (`Seating::offer_depth`), and, when it is to be retired, no more than the `left`
 /// requests it will still take.
 fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
-    let depth = lobby.seating.offer_depth();
-    while offers.len() < depth && left.is_none_or(|left| (offers.len() as u64) < left) {
-        let Some(next) = lobby.seating.take_oldest(Instant::now()) else { return };
-        // Its wait ends here: the worker takes it as soon as it has answered.
-        let waited = next.enqueued_at.elapsed();
-        if let Err(next) = offers.make(next) {
-            lobby.seating.return_unstarted(next);
-            return;
-        }
-        lobby.metrics.waited(waited);
-    }
+    lobby.seating.offer_to(offers, Instant::now(), left, |waited| lobby.metrics.waited(waited));
 }
 
 /// Why an idle worker's channel became readable: it has exited, or it broke the protocol.

@@ -256,7 +256,9 @@ async fn first_part(
     upstream: Duration,
 ) -> Option<ResponsePart> {
     let lobby = &shared.lobby;
-    let queue_timeout = lobby.settings().queue_timeout;
+    // Turned off once a withdrawal fails: the worker has the request (an offer it took, which
+    // the lobby has not yet seen), and the timer, due already, would fire again at every turn.
+    let mut queue_timeout = lobby.settings().queue_timeout;
     loop {
         let unseated = matches!(state.get(), JobState::Queued | JobState::Offered);
         let timeout = queue_timeout.filter(|_| unseated);
@@ -291,6 +293,7 @@ async fn first_part(
                         retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
                     });
                 }
+                queue_timeout = None;
             }
         }
     }
