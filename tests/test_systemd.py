@@ -519,6 +519,26 @@ def test_watchdog_at_half_its_interval(launch, svc_dir, notify_socket):
     assert run.stop() == 0
 
 
+def test_a_stalled_lobby_stops_the_watchdog_at_once_and_ends(launch, svc_dir, notify_socket):
+    """docs/SIGNALS.md, "A stalled lobby": WATCHDOG=1 comes from a task on the event loop, so a
+    loop that stops turning stops it with the next beat, and systemd's WatchdogSec acts; the
+    lobby's own --lobby-timeout ends it too, with exit code 70, for Restart= to start it again."""
+    run = start_notified(
+        launch, svc_dir, notify_socket, "--lobby-timeout", "5", WATCHDOG_USEC="400000", MAITRED_TEST_WEDGE="spin"
+    )
+    notify_socket.wait_for("READY=1", timeout=30)
+    notify_socket.wait_for("WATCHDOG=1", timeout=5)
+    run.process.send_signal(signal.SIGRTMIN + 5)
+    run.wait_for_log("wedging the event loop, as asked")
+    wedged = time.monotonic()
+    assert run.process.wait(timeout=25) == 70
+    notify_socket.collect(0.2)
+    # At most the beat already due when the wedge came (one interval, 200 ms).
+    late = [at - wedged for at, _ in notify_socket.lines("WATCHDOG=1", since=wedged + 0.25)]
+    assert late == [], late
+    assert "has made no progress" in run.log()
+
+
 def test_no_watchdog_for_another_process(launch, svc_dir, notify_socket):
     run = start_notified(launch, svc_dir, notify_socket, WATCHDOG_USEC="200000", WATCHDOG_PID="1")
     notify_socket.wait_for("READY=1", timeout=30)

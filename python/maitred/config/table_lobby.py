@@ -28,6 +28,7 @@ from maitred.config.values import (
     _whole_number,
     one_of,
     seconds,
+    seconds_off_or_at_least,
 )
 
 # The worker channel carries the request-target and header names as `str16` and the header
@@ -162,7 +163,9 @@ ROWS: tuple[Setting, ...] = (
         "lobby_timeout",
         ("--lobby-timeout",),
         "SECONDS",
-        seconds(allow_zero=True),
+        # The watchdog sees a heartbeat a second apart, at looks a second apart: a healthy
+        # loop can seem still for two seconds (process/watchdog.rs).
+        seconds_off_or_at_least(5),
         30.0,
         "If the lobby's event loop makes no progress for this long, it logs where its thread is and exits with "
         "code 70, for the service manager to restart maitred; time the process was stopped or starved of CPU "

@@ -65,6 +65,22 @@ def seconds(*, allow_zero: bool) -> Callable[[str], float]:
     return parse
 
 
+def seconds_off_or_at_least(least: float) -> Callable[[str], float]:
+    """0 (off), or a number of seconds no smaller than `least`."""
+    expected = f"0 (off) or a number of seconds of at least {least:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or (value != 0 and value < least):
+            raise ValueError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _existing_parent(path: str) -> str:
     """Makes `path` absolute (relative to the directory maitred was started in) and checks
     that the directory that will hold it exists and that it is not itself a directory."""

@@ -111,6 +111,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             "lobby_timeout_seconds": settings.lobby_timeout.map(|limit| limit.as_secs_f64()),
             "loop_lateness_max_seconds": now.event_loop.longest_late.as_secs_f64(),
             "loop_stall_max_seconds": now.event_loop.longest_stall.as_secs_f64(),
+            "loop_watchdog_looks": now.event_loop.looks,
         },
         "requests": requests,
         "refusals": refusals,

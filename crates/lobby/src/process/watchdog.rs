@@ -8,7 +8,7 @@
 //! Progress is a heartbeat: a task on the loop counts a beat every `BEAT`. The watchdog looks
 //! every `LOOK`; a look that finds the count where it was adds the time since the last look to
 //! the stall, one that finds it moved ends the stall. The watchdog counts only time it has seen
-//! pass: a look later than `LOOK_CAP` counts as `LOOK_CAP`, because a process stopped
+//! pass: a look that comes later than `LATE_LOOK` counts nothing, because a process stopped
 //! (SIGSTOP, a frozen cgroup, a debugger) or starved of CPU stops the watchdog too, and its
 //! loop cannot be blamed for time nobody ran. So a stopped-and-continued lobby, or one under a
 //! CPU quota of 0.1, never reaches the bound; docs/SIGNALS.md gives the measurements behind
@@ -29,8 +29,8 @@ use crate::log::{self, Level};
 const BEAT: Duration = Duration::from_secs(1);
 /// How often the watchdog looks at the beats.
 const LOOK: Duration = Duration::from_secs(1);
-/// The most one look counts, however late it came (the watchdog itself did not run).
-const LOOK_CAP: Duration = Duration::from_secs(2);
+/// A look this late counts nothing: the watchdog itself did not run meanwhile.
+const LATE_LOOK: Duration = Duration::from_secs(2);
 /// How long the watchdog waits for the stalled thread to give its stack.
 const STACK_WITHIN: Duration = Duration::from_secs(2);
 /// How long the watchdog waits for the log to write its lines before the process ends.
@@ -48,6 +48,8 @@ struct Shared {
     longest_late_us: AtomicU64,
     /// The longest stall the watchdog counted, in milliseconds.
     longest_stall_ms: AtomicU64,
+    /// The looks the watchdog has taken.
+    looks: AtomicU64,
     ended: AtomicBool,
 }
 
@@ -64,6 +66,8 @@ pub struct Readings {
     pub longest_late: Duration,
     /// The longest the watchdog saw the loop make no progress.
     pub longest_stall: Duration,
+    /// The looks the watchdog has taken: a test of a negative waits for the next ones.
+    pub looks: u64,
 }
 
 impl Watchdog {
@@ -101,6 +105,7 @@ impl Watchdog {
         Readings {
             longest_late: Duration::from_micros(self.shared.longest_late_us.load(Ordering::Relaxed)),
             longest_stall: Duration::from_millis(self.shared.longest_stall_ms.load(Ordering::Relaxed)),
+            looks: self.shared.looks.load(Ordering::Relaxed),
         }
     }
 
@@ -119,16 +124,19 @@ fn watch(shared: &Shared, limit: Duration, loop_thread: i32) {
     while !shared.ended.load(Ordering::Relaxed) {
         std::thread::sleep(LOOK);
         let now = Instant::now();
-        let since = now.duration_since(last_look).min(LOOK_CAP);
+        let since = now.duration_since(last_look);
         last_look = now;
         let beats = shared.beats.load(Ordering::Relaxed);
+        shared.looks.fetch_add(1, Ordering::Relaxed);
         if beats != seen {
             seen = beats;
             stall = Duration::ZERO;
             cpu_at_last_beat = thread_cpu(loop_thread);
             continue;
         }
-        stall += since;
+        if since < LATE_LOOK {
+            stall += since;
+        }
         shared.longest_stall_ms.fetch_max(stall.as_millis() as u64, Ordering::Relaxed);
         if stall >= limit && !shared.ended.load(Ordering::Relaxed) {
             end_stalled(stall, limit, loop_thread, cpu_at_last_beat);
