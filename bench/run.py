@@ -148,6 +148,11 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         type=float,
         help=f"SOAK's length (default: {soak.MINUTES:g} minutes; --quick: {soak.QUICK_MINUTES:g})",
     )
+    parser.add_argument(
+        "--contend",
+        action="store_true",
+        help="SOAK: a busy loop per core beside the servers for the whole soak, as shared machines have",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
     parser.add_argument(
         "--report-only",
@@ -167,9 +172,10 @@ def _run_soak(args: argparse.Namespace) -> int:
     gunicorn = _install_peers([SERVERS["gunicorn-gthread"]]).get("gunicorn-gthread", "ok") == "ok"
     _raise_open_files_limit()
     minutes = args.soak_minutes or (soak.QUICK_MINUTES if args.quick else soak.MINUTES)
-    out = Path(args.out) if args.out else (WORK / "quick" if args.quick else BENCH / "results" / "soak")
+    default = BENCH / "results" / ("soak-contend" if args.contend else "soak")
+    out = Path(args.out) if args.out else (WORK / "quick" if args.quick else default)
     try:
-        return soak.run(minutes, args.quick, out, gunicorn)
+        return soak.run(minutes, args.quick, out, gunicorn, args.contend)
     finally:
         procs.stop_all()
 

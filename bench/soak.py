@@ -5,6 +5,7 @@ under the same schedule, at the same moments.
     flock /work/bench.lock python3 bench/run.py -s SOAK                    # 8 minutes
     flock /work/bench.lock python3 bench/run.py -s SOAK --quick            # 2 minutes, a fault every 12 s
     flock /work/bench.lock python3 bench/run.py -s SOAK --soak-minutes 4
+    flock /work/bench.lock python3 bench/run.py -s SOAK --contend          # beside a CPU hog per core
 
 Each server runs `-w 3 --threads 2 --max-requests 5000 --max-requests-jitter 500` with a pid file
 and a log file; maitred also TLS on one listener beside a plain one (a certificate made for the
@@ -16,6 +17,12 @@ sessions echoing messages (the ASGI twin). The faults, in turn: SIGHUP, SIGUSR2 
 followed through the pid file), SIGTTIN then SIGTTOU, SIGKILL of a worker, SIGSTOP of a worker for
 3 s then SIGCONT, SIGUSR1 (the log renamed first), a worker made to pass --max-worker-memory, a
 client that resets mid-upload. At the end SIGTERM, with the load still on.
+
+Each server is probed once a second with a fresh connection (`GET /`); the longest it went
+without answering one is its silence, and a silence past HANG_SECONDS is a hang (issue 46: a
+lobby that had stopped answering, logging and taking signals). `--contend` runs a busy loop per
+core beside the servers for the whole soak, at the servers' priority, as a CI machine or a
+shared host has them: issue 46's hang needed the lobby's thread preempted at one moment.
 
 What it reports, per server and per fault: bench/README.md ("SOAK") and soak.md beside soak.json
 in the output directory.
@@ -37,6 +44,7 @@ import ssl
 import statistics
 import struct
 import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
@@ -81,6 +89,11 @@ IDLE_EVERY = 20.0
 STOP_SECONDS = 3.0
 WEBSOCKET_SESSIONS = 4
 SAMPLE_EVERY = 5.0
+PROBE_EVERY = 1.0
+PROBE_TIMEOUT = 5.0
+# No probe answered for this long is a hang: longer than any fault holds every worker (a stopped
+# one's 3 s, a reload), far shorter than issue 46's hang, which lasted until the lobby was killed.
+HANG_SECONDS = 10.0
 # A fault is recovered when the workers are back (3 serving, the victim gone) within this.
 RESTORE_WITHIN = 15.0
 WRK_THREADS = 2
@@ -128,6 +141,10 @@ class Target:
     killed: list[tuple[float, int, set[str]]] = field(default_factory=list)
     stopped: list[tuple[float, int, set[str]]] = field(default_factory=list)
     samples: list[tuple[float, int, int, int]] = field(default_factory=list)  # time, lobby pid, RSS KB, fds
+    # The longest without a probe answered, and each silence past HANG_SECONDS: (from, seconds).
+    longest_silence: float = 0.0
+    hangs: list[tuple[float, float]] = field(default_factory=list)
+    last_answer: float = 0.0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     wrk: subprocess.Popen | None = None
     wrk_report: dict | None = None
@@ -173,8 +190,9 @@ class Target:
         return "".join(path.read_text(errors="replace") for path in sorted(self.workdir.glob("server.log*")))
 
 
-def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool) -> int:
-    """Runs the soak and writes soak.json and soak.md into out; 0 when maitred met its targets."""
+def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool, contend: bool = False) -> int:
+    """Runs the soak and writes soak.json and soak.md into out; 0 when maitred met its targets.
+    contend: a CPU hog per core beside the servers for the whole soak."""
     fault_every = QUICK_FAULT_EVERY if quick else FAULT_EVERY
     workdir = BENCH / ".work" / "runs" / ID
     shutil.rmtree(workdir, ignore_errors=True)
@@ -182,6 +200,7 @@ def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool) -> int:
     cert, key = make_certificate(workdir)
     targets = _targets(workdir, cert, key, with_gunicorn)
     began = datetime.datetime.now(datetime.timezone.utc)
+    hogs = [_start_hog(workdir, number) for number in range(os.cpu_count() or 1)] if contend else []
     try:
         asyncio.run(_soak(targets, minutes * 60, fault_every, cert))
     finally:
@@ -189,6 +208,8 @@ def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool) -> int:
             for process in (target.wrk, target.process):
                 if process is not None:
                     procs.stop(process, grace=1.0)
+        for hog in hogs:
+            procs.stop(hog, grace=0.1)
     results = [_results(target) for target in targets]
     report = {
         "started": began.strftime("%Y-%m-%d %H:%M UTC"),
@@ -196,6 +217,7 @@ def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool) -> int:
         "maitred": str(MAITRED),
         "minutes": minutes,
         "fault_every_s": fault_every,
+        "cpu_hogs": len(hogs),
         "targets": results,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +226,12 @@ def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool) -> int:
     print(f"wrote {out / 'soak.md'} and {out / 'soak.json'}")
     print(_summary_lines(results))
     return 0 if all(all(met for _, met in r["targets_met"]) for r in results if r["kind"] == "maitred") else 1
+
+
+def _start_hog(workdir: Path, number: int) -> subprocess.Popen:
+    """A busy loop, at the servers' priority, for --contend."""
+    with (workdir / f"hog-{number}.out").open("wb") as log:
+        return procs.start([sys.executable, "-c", "while True: pass"], log=log, cwd=workdir, env=dict(os.environ))
 
 
 def _git(argv: list[str]) -> str:
@@ -294,10 +322,18 @@ async def _soak(targets: list[Target], seconds: float, fault_every: float, cert:
         target.wrk = _start_wrk(target, seconds + 60)
         tasks += [asyncio.create_task(client) for client in _clients(target, context, start)]
     sampler = asyncio.create_task(_sample(targets, start))
+    probes = [asyncio.create_task(_probe(target)) for target in targets]
     await _faults(targets, start, seconds, fault_every)
     await asyncio.sleep(max(0.0, start + seconds - time.monotonic()))
     # The samples end before the stop, which closes every connection.
     sampler.cancel()
+    for probe in probes:
+        probe.cancel()
+    # A silence until the stop is one too: the load's last minutes unanswered.
+    stopping = time.monotonic()
+    for target in targets:
+        if stopping - target.last_answer > PROBE_EVERY + PROBE_TIMEOUT:
+            _silence_ends(target, stopping)
     await asyncio.gather(*(_stop(target, tasks, start) for target in targets))
     for task in tasks:
         task.cancel()
@@ -493,6 +529,32 @@ async def _websocket_client(target: Target, index: int) -> None:
                 await socket_.close()
             return
         socket_.writer.close()
+
+
+async def _probe(target: Target) -> None:
+    """GET / on a fresh connection every PROBE_EVERY s, for the server's silences (HANG_SECONDS).
+    A silence still going on when the probing stops is closed there (`_soak`)."""
+    target.last_answer = time.monotonic()
+    while True:
+        await asyncio.sleep(PROBE_EVERY)
+        connection = Connection(target.plain_port, None)
+        try:
+            answered = (await asyncio.wait_for(connection.exchange("GET", "/"), PROBE_TIMEOUT)).status == 200
+        except (RequestFailed, asyncio.TimeoutError):
+            answered = False
+        finally:
+            connection.close()
+        if answered:
+            _silence_ends(target, time.monotonic())
+
+
+def _silence_ends(target: Target, now: float) -> None:
+    """The probes' silence since the last answer ends at `now`: counted, and a hang if long."""
+    silence = now - target.last_answer
+    target.longest_silence = max(target.longest_silence, silence)
+    if silence > HANG_SECONDS:
+        target.hangs.append((round(target.last_answer - target.start, 1), round(silence, 1)))
+    target.last_answer = now
 
 
 async def _sample(targets: list[Target], start: float) -> None:
@@ -814,6 +876,8 @@ def _results(target: Target) -> dict:
         "rss_slope_mb_per_min": rss_slope,
         "fd_slope_per_min": fd_slope,
         "faults": per_fault,
+        "longest_silence_s": round(target.longest_silence, 1),
+        "hangs": target.hangs,
         "faults_recovered": sum(f["restored_s"] is not None for f in recovered),
         "faults_applied": len(recovered),
         "stop": stop,
@@ -911,6 +975,7 @@ FD_SLOPE_TARGET_PER_MIN = 1.0
 def _targets_met(result: dict) -> list[tuple[str, bool]]:
     stop = result["stop"]
     return [
+        (f"0 hangs (no probe answered for {HANG_SECONDS:g} s)", not result["hangs"]),
         ("0 unexpected errors", result["unexpected_errors"] == 0),
         ("0 idle connections lost", result["idle_lost"] == 0),
         ("0 WebSocket sessions lost outside the documented rule", not result["websocket_lost_outside_rule"]),
@@ -937,7 +1002,8 @@ def _summary_lines(results: list[dict]) -> str:
         rss = "-" if r["rss_slope_mb_per_min"] is None else f"{r['rss_slope_mb_per_min']:.2f}"
         fds = "-" if r["fd_slope_per_min"] is None else f"{r['fd_slope_per_min']:.1f}"
         lines.append(
-            f"{r['name']}: {r['answered_correctly']} answered correctly, {r['unexpected_errors']} unexpected errors "
+            f"{r['name']}: {len(r['hangs'])} hangs (longest silence {r['longest_silence_s']:.1f} s), "
+            f"{r['answered_correctly']} answered correctly, {r['unexpected_errors']} unexpected errors "
             f"({r['expected_errors']} expected), {r['idle_lost']} idle lost, "
             f"{len(r['websocket_lost_outside_rule'])} WebSockets lost outside the rule, RSS slope {rss} MB/min, "
             f"fds slope {fds}/min, faults recovered {r['faults_recovered']}/{r['faults_applied']}"
@@ -951,16 +1017,17 @@ def _markdown(report: dict) -> str:
         "",
         (
             f"{report['started']}, commit {report['commit']}, maitred {report['maitred']}; "
-            f"{report['minutes']:g} minutes, a fault every {report['fault_every_s']:g} s. "
-            "bench/README.md (SOAK) says what is measured and how."
+            f"{report['minutes']:g} minutes, a fault every {report['fault_every_s']:g} s"
+            + (f", beside {report['cpu_hogs']} CPU hogs (--contend). " if report.get("cpu_hogs") else ". ")
+            + "bench/README.md (SOAK) says what is measured and how."
         ),
         "",
         (
-            "| server | answered correctly | unexpected errors | expected errors | idle connections lost "
+            "| server | hangs | longest silence, s | answered correctly | unexpected errors | expected errors | idle connections lost "
             "| WebSockets lost outside the rule | lobby RSS slope, MB/min | descriptors slope, /min "
             "| faults recovered | stop |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["targets"]:
         stop = r["stop"]
@@ -973,7 +1040,7 @@ def _markdown(report: dict) -> str:
         fds = "-" if r["fd_slope_per_min"] is None else f"{r['fd_slope_per_min']:.2f}"
         ws = len(r["websocket_lost_outside_rule"]) if r["name"] == "maitred ASGI" else "-"
         lines.append(
-            f"| {r['name']} | {r['answered_correctly']:,} | {r['unexpected_errors']} | {r['expected_errors']} "
+            f"| {r['name']} | {len(r['hangs'])} | {r['longest_silence_s']:.1f} | {r['answered_correctly']:,} | {r['unexpected_errors']} | {r['expected_errors']} "
             f"| {r['idle_lost']} | {ws} | {rss} | {fds} | {r['faults_recovered']}/{r['faults_applied']} | {stop_text} |"
         )
     for r in report["targets"]:
