@@ -153,6 +153,15 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="SOAK: a busy loop per core beside the servers for the whole soak, as shared machines have",
     )
+    parser.add_argument(
+        "--soak-max-requests",
+        type=int,
+        default=soak.MAX_REQUESTS,
+        help=f"SOAK: the workers' --max-requests (default: {soak.MAX_REQUESTS}; a few hundred recycles a worker every second)",
+    )
+    parser.add_argument(
+        "--soak-fault-every", type=float, help="SOAK: seconds between faults (default: 20; --quick: 12)"
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and servers, run nothing")
     parser.add_argument(
         "--report-only",
@@ -175,7 +184,7 @@ def _run_soak(args: argparse.Namespace) -> int:
     default = BENCH / "results" / ("soak-contend" if args.contend else "soak")
     out = Path(args.out) if args.out else (WORK / "quick" if args.quick else default)
     try:
-        return soak.run(minutes, args.quick, out, gunicorn, args.contend)
+        return soak.run(minutes, args.quick, out, gunicorn, args.contend, args.soak_max_requests, args.soak_fault_every)
     finally:
         procs.stop_all()
 

@@ -79,7 +79,15 @@ QUICK_FAULT_EVERY = 12.0
 # Load before the first fault: the idle connections opened, every client going.
 WARMUP_SECONDS = 10.0
 WORKERS = 3
-SERVER_SETTINGS = ["-w", str(WORKERS), "--threads", "2", "--max-requests", "5000", "--max-requests-jitter", "500"]
+MAX_REQUESTS = 5000
+
+
+def _server_settings(max_requests: int) -> list[str]:
+    """Each server's workers, threads and recycling (a jitter of a tenth)."""
+    recycling = ["--max-requests", str(max_requests), "--max-requests-jitter", str(max_requests // 10)]
+    return ["-w", str(WORKERS), "--threads", "2", *recycling]
+
+
 GRACEFUL_TIMEOUT = 10
 # The worker's baseline is about 25 MB: the hog's 200 MB takes it past the limit at once.
 MAX_WORKER_MEMORY_MB = 150
@@ -190,15 +198,25 @@ class Target:
         return "".join(path.read_text(errors="replace") for path in sorted(self.workdir.glob("server.log*")))
 
 
-def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool, contend: bool = False) -> int:
+def run(
+    minutes: float,
+    quick: bool,
+    out: Path,
+    with_gunicorn: bool,
+    contend: bool = False,
+    max_requests: int = MAX_REQUESTS,
+    fault_every: float | None = None,
+) -> int:
     """Runs the soak and writes soak.json and soak.md into out; 0 when maitred met its targets.
-    contend: a CPU hog per core beside the servers for the whole soak."""
-    fault_every = QUICK_FAULT_EVERY if quick else FAULT_EVERY
+    contend: a CPU hog per core beside the servers for the whole soak; max_requests: the
+    workers' --max-requests (a worker recycled every few hundred requests reaches the moments
+    of a spare's first requests far more often); fault_every: seconds between faults."""
+    fault_every = fault_every or (QUICK_FAULT_EVERY if quick else FAULT_EVERY)
     workdir = BENCH / ".work" / "runs" / ID
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     cert, key = make_certificate(workdir)
-    targets = _targets(workdir, cert, key, with_gunicorn)
+    targets = _targets(workdir, cert, key, with_gunicorn, _server_settings(max_requests))
     began = datetime.datetime.now(datetime.timezone.utc)
     hogs = [_start_hog(workdir, number) for number in range(os.cpu_count() or 1)] if contend else []
     try:
@@ -218,6 +236,7 @@ def run(minutes: float, quick: bool, out: Path, with_gunicorn: bool, contend: bo
         "minutes": minutes,
         "fault_every_s": fault_every,
         "cpu_hogs": len(hogs),
+        "max_requests": max_requests,
         "targets": results,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +257,7 @@ def _git(argv: list[str]) -> str:
     return subprocess.run(["git", *argv], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
 
 
-def _targets(workdir: Path, cert: Path, key: Path, with_gunicorn: bool) -> list[Target]:
+def _targets(workdir: Path, cert: Path, key: Path, with_gunicorn: bool, settings: list[str]) -> list[Target]:
     targets = []
     for name, prefix, app, websockets in (
         ("maitred", "m", "soak_app:app", False),
@@ -248,7 +267,7 @@ def _targets(workdir: Path, cert: Path, key: Path, with_gunicorn: bool) -> list[
         plain, tls, stats = procs.free_port(), procs.free_port(), procs.free_port()
         argv = [
             str(MAITRED),
-            *SERVER_SETTINGS,
+            *settings,
             "--max-worker-memory",
             str(MAX_WORKER_MEMORY_MB),
             "--graceful-timeout",
@@ -276,7 +295,7 @@ def _targets(workdir: Path, cert: Path, key: Path, with_gunicorn: bool) -> list[
             str(PEERS_VENV / "bin" / "gunicorn"),
             "-k",
             "gthread",
-            *SERVER_SETTINGS,
+            *settings,
             "--graceful-timeout",
             str(GRACEFUL_TIMEOUT),
             "-b",

@@ -123,6 +123,11 @@ impl Channel {
                     )));
                 }
                 let payload = buf.split_off(HEADER_LEN).freeze();
+                // A frame read from the ring costs no wait: a worker that writes faster than
+                // the lobby passes its answer on (into a spill file) would otherwise keep the
+                // relay's loop from yielding for the whole answer, up to --max-spill (issue 46's
+                // list). tokio's budget makes it yield every so many frames.
+                tokio::task::coop::consume_budget().await;
                 return Ok(Some(Frame { header, payload, fd: None }));
             }
             if !offers.prepare_to_sleep() {
