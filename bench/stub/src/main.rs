@@ -271,6 +271,7 @@ fn config(options: &Options) -> Config {
         backlog: None,
         timeout: Duration::from_secs(30),
         graceful_timeout: options.graceful_timeout,
+        lobby_timeout: Some(Duration::from_secs(30)),
         keep_alive: Duration::from_secs(75),
         header_timeout: Duration::from_secs(10),
         body_min_rate: 500,
