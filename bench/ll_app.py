@@ -48,10 +48,14 @@ async def app(scope, receive, send):
             await send(_HELLO_BODY)
         elif path == "/sse":
             query = _query(scope)
-            await _stream(send, b"data: %d\n\n", _number(query, "n", SSE_EVENTS, int), _number(query, "every", SSE_EVERY, float))
+            await _stream(
+                send, b"data: %d\n\n", _number(query, "n", SSE_EVENTS, int), _number(query, "every", SSE_EVERY, float)
+            )
         elif path == "/tokens":
             query = _query(scope)
-            await _stream(send, b"data: tok %d\n\n", _number(query, "n", TOKENS, int), _number(query, "gap", TOKEN_GAP, float))
+            await _stream(
+                send, b"data: tok %d\n\n", _number(query, "n", TOKENS, int), _number(query, "gap", TOKEN_GAP, float)
+            )
         else:
             await send(_NOT_FOUND)
             await send({"type": "http.response.body", "body": b""})

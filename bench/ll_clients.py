@@ -167,7 +167,6 @@ async def _parent(args: argparse.Namespace) -> dict:
 async def _probe(args: argparse.Namespace, start_at: float, probes: list, stop: asyncio.Event) -> None:
     """GET / on a new connection every probe_every seconds from the start until the last client
     is done, each at its due time; (latency from the due time or None, outcome)."""
-    loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     tasks = []
     due = start_at
@@ -185,7 +184,6 @@ async def _probe(args: argparse.Namespace, start_at: float, probes: list, stop: 
 
 
 async def _one_probe(port: int, due: float, timeout: float, probes: list) -> None:
-    loop = asyncio.get_running_loop()
     writer = None
     try:
 
@@ -214,7 +212,6 @@ async def _one_probe(port: int, due: float, timeout: float, probes: list) -> Non
 
 
 async def _child(args: argparse.Namespace) -> None:
-    loop = asyncio.get_running_loop()
     mine = list(range(args.part, args.clients, args.processes))
     expected = _expected_seconds(args)
     outcomes: list[dict] = []
@@ -492,8 +489,11 @@ async def _ws_client(args, k: int, due: float, expected_seconds: float, outcomes
             if protocol.sent and not done.done():
                 protocol.drained = loop.create_future()
                 echo_by = min(time.monotonic() + ECHO_TIMEOUT, give_up_at)
-                await asyncio.wait([done, protocol.drained], timeout=max(0.0, echo_by - time.monotonic()),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [done, protocol.drained],
+                    timeout=max(0.0, echo_by - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
             if done.done():
                 outcome["error"] = "closed by the server" if protocol.closed_by_server else "reset"
             else:

@@ -1497,9 +1497,7 @@ SCENARIOS: dict[str, Scenario] = {
             interface="asgi",
             open_files=1200,
             targets=(
-                _figure_within_peer(
-                    "first_p99_ms", LL_UVICORN, 50, f"first chunk p99 at most {LL_UVICORN}'s + 50 ms"
-                ),
+                _figure_within_peer("first_p99_ms", LL_UVICORN, 50, f"first chunk p99 at most {LL_UVICORN}'s + 50 ms"),
                 _figure_within_peer("batch_s", LL_UVICORN, 0, f"the whole batch no slower than {LL_UVICORN}'s"),
             ),
             columns=(*LL_TOKEN_COLUMNS, *LL_PROBE_COLUMNS, *LL_CLIENT_COLUMNS),
