@@ -195,7 +195,9 @@ async def _one_probe(port: int, due: float, timeout: float, probes: list) -> Non
 
         answer = await asyncio.wait_for(ask(), timeout=timeout)
         status = answer[9:12]
-        probes.append((time.monotonic() - due, "ok" if status == b"200" else "bad status"))
+        probes.append(
+            (time.monotonic() - due, "ok" if status == b"200" else f"status {status.decode(errors='replace')}")
+        )
     except asyncio.TimeoutError:
         probes.append((None, "timed out"))
     except ConnectionRefusedError:
@@ -340,7 +342,7 @@ async def _stream_client(args, k: int, due: float, expected_seconds: float, outc
         elif protocol.status is None:
             outcome["error"] = "reset" if done.result() else "closed unanswered"
         elif protocol.status != b"200":
-            outcome["error"] = "bad status"
+            outcome["error"] = f"status {protocol.status.decode(errors='replace')}"
         elif protocol.count < pieces:
             outcome["error"] = "cut" if done.result() is None else "reset"
     except asyncio.TimeoutError:
@@ -472,7 +474,9 @@ async def _ws_client(args, k: int, due: float, expected_seconds: float, outcomes
             outcome["error"] = "no answer in time"
             protocol.transport.abort()
         elif not accepted.result():
-            outcome["error"] = "reset" if protocol.status is None else "not 101"
+            outcome["error"] = (
+                "reset" if protocol.status is None else f"status {protocol.status.decode(errors='replace')}"
+            )
         else:
             opened = True
             note_open(True)
@@ -580,7 +584,7 @@ def _aggregate(args, reports, lost_parts, probes, parent_cpu, wall, hard, opened
         late_first = sum(1 for value in accepts if value > LATE_SECONDS) + (args.clients - len(accepts))
         report["accept"] = _percentiles(accepts, args.clients)
         report["late_accepts"] = late_first
-        report["not_101"] = errors.get("not 101", 0)
+        report["not_101"] = sum(count for error, count in errors.items() if error.startswith("status "))
         report["echo"] = _percentiles(latencies, args.messages * args.clients)
         report["echo_answered"] = _percentiles(latencies)
         report["echoes"] = len(latencies)
