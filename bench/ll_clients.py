@@ -117,7 +117,8 @@ async def _parent(args: argparse.Namespace) -> dict:
     start_at = time.monotonic() + 1.0  # the children's imports and their loops' start
     argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--start-at", repr(start_at)]
     children = [
-        await asyncio.create_subprocess_exec(*argv, "--part", str(part), stdout=subprocess.PIPE)
+        # Each process's report is one line of JSON: hundreds of KB for thousands of clients.
+        await asyncio.create_subprocess_exec(*argv, "--part", str(part), stdout=subprocess.PIPE, limit=1 << 26)
         for part in range(args.processes)
     ]
     opened: list[dict | None] = [None] * len(children)
