@@ -335,11 +335,14 @@ def _stream_load(
         measurement = load.parse(text, workdir, time.monotonic() - began)
     except ParseError as error:
         raise RunError(f"{load.tool} exited with status {client.returncode}; {error}") from None
-    opened = json.loads(line[len(OPEN_MARKER) :]) if line else {"open": 0}
+    opened = json.loads(line[len(OPEN_MARKER) :]) if line else {"open": 0, "failed": load.clients}
     figures = measurement["figures"]
     figures["rss_before_mb"] = before["rss_kb"] / 1024
     figures["pss_before_mb"] = before["pss_kb"] / 1024
     figures["open_at_memory"] = opened["open"]
+    # Every client connection not failed by then: open streams, and those still waiting for theirs
+    # (a server that holds more connections than it serves streams holds their memory too).
+    figures["held_at_memory"] = load.clients - opened["failed"]
     figures["open_at_s"] = opened.get("at_s")
     if holding is not None:
         figures["rss_growth_mb"] = (holding["rss_kb"] - before["rss_kb"]) / 1024
@@ -348,6 +351,10 @@ def _stream_load(
         enough = opened["open"] >= load.clients / 100
         figures["rss_kb_per_stream"] = (holding["rss_kb"] - before["rss_kb"]) / opened["open"] if enough else None
         figures["pss_kb_per_stream"] = (holding["pss_kb"] - before["pss_kb"]) / opened["open"] if enough else None
+        held = figures["held_at_memory"]
+        figures["rss_kb_per_held"] = (
+            (holding["rss_kb"] - before["rss_kb"]) / held if held >= load.clients / 100 else None
+        )
     return measurement, cut_short
 
 

@@ -544,6 +544,8 @@ LL_MEMORY_COLUMNS = (
     Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
     Column("rss_kb_per_stream", "RSS KB per open stream", digits=1),
     Column("pss_kb_per_stream", "PSS KB per open stream", digits=1),
+    Column("held_at_memory", "connections held then (open or waiting)"),
+    Column("rss_kb_per_held", "RSS KB per connection held", digits=1),
 )
 LL_PROBE_COLUMNS = (
     Column("probe_p99_ms", "GET / p99", digits=1, suffix=" ms"),
@@ -641,7 +643,7 @@ LL_SSE_NOTE = (
     "server's memory (VmRSS and Pss summed over its process group: master or lobby, zygote, "
     "workers) is read just before the clients start and again once every stream is open (its "
     "first event in) or has failed, or 3 s after the ramp; the growth is divided by the streams "
-    "open then (left out under 1% of them). The client's CPU is its processes' own, over the load."
+    "open then (left out under 1% of them), and by the connections held then, open or still waiting. The client's CPU is its processes' own, over the load."
 )
 
 
