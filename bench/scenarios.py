@@ -558,7 +558,9 @@ LL_CLIENT_COLUMNS = (
     Column("client_busiest_pct", "busiest client process, % of a core"),
 )
 LL_ERROR_COLUMNS = (
-    Column("errors", "errors (all kinds)"),
+    # Summed in the target's units: each client that failed, each late or missing first event
+    # (or accept), each missing event (or echo).
+    Column("errors", "errors: failed + late + missing"),
     Column("refused", "refused"),
     Column("reset", "reset"),
     Column("no_answer", "no answer in time"),
