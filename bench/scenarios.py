@@ -147,6 +147,10 @@ class Scenario:
     # The open-files limit the scenario needs (the load tool's and the server's own descriptors);
     # the results say so when the limit is lower.
     open_files: int = 0
+    # The LL scenarios: where the open-files limit or the ephemeral port range (each client
+    # connection takes a port of it) is below open_files, run nothing and say why, rather than
+    # measure the limit.
+    skip_without_room: bool = False
     # Figures beyond the load tool's, added to the table (keys of each run's "extra").
     columns: tuple[Column, ...] = ()
     # The figure the summary and the bar chart compare (None: req/s, higher is better).
@@ -1457,6 +1461,7 @@ SCENARIOS: dict[str, Scenario] = {
                 lineup=LONG_LIVED,
                 interface="asgi",
                 open_files=LL_CLIENTS + 200,
+                skip_without_room=True,
                 targets=LL_SSE_TARGETS,
                 columns=(*LL_STREAM_COLUMNS, *LL_PROBE_COLUMNS, *LL_MEMORY_COLUMNS, *LL_CLIENT_COLUMNS),
                 headline=Column("complete", "SSE streams complete, all their events in"),
@@ -1473,6 +1478,7 @@ SCENARIOS: dict[str, Scenario] = {
             lineup=LONG_LIVED,
             interface="asgi",
             open_files=LL_CLIENTS + 200,
+            skip_without_room=True,
             targets=(
                 _figure_at_most("accept_p99_ms", 1000, "accepted within 1 s (p99)"),
                 _figure_within_peer("echo_p99_ms", LL_UVICORN, 0, f"echo p99 at most {LL_UVICORN}'s"),
@@ -1500,6 +1506,7 @@ SCENARIOS: dict[str, Scenario] = {
             lineup=LONG_LIVED,
             interface="asgi",
             open_files=1200,
+            skip_without_room=True,
             targets=(
                 _figure_within_peer("first_p99_ms", LL_UVICORN, 50, f"first chunk p99 at most {LL_UVICORN}'s + 50 ms"),
                 _figure_within_peer("batch_s", LL_UVICORN, 0, f"the whole batch no slower than {LL_UVICORN}'s"),
