@@ -22,6 +22,7 @@ Every tool's output is reduced to the same dict, a "measurement":
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -536,7 +537,7 @@ class StreamClients:
     def default_time_limit(self) -> float:
         # The client's start, its load, its slack, the last echo's wait and the close, and the
         # report; it stops itself 5 s before this.
-        return self.load_seconds() + self.slack + 25.0
+        return float(math.ceil(self.load_seconds() + self.slack + 25.0))
 
     def parse(self, output: str, workdir: Path, seconds: float) -> dict:
         found = re.search(r"^LL-CLIENTS-JSON (.*)$", output, re.MULTILINE)
