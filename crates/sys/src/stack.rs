@@ -107,7 +107,8 @@ mod tests {
     use super::*;
 
     #[inline(never)]
-    fn spin_until(stop: &std::sync::atomic::AtomicBool) {
+    fn spin_until(stop: &std::sync::atomic::AtomicBool, spinning: &std::sync::atomic::AtomicBool) {
+        spinning.store(true, Ordering::Release);
         while !stop.load(Ordering::Relaxed) {
             std::hint::spin_loop();
         }
@@ -117,15 +118,22 @@ mod tests {
     fn takes_the_stack_of_a_thread_that_spins() {
         install_capture().unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinning = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let spinner = {
-            let stop = stop.clone();
+            let (stop, spinning) = (stop.clone(), spinning.clone());
             std::thread::spawn(move || {
                 tid_tx.send(thread_id()).unwrap();
-                spin_until(&stop);
+                spin_until(&stop, &spinning);
             })
         };
         let tid = tid_rx.recv().unwrap();
+        // Asked while it was still in `send`'s wake of this thread (a futex call), the stack
+        // would be that call's, without the spin (1 run in a few under load): it is asked once
+        // it spins.
+        while !spinning.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
         let frames = frames_of(tid, Duration::from_secs(5)).expect("the spinning thread's stack");
         stop.store(true, Ordering::Relaxed);
         spinner.join().unwrap();
