@@ -112,6 +112,15 @@ def _expected_seconds(args: argparse.Namespace) -> float:
 # The parent: the client processes, the prober, the report.
 
 
+def _connect_failure(error: Exception) -> str:
+    """A client's failure to connect (or to hear back in time), as its outcome names it."""
+    if isinstance(error, asyncio.TimeoutError):
+        return "connect timeout"
+    if isinstance(error, ConnectionRefusedError):
+        return "refused"
+    return f"connect: {error.__class__.__name__}"
+
+
 async def _parent(args: argparse.Namespace) -> dict:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     start_at = time.monotonic() + 1.0  # the children's imports and their loops' start
@@ -346,12 +355,8 @@ async def _stream_client(args, k: int, due: float, expected_seconds: float, outc
             outcome["error"] = f"status {protocol.status.decode(errors='replace')}"
         elif protocol.count < pieces:
             outcome["error"] = "cut" if done.result() is None else "reset"
-    except asyncio.TimeoutError:
-        outcome["error"] = "connect timeout"
-    except ConnectionRefusedError:
-        outcome["error"] = "refused"
-    except OSError as error:
-        outcome["error"] = f"connect: {error.__class__.__name__}"
+    except (asyncio.TimeoutError, OSError) as error:
+        outcome["error"] = _connect_failure(error)
     if not opened:
         note_open(False)
     outcome["count"] = protocol.count
@@ -506,12 +511,8 @@ async def _ws_client(args, k: int, due: float, expected_seconds: float, outcomes
                 await asyncio.wait([done], timeout=2.0)
                 if not done.done():
                     protocol.transport.abort()
-    except asyncio.TimeoutError:
-        outcome["error"] = "connect timeout"
-    except ConnectionRefusedError:
-        outcome["error"] = "refused"
-    except OSError as error:
-        outcome["error"] = f"connect: {error.__class__.__name__}"
+    except (asyncio.TimeoutError, OSError) as error:
+        outcome["error"] = _connect_failure(error)
     if not opened:
         note_open(False)
     outcome["latencies"] = protocol.latencies
