@@ -42,7 +42,7 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 4 | `state`: bits 0-1 `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2; bits 2-31 the ticket, the low 30 bits of `seq` |
+//! | 0 | 4 | `state`: bits 0-1 `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2, `RELEASED` = 3; bits 2-31 the ticket, the low 30 bits of `seq` |
 //! | 4 | 4 | `len`: bytes of the frame |
 //! | 8 | 4 | `id`: the lobby's id of the request (never `u32::MAX`) |
 //! | 16 | 8 | `seq`: the order of the queue; the worker takes the `QUEUED` slot with the lowest |
@@ -62,8 +62,14 @@
 //! - `QUEUED` -> `EMPTY`, by the lobby taking the request back ([`LobbyEnd::recall`]): also a
 //!   compare-and-swap, whose success proves the worker never took the request, and whose failure
 //!   (the slot is `TAKEN`) means the worker has it and its answer will come.
-//! - `TAKEN` -> `EMPTY`, by the lobby, once it has read that request's last answer frame
-//!   ([`LobbyEnd::release`]).
+//! - `TAKEN` -> `RELEASED`, by the worker ([`WorkerEnd::take_next`]), once it has copied the
+//!   frame out: the slot's bytes are no longer needed, and the request is the worker's until its
+//!   last answer frame. A slot is thus a queue into the worker, not a hold on it: an ASGI
+//!   worker runs any number of requests at once through a handful of slots.
+//! - `TAKEN` or `RELEASED` -> `EMPTY`, by the lobby, once it has read that request's last answer
+//!   frame ([`LobbyEnd::release`]); or `RELEASED` -> `EMPTY` as soon as it wants the slot for
+//!   another request ([`LobbyEnd::reclaim_released`]), the request then answering without a
+//!   slot until [`LobbyEnd::finished`].
 //!
 //! The worker never writes `EMPTY`, so a slot the lobby has emptied is the lobby's alone until it
 //! queues into it again. The worker takes requests strictly in the order of `seq`, skipping those
@@ -175,12 +181,15 @@ pub enum SlotState {
     Empty,
     Queued,
     Taken,
+    /// The worker has copied the request out; the slot may be reused.
+    Released,
 }
 
 impl SlotState {
     const EMPTY: u32 = 0;
     const QUEUED: u32 = 1;
     const TAKEN: u32 = 2;
+    const RELEASED: u32 = 3;
     /// The bits of a state word that hold the state; the others hold the slot's ticket.
     const MASK: u32 = 3;
 
@@ -190,6 +199,7 @@ impl SlotState {
             SlotState::EMPTY => Some(SlotState::Empty),
             SlotState::QUEUED => Some(SlotState::Queued),
             SlotState::TAKEN => Some(SlotState::Taken),
+            SlotState::RELEASED => Some(SlotState::Released),
             _ => None,
         }
     }

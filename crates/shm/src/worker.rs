@@ -109,6 +109,9 @@ impl WorkerEnd {
             let start = out.len();
             out.resize(start + len as usize, 0);
             copy_out(self.region.slot_frame(slot, len as usize), &mut out[start..]);
+            // The copy is made: the slot is the lobby's to reuse. Releases the reads above
+            // before the lobby may write the slot again.
+            state.store((word & !SlotState::MASK) | SlotState::RELEASED, Ordering::Release);
             return Ok(Some(Taken { slot, id }));
         }
     }
@@ -125,7 +128,7 @@ impl WorkerEnd {
                         lowest = Some((slot, word, seq));
                     }
                 }
-                Some(SlotState::Empty | SlotState::Taken) => {}
+                Some(SlotState::Empty | SlotState::Taken | SlotState::Released) => {}
                 None => return Err(Corrupt::SlotState { slot, state: word }),
             }
         }
