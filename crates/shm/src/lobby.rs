@@ -84,6 +84,11 @@ impl LobbyEnd {
         self.region.layout()
     }
 
+    /// The slot that holds request `id`, queued or taken, if it still has one.
+    pub fn slot_of(&self, id: u32) -> Option<usize> {
+        self.lent.iter().position(|lent| lent.is_some_and(|lent| lent.id == id))
+    }
+
     /// A slot that holds no request, if there is one.
     pub fn free_slot(&self) -> Option<usize> {
         self.lent.iter().position(Option::is_none)

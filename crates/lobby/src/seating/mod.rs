@@ -74,9 +74,6 @@ impl Seating {
     /// had already waited too long upstream is refused at once. True when an idle worker took it.
     pub fn submit(&self, job: Job) -> bool {
         let mut job = job;
-        if job.websocket.is_some() {
-            return self.submit_websocket(job);
-        }
         if !job.upstream.is_zero() && self.refuses(&job, Instant::now()) {
             return false;
         }
@@ -134,11 +131,6 @@ impl Seating {
     /// Puts back a job a worker took but never started, ahead of everything else.
     pub fn return_unstarted(&self, job: Job) {
         job.state.set(JobState::Queued);
-        if job.websocket.is_some() {
-            Self::hold_seat(&job, None);
-            self.websockets.borrow_mut().push_front(job);
-            return;
-        }
         let idle = self.idle.borrow_mut().pop_front();
         match idle {
             Some(IdleSeat { seat, .. }) => {

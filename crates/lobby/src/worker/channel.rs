@@ -23,10 +23,10 @@ pub struct Frame {
 pub(super) struct AnswerReader {
     /// The bell the worker rings (`LOBBY_BELL`).
     pub(super) bell: AsyncFd<OwnedFd>,
-    /// The last ring record was `ON_CHANNEL`: the next frame comes on the channel. Kept here,
-    /// not in a local, because the caller may drop `Channel::next_answer` (answers.rs) at any
-    /// await (a timeout, a client that leaves) and call it again.
-    pub(super) on_channel: bool,
+    /// The last ring record was `ON_CHANNEL` for this request: the next frame comes on the
+    /// channel. Kept here, not in a local, because the caller may drop `Channel::next_answer`
+    /// (answers.rs) at any await (a timeout, a client that leaves) and call it again.
+    pub(super) on_channel: Option<u32>,
     pub(super) buf: BytesMut,
     /// Wakes the reader when the lobby, about to park, finds an answer its worker has not rung
     /// for (`answers.rs`, `look_before_parking`).
@@ -37,7 +37,7 @@ impl AnswerReader {
     /// A new reader and its bell, registered with the lobby's reactor.
     pub(super) fn new() -> io::Result<AnswerReader> {
         let bell = maitred_sys::reactor::register(maitred_sys::bell::new()?)?;
-        Ok(AnswerReader { bell, on_channel: false, buf: BytesMut::new(), woken: Rc::new(Notify::new()) })
+        Ok(AnswerReader { bell, on_channel: None, buf: BytesMut::new(), woken: Rc::new(Notify::new()) })
     }
 }
 
@@ -125,6 +125,12 @@ impl Channel {
             }
         }
         Ok(())
+    }
+
+    /// The channel's socket again, registered apart, for writing while this end reads (an ASGI
+    /// worker's channel: `mux.rs`).
+    pub(super) fn writer(&self) -> io::Result<AsyncFd<OwnedFd>> {
+        maitred_sys::reactor::register(self.socket.get_ref().try_clone()?)
     }
 
     /// Waits until the worker writes or closes while it should be idle.

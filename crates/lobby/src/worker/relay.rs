@@ -279,7 +279,7 @@ pub(super) async fn relay_response(
 }
 
 /// What the client of a request past --timeout is told, in the 504's body or the log.
-fn timed_out_detail(head_sent: bool) -> &'static str {
+pub(super) fn timed_out_detail(head_sent: bool) -> &'static str {
     if head_sent {
         "the application did not finish its response within --timeout"
     } else {
@@ -323,7 +323,7 @@ async fn timed_out_on_a_loop(
 
 /// Checks a part against the request it answers: WebSocket frames answer only a WebSocket
 /// handshake, and before `WS_ACCEPT` only `WS_ACCEPT` and `WS_CLOSE` (a refusal) may come.
-fn websocket_in_step(job: &Job, part: ResponsePart) -> Result<ResponsePart, String> {
+pub(super) fn websocket_in_step(job: &Job, part: ResponsePart) -> Result<ResponsePart, String> {
     match &part {
         ResponsePart::WebSocket(_) if job.websocket.is_none() => {
             Err("a WebSocket frame in the answer to an HTTP request".into())
@@ -350,7 +350,7 @@ pub(super) fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> Str
     detail.to_string()
 }
 
-fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
+pub(super) fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
     let end = frame.header.is_end();
     match frame.header.kind {
         Kind::ResponseHead => {

@@ -137,6 +137,12 @@ pub struct Card {
     pub threads: RefCell<Vec<Option<Busy>>>,
     /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
+    /// An ASGI worker's requests admitted whose answers have not started: what admission
+    /// counts against `--worker-connections` (docs/ASGI.md).
+    pub admitted: Cell<usize>,
+    /// An ASGI worker's requests whose answers have started and not ended (streams and open
+    /// WebSockets), which cost its admission nothing.
+    pub streams: Cell<usize>,
     /// When one of its threads last answered.
     answered_at: Cell<Option<Instant>>,
 }
@@ -152,6 +158,8 @@ impl Card {
             phase: watch::Sender::new(phase),
             threads: RefCell::new(vec![None]),
             served: Cell::new(0),
+            admitted: Cell::new(0),
+            streams: Cell::new(0),
             answered_at: Cell::new(None),
         }
     }

@@ -11,13 +11,13 @@ use tokio::task::JoinSet;
 
 use super::channel::Channel;
 use super::health;
+use super::mux;
 use super::recycle::Recycle;
 use super::scoreboard::ExitReason;
 use super::seat::{self, Gone, Seat, Thread};
 use super::serve;
 use crate::lobby::Lobby;
 use crate::log::{debug, warning};
-use crate::seating::websocket::WorkerSockets;
 
 /// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
 /// calls `ready`, then seats requests at every thread until the worker goes away or retires.
@@ -47,14 +47,14 @@ pub async fn serve_worker(
     }
     seat.card.set_threads(opened.len());
     seat.card.asgi.set(asgi);
-    // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats.
-    if asgi {
-        let cap = lobby.settings().websocket.seats_of(opened.len());
-        *seat.websockets.borrow_mut() = Some(WorkerSockets::new(cap));
-        lobby.websockets.asgi_application();
-    }
     ready();
     let recycle = Rc::new(recycle);
+    // An ASGI worker's one channel carries every request it runs at once, WebSockets too.
+    if asgi && opened.len() == 1 {
+        lobby.websockets.asgi_application();
+        let channel = opened.pop().expect("one channel");
+        return mux::serve(lobby, pid, channel, recycle, seat).await;
+    }
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
         return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented: asgi }).await;

@@ -32,6 +32,7 @@ use crate::response::{latin1_bytes, HeaderText, Phase, Response};
 mod errors;
 mod evented;
 mod link;
+mod mux;
 mod receive;
 mod respond;
 mod ring;
@@ -40,6 +41,8 @@ mod websocket;
 use errors::{client_disconnected, one_line, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
 use link::Link;
+pub use mux::Exchange;
+use mux::Exchanges;
 use receive::{Interface, Next};
 
 fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
@@ -92,6 +95,10 @@ pub struct WorkerChannel {
     ring_owed: bool,
     /// The lobby closed the channel (end-of-file was read).
     closed: bool,
+    /// Evented: the requests in progress, each with what the lobby said about it (`mux`).
+    exchanges: Exchanges,
+    /// Evented: the requests that got news since the event loop last asked (`route`).
+    told: Vec<u32>,
     /// The request in progress is a WebSocket (the `REQUEST` had the `WEBSOCKET` flag).
     websocket: bool,
     /// Where frame heads are encoded.
@@ -148,6 +155,8 @@ impl WorkerChannel {
             ring_later: None,
             ring_owed: false,
             closed: false,
+            exchanges: Exchanges::new(),
+            told: Vec::new(),
             websocket: false,
             out: Vec::new(),
             response: Response::new(),
@@ -257,10 +266,10 @@ impl WorkerChannel {
                 self.send_head(py, end, added, b"")?;
             }
             Phase::HeadSent if count == 0 || !self.response.has_body() => {
-                self.check_cancel()?;
+                self.check_cancel(py)?;
                 self.send_body_frames(py, true, b"")?
             }
-            Phase::HeadSent => self.check_cancel()?,
+            Phase::HeadSent => self.check_cancel(py)?,
         }
         if count > 0 && self.response.has_body() {
             let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
@@ -317,10 +326,60 @@ impl WorkerChannel {
         self.hear_bell()
     }
 
-    /// While a request is in progress, a look at the channel: 0 nothing for it, 1 the lobby
-    /// cancelled it (its client has gone), 2 the lobby closed the channel (finish, then stop).
-    fn look(&mut self, py: Python<'_>) -> PyResult<u8> {
-        Ok(self.look_in_progress(py)? as u8)
+    /// Reads what the channel holds, without waiting, into the news of the requests it names:
+    /// `(ids, closed)`, the ids of the requests that got news since the last call (a `CANCEL`,
+    /// `HOLD`, `GO`, a WebSocket's message), and whether the lobby has closed the channel
+    /// (finish what is in progress, then stop).
+    fn route(&mut self, py: Python<'_>) -> PyResult<(Vec<u32>, bool)> {
+        self.check_evented()?;
+        self.wake()?;
+        self.route_news(py)
+    }
+
+    /// Makes `exchange` the request the next calls are about (`start`, `send`, `ws_*`,
+    /// `flush`, `fail`, `timed_out`, `cancelled`, `held`), until `leave`.
+    fn enter(&mut self, exchange: &Bound<'_, Exchange>) -> PyResult<()> {
+        self.check_evented()?;
+        if self.response.phase != Phase::Complete || self.body.is_some() {
+            return Err(PyRuntimeError::new_err("an exchange was entered while another was"));
+        }
+        let mut exchange = exchange.borrow_mut();
+        if exchange.entered {
+            return Err(PyRuntimeError::new_err("an exchange was entered twice"));
+        }
+        exchange.entered = true;
+        self.swap_request(&mut exchange.state);
+        Ok(())
+    }
+
+    /// Puts what `enter` took back into `exchange`.
+    fn leave(&mut self, exchange: &Bound<'_, Exchange>) -> PyResult<()> {
+        let mut exchange = exchange.borrow_mut();
+        if !exchange.entered {
+            return Err(PyRuntimeError::new_err("an exchange was left that had not been entered"));
+        }
+        exchange.entered = false;
+        self.swap_request(&mut exchange.state);
+        Ok(())
+    }
+
+    /// The request of `exchange` (not entered) has ended: its news is dropped and its body
+    /// released.
+    fn end(&mut self, py: Python<'_>, exchange: &Bound<'_, Exchange>) {
+        self.end_exchange(py, &mut exchange.borrow_mut());
+    }
+
+    /// Whether the lobby cancelled the request entered (its client left, or --timeout).
+    #[getter]
+    fn cancelled(&mut self) -> bool {
+        self.response.phase == Phase::Cancelled || self.news().is_some_and(|news| news.cancelled)
+    }
+
+    /// Whether the lobby holds the answer of the request entered (`HOLD`): its `send` waits
+    /// until `GO`.
+    #[getter]
+    fn held(&mut self) -> bool {
+        self.news().is_some_and(|news| news.held)
     }
 
     /// Writes the answer frames that found the ring full. True when none is left; False when

@@ -128,7 +128,7 @@ impl WorkerChannel {
             }
             _ if payload.is_empty() && !complete => {}
             _ => {
-                self.check_cancel()?;
+                self.check_cancel(py)?;
                 self.send_body_frames(py, complete, payload)?
             }
         }

@@ -1,0 +1,292 @@
+//! An ASGI worker's one channel, carrying any number of requests at once (docs/PROTOCOL.md,
+//! section 4): this task admits requests from the FIFO while fewer than `--worker-connections`
+//! of the worker's wait for their answers to start, queues each in the region's slots (or on
+//! the channel, its place in a slot), reads the answer ring and hands each frame, by the id its
+//! record names, to that request's relay (`stream.rs`). A request whose answer has started (its
+//! head, or its WebSocket's accept) is a stream: it costs the worker's admission nothing.
+//!
+//! A breach (an unknown id, a bad record, a frame the ring did not announce) is the worker's
+//! fault: it is killed, every request it took is answered 502 (or, a WebSocket, closed 1011),
+//! and those still in their slots go back to the queue.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::rc::Rc;
+
+use maitred_wire::{FrameHeader, Kind, FLAG_FD};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use super::channel::{Channel, Frame};
+use super::recycle::Recycle;
+use super::scoreboard::{Card, ExitReason, Phase};
+use super::seat::{Gone, Seat};
+use super::stream;
+use crate::lobby::Lobby;
+use crate::log::{debug, error};
+use crate::seating::job::{Job, JobState};
+use crate::seating::offer::{multiplexed_layout, Offers};
+use crate::seating::Next;
+
+/// What the worker's task and its requests' relays share.
+pub(super) struct Mux {
+    pub(super) pid: i32,
+    pub(super) offers: Rc<Offers>,
+    /// The channel's socket, for writing: every frame the lobby sends the worker goes through
+    /// `send`, one whole frame at a time.
+    writer: AsyncFd<OwnedFd>,
+    /// Held while a frame is being written, so that frames of two requests never interleave.
+    writing: tokio::sync::Mutex<()>,
+    /// The relay of each request in progress, by id: its answer's frames go there.
+    routes: RefCell<HashMap<u32, mpsc::UnboundedSender<Frame>>>,
+    /// Requests admitted whose answers have not started.
+    pub(super) admitted: Cell<usize>,
+    /// Requests whose answers have started (streams), WebSockets included.
+    pub(super) streaming: Cell<usize>,
+    /// Rung when a request's answer starts or ends: admission may go on.
+    pub(super) room: Notify,
+    /// Its phase, which a relay watches (a retired worker's WebSockets close at the grace's end).
+    pub(super) phase: watch::Receiver<Phase>,
+    pub(super) card: Rc<Card>,
+    /// Why the worker was lost, once it was: what its relays tell their clients.
+    pub(super) lost: RefCell<Option<String>>,
+}
+
+impl Mux {
+    /// Sends one whole frame, with `fd` attached to its first byte when given.
+    pub(super) async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let _turn = self.writing.lock().await;
+        let mut sent = 0;
+        while sent < frame.len() {
+            let mut ready = self.writer.writable().await?;
+            let bufs = [IoSlice::new(&frame[sent..])];
+            let attached = if sent == 0 { fd } else { None };
+            let result = ready.try_io(|socket| match attached {
+                Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
+                None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
+            });
+            match result {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the lobby sent that the worker has not read (SIOCOUTQ): a `CANCEL` left unread
+    /// says that its event loop is blocked.
+    pub(super) fn unread(&self) -> Option<u32> {
+        maitred_sys::socket::unsent_bytes(self.writer.get_ref().as_fd())
+    }
+
+    /// A request's answer started: it no longer counts against admission.
+    pub(super) fn started(&self) {
+        self.admitted.set(self.admitted.get().saturating_sub(1));
+        self.streaming.set(self.streaming.get() + 1);
+        self.counted();
+    }
+
+    /// The card says what admission counts, and admission looks again.
+    fn counted(&self) {
+        self.card.admitted.set(self.admitted.get());
+        self.card.streams.set(self.streaming.get());
+        self.room.notify_one();
+    }
+
+    /// Request `id`'s relay has ended, its answer started (`streamed`) or not.
+    pub(super) fn ended(&self, id: u32, streamed: bool) {
+        self.routes.borrow_mut().remove(&id);
+        self.offers.finished(id);
+        if streamed {
+            self.streaming.set(self.streaming.get().saturating_sub(1));
+        } else {
+            self.admitted.set(self.admitted.get().saturating_sub(1));
+        }
+        self.counted();
+    }
+}
+
+/// Serves the ASGI worker `pid` through its one channel until it goes away or is retired and
+/// every request it holds has ended.
+pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc<Recycle>, seat: Rc<Seat>) -> Gone {
+    let cap = lobby.settings().worker_connections;
+    let offers = match Offers::with_layout(multiplexed_layout(cap)) {
+        Ok((offers, region)) => {
+            let setup =
+                [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
+            for (kind, fd) in setup {
+                let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
+                if let Err(e) = channel.send(&frame, Some(fd)).await {
+                    return Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}"));
+                }
+            }
+            Rc::new(offers)
+        }
+        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its shared region: {e}")),
+    };
+    let mut phase = seat.card.phase.subscribe();
+    loop {
+        match *phase.borrow_and_update() {
+            Phase::Serve => break,
+            Phase::Retire => return Gone::Retired,
+            Phase::Hold => {}
+        }
+        tokio::select! {
+            changed = phase.changed() => if changed.is_err() { return Gone::Retired },
+            _ = channel.closed_while_idle() => return Gone::Lost(ExitReason::Crash, "exited while idle".into()),
+        }
+    }
+    let writer = match channel.writer() {
+        Ok(writer) => writer,
+        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not use its channel: {e}")),
+    };
+    let mux = Rc::new(Mux {
+        pid,
+        offers: offers.clone(),
+        writer,
+        writing: tokio::sync::Mutex::new(()),
+        routes: RefCell::new(HashMap::new()),
+        admitted: Cell::new(0),
+        streaming: Cell::new(0),
+        room: Notify::new(),
+        phase: phase.clone(),
+        card: seat.card.clone(),
+        lost: RefCell::new(None),
+    });
+    recycle.begin();
+    let gone = run(&lobby, &mux, &mut channel, &recycle, cap, &mut phase).await;
+    // Every relay still running hears that its worker has gone (its route closes); one whose
+    // request is still in its slot takes it back, and it goes to another worker.
+    if let Gone::Lost(_, detail) = &gone {
+        mux.lost.replace(Some(detail.clone()));
+    }
+    mux.routes.borrow_mut().clear();
+    gone
+}
+
+/// The worker's task, once it serves: admission, and the ring read and routed.
+async fn run(
+    lobby: &Rc<Lobby>,
+    mux: &Rc<Mux>,
+    channel: &mut Channel,
+    recycle: &Recycle,
+    cap: usize,
+    phase: &mut watch::Receiver<Phase>,
+) -> Gone {
+    let pid = mux.pid;
+    let mut waiting: Option<oneshot::Receiver<Job>> = None;
+    let mut recycled = false;
+    loop {
+        let retiring = recycled || *phase.borrow() == Phase::Retire;
+        if retiring {
+            if let Some(mut wait) = waiting.take() {
+                wait.close();
+                if let Ok(job) = wait.try_recv() {
+                    lobby.seating.return_unstarted(job);
+                }
+            }
+            if mux.routes.borrow().is_empty() {
+                return Gone::Retired;
+            }
+        }
+        let admit = !retiring && mux.admitted.get() < cap && mux.offers.has_free_slot();
+        if admit && waiting.is_none() {
+            match lobby.seating.next(None) {
+                Next::Now(job) => {
+                    if let Err(gone) = admit_job(lobby, mux, channel, job).await {
+                        return gone;
+                    }
+                    if recycle.check(mux.card.served.get(), true).is_some() {
+                        recycled = true;
+                    }
+                    continue;
+                }
+                Next::Later(wait) => waiting = Some(wait),
+            }
+        }
+        tokio::select! {
+            biased;
+            read = channel.next_record(&mux.offers) => match read {
+                Ok(Some((id, frame))) => {
+                    let route = mux.routes.borrow().get(&id).cloned();
+                    match route {
+                        Some(route) => drop(route.send(frame)),
+                        None => return broke(lobby, pid, format!("an answer for request {id}, which it does not hold")).await,
+                    }
+                }
+                Ok(None) => return Gone::Lost(ExitReason::Crash, "exited while it held requests".into()),
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return broke(lobby, pid, format!("it broke the protocol: {e}")).await;
+                }
+                Err(e) => return Gone::Lost(ExitReason::Crash, format!("its channel failed: {e}")),
+            },
+            job = async { waiting.as_mut().expect("a wait").await }, if waiting.is_some() => {
+                waiting = None;
+                match job {
+                    Ok(job) => {
+                        if let Err(gone) = admit_job(lobby, mux, channel, job).await {
+                            return gone;
+                        }
+                        if recycle.check(mux.card.served.get(), true).is_some() {
+                            recycled = true;
+                        }
+                    }
+                    Err(_) => return Gone::Retired,
+                }
+            }
+            () = mux.room.notified() => {}
+            _ = phase.changed() => {}
+            // More requests than slots (past 1024 admitted): a slot frees as the worker copies a
+            // request out, which it does not ring for; looked at again shortly.
+            () = tokio::time::sleep(std::time::Duration::from_millis(2)), if !admit && !retiring
+                && mux.admitted.get() < cap => {}
+        }
+    }
+}
+
+/// Queues `job` at the worker and starts its relay.
+async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, channel: &Channel, job: Job) -> Result<(), Gone> {
+    if job.state.get() != JobState::Queued {
+        return Ok(());
+    }
+    let waited = job.enqueued_at.elapsed();
+    lobby.metrics.waited(waited);
+    debug!("worker {} takes {} after {:.1} ms in the queue", mux.pid, job.summary, waited.as_secs_f64() * 1e3);
+    let on_channel = !mux.offers.fits(&job);
+    if on_channel {
+        if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
+            lobby.seating.return_unstarted(job);
+            return Err(Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}")));
+        }
+    }
+    let taken = match mux.offers.admit(job, on_channel) {
+        Ok(taken) => taken,
+        Err(job) => {
+            let detail = mux.offers.broken().map(|corrupt| corrupt.to_string()).unwrap_or_default();
+            if on_channel {
+                super::relay::fail(&job, false, 502, &detail);
+            } else {
+                lobby.seating.return_unstarted(job);
+            }
+            return Err(broke(lobby, mux.pid, format!("it broke its shared region: {detail}")).await);
+        }
+    };
+    let (route, frames) = mpsc::unbounded_channel();
+    mux.routes.borrow_mut().insert(taken.id, route);
+    mux.admitted.set(mux.admitted.get() + 1);
+    mux.card.admitted.set(mux.admitted.get());
+    mux.card.served.set(mux.card.served.get() + 1);
+    tokio::task::spawn_local(stream::relay(lobby.clone(), mux.clone(), taken, frames));
+    Ok(())
+}
+
+/// The worker broke the protocol: it is killed.
+async fn broke(lobby: &Lobby, pid: i32, detail: String) -> Gone {
+    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+        error!("could not ask the zygote to kill worker {pid}: {e}");
+    }
+    Gone::Lost(ExitReason::Crash, detail)
+}
