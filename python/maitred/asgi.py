@@ -156,8 +156,12 @@ class _Request:
         """Waits until the frames that found the ring full are written, and while the lobby
         holds this answer for a slow client (HOLD, until GO)."""
         channel = self.mux.channel
-        while not self.call(channel.flush):
-            await self.wait_for_news()
+        if channel.backlogged:
+            while not self.call(channel.flush):
+                await self.wait_for_news()
+            # The flush took back the flag that says the worker sleeps: the look for requests
+            # sets it again, so that the lobby rings for the next one.
+            self.mux.take()
         while self.held and not self.disconnected:
             await self.wait_for_news()
         if self.disconnected:
@@ -318,8 +322,10 @@ class _Mux:
         those in progress (a CANCEL, HOLD/GO, WebSocket messages, room in the ring), or the
         channel closed."""
         try:
-            self.take(channel_readable)
+            # News first: a look at the channel takes back the flag that says the worker sleeps,
+            # which the look for requests then sets again when none is queued.
             told, closed = self.channel.route()
+            self.take(channel_readable)
         except ChannelError as error:
             self.worker.broken(error)
             return
@@ -426,8 +432,10 @@ class _Mux:
         finally:
             request.deadline = None
         try:
-            while channel.backlogged and not request.call(channel.flush):
-                await request.wait_for_news()
+            if channel.backlogged:
+                while not request.call(channel.flush):
+                    await request.wait_for_news()
+                self.take()
         except ClientDisconnected:
             pass
         except ChannelError as error:

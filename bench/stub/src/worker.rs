@@ -259,7 +259,8 @@ impl Stub {
     /// Answers a `WS_MESSAGE` or `WS_CLOSED` of the open WebSocket; one for a WebSocket it has
     /// closed is dropped. False: the lobby closed the channel meanwhile.
     fn websocket_frame(&mut self, kind: Kind, payload: &[u8]) -> Result<bool, String> {
-        let Some(id) = self.websocket else { return Ok(true) };
+        let (named, payload) = maitred_wire::split_request_id(payload).map_err(|e| format!("a {kind:?} frame: {e}"))?;
+        let Some(id) = self.websocket.filter(|id| *id == named) else { return Ok(true) };
         let (frame, last) = match kind {
             Kind::WsMessage => echo::answer_message(payload)?,
             _ => (echo::answer_closed(payload)?, true),

@@ -1,0 +1,188 @@
+"""Long-lived streams on ASGI workers (issue 47; docs/ASGI.md, "Streams"): an ASGI worker's one
+channel carries any number of requests at once, a request counts against --worker-connections
+only until its answer starts, and a stream is never cut by --timeout. Real processes and
+sockets: a plain ASGI application, and clients on asyncio's streams."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import HOST, Server, workers_of
+
+APP = '''
+import asyncio
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] == "websocket":
+        await receive()
+        await send({"type": "websocket.accept"})
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            await send({"type": "websocket.send", "text": message.get("text") or ""})
+    query = dict(pair.split("=") for pair in scope["query_string"].decode().split("&") if pair)
+    if scope["path"] == "/events":
+        # Server-Sent Events: one event every `every` seconds, `count` of them (0: for ever).
+        every, count = float(query.get("every", "1")), int(query.get("count", "0"))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        sent = 0
+        while count == 0 or sent < count:
+            await send({"type": "http.response.body", "body": b"data: %d\\n\\n" % sent, "more_body": True})
+            sent += 1
+            await asyncio.sleep(every)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"hello"})
+'''
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "streams.py").write_text(APP)
+    return tmp_path
+
+
+def raise_descriptor_limit(wanted: int) -> None:
+    """The soft limit of open descriptors up to `wanted` (the test's clients, and the lobby it
+    starts, which inherits it); skips when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"{wanted} descriptors are needed and the hard limit (ulimit -Hn) is {hard}")
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+async def open_stream(port: int, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def first_event(port: int, target: str) -> tuple[float, asyncio.StreamReader, asyncio.StreamWriter]:
+    """Opens an SSE stream; the seconds until its first event, and the stream, still open."""
+    started = time.monotonic()
+    reader, writer = await open_stream(port, target)
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    await reader.readuntil(b"data: 0\n\n")
+    return time.monotonic() - started, reader, writer
+
+
+async def get_root(port: int) -> float:
+    started = time.monotonic()
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), answer[:200]
+    return time.monotonic() - started
+
+
+def test_a_thousand_sse_clients_at_the_defaults_all_get_their_first_event_within_a_second_and_get_answers(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    raise_descriptor_limit(4096)
+    server = maitred_server("streams:app", "-w", "2", cwd=app_dir)
+    clients = 1000
+
+    async def run() -> tuple[list[float], list[float]]:
+        streams = await asyncio.gather(*(first_event(server.port, "/events?every=1") for _ in range(clients)))
+        firsts = [took for took, _, _ in streams]
+        # While every stream is open: short requests are answered, one after the other.
+        roots = [await get_root(server.port) for _ in range(50)]
+        # The streams still flow: each has its second event.
+        await asyncio.gather(*(reader.readuntil(b"data: 1\n\n") for _, reader, _ in streams))
+        for _, _, writer in streams:
+            writer.close()
+        return firsts, roots
+
+    firsts, roots = asyncio.run(asyncio.wait_for(run(), 60))
+    slow = [took for took in firsts if took > 1.0]
+    assert not slow, f"{len(slow)} of {clients} waited more than 1 s for their first event: {sorted(slow)[-5:]}"
+    p99 = statistics.quantiles(roots, n=100)[98]
+    assert p99 < 0.25, f"GET / while {clients} streams were open: p99 {p99 * 1000:.0f} ms"
+
+
+def test_a_stream_longer_than_timeout_is_not_cut(maitred_server: Callable[..., Server], app_dir: Path) -> None:
+    server = maitred_server("streams:app", "-w", "1", "--timeout", "2", cwd=app_dir)
+
+    async def run() -> bytes:
+        reader, writer = await open_stream(server.port, "/events?every=0.5&count=10")
+        body = await reader.readuntil(b"\r\n0\r\n\r\n")
+        writer.close()
+        return body
+
+    body = asyncio.run(asyncio.wait_for(run(), 20))
+    assert all(f"data: {n}\n\n".encode() in body for n in range(10)), body
+    assert body.endswith(b"0\r\n\r\n"), "the stream ends with the chunked terminator"
+    assert "--timeout" not in server.stderr()
+
+
+def test_many_more_websockets_than_seats_are_accepted_at_once(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    websockets = pytest.importorskip("websockets.asyncio.client")
+    raise_descriptor_limit(4096)
+    server = maitred_server("streams:app", "-w", "1", cwd=app_dir)
+    sockets = 300
+
+    async def run() -> float:
+        started = time.monotonic()
+        opened = await asyncio.gather(
+            *(websockets.connect(f"ws://{HOST}:{server.port}/ws", open_timeout=10) for _ in range(sockets))
+        )
+        accepted_in = time.monotonic() - started
+        for number, socket in enumerate(opened):
+            await socket.send(f"hello {number}")
+        answers = await asyncio.gather(*(socket.recv() for socket in opened))
+        assert answers == [f"hello {number}" for number in range(sockets)]
+        await asyncio.gather(*(socket.close() for socket in opened))
+        return accepted_in
+
+    accepted_in = asyncio.run(asyncio.wait_for(run(), 60))
+    assert accepted_in < 2.0, f"{sockets} WebSockets on one worker took {accepted_in:.1f} s to be accepted"
+
+
+def test_a_worker_killed_with_streams_open_ends_each_of_them(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    raise_descriptor_limit(4096)
+    server = maitred_server("streams:app", "-w", "1", cwd=app_dir)
+    clients = 200
+
+    async def run() -> list[bytes]:
+        streams = await asyncio.gather(*(first_event(server.port, "/events?every=0.2") for _ in range(clients)))
+        (worker,) = workers_of(server.pid, 1)
+        os.kill(worker, signal.SIGKILL)
+        # Each client's connection is closed after what was sent, as an aborted answer is.
+        ends = await asyncio.gather(*(reader.read() for _, reader, _ in streams))
+        for _, _, writer in streams:
+            writer.close()
+        return ends
+
+    ends = asyncio.run(asyncio.wait_for(run(), 30))
+    assert len(ends) == clients
+    assert all(not end.endswith(b"0\r\n\r\n") for end in ends), "a cut stream does not look complete"
+    assert "502" in server.stderr() or "cut off" in server.stderr()
+    # The replacement serves.
+    assert asyncio.run(asyncio.wait_for(get_root(server.port), 10)) < 10
