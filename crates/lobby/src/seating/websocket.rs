@@ -1,6 +1,6 @@
 //! What a WebSocket's connection, its queue and the worker relaying it share
 //! (docs/PROTOCOL.md, section 5): the lobby-wide counts and the going-away signal of a stop,
-//! each worker's WebSocket seats under `--websocket-seats`, and the link between a WebSocket's
+//! and the link between a WebSocket's
 //! connection and its worker. A leaf: it imports nothing of its neighbours.
 
 use std::cell::{Cell, RefCell};
@@ -83,38 +83,6 @@ impl Drop for OpenWebSocket {
     }
 }
 
-/// One ASGI worker's seats that hold a WebSocket, under its cap (`--websocket-seats`).
-pub struct WorkerSockets {
-    held: Cell<usize>,
-    cap: usize,
-}
-
-impl WorkerSockets {
-    pub fn new(cap: usize) -> Rc<WorkerSockets> {
-        Rc::new(WorkerSockets { held: Cell::new(0), cap })
-    }
-
-    /// Whether one more of its seats may take a WebSocket.
-    pub fn has_room(&self) -> bool {
-        self.held.get() < self.cap
-    }
-
-    /// One of its seats takes a WebSocket, until the hold is dropped.
-    pub(super) fn hold(self: &Rc<Self>) -> SeatHold {
-        self.held.set(self.held.get() + 1);
-        SeatHold(self.clone())
-    }
-}
-
-/// A seat held by a WebSocket, from its seating to the end of its relay.
-pub(super) struct SeatHold(Rc<WorkerSockets>);
-
-impl Drop for SeatHold {
-    fn drop(&mut self) {
-        self.0.held.set(self.0.held.get() - 1);
-    }
-}
-
 /// Ends a WebSocket request's summary (`GET /chat HTTP/1.1 (WebSocket)`) in the log, the
 /// scoreboard and the diagnoses, which do not count an open WebSocket as a long request.
 pub const SUMMARY_MARK: &str = " (WebSocket)";
@@ -158,8 +126,6 @@ pub struct WebSocketJob {
     /// Set by the connection before it drops its sender; unset when it ended without saying
     /// (1006).
     pub closing: Rc<RefCell<Option<Closing>>>,
-    /// The seat it holds under its worker's cap, from its seating on.
-    pub(super) seat: RefCell<Option<SeatHold>>,
 }
 
 impl WebSocketJob {
@@ -178,7 +144,7 @@ pub fn link() -> (ToWorker, WebSocketJob) {
     let closing = Rc::new(RefCell::new(None));
     (
         ToWorker { messages: sender, closing: closing.clone() },
-        WebSocketJob { messages: RefCell::new(Some(receiver)), closing, seat: RefCell::new(None) },
+        WebSocketJob { messages: RefCell::new(Some(receiver)), closing },
     )
 }
 

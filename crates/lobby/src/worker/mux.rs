@@ -194,7 +194,7 @@ async fn run(
         }
         let admit = !retiring && mux.admitted.get() < cap && mux.offers.has_free_slot();
         if admit && waiting.is_none() {
-            match lobby.seating.next(None) {
+            match lobby.seating.next() {
                 Next::Now(job) => {
                     if let Err(gone) = admit_job(lobby, mux, channel, job).await {
                         return gone;

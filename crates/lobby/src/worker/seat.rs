@@ -10,7 +10,6 @@ use super::channel::Channel;
 use super::scoreboard::{Card, ExitReason, Phase};
 use crate::seating::job::Job;
 use crate::seating::offer::Offers;
-use crate::seating::websocket::WorkerSockets;
 
 /// How a worker's time with the lobby ended.
 #[derive(Debug)]
@@ -45,13 +44,11 @@ pub struct Seat {
     pub card: Rc<Card>,
     /// The offers of each of the worker's threads, once it serves.
     pub(super) offers: RefCell<Vec<Rc<Offers>>>,
-    /// Its seats holding a WebSocket, once it has said it is ASGI (`READY_ASGI`).
-    pub(super) websockets: RefCell<Option<Rc<WorkerSockets>>>,
 }
 
 impl Seat {
     pub fn new(card: Rc<Card>) -> Rc<Seat> {
-        Rc::new(Seat { card, offers: RefCell::new(Vec::new()), websockets: RefCell::new(None) })
+        Rc::new(Seat { card, offers: RefCell::new(Vec::new()) })
     }
 
     pub fn phase(&self) -> Phase {

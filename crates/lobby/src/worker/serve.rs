@@ -22,7 +22,6 @@ use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
-use crate::seating::websocket::WorkerSockets;
 use crate::seating::Next;
 
 /// Seats jobs at one thread of this worker, through that thread's channel, until the worker
@@ -68,8 +67,7 @@ pub async fn serve(
     seat.offers.borrow_mut().push(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let sockets = seat.websockets.borrow().clone();
-    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread, sockets: sockets.as_ref() };
+    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread };
     let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
@@ -84,8 +82,6 @@ struct WorkerThread<'a> {
     card: &'a Card,
     recycle: &'a Recycle,
     thread: Thread,
-    /// Its seats holding a WebSocket, when it is ASGI.
-    sockets: Option<&'a Rc<WorkerSockets>>,
 }
 
 async fn seat_jobs(
@@ -95,7 +91,7 @@ async fn seat_jobs(
     offers: &Rc<Offers>,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    let WorkerThread { pid, card, recycle, thread, sockets } = *worker;
+    let WorkerThread { pid, card, recycle, thread } = *worker;
     // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
@@ -109,7 +105,7 @@ async fn seat_jobs(
                 }
                 // Whether this seat waited for a request.
                 let mut seat_waited = false;
-                let job = match lobby.seating.next(sockets) {
+                let job = match lobby.seating.next() {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
                         seat_waited = true;
