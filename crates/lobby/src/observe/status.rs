@@ -81,6 +81,10 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
                 "age_seconds": card.born.elapsed().as_secs_f64(),
                 "request": request,
                 "threads": threads,
+                // An ASGI worker's requests admitted whose answers have not started, and its open
+                // streams (docs/ASGI.md, "Streams"); 0 for a WSGI worker.
+                "admitted": card.admitted.get(),
+                "streams": card.streams.get(),
             })
         })
         .collect();
