@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import HOST, Server, workers_of
 
-APP = '''
+APP = """
 import asyncio
 
 
@@ -52,7 +52,7 @@ async def app(scope, receive, send):
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"hello"})
-'''
+"""
 
 
 @pytest.fixture
@@ -185,4 +185,13 @@ def test_a_worker_killed_with_streams_open_ends_each_of_them(
     assert all(not end.endswith(b"0\r\n\r\n") for end in ends), "a cut stream does not look complete"
     assert "502" in server.stderr() or "cut off" in server.stderr()
     # The replacement serves.
+    assert asyncio.run(asyncio.wait_for(get_root(server.port), 10)) < 10
+
+
+def test_the_deprecated_websocket_seats_says_its_one_line_and_starts(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    server = maitred_server("streams:app", "-w", "1", "--websocket-seats", "4", cwd=app_dir)
+    log = server.wait_for_log("--websocket-seats is deprecated and does nothing", 10)
+    assert log.count("--websocket-seats is deprecated") == 1
     assert asyncio.run(asyncio.wait_for(get_root(server.port), 10)) < 10

@@ -62,7 +62,9 @@ def test_a_lobby_stopped_for_longer_than_the_limit_goes_on_serving(maitred_serve
     """Time the process was stopped is nobody's: the watchdog was stopped too. After SIGCONT the
     lobby serves, and its watchdog has counted no stall near the limit."""
     stats = free_port()
-    server = maitred_server("-w", "1", "--lobby-timeout", str(LIMIT), "--stats", f"{HOST}:{stats}", "crashy:app", cwd=APPS)
+    server = maitred_server(
+        "-w", "1", "--lobby-timeout", str(LIMIT), "--stats", f"{HOST}:{stats}", "crashy:app", cwd=APPS
+    )
     assert get(server.port, "/pid").status == 200
     server.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()

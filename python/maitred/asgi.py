@@ -356,7 +356,9 @@ class _Mux:
                 return
             scope, body, native = taken
             request: _Request = (
-                _WebSocket(self, scope, native) if scope["type"] == "websocket" else _Exchange(self, scope, body, native)
+                _WebSocket(self, scope, native)
+                if scope["type"] == "websocket"
+                else _Exchange(self, scope, body, native)
             )
             self.requests[native.id] = request
             self.worker.rings.busy_seats += 1
@@ -507,9 +509,7 @@ class _Worker:
         return await self._done
 
 
-def serve(
-    channel: WorkerChannel, application: Application, options: Options, boot_failed: Callable[[str], int]
-) -> int:
+def serve(channel: WorkerChannel, application: Application, options: Options, boot_failed: Callable[[str], int]) -> int:
     """Runs the lifespan's startup, says READY on the channel, and serves it until the lobby
     closes it; then runs the shutdown. Returns the exit code."""
     try:

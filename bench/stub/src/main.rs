@@ -156,7 +156,6 @@ impl Options {
                 ping_interval: Duration::from_secs(20),
                 ping_timeout: Duration::from_secs(20),
                 per_message_deflate: true,
-                seats: None,
             },
             access_logfile: None,
             access_log_format: None,
@@ -187,7 +186,6 @@ impl Options {
                 "--ws-max-size" => options.websocket.max_size = value.parse().map_err(|e| bad(&e))?,
                 "--ws-ping-interval" => options.websocket.ping_interval = seconds()?,
                 "--ws-ping-timeout" => options.websocket.ping_timeout = seconds()?,
-                "--websocket-seats" => options.websocket.seats = Some(value.parse().map_err(|e| bad(&e))?),
                 "--access-logfile" => options.access_logfile = Some(value.clone()),
                 "--access-logformat" => {
                     options.access_log_format = Some(AccessFormat::parse(value).map_err(|e| bad(&e))?)
@@ -201,9 +199,6 @@ impl Options {
         }
         if options.websocket.max_size == 0 || options.websocket.max_size > maitred_wire::MAX_WS_MESSAGE {
             return Err(format!("--ws-max-size must be from 1 to {}", maitred_wire::MAX_WS_MESSAGE));
-        }
-        if options.websocket.seats == Some(0) {
-            return Err("--websocket-seats must be at least 1".into());
         }
         Ok(options)
     }

@@ -90,10 +90,11 @@ def _deprecated(settings: Mapping[str, object], sources: Mapping[str, str]) -> l
     if settings.get("websocket_seats") is None:
         return []
     origin = sources.get("websocket_seats", "the command line")
-    return [
+    line = (
         f"{origin}: --websocket-seats is deprecated and does nothing: an ASGI worker's open WebSockets hold no "
         "seat, and a handshake waits in the one queue as any request does (docs/TUNING.md, WebSockets)"
-    ]
+    )
+    return [line]
 
 
 Layer = tuple[str, Mapping[str, object]]

@@ -233,7 +233,8 @@ impl Offers {
                 return Err(job);
             }
         }
-        let frame = if on_channel { &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode()[..] } else { &job.frame };
+        let frame =
+            if on_channel { &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode()[..] } else { &job.frame };
         match self.queue(frame) {
             Some((_, id)) => {
                 job.state.set(JobState::Seated);

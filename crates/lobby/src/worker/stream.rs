@@ -179,7 +179,11 @@ async fn answer(
 /// are kept (the bound in docs/PROTOCOL.md, section 4). False: the worker was lost.
 async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> bool {
     let job = &taken.job;
-    warning_limited!("the answer to {} from worker {} is held: its client reads slowly; it goes on as it reads", job.summary, mux.pid);
+    warning_limited!(
+        "the answer to {} from worker {} is held: its client reads slowly; it goes on as it reads",
+        job.summary,
+        mux.pid
+    );
     if mux.send(&id_frame(Kind::Hold, taken.id), None).await.is_err() {
         return false;
     }
