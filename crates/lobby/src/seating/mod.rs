@@ -27,6 +27,7 @@ pub(crate) mod job;
 pub(crate) mod offer;
 pub(crate) mod overload;
 pub(crate) mod spool;
+pub(crate) mod streams;
 pub(crate) mod websocket;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.

@@ -10,7 +10,7 @@
 //! and those still in their slots go back to the queue.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
@@ -41,6 +41,9 @@ pub(super) struct Mux {
     writing: tokio::sync::Mutex<()>,
     /// The relay of each request in progress, by id: its answer's frames go there.
     routes: RefCell<HashMap<u32, mpsc::UnboundedSender<Frame>>>,
+    /// Streams the lobby ended at --graceful-timeout (`stream.rs`) whose last frames the
+    /// worker has not sent: what it still sends for them is dropped.
+    dismissed: RefCell<HashSet<u32>>,
     /// Requests admitted whose answers have not started.
     pub(super) admitted: Cell<usize>,
     /// Requests whose answers have started (streams), WebSockets included.
@@ -80,6 +83,12 @@ impl Mux {
     /// says that its event loop is blocked.
     pub(super) fn unread(&self) -> Option<u32> {
         maitred_sys::socket::unsent_bytes(self.writer.get_ref().as_fd())
+    }
+
+    /// The lobby has ended request `id`'s stream: its relay ends now, and the worker's frames
+    /// for it are dropped until its last.
+    pub(super) fn dismiss(&self, id: u32) {
+        self.dismissed.borrow_mut().insert(id);
     }
 
     /// A request's answer started: it no longer counts against admission.
@@ -149,6 +158,7 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc
         writer,
         writing: tokio::sync::Mutex::new(()),
         routes: RefCell::new(HashMap::new()),
+        dismissed: RefCell::default(),
         admitted: Cell::new(0),
         streaming: Cell::new(0),
         room: Notify::new(),
@@ -214,6 +224,11 @@ async fn run(
                     let route = mux.routes.borrow().get(&id).cloned();
                     match route {
                         Some(route) => drop(route.send(frame)),
+                        None if mux.dismissed.borrow().contains(&id) => {
+                            if super::relay::decode_part(frame).map_or(true, |part| part.is_last()) {
+                                mux.dismissed.borrow_mut().remove(&id);
+                            }
+                        }
                         None => return broke(lobby, pid, format!("an answer for request {id}, which it does not hold")).await,
                     }
                 }

@@ -3,9 +3,11 @@
 //! through the answer's spool. Until its answer starts, `--timeout` answers 504 (the worker's
 //! loop cancels the request's task itself; one that leaves the `CANCEL` unread is blocked, and
 //! killed). Once it has started it is a stream, never cut for its length or its silence: the
-//! loop's health is the watchdog's business (docs/ASGI.md, "Streams"). A client slower than the
-//! answer's caps holds the request's sends (`HOLD`, then `GO`), never the channel. An accepted
-//! WebSocket's messages go both ways here too, each frame naming the request.
+//! loop's health is the watchdog's business (docs/ASGI.md, "Streams"); it ends, cleanly for its
+//! client, at the --graceful-timeout of a stop or of its worker's retirement (docs/SIGNALS.md).
+//! A client slower than the answer's caps holds the request's sends (`HOLD`, then `GO`), never
+//! the channel. An accepted WebSocket's messages go both ways here too, each frame naming the
+//! request.
 
 use std::rc::Rc;
 use std::time::Instant;
@@ -13,7 +15,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use maitred_wire::{build_frame, cancel_frame, id_frame, Kind, WsClosing, WsData, WsOpcode, ID_LEN};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::channel::Frame;
 use super::health;
@@ -25,6 +27,7 @@ use crate::lobby::Lobby;
 use crate::log::{debug, error, info_limited, warning, warning_limited};
 use crate::seating::offer::Taken;
 use crate::seating::spool::ResponsePart;
+use crate::seating::streams::OpenStream;
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
 
 /// How a request's relay ends.
@@ -82,6 +85,11 @@ async fn answer(
     // Past --timeout before its answer started: answered 504 already, its frames are read and
     // dropped until the loop has ended it.
     let mut timed_out = false;
+    // Its place among the lobby's open streams, once its answer has started.
+    let mut _open_stream: Option<OpenStream> = None;
+    let mut phase = mux.phase.clone();
+    let grace_over = grace_over(lobby, &mut phase);
+    tokio::pin!(grace_over);
     loop {
         if *streamed && job.respond.held().is_some() {
             if !hold(mux, taken, frames).await {
@@ -93,16 +101,32 @@ async fn answer(
             Frame(Option<Frame>),
             TimedOut,
             ClientGone,
+            GraceOver(&'static str),
         }
         let next = tokio::select! {
             biased;
             frame = frames.recv() => Next::Frame(frame),
             _ = job.respond.closed(), if !cancelled => Next::ClientGone,
             () = tokio::time::sleep_until(deadline), if !*streamed => Next::TimedOut,
+            why = &mut grace_over, if *streamed && job.websocket.is_none() => Next::GraceOver(why),
         };
         let frame = match next {
             Next::Frame(Some(frame)) => frame,
             Next::Frame(None) => return Ended::Lost,
+            Next::GraceOver(why) => {
+                info_limited!(
+                    "{} ended at --graceful-timeout ({why}); its worker is told that its client left",
+                    job.summary
+                );
+                if let Some(served) = &job.served {
+                    served.answered.set(Some(Instant::now()));
+                }
+                let _ = job.respond.send(ResponsePart::Body { data: Bytes::new(), end: true });
+                // What the worker still sends for it is dropped: its client has had the end.
+                mux.dismiss(taken.id);
+                let _ = mux.send(&cancel_frame(taken.id), None).await;
+                return Ended::Done;
+            }
             Next::ClientGone => {
                 cancelled = true;
                 debug!("the client of {} went away; telling worker {pid}", job.summary);
@@ -156,6 +180,9 @@ async fn answer(
         if !*streamed {
             *streamed = true;
             mux.started();
+            if job.websocket.is_none() {
+                _open_stream = Some(lobby.streams.opened());
+            }
         }
         if let Some(served) = job.served.as_ref().filter(|_| last) {
             served.answered.set(Some(Instant::now()));
@@ -171,6 +198,23 @@ async fn answer(
             lobby.metrics.served(seated_at.elapsed());
             return Ended::Done;
         }
+    }
+}
+
+/// Resolves, saying why, when an open stream is to end: a stop's --graceful-timeout has
+/// passed, or its worker has been retiring (a reload, SIGTTOU) for --graceful-timeout. Until
+/// then a retiring worker keeps its streams, as gunicorn's keeps its requests.
+async fn grace_over(lobby: &Lobby, phase: &mut watch::Receiver<Phase>) -> &'static str {
+    let retired = async {
+        if phase.wait_for(|phase| *phase == Phase::Retire).await.is_err() {
+            // The worker's card is gone: only a stop ends the stream now.
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(lobby.settings().graceful_timeout).await;
+    };
+    tokio::select! {
+        () = lobby.streams.ending() => "the server stops",
+        () = retired => "its worker retired",
     }
 }
 
