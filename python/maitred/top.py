@@ -397,16 +397,23 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
         )
 
     lines.append(("", PLAIN))
-    lines.append((f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'RSS MB':>8} {'AGE':>8}  REQUEST", HEADING))
+    lines.append(
+        (
+            f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'ADMIT':>6} {'STREAMS':>7} {'LAG':>6} {'RSS MB':>8} "
+            f"{'AGE':>8}  REQUEST",
+            HEADING,
+        )
+    )
     for worker in status["scoreboard"]:
         rss = worker["rss_bytes"]
         doing = _doing(worker["request"])
+        admitted, streams, lag = _asgi_counts(worker)
         lines.append(
             (
                 (
                     f"{worker['pid']:>8} {worker['generation']:>4} {_printable(worker['state']):<9} "
-                    f"{worker['served']:>8} {'-' if rss is None else f'{rss / 2**20:.1f}':>8} "
-                    f"{_duration(worker['age_seconds']):>8}  {doing}"
+                    f"{worker['served']:>8} {admitted:>6} {streams:>7} {lag:>6} "
+                    f"{'-' if rss is None else f'{rss / 2**20:.1f}':>8} {_duration(worker['age_seconds']):>8}  {doing}"
                 ),
                 PLAIN,
             )
@@ -417,11 +424,21 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
             for number, request in enumerate(threads):
                 lines.append(
                     (
-                        f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>8} {'':>8}  {_doing(request) or '-'}",
+                        f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>6} {'':>7} {'':>6} {'':>8} {'':>8}  "
+                        f"{_doing(request) or '-'}",
                         PLAIN,
                     )
                 )
     return lines
+
+
+def _asgi_counts(worker: dict) -> tuple[str, str, str]:
+    """An ASGI worker's requests admitted whose answers have not started, its open streams and its
+    event loop's last lag (docs/ASGI.md, "Streams and admission"); dashes for a WSGI worker, and
+    for a lag a lobby that does not say."""
+    if not worker.get("asgi"):
+        return "-", "-", "-"
+    return str(worker["admitted"]), str(worker["streams"]), _duration(worker.get("loop_lag_seconds"))
 
 
 def _doing(request: dict | None) -> str:

@@ -116,9 +116,11 @@ fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
     });
 }
 
-/// S4/S5: every seat (a worker's thread) busy for over a second, with requests waiting.
+/// S4/S5: every seat busy for over a second, with requests waiting: a WSGI worker's threads,
+/// an ASGI worker's admissions (requests whose answers have not started; its open streams take
+/// none, so a worker full of idle streams is not saturated).
 fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let [busy, free] = lobby.scoreboard.seats();
+    let [busy, free] = lobby.scoreboard.seats(lobby.settings().worker_connections);
     let waiting = lobby.seating.waiting();
     let saturated = busy > 0 && free == 0 && waiting > 0;
     if !saturated {

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub(super) shed: IntCounterVec,
     pub(super) websockets_open: IntGauge,
     pub(super) websockets_queued: IntGauge,
+    pub(super) worker_admitted: IntGaugeVec,
+    pub(super) worker_streams: IntGaugeVec,
     pub(super) loop_lateness_max: Gauge,
     pub(super) loop_stall_max: Gauge,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
@@ -222,6 +224,27 @@ impl Metrics {
             IntGauge::new("websockets_queued", "WebSocket handshakes waiting for a seat under --websocket-seats")
                 .expect("valid");
         register(Box::new(websockets_queued.clone()));
+        // By pid: a worker's series goes with it (each scrape sets those of the workers there).
+        let worker_admitted = IntGaugeVec::new(
+            Opts::new(
+                "worker_admitted",
+                "An ASGI worker's requests admitted whose answers have not started: what --worker-connections \
+                 bounds (docs/ASGI.md, \"Streams and admission\")",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_admitted.clone()));
+        let worker_streams = IntGaugeVec::new(
+            Opts::new(
+                "worker_streams",
+                "An ASGI worker's open streams: answers started and not ended, WebSockets included, which cost its \
+                 admission nothing",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_streams.clone()));
         let loop_lateness_max = Gauge::new(
             "lobby_loop_lateness_max_seconds",
             "The longest the lobby's event loop ran its once-a-second heartbeat late, since the start (--lobby-timeout)",
@@ -239,6 +262,8 @@ impl Metrics {
             registry,
             websockets_open,
             websockets_queued,
+            worker_admitted,
+            worker_streams,
             loop_lateness_max,
             loop_stall_max,
             requests,
@@ -318,6 +343,13 @@ impl Metrics {
         for (state, count) in SEAT_STATES.iter().zip(now.seats) {
             self.seats.with_label_values(&[state]).set(count as i64);
         }
+        self.worker_admitted.reset();
+        self.worker_streams.reset();
+        for worker in &now.asgi_workers {
+            let pid = worker.pid.to_string();
+            self.worker_admitted.with_label_values(&[&pid]).set(worker.admitted as i64);
+            self.worker_streams.with_label_values(&[&pid]).set(worker.streams as i64);
+        }
         for (state, count) in now.connections {
             self.connections.with_label_values(&[state]).set(count as i64);
         }
@@ -375,6 +407,14 @@ pub(super) struct Now {
     pub(super) websockets_queued: usize,
     /// The watchdog's readings of the event loop (zero when it is off).
     pub(super) event_loop: Readings,
+    /// The ASGI workers that serve or retire, each with its admitted requests and open streams.
+    pub(super) asgi_workers: Vec<AsgiWorkerNow>,
+}
+
+pub(super) struct AsgiWorkerNow {
+    pub(super) pid: i32,
+    pub(super) admitted: usize,
+    pub(super) streams: usize,
 }
 
 pub(super) struct ListenerNow {

@@ -10,7 +10,7 @@ use prometheus::Histogram;
 use serde_json::{json, Value};
 
 use super::findings::KERNEL_COUNTERS;
-use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
+use super::metrics::{AsgiWorkerNow, ListenerNow, Now, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
@@ -83,6 +83,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
                 "threads": threads,
                 // An ASGI worker's requests admitted whose answers have not started, and its open
                 // streams (docs/ASGI.md, "Streams"); 0 for a WSGI worker.
+                "asgi": card.asgi.get(),
                 "admitted": card.admitted.get(),
                 "streams": card.streams.get(),
             })
@@ -176,7 +177,7 @@ impl Now {
         Now {
             waiting,
             workers: lobby.scoreboard.counts(),
-            seats: lobby.scoreboard.seats(),
+            seats: lobby.scoreboard.seats(lobby.settings().worker_connections),
             connections: [
                 ("reading", states.count(ConnectionState::Reading) as usize),
                 ("queued", queued),
@@ -198,6 +199,19 @@ impl Now {
             websockets_open: lobby.websockets.open(),
             websockets_queued: lobby.seating.websockets_queued(),
             event_loop: lobby.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
+            asgi_workers: lobby
+                .scoreboard
+                .cards()
+                .iter()
+                .filter(|card| card.asgi.get())
+                .filter_map(|card| {
+                    Some(AsgiWorkerNow {
+                        pid: card.pid.get()?,
+                        admitted: card.admitted.get(),
+                        streams: card.streams.get(),
+                    })
+                })
+                .collect(),
         }
     }
 }

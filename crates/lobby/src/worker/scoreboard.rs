@@ -259,15 +259,22 @@ impl Scoreboard {
         counts
     }
 
-    /// Busy and free threads of the workers that serve (idle or busy): the seats a request
-    /// can be seated at now, and those taken.
-    pub fn seats(&self) -> [usize; 2] {
+    /// Busy and free seats of the workers that serve (idle or busy): those a request can be
+    /// seated at now, and those taken. A WSGI worker's seats are its threads; an ASGI worker's,
+    /// on its one channel, are the `worker_connections` requests it may have admitted whose
+    /// answers have not started: its open streams take none (docs/ASGI.md, "Streams and
+    /// admission"), so a worker full of idle streams is not busy.
+    pub fn seats(&self, worker_connections: usize) -> [usize; 2] {
         let mut seats = [0, 0];
         for card in self.cards.borrow().values() {
             if matches!(card.state(), WorkerState::Idle | WorkerState::Busy) {
-                let busy = card.busy_threads();
+                let (busy, all) = if card.asgi.get() && card.threads.borrow().len() == 1 {
+                    (card.admitted.get(), worker_connections.max(card.admitted.get()))
+                } else {
+                    (card.busy_threads(), card.threads.borrow().len())
+                };
                 seats[0] += busy;
-                seats[1] += card.threads.borrow().len() - busy;
+                seats[1] += all - busy;
             }
         }
         seats
@@ -330,11 +337,26 @@ mod tests {
         assert_eq!(&*card.longest_request().unwrap().0, "GET /a HTTP/1.1");
         let board = Scoreboard::default();
         board.add(0, Rc::new(card));
-        assert_eq!(board.seats(), [2, 1]);
+        assert_eq!(board.seats(32), [2, 1]);
         let card = board.cards().pop().unwrap();
         card.phase.send_replace(Phase::Retire);
-        assert_eq!(board.seats(), [0, 0], "a retiring worker's threads are no seats");
+        assert_eq!(board.seats(32), [0, 0], "a retiring worker's threads are no seats");
         assert_eq!(card.state(), WorkerState::Retiring);
+    }
+
+    #[test]
+    fn an_asgi_workers_seats_are_its_admissions_and_its_streams_take_none() {
+        let card = Rc::new(Card::new(1, Phase::Serve));
+        card.ready.set(true);
+        card.asgi.set(true);
+        card.streams.set(1000);
+        let board = Scoreboard::default();
+        board.add(0, card.clone());
+        assert_eq!(board.seats(32), [0, 32], "idle streams are not busy");
+        card.admitted.set(3);
+        assert_eq!(board.seats(32), [3, 29]);
+        card.admitted.set(32);
+        assert_eq!(board.seats(32), [32, 0], "every admission taken: busy");
     }
 
     #[test]
