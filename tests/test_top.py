@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from client import Reply, get
 from conftest import HOST, MAITRED, free_port
-from test_cli import HELLO, assert_one_error_line
 from test_asgi_stream_lifecycle import PID_APP, open_streams
+from test_cli import HELLO, assert_one_error_line
 from test_lifecycle import APPS, wait_for_workers
 
 TMUX = shutil.which("tmux")

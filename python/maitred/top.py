@@ -399,8 +399,10 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
     lines.append(("", PLAIN))
     lines.append(
         (
-            f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'ADMIT':>6} {'STREAMS':>7} {'LAG':>6} {'RSS MB':>8} "
-            f"{'AGE':>8}  REQUEST",
+            (
+                f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'ADMIT':>6} {'STREAMS':>7} {'LAG':>6} "
+                f"{'RSS MB':>8} {'AGE':>8}  REQUEST"
+            ),
             HEADING,
         )
     )
@@ -424,8 +426,10 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
             for number, request in enumerate(threads):
                 lines.append(
                     (
-                        f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>6} {'':>7} {'':>6} {'':>8} {'':>8}  "
-                        f"{_doing(request) or '-'}",
+                        (
+                            f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>6} {'':>7} {'':>6} {'':>8} "
+                            f"{'':>8}  {_doing(request) or '-'}"
+                        ),
                         PLAIN,
                     )
                 )
