@@ -122,11 +122,12 @@ ROWS: tuple[Setting, ...] = (
         "worker_connections",
         ("--worker-connections",),
         "INT",
-        # Each is a channel, passed with the others in one message (see threads).
-        _whole_number(1, 64),
+        # A bound on admitted work, not descriptors: an ASGI worker has one channel whatever it is.
+        _whole_number(1, 4096),
         32,
-        "ASGI: requests each worker runs at once, on its event loop; the lobby seats a request only where one "
-        "of them is free, and queues the rest (docs/ASGI.md, Seats).",
+        "ASGI: requests admitted to each worker whose answers have not started; the rest wait in the queue. "
+        "A request whose answer has started (a stream, an accepted WebSocket) no longer counts (docs/ASGI.md, "
+        "Streams and admission).",
     ),
     Setting(
         "workers",
@@ -147,7 +148,8 @@ ROWS: tuple[Setting, ...] = (
         30.0,
         "A request running longer than this gets 504 and its worker's Python stack is logged; the worker is "
         "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout). "
-        "ASGI: the request's task is cancelled, and the worker killed only if its event loop is blocked.",
+        "ASGI: only until the answer starts; the request's task is cancelled, and the worker killed only if its "
+        "event loop is blocked. A started ASGI stream is never cut (docs/TUNING.md, Streams and admission).",
     ),
     Setting(
         "workers",
@@ -156,7 +158,9 @@ ROWS: tuple[Setting, ...] = (
         "SECONDS",
         seconds(allow_zero=True),
         30.0,
-        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed.",
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed; open "
+        "ASGI streams then end cleanly and WebSockets close with 1001. The same bound for a retiring worker's "
+        "streams at SIGHUP, SIGUSR2 and SIGTTOU (docs/SIGNALS.md).",
     ),
     Setting(
         "workers",

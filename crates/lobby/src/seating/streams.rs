@@ -45,12 +45,6 @@ impl Streams {
         // The sender lives as long as `self`.
         let _ = ending.wait_for(|ending| *ending).await;
     }
-
-    /// Resolves once no stream is open.
-    pub async fn all_ended(&self) {
-        let mut open = self.open.subscribe();
-        let _ = open.wait_for(|open| *open == 0).await;
-    }
 }
 
 /// An open stream's place in `Streams::open`.

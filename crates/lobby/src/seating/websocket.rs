@@ -54,13 +54,6 @@ impl WebSockets {
         OpenWebSocket(self.clone())
     }
 
-    /// Resolves once no WebSocket is open.
-    pub async fn all_closed(&self) {
-        let mut open = self.open.subscribe();
-        // The sender lives as long as `self`.
-        let _ = open.wait_for(|open| *open == 0).await;
-    }
-
     /// Tells every open WebSocket to close with 1001 (a stop's --graceful-timeout passed).
     pub fn go_away(&self) {
         self.going_away.send_replace(true);
