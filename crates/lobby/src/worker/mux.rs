@@ -30,6 +30,16 @@ use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{multiplexed_layout, Offers};
 use crate::seating::Next;
 
+/// How late a worker's event loop may be and still be given new requests (issue 47, item 2).
+/// Measured on this 2-core machine under O1-ASGI (2 ms of CPU and a 50 ms await a request, at
+/// 1.5 x capacity): FIXME.
+pub(super) const LOOP_LATE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How often admission looks again at a late loop's heartbeat, which comes every 100 ms
+/// (`scoreboard::LOOP_BEAT`) with no ring: often enough to open within a tenth of a beat of
+/// the beat that says the loop keeps up again.
+const LOOK_AGAIN_WHILE_LATE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// What the worker's task and its requests' relays share.
 pub(super) struct Mux {
     pub(super) pid: i32,
@@ -41,8 +51,6 @@ pub(super) struct Mux {
     writing: tokio::sync::Mutex<()>,
     /// The relay of each request in progress, by id: its answer's frames go there.
     routes: RefCell<HashMap<u32, mpsc::UnboundedSender<Frame>>>,
-    /// Requests admitted whose answers have not started.
-    pub(super) admitted: Cell<usize>,
     /// Requests whose answers have started (streams), WebSockets included.
     pub(super) streaming: Cell<usize>,
     /// Rung when a request's answer starts or ends: admission may go on.
@@ -82,16 +90,21 @@ impl Mux {
         maitred_sys::socket::unsent_bytes(self.writer.get_ref().as_fd())
     }
 
-    /// A request's answer started: it no longer counts against admission.
-    pub(super) fn started(&self) {
-        self.admitted.set(self.admitted.get().saturating_sub(1));
+    /// Requests admitted whose answers have not started: what admission counts (the card
+    /// holds them, for the scoreboard and the diagnoses).
+    pub(super) fn admitted(&self) -> usize {
+        self.card.admitted.get()
+    }
+
+    /// Request `id`'s answer started: it no longer counts against admission.
+    pub(super) fn started(&self, id: u32) {
+        self.card.started(id);
         self.streaming.set(self.streaming.get() + 1);
         self.counted();
     }
 
-    /// The card says what admission counts, and admission looks again.
+    /// The card says how many streams are open, and admission looks again.
     fn counted(&self) {
-        self.card.admitted.set(self.admitted.get());
         self.card.streams.set(self.streaming.get());
         self.room.notify_one();
     }
@@ -103,7 +116,7 @@ impl Mux {
         if streamed {
             self.streaming.set(self.streaming.get().saturating_sub(1));
         } else {
-            self.admitted.set(self.admitted.get().saturating_sub(1));
+            self.card.started(id);
         }
         self.counted();
     }
@@ -143,13 +156,14 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc
         Ok(writer) => writer,
         Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not use its channel: {e}")),
     };
+    let heartbeat = offers.clone();
+    *seat.card.loop_beat.borrow_mut() = Some(Box::new(move || heartbeat.loop_beat()));
     let mux = Rc::new(Mux {
         pid,
         offers: offers.clone(),
         writer,
         writing: tokio::sync::Mutex::new(()),
         routes: RefCell::new(HashMap::new()),
-        admitted: Cell::new(0),
         streaming: Cell::new(0),
         room: Notify::new(),
         phase: phase.clone(),
@@ -164,6 +178,7 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc
         mux.lost.replace(Some(detail.clone()));
     }
     mux.routes.borrow_mut().clear();
+    mux.card.loop_beat.replace(None);
     gone
 }
 
@@ -181,18 +196,21 @@ async fn run(
     let mut recycled = false;
     loop {
         let retiring = recycled || *phase.borrow() == Phase::Retire;
-        if retiring {
+        let late = mux.card.loop_lag(std::time::Instant::now()).is_some_and(|lag| lag > LOOP_LATE);
+        if retiring || late {
+            // What waits for this worker goes to another, or waits in the FIFO.
             if let Some(mut wait) = waiting.take() {
                 wait.close();
                 if let Ok(job) = wait.try_recv() {
                     lobby.seating.return_unstarted(job);
                 }
             }
-            if mux.routes.borrow().is_empty() {
-                return Gone::Retired;
-            }
         }
-        let admit = !retiring && mux.admitted.get() < cap && mux.offers.has_free_slot();
+        if retiring && mux.routes.borrow().is_empty() {
+            return Gone::Retired;
+        }
+        let room = !retiring && mux.admitted() < cap;
+        let admit = room && !late && mux.offers.has_free_slot();
         if admit && waiting.is_none() {
             match lobby.seating.next() {
                 Next::Now(job) => {
@@ -240,9 +258,10 @@ async fn run(
             () = mux.room.notified() => {}
             _ = phase.changed() => {}
             // More requests than slots (past 1024 admitted): a slot frees as the worker copies a
-            // request out, which it does not ring for; looked at again shortly.
-            () = tokio::time::sleep(std::time::Duration::from_millis(2)), if !admit && !retiring
-                && mux.admitted.get() < cap => {}
+            // request out, which it does not ring for; and a late loop publishes its next beat
+            // without a ring either: both looked at again shortly.
+            () = tokio::time::sleep(if late { LOOK_AGAIN_WHILE_LATE } else { std::time::Duration::from_millis(2) }),
+                if room && !admit => {}
         }
     }
 }
@@ -276,9 +295,7 @@ async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, channel: &Channel, job: Job
     };
     let (route, frames) = mpsc::unbounded_channel();
     mux.routes.borrow_mut().insert(taken.id, route);
-    mux.admitted.set(mux.admitted.get() + 1);
-    mux.card.admitted.set(mux.admitted.get());
-    mux.card.served.set(mux.card.served.get() + 1);
+    mux.card.admit(taken.id, taken.job.summary.clone());
     tokio::task::spawn_local(stream::relay(lobby.clone(), mux.clone(), taken, frames));
     Ok(())
 }

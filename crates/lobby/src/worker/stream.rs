@@ -155,7 +155,7 @@ async fn answer(
         let accepted = matches!(part, ResponsePart::WebSocket(WsPart::Accept { .. }));
         if !*streamed {
             *streamed = true;
-            mux.started();
+            mux.started(taken.id);
         }
         if let Some(served) = job.served.as_ref().filter(|_| last) {
             served.answered.set(Some(Instant::now()));
