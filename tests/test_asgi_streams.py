@@ -1,7 +1,8 @@
 """Long-lived streams on ASGI workers (issue 47; docs/ASGI.md, "Streams"): an ASGI worker's one
 channel carries any number of requests at once, a request counts against --worker-connections
-only until its answer starts, and a stream is never cut by --timeout. Real processes and
-sockets: a plain ASGI application, and clients on asyncio's streams."""
+only until its answer starts, and a stream is never cut by --timeout. A WSGI stream, which holds
+its thread, is cut only when silent for --timeout. Real processes and sockets: a plain ASGI
+application, a plain WSGI one, and clients on asyncio's streams."""
 
 from __future__ import annotations
 
@@ -55,9 +56,31 @@ async def app(scope, receive, send):
 """
 
 
+WSGI_APP = """
+import time
+
+
+def app(environ, start_response):
+    query = dict(pair.split("=") for pair in environ["QUERY_STRING"].split("&") if pair)
+    # `count` events `every` seconds apart, after the head and `silent` seconds of nothing.
+    every, count, silent = float(query.get("every", "0.5")), int(query.get("count", "10")), float(query.get("silent", "0"))
+    start_response("200 OK", [("Content-Type", "text/event-stream")])
+
+    def events():
+        yield b"data: head\\n\\n"
+        time.sleep(silent)
+        for sent in range(count):
+            yield b"data: %d\\n\\n" % sent
+            time.sleep(every)
+
+    return events()
+"""
+
+
 @pytest.fixture
 def app_dir(tmp_path: Path) -> Path:
     (tmp_path / "streams.py").write_text(APP)
+    (tmp_path / "wsgi_streams.py").write_text(WSGI_APP)
     return tmp_path
 
 
@@ -136,6 +159,44 @@ def test_a_stream_longer_than_timeout_is_not_cut(maitred_server: Callable[..., S
     assert all(f"data: {n}\n\n".encode() in body for n in range(10)), body
     assert body.endswith(b"0\r\n\r\n"), "the stream ends with the chunked terminator"
     assert "--timeout" not in server.stderr()
+
+
+def test_a_wsgi_stream_that_keeps_producing_past_timeout_is_not_cut(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    server = maitred_server("wsgi_streams:app", "-w", "1", "--timeout", "2", cwd=app_dir)
+
+    async def run() -> bytes:
+        # 10 events 0.5 s apart: 5 s of a stream, none of it silent for 2 s.
+        reader, writer = await open_stream(server.port, "/?every=0.5&count=10")
+        body = await reader.readuntil(b"\r\n0\r\n\r\n")
+        writer.close()
+        return body
+
+    body = asyncio.run(asyncio.wait_for(run(), 20))
+    assert all(f"data: {n}\n\n".encode() in body for n in range(10)), body
+    assert "--timeout" not in server.stderr(), server.stderr()
+
+
+def test_a_wsgi_stream_silent_for_timeout_after_its_head_is_cut_with_its_line(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    server = maitred_server("wsgi_streams:app", "-w", "1", "--timeout", "2", cwd=app_dir)
+
+    async def run() -> tuple[bytes, float]:
+        reader, writer = await open_stream(server.port, "/?silent=3&count=1")
+        await reader.readuntil(b"data: head\n\n")
+        headed = time.monotonic()
+        rest = await reader.read()
+        writer.close()
+        return rest, time.monotonic() - headed
+
+    rest, silent_for = asyncio.run(asyncio.wait_for(run(), 20))
+    # Cut at --timeout of silence after the head's event, before the application's next one.
+    assert b"data: 0" not in rest and not rest.endswith(b"0\r\n\r\n"), rest
+    assert 1.5 < silent_for < 2.9, silent_for
+    log = server.wait_for_log("nothing more of it came for that long", 10)
+    assert "timed out after 2 s on GET /?silent=3&count=1" in log, log
 
 
 def test_many_more_websockets_than_seats_are_accepted_at_once(

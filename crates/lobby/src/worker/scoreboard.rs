@@ -137,7 +137,9 @@ pub struct Card {
     pub asgi: Cell<bool>,
     pub phase: watch::Sender<Phase>,
     /// What each of its threads is busy with (`GET /path HTTP/1.1`) and since when: a line per
-    /// thread, each a seat of its own (docs/PROTOCOL.md, section 4).
+    /// thread, each a seat of its own (docs/PROTOCOL.md, section 4). Since its seating, or,
+    /// once its answer has started, since the answer's last piece: what --timeout counts, as a
+    /// thread's stream is cut only when silent that long (issue 47, item 4).
     pub threads: RefCell<Vec<Option<Busy>>>,
     /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
@@ -215,6 +217,13 @@ impl Card {
     pub fn begin(&self, thread: usize, summary: Rc<str>) {
         self.served.set(self.served.get() + 1);
         self.threads.borrow_mut()[thread] = Some((summary, Instant::now()));
+    }
+
+    /// Thread `thread`'s answer has had a piece more: its silence counts from now.
+    pub fn produced(&self, thread: usize) {
+        if let Some((_, since)) = self.threads.borrow_mut()[thread].as_mut() {
+            *since = Instant::now();
+        }
     }
 
     /// Thread `thread` has answered.

@@ -14,10 +14,9 @@ use tokio::sync::watch;
 use super::channel::Channel;
 use super::health::{self, ProcStat};
 use super::recycle::Recycle;
-use super::relay::{fail, relay_response, Lost, Relayed, Unread};
+use super::relay::{fail, relay_response, Lost, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat, Thread};
-use super::websocket;
 use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
@@ -176,18 +175,11 @@ async fn seat_jobs(
         };
         card.begin(thread.number, taken.job.summary.clone());
         let served = card.served.get();
-        // A retiring worker is offered nothing: its offers went back to the queue. Nor is a
-        // seat that holds a WebSocket, for the WebSocket's life, nor an event loop's seat: it
-        // has many, and requests offered behind one would wait out of the overload policy's
-        // reach, in a queue of their own (O1-ASGI).
-        if *phase.borrow() != Phase::Retire && !recycled && taken.job.websocket.is_none() && !thread.evented {
+        // A retiring worker is offered nothing: its offers went back to the queue.
+        if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = match relay_response(lobby, pid, channel, offers, &taken, thread).await {
-            Ok(Relayed::Accepted) => websocket::relay_accepted(lobby, pid, channel, offers, &taken, phase).await,
-            Ok(Relayed::Answered) => Ok(()),
-            Err(lost) => Err(lost),
-        };
+        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread, card).await;
         card.end(thread.number);
         if let Err(lost) = relayed {
             return lost_with(lobby, offers, thread, taken.job, lost);
