@@ -10,11 +10,15 @@ import asyncio
 import os
 import resource
 import signal
+import socket
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from conftest import HOST, Server, workers_of
 
@@ -256,3 +260,60 @@ def test_the_deprecated_websocket_seats_says_its_one_line_and_starts(
     log = server.wait_for_log("--websocket-seats is deprecated and does nothing", 10)
     assert log.count("--websocket-seats is deprecated") == 1
     assert asyncio.run(asyncio.wait_for(get_root(server.port), 10)) < 10
+
+
+def test_http2_streams_on_one_connection_hold_no_seats_and_get_answers_meanwhile(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """Issue 47, item 8: an HTTP/2 stream to an ASGI worker is a stream as an HTTP/1.1 one is.
+    150 SSE streams on one connection, to one worker at the defaults (--worker-connections 32),
+    each get their first event, and a GET / on the same connection is answered while they are
+    open."""
+    streams = 150
+    server = maitred_server(
+        "streams:app", "-w", "1", "--http2-max-concurrent-streams", str(streams + 10), cwd=app_dir
+    )
+    sock = socket.create_connection((HOST, server.port), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    bodies: dict[int, bytes] = {}
+    ended: set[int] = set()
+
+    def request(path: str) -> int:
+        stream = conn.get_next_available_stream_id()
+        fields = [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", path)]
+        conn.send_headers(stream, fields, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        bodies[stream] = b""
+        return stream
+
+    def until(condition: Callable[[], bool], within: float) -> None:
+        deadline = time.monotonic() + within
+        while not condition():
+            assert time.monotonic() < deadline, f"{sum(b'data: 0' in body for body in bodies.values())} first events"
+            data = sock.recv(1 << 16)
+            assert data, "the server closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended.add(event.stream_id)
+            sock.sendall(conn.data_to_send())
+
+    until(lambda: conn.remote_settings.max_concurrent_streams > streams, 10)
+    started = time.monotonic()
+    sse = [request("/events?every=1") for _ in range(streams)]
+    until(lambda: all(b"data: 0\n\n" in bodies[stream] for stream in sse), 10)
+    first_events_in = time.monotonic() - started
+    asked = time.monotonic()
+    root = request("/")
+    until(lambda: root in ended, 10)
+    answered_in = time.monotonic() - asked
+    assert bodies[root] == b"hello"
+    # The streams flow on meanwhile: each has its second event.
+    until(lambda: all(b"data: 1\n\n" in bodies[stream] for stream in sse), 10)
+    sock.close()
+    assert first_events_in < 2.0, f"{streams} HTTP/2 streams had their first events after {first_events_in:.1f} s"
+    assert answered_in < 0.5, f"GET / beside {streams} HTTP/2 streams took {answered_in * 1000:.0f} ms"

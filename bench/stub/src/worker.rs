@@ -3,9 +3,10 @@
 //! every request at once with the same `200 OK` and `Hello, world!\n`, one `RESPONSE_HEAD` frame
 //! with `END`, and reads nothing of the request. So the lobby, not the worker, is what a load on
 //! it measures. With `--websocket-echo` it is an ASGI worker too, and echoes WebSockets
-//! (`echo.rs`).
+//! (`echo.rs`), any number at once on its one channel, each frame naming its WebSocket
+//! (docs/PROTOCOL.md, section 5).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use maitred_shm::{AnswerError, Awaiting, Region, WorkerEnd};
@@ -48,11 +49,8 @@ struct Stub {
     answer: Vec<u8>,
     /// `--websocket-echo`: it takes WebSocket requests.
     echo: bool,
-    /// The request id of the WebSocket it has accepted and not closed.
-    websocket: Option<u32>,
-    /// It closed a WebSocket: frames of that one may still be on the channel when it takes its
-    /// next request (docs/PROTOCOL.md, section 5).
-    closed_websocket: bool,
+    /// The request ids of the WebSockets it has accepted and not closed.
+    websockets: HashSet<u32>,
 }
 
 /// Serves the channel until the lobby closes it; returns the exit code.
@@ -77,8 +75,7 @@ pub fn run(channel: OwnedFd, echo: bool) -> Result<i32, String> {
         slot_frame: Vec::new(),
         answer,
         echo,
-        websocket: None,
-        closed_websocket: false,
+        websockets: HashSet::new(),
     };
     let ready = Ready { pid: std::process::id(), flags: if echo { READY_ASGI } else { 0 } };
     let ready = build_frame(Kind::Ready, 0, |out| {
@@ -222,52 +219,26 @@ impl Stub {
             self.answer = answer;
             return answered;
         };
-        if std::mem::take(&mut self.closed_websocket) {
-            self.skip_closed_websocket()?;
-        }
         let (frame, open) = handshake.answer()?;
         if open {
-            self.websocket = Some(id);
+            self.websockets.insert(id);
         }
         self.answer(id, &frame)
     }
 
-    /// What the WebSocket it closed last may have left on the channel: every frame the lobby
-    /// sent for it is there by the time the next request is in a slot, so the channel is read
-    /// dry and those frames dropped.
-    fn skip_closed_websocket(&mut self) -> Result<(), String> {
-        loop {
-            self.inbox.reserve(READ_SIZE);
-            let fd = self.channel.as_raw_fd();
-            match maitred_sys::fdpass::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
-                Ok(0) => break,
-                Ok(_) => continue,
-                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(format!("reading the channel: {e}")),
-            }
-        }
-        while let Some((header, end)) = self.buffered_frame()? {
-            if !matches!(header.kind, Kind::WsMessage | Kind::WsClosed) {
-                break;
-            }
-            self.consume_through(end);
-        }
-        Ok(())
-    }
-
-    /// Answers a `WS_MESSAGE` or `WS_CLOSED` of the open WebSocket; one for a WebSocket it has
+    /// Answers a `WS_MESSAGE` or `WS_CLOSED` of an open WebSocket; one for a WebSocket it has
     /// closed is dropped. False: the lobby closed the channel meanwhile.
     fn websocket_frame(&mut self, kind: Kind, payload: &[u8]) -> Result<bool, String> {
-        let (named, payload) = maitred_wire::split_request_id(payload).map_err(|e| format!("a {kind:?} frame: {e}"))?;
-        let Some(id) = self.websocket.filter(|id| *id == named) else { return Ok(true) };
+        let (id, payload) = maitred_wire::split_request_id(payload).map_err(|e| format!("a {kind:?} frame: {e}"))?;
+        if !self.websockets.contains(&id) {
+            return Ok(true);
+        }
         let (frame, last) = match kind {
             Kind::WsMessage => echo::answer_message(payload)?,
             _ => (echo::answer_closed(payload)?, true),
         };
         if last {
-            self.websocket = None;
-            self.closed_websocket = true;
+            self.websockets.remove(&id);
         }
         self.answer(id, &frame)
     }
