@@ -131,7 +131,8 @@ impl Stub {
                     Kind::Cancel => {}
                     Kind::Hold | Kind::Go => {
                         let payload = &self.inbox[self.start + HEADER_LEN..end];
-                        let id = maitred_wire::decode_cancel(payload).map_err(|e| format!("a {:?} frame: {e}", header.kind))?;
+                        let id = maitred_wire::decode_cancel(payload)
+                            .map_err(|e| format!("a {:?} frame: {e}", header.kind))?;
                         let kind = header.kind;
                         self.consume_through(end);
                         if !self.hold_or_go(kind, id)? {

@@ -11,19 +11,18 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
-use maitred_wire::{FrameHeader, Kind, FLAG_FD};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use super::channel::{Channel, Frame};
+use super::channel::{send_whole, Channel, Frame};
 use super::recycle::Recycle;
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat};
-use super::stream;
+use super::{serve, stream};
 use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
@@ -66,22 +65,7 @@ impl Mux {
     /// Sends one whole frame, with `fd` attached to its first byte when given.
     pub(super) async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let _turn = self.writing.lock().await;
-        let mut sent = 0;
-        while sent < frame.len() {
-            let mut ready = self.writer.writable().await?;
-            let bufs = [IoSlice::new(&frame[sent..])];
-            let attached = if sent == 0 { fd } else { None };
-            let result = ready.try_io(|socket| match attached {
-                Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
-                None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
-            });
-            match result {
-                Ok(Ok(n)) => sent += n,
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
-        Ok(())
+        send_whole(&self.writer, frame, fd).await
     }
 
     /// Bytes the lobby sent that the worker has not read (SIOCOUTQ): a `CANCEL` left unread
@@ -126,32 +110,11 @@ impl Mux {
 /// every request it holds has ended.
 pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc<Recycle>, seat: Rc<Seat>) -> Gone {
     let cap = lobby.settings().worker_connections;
-    let offers = match Offers::with_layout(multiplexed_layout(cap)) {
-        Ok((offers, region)) => {
-            let setup =
-                [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
-            for (kind, fd) in setup {
-                let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
-                if let Err(e) = channel.send(&frame, Some(fd)).await {
-                    return Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}"));
-                }
-            }
-            Rc::new(offers)
-        }
-        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its shared region: {e}")),
-    };
-    let mut phase = seat.card.phase.subscribe();
-    loop {
-        match *phase.borrow_and_update() {
-            Phase::Serve => break,
-            Phase::Retire => return Gone::Retired,
-            Phase::Hold => {}
-        }
-        tokio::select! {
-            changed = phase.changed() => if changed.is_err() { return Gone::Retired },
-            _ = channel.closed_while_idle() => return Gone::Lost(ExitReason::Crash, "exited while idle".into()),
-        }
-    }
+    let (offers, mut phase) =
+        match serve::set_up(&mut channel, Offers::with_layout(multiplexed_layout(cap)), &seat).await {
+            Ok(set_up) => set_up,
+            Err(gone) => return gone,
+        };
     let writer = match channel.writer() {
         Ok(writer) => writer,
         Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not use its channel: {e}")),

@@ -175,11 +175,8 @@ pub(super) async fn relay_response(
                 // Said before the stack, which the worker writes to the same log
                 // (health::dump_stack); the lobby says nothing more until it is written.
                 let elapsed = seated_at.elapsed().as_secs_f64();
-                let answering = if head_sent {
-                    "; its answer had started, and nothing more of it came for that long"
-                } else {
-                    ""
-                };
+                let answering =
+                    if head_sent { "; its answer had started, and nothing more of it came for that long" } else { "" };
                 let then = if thread.sole {
                     "then it is killed"
                 } else {

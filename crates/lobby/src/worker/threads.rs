@@ -53,7 +53,10 @@ pub async fn serve_worker(
     // zygote makes one for it, whatever --threads is).
     if asgi {
         if opened.len() != 1 {
-            return Gone::Lost(ExitReason::Crash, format!("an ASGI worker came with {} channels, not one", opened.len()));
+            return Gone::Lost(
+                ExitReason::Crash,
+                format!("an ASGI worker came with {} channels, not one", opened.len()),
+            );
         }
         lobby.websockets.asgi_application();
         let channel = opened.pop().expect("one channel");
