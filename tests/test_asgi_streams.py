@@ -1,7 +1,8 @@
 """Long-lived streams on ASGI workers (issue 47; docs/ASGI.md, "Streams"): an ASGI worker's one
 channel carries any number of requests at once, a request counts against --worker-connections
-only until its answer starts, and a stream is never cut by --timeout. Real processes and
-sockets: a plain ASGI application, and clients on asyncio's streams."""
+only until its answer starts, and a stream is never cut by --timeout. A WSGI stream, which holds
+its thread, is cut only when silent for --timeout. Real processes and sockets: a plain ASGI
+application, a plain WSGI one, and clients on asyncio's streams."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from socket import create_connection
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from conftest import HOST, Server, workers_of
 
@@ -55,9 +60,31 @@ async def app(scope, receive, send):
 """
 
 
+WSGI_APP = """
+import time
+
+
+def app(environ, start_response):
+    query = dict(pair.split("=") for pair in environ["QUERY_STRING"].split("&") if pair)
+    # `count` events `every` seconds apart, after the head and `silent` seconds of nothing.
+    every, count, silent = float(query.get("every", "0.5")), int(query.get("count", "10")), float(query.get("silent", "0"))
+    start_response("200 OK", [("Content-Type", "text/event-stream")])
+
+    def events():
+        yield b"data: head\\n\\n"
+        time.sleep(silent)
+        for sent in range(count):
+            yield b"data: %d\\n\\n" % sent
+            time.sleep(every)
+
+    return events()
+"""
+
+
 @pytest.fixture
 def app_dir(tmp_path: Path) -> Path:
     (tmp_path / "streams.py").write_text(APP)
+    (tmp_path / "wsgi_streams.py").write_text(WSGI_APP)
     return tmp_path
 
 
@@ -123,11 +150,19 @@ def test_a_thousand_sse_clients_at_the_defaults_all_get_their_first_event_within
     assert p99 < 0.25, f"GET / while {clients} streams were open: p99 {p99 * 1000:.0f} ms"
 
 
-def test_a_stream_longer_than_timeout_is_not_cut(maitred_server: Callable[..., Server], app_dir: Path) -> None:
-    server = maitred_server("streams:app", "-w", "1", "--timeout", "2", cwd=app_dir)
+@pytest.mark.parametrize(
+    ("app", "target"),
+    [("streams:app", "/events?every=0.5&count=10"), ("wsgi_streams:app", "/?every=0.5&count=10")],
+    ids=["asgi", "wsgi"],
+)
+def test_a_stream_longer_than_timeout_that_keeps_producing_is_not_cut(
+    maitred_server: Callable[..., Server], app_dir: Path, app: str, target: str
+) -> None:
+    server = maitred_server(app, "-w", "1", "--timeout", "2", cwd=app_dir)
 
     async def run() -> bytes:
-        reader, writer = await open_stream(server.port, "/events?every=0.5&count=10")
+        # 10 events 0.5 s apart: 5 s of a stream, none of it silent for 2 s.
+        reader, writer = await open_stream(server.port, target)
         body = await reader.readuntil(b"\r\n0\r\n\r\n")
         writer.close()
         return body
@@ -135,7 +170,29 @@ def test_a_stream_longer_than_timeout_is_not_cut(maitred_server: Callable[..., S
     body = asyncio.run(asyncio.wait_for(run(), 20))
     assert all(f"data: {n}\n\n".encode() in body for n in range(10)), body
     assert body.endswith(b"0\r\n\r\n"), "the stream ends with the chunked terminator"
-    assert "--timeout" not in server.stderr()
+    # Not cut, nor said to be long (long_request counts a WSGI stream's silence).
+    assert "--timeout" not in server.stderr(), server.stderr()
+
+
+def test_a_wsgi_stream_silent_for_timeout_after_its_head_is_cut_with_its_line(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    server = maitred_server("wsgi_streams:app", "-w", "1", "--timeout", "2", cwd=app_dir)
+
+    async def run() -> tuple[bytes, float]:
+        reader, writer = await open_stream(server.port, "/?silent=3&count=1")
+        await reader.readuntil(b"data: head\n\n")
+        headed = time.monotonic()
+        rest = await reader.read()
+        writer.close()
+        return rest, time.monotonic() - headed
+
+    rest, silent_for = asyncio.run(asyncio.wait_for(run(), 20))
+    # Cut at --timeout of silence after the head's event, before the application's next one.
+    assert b"data: 0" not in rest and not rest.endswith(b"0\r\n\r\n"), rest
+    assert 1.5 < silent_for < 2.9, silent_for
+    log = server.wait_for_log("nothing more of it came for that long", 10)
+    assert "timed out after 2 s on GET /?silent=3&count=1" in log, log
 
 
 def test_many_more_websockets_than_seats_are_accepted_at_once(
@@ -195,3 +252,58 @@ def test_the_deprecated_websocket_seats_says_its_one_line_and_starts(
     log = server.wait_for_log("--websocket-seats is deprecated and does nothing", 10)
     assert log.count("--websocket-seats is deprecated") == 1
     assert asyncio.run(asyncio.wait_for(get_root(server.port), 10)) < 10
+
+
+def test_http2_streams_on_one_connection_hold_no_seats_and_get_answers_meanwhile(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """Issue 47, item 8: an HTTP/2 stream to an ASGI worker is a stream as an HTTP/1.1 one is.
+    150 SSE streams on one connection, to one worker at the defaults (--worker-connections 32),
+    each get their first event, and a GET / on the same connection is answered while they are
+    open."""
+    streams = 150
+    server = maitred_server("streams:app", "-w", "1", "--http2-max-concurrent-streams", str(streams + 10), cwd=app_dir)
+    sock = create_connection((HOST, server.port), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    bodies: dict[int, bytes] = {}
+    ended: set[int] = set()
+
+    def request(path: str) -> int:
+        stream = conn.get_next_available_stream_id()
+        fields = [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", path)]
+        conn.send_headers(stream, fields, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        bodies[stream] = b""
+        return stream
+
+    def until(condition: Callable[[], bool], within: float) -> None:
+        deadline = time.monotonic() + within
+        while not condition():
+            assert time.monotonic() < deadline, f"{sum(b'data: 0' in body for body in bodies.values())} first events"
+            data = sock.recv(1 << 16)
+            assert data, "the server closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended.add(event.stream_id)
+            sock.sendall(conn.data_to_send())
+
+    until(lambda: conn.remote_settings.max_concurrent_streams > streams, 10)
+    started = time.monotonic()
+    sse = [request("/events?every=1") for _ in range(streams)]
+    until(lambda: all(b"data: 0\n\n" in bodies[stream] for stream in sse), 10)
+    first_events_in = time.monotonic() - started
+    asked = time.monotonic()
+    root = request("/")
+    until(lambda: root in ended, 10)
+    answered_in = time.monotonic() - asked
+    assert bodies[root] == b"hello"
+    # The streams flow on meanwhile: each has its second event.
+    until(lambda: all(b"data: 1\n\n" in bodies[stream] for stream in sse), 10)
+    sock.close()
+    assert first_events_in < 2.0, f"{streams} HTTP/2 streams had their first events after {first_events_in:.1f} s"
+    assert answered_in < 0.5, f"GET / beside {streams} HTTP/2 streams took {answered_in * 1000:.0f} ms"

@@ -38,7 +38,9 @@ def app_dir(tmp_path: Path) -> Path:
 
 def metric(text: str, name: str) -> float:
     """The value of the one sample named `name` (with its labels) in an exposition."""
-    (value,) = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name + " ")]
+    values = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, f"{name}: {values} in\n{text}"
+    (value,) = values
     return float(value)
 
 
@@ -71,6 +73,11 @@ def test_streams_and_admitted_are_shown_per_worker_and_idle_streams_do_not_satur
         exposition = get(stats, "/metrics").body.decode()
         assert metric(exposition, f'maitred_worker_streams{{pid="{worker}"}}') == streams_open
         assert metric(exposition, f'maitred_worker_admitted{{pid="{worker}"}}') == 0
+        # Its loop keeps up: it beats, under the 50 ms past which admission would wait.
+        beating = eventually(lambda: status_of(stats)["scoreboard"][0]["loop_lag_seconds"] is not None, 10)
+        assert beating, status_of(stats)["scoreboard"]
+        exposition = get(stats, "/metrics").body.decode()
+        assert 0 <= metric(exposition, f'maitred_worker_loop_lag_seconds{{pid="{worker}"}}') < 0.05
         assert metric(exposition, 'maitred_seats{state="free"}') == 4
 
         # Six requests whose answers start only after 4 s: four are admitted, two wait, and

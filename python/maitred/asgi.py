@@ -473,9 +473,13 @@ class _Worker:
     def start(self) -> None:
         self.mux = _Mux(self, self.channel)
 
+    def beat(self, now: float, lag: float) -> None:
+        """At the loop's heartbeat: publishes its lag for the lobby's admission, and cancels
+        the requests past --timeout whose answers have not started."""
+        self.channel.beat(lag)
+        self.expire_overdue(now)
+
     def expire_overdue(self, now: float) -> None:
-        """At the loop's heartbeat: cancels the requests past --timeout whose answers have not
-        started."""
         if self.mux is None:
             return
         for request in list(self.mux.requests.values()):
@@ -538,7 +542,7 @@ async def _serve(
     worker.state = lifespan.state
     channel.ready()
     worker.start()
-    watchdog = Watchdog(loop, worker.expire_overdue, worker.rings.while_stalled, worker.in_progress)
+    watchdog = Watchdog(loop, worker.beat, worker.rings.while_stalled, worker.in_progress)
     watchdog.beat()
     watchdog.start()
     try:

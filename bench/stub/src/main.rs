@@ -6,11 +6,11 @@
 //! - `maitred-stub [--port PORT] [--workers N] [--worker-cpu CPU] [--log-level LEVEL]`: the
 //!   lobby, `maitred_lobby::run` in this process, listening on 127.0.0.1:PORT. It starts the stub
 //!   zygote first, before the lobby's event loop and threads exist.
-//!   Options for tests: `--threads N`, `--graceful-timeout S`, `--queue-timeout S`,
+//!   Options for tests: `--threads N` (with `--websocket-echo`, the `--worker-connections` of
+//!   its one channel), `--graceful-timeout S`, `--queue-timeout S`,
 //!   `--access-logfile PATH`, `--access-logformat FORMAT`, `--stats-port PORT` (on 127.0.0.1), and
 //!   `--websocket-echo` (workers that are ASGI and echo WebSockets, `echo.rs`) with the lobby's
-//!   WebSocket limits `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`,
-//!   `--websocket-seats`.
+//!   WebSocket limits `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`.
 //! - `maitred-stub zygote FD [CPU] [--websocket-echo]`: the stub zygote on control channel FD
 //!   (docs/PROTOCOL.md, section 1). With CPU, it moves itself to that CPU first, so that every
 //!   worker runs there.

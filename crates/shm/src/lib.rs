@@ -27,8 +27,15 @@
 //! | 128 | 4 | `worker_waiting`: 1 when the worker is about to sleep until a request comes, 2 until the answer ring has room ([`Awaiting`]) |
 //! | 192 | 8 | `ring_head`: bytes the worker has written into the answer ring, ever (monotonic) |
 //! | 256 | 8 | `ring_tail`: bytes of it the lobby has consumed, ever (monotonic) |
+//! | 320 | 8 | `loop_beats`: an ASGI worker's event-loop heartbeats, ever (monotonic; 0 from a WSGI worker) |
+//! | 384 | 8 | `loop_lag`: how late the last heartbeat was, in microseconds |
 //! | 4096 | `slots` x `slot_size` | the request slots |
 //! | 4096 + `slots` x `slot_size` | `ring_size` | the answer ring |
+//!
+//! The worker writes `loop_lag`, then adds one to `loop_beats` with a release store
+//! ([`WorkerEnd::beat`]); the lobby reads them in the other order ([`LobbyEnd::loop_beat`]) and
+//! admits no new request to a worker whose loop is late (docs/ASGI.md, "Streams and
+//! admission"). Both words are the worker's alone, and trusted for nothing else.
 //!
 //! The rest of the 4096-byte header block is zero. [`Layout::DEFAULT`] is 4 slots of 64 KiB and
 //! a 1 MiB ring. A request frame longer than a slot holds, or an answer frame longer than the ring
@@ -168,7 +175,7 @@ mod region;
 mod worker;
 
 pub use layout::{Layout, MAGIC, PADDING_ID, REGION_HEADER_SIZE, SLOT_HEADER_SIZE, VERSION};
-pub use lobby::{Answer, LobbyEnd, QueueError};
+pub use lobby::{Answer, LobbyEnd, LoopBeat, QueueError};
 pub use region::Region;
 pub use worker::{AnswerError, Awaiting, Taken, WorkerEnd};
 

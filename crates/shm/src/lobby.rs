@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::BytesMut;
 
@@ -59,6 +60,15 @@ impl std::error::Error for QueueError {}
 struct Lent {
     id: u32,
     ticket: u32,
+}
+
+/// What [`LobbyEnd::loop_beat`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopBeat {
+    /// Beats counted since the worker started: 0 from a worker that publishes none (WSGI).
+    pub beats: u64,
+    /// How late the last beat was.
+    pub lag: Duration,
 }
 
 /// The lobby's end of one worker's region. Its own record of which slot holds which request, and
@@ -330,6 +340,15 @@ impl LobbyEnd {
             Err(0 | 1) => Ok(false),
             Err(value) => Err(Corrupt::WaitingFlag { value }),
         }
+    }
+
+    /// The worker's event-loop heartbeat: its beats so far and the last one's lag. Written by
+    /// the worker alone, and trusted for nothing but admission: a worker that lies about it
+    /// only gets more or fewer requests.
+    pub fn loop_beat(&self) -> LoopBeat {
+        let beats = self.region.loop_beats().load(Ordering::Acquire);
+        let lag = Duration::from_micros(self.region.loop_lag().load(Ordering::Relaxed));
+        LoopBeat { beats, lag }
     }
 
     /// Says that the lobby is about to sleep until this worker answers; then it looks again with

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use maitred_wire::{build_frame, Kind, FLAG_END, HEADER_LEN};
@@ -417,4 +418,16 @@ fn an_answer_written_in_parts_is_read_as_one_frame() {
     let frame = body(b"split", true);
     pair.worker.write_answer(9, &[&frame[..3], &frame[3..10], &frame[10..]]).unwrap();
     assert_eq!(pair.next_answer().unwrap().unwrap().1, frame);
+}
+
+#[test]
+fn the_loop_heartbeat_reaches_the_lobby_with_its_lag() {
+    let pair = Pair::small();
+    assert_eq!(pair.lobby.loop_beat(), LoopBeat { beats: 0, lag: Duration::ZERO }, "no beat yet");
+    pair.worker.beat(Duration::from_millis(3));
+    pair.worker.beat(Duration::from_micros(120_500));
+    assert_eq!(pair.lobby.loop_beat(), LoopBeat { beats: 2, lag: Duration::from_micros(120_500) });
+    // On lines of their own, clear of the ring's indices and of the slots.
+    let words = [crate::layout::LOOP_BEATS_AT, crate::layout::LOOP_LAG_AT];
+    assert!(words.iter().all(|at| at % 64 == 0 && *at > crate::layout::RING_TAIL_AT && *at < REGION_HEADER_SIZE));
 }

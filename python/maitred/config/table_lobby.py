@@ -122,12 +122,14 @@ ROWS: tuple[Setting, ...] = (
         "worker_connections",
         ("--worker-connections",),
         "INT",
-        # A bound on admitted work, not descriptors: an ASGI worker has one channel whatever it is.
+        # Admitted requests share the worker's one channel and region, so the ceiling is no longer
+        # descriptors (64 a message) but the region's slots, which stop at 1024; past them
+        # admission waits for a slot the worker has copied out.
         _whole_number(1, 4096),
         32,
-        "ASGI: requests admitted to each worker whose answers have not started; the rest wait in the queue. "
-        "A request whose answer has started (a stream, an accepted WebSocket) no longer counts (docs/ASGI.md, "
-        "Streams and admission).",
+        "ASGI: requests each worker may hold whose answers have not started; the lobby admits more only while "
+        "fewer wait and the worker's event loop keeps up, and queues the rest. An answer that has started (a "
+        "stream, an open WebSocket) costs nothing against it (docs/ASGI.md, Streams and admission).",
     ),
     Setting(
         "workers",
@@ -148,8 +150,8 @@ ROWS: tuple[Setting, ...] = (
         30.0,
         "A request running longer than this gets 504 and its worker's Python stack is logged; the worker is "
         "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout). "
-        "ASGI: only until the answer starts; the request's task is cancelled, and the worker killed only if its "
-        "event loop is blocked. A started ASGI stream is never cut (docs/TUNING.md, Streams and admission).",
+        "Once its answer has started, WSGI: cut only when it sends nothing for this long; ASGI: never cut. "
+        "ASGI: the request's task is cancelled, and the worker killed only if its event loop is blocked.",
     ),
     Setting(
         "workers",

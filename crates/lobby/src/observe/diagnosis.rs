@@ -138,11 +138,10 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
         .cards()
         .iter()
         .flat_map(|card| {
+            // A thread's request, or an ASGI worker's admitted one: never a stream.
             let pid = card.pid.get();
-            let threads = card.threads.borrow();
-            threads
-                .iter()
-                .flatten()
+            card.running()
+                .into_iter()
                 .filter_map(|(summary, since)| Some((since.elapsed(), summary.to_string(), pid?)))
                 .collect::<Vec<_>>()
         })
@@ -236,13 +235,10 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
     for card in lobby.scoreboard.cards() {
         // An open WebSocket holds its seat for its life, with no --timeout: not a long request.
         let longest = card
-            .threads
-            .borrow()
-            .iter()
-            .flatten()
+            .running()
+            .into_iter()
             .filter(|(summary, _)| !summary.ends_with(SUMMARY_MARK))
-            .min_by_key(|(_, since)| *since)
-            .cloned();
+            .min_by_key(|(_, since)| *since);
         let (Some((summary, since)), Some(pid)) = (longest, card.pid.get()) else { continue };
         let took = since.elapsed();
         if took < threshold {

@@ -7,8 +7,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use prometheus::{
-    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use maitred_protocol::RequestError;
@@ -53,6 +53,7 @@ pub struct Metrics {
     pub(super) websockets_queued: IntGauge,
     pub(super) worker_admitted: IntGaugeVec,
     pub(super) worker_streams: IntGaugeVec,
+    pub(super) worker_loop_lag: GaugeVec,
     pub(super) loop_lateness_max: Gauge,
     pub(super) loop_stall_max: Gauge,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
@@ -245,6 +246,16 @@ impl Metrics {
         )
         .expect("valid");
         register(Box::new(worker_streams.clone()));
+        let worker_loop_lag = GaugeVec::new(
+            Opts::new(
+                "worker_loop_lag_seconds",
+                "How late an ASGI worker's event loop ran its last heartbeat (every 0.1 s), or how long past a beat it \
+                 has been silent; the lobby admits no new request to a worker whose loop is late",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_loop_lag.clone()));
         let loop_lateness_max = Gauge::new(
             "lobby_loop_lateness_max_seconds",
             "The longest the lobby's event loop ran its once-a-second heartbeat late, since the start (--lobby-timeout)",
@@ -264,6 +275,7 @@ impl Metrics {
             websockets_queued,
             worker_admitted,
             worker_streams,
+            worker_loop_lag,
             loop_lateness_max,
             loop_stall_max,
             requests,
@@ -345,10 +357,14 @@ impl Metrics {
         }
         self.worker_admitted.reset();
         self.worker_streams.reset();
+        self.worker_loop_lag.reset();
         for worker in &now.asgi_workers {
             let pid = worker.pid.to_string();
             self.worker_admitted.with_label_values(&[&pid]).set(worker.admitted as i64);
             self.worker_streams.with_label_values(&[&pid]).set(worker.streams as i64);
+            if let Some(lag) = worker.loop_lag {
+                self.worker_loop_lag.with_label_values(&[&pid]).set(lag.as_secs_f64());
+            }
         }
         for (state, count) in now.connections {
             self.connections.with_label_values(&[state]).set(count as i64);
@@ -415,6 +431,8 @@ pub(super) struct AsgiWorkerNow {
     pub(super) pid: i32,
     pub(super) admitted: usize,
     pub(super) streams: usize,
+    /// None until its loop's first heartbeat.
+    pub(super) loop_lag: Option<Duration>,
 }
 
 pub(super) struct ListenerNow {

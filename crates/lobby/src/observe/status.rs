@@ -86,6 +86,9 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
                 "asgi": card.asgi.get(),
                 "admitted": card.admitted.get(),
                 "streams": card.streams.get(),
+                // How late its event loop is (null for a WSGI worker): the lobby admits nothing
+                // new to a loop later than 50 ms (worker/mux.rs).
+                "loop_lag_seconds": card.loop_lag(Instant::now()).map(|lag| lag.as_secs_f64()),
             })
         })
         .collect();
@@ -209,6 +212,7 @@ impl Now {
                         pid: card.pid.get()?,
                         admitted: card.admitted.get(),
                         streams: card.streams.get(),
+                        loop_lag: card.loop_lag(Instant::now()),
                     })
                 })
                 .collect(),

@@ -24,7 +24,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
+use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, LoopBeat, Region, PADDING_ID};
 use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
@@ -246,6 +246,11 @@ impl Offers {
 
     /// Whether an ASGI worker's region can take one more request: a slot is free, or one the
     /// worker has copied its request out of.
+    /// The worker's event-loop heartbeat, from its region's header.
+    pub fn loop_beat(&self) -> LoopBeat {
+        self.end.borrow().loop_beat()
+    }
+
     pub fn has_free_slot(&self) -> bool {
         let mut end = self.end.borrow_mut();
         if end.free_slot().is_some() {

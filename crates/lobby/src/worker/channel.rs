@@ -109,22 +109,7 @@ impl Channel {
 
     /// Sends a whole frame, with `fd` attached to its first byte when given.
     pub async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-        let mut sent = 0;
-        while sent < frame.len() {
-            let mut ready = self.socket.writable().await?;
-            let bufs = [IoSlice::new(&frame[sent..])];
-            let attached = if sent == 0 { fd } else { None };
-            let result = ready.try_io(|socket| match attached {
-                Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
-                None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
-            });
-            match result {
-                Ok(Ok(n)) => sent += n,
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
-        Ok(())
+        send_whole(&self.socket, frame, fd).await
     }
 
     /// The channel's socket again, registered apart, for writing while this end reads (an ASGI
@@ -153,4 +138,24 @@ impl Channel {
 /// A breach of the protocol by the worker (answers.rs uses it too).
 pub(super) fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Sends a whole frame on a channel's `socket`, with `fd` attached to its first byte when given.
+pub(super) async fn send_whole(socket: &AsyncFd<OwnedFd>, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < frame.len() {
+        let mut ready = socket.writable().await?;
+        let bufs = [IoSlice::new(&frame[sent..])];
+        let attached = if sent == 0 { fd } else { None };
+        let result = ready.try_io(|socket| match attached {
+            Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
+            None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
+        });
+        match result {
+            Ok(Ok(n)) => sent += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
 }

@@ -87,11 +87,6 @@ pub struct Thread {
     /// It is the worker's only thread: a timeout kills the worker at once, since nothing else
     /// runs in it (docs/PROTOCOL.md, section 4).
     pub sole: bool,
-    /// The worker runs an ASGI application on an event loop, which cancels a request's task at
-    /// --timeout itself: the lobby answers 504 then, and kills the worker only when its loop is
-    /// blocked (it leaves a `CANCEL` unread for `EVENT_LOOP_GRACE`), as every request of it is
-    /// stuck then. A loop that runs serves on, however long the cancelled task takes to end.
-    pub evented: bool,
 }
 
 /// How long an event loop may leave a `CANCEL` unread before the lobby takes it for blocked. A

@@ -26,7 +26,7 @@ use super::seat::EVENT_LOOP_GRACE;
 use crate::lobby::Lobby;
 use crate::log::{debug, error, info_limited, warning, warning_limited};
 use crate::seating::offer::Taken;
-use crate::seating::spool::ResponsePart;
+use crate::seating::spool::{ResponsePart, MEMORY_PER_ANSWER};
 use crate::seating::streams::OpenStream;
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
 
@@ -179,7 +179,7 @@ async fn answer(
         let accepted = matches!(part, ResponsePart::WebSocket(WsPart::Accept { .. }));
         if !*streamed {
             *streamed = true;
-            mux.started();
+            mux.started(taken.id);
             if job.websocket.is_none() {
                 _open_stream = Some(lobby.streams.opened());
             }
@@ -253,8 +253,10 @@ async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Fra
 
 /// An accepted WebSocket's messages both ways, until the worker's `WS_CLOSE`. A worker that
 /// retires meanwhile (a reload) keeps it until it closes or --graceful-timeout passes; then the
-/// connection closes it with 1001. The worker says when it has as many of the client's
-/// messages waiting as it keeps (`WS_HOLD`): the client is not read until `WS_GO`.
+/// connection closes it with 1001. Each way is held on its own: a client slow to read what the
+/// worker sends holds the worker's sends for it (`HOLD`, then `GO`, as for an HTTP answer);
+/// the worker says when it has as many of the client's messages waiting as it keeps
+/// (`WS_HOLD`): the client is not read until `WS_GO`.
 async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> Ended {
     let job = &taken.job;
     let Some(websocket) = &job.websocket else { unreachable!("only a WebSocket handshake is accepted") };
@@ -268,8 +270,39 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::U
     let mut phase = mux.phase.clone();
     let mut retired_at: Option<tokio::time::Instant> = None;
     let mut going_away_sent = false;
+    // `HOLD` sent for a client slow to read, and when; `GO` once it has caught up.
+    let mut holding: Option<Instant> = None;
     loop {
+        // Parts for a client that has gone are dropped: nothing holds the worker then.
         let held = job.respond.held().is_some() && job.respond.closed().now_or_never().is_none();
+        match (held, holding) {
+            (true, None) => {
+                warning_limited!(
+                    "reading the messages of {} from worker {} paused: {} KiB are waiting for a slow client; it \
+                     goes on as the client reads",
+                    job.summary,
+                    mux.pid,
+                    MEMORY_PER_ANSWER / 1024
+                );
+                holding = Some(Instant::now());
+                if mux.send(&id_frame(Kind::Hold, taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+            }
+            (false, Some(since)) => {
+                info_limited!(
+                    "reading the messages of {} from worker {} went on after {:.1} s",
+                    job.summary,
+                    mux.pid,
+                    since.elapsed().as_secs_f64()
+                );
+                holding = None;
+                if mux.send(&id_frame(Kind::Go, taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+            }
+            _ => {}
+        }
         let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
         tokio::select! {
             biased;
@@ -289,17 +322,20 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::U
                     Err(e) => return broke(lobby, mux, job, true, &e).await,
                 };
                 let last = part.is_last();
+                // Parts of a WebSocket are never spilled (its spool has no file): what the worker
+                // wrote before it read HOLD is kept, within the bound docs/PROTOCOL.md gives.
                 let _ = job.respond.send(ResponsePart::WebSocket(part));
                 if last {
                     if let Some(served) = &job.served {
                         served.answered.set(Some(Instant::now()));
                     }
                     lobby.metrics.served(opened_at.elapsed());
+                    debug!("worker {} closed {} after {:.1} s", mux.pid, job.summary, opened_at.elapsed().as_secs_f64());
                     return Ended::Done;
                 }
             }
             _ = job.respond.room(), if held => {}
-            message = messages.recv(), if !client_done && !worker_full && !held => {
+            message = messages.recv(), if !client_done && !worker_full => {
                 let frame = match message {
                     Some(ClientMessage { text, data }) => message_frame(taken.id, text, &data),
                     None => {

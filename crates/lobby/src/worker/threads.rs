@@ -49,19 +49,26 @@ pub async fn serve_worker(
     seat.card.asgi.set(asgi);
     ready();
     let recycle = Rc::new(recycle);
-    // An ASGI worker's one channel carries every request it runs at once, WebSockets too.
-    if asgi && opened.len() == 1 {
+    // An ASGI worker's one channel carries every request it runs at once, WebSockets too (the
+    // zygote makes one for it, whatever --threads is).
+    if asgi {
+        if opened.len() != 1 {
+            return Gone::Lost(
+                ExitReason::Crash,
+                format!("an ASGI worker came with {} channels, not one", opened.len()),
+            );
+        }
         lobby.websockets.asgi_application();
         let channel = opened.pop().expect("one channel");
         return mux::serve(lobby, pid, channel, recycle, seat).await;
     }
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented: asgi }).await;
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }).await;
     }
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
-        let thread = Thread { number, sole: false, evented: asgi };
+        let thread = Thread { number, sole: false };
         seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
     }
     let mut first_loss: Option<Gone> = None;

@@ -409,6 +409,14 @@ impl WorkerChannel {
         Ok(())
     }
 
+    /// The event loop's heartbeat, `lag` seconds late: published in the region's header, where
+    /// the lobby's admission reads it (docs/ASGI.md, "Streams and admission").
+    fn beat(&self, lag: f64) {
+        if let Some(region) = &self.region {
+            region.beat(std::time::Duration::try_from_secs_f64(lag).unwrap_or_default());
+        }
+    }
+
     /// Answer frames wait for room in the ring: `flush()` them before sending more.
     #[getter]
     fn backlogged(&self) -> bool {
