@@ -31,10 +31,9 @@ from maitred.config.values import (
     seconds_off_or_at_least,
 )
 
-# The worker channel carries the request-target and header names as `str16` and the header
-# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of
-# 0 (none of its own) is safe too: the lobby never takes a head larger than 64 KiB
-# (crates/protocol MAX_HEAD_SIZE), and no target or name that fits in one reaches 65535 bytes.
+# The worker channel carries the request-target and header names as `str16` and the header count as `u16`
+# (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of 0 (none of its own) is safe
+# too: the lobby takes no head over 64 KiB (crates/protocol MAX_HEAD_SIZE), so no target or name reaches 65535.
 WIRE_LIMIT = 65535
 
 ROWS: tuple[Setting, ...] = (
@@ -122,9 +121,7 @@ ROWS: tuple[Setting, ...] = (
         "worker_connections",
         ("--worker-connections",),
         "INT",
-        # Admitted requests share the worker's one channel and region, so the ceiling is no longer
-        # descriptors (64 a message) but the region's slots, which stop at 1024; past them
-        # admission waits for a slot the worker has copied out.
+        # Not descriptors (one channel): past the region's 1024 slots, admission waits for one.
         _whole_number(1, 4096),
         32,
         "ASGI: requests each worker may hold whose answers have not started; the lobby admits more only while "
@@ -160,9 +157,8 @@ ROWS: tuple[Setting, ...] = (
         "SECONDS",
         seconds(allow_zero=True),
         30.0,
-        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed; open "
-        "ASGI streams then end cleanly and WebSockets close with 1001. The same bound for a retiring worker's "
-        "streams at SIGHUP, SIGUSR2 and SIGTTOU (docs/SIGNALS.md).",
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed; then open "
+        "ASGI streams end cleanly, WebSockets with 1001 (a retiring worker's too: docs/SIGNALS.md).",
     ),
     Setting(
         "workers",

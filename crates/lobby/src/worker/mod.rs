@@ -16,6 +16,7 @@ pub(crate) mod health;
 mod mux;
 pub(crate) mod recycle;
 mod relay;
+mod routes;
 pub(crate) mod scoreboard;
 pub(crate) mod seat;
 pub(crate) mod serve;

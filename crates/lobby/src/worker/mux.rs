@@ -10,17 +10,17 @@
 //! and those still in their slots go back to the queue.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 
-use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use super::channel::{send_whole, Channel, Frame};
+use super::channel::Channel;
 use super::recycle::Recycle;
-use super::scoreboard::{Card, ExitReason, Phase};
+use super::routes::Mux;
+use super::scoreboard::{ExitReason, Phase};
 use super::seat::{Gone, Seat};
 use super::{serve, stream};
 use crate::lobby::Lobby;
@@ -44,82 +44,6 @@ pub(super) const LOOP_LATE: std::time::Duration = std::time::Duration::from_mill
 /// (`scoreboard::LOOP_BEAT`) with no ring: often enough to open within a tenth of a beat of
 /// the beat that says the loop keeps up again.
 const LOOK_AGAIN_WHILE_LATE: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// What the worker's task and its requests' relays share.
-pub(super) struct Mux {
-    pub(super) pid: i32,
-    pub(super) offers: Rc<Offers>,
-    /// The channel's socket, for writing: every frame the lobby sends the worker goes through
-    /// `send`, one whole frame at a time.
-    writer: AsyncFd<OwnedFd>,
-    /// Held while a frame is being written, so that frames of two requests never interleave.
-    writing: tokio::sync::Mutex<()>,
-    /// The relay of each request in progress, by id: its answer's frames go there.
-    routes: RefCell<HashMap<u32, mpsc::UnboundedSender<Frame>>>,
-    /// Streams the lobby ended at --graceful-timeout (`stream.rs`) whose last frames the
-    /// worker has not sent: what it still sends for them is dropped.
-    dismissed: RefCell<HashSet<u32>>,
-    /// Requests whose answers have started (streams), WebSockets included.
-    pub(super) streaming: Cell<usize>,
-    /// Rung when a request's answer starts or ends: admission may go on.
-    pub(super) room: Notify,
-    /// Its phase, which a relay watches (a retired worker's WebSockets close at the grace's end).
-    pub(super) phase: watch::Receiver<Phase>,
-    pub(super) card: Rc<Card>,
-    /// Why the worker was lost, once it was: what its relays tell their clients.
-    pub(super) lost: RefCell<Option<String>>,
-}
-
-impl Mux {
-    /// Sends one whole frame, with `fd` attached to its first byte when given.
-    pub(super) async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-        let _turn = self.writing.lock().await;
-        send_whole(&self.writer, frame, fd).await
-    }
-
-    /// Bytes the lobby sent that the worker has not read (SIOCOUTQ): a `CANCEL` left unread
-    /// says that its event loop is blocked.
-    pub(super) fn unread(&self) -> Option<u32> {
-        maitred_sys::socket::unsent_bytes(self.writer.get_ref().as_fd())
-    }
-
-    /// The lobby has ended request `id`'s stream: its relay ends now, and the worker's frames
-    /// for it are dropped until its last.
-    pub(super) fn dismiss(&self, id: u32) {
-        self.dismissed.borrow_mut().insert(id);
-    }
-
-    /// Requests admitted whose answers have not started: what admission counts (the card
-    /// holds them, for the scoreboard and the diagnoses).
-    pub(super) fn admitted(&self) -> usize {
-        self.card.admitted.get()
-    }
-
-    /// Request `id`'s answer started: it no longer counts against admission.
-    pub(super) fn started(&self, id: u32) {
-        self.card.started(id);
-        self.streaming.set(self.streaming.get() + 1);
-        self.counted();
-    }
-
-    /// The card says how many streams are open, and admission looks again.
-    fn counted(&self) {
-        self.card.streams.set(self.streaming.get());
-        self.room.notify_one();
-    }
-
-    /// Request `id`'s relay has ended, its answer started (`streamed`) or not.
-    pub(super) fn ended(&self, id: u32, streamed: bool) {
-        self.routes.borrow_mut().remove(&id);
-        self.offers.finished(id);
-        if streamed {
-            self.streaming.set(self.streaming.get().saturating_sub(1));
-        } else {
-            self.card.started(id);
-        }
-        self.counted();
-    }
-}
 
 /// Serves the ASGI worker `pid` through its one channel until it goes away or is retired and
 /// every request it holds has ended.

@@ -19,8 +19,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::channel::Frame;
 use super::health;
-use super::mux::Mux;
 use super::relay::{decode_part, decode_websocket, fail, timed_out_detail, websocket_in_step};
+use super::routes::Mux;
 use super::scoreboard::Phase;
 use super::seat::EVENT_LOOP_GRACE;
 use crate::lobby::Lobby;
