@@ -230,7 +230,7 @@ impl Metrics {
             Opts::new(
                 "worker_admitted",
                 "An ASGI worker's requests admitted whose answers have not started: what --worker-connections \
-                 bounds (docs/ASGI.md, \"Streams and admission\")",
+                 bounds (docs/ASGI.md, \"Streams and admission\"); 0 for a WSGI worker",
             ),
             &["pid"],
         )
@@ -250,7 +250,7 @@ impl Metrics {
             Opts::new(
                 "worker_loop_lag_seconds",
                 "How late an ASGI worker's event loop ran its last heartbeat (every 0.1 s), or how long past a beat it \
-                 has been silent; the lobby admits no new request to a worker whose loop is late",
+                 has been silent (0 for a WSGI worker); the lobby admits no new request to a worker whose loop is late",
             ),
             &["pid"],
         )
@@ -358,13 +358,12 @@ impl Metrics {
         self.worker_admitted.reset();
         self.worker_streams.reset();
         self.worker_loop_lag.reset();
-        for worker in &now.asgi_workers {
+        for worker in &now.workers_now {
             let pid = worker.pid.to_string();
             self.worker_admitted.with_label_values(&[&pid]).set(worker.admitted as i64);
             self.worker_streams.with_label_values(&[&pid]).set(worker.streams as i64);
-            if let Some(lag) = worker.loop_lag {
-                self.worker_loop_lag.with_label_values(&[&pid]).set(lag.as_secs_f64());
-            }
+            let lag = worker.loop_lag.unwrap_or_default();
+            self.worker_loop_lag.with_label_values(&[&pid]).set(lag.as_secs_f64());
         }
         for (state, count) in now.connections {
             self.connections.with_label_values(&[state]).set(count as i64);
@@ -423,15 +422,16 @@ pub(super) struct Now {
     pub(super) websockets_queued: usize,
     /// The watchdog's readings of the event loop (zero when it is off).
     pub(super) event_loop: Readings,
-    /// The ASGI workers that serve or retire, each with its admitted requests and open streams.
-    pub(super) asgi_workers: Vec<AsgiWorkerNow>,
+    /// Every worker with a pid, each with its admitted requests, open streams and loop lag (0,
+    /// 0 and none for a WSGI worker): a series each from the first scrape.
+    pub(super) workers_now: Vec<WorkerNow>,
 }
 
-pub(super) struct AsgiWorkerNow {
+pub(super) struct WorkerNow {
     pub(super) pid: i32,
     pub(super) admitted: usize,
     pub(super) streams: usize,
-    /// None until its loop's first heartbeat.
+    /// None from a WSGI worker, and until an ASGI one's first heartbeat: 0 on /metrics.
     pub(super) loop_lag: Option<Duration>,
 }
 

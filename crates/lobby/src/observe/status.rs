@@ -10,7 +10,7 @@ use prometheus::Histogram;
 use serde_json::{json, Value};
 
 use super::findings::KERNEL_COUNTERS;
-use super::metrics::{AsgiWorkerNow, ListenerNow, Now, STATUS_CLASSES};
+use super::metrics::{ListenerNow, Now, WorkerNow, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
@@ -202,13 +202,12 @@ impl Now {
             websockets_open: lobby.websockets.open(),
             websockets_queued: lobby.seating.websockets_queued(),
             event_loop: lobby.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
-            asgi_workers: lobby
+            workers_now: lobby
                 .scoreboard
                 .cards()
                 .iter()
-                .filter(|card| card.asgi.get())
                 .filter_map(|card| {
-                    Some(AsgiWorkerNow {
+                    Some(WorkerNow {
                         pid: card.pid.get()?,
                         admitted: card.admitted.get(),
                         streams: card.streams.get(),
