@@ -7,12 +7,15 @@ application, a plain WSGI one, and clients on asyncio's streams."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import signal
 import statistics
 import time
+import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from socket import create_connection
 
@@ -20,10 +23,12 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
-from conftest import HOST, Server, workers_of
+from conftest import HOST, Server, free_port, workers_of
 
 APP = """
 import asyncio
+import os
+import time
 
 
 async def app(scope, receive, send):
@@ -44,6 +49,13 @@ async def app(scope, receive, send):
                 return
             await send({"type": "websocket.send", "text": message.get("text") or ""})
     query = dict(pair.split("=") for pair in scope["query_string"].decode().split("&") if pair)
+    if scope["path"] == "/block":
+        # Synchronous code in an async endpoint: the worker's loop is blocked meanwhile.
+        time.sleep(float(query["seconds"]))
+    if scope["path"] == "/pid":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(os.getpid()).encode()})
+        return
     if scope["path"] == "/events":
         # Server-Sent Events: one event every `every` seconds, `count` of them (0: for ever).
         every, count = float(query.get("every", "1")), int(query.get("count", "0"))
@@ -307,3 +319,37 @@ def test_http2_streams_on_one_connection_hold_no_seats_and_get_answers_meanwhile
     sock.close()
     assert first_events_in < 2.0, f"{streams} HTTP/2 streams had their first events after {first_events_in:.1f} s"
     assert answered_in < 0.5, f"GET / beside {streams} HTTP/2 streams took {answered_in * 1000:.0f} ms"
+
+
+def test_a_blocked_event_loop_is_given_no_new_requests_and_its_lag_is_on_status(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """Issue 47, item 2: the lobby admits nothing new to a worker whose loop is late (over 50 ms,
+    worker/mux.rs), and status.json gives each worker's loop_lag_seconds. One worker's loop is
+    blocked for 4 s; meanwhile every request goes to the other, at once."""
+    stats = free_port()
+    server = maitred_server("streams:app", "-w", "2", "--stats", f"{HOST}:{stats}", cwd=app_dir)
+
+    def lags() -> list[float | None]:
+        with urllib.request.urlopen(f"http://{HOST}:{stats}/status.json", timeout=5) as response:
+            return [worker.get("loop_lag_seconds", "absent") for worker in json.load(response)["scoreboard"]]
+
+    def get(target: str) -> tuple[float, bytes]:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://{HOST}:{server.port}{target}", timeout=10) as response:
+            return time.monotonic() - started, response.read()
+
+    deadline = time.monotonic() + 10
+    while not all(isinstance(lag, float) and lag < 0.05 for lag in lags()):
+        assert time.monotonic() < deadline, lags()
+        time.sleep(0.05)
+    with ThreadPoolExecutor(1) as pool:
+        blocked = pool.submit(get, "/block?seconds=4")
+        while max(lags()) < 0.2:
+            assert time.monotonic() < deadline, lags()
+            time.sleep(0.02)
+        answers = [get("/pid") for _ in range(20)]
+        assert blocked.result(timeout=20)[1] == b"hello"
+    slowest = max(took for took, _ in answers)
+    assert slowest < 1.0, f"a request waited {slowest:.1f} s behind the blocked loop"
+    assert len({pid for _, pid in answers}) == 1, "every request went to the worker whose loop runs"

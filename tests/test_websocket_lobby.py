@@ -12,6 +12,7 @@ pytest run finds it missing.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import websockets.asyncio.client
 from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group
 from raw_websocket import ACCEPT, GOOD, client_frame, raw_handshake, read_frame, read_head
 from websockets.exceptions import ConnectionClosed
@@ -247,16 +249,30 @@ def test_a_client_slow_to_read_pauses_the_workers_messages_within_the_answers_me
     stub = start_stub("--workers", "1")
     message = os.urandom(100 * 1024)
     count = 300
+
     # The client reads nothing until the lobby has paused (it queues one message, max_queue=1,
-    # then leaves the rest in the kernel), while a thread sends 30 MiB to be echoed.
-    with connect(stub.url(), max_queue=1, max_size=None) as ws:
-        sender = threading.Thread(target=lambda: [ws.send(message) for _ in range(count)])
-        sender.start()
-        stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ paused: 256 KiB")
-        # Nothing was lost or reordered: the worker's sends waited.
-        for _ in range(count):
-            assert ws.recv(timeout=30) == message
-        sender.join()
+    # then leaves the rest in the kernel), while it sends 30 MiB to be echoed. Past what the
+    # worker keeps of a held WebSocket's messages, the lobby stops reading this client too
+    # (WS_HOLD): asyncio's client, whose sends wait without keeping it from receiving (the
+    # threaded one holds a lock through a blocked send, which its reading thread needs).
+    async def run() -> None:
+        async with websockets.asyncio.client.connect(stub.url(), max_queue=1, max_size=None) as ws:
+
+            async def send_all() -> None:
+                for _ in range(count):
+                    await ws.send(message)
+
+            sender = asyncio.ensure_future(send_all())
+            await asyncio.to_thread(
+                stub.wait_for_log,
+                r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ paused: 256 KiB",
+            )
+            # Nothing was lost or reordered: the worker's sends waited.
+            for _ in range(count):
+                assert await asyncio.wait_for(ws.recv(), 30) == message
+            await sender
+
+    asyncio.run(asyncio.wait_for(run(), 120))
     stub.wait_for_log(r"reading the messages of GET /ws HTTP/1\.1 \(WebSocket\) from worker \d+ went on after")
 
 

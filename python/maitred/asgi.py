@@ -326,6 +326,10 @@ class _Mux:
             # which the look for requests then sets again when none is queued.
             told, closed = self.channel.route()
             self.take(channel_readable)
+            # The look for a request on the channel may have read the rest of a frame of news
+            # (a large WS_MESSAGE) that the socket no longer shows as readable: sorted now.
+            more, closed = self.channel.route_after_take()
+            told += more
         except ChannelError as error:
             self.worker.broken(error)
             return

@@ -152,6 +152,11 @@ async fn run(
             job = async { waiting.as_mut().expect("a wait").await }, if waiting.is_some() => {
                 waiting = None;
                 match job {
+                    // The loop fell behind while this worker waited for a request: it goes to
+                    // another worker, or back to the front of the FIFO.
+                    Ok(job) if mux.card.loop_lag(std::time::Instant::now()).is_some_and(|lag| lag > LOOP_LATE) => {
+                        lobby.seating.return_unstarted(job);
+                    }
                     Ok(job) => {
                         if let Err(gone) = admit_job(lobby, mux, channel, job).await {
                             return gone;

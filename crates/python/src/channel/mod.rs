@@ -336,6 +336,14 @@ impl WorkerChannel {
         self.route_news(py)
     }
 
+    /// `route` after the look for requests: the news that look read off the channel (the rest
+    /// of a large `WS_MESSAGE`, which the socket no longer shows as readable), sorted, leaving
+    /// the flag that look set for the lobby's ring as it is.
+    fn route_after_take(&mut self, py: Python<'_>) -> PyResult<(Vec<u32>, bool)> {
+        self.check_evented()?;
+        self.route_news(py)
+    }
+
     /// Makes `exchange` the request the next calls are about (`start`, `send`, `ws_*`,
     /// `flush`, `fail`, `timed_out`, `cancelled`, `held`), until `leave`.
     fn enter(&mut self, exchange: &Bound<'_, Exchange>) -> PyResult<()> {
