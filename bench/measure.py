@@ -22,6 +22,7 @@ Every tool's output is reduced to the same dict, a "measurement":
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -452,7 +453,169 @@ class MixedClients:
         }
 
 
-Load = Ab | Wrk | H2Load | ClosedLoop | OpenLoop | MixedClients
+@dataclass(frozen=True)
+class StreamClients:
+    """bench/ll_clients.py (issue 47's long-lived streams): `clients` SSE streams, WebSockets or
+    token streams against bench/ll_app.py, split over `processes` client processes, started over
+    `ramp` seconds, with a paced prober asking `GET /` beside them. The measurement's latencies
+    are the scenario's main figure (first event, echo or first chunk); the rest is in its figures.
+    The harness reads the server's memory when the clients say every stream is open (runner.py)."""
+
+    mode: str  # "sse", "ws" or "tokens"
+    clients: int
+    processes: int = 2
+    ramp: float = 0.0
+    events: int = 15  # sse: events per stream, one every `every` s
+    every: float = 1.0
+    tokens: int = 40  # tokens: chunks per stream, `gap` s apart
+    gap: float = 0.025
+    messages: int = 5  # ws: messages per client, one every `interval` s
+    interval: float = 3.0
+    probe_every: float = 0.05
+    probe_timeout: float = 3.0
+    slack: float = 10.0  # a client gives up this long past the end its load should have
+
+    tool = "ll_clients.py"
+
+    def arguments(self, url: str) -> list[str]:
+        port = url.rsplit(":", 1)[1].strip("/")
+        shape = {
+            "sse": ["--events", str(self.events), "--every", f"{self.every:g}"],
+            "ws": ["--messages", str(self.messages), "--interval", f"{self.interval:g}"],
+            "tokens": ["--tokens", str(self.tokens), "--gap", f"{self.gap:g}"],
+        }[self.mode]
+        return [
+            self.mode,
+            "--port",
+            port,
+            "--clients",
+            str(self.clients),
+            "--processes",
+            str(self.processes),
+            "--ramp",
+            f"{self.ramp:g}",
+            *shape,
+            "--probe-every",
+            f"{self.probe_every:g}",
+            "--probe-timeout",
+            f"{self.probe_timeout:g}",
+            "--slack",
+            f"{self.slack:g}",
+            "--limit",
+            f"{self.default_time_limit() - 5:g}",
+        ]
+
+    def argv(self, url: str, workdir: Path) -> list[str]:
+        return [sys.executable, str(HERE / "ll_clients.py"), *self.arguments(url)]
+
+    def describe(self) -> str:
+        return " ".join(["python3 bench/ll_clients.py", *self.arguments("http://127.0.0.1:PORT/")])
+
+    def load_seconds(self) -> float:
+        """How long the load lasts when the server keeps up: the ramp and one client's load."""
+        per_client = {
+            "sse": (self.events - 1) * self.every,
+            "tokens": (self.tokens - 1) * self.gap,
+            "ws": self.messages * self.interval,
+        }[self.mode]
+        return self.ramp + per_client
+
+    def shortened(self) -> StreamClients:
+        # --quick: a tenth of the clients (at least 100), a tenth of the events (at least 3), 2
+        # messages 1 s apart.
+        return replace(
+            self,
+            clients=max(100, self.clients // 10),
+            ramp=min(self.ramp, 0.5),
+            events=max(3, self.events // 10),
+            messages=min(self.messages, 2),
+            interval=min(self.interval, 1.0),
+            tokens=min(self.tokens, 40),
+            slack=min(self.slack, 5.0),
+        )
+
+    def default_time_limit(self) -> float:
+        # The client's start, its load, its slack, the last echo's wait and the close, and the
+        # report; it stops itself 5 s before this.
+        return float(math.ceil(self.load_seconds() + self.slack + 25.0))
+
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        found = re.search(r"^LL-CLIENTS-JSON (.*)$", output, re.MULTILINE)
+        if not found:
+            raise ParseError(f"no report in ll_clients.py's output:\n{_tail(output)}")
+        return stream_measurement(json.loads(found.group(1)))
+
+
+def stream_measurement(report: dict) -> dict:
+    """The common measurement from ll_clients.py's report: requests are the streams (or
+    WebSockets) that ran to their end without an error, failed the clients that got an error,
+    latencies the scenario's main figure over every client (None where it falls among the clients
+    that never got one); figures the columns of the LL scenarios."""
+    mode = report["mode"]
+    errors = report["errors"]
+    failed = sum(errors.values())
+    probe = report["probe"]
+    main = report["echo"] if mode == "ws" else report["first"]
+    figures = {
+        "errors": failed + (report.get("late_first") or report.get("late_accepts") or 0) + report["missing"],
+        "refused": errors.get("refused", 0),
+        "reset": errors.get("reset", 0) + sum(v for k, v in errors.items() if k.startswith("connect: ")),
+        "no_answer": errors.get("no answer in time", 0) + errors.get("connect timeout", 0),
+        "missing": report["missing"],
+        "probe_p99_ms": probe["latency_ms"]["99"],
+        "probe_max_ms": probe["latency_ms"]["max"],
+        "probe_sent": probe["sent"],
+        "probe_failed": sum(probe["failed"].values()),
+        "client_cpu_pct": report["client_cpu_pct"],
+        "client_busiest_pct": report["client_busiest_pct"],
+        "open_at_memory": report["opened"]["open"],
+    }
+    if mode == "ws":
+        figures.update(
+            accept_p99_ms=report["accept"]["99"],
+            accept_max_ms=report["accept"]["max"],
+            late_first=report["late_accepts"],
+            accepted_in_time=report["clients"] - report["late_accepts"],
+            not_101=report["not_101"],
+            echo_p50_ms=report["echo"]["50"],
+            echo_p99_ms=report["echo"]["99"],
+            echoes=report["echoes"],
+            wrong=report["wrong"],
+            cut=errors.get("closed by the server", 0),
+        )
+    else:
+        figures.update(
+            first_p50_ms=report["first"]["50"],
+            first_p99_ms=report["first"]["99"],
+            first_max_ms=report["first"]["max"],
+            late_first=report["late_first"],
+            not_200=sum(count for error, count in errors.items() if error.startswith("status ")),
+            cut=errors.get("cut", 0) + errors.get("no end in time", 0),
+            complete=report["complete"],
+            lateness_p99_ms=report["lateness"]["99"],
+            batch_s=report["batch_s"],
+        )
+    latencies = {p: main[p] for p in ("50", "90", "99", "99.9") if main.get(p) is not None}
+    return {
+        "requests": report["echoes"] if mode == "ws" else report["complete"],
+        "rps": None,
+        "duration_s": report["seconds"],
+        "failed": failed,
+        "failed_detail": errors,
+        # The statuses other than 200 (a stream) or 101 (a WebSocket), e.g. "status 503".
+        "non2xx": sum(count for error, count in errors.items() if error.startswith("status ")),
+        "keepalive": None,
+        "latency_ms": latencies,
+        "max_ms": main.get("max"),
+        "mean_ms": None,
+        "connect_max_ms": None,
+        "gave_up": None,
+        "figures": figures,
+        "report": report,
+    }
+
+
+Load = Ab | Wrk | H2Load | ClosedLoop | OpenLoop | MixedClients | StreamClients
 
 
 def _deadline_clients_measurement(output: str) -> dict:

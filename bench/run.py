@@ -347,6 +347,16 @@ def _pinned_installed(requirements: tuple[str, ...]) -> bool:
     return True
 
 
+def _ephemeral_ports() -> int | None:
+    """How many local ports the kernel picks client connections' ports from (each of a load's
+    connections to one server's port takes one); None where it cannot be read."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(high) - int(low) + 1
+
+
 def _raise_open_files_limit() -> None:
     # ab -c 1000 needs over 1000 descriptors, and so does a server holding 1000 connections.
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -403,6 +413,13 @@ def _run_scenario(
         for entry in entries
         if entry.server == "maitred" and entry.threads is not None and not maitred_takes_threads()
     ]
+    skip = []
+    if scenario.skip_without_room:
+        ports = _ephemeral_ports()
+        if soft_limit < scenario.open_files:
+            skip.append(f"the open-files limit here is {soft_limit}, below the {scenario.open_files} it needs")
+        if ports is not None and ports < scenario.open_files:
+            skip.append(f"the ephemeral port range here holds {ports} ports, below the {scenario.open_files} it needs")
     record = {
         "id": scenario.id,
         "started": _now(),
@@ -422,6 +439,28 @@ def _run_scenario(
     print(f"\n{scenario.id}: {scenario.title}\n  load: {record['load'] or record['crowd']}", file=sys.stderr)
     for warning in warnings:
         print(f"  warning: {warning}", file=sys.stderr)
+    if skip:
+        why = "skipped: " + "; ".join(skip)
+        print(f"  {why}", file=sys.stderr)
+        # The skip says it all: the warning that failures may be the limit's is not needed.
+        record["warnings"] = [w for w in warnings if not w.startswith("The open-files limit here")]
+        record["warnings"].append(why[0].upper() + why[1:] + ".")
+        record["runs"] = [
+            {
+                "server": labels[entry],
+                "run": 1,
+                "measurement": None,
+                "error": why,
+                "cut_short": False,
+                "kernel": None,
+                "extra": {},
+                "wall_s": 0.0,
+                "phases_s": {},
+            }
+            for entry in entries
+        ]
+        record["wall_s"] = 0
+        return record
     began = time.monotonic()
     for repetition in range(1, runs + 1):
         round_load = load
@@ -621,6 +660,7 @@ def _environment(available: set[str], installs: dict[str, str], tool_versions: d
             "net.core.somaxconn": read("/proc/sys/net/core/somaxconn"),
             "net.ipv4.tcp_max_syn_backlog": read("/proc/sys/net/ipv4/tcp_max_syn_backlog"),
             "net.ipv4.tcp_syncookies": read("/proc/sys/net/ipv4/tcp_syncookies"),
+            "net.ipv4.ip_local_port_range": " ".join(read("/proc/sys/net/ipv4/ip_local_port_range").split()),
             "open files limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             # How an idle CPU waits: in a KVM guest, cpuidle-haltpoll polls up to guest_halt_poll_ns
             # before it halts (the kernel's default is 200000). At 0 each wake of an idle vCPU costs

@@ -32,6 +32,7 @@ from measure import (
     ACCEPT_SYSCALLS,
     Load,
     ParseError,
+    StreamClients,
     crowd_measurement,
     crowd_reports,
     kernel_counters,
@@ -52,6 +53,8 @@ SETTLE_SECONDS = 0.2
 # measured; most servers exit within 0.3 s, uWSGI takes 1 s.
 STOP_GRACE_SECONDS = 0.5
 CROWD_MARKER = "CONNECTIONS-JSON "
+# bench/ll_clients.py's line once every stream is open (the LL scenarios read memory then).
+OPEN_MARKER = "LL-OPEN "
 # O1-HAPROXY: the app's count of the requests it ran is read once it has not grown for this long
 # (the server may still be running requests whose clients the proxy has answered already), or
 # after RAN_WAIT_SECONDS at most.
@@ -208,6 +211,9 @@ def run_once(
                 workdir,
             )
             result["extra"].update(measurement.pop("figures"))
+        elif isinstance(load, StreamClients):
+            measurement, result["cut_short"] = _stream_load(load, url, process.pid, workdir, env, scenario.limit())
+            result["extra"].update(measurement.pop("figures"))
         elif load:
             measurement, result["cut_short"] = _load(load, url, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures", {}))
@@ -294,6 +300,62 @@ def _load(load: Load, url: str, workdir: Path, env: dict[str, str], limit: float
         return load.parse(output, workdir, seconds), cut_short
     except ParseError as error:
         raise RunError(f"{load.tool} exited with status {status}; {error}") from None
+
+
+def _stream_load(
+    load: StreamClients, url: str, pgid: int, workdir: Path, env: dict[str, str], limit: float
+) -> tuple[dict, bool]:
+    """The LL scenarios (bench/ll_clients.py): the server's memory (every process of its group:
+    procs.group_memory) read just before the clients start and again when they say every stream
+    is open (or has failed, or the time to open them is over), the growth divided by the streams
+    open then; the rest as _load."""
+    workdir.mkdir(exist_ok=True)
+    before = procs.group_memory(pgid)
+    began = time.monotonic()
+    output = workdir / "tool.out"
+    with output.open("wb") as log:
+        client = procs.start(load.argv(url, workdir), log=log, cwd=workdir, env=env)
+    cut_short = False
+    try:
+        line = procs.wait_for_line(client, output, OPEN_MARKER, limit)
+        holding = procs.group_memory(pgid) if line else None
+        try:
+            client.wait(timeout=max(1.0, limit - (time.monotonic() - began)))
+        except subprocess.TimeoutExpired:
+            cut_short = True
+            procs.interrupt(client)
+            try:
+                client.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        procs.stop(client, grace=1.0)
+    text = output.read_text(errors="replace")
+    try:
+        measurement = load.parse(text, workdir, time.monotonic() - began)
+    except ParseError as error:
+        raise RunError(f"{load.tool} exited with status {client.returncode}; {error}") from None
+    opened = json.loads(line[len(OPEN_MARKER) :]) if line else {"open": 0, "failed": load.clients}
+    figures = measurement["figures"]
+    figures["rss_before_mb"] = before["rss_kb"] / 1024
+    figures["pss_before_mb"] = before["pss_kb"] / 1024
+    figures["open_at_memory"] = opened["open"]
+    # Every client connection not failed by then: open streams, and those still waiting for theirs
+    # (a server that holds more connections than it serves streams holds their memory too).
+    figures["held_at_memory"] = load.clients - opened["failed"]
+    figures["open_at_s"] = opened.get("at_s")
+    if holding is not None:
+        figures["rss_growth_mb"] = (holding["rss_kb"] - before["rss_kb"]) / 1024
+        figures["pss_growth_mb"] = (holding["pss_kb"] - before["pss_kb"]) / 1024
+        # Per stream only where enough were open for the figure to mean something (M1's rule).
+        enough = opened["open"] >= load.clients / 100
+        figures["rss_kb_per_stream"] = (holding["rss_kb"] - before["rss_kb"]) / opened["open"] if enough else None
+        figures["pss_kb_per_stream"] = (holding["pss_kb"] - before["pss_kb"]) / opened["open"] if enough else None
+        held = figures["held_at_memory"]
+        figures["rss_kb_per_held"] = (
+            (holding["rss_kb"] - before["rss_kb"]) / held if held >= load.clients / 100 else None
+        )
+    return measurement, cut_short
 
 
 def _ran(path: Path) -> int:

@@ -21,7 +21,7 @@ import lifecycle
 from db_levels import DbTests, level_key
 from front import HAProxyFront, NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
-from measure import Ab, ClosedLoop, H2Load, Load, MixedClients, OpenLoop, Wrk
+from measure import Ab, ClosedLoop, H2Load, Load, MixedClients, OpenLoop, StreamClients, Wrk
 from servers import SERVERS, Launch
 
 HERE = Path(__file__).resolve().parent
@@ -147,6 +147,10 @@ class Scenario:
     # The open-files limit the scenario needs (the load tool's and the server's own descriptors);
     # the results say so when the limit is lower.
     open_files: int = 0
+    # The LL scenarios: where the open-files limit or the ephemeral port range (each client
+    # connection takes a port of it) is below open_files, run nothing and say why, rather than
+    # measure the limit.
+    skip_without_room: bool = False
     # Figures beyond the load tool's, added to the table (keys of each run's "extra").
     columns: tuple[Column, ...] = ()
     # The figure the summary and the bar chart compare (None: req/s, higher is better).
@@ -325,6 +329,12 @@ ASGI_OVERLOAD = (
 # bench/tls.py) is not in the figures, and gunicorn needs no certificate to speak HTTP/2.
 GUNICORN_H2 = Entry("gunicorn-gthread", options=("--http-protocols", "h2,h1", "--http2-cleartext", "both"))
 HTTP2 = (MAITRED, GUNICORN_H2, GRANIAN)
+# LL-SSE, LL-SSE-60, LL-WS, LL-TOKENS (issue 47, long-lived streams): uvicorn with its WebSocket
+# library named (uvicorn[standard]'s websockets; without one uvicorn refuses every upgrade),
+# granian's ASGI interface, maitred at its defaults; 2 workers each, every other setting the
+# server's default.
+UVICORN_WS = Entry("uvicorn", options=("--ws", "websockets"))
+LONG_LIVED = (MAITRED, UVICORN_WS, GRANIAN)
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -524,6 +534,122 @@ HAPROXY_COLUMNS = (
     Column("ran", "requests the app ran"),
     Column("ran_unanswered", "ran after HAProxy gave up"),
     Column("pct_ran_unanswered", "% of the requests through HAProxy", digits=1, suffix="%"),
+)
+
+
+# LL-SSE, LL-SSE-60, LL-WS, LL-TOKENS (issue 47): the clients (bench/ll_clients.py) and their
+# figures. 5,000 clients open over LL_RAMP seconds (2,000 a second), each on its own connection.
+LL_CLIENTS = 5000
+LL_RAMP = 2.5
+LL_UVICORN = "uvicorn --ws websockets"
+LL_MEMORY_COLUMNS = (
+    Column("open_at_memory", "streams open at the memory reading"),
+    Column("rss_before_mb", "RSS before", digits=1, suffix=" MB"),
+    Column("rss_growth_mb", "RSS growth", digits=1, suffix=" MB"),
+    Column("rss_kb_per_stream", "RSS KB per open stream", digits=1),
+    Column("pss_kb_per_stream", "PSS KB per open stream", digits=1),
+    Column("held_at_memory", "connections held then (open or waiting)"),
+    Column("rss_kb_per_held", "RSS KB per connection held", digits=1),
+)
+LL_PROBE_COLUMNS = (
+    Column("probe_p99_ms", "GET / p99", digits=1, suffix=" ms"),
+    Column("probe_max_ms", "GET / max", digits=1, suffix=" ms"),
+    Column("probe_failed", "GET / failed (3 s)"),
+    Column("probe_sent", "GET / sent"),
+)
+LL_CLIENT_COLUMNS = (
+    Column("client_cpu_pct", "client CPU, % of a core"),
+    Column("client_busiest_pct", "busiest client process, % of a core"),
+)
+LL_ERROR_COLUMNS = (
+    # Summed in the target's units: each client that failed, each late or missing first event
+    # (or accept), each missing event (or echo).
+    Column("errors", "errors: failed + late + missing"),
+    Column("refused", "refused"),
+    Column("reset", "reset"),
+    Column("no_answer", "no answer in time"),
+    Column("cut", "cut short"),
+)
+LL_STREAM_COLUMNS = (
+    Column("complete", "streams complete"),
+    Column("first_p50_ms", "first event p50", suffix=" ms"),
+    Column("first_p99_ms", "first event p99", suffix=" ms"),
+    Column("first_max_ms", "first event max", suffix=" ms"),
+    Column("late_first", "first event late (> 1 s) or never"),
+    Column("missing", "events missing"),
+    Column("lateness_p99_ms", "event lateness p99 (worst per stream)", suffix=" ms"),
+    *LL_ERROR_COLUMNS,
+    Column("not_200", "not 200"),
+)
+LL_WS_COLUMNS = (
+    Column("accepted_in_time", "accepted within 1 s"),
+    Column("accept_p99_ms", "accept p99", suffix=" ms"),
+    Column("accept_max_ms", "accept max", suffix=" ms"),
+    Column("echo_p50_ms", "echo p50", digits=1, suffix=" ms"),
+    Column("echo_p99_ms", "echo p99", digits=1, suffix=" ms"),
+    Column("echoes", "echoes"),
+    Column("missing", "echoes missing"),
+    Column("wrong", "wrong echoes"),
+    *LL_ERROR_COLUMNS,
+    Column("not_101", "not 101"),
+)
+LL_TOKEN_COLUMNS = (
+    Column("complete", "streams complete"),
+    Column("first_p50_ms", "first chunk p50", suffix=" ms"),
+    Column("first_p99_ms", "first chunk p99", suffix=" ms"),
+    Column("first_max_ms", "first chunk max", suffix=" ms"),
+    Column("batch_s", "whole batch", digits=2, suffix=" s"),
+    Column("missing", "chunks missing"),
+    *LL_ERROR_COLUMNS,
+)
+
+
+def _figure_at_most(key: str, bound: float, text: str) -> Target:
+    """A figure of maitred's (lower is better) within a bound; not met where it is missing (a
+    percentile that fell among the clients that never got theirs)."""
+    return Target(text, lambda summary, peers: summary.get(key) is not None and summary[key] <= bound)
+
+
+def _figure_within_peer(key: str, peer: str, slack: float, text: str) -> Target:
+    """A figure of maitred's at most the named peer's plus slack; not met where either is missing."""
+
+    def holds(summary: Summary, peers: list[Summary]) -> bool:
+        theirs = [p.get(key) for p in peers if p["label"] == peer]
+        return (
+            summary.get(key) is not None
+            and bool(theirs)
+            and all(value is not None and summary[key] <= value + slack for value in theirs)
+        )
+
+    return Target(text, holds)
+
+
+LL_NO_ERRORS = Target(
+    "0 errors: none refused, reset, unanswered, cut short, late or missing",
+    lambda summary, peers: summary.get("errors") == 0,
+)
+LL_MEMORY = _figure_at_most("rss_kb_per_stream", 16, "RSS at most 16 KB per open stream (5,000 open)")
+LL_SSE_TARGETS = (
+    _figure_at_most("first_p99_ms", 1000, "every client's first event within 1 s (p99)"),
+    Target("every event delivered", lambda summary, peers: summary.get("missing") == 0),
+    LL_NO_ERRORS,
+    _figure_at_most("probe_p99_ms", 50, "GET / p99 at most 50 ms throughout (a failed probe counts as slower)"),
+    LL_MEMORY,
+)
+LL_SSE_NOTE = (
+    "bench/ll_clients.py sse: 5,000 clients over 2 client processes (asyncio on uvloop, raw "
+    "protocols), client k starting k x 2.5 s / 5,000 after the common start, each on a connection "
+    "of its own, GET /sse of bench/ll_app.py (plain ASGI 3): N events, the first at once, one a "
+    "second. Beside them the parent process asks GET / on a new connection every 50 ms, each at "
+    "its due time and given up after 3 s; its p99 counts a failed probe as slower than any. The "
+    "first event's latency is from the client's connect; a client that never got one counts as "
+    "slower than any (a p99 among those is -). A client gives up 10 s past the end its stream "
+    "should have had. Errors: refused or reset connections, no answer, a status other than 200, "
+    "a stream cut short, a first event later than 1 s or never, and each missing event. The "
+    "server's memory (VmRSS and Pss summed over its process group: master or lobby, zygote, "
+    "workers) is read just before the clients start and again once every stream is open (its "
+    "first event in) or has failed, or 3 s after the ramp; the growth is divided by the streams "
+    "open then (left out under 1% of them), and by the connections held then, open or still waiting. The client's CPU is its processes' own, over the load."
 )
 
 
@@ -1324,6 +1450,77 @@ SCENARIOS: dict[str, Scenario] = {
             "is read once it is ready and again 3 s after every connection was answered: the growth per "
             "connection held is the figure. An idle HTTP/2 connection hibernates in maitred's lobby as an "
             'HTTP/1.1 one does (docs/HTTP2.md, "Idle connections"): compare with M1.',
+        ),
+        *(
+            Scenario(
+                id=scenario_id,
+                title=f"{LL_CLIENTS:,} SSE clients, one event a second for {events} s, GET / beside them",
+                app="ll_app:app",
+                workers=2,
+                load=StreamClients("sse", LL_CLIENTS, ramp=LL_RAMP, events=events),
+                lineup=LONG_LIVED,
+                interface="asgi",
+                open_files=LL_CLIENTS + 200,
+                skip_without_room=True,
+                targets=LL_SSE_TARGETS,
+                columns=(*LL_STREAM_COLUMNS, *LL_PROBE_COLUMNS, *LL_MEMORY_COLUMNS, *LL_CLIENT_COLUMNS),
+                headline=Column("complete", "SSE streams complete, all their events in"),
+                note=LL_SSE_NOTE.replace("N events", f"{events} events"),
+            )
+            for scenario_id, events in (("LL-SSE", 15), ("LL-SSE-60", 60))
+        ),
+        Scenario(
+            id="LL-WS",
+            title=f"{LL_CLIENTS:,} WebSocket clients, each sending a message every 3 s",
+            app="ll_app:app",
+            workers=2,
+            load=StreamClients("ws", LL_CLIENTS, ramp=LL_RAMP, messages=5, interval=3.0),
+            lineup=LONG_LIVED,
+            interface="asgi",
+            open_files=LL_CLIENTS + 200,
+            skip_without_room=True,
+            targets=(
+                _figure_at_most("accept_p99_ms", 1000, "accepted within 1 s (p99)"),
+                _figure_within_peer("echo_p99_ms", LL_UVICORN, 0, f"echo p99 at most {LL_UVICORN}'s"),
+                LL_NO_ERRORS,
+                LL_MEMORY,
+            ),
+            columns=(*LL_WS_COLUMNS, *LL_PROBE_COLUMNS, *LL_MEMORY_COLUMNS, *LL_CLIENT_COLUMNS),
+            headline=Column("accepted_in_time", "WebSockets accepted within 1 s"),
+            note="bench/ll_clients.py ws: 5,000 clients started over 2.5 s as in LL-SSE, each a "
+            "WebSocket handshake to bench/ll_app.py's echo (the accept's latency is from the connect to "
+            "the 101), then 5 masked 32-byte text messages 3 s apart, at a phase of its own within the "
+            "first 3 s so that the 1,667 messages a second spread evenly, each echo checked and timed "
+            "from its send, then a close (1000). The echo p99 counts a missing echo as slower than any. "
+            "Errors: refused or reset connections, no answer, a handshake answered other than 101, an "
+            "accept later than 1 s or never, a connection the server closed early, and each missing "
+            "echo. GET / is probed beside them as in LL-SSE, and memory is read once every WebSocket is "
+            "accepted (or failed, or 3 s after the ramp).",
+        ),
+        Scenario(
+            id="LL-TOKENS",
+            title="1,000 concurrent token streams of 40 chunks, 25 ms apart",
+            app="ll_app:app",
+            workers=2,
+            load=StreamClients("tokens", 1000, tokens=40, gap=0.025, slack=30.0),
+            lineup=LONG_LIVED,
+            interface="asgi",
+            open_files=1200,
+            skip_without_room=True,
+            targets=(
+                _figure_within_peer("first_p99_ms", LL_UVICORN, 50, f"first chunk p99 at most {LL_UVICORN}'s + 50 ms"),
+                _figure_within_peer("batch_s", LL_UVICORN, 0, f"the whole batch no slower than {LL_UVICORN}'s"),
+            ),
+            columns=(*LL_TOKEN_COLUMNS, *LL_PROBE_COLUMNS, *LL_CLIENT_COLUMNS),
+            headline=Column("batch_s", "the whole batch, s", digits=2),
+            headline_lower_is_better=True,
+            note="bench/ll_clients.py tokens: 1,000 clients at once (2 client processes), each on a "
+            "connection of its own, GET /tokens of bench/ll_app.py: 40 chunks, the first at once, then "
+            "one every 25 ms from the stream's start (0.975 s a stream), as a language model's answer is "
+            "streamed. First chunk latency from the client's connect (a client that never got one counts "
+            "as slower than any); the whole batch from the first client's start to the last chunk of "
+            "the last stream, - unless every stream ran to its end. A client gives up 30 s past its "
+            "stream's end. GET / is probed beside them as in LL-SSE.",
         ),
     )
 }

@@ -252,6 +252,8 @@ def _granian(launch: Launch, threads: int | None) -> list[str]:
 # uvicorn's ASGI stack, as its docs advise for production (`pip install uvicorn[standard]`, which
 # brings httptools and uvloop; its --http and --loop "auto" then pick them): the versions pinned.
 UVICORN_PIP = ("uvicorn==0.54.0", "httptools==0.9.0", "uvloop==0.23.0")
+# The WebSocket implementation of uvicorn[standard], pinned as tests/requirements.txt pins it.
+UVICORN_WEBSOCKETS = "websockets==17.4"
 
 
 def _uvicorn(launch: Launch, threads: int | None) -> list[str]:
@@ -397,7 +399,9 @@ SERVERS: dict[str, Server] = {
             # answers the lifespan protocol).
             ready_line=lambda launch: re.compile(r"Application startup complete"),
             ready_count=lambda launch: launch.workers,
-            pip=UVICORN_PIP,
+            # websockets: the WebSocket library uvicorn[standard] brings, without which uvicorn
+            # refuses every upgrade (LL-WS names it on the command line, --ws websockets).
+            pip=(*UVICORN_PIP, UVICORN_WEBSOCKETS),
             takes_options=True,
             interfaces=("asgi",),
         ),
