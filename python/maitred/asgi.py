@@ -13,34 +13,24 @@ names the call that blocks the loop.
 from __future__ import annotations
 
 import asyncio
-import http
 import inspect
 import os
 import time
 import traceback
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, Exchange, WorkerChannel
+from maitred._native import ChannelClosed, ChannelError, ClientDisconnected, WorkerChannel
+from maitred.asgi_requests import HttpRequest, Message, Request, Scope, WebSocketRequest
 from maitred.lifespan import Lifespan
 from maitred.log import log
 from maitred.rings import OwedRings
 from maitred.watchdog import Watchdog
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Application = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-# A request body reaches the application in pieces of at most this many bytes, read from the
-# lobby's spool (memory or a file) as the application asks for them, never whole.
-BODY_PIECE = 64 * 1024
-
-# A response body is handed to the channel in pieces of at most this many bytes, so that what
-# waits for room in the ring while a client reads slowly is one piece, not the whole body.
-SEND_PIECE = 256 * 1024
 
 
 def is_asgi(application: object) -> bool:
@@ -85,221 +75,6 @@ def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-_STATUS_LINES: dict[int, str] = {}
-
-
-def _status_line(status: object) -> str:
-    """`200` as `"200 OK"`, the form the channel checks (an unknown code gets no reason)."""
-    if type(status) is not int:
-        raise TypeError(f"the response status must be an int, not {type(status).__name__}")
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            line = f"{status} {http.HTTPStatus(status).phrase}"
-        except ValueError:
-            line = str(status)
-        if len(_STATUS_LINES) < 1000:
-            _STATUS_LINES[status] = line
-    return line
-
-
-class _Request:
-    """What an HTTP exchange and a WebSocket share: the native exchange, entered into the channel
-    for each call about it, its task, its --timeout and the news the lobby sends about it."""
-
-    __slots__ = ("_news", "deadline", "disconnected", "done", "expired", "held", "mux", "native", "scope", "task")
-
-    def __init__(self, mux: _Mux, scope: Scope, native: Exchange) -> None:
-        self.mux = mux
-        self.native = native
-        self.scope = scope
-        self.done = False
-        self.disconnected = False
-        # The lobby holds its answer for a slow client (HOLD): its sends wait for GO.
-        self.held = False
-        self.task: asyncio.Task[None] | None = None
-        # When it runs past --timeout (time.monotonic()); None: never (an answer that has
-        # started streams as long as it likes: docs/ASGI.md).
-        self.deadline: float | None = None
-        self.expired = False
-        self._news: asyncio.Future[None] | None = None
-
-    def call(self, method: Callable[..., Any], *args: Any) -> Any:
-        """`method` of the channel, with this request entered."""
-        channel = self.mux.channel
-        channel.enter(self.native)
-        try:
-            return method(*args)
-        finally:
-            channel.leave(self.native)
-
-    def tell(self) -> None:
-        """The lobby said something about this request, or its state changed: its task looks."""
-        if self._news is not None and not self._news.done():
-            self._news.set_result(None)
-
-    async def wait_for_news(self) -> None:
-        self._news = self.mux.worker.loop.create_future()
-        await self._news
-
-    def heard(self) -> None:
-        """After news: a CANCEL is the client gone; HOLD and GO hold and free its sends."""
-        channel = self.mux.channel
-        channel.enter(self.native)
-        try:
-            self.disconnected |= channel.cancelled
-            self.held = channel.held
-        finally:
-            channel.leave(self.native)
-
-    async def drain(self) -> None:
-        """Waits until the frames that found the ring full are written, and while the lobby
-        holds this answer for a slow client (HOLD, until GO)."""
-        channel = self.mux.channel
-        if channel.backlogged:
-            while not self.call(channel.flush):
-                await self.wait_for_news()
-            # The flush took back the flag that says the worker sleeps: the look for requests
-            # sets it again, so that the lobby rings for the next one.
-            self.mux.take()
-        while self.held and not self.disconnected:
-            await self.wait_for_news()
-        if self.disconnected:
-            raise ClientDisconnected(32, "the client has gone away")
-
-    def expire(self) -> None:
-        """Past --timeout: the request's task is cancelled (asyncio.timeout needs Python 3.11,
-        and one timer a request costs more than the heartbeat's look)."""
-        self.deadline = None
-        self.expired = True
-        if self.task is not None:
-            self.task.cancel()
-
-
-class _Exchange(_Request):
-    """One HTTP request: the application's `receive` and `send`."""
-
-    __slots__ = ("_body", "_body_left")
-
-    def __init__(self, mux: _Mux, scope: Scope, body: Any, native: Exchange) -> None:
-        super().__init__(mux, scope, native)
-        self._body = body
-        self._body_left = True
-
-    @property
-    def line(self) -> str:
-        """The request, for the log: its method and target."""
-        return f"{self.scope['method']} {self.scope['raw_path'].decode('latin-1')}"
-
-    async def receive(self) -> Message:
-        if self._body_left and not self.disconnected:
-            piece = self._body.read(BODY_PIECE)
-            self._body_left = self._body.remaining > 0
-            return {"type": "http.request", "body": piece, "more_body": self._body_left}
-        # The body is read: what comes next is the end, when the client goes or the response
-        # is complete (ASGI's http.disconnect).
-        while not (self.disconnected or self.done):
-            await self.wait_for_news()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if self.disconnected:
-            raise ClientDisconnected(32, "the client has gone away")
-        channel = self.mux.channel
-        if kind == "http.response.start":
-            self.call(channel.start, _status_line(message["status"]), message.get("headers", ()))
-            # The answer starts when its head goes: from then on it is a stream, which --timeout
-            # does not cut (docs/ASGI.md, "Streams").
-        elif kind == "http.response.body":
-            if self.done:
-                raise RuntimeError("http.response.body was sent after the response was complete")
-            body = message.get("body", b"")
-            more = bool(message.get("more_body", False))
-            # An empty body is one piece too: it may end the response.
-            for start in range(0, len(body), SEND_PIECE) if body else (0,):
-                end = start + SEND_PIECE
-                self.call(channel.send, body[start:end], more or end < len(body))
-                self.deadline = None
-                if channel.backlogged or self.held:
-                    await self.drain()
-            self.done = not more
-        else:
-            raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")
-
-
-class _WebSocket(_Request):
-    """One WebSocket: the lobby did the handshake and does the framing; here are ASGI's
-    `websocket.*` events, whole messages each (docs/PROTOCOL.md, section 5)."""
-
-    __slots__ = ("_close_code", "_connected", "accepted")
-
-    def __init__(self, mux: _Mux, scope: Scope, native: Exchange) -> None:
-        super().__init__(mux, scope, native)
-        self._connected = False
-        self._close_code = 1000
-        self.accepted = False
-
-    @property
-    def line(self) -> str:
-        return f"WebSocket {self.scope['raw_path'].decode('latin-1')}"
-
-    async def receive(self) -> Message:
-        if not self._connected:
-            self._connected = True
-            return {"type": "websocket.connect"}
-        if self.done:
-            # The application closed it (or refused it): what is left to receive is the end,
-            # as a framework that keeps receiving until it sees one expects (Channels).
-            return {"type": "websocket.disconnect", "code": self._close_code, "reason": ""}
-        channel = self.mux.channel
-        while True:
-            event = self.call(channel.ws_receive)
-            if event is not None:
-                if event["type"] == "websocket.disconnect":
-                    self.disconnected = True
-                return event
-            await self.wait_for_news()
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        channel = self.mux.channel
-        if self.done:
-            raise ClientDisconnected(32, "the WebSocket is closed")
-        if kind == "websocket.send":
-            if self.disconnected:
-                raise ClientDisconnected(32, "the client has closed the WebSocket")
-            text = message.get("text")
-            self.call(channel.ws_send, text if text is not None else message.get("bytes") or b"")
-            if channel.backlogged or self.held:
-                await self.drain()
-        elif kind == "websocket.accept":
-            self.call(channel.ws_accept, message.get("subprotocol"), message.get("headers", ()))
-            self.accepted = True
-            # --timeout runs until a WebSocket is accepted: then it lives as long as it is wanted.
-            self.deadline = None
-        elif kind == "websocket.close":
-            self._close_code = int(message.get("code", 1000))
-            self.call(channel.ws_close, self._close_code, message.get("reason") or "")
-            self.done = True
-        elif kind == "websocket.http.response.start" and not self.accepted:
-            # ASGI's denial response, in place of the 403 of a refusal.
-            self.call(channel.start, _status_line(message["status"]), message.get("headers", ()))
-        elif kind == "websocket.http.response.body" and not self.accepted:
-            more = bool(message.get("more_body", False))
-            self.call(channel.send, message.get("body", b""), more)
-            self.done = not more
-        else:
-            raise RuntimeError(f"unexpected ASGI message {kind!r} for a websocket scope")
-
-    def finish(self, code: int = 1000) -> None:
-        """The application is done: every WebSocket ends with WS_CLOSE (before
-        websocket.accept, the lobby answers 403)."""
-        if not self.done:
-            self.call(self.mux.channel.ws_close, code, "")
-            self.done = True
-
-
 class _Mux:
     """The worker's one channel to the lobby, carrying every request it runs at once, each by
     the id the lobby gave it (docs/PROTOCOL.md, section 4)."""
@@ -307,7 +82,7 @@ class _Mux:
     def __init__(self, worker: _Worker, channel: WorkerChannel) -> None:
         self.worker = worker
         self.channel = channel
-        self.requests: dict[int, _Request] = {}
+        self.requests: dict[int, Request] = {}
         self._socket, self._bell = channel.watched()
         worker.loop.add_reader(self._socket, self.readable)
         channel.ring_later(self.ring_later)
@@ -359,10 +134,10 @@ class _Mux:
             if taken is None:
                 return
             scope, body, native = taken
-            request: _Request = (
-                _WebSocket(self, scope, native)
+            request: Request = (
+                WebSocketRequest(self, scope, native)
                 if scope["type"] == "websocket"
-                else _Exchange(self, scope, body, native)
+                else HttpRequest(self, scope, body, native)
             )
             self.requests[native.id] = request
             self.worker.rings.busy_seats += 1
@@ -391,12 +166,12 @@ class _Mux:
             loop.remove_reader(self._bell)
             self._bell = None
 
-    async def _run(self, request: _Request) -> None:
+    async def _run(self, request: Request) -> None:
         channel = self.channel
         worker = self.worker
         try:
             await worker.application(request.scope, request.receive, request.send)  # type: ignore[attr-defined]
-            if isinstance(request, _WebSocket):
+            if isinstance(request, WebSocketRequest):
                 request.finish()
             elif request.disconnected and not request.done:
                 # It heard http.disconnect and stopped, as it should: the answer ends here.
@@ -408,7 +183,7 @@ class _Mux:
             if not request.expired:
                 raise
             log("error", f"{request.line} ran past --timeout ({worker.options.timeout:g} s): its task was cancelled")  # type: ignore[attr-defined]
-            if isinstance(request, _WebSocket):
+            if isinstance(request, WebSocketRequest):
                 request.finish()
             else:
                 request.call(channel.timed_out, "the request ran past --timeout")
@@ -424,7 +199,7 @@ class _Mux:
             else:
                 trace = "".join(traceback.format_exception(error)).rstrip()
                 log("error", f"Error handling request {line}\n{trace}")
-            if isinstance(request, _WebSocket):
+            if isinstance(request, WebSocketRequest):
                 # Accepted, the client hears Close 1011 (internal error); not yet, a 500 in
                 # place of the 101.
                 if request.accepted or request.disconnected:

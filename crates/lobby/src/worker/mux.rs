@@ -117,7 +117,7 @@ async fn run(
         if admit && waiting.is_none() {
             match lobby.seating.next() {
                 Next::Now(job) => {
-                    if let Err(gone) = admit_job(lobby, mux, channel, job).await {
+                    if let Err(gone) = admit_job(lobby, mux, job).await {
                         return gone;
                     }
                     if recycle.check(mux.card.served.get(), true).is_some() {
@@ -158,7 +158,7 @@ async fn run(
                         lobby.seating.return_unstarted(job);
                     }
                     Ok(job) => {
-                        if let Err(gone) = admit_job(lobby, mux, channel, job).await {
+                        if let Err(gone) = admit_job(lobby, mux, job).await {
                             return gone;
                         }
                         if recycle.check(mux.card.served.get(), true).is_some() {
@@ -180,7 +180,7 @@ async fn run(
 }
 
 /// Queues `job` at the worker and starts its relay.
-async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, channel: &Channel, job: Job) -> Result<(), Gone> {
+async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, job: Job) -> Result<(), Gone> {
     if job.state.get() != JobState::Queued {
         return Ok(());
     }
@@ -189,7 +189,9 @@ async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, channel: &Channel, job: Job
     debug!("worker {} takes {} after {:.1} ms in the queue", mux.pid, job.summary, waited.as_secs_f64() * 1e3);
     let on_channel = !mux.offers.fits(&job);
     if on_channel {
-        if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
+        // Through the writer's turn, as every frame to the worker: a relay's CANCEL or
+        // WS_MESSAGE written meanwhile would otherwise land inside this frame.
+        if let Err(e) = mux.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
             lobby.seating.return_unstarted(job);
             return Err(Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}")));
         }
