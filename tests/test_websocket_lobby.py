@@ -343,7 +343,7 @@ def test_a_stop_closes_open_websockets_with_1001_after_the_graceful_timeout(star
     assert stub.process.wait(timeout=10) == 0, stub.text()
     assert wait_for_empty_group(stub.process.pid, timeout=5) == []
     log = stub.text()
-    assert "closing them (1001)" in log
+    assert "closing the WebSockets (1001)" in log
     # The worker heard WS_CLOSED 1001 and answered before it was stopped.
     assert re.search(r"worker \d+ closed GET /ws HTTP/1\.1 \(WebSocket\)", log), log
 

@@ -258,10 +258,10 @@ impl WorkerChannel {
                 self.send_head(py, end, added, b"")?;
             }
             Phase::HeadSent if count == 0 || !self.response.has_body() => {
-                self.check_cancel(py)?;
+                self.check_cancel()?;
                 self.send_body_frames(py, true, b"")?
             }
-            Phase::HeadSent => self.check_cancel(py)?,
+            Phase::HeadSent => self.check_cancel()?,
         }
         if count > 0 && self.response.has_body() {
             let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];

@@ -333,9 +333,13 @@ impl WorkerChannel {
     /// `ClientDisconnected`. One for an earlier request, which crossed the end of its response,
     /// is skipped. Never waits, and costs at most one nonblocking `recvmsg` (none when a frame
     /// is buffered). Nothing but a `CANCEL` may arrive while a response is in progress.
-    pub(super) fn check_cancel(&mut self, py: Python<'_>) -> PyResult<()> {
+    pub(super) fn check_cancel(&mut self) -> PyResult<()> {
         if self.evented {
-            self.sort_news(py)?;
+            // The loop's watch of the channel is its one reader: it sorts every frame into the
+            // news of its request and tells that request's task. A read here would sort frames
+            // for other requests, whose tasks nobody would tell, and drain the socket the watch
+            // waits on: they would wait for the channel's next bytes (the 300 WebSockets'
+            // lost echoes of issue 47).
             if self.news().is_some_and(|news| news.cancelled) {
                 self.response.phase = Phase::Cancelled;
                 return Err(client_disconnected());

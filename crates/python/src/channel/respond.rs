@@ -129,7 +129,7 @@ impl WorkerChannel {
             }
             _ if payload.is_empty() && !complete => {}
             _ => {
-                self.check_cancel(py)?;
+                self.check_cancel()?;
                 self.send_body_frames(py, complete, payload)?
             }
         }

@@ -164,6 +164,6 @@ impl WorkerChannel {
                 "the lobby closed the channel while the worker waited for room to answer",
             ));
         }
-        self.check_cancel(py)
+        self.check_cancel()
     }
 }

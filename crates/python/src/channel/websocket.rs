@@ -32,7 +32,8 @@ impl WorkerChannel {
     /// as an ASGI event; None when nothing has come.
     pub(super) fn next_ws_event<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         self.check_websocket()?;
-        self.sort_news(py)?;
+        // What the loop's watch has sorted into this request's news; never a read here
+        // (`check_cancel` says why).
         let accepted = self.response.phase == Phase::HeadSent;
         let Some(news) = self.news() else { return Ok(None) };
         let event = PyDict::new(py);
