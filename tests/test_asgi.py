@@ -309,15 +309,22 @@ def test_the_interface_probe_is_named_for_ps_and_exits(maitred_server: Callable[
     assert worker not in probes and not Path(f"/proc/{probes[0]}").exists()
 
 
-def test_worker_connections_are_seats_on_the_scoreboard(maitred_server: Callable[..., Server], events: Path) -> None:
+def test_an_asgi_worker_shows_its_open_streams_and_admitted_requests_on_the_scoreboard(
+    maitred_server: Callable[..., Server], events: Path
+) -> None:
+    # An ASGI worker has one channel, whatever --worker-connections is (issue 47): its
+    # scoreboard line counts the requests admitted and the open streams instead of seats.
     stats = free_port()
     server = fastapi_server(
         maitred_server, events, "-w", "1", "--worker-connections", "5", "--stats", f"{HOST}:{stats}"
     )
     assert requests.get(f"{server.url}/pid", timeout=TIMEOUT).status_code == 200
-    status = requests.get(f"http://{HOST}:{stats}/status.json", timeout=TIMEOUT).json()
-    assert [len(worker["threads"]) for worker in status["scoreboard"]] == [5]
-    assert status["seats"] == {"busy": 0, "free": 5}
+    with requests.get(f"{server.url}/open-stream", stream=True, timeout=TIMEOUT) as streaming:
+        assert streaming.status_code == 200
+        assert next(streaming.iter_content(5)) == b"open\n"
+        status = requests.get(f"http://{HOST}:{stats}/status.json", timeout=TIMEOUT).json()
+        assert [(worker["streams"], worker["admitted"]) for worker in status["scoreboard"]] == [(1, 0)]
+        assert [len(worker["threads"]) for worker in status["scoreboard"]] == [1]
 
 
 # WebSockets: the lobby does the handshake and the framing, the worker sees ASGI's events

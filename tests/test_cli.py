@@ -605,22 +605,21 @@ def test_zygote_gives_a_worker_a_channel_per_thread(app_dir, zygotes):
     assert zygote.receive() == (["exited", fields[2], "code", "0"], [])
 
 
-def test_zygote_gives_an_asgi_worker_a_channel_per_connection(app_dir, zygotes):
+def test_zygote_gives_an_asgi_worker_one_channel_whatever_its_connections(app_dir, zygotes):
     # The zygote imports the application once in a child, to tell its interface, and keeps
-    # none of it.
+    # none of it. An ASGI worker carries every request on one channel (docs/PROTOCOL.md,
+    # section 4): 8 worker connections and 3 threads still make one.
     (app_dir / "hello_asgi.py").write_text("async def app(scope, receive, send):\n    pass\n")
     zygote = ZygoteProcess(app_dir, "hello_asgi:app", preload=False)
     zygotes.append(zygote)
     zygote.control.send(b"spawn 0 1 3 8")
     fields, fds = zygote.receive()
-    assert fields[:2] == ["spawned", "0"] and len(fds) == 8, (fields, fds)
-    channels = [socket.socket(fileno=fd) for fd in fds]
-    for channel in channels:
-        channel.settimeout(20)
-        kind, payload = read_frame(channel)
-        assert (kind, payload) == (1, struct.pack("<IB", int(fields[2]), 1))  # READY, ASGI
-    for channel in channels:
-        channel.close()
+    assert fields[:2] == ["spawned", "0"] and len(fds) == 1, (fields, fds)
+    (channel,) = [socket.socket(fileno=fd) for fd in fds]
+    channel.settimeout(20)
+    kind, payload = read_frame(channel)
+    assert (kind, payload) == (1, struct.pack("<IB", int(fields[2]), 1))  # READY, ASGI
+    channel.close()
     assert zygote.receive() == (["exited", fields[2], "code", "0"], [])
 
 

@@ -6,6 +6,7 @@ without tmux (Debian's tmux package).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 from client import Reply, get
 from conftest import HOST, MAITRED, free_port
+from test_asgi_stream_lifecycle import PID_APP, open_streams
 from test_cli import HELLO, assert_one_error_line
 from test_lifecycle import APPS, wait_for_workers
 
@@ -193,6 +195,34 @@ def test_top_shows_what_each_thread_of_a_worker_is_busy_with(maitred_server, ter
     assert len(threads) == 2, screen
     assert sum("/held-in-a-thread" in line for line in threads) == 1, screen
     assert sum(line.rstrip().endswith("-") for line in threads) == 1, "the other thread is free"
+    top.press("q")
+    assert top.exit_code(timeout=10) == 0
+
+
+@needs_tmux
+def test_top_shows_an_asgi_workers_admitted_requests_and_open_streams(maitred_server, terminal, tmp_path):
+    """An ASGI worker's row counts its admitted requests (answers not started: docs/ASGI.md,
+    "Streams and admission") and its open streams, beside its event loop's lag."""
+    (tmp_path / "streams.py").write_text(PID_APP)
+    stats = free_port()
+    server = maitred_server("-w", "1", "--stats", f"{HOST}:{stats}", "streams:app", cwd=tmp_path)
+    top = terminal("--stats", f"{HOST}:{stats}")
+    screen = top.wait_for(lambda s: "STREAMS" in s, 15, "the ASGI columns")
+    assert row_of(screen, "STREAMS").split()[4:7] == ["ADMIT", "STREAMS", "LAG"], screen
+
+    def counts(screen: str) -> list[str]:
+        """The worker's row's ADMIT and STREAMS: the row of a pid, a generation and a state."""
+        rows = [line.split() for line in screen.splitlines() if re.match(r"\s*\d+ +\d+ +[a-z]", line)]
+        return rows[0][4:6] if rows else []
+
+    async def with_streams() -> str:
+        streams = await open_streams(server.port, 30, every=1)
+        seen = await asyncio.to_thread(top.wait_for, lambda s: counts(s) == ["0", "30"], 15, "30 streams")
+        for _, writer in streams:
+            writer.close()
+        return seen
+
+    asyncio.run(asyncio.wait_for(with_streams(), 30))
     top.press("q")
     assert top.exit_code(timeout=10) == 0
 

@@ -397,31 +397,39 @@ def _status_lines(latest: Answer, earlier: Answer | None) -> list[Line]:
         )
 
     lines.append(("", PLAIN))
-    lines.append((f"{'PID':>8} {'GEN':>4} {'STATE':<9} {'SERVED':>8} {'RSS MB':>8} {'AGE':>8}  REQUEST", HEADING))
+    heading = ("PID", "GEN", "STATE", "SERVED", "ADMIT", "STREAMS", "LAG", "RSS MB", "AGE")
+    lines.append((_row(heading, "REQUEST"), HEADING))
     for worker in status["scoreboard"]:
         rss = worker["rss_bytes"]
-        doing = _doing(worker["request"])
-        lines.append(
-            (
-                (
-                    f"{worker['pid']:>8} {worker['generation']:>4} {_printable(worker['state']):<9} "
-                    f"{worker['served']:>8} {'-' if rss is None else f'{rss / 2**20:.1f}':>8} "
-                    f"{_duration(worker['age_seconds']):>8}  {doing}"
-                ),
-                PLAIN,
-            )
-        )
+        cells = (worker["pid"], worker["generation"], _printable(worker["state"]), worker["served"])
+        cells += _asgi_counts(worker) + ("-" if rss is None else f"{rss / 2**20:.1f}", _duration(worker["age_seconds"]))
+        lines.append((_row(cells, _doing(worker["request"])), PLAIN))
         threads = worker.get("threads") or []
         if len(threads) > 1:
             # A line per thread (--threads): each is a seat of its own.
             for number, request in enumerate(threads):
-                lines.append(
-                    (
-                        f"{'':>8} {'':>4} {f'thread {number}':<9} {'':>8} {'':>8} {'':>8}  {_doing(request) or '-'}",
-                        PLAIN,
-                    )
-                )
+                cells = ("", "", f"thread {number}", "", "", "", "", "", "")
+                lines.append((_row(cells, _doing(request) or "-"), PLAIN))
     return lines
+
+
+# The scoreboard's columns: each one's width, and whether it is aligned left.
+_COLUMNS = ((8, False), (4, False), (9, True), (8, False), (6, False), (7, False), (6, False), (8, False), (8, False))
+
+
+def _row(cells: tuple, request: str) -> str:
+    """A scoreboard row: its cells in their columns, then the request."""
+    aligned = (f"{cell!s:<{width}}" if left else f"{cell!s:>{width}}" for cell, (width, left) in zip(cells, _COLUMNS))
+    return f"{' '.join(aligned)}  {request}"
+
+
+def _asgi_counts(worker: dict) -> tuple[str, str, str]:
+    """An ASGI worker's requests admitted whose answers have not started, its open streams and its
+    event loop's last lag (docs/ASGI.md, "Streams and admission"); dashes for a WSGI worker, and
+    for a lag a lobby that does not say."""
+    if not worker.get("asgi"):
+        return "-", "-", "-"
+    return str(worker["admitted"]), str(worker["streams"]), _duration(worker.get("loop_lag_seconds"))
 
 
 def _doing(request: dict | None) -> str:

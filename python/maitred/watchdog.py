@@ -25,14 +25,15 @@ STALLED_AFTER = 2 * BEAT
 
 
 class Watchdog(threading.Thread):
-    """Started from the loop's thread. `on_beat` runs in the loop at every beat; from the
+    """Started from the loop's thread. `on_beat(now, lag)` runs in the loop at every beat, `lag`
+    the seconds by which the beat came later than due (the loop's lag); from the
     watchdog's thread, `on_stall` runs at each of its looks while the loop is late, and
     `in_progress`, once the loop is stuck, names the requests that wait."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        on_beat: Callable[[float], None],
+        on_beat: Callable[[float, float], None],
         on_stall: Callable[[], None],
         in_progress: Callable[[], str],
     ) -> None:
@@ -43,11 +44,14 @@ class Watchdog(threading.Thread):
         self._in_progress = in_progress
         self._loop_thread = threading.get_ident()
         self.last_beat = time.monotonic()
+        self._due = self.last_beat
         self._stopped = threading.Event()
 
     def beat(self) -> None:
         self.last_beat = now = time.monotonic()
-        self._on_beat(now)
+        lag = max(0.0, now - self._due)
+        self._due = now + BEAT
+        self._on_beat(now, lag)
         self._loop.call_later(BEAT, self.beat)
 
     def stop(self) -> None:

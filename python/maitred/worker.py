@@ -235,7 +235,7 @@ def _boot_and_serve(
             "when it started); restart it, or upgrade it with SIGUSR2",
         )
     if asgi_options is not None:
-        return asgi.serve(channels, application, asgi_options, functools.partial(_boot_failed, channel))
+        return asgi.serve(channel, application, asgi_options, functools.partial(_boot_failed, channel))
 
     def answer_on(channel: WorkerChannel) -> Callable[[dict[str, Any], Any], None]:
         if hooked is not None and hooked[0].around_requests:

@@ -238,7 +238,7 @@ class _Zygote:
             case ["spawn", slot, workers, threads, connections] if all(
                 field.isdigit() for field in (slot, workers, threads, connections)
             ):
-                self._spawn(int(slot), int(workers), int(threads), int(connections))
+                self._spawn(int(slot), int(workers), int(threads))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))
             case ["reopen"]:
@@ -289,14 +289,14 @@ class _Zygote:
         except OSError:
             raise _LobbyGone() from None
 
-    def _spawn(self, slot: int, workers: int, threads: int, connections: int) -> None:
+    def _spawn(self, slot: int, workers: int, threads: int) -> None:
         if self.interface is None:
             self.interface = probe_interface(self._load_app)
-        # A channel per thread, or per request an ASGI worker runs at once (docs/PROTOCOL.md,
-        # section 4). An application that did not import yet is served as WSGI would be: its
-        # worker fails to boot and says why.
+        # A channel per thread; an ASGI worker's one channel carries every request it runs at
+        # once (docs/PROTOCOL.md, section 4). An application that did not import yet is served
+        # as WSGI would be: its worker fails to boot and says why.
         interface = self.interface or "wsgi"
-        channels = connections if interface == "asgi" else threads
+        channels = 1 if interface == "asgi" else threads
         pairs: list[tuple[socket.socket, socket.socket]] = []
         try:
             for _ in range(channels):

@@ -62,6 +62,17 @@ async def stream(count: int = 5) -> StreamingResponse:
     return StreamingResponse(pieces(), media_type="text/plain")
 
 
+@app.get("/open-stream")
+async def open_stream() -> StreamingResponse:
+    """One piece, then an open stream that sends nothing more for a minute."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield b"open\n"
+        await asyncio.sleep(60)
+
+    return StreamingResponse(pieces(), media_type="text/plain")
+
+
 @app.post("/upload")
 async def upload(request: Request) -> dict[str, object]:
     digest = hashlib.sha256()

@@ -6,11 +6,11 @@
 //! - `maitred-stub [--port PORT] [--workers N] [--worker-cpu CPU] [--log-level LEVEL]`: the
 //!   lobby, `maitred_lobby::run` in this process, listening on 127.0.0.1:PORT. It starts the stub
 //!   zygote first, before the lobby's event loop and threads exist.
-//!   Options for tests: `--threads N`, `--graceful-timeout S`, `--queue-timeout S`,
+//!   Options for tests: `--threads N` (with `--websocket-echo`, the `--worker-connections` of
+//!   its one channel), `--graceful-timeout S`, `--queue-timeout S`,
 //!   `--access-logfile PATH`, `--access-logformat FORMAT`, `--stats-port PORT` (on 127.0.0.1), and
 //!   `--websocket-echo` (workers that are ASGI and echo WebSockets, `echo.rs`) with the lobby's
-//!   WebSocket limits `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`,
-//!   `--websocket-seats`.
+//!   WebSocket limits `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`.
 //! - `maitred-stub zygote FD [CPU] [--websocket-echo]`: the stub zygote on control channel FD
 //!   (docs/PROTOCOL.md, section 1). With CPU, it moves itself to that CPU first, so that every
 //!   worker runs there.
@@ -156,7 +156,6 @@ impl Options {
                 ping_interval: Duration::from_secs(20),
                 ping_timeout: Duration::from_secs(20),
                 per_message_deflate: true,
-                seats: None,
             },
             access_logfile: None,
             access_log_format: None,
@@ -187,7 +186,6 @@ impl Options {
                 "--ws-max-size" => options.websocket.max_size = value.parse().map_err(|e| bad(&e))?,
                 "--ws-ping-interval" => options.websocket.ping_interval = seconds()?,
                 "--ws-ping-timeout" => options.websocket.ping_timeout = seconds()?,
-                "--websocket-seats" => options.websocket.seats = Some(value.parse().map_err(|e| bad(&e))?),
                 "--access-logfile" => options.access_logfile = Some(value.clone()),
                 "--access-logformat" => {
                     options.access_log_format = Some(AccessFormat::parse(value).map_err(|e| bad(&e))?)
@@ -201,9 +199,6 @@ impl Options {
         }
         if options.websocket.max_size == 0 || options.websocket.max_size > maitred_wire::MAX_WS_MESSAGE {
             return Err(format!("--ws-max-size must be from 1 to {}", maitred_wire::MAX_WS_MESSAGE));
-        }
-        if options.websocket.seats == Some(0) {
-            return Err("--websocket-seats must be at least 1".into());
         }
         Ok(options)
     }

@@ -3,9 +3,10 @@
 //! every request at once with the same `200 OK` and `Hello, world!\n`, one `RESPONSE_HEAD` frame
 //! with `END`, and reads nothing of the request. So the lobby, not the worker, is what a load on
 //! it measures. With `--websocket-echo` it is an ASGI worker too, and echoes WebSockets
-//! (`echo.rs`).
+//! (`echo.rs`), any number at once on its one channel, each frame naming its WebSocket
+//! (docs/PROTOCOL.md, section 5).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use maitred_shm::{AnswerError, Awaiting, Region, WorkerEnd};
@@ -48,11 +49,24 @@ struct Stub {
     answer: Vec<u8>,
     /// `--websocket-echo`: it takes WebSocket requests.
     echo: bool,
-    /// The request id of the WebSocket it has accepted and not closed.
-    websocket: Option<u32>,
-    /// It closed a WebSocket: frames of that one may still be on the channel when it takes its
-    /// next request (docs/PROTOCOL.md, section 5).
-    closed_websocket: bool,
+    /// The request ids of the WebSockets it has accepted and not closed.
+    websockets: HashSet<u32>,
+    /// WebSockets whose client reads slowly (`HOLD`): their messages wait here, unanswered,
+    /// until `GO`; past `WS_QUEUE_HOLD` of them the lobby is asked to stop reading the client
+    /// (`WS_HOLD`), and told to go on (`WS_GO`) once they are answered.
+    held: HashMap<u32, Held>,
+}
+
+/// Messages a held WebSocket keeps before it asks for `WS_HOLD` (the Python worker's bound,
+/// crates/python/src/channel/mux.rs).
+const WS_QUEUE_HOLD: usize = 16;
+
+/// A held WebSocket's waiting `WS_MESSAGE` and `WS_CLOSED` payloads, and whether it sent
+/// `WS_HOLD`.
+#[derive(Default)]
+struct Held {
+    waiting: VecDeque<(Kind, Vec<u8>)>,
+    ws_holding: bool,
 }
 
 /// Serves the channel until the lobby closes it; returns the exit code.
@@ -77,8 +91,8 @@ pub fn run(channel: OwnedFd, echo: bool) -> Result<i32, String> {
         slot_frame: Vec::new(),
         answer,
         echo,
-        websocket: None,
-        closed_websocket: false,
+        websockets: HashSet::new(),
+        held: HashMap::new(),
     };
     let ready = Ready { pid: std::process::id(), flags: if echo { READY_ASGI } else { 0 } };
     let ready = build_frame(Kind::Ready, 0, |out| {
@@ -115,6 +129,17 @@ impl Stub {
                     },
                     // Every answer is whole by the time a CANCEL can come: there is nothing to stop.
                     Kind::Cancel => {}
+                    Kind::Hold | Kind::Go => {
+                        let payload = &self.inbox[self.start + HEADER_LEN..end];
+                        let id = maitred_wire::decode_cancel(payload)
+                            .map_err(|e| format!("a {:?} frame: {e}", header.kind))?;
+                        let kind = header.kind;
+                        self.consume_through(end);
+                        if !self.hold_or_go(kind, id)? {
+                            return Ok(0);
+                        }
+                        continue;
+                    }
                     Kind::WsMessage | Kind::WsClosed => {
                         let payload = self.inbox[self.start + HEADER_LEN..end].to_vec();
                         self.consume_through(end);
@@ -222,51 +247,63 @@ impl Stub {
             self.answer = answer;
             return answered;
         };
-        if std::mem::take(&mut self.closed_websocket) {
-            self.skip_closed_websocket()?;
-        }
         let (frame, open) = handshake.answer()?;
         if open {
-            self.websocket = Some(id);
+            self.websockets.insert(id);
         }
         self.answer(id, &frame)
     }
 
-    /// What the WebSocket it closed last may have left on the channel: every frame the lobby
-    /// sent for it is there by the time the next request is in a slot, so the channel is read
-    /// dry and those frames dropped.
-    fn skip_closed_websocket(&mut self) -> Result<(), String> {
-        loop {
-            self.inbox.reserve(READ_SIZE);
-            let fd = self.channel.as_raw_fd();
-            match maitred_sys::fdpass::recv_into(fd, &mut self.inbox, &mut self.fds, libc::MSG_DONTWAIT) {
-                Ok(0) => break,
-                Ok(_) => continue,
-                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(RecvError::Os(e)) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(format!("reading the channel: {e}")),
+    /// `HOLD` or `GO` for WebSocket `id`: its answers wait, or those that waited are sent.
+    /// False: the lobby closed the channel meanwhile.
+    fn hold_or_go(&mut self, kind: Kind, id: u32) -> Result<bool, String> {
+        if !self.websockets.contains(&id) {
+            return Ok(true);
+        }
+        if kind == Kind::Hold {
+            self.held.entry(id).or_default();
+            return Ok(true);
+        }
+        let Some(held) = self.held.remove(&id) else { return Ok(true) };
+        for (kind, payload) in held.waiting {
+            if !self.answer_websocket(kind, id, &payload)? {
+                return Ok(false);
             }
         }
-        while let Some((header, end)) = self.buffered_frame()? {
-            if !matches!(header.kind, Kind::WsMessage | Kind::WsClosed) {
-                break;
-            }
-            self.consume_through(end);
+        if held.ws_holding && self.websockets.contains(&id) {
+            return self.answer(id, &FrameHeader { kind: Kind::WsGo, flags: 0, len: 0 }.encode());
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// Answers a `WS_MESSAGE` or `WS_CLOSED` of the open WebSocket; one for a WebSocket it has
-    /// closed is dropped. False: the lobby closed the channel meanwhile.
+    /// Answers a `WS_MESSAGE` or `WS_CLOSED` of an open WebSocket, or keeps it while the
+    /// WebSocket is held; one for a WebSocket it has closed is dropped. False: the lobby closed
+    /// the channel meanwhile.
     fn websocket_frame(&mut self, kind: Kind, payload: &[u8]) -> Result<bool, String> {
-        let Some(id) = self.websocket else { return Ok(true) };
+        let (id, payload) = maitred_wire::split_request_id(payload).map_err(|e| format!("a {kind:?} frame: {e}"))?;
+        if !self.websockets.contains(&id) {
+            return Ok(true);
+        }
+        if let Some(held) = self.held.get_mut(&id) {
+            held.waiting.push_back((kind, payload.to_vec()));
+            if held.waiting.len() >= WS_QUEUE_HOLD && !held.ws_holding {
+                held.ws_holding = true;
+                return self.answer(id, &FrameHeader { kind: Kind::WsHold, flags: 0, len: 0 }.encode());
+            }
+            return Ok(true);
+        }
+        self.answer_websocket(kind, id, payload)
+    }
+
+    /// Echoes a message of WebSocket `id`, or answers its client's close.
+    fn answer_websocket(&mut self, kind: Kind, id: u32, payload: &[u8]) -> Result<bool, String> {
         let (frame, last) = match kind {
             Kind::WsMessage => echo::answer_message(payload)?,
             _ => (echo::answer_closed(payload)?, true),
         };
         if last {
-            self.websocket = None;
-            self.closed_websocket = true;
+            self.websockets.remove(&id);
+            self.held.remove(&id);
         }
         self.answer(id, &frame)
     }

@@ -138,11 +138,10 @@ fn obey(
 ) -> Result<bool, String> {
     let fields: Vec<&str> = message.split(' ').collect();
     match fields.as_slice() {
-        // A channel per thread; the stub's WebSocket echo stands for an ASGI worker, whose
-        // channels are its connections.
-        ["spawn", slot, _workers, threads, connections] if slot.parse::<usize>().is_ok() => {
-            let channels = if echo { connections } else { threads };
-            let threads = channels.parse::<usize>().unwrap_or(1).max(1);
+        // A channel per thread; the stub's WebSocket echo stands for an ASGI worker, which has
+        // one channel whatever its --worker-connections (docs/PROTOCOL.md, section 4).
+        ["spawn", slot, _workers, threads, _connections] if slot.parse::<usize>().is_ok() => {
+            let threads = if echo { 1 } else { threads.parse::<usize>().unwrap_or(1).max(1) };
             let (worker, lobby_ends) = match spawn(program, threads, echo) {
                 Ok(spawned) => spawned,
                 Err(error) => {

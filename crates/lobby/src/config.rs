@@ -141,15 +141,6 @@ pub struct WebSocketLimits {
     pub ping_timeout: Duration,
     /// Whether a client's permessage-deflate offer is taken (RFC 7692).
     pub per_message_deflate: bool,
-    /// Seats of one worker that may hold a WebSocket; None: half its seats, at least one.
-    pub seats: Option<usize>,
-}
-
-impl WebSocketLimits {
-    /// Seats of a worker with `threads` seats that may hold a WebSocket.
-    pub fn seats_of(&self, threads: usize) -> usize {
-        self.seats.unwrap_or(threads / 2).max(1)
-    }
 }
 
 /// Who the lobby becomes.

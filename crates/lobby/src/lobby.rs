@@ -21,6 +21,7 @@ use crate::observe::metrics::Metrics;
 use crate::process::upgrade::handover::Successor;
 use crate::process::watchdog::Watchdog;
 use crate::seating::spool::SpillBudget;
+use crate::seating::streams::Streams;
 use crate::seating::websocket::WebSockets;
 use crate::seating::Seating;
 use crate::supervise::zygote::Zygotes;
@@ -49,6 +50,8 @@ pub(crate) struct Lobby {
     pub metrics: Metrics,
     /// Which workers take WebSockets, how many are open, and the stop's going-away signal.
     pub websockets: Rc<WebSockets>,
+    /// How many ASGI streams are open, and the stop's signal that ends them.
+    pub streams: Rc<Streams>,
     /// Every worker's state and current request, and why workers left.
     pub scoreboard: Scoreboard,
     /// How many connections are in each state, and for how long.

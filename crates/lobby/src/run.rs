@@ -145,6 +145,7 @@ pub(crate) async fn until_stopped(
         tls,
         metrics: Metrics::new(),
         websockets: Rc::default(),
+        streams: Rc::default(),
         scoreboard: Scoreboard::default(),
         connection_states: Rc::default(),
         diagnoses: Diagnoses::new(),

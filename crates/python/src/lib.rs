@@ -22,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     serve::register(m)?;
     m.add_class::<channel::WorkerChannel>()?;
     m.add_class::<channel::StartResponse>()?;
+    m.add_class::<channel::Exchange>()?;
     m.add_class::<body::RequestBody>()?;
     m.add("ChannelError", m.py().get_type::<channel::ChannelError>())?;
     m.add("ChannelClosed", m.py().get_type::<channel::ChannelClosed>())?;

@@ -77,6 +77,17 @@ fn is_text_byte(b: u8) -> bool {
     b == b'\t' || (b >= 0x20 && b != 0x7f)
 }
 
+/// A response body piece from the application, which must be `bytes`.
+pub fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    match data.cast::<PyBytes>() {
+        Ok(bytes) => Ok(bytes.as_bytes()),
+        Err(_) => {
+            let kind = data.get_type().name()?;
+            Err(PyTypeError::new_err(format!("the response body must be bytes, and the application gave {kind}")))
+        }
+    }
+}
+
 /// The latin-1 bytes of a `str`, or None if it holds a code point above U+00FF.
 pub fn latin1_bytes<'a>(text: &'a Bound<'_, PyString>) -> PyResult<Option<Cow<'a, [u8]>>> {
     let utf8 = text.to_str()?;

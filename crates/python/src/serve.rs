@@ -207,7 +207,6 @@ fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
             ping_interval: seconds(settings, "ws_ping_interval")?,
             ping_timeout: seconds(settings, "ws_ping_timeout")?,
             per_message_deflate: required(settings, "ws_per_message_deflate")?,
-            seats: optional(settings, "websocket_seats")?,
         },
         tls: tls_settings(settings)?,
         plain_binds: required::<Vec<String>>(settings, "plain_binds")?

@@ -27,6 +27,8 @@ pub(crate) const LOBBY_WAITING_AT: usize = 64;
 pub(crate) const WORKER_WAITING_AT: usize = 128;
 pub(crate) const RING_HEAD_AT: usize = 192;
 pub(crate) const RING_TAIL_AT: usize = 256;
+pub(crate) const LOOP_BEATS_AT: usize = 320;
+pub(crate) const LOOP_LAG_AT: usize = 384;
 
 // Offsets in a slot's header.
 pub(crate) const SLOT_STATE_AT: usize = 0;

@@ -27,8 +27,15 @@
 //! | 128 | 4 | `worker_waiting`: 1 when the worker is about to sleep until a request comes, 2 until the answer ring has room ([`Awaiting`]) |
 //! | 192 | 8 | `ring_head`: bytes the worker has written into the answer ring, ever (monotonic) |
 //! | 256 | 8 | `ring_tail`: bytes of it the lobby has consumed, ever (monotonic) |
+//! | 320 | 8 | `loop_beats`: an ASGI worker's event-loop heartbeats, ever (monotonic; 0 from a WSGI worker) |
+//! | 384 | 8 | `loop_lag`: how late the last heartbeat was, in microseconds |
 //! | 4096 | `slots` x `slot_size` | the request slots |
 //! | 4096 + `slots` x `slot_size` | `ring_size` | the answer ring |
+//!
+//! The worker writes `loop_lag`, then adds one to `loop_beats` with a release store
+//! ([`WorkerEnd::beat`]); the lobby reads them in the other order ([`LobbyEnd::loop_beat`]) and
+//! admits no new request to a worker whose loop is late (docs/ASGI.md, "Streams and
+//! admission"). Both words are the worker's alone, and trusted for nothing else.
 //!
 //! The rest of the 4096-byte header block is zero. [`Layout::DEFAULT`] is 4 slots of 64 KiB and
 //! a 1 MiB ring. A request frame longer than a slot holds, or an answer frame longer than the ring
@@ -42,7 +49,7 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 4 | `state`: bits 0-1 `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2; bits 2-31 the ticket, the low 30 bits of `seq` |
+//! | 0 | 4 | `state`: bits 0-1 `EMPTY` = 0, `QUEUED` = 1, `TAKEN` = 2, `RELEASED` = 3; bits 2-31 the ticket, the low 30 bits of `seq` |
 //! | 4 | 4 | `len`: bytes of the frame |
 //! | 8 | 4 | `id`: the lobby's id of the request (never `u32::MAX`) |
 //! | 16 | 8 | `seq`: the order of the queue; the worker takes the `QUEUED` slot with the lowest |
@@ -62,8 +69,14 @@
 //! - `QUEUED` -> `EMPTY`, by the lobby taking the request back ([`LobbyEnd::recall`]): also a
 //!   compare-and-swap, whose success proves the worker never took the request, and whose failure
 //!   (the slot is `TAKEN`) means the worker has it and its answer will come.
-//! - `TAKEN` -> `EMPTY`, by the lobby, once it has read that request's last answer frame
-//!   ([`LobbyEnd::release`]).
+//! - `TAKEN` -> `RELEASED`, by the worker ([`WorkerEnd::take_next`]), once it has copied the
+//!   frame out: the slot's bytes are no longer needed, and the request is the worker's until its
+//!   last answer frame. A slot is thus a queue into the worker, not a hold on it: an ASGI
+//!   worker runs any number of requests at once through a handful of slots.
+//! - `TAKEN` or `RELEASED` -> `EMPTY`, by the lobby, once it has read that request's last answer
+//!   frame ([`LobbyEnd::release`]); or `RELEASED` -> `EMPTY` as soon as it wants the slot for
+//!   another request ([`LobbyEnd::reclaim_released`]), the request then answering without a
+//!   slot until [`LobbyEnd::finished`].
 //!
 //! The worker never writes `EMPTY`, so a slot the lobby has emptied is the lobby's alone until it
 //! queues into it again. The worker takes requests strictly in the order of `seq`, skipping those
@@ -162,7 +175,7 @@ mod region;
 mod worker;
 
 pub use layout::{Layout, MAGIC, PADDING_ID, REGION_HEADER_SIZE, SLOT_HEADER_SIZE, VERSION};
-pub use lobby::{Answer, LobbyEnd, QueueError};
+pub use lobby::{Answer, LobbyEnd, LoopBeat, QueueError};
 pub use region::Region;
 pub use worker::{AnswerError, Awaiting, Taken, WorkerEnd};
 
@@ -175,12 +188,15 @@ pub enum SlotState {
     Empty,
     Queued,
     Taken,
+    /// The worker has copied the request out; the slot may be reused.
+    Released,
 }
 
 impl SlotState {
     const EMPTY: u32 = 0;
     const QUEUED: u32 = 1;
     const TAKEN: u32 = 2;
+    const RELEASED: u32 = 3;
     /// The bits of a state word that hold the state; the others hold the slot's ticket.
     const MASK: u32 = 3;
 
@@ -190,6 +206,7 @@ impl SlotState {
             SlotState::EMPTY => Some(SlotState::Empty),
             SlotState::QUEUED => Some(SlotState::Queued),
             SlotState::TAKEN => Some(SlotState::Taken),
+            SlotState::RELEASED => Some(SlotState::Released),
             _ => None,
         }
     }

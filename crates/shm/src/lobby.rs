@@ -1,8 +1,10 @@
 //! The lobby's end of a region: it queues requests into slots, takes back those not yet taken,
 //! and copies answers out of the ring, checking everything the worker could have written.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::BytesMut;
 
@@ -10,12 +12,13 @@ use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HE
 use crate::region::{copy_in, copy_out, Region};
 use crate::{ticket, waiting, Awaiting, Corrupt, SlotState};
 
-/// One answer frame [`LobbyEnd::next_answer`] copied out: for request `id`, which `slot` holds,
-/// `frame_len` bytes (header included).
+/// One answer frame [`LobbyEnd::next_answer`] copied out: for request `id`, which `slot` holds
+/// (None once the lobby reclaimed its slot: [`LobbyEnd::reclaim_released`]), `frame_len` bytes
+/// (header included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Answer {
     pub id: u32,
-    pub slot: usize,
+    pub slot: Option<usize>,
     pub frame_len: usize,
 }
 
@@ -59,6 +62,15 @@ struct Lent {
     ticket: u32,
 }
 
+/// What [`LobbyEnd::loop_beat`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopBeat {
+    /// Beats counted since the worker started: 0 from a worker that publishes none (WSGI).
+    pub beats: u64,
+    /// How late the last beat was.
+    pub lag: Duration,
+}
+
 /// The lobby's end of one worker's region. Its own record of which slot holds which request, and
 /// of how far it has read the ring, is what it trusts; the region is only checked against it.
 pub struct LobbyEnd {
@@ -67,16 +79,24 @@ pub struct LobbyEnd {
     lent: Vec<Option<Lent>>,
     /// Bytes of the ring consumed: the `ring_tail` this end last stored.
     tail: u64,
+    /// The requests the worker took whose slots were reclaimed (`RELEASED`) and whose answers
+    /// have not ended: their answers are still the worker's to write.
+    unslotted: HashSet<u32>,
 }
 
 impl LobbyEnd {
     /// The end of a region the lobby has just created ([`Region::create`]).
     pub fn new(region: Region) -> LobbyEnd {
-        LobbyEnd { lent: vec![None; region.layout().slots as usize], region, tail: 0 }
+        LobbyEnd { lent: vec![None; region.layout().slots as usize], region, tail: 0, unslotted: HashSet::new() }
     }
 
     pub fn layout(&self) -> Layout {
         self.region.layout()
+    }
+
+    /// The slot that holds request `id`, queued or taken, if it still has one.
+    pub fn slot_of(&self, id: u32) -> Option<usize> {
+        self.lent.iter().position(|lent| lent.is_some_and(|lent| lent.id == id))
     }
 
     /// A slot that holds no request, if there is one.
@@ -96,7 +116,7 @@ impl LobbyEnd {
         if id == PADDING_ID {
             return Err(QueueError::ReservedId);
         }
-        if self.lent.iter().flatten().any(|lent| lent.id == id) {
+        if self.unslotted.contains(&id) || self.lent.iter().flatten().any(|lent| lent.id == id) {
             return Err(QueueError::IdInUse(id));
         }
         let most = self.layout().max_request_frame();
@@ -142,13 +162,13 @@ impl LobbyEnd {
                 self.lent[slot] = None;
                 Ok(true)
             }
-            Err(word) if word == ticket | SlotState::TAKEN => Ok(false),
+            Err(word) if word == ticket | SlotState::TAKEN || word == ticket | SlotState::RELEASED => Ok(false),
             Err(state) => Err(Corrupt::SlotState { slot, state }),
         }
     }
 
     /// The state of `slot` as the region has it, once checked against what this end did: an
-    /// empty slot must read `EMPTY`, one holding a request `QUEUED` or `TAKEN`.
+    /// empty slot must read `EMPTY`, one holding a request `QUEUED`, `TAKEN` or `RELEASED`.
     ///
     /// # Panics
     ///
@@ -157,7 +177,7 @@ impl LobbyEnd {
         let word = self.region.slot_state(slot).load(Ordering::Acquire);
         match (self.lent[slot], SlotState::from_word(word)) {
             (None, Some(SlotState::Empty)) => Ok(SlotState::Empty),
-            (Some(Lent { ticket, .. }), Some(state @ (SlotState::Queued | SlotState::Taken)))
+            (Some(Lent { ticket, .. }), Some(state @ (SlotState::Queued | SlotState::Taken | SlotState::Released)))
                 if word & !SlotState::MASK == ticket =>
             {
                 Ok(state)
@@ -177,18 +197,51 @@ impl LobbyEnd {
             return Ok(());
         };
         let state = self.region.slot_state(slot);
-        match state.compare_exchange(
-            ticket | SlotState::TAKEN,
-            ticket | SlotState::EMPTY,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {
-                self.lent[slot] = None;
-                Ok(())
+        for from in [SlotState::RELEASED, SlotState::TAKEN] {
+            match state.compare_exchange(ticket | from, ticket | SlotState::EMPTY, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.lent[slot] = None;
+                    return Ok(());
+                }
+                // The worker may store RELEASED between the two tries.
+                Err(word) if word == ticket | SlotState::TAKEN || word == ticket | SlotState::RELEASED => {}
+                Err(state) => return Err(Corrupt::SlotState { slot, state }),
             }
-            Err(state) => Err(Corrupt::SlotState { slot, state }),
         }
+        Err(Corrupt::SlotState { slot, state: state.load(Ordering::Acquire) })
+    }
+
+    /// Empties every slot whose request the worker has copied out (`RELEASED`), so that it
+    /// takes another request; those requests answer without a slot until
+    /// [`LobbyEnd::finished`]. Returns how many slots it freed.
+    pub fn reclaim_released(&mut self) -> Result<usize, Corrupt> {
+        let mut freed = 0;
+        for slot in 0..self.lent.len() {
+            let Some(Lent { id, ticket }) = self.lent[slot] else { continue };
+            let state = self.region.slot_state(slot);
+            match state.compare_exchange(
+                ticket | SlotState::RELEASED,
+                ticket | SlotState::EMPTY,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.lent[slot] = None;
+                    self.unslotted.insert(id);
+                    freed += 1;
+                }
+                Err(word) if word == ticket | SlotState::QUEUED || word == ticket | SlotState::TAKEN => {}
+                Err(state) => return Err(Corrupt::SlotState { slot, state }),
+            }
+        }
+        Ok(freed)
+    }
+
+    /// The answer to request `id`, whose slot was reclaimed, has ended (or the lobby gave up
+    /// on it): an answer naming it again is the worker's breach.
+    pub fn finished(&mut self, id: u32) {
+        self.unslotted.remove(&id);
     }
 
     /// Copies the next answer frame out of the ring, appending it to `out`, and frees its room
@@ -239,7 +292,7 @@ impl LobbyEnd {
             if len > published {
                 return bad("longer than the worker published");
             }
-            let slot = self.slot_answered(id)?;
+            let slot = if self.unslotted.contains(&id) { None } else { Some(self.slot_answered(id)?) };
             // The frame's length is read from this end's copy, not from the region, so that the
             // frame handed on agrees with itself whatever the worker writes meanwhile.
             let start = out.len();
@@ -289,6 +342,15 @@ impl LobbyEnd {
         }
     }
 
+    /// The worker's event-loop heartbeat: its beats so far and the last one's lag. Written by
+    /// the worker alone, and trusted for nothing but admission: a worker that lies about it
+    /// only gets more or fewer requests.
+    pub fn loop_beat(&self) -> LoopBeat {
+        let beats = self.region.loop_beats().load(Ordering::Acquire);
+        let lag = Duration::from_micros(self.region.loop_lag().load(Ordering::Relaxed));
+        LoopBeat { beats, lag }
+    }
+
     /// Says that the lobby is about to sleep until this worker answers; then it looks again with
     /// [`LobbyEnd::has_answer`], and sleeps only when there is still nothing.
     pub fn prepare_to_sleep(&self) {
@@ -315,7 +377,7 @@ impl LobbyEnd {
             self.lent.iter().position(|lent| lent.is_some_and(|lent| lent.id == id)).ok_or(Corrupt::AnswerId { id })?;
         let ticket = self.lent[slot].expect("the slot holding the request").ticket;
         match self.region.slot_state(slot).load(Ordering::Acquire) {
-            word if word == ticket | SlotState::TAKEN => Ok(slot),
+            word if word == ticket | SlotState::TAKEN || word == ticket | SlotState::RELEASED => Ok(slot),
             state => Err(Corrupt::AnswerNotTaken { id, slot, state }),
         }
     }

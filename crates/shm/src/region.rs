@@ -119,6 +119,14 @@ impl Region {
         &self.map.words(RING_TAIL_AT, 1)[0]
     }
 
+    pub(crate) fn loop_beats(&self) -> &AtomicU64 {
+        &self.map.words(LOOP_BEATS_AT, 1)[0]
+    }
+
+    pub(crate) fn loop_lag(&self) -> &AtomicU64 {
+        &self.map.words(LOOP_LAG_AT, 1)[0]
+    }
+
     pub(crate) fn slot_state(&self, slot: usize) -> &AtomicU32 {
         self.map.word32(self.slot_field(slot, SLOT_STATE_AT))
     }

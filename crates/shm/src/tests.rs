@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use maitred_wire::{build_frame, Kind, FLAG_END, HEADER_LEN};
@@ -96,7 +97,7 @@ fn a_request_goes_over_and_its_answers_come_back() {
     let mut taken = b"old".to_vec();
     assert_eq!(pair.worker.take_next(&mut taken).unwrap(), Some(Taken { slot: 2, id: 41 }));
     assert_eq!(&taken[3..], &frame[..]);
-    assert_eq!(pair.lobby.state(2), Ok(SlotState::Taken));
+    assert_eq!(pair.lobby.state(2), Ok(SlotState::Released));
     assert!(!pair.worker.has_request());
     assert_eq!(pair.worker.take_next(&mut Vec::new()).unwrap(), None);
 
@@ -107,7 +108,7 @@ fn a_request_goes_over_and_its_answers_come_back() {
     assert!(!pair.worker.all_read());
     let (answer, bytes) = pair.next_answer().unwrap().unwrap();
     assert!(!pair.worker.all_read(), "one record of two read");
-    assert_eq!(answer, Answer { id: 41, slot: 2, frame_len: HEADER_LEN + 5 });
+    assert_eq!(answer, Answer { id: 41, slot: Some(2), frame_len: HEADER_LEN + 5 });
     assert_eq!(bytes, body(b"hello", false));
     assert_eq!(pair.next_answer().unwrap().unwrap().1, body(b"", true));
     assert_eq!(pair.next_answer().unwrap(), None);
@@ -118,6 +119,27 @@ fn a_request_goes_over_and_its_answers_come_back() {
     assert_eq!(pair.lobby.state(2), Ok(SlotState::Empty));
     assert_eq!(pair.lobby.free_slot(), Some(0));
     pair.lobby.queue(2, 42, 1, &request(b"again")).unwrap();
+}
+
+#[test]
+fn a_released_slot_takes_another_request_while_the_first_is_still_answered() {
+    let mut pair = Pair::new(Layout { slots: 1, ..Layout::DEFAULT });
+    pair.lobby.queue(0, 7, 0, &request(b"stream")).unwrap();
+    // Not taken yet: nothing to reclaim, and the slot is busy.
+    assert_eq!(pair.lobby.reclaim_released(), Ok(0));
+    assert_eq!(pair.lobby.free_slot(), None);
+    assert_eq!(pair.worker.take_next(&mut Vec::new()).unwrap(), Some(Taken { slot: 0, id: 7 }));
+    assert_eq!(pair.lobby.reclaim_released(), Ok(1));
+    assert_eq!(pair.lobby.state(0), Ok(SlotState::Empty));
+    // The id stays in use while its answer runs; the slot holds the next request.
+    assert_eq!(pair.lobby.queue(0, 7, 1, &request(b"again")), Err(QueueError::IdInUse(7)));
+    pair.lobby.queue(0, 8, 1, &request(b"short")).unwrap();
+    pair.worker.write_answer(7, &[&body(b"event", false)]).unwrap();
+    let (answer, _) = pair.next_answer().unwrap().unwrap();
+    assert_eq!(answer, Answer { id: 7, slot: None, frame_len: HEADER_LEN + 5 });
+    pair.lobby.finished(7);
+    pair.worker.write_answer(7, &[&body(b"late", true)]).unwrap();
+    assert_eq!(pair.next_answer(), Err(Corrupt::AnswerId { id: 7 }));
 }
 
 #[test]
@@ -148,7 +170,7 @@ fn a_recall_and_a_take_cannot_both_win() {
     // Taken first: the recall fails, and the request stays lent.
     pair.lend(0, 2);
     assert_eq!(pair.lobby.recall(0), Ok(false));
-    assert_eq!(pair.lobby.state(0), Ok(SlotState::Taken));
+    assert_eq!(pair.lobby.state(0), Ok(SlotState::Released));
     assert_eq!(pair.lobby.queue(0, 3, 0, &request(b"b")), Err(QueueError::SlotBusy(0)));
     // A free slot has nothing to recall.
     assert_eq!(pair.lobby.recall(1), Ok(false));
@@ -378,9 +400,8 @@ fn an_answer_for_a_request_not_taken_is_corrupt() {
 #[test]
 fn the_worker_refuses_a_region_that_makes_no_sense() {
     let mut pair = Pair::small();
-    // State bits 3, under ticket 2.
-    pair.poke_slot(0, SLOT_STATE_AT, 11);
-    assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotState { slot: 0, state: 11 }));
+    // Every two-bit state is one (RELEASED is 3): a length past the slot is what a worker
+    // checks.
     pair.poke_slot(0, SLOT_STATE_AT, SlotState::QUEUED);
     pair.poke_slot(0, SLOT_LEN_AT, 65);
     assert_eq!(pair.worker.take_next(&mut Vec::new()), Err(Corrupt::SlotLength { slot: 0, len: 65 }));
@@ -397,4 +418,16 @@ fn an_answer_written_in_parts_is_read_as_one_frame() {
     let frame = body(b"split", true);
     pair.worker.write_answer(9, &[&frame[..3], &frame[3..10], &frame[10..]]).unwrap();
     assert_eq!(pair.next_answer().unwrap().unwrap().1, frame);
+}
+
+#[test]
+fn the_loop_heartbeat_reaches_the_lobby_with_its_lag() {
+    let pair = Pair::small();
+    assert_eq!(pair.lobby.loop_beat(), LoopBeat { beats: 0, lag: Duration::ZERO }, "no beat yet");
+    pair.worker.beat(Duration::from_millis(3));
+    pair.worker.beat(Duration::from_micros(120_500));
+    assert_eq!(pair.lobby.loop_beat(), LoopBeat { beats: 2, lag: Duration::from_micros(120_500) });
+    // On lines of their own, clear of the ring's indices and of the slots.
+    let words = [crate::layout::LOOP_BEATS_AT, crate::layout::LOOP_LAG_AT];
+    assert!(words.iter().all(|at| at % 64 == 0 && *at > crate::layout::RING_TAIL_AT && *at < REGION_HEADER_SIZE));
 }

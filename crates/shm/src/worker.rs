@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::layout::{record_len, Layout, FRAME_HEADER_SIZE, PADDING_ID, RECORD_HEADER_SIZE};
 use crate::region::{copy_in_parts, copy_out, Region};
@@ -109,6 +110,9 @@ impl WorkerEnd {
             let start = out.len();
             out.resize(start + len as usize, 0);
             copy_out(self.region.slot_frame(slot, len as usize), &mut out[start..]);
+            // The copy is made: the slot is the lobby's to reuse. Releases the reads above
+            // before the lobby may write the slot again.
+            state.store((word & !SlotState::MASK) | SlotState::RELEASED, Ordering::Release);
             return Ok(Some(Taken { slot, id }));
         }
     }
@@ -125,7 +129,7 @@ impl WorkerEnd {
                         lowest = Some((slot, word, seq));
                     }
                 }
-                Some(SlotState::Empty | SlotState::Taken) => {}
+                Some(SlotState::Empty | SlotState::Taken | SlotState::Released) => {}
                 None => return Err(Corrupt::SlotState { slot, state: word }),
             }
         }
@@ -191,6 +195,15 @@ impl WorkerEnd {
     /// that the caller sends the lobby a wake.
     pub fn wake_lobby(&self) -> bool {
         self.region.lobby_waiting().swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// The worker's event loop has beaten, `lag` late (the heartbeat's timer fired that long
+    /// after it was due): counts the beat and publishes the lag, for the lobby's admission.
+    pub fn beat(&self, lag: Duration) {
+        let micros = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
+        self.region.loop_lag().store(micros, Ordering::Relaxed);
+        // Releases the lag with the count, so that a lobby that sees the beat sees its lag.
+        self.region.loop_beats().fetch_add(1, Ordering::Release);
     }
 
     /// Says that the worker is about to sleep until a request comes or the ring has room; then

@@ -7,10 +7,12 @@
 use std::fmt;
 
 mod frame_reader;
+mod ids;
 mod ready;
 mod websocket;
 
 pub use frame_reader::{FrameReader, MOST_ROOM_PER_READ};
+pub use ids::{cancel_frame, decode_cancel, id_frame, split_request_id, ID_LEN};
 pub use ready::Ready;
 pub use websocket::{WsAccept, WsClosing, WsData, WsOpcode};
 
@@ -69,17 +71,30 @@ pub enum Kind {
     /// The eventfd the worker rings to wake the lobby when it has written an answer while the
     /// lobby sleeps, passed with the frame.
     LobbyBell = 22,
-    /// A whole message from the WebSocket's client, on the channel.
+    /// A whole message from the WebSocket's client, on the channel: the request's `u32` id,
+    /// then a `WsData` payload.
     WsMessage = 23,
-    /// The WebSocket's client connection is closed (or the lobby closed it), on the channel.
+    /// The WebSocket's client connection is closed (or the lobby closed it), on the channel:
+    /// the request's `u32` id, then a `WsClosing` payload.
     WsClosed = 24,
+    /// To an ASGI worker: the answer to the request whose id is its 4-byte payload waits for a
+    /// slow client; the request's `send` awaits `GO` (docs/PROTOCOL.md, section 4).
+    Hold = 25,
+    /// To an ASGI worker: the request whose id is its 4-byte payload may send again.
+    Go = 26,
+    /// In the answer ring, from an ASGI worker: the WebSocket the record names has as many
+    /// unread messages as it queues; the lobby reads no more from its client until `WS_GO`.
+    WsHold = 10,
+    /// In the answer ring: the WebSocket the record names has room for messages again.
+    WsGo = 11,
 }
 
 impl Kind {
     /// The largest payload a frame of this kind may have.
     pub const fn max_payload(self) -> usize {
         match self {
-            Kind::WsMessage | Kind::WsSend => 1 + MAX_WS_MESSAGE,
+            Kind::WsSend => 1 + MAX_WS_MESSAGE,
+            Kind::WsMessage => ID_LEN + 1 + MAX_WS_MESSAGE,
             _ => MAX_PAYLOAD,
         }
     }
@@ -95,6 +110,8 @@ impl Kind {
             7 => Kind::WsAccept,
             8 => Kind::WsSend,
             9 => Kind::WsClose,
+            10 => Kind::WsHold,
+            11 => Kind::WsGo,
             16 => Kind::Request,
             17 => Kind::Cancel,
             19 => Kind::Region,
@@ -103,6 +120,8 @@ impl Kind {
             22 => Kind::LobbyBell,
             23 => Kind::WsMessage,
             24 => Kind::WsClosed,
+            25 => Kind::Hold,
+            26 => Kind::Go,
             _ => return None,
         })
     }
@@ -145,20 +164,6 @@ impl FrameHeader {
         }
         Ok(FrameHeader { kind, flags: bytes[1], len })
     }
-}
-
-/// A whole `CANCEL` frame for request `id`.
-pub fn cancel_frame(id: u32) -> [u8; HEADER_LEN + 4] {
-    let mut frame = [0u8; HEADER_LEN + 4];
-    frame[..HEADER_LEN].copy_from_slice(&FrameHeader { kind: Kind::Cancel, flags: 0, len: 4 }.encode());
-    frame[HEADER_LEN..].copy_from_slice(&id.to_le_bytes());
-    frame
-}
-
-/// The request id a `CANCEL` frame's payload names.
-pub fn decode_cancel(payload: &[u8]) -> Result<u32, WireError> {
-    let id: [u8; 4] = payload.try_into().map_err(|_| WireError::BadLength("CANCEL", payload.len()))?;
-    Ok(u32::from_le_bytes(id))
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -648,16 +653,28 @@ mod tests {
                 Decoded::Accept(accept.subprotocol.to_vec(), headers)
             }
             Kind::WsSend | Kind::WsMessage => {
+                let payload = if header.kind == Kind::WsMessage { named(payload)? } else { payload };
                 let data = WsData::decode_payload(payload)?;
                 Decoded::Data(header.kind, data.opcode, data.data.to_vec())
             }
             Kind::WsClose | Kind::WsClosed => {
+                let payload = if header.kind == Kind::WsClosed { named(payload)? } else { payload };
                 let closing = WsClosing::decode_payload(payload)?;
                 Decoded::Closing(header.kind, header.is_end(), closing.code, closing.reason.to_string())
             }
             other => panic!("not a section 5 frame: {other:?}"),
         })
     }
+
+    /// The payload after the request id of a lobby -> worker WebSocket frame, which must be
+    /// `WS_REQUEST_ID`.
+    fn named(payload: &[u8]) -> Result<&[u8], WireError> {
+        let (id, rest) = split_request_id(payload)?;
+        assert_eq!(id, WS_REQUEST_ID);
+        Ok(rest)
+    }
+
+    const WS_REQUEST_ID: u32 = 0x0102_0304;
 
     /// The frames of a stream that arrives in `reads`, read as the lobby's channel reads them
     /// (`FrameReader::LOBBY`'s room before each read, `take_frame`), and the bytes left over.
@@ -712,6 +729,9 @@ mod tests {
         ] {
             stream.extend(
                 build_frame(kind, 0, |out| {
+                    if kind == Kind::WsMessage {
+                        out.extend_from_slice(&WS_REQUEST_ID.to_le_bytes());
+                    }
                     WsData { opcode, data }.encode_payload(out);
                     Ok(())
                 })
@@ -723,6 +743,9 @@ mod tests {
         {
             stream.extend(
                 build_frame(kind, flags, |out| {
+                    if kind == Kind::WsClosed {
+                        out.extend_from_slice(&WS_REQUEST_ID.to_le_bytes());
+                    }
                     WsClosing { code, reason }.encode_payload(out);
                     Ok(())
                 })
@@ -760,12 +783,13 @@ mod tests {
 
     #[test]
     fn a_websocket_message_may_pass_the_frame_limit_up_to_its_own() {
-        for kind in [Kind::WsMessage, Kind::WsSend] {
-            let header = FrameHeader::new(kind, 0, 1 + MAX_WS_MESSAGE).unwrap();
+        // A WS_MESSAGE names its request first (4 bytes); a WS_SEND's record does.
+        for (kind, most) in [(Kind::WsMessage, ID_LEN + 1 + MAX_WS_MESSAGE), (Kind::WsSend, 1 + MAX_WS_MESSAGE)] {
+            let header = FrameHeader::new(kind, 0, most).unwrap();
             assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
             let mut bytes = header.encode();
-            bytes[4..8].copy_from_slice(&(MAX_WS_MESSAGE as u32 + 2).to_le_bytes());
-            assert_eq!(FrameHeader::decode(&bytes), Err(WireError::TooLarge(MAX_WS_MESSAGE + 2)));
+            bytes[4..8].copy_from_slice(&(most as u32 + 1).to_le_bytes());
+            assert_eq!(FrameHeader::decode(&bytes), Err(WireError::TooLarge(most + 1)));
         }
         assert_eq!(FrameHeader::new(Kind::WsAccept, 0, MAX_PAYLOAD + 1), Err(WireError::TooLarge(MAX_PAYLOAD + 1)));
     }

@@ -81,8 +81,20 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
         raise UsageError(str(error)) from None
     settings["app"] = app
     settings[SOURCES] = sources
-    settings[WARNINGS] = config_file.warnings
+    settings[WARNINGS] = [*config_file.warnings, *_deprecated(settings, sources)]
     return settings
+
+
+def _deprecated(settings: Mapping[str, object], sources: Mapping[str, str]) -> list[str]:
+    """One line for each setting given that no longer does anything, naming where it was given."""
+    if settings.get("websocket_seats") is None:
+        return []
+    origin = sources.get("websocket_seats", "the command line")
+    line = (
+        f"{origin}: --websocket-seats is deprecated and does nothing: an ASGI worker's open WebSockets hold no "
+        "seat, and a handshake waits in the one queue as any request does (docs/TUNING.md, WebSockets)"
+    )
+    return [line]
 
 
 Layer = tuple[str, Mapping[str, object]]

@@ -31,10 +31,9 @@ from maitred.config.values import (
     seconds_off_or_at_least,
 )
 
-# The worker channel carries the request-target and header names as `str16` and the header
-# count as `u16` (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of
-# 0 (none of its own) is safe too: the lobby never takes a head larger than 64 KiB
-# (crates/protocol MAX_HEAD_SIZE), and no target or name that fits in one reaches 65535 bytes.
+# The worker channel carries the request-target and header names as `str16` and the header count as `u16`
+# (docs/PROTOCOL.md section 2), so no request limit may exceed 65535. A limit of 0 (none of its own) is safe
+# too: the lobby takes no head over 64 KiB (crates/protocol MAX_HEAD_SIZE), so no target or name reaches 65535.
 WIRE_LIMIT = 65535
 
 ROWS: tuple[Setting, ...] = (
@@ -122,11 +121,12 @@ ROWS: tuple[Setting, ...] = (
         "worker_connections",
         ("--worker-connections",),
         "INT",
-        # Each is a channel, passed with the others in one message (see threads).
-        _whole_number(1, 64),
+        # Not descriptors (one channel): past the region's 1024 slots, admission waits for one.
+        _whole_number(1, 4096),
         32,
-        "ASGI: requests each worker runs at once, on its event loop; the lobby seats a request only where one "
-        "of them is free, and queues the rest (docs/ASGI.md, Seats).",
+        "ASGI: requests each worker may hold whose answers have not started; the lobby admits more only while "
+        "fewer wait and the worker's event loop keeps up, and queues the rest. An answer that has started (a "
+        "stream, an open WebSocket) costs nothing against it (docs/ASGI.md, Streams and admission).",
     ),
     Setting(
         "workers",
@@ -147,6 +147,7 @@ ROWS: tuple[Setting, ...] = (
         30.0,
         "A request running longer than this gets 504 and its worker's Python stack is logged; the worker is "
         "killed and replaced (with --threads, once its other threads have finished, within --graceful-timeout). "
+        "Once its answer has started, WSGI: cut only when it sends nothing for this long; ASGI: never cut. "
         "ASGI: the request's task is cancelled, and the worker killed only if its event loop is blocked.",
     ),
     Setting(
@@ -156,7 +157,8 @@ ROWS: tuple[Setting, ...] = (
         "SECONDS",
         seconds(allow_zero=True),
         30.0,
-        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed.",
+        "On SIGTERM or SIGINT, how long requests in progress may run before their workers are killed; then open "
+        "ASGI streams end cleanly, WebSockets with 1001 (a retiring worker's too: docs/SIGNALS.md).",
     ),
     Setting(
         "workers",

@@ -61,9 +61,9 @@ ROWS: tuple[Setting, ...] = (
         "INT",
         _whole_number(1, 64),
         None,
-        "Seats of each worker that may hold an open WebSocket, which takes its seat for its life; further "
-        "handshakes wait in a queue of their own, under --queue-timeout, so that WebSockets never starve HTTP "
-        "requests (docs/TUNING.md, WebSockets).",
-        default_text="half the worker's seats, at least 1",
+        "Deprecated, and does nothing: an ASGI worker's open WebSockets hold no seat, and a handshake waits in "
+        "the one queue as any request does. Still accepted, with one warning line at start, so that an old "
+        "config file starts (docs/TUNING.md, WebSockets).",
+        default_text="none",
     ),
 )

@@ -116,9 +116,11 @@ fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
     });
 }
 
-/// S4/S5: every seat (a worker's thread) busy for over a second, with requests waiting.
+/// S4/S5: every seat busy for over a second, with requests waiting: a WSGI worker's threads,
+/// an ASGI worker's admissions (requests whose answers have not started; its open streams take
+/// none, so a worker full of idle streams is not saturated).
 fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let [busy, free] = lobby.scoreboard.seats();
+    let [busy, free] = lobby.scoreboard.seats(lobby.settings().worker_connections);
     let waiting = lobby.seating.waiting();
     let saturated = busy > 0 && free == 0 && waiting > 0;
     if !saturated {
@@ -136,11 +138,10 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
         .cards()
         .iter()
         .flat_map(|card| {
+            // A thread's request, or an ASGI worker's admitted one: never a stream.
             let pid = card.pid.get();
-            let threads = card.threads.borrow();
-            threads
-                .iter()
-                .flatten()
+            card.running()
+                .into_iter()
                 .filter_map(|(summary, since)| Some((since.elapsed(), summary.to_string(), pid?)))
                 .collect::<Vec<_>>()
         })
@@ -234,13 +235,10 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
     for card in lobby.scoreboard.cards() {
         // An open WebSocket holds its seat for its life, with no --timeout: not a long request.
         let longest = card
-            .threads
-            .borrow()
-            .iter()
-            .flatten()
+            .running()
+            .into_iter()
             .filter(|(summary, _)| !summary.ends_with(SUMMARY_MARK))
-            .min_by_key(|(_, since)| *since)
-            .cloned();
+            .min_by_key(|(_, since)| *since);
         let (Some((summary, since)), Some(pid)) = (longest, card.pid.get()) else { continue };
         let took = since.elapsed();
         if took < threshold {

@@ -7,8 +7,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use prometheus::{
-    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use maitred_protocol::RequestError;
@@ -51,6 +51,9 @@ pub struct Metrics {
     pub(super) shed: IntCounterVec,
     pub(super) websockets_open: IntGauge,
     pub(super) websockets_queued: IntGauge,
+    pub(super) worker_admitted: IntGaugeVec,
+    pub(super) worker_streams: IntGaugeVec,
+    pub(super) worker_loop_lag: GaugeVec,
     pub(super) loop_lateness_max: Gauge,
     pub(super) loop_stall_max: Gauge,
     /// What the counters kept elsewhere (the scoreboard's exits, the kernel's overflows) had
@@ -222,6 +225,37 @@ impl Metrics {
             IntGauge::new("websockets_queued", "WebSocket handshakes waiting for a seat under --websocket-seats")
                 .expect("valid");
         register(Box::new(websockets_queued.clone()));
+        // By pid: a worker's series goes with it (each scrape sets those of the workers there).
+        let worker_admitted = IntGaugeVec::new(
+            Opts::new(
+                "worker_admitted",
+                "An ASGI worker's requests admitted whose answers have not started: what --worker-connections \
+                 bounds (docs/ASGI.md, \"Streams and admission\"); 0 for a WSGI worker",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_admitted.clone()));
+        let worker_streams = IntGaugeVec::new(
+            Opts::new(
+                "worker_streams",
+                "An ASGI worker's open streams: answers started and not ended, WebSockets included, which cost its \
+                 admission nothing",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_streams.clone()));
+        let worker_loop_lag = GaugeVec::new(
+            Opts::new(
+                "worker_loop_lag_seconds",
+                "How late an ASGI worker's event loop ran its last heartbeat (every 0.1 s), or how long past a beat it \
+                 has been silent (0 for a WSGI worker); the lobby admits no new request to a worker whose loop is late",
+            ),
+            &["pid"],
+        )
+        .expect("valid");
+        register(Box::new(worker_loop_lag.clone()));
         let loop_lateness_max = Gauge::new(
             "lobby_loop_lateness_max_seconds",
             "The longest the lobby's event loop ran its once-a-second heartbeat late, since the start (--lobby-timeout)",
@@ -239,6 +273,9 @@ impl Metrics {
             registry,
             websockets_open,
             websockets_queued,
+            worker_admitted,
+            worker_streams,
+            worker_loop_lag,
             loop_lateness_max,
             loop_stall_max,
             requests,
@@ -318,6 +355,16 @@ impl Metrics {
         for (state, count) in SEAT_STATES.iter().zip(now.seats) {
             self.seats.with_label_values(&[state]).set(count as i64);
         }
+        self.worker_admitted.reset();
+        self.worker_streams.reset();
+        self.worker_loop_lag.reset();
+        for worker in &now.workers_now {
+            let pid = worker.pid.to_string();
+            self.worker_admitted.with_label_values(&[&pid]).set(worker.admitted as i64);
+            self.worker_streams.with_label_values(&[&pid]).set(worker.streams as i64);
+            let lag = worker.loop_lag.unwrap_or_default();
+            self.worker_loop_lag.with_label_values(&[&pid]).set(lag.as_secs_f64());
+        }
         for (state, count) in now.connections {
             self.connections.with_label_values(&[state]).set(count as i64);
         }
@@ -375,6 +422,17 @@ pub(super) struct Now {
     pub(super) websockets_queued: usize,
     /// The watchdog's readings of the event loop (zero when it is off).
     pub(super) event_loop: Readings,
+    /// Every worker with a pid, each with its admitted requests, open streams and loop lag (0,
+    /// 0 and none for a WSGI worker): a series each from the first scrape.
+    pub(super) workers_now: Vec<WorkerNow>,
+}
+
+pub(super) struct WorkerNow {
+    pub(super) pid: i32,
+    pub(super) admitted: usize,
+    pub(super) streams: usize,
+    /// None from a WSGI worker, and until an ASGI one's first heartbeat: 0 on /metrics.
+    pub(super) loop_lag: Option<Duration>,
 }
 
 pub(super) struct ListenerNow {

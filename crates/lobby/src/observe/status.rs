@@ -10,7 +10,7 @@ use prometheus::Histogram;
 use serde_json::{json, Value};
 
 use super::findings::KERNEL_COUNTERS;
-use super::metrics::{ListenerNow, Now, STATUS_CLASSES};
+use super::metrics::{ListenerNow, Now, WorkerNow, STATUS_CLASSES};
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
 use crate::lobby::Lobby;
@@ -81,6 +81,14 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
                 "age_seconds": card.born.elapsed().as_secs_f64(),
                 "request": request,
                 "threads": threads,
+                // An ASGI worker's requests admitted whose answers have not started, and its open
+                // streams (docs/ASGI.md, "Streams"); 0 for a WSGI worker.
+                "asgi": card.asgi.get(),
+                "admitted": card.admitted.get(),
+                "streams": card.streams.get(),
+                // How late its event loop is (null for a WSGI worker): the lobby admits nothing
+                // new to a loop later than 50 ms (worker/mux.rs).
+                "loop_lag_seconds": card.loop_lag(Instant::now()).map(|lag| lag.as_secs_f64()),
             })
         })
         .collect();
@@ -172,7 +180,7 @@ impl Now {
         Now {
             waiting,
             workers: lobby.scoreboard.counts(),
-            seats: lobby.scoreboard.seats(),
+            seats: lobby.scoreboard.seats(lobby.settings().worker_connections),
             connections: [
                 ("reading", states.count(ConnectionState::Reading) as usize),
                 ("queued", queued),
@@ -194,6 +202,19 @@ impl Now {
             websockets_open: lobby.websockets.open(),
             websockets_queued: lobby.seating.websockets_queued(),
             event_loop: lobby.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
+            workers_now: lobby
+                .scoreboard
+                .cards()
+                .iter()
+                .filter_map(|card| {
+                    Some(WorkerNow {
+                        pid: card.pid.get()?,
+                        admitted: card.admitted.get(),
+                        streams: card.streams.get(),
+                        loop_lag: card.loop_lag(Instant::now()),
+                    })
+                })
+                .collect(),
         }
     }
 }

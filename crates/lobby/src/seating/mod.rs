@@ -22,21 +22,18 @@ use job::{Job, JobState};
 use offer::Offers;
 use overload::{Overload, Policy};
 use spool::ResponsePart;
-use websocket::WorkerSockets;
 
 pub(crate) mod job;
 pub(crate) mod offer;
 pub(crate) mod overload;
 pub(crate) mod spool;
+pub(crate) mod streams;
 pub(crate) mod websocket;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
 #[derive(Default)]
 pub struct Seating {
     queue: RefCell<VecDeque<Job>>,
-    /// WebSocket handshakes waiting for a seat under their worker's cap: a FIFO of their own,
-    /// so that no HTTP request waits behind one (docs/TUNING.md, "WebSockets").
-    websockets: RefCell<VecDeque<Job>>,
     idle: RefCell<VecDeque<IdleSeat>>,
     /// Every worker's offer socket.
     offers: RefCell<Vec<Rc<Offers>>>,
@@ -46,16 +43,9 @@ pub struct Seating {
     typical_service: Cell<Option<f64>>,
 }
 
-/// A seat waiting for a request, and, for an ASGI worker's, its WebSocket seats.
+/// A seat waiting for a request.
 struct IdleSeat {
     seat: oneshot::Sender<Job>,
-    sockets: Option<Rc<WorkerSockets>>,
-}
-
-impl IdleSeat {
-    fn takes_websockets(&self) -> bool {
-        self.sockets.as_ref().is_some_and(|sockets| sockets.has_room())
-    }
 }
 
 /// What a worker gets when it asks for work.
@@ -74,16 +64,13 @@ impl Seating {
     /// had already waited too long upstream is refused at once. True when an idle worker took it.
     pub fn submit(&self, job: Job) -> bool {
         let mut job = job;
-        if job.websocket.is_some() {
-            return self.submit_websocket(job);
-        }
         if !job.upstream.is_zero() && self.refuses(&job, Instant::now()) {
             return false;
         }
         loop {
             let seat = self.idle.borrow_mut().pop_front();
             match seat {
-                Some(IdleSeat { seat, .. }) => {
+                Some(IdleSeat { seat }) => {
                     let at = job.enqueued_at;
                     match seat.send(job) {
                         Ok(()) => {
@@ -103,45 +90,12 @@ impl Seating {
         false
     }
 
-    /// Seats a WebSocket handshake at the longest-idle seat whose worker has room for one
-    /// more under `--websocket-seats`, or queues it in the WebSockets' FIFO.
-    fn submit_websocket(&self, mut job: Job) -> bool {
-        loop {
-            let found = self.idle.borrow().iter().position(IdleSeat::takes_websockets);
-            let Some(at) = found else { break };
-            let Some(IdleSeat { seat, sockets }) = self.idle.borrow_mut().remove(at) else { break };
-            Self::hold_seat(&job, sockets.as_ref());
-            match seat.send(job) {
-                Ok(()) => return true,
-                Err(returned) => {
-                    job = returned;
-                    Self::hold_seat(&job, None);
-                }
-            }
-        }
-        self.websockets.borrow_mut().push_back(job);
-        false
-    }
-
-    /// Counts a WebSocket job against the cap of the worker whose seat takes it (None: it
-    /// gives its seat back).
-    fn hold_seat(job: &Job, sockets: Option<&Rc<WorkerSockets>>) {
-        if let Some(websocket) = &job.websocket {
-            *websocket.seat.borrow_mut() = sockets.map(|sockets| sockets.hold());
-        }
-    }
-
     /// Puts back a job a worker took but never started, ahead of everything else.
     pub fn return_unstarted(&self, job: Job) {
         job.state.set(JobState::Queued);
-        if job.websocket.is_some() {
-            Self::hold_seat(&job, None);
-            self.websockets.borrow_mut().push_front(job);
-            return;
-        }
         let idle = self.idle.borrow_mut().pop_front();
         match idle {
-            Some(IdleSeat { seat, .. }) => {
+            Some(IdleSeat { seat }) => {
                 if let Err(job) = seat.send(job) {
                     self.requeue(job);
                 }
@@ -158,40 +112,18 @@ impl Seating {
     }
 
     /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request
-    /// offered to a busy worker that has not taken it yet is the oldest live job. `sockets`:
-    /// the seat's worker takes WebSockets (it is ASGI), under this cap; a waiting WebSocket
-    /// older than every queued request goes first.
-    pub fn next(&self, sockets: Option<&Rc<WorkerSockets>>) -> Next {
-        if let Some(job) = sockets.filter(|sockets| sockets.has_room()).and_then(|sockets| self.take_websocket(sockets))
-        {
-            return Next::Now(job);
-        }
+    /// offered to a busy worker that has not taken it yet is the oldest live job. A WebSocket
+    /// handshake waits in the same FIFO as any request (issue 47: an ASGI worker's WebSockets
+    /// cost it no seat once accepted).
+    pub fn next(&self) -> Next {
         let now = Instant::now();
         if let Some(job) = self.take_oldest(now, None).or_else(|| self.recall_oldest_offer()) {
             return Next::Now(job);
         }
         self.overload.drained(now);
         let (seat, wait) = oneshot::channel();
-        self.idle.borrow_mut().push_back(IdleSeat { seat, sockets: sockets.cloned() });
+        self.idle.borrow_mut().push_back(IdleSeat { seat });
         Next::Later(wait)
-    }
-
-    /// The oldest waiting WebSocket, held against `sockets`, if it came before every queued
-    /// request.
-    fn take_websocket(&self, sockets: &Rc<WorkerSockets>) -> Option<Job> {
-        let mut websockets = self.websockets.borrow_mut();
-        while websockets.front().is_some_and(|job| job.state.get() != JobState::Queued) {
-            websockets.pop_front();
-        }
-        let oldest = websockets.front()?.enqueued_at;
-        let queued =
-            self.queue.borrow().iter().find(|job| job.state.get() == JobState::Queued).map(|job| job.enqueued_at);
-        if queued.is_some_and(|queued| queued < oldest) {
-            return None;
-        }
-        let job = websockets.pop_front()?;
-        Self::hold_seat(&job, Some(sockets));
-        Some(job)
     }
 
     /// A worker has answered a request it was on for `took`.
@@ -373,7 +305,7 @@ impl Seating {
     /// WebSocket handshakes waiting for a seat under their cap (cancelled ones not yet swept
     /// included).
     pub fn websockets_queued(&self) -> usize {
-        self.websockets.borrow().len()
+        self.queue.borrow().iter().filter(|job| job.websocket.is_some() && job.state.get() == JobState::Queued).count()
     }
 
     /// Workers serving (each registers its offer sockets while it does), for the status line.
@@ -416,7 +348,6 @@ impl Seating {
     /// Drops every waiting job; their connections see their response channel close.
     pub fn clear(&self) {
         self.queue.borrow_mut().clear();
-        self.websockets.borrow_mut().clear();
         self.idle.borrow_mut().clear();
     }
 }
@@ -429,7 +360,7 @@ mod tests {
     use maitred_shm::{Region, WorkerEnd};
 
     fn take_now(seating: &Seating) -> Job {
-        match seating.next(None) {
+        match seating.next() {
             Next::Now(job) => job,
             Next::Later(_) => panic!("expected a queued job"),
         }
@@ -450,7 +381,7 @@ mod tests {
     #[test]
     fn an_idle_worker_gets_the_next_job_directly() {
         let seating = Seating::default();
-        let Next::Later(mut wait) = seating.next(None) else { panic!("queue should be empty") };
+        let Next::Later(mut wait) = seating.next() else { panic!("queue should be empty") };
         let (a, _ra) = job("a");
         seating.submit(a);
         assert_eq!(wait.try_recv().unwrap().frame, b"a");
@@ -460,9 +391,9 @@ mod tests {
     #[test]
     fn a_vanished_idle_worker_does_not_lose_the_job() {
         let seating = Seating::default();
-        let Next::Later(gone) = seating.next(None) else { panic!() };
+        let Next::Later(gone) = seating.next() else { panic!() };
         drop(gone);
-        let Next::Later(mut alive) = seating.next(None) else { panic!() };
+        let Next::Later(mut alive) = seating.next() else { panic!() };
         let (a, _ra) = job("a");
         seating.submit(a);
         assert_eq!(alive.try_recv().unwrap().frame, b"a");
@@ -475,50 +406,23 @@ mod tests {
     }
 
     #[test]
-    fn websockets_past_their_workers_cap_wait_in_their_own_fifo_behind_no_http_request() {
+    fn a_websocket_handshake_waits_in_the_one_fifo_in_its_turn() {
         let seating = Seating::default();
-        let sockets = WorkerSockets::new(1);
-        // Two idle seats of one ASGI worker, whose cap is one WebSocket.
-        let Next::Later(mut first) = seating.next(Some(&sockets)) else { panic!() };
-        let Next::Later(mut second) = seating.next(Some(&sockets)) else { panic!() };
-        let (a, _ra) = websocket_job("ws a");
-        assert!(seating.submit(a));
-        let a = first.try_recv().unwrap();
-        assert_eq!(a.frame, b"ws a");
-        // The job holds its seat under the cap until it ends.
-        assert!(!sockets.has_room());
-        // The second WebSocket waits, though a seat is idle; an HTTP request takes that seat.
-        let (b, _rb) = websocket_job("ws b");
-        assert!(!seating.submit(b));
-        assert_eq!(seating.websockets_queued(), 1);
         let (http, _rh) = job("http");
-        assert!(seating.submit(http));
-        assert_eq!(second.try_recv().unwrap().frame, b"http");
-        // A seat without room takes HTTP requests only; once the first WebSocket has ended,
-        // the waiting one goes first, being older than the request queued after it.
+        let (ws, _rw) = websocket_job("ws");
         let (later, _rl) = job("later");
-        seating.submit(later);
-        assert_eq!(take_now_for(&seating, &sockets).frame, b"later");
-        let (newer, _rn) = job("newer");
-        seating.submit(newer);
-        drop(a);
-        assert!(sockets.has_room());
-        let b = take_now_for(&seating, &sockets);
-        assert_eq!(b.frame, b"ws b");
-        assert!(!sockets.has_room());
-        assert_eq!(take_now_for(&seating, &sockets).frame, b"newer");
-        // Returned unstarted, it gives its seat back and waits at the front of its FIFO.
-        seating.return_unstarted(b);
-        assert!(sockets.has_room());
+        assert!(!seating.submit(http));
+        assert!(!seating.submit(ws));
+        assert!(!seating.submit(later));
         assert_eq!(seating.websockets_queued(), 1);
-        assert_eq!(take_now_for(&seating, &sockets).frame, b"ws b");
-    }
-
-    fn take_now_for(seating: &Seating, sockets: &Rc<WorkerSockets>) -> Job {
-        match seating.next(Some(sockets)) {
-            Next::Now(job) => job,
-            Next::Later(_) => panic!("expected a job"),
-        }
+        let order: Vec<Vec<u8>> = (0..3)
+            .map(|_| match seating.next() {
+                Next::Now(job) => job.frame,
+                Next::Later(_) => panic!("expected a job"),
+            })
+            .collect();
+        assert_eq!(order, [b"http".to_vec(), b"ws".to_vec(), b"later".to_vec()]);
+        assert_eq!(seating.websockets_queued(), 0);
     }
 
     #[test]
@@ -552,8 +456,8 @@ mod tests {
         let seating = Seating::default();
         let (busy, _) = offers_of(&seating);
         let _idle = offers_of(&seating);
-        let Next::Later(seat) = seating.next(None) else { panic!("queue should be empty") };
-        let Next::Later(gone) = seating.next(None) else { panic!("queue should be empty") };
+        let Next::Later(seat) = seating.next() else { panic!("queue should be empty") };
+        let Next::Later(gone) = seating.next() else { panic!("queue should be empty") };
         drop(gone);
         assert_eq!((seating.workers(), seating.idle(), seating.waiting()), (2, 1, 0));
         let (a, _ra) = job("a");
@@ -583,7 +487,7 @@ mod tests {
         assert_eq!(seating.queued(), 0);
         assert_eq!(take_now(&seating).frame, b"b");
         assert_eq!(take_now(&seating).frame, b"c");
-        assert!(matches!(seating.next(None), Next::Later(_)));
+        assert!(matches!(seating.next(), Next::Later(_)));
     }
 
     #[test]

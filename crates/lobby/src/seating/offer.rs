@@ -24,7 +24,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, Region, PADDING_ID};
+use maitred_shm::{Answer, Corrupt, Layout, LobbyEnd, LoopBeat, Region, PADDING_ID};
 use maitred_wire::{FrameHeader, Kind};
 
 use super::job::{Job, JobState};
@@ -69,6 +69,16 @@ pub const STALE_FACTOR: f64 = 4.0;
 /// 450 KiB of shared memory once warm.
 const LAYOUT: Layout = Layout { slots: DEPTH as u32 + 1, slot_size: 64 << 10, ring_size: 256 << 10 };
 
+/// The region of an ASGI worker's one channel (docs/PROTOCOL.md, section 4): its requests
+/// stand in a slot only until the worker has copied them out (`RELEASED`), so the slots count
+/// the requests admitted and not yet taken, at most `--worker-connections`; a slot's pages are
+/// touched only when it is used, lowest first. The ring is 1 MiB: the answers of every request
+/// in progress share it.
+pub fn multiplexed_layout(admitted: usize) -> Layout {
+    // A region has at most 1024 slots (`Layout::check`); past them, admission waits for one.
+    Layout { slots: admitted.clamp(DEPTH + 1, 1024) as u32, slot_size: 64 << 10, ring_size: 1 << 20 }
+}
+
 /// A request offered in one of the worker's slots.
 struct Queued {
     slot: usize,
@@ -90,6 +100,7 @@ pub struct Taken {
 /// One worker's shared region, seen from the lobby, and the requests queued in it.
 pub struct Offers {
     end: RefCell<LobbyEnd>,
+    layout: Layout,
     /// The lobby's copy of the worker's bell.
     bell: OwnedFd,
     /// Oldest first.
@@ -109,9 +120,15 @@ impl Offers {
     /// A new region and bell. The region's descriptor is the worker's (the lobby's mapping
     /// does not need it), to be sent with [`Offers::bell`].
     pub fn new() -> io::Result<(Offers, OwnedFd)> {
-        let (region, file) = Region::create(LAYOUT)?;
+        Offers::with_layout(LAYOUT)
+    }
+
+    /// A new region of `layout` (an ASGI worker's: `multiplexed_layout`) and bell.
+    pub fn with_layout(layout: Layout) -> io::Result<(Offers, OwnedFd)> {
+        let (region, file) = Region::create(layout)?;
         let offers = Offers {
             end: RefCell::new(LobbyEnd::new(region)),
+            layout,
             bell: maitred_sys::bell::new()?,
             queued: RefCell::new(VecDeque::new()),
             answering: Cell::new(None),
@@ -166,7 +183,7 @@ impl Offers {
 
     /// Whether `job` fits in a slot.
     pub fn fits(&self, job: &Job) -> bool {
-        job.body_file.is_none() && job.frame.len() <= LAYOUT.max_request_frame()
+        job.body_file.is_none() && job.frame.len() <= self.layout.max_request_frame()
     }
 
     /// Offers `job` to the busy worker, in a slot; gives it back if it cannot be: the worker
@@ -201,6 +218,77 @@ impl Offers {
             Some((slot, id)) => Ok(self.seated(job, slot, id, true)),
             None => Err(job),
         }
+    }
+
+    /// Queues `job` at an ASGI worker, which runs any number at once: in a slot, or, when the
+    /// caller has just sent it on the channel (`on_channel`), its place. A slot the worker has
+    /// copied its request out of is reused. Gives the job back when no slot is free (the
+    /// worker has not taken those queued yet) or the worker broke its region.
+    pub fn admit(&self, job: Job, on_channel: bool) -> Result<Taken, Job> {
+        let no_slot = self.end.borrow().free_slot().is_none();
+        if no_slot {
+            let reclaimed = self.end.borrow_mut().reclaim_released();
+            if let Err(corrupt) = reclaimed {
+                self.broken.replace(Some(corrupt));
+                return Err(job);
+            }
+        }
+        let frame =
+            if on_channel { &FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode()[..] } else { &job.frame };
+        match self.queue(frame) {
+            Some((_, id)) => {
+                job.state.set(JobState::Seated);
+                Ok(Taken { job, id, on_channel })
+            }
+            None => Err(job),
+        }
+    }
+
+    /// Whether an ASGI worker's region can take one more request: a slot is free, or one the
+    /// worker has copied its request out of.
+    /// The worker's event-loop heartbeat, from its region's header.
+    pub fn loop_beat(&self) -> LoopBeat {
+        self.end.borrow().loop_beat()
+    }
+
+    pub fn has_free_slot(&self) -> bool {
+        let mut end = self.end.borrow_mut();
+        if end.free_slot().is_some() {
+            return true;
+        }
+        match end.reclaim_released() {
+            Ok(freed) => freed > 0,
+            Err(corrupt) => {
+                self.broken.replace(Some(corrupt));
+                false
+            }
+        }
+    }
+
+    /// Takes back the ASGI worker's request `id` if it has not taken it from its slot: true
+    /// when it came back, so it never ran.
+    pub fn recall_id(&self, id: u32) -> bool {
+        let mut end = self.end.borrow_mut();
+        let Some(slot) = end.slot_of(id) else { return false };
+        match end.recall(slot) {
+            Ok(recalled) => recalled,
+            Err(corrupt) => {
+                self.broken.replace(Some(corrupt));
+                false
+            }
+        }
+    }
+
+    /// The ASGI worker's answer to `id` has ended: its slot, if it still has one, is free, and
+    /// its id no longer answers.
+    pub fn finished(&self, id: u32) {
+        let mut end = self.end.borrow_mut();
+        if let Some(slot) = end.slot_of(id) {
+            if let Err(corrupt) = end.release(slot) {
+                self.broken.replace(Some(corrupt));
+            }
+        }
+        end.finished(id);
     }
 
     /// `job`, queued in `slot` at the idle worker, is the one it answers next.

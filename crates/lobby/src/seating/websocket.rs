@@ -1,6 +1,6 @@
 //! What a WebSocket's connection, its queue and the worker relaying it share
 //! (docs/PROTOCOL.md, section 5): the lobby-wide counts and the going-away signal of a stop,
-//! each worker's WebSocket seats under `--websocket-seats`, and the link between a WebSocket's
+//! and the link between a WebSocket's
 //! connection and its worker. A leaf: it imports nothing of its neighbours.
 
 use std::cell::{Cell, RefCell};
@@ -54,13 +54,6 @@ impl WebSockets {
         OpenWebSocket(self.clone())
     }
 
-    /// Resolves once no WebSocket is open.
-    pub async fn all_closed(&self) {
-        let mut open = self.open.subscribe();
-        // The sender lives as long as `self`.
-        let _ = open.wait_for(|open| *open == 0).await;
-    }
-
     /// Tells every open WebSocket to close with 1001 (a stop's --graceful-timeout passed).
     pub fn go_away(&self) {
         self.going_away.send_replace(true);
@@ -80,38 +73,6 @@ pub struct OpenWebSocket(Rc<WebSockets>);
 impl Drop for OpenWebSocket {
     fn drop(&mut self) {
         self.0.open.send_modify(|open| *open -= 1);
-    }
-}
-
-/// One ASGI worker's seats that hold a WebSocket, under its cap (`--websocket-seats`).
-pub struct WorkerSockets {
-    held: Cell<usize>,
-    cap: usize,
-}
-
-impl WorkerSockets {
-    pub fn new(cap: usize) -> Rc<WorkerSockets> {
-        Rc::new(WorkerSockets { held: Cell::new(0), cap })
-    }
-
-    /// Whether one more of its seats may take a WebSocket.
-    pub fn has_room(&self) -> bool {
-        self.held.get() < self.cap
-    }
-
-    /// One of its seats takes a WebSocket, until the hold is dropped.
-    pub(super) fn hold(self: &Rc<Self>) -> SeatHold {
-        self.held.set(self.held.get() + 1);
-        SeatHold(self.clone())
-    }
-}
-
-/// A seat held by a WebSocket, from its seating to the end of its relay.
-pub(super) struct SeatHold(Rc<WorkerSockets>);
-
-impl Drop for SeatHold {
-    fn drop(&mut self) {
-        self.0.held.set(self.0.held.get() - 1);
     }
 }
 
@@ -158,8 +119,6 @@ pub struct WebSocketJob {
     /// Set by the connection before it drops its sender; unset when it ended without saying
     /// (1006).
     pub closing: Rc<RefCell<Option<Closing>>>,
-    /// The seat it holds under its worker's cap, from its seating on.
-    pub(super) seat: RefCell<Option<SeatHold>>,
 }
 
 impl WebSocketJob {
@@ -178,7 +137,7 @@ pub fn link() -> (ToWorker, WebSocketJob) {
     let closing = Rc::new(RefCell::new(None));
     (
         ToWorker { messages: sender, closing: closing.clone() },
-        WebSocketJob { messages: RefCell::new(Some(receiver)), closing, seat: RefCell::new(None) },
+        WebSocketJob { messages: RefCell::new(Some(receiver)), closing },
     )
 }
 

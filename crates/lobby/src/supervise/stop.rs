@@ -15,9 +15,9 @@ use crate::log::{error, info, warning};
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
 
-/// How long WebSockets closed at the end of a stop's --graceful-timeout have to finish their
-/// closing handshakes before their workers are stopped.
-const WEBSOCKETS_CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long the streams ended at a stop's --graceful-timeout have to finish (the last bytes
+/// written, WebSockets' closing handshakes) before their workers are stopped.
+const STREAMS_END_WAIT: Duration = Duration::from_secs(2);
 
 /// During a shutdown, how often the supervisor looks whether requests wait in the queue with
 /// fewer workers than it should have (one was lost, and was not replaced while none waited).
@@ -104,8 +104,10 @@ impl Supervisor {
                         info!("--graceful-timeout passed; closing the {idle} connections left, all idle");
                         return true;
                     }
-                    if self.lobby.websockets.open() > 0 {
-                        self.close_websockets(&mut all_closed).await;
+                    if (self.lobby.streams.open() > 0 || self.lobby.websockets.open() > 0)
+                        && self.end_streams(&mut all_closed).await
+                    {
+                        return true;
                     }
                     warning!("--graceful-timeout passed with requests unfinished; stopping their workers");
                     return false;
@@ -133,17 +135,21 @@ impl Supervisor {
         }
     }
 
-    /// Closes the WebSockets still open with 1001, and gives their closing handshakes, with
-    /// clients and workers, up to `WEBSOCKETS_CLOSE_WAIT` (docs/SIGNALS.md).
-    async fn close_websockets(&self, all_closed: &mut (impl std::future::Future + Unpin)) {
-        let websockets = &self.lobby.websockets;
-        info!("--graceful-timeout passed with {} WebSockets open; closing them (1001)", websockets.open());
+    /// Ends the streams still open, each cleanly for its client (an HTTP/1.1 answer's chunked
+    /// terminator, an HTTP/2 stream's END_STREAM, a WebSocket's Close 1001), and gives their
+    /// connections up to `STREAMS_END_WAIT` to close (docs/SIGNALS.md). True: every connection
+    /// closed, so nothing was left unfinished.
+    async fn end_streams(&self, all_closed: &mut (impl std::future::Future + Unpin)) -> bool {
+        let (streams, websockets) = (&self.lobby.streams, &self.lobby.websockets);
+        info!(
+            "--graceful-timeout passed with {} streams and {} WebSockets open; ending the streams and closing the \
+             WebSockets (1001)",
+            streams.open(),
+            websockets.open()
+        );
+        streams.end_all();
         websockets.go_away();
-        let closed = async {
-            websockets.all_closed().await;
-            all_closed.await;
-        };
-        let _ = tokio::time::timeout(WEBSOCKETS_CLOSE_WAIT, closed).await;
+        tokio::time::timeout(STREAMS_END_WAIT, all_closed).await.is_ok()
     }
 
     /// Closes every worker's channel, so each exits once it has nothing to do; with `kill`,

@@ -95,25 +95,35 @@ impl Channel {
     /// has gone). A frame for another request, a bad record, or a frame on the channel that the
     /// ring did not announce is an `InvalidData` error: the worker broke the protocol.
     pub(super) async fn next_answer(&mut self, offers: &Rc<Offers>, id: u32) -> io::Result<Option<Frame>> {
+        match self.next_record(offers).await? {
+            Some((answers, _)) if answers != id => {
+                Err(invalid(format!("an answer for request {answers} while it answers request {id}")))
+            }
+            next => Ok(next.map(|(_, frame)| frame)),
+        }
+    }
+
+    /// The next answer frame, of whichever request, with the id of the request it answers. None:
+    /// the worker closed its channel. A bad record, a frame on the channel the ring did not
+    /// announce, or an answer for a request the worker does not hold is an `InvalidData` error.
+    pub(super) async fn next_record(&mut self, offers: &Rc<Offers>) -> io::Result<Option<(u32, Frame)>> {
         loop {
-            if self.answers.on_channel {
+            if let Some(id) = self.answers.on_channel {
                 let frame = self.read_frame().await?;
-                self.answers.on_channel = false;
-                return Ok(frame);
+                self.answers.on_channel = None;
+                return Ok(frame.map(|frame| (id, frame)));
             }
             let buf = &mut self.answers.buf;
             buf.clear();
             if let Some(answer) = offers.next_answer(buf)? {
-                if answer.id != id {
-                    return Err(invalid(format!("an answer for request {} while it answers request {id}", answer.id)));
-                }
+                let id = answer.id;
                 let header = FrameHeader::decode(buf[..HEADER_LEN].try_into().expect("a frame header"))
                     .map_err(|e| invalid(format!("an answer record holds a bad frame: {e}")))?;
                 if header.kind == Kind::OnChannel {
                     if header.len != 0 || header.flags != 0 {
                         return Err(invalid("an ON_CHANNEL record with flags or a payload"));
                     }
-                    self.answers.on_channel = true;
+                    self.answers.on_channel = Some(id);
                     continue;
                 }
                 if header.has_fd() {
@@ -128,7 +138,7 @@ impl Channel {
                 // relay's loop from yielding for the whole answer, up to --max-spill (issue 46's
                 // list). tokio's budget makes it yield every so many frames.
                 tokio::task::coop::consume_budget().await;
-                return Ok(Some(Frame { header, payload, fd: None }));
+                return Ok(Some((id, Frame { header, payload, fd: None })));
             }
             if !offers.prepare_to_sleep() {
                 continue;

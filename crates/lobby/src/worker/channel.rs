@@ -23,10 +23,10 @@ pub struct Frame {
 pub(super) struct AnswerReader {
     /// The bell the worker rings (`LOBBY_BELL`).
     pub(super) bell: AsyncFd<OwnedFd>,
-    /// The last ring record was `ON_CHANNEL`: the next frame comes on the channel. Kept here,
-    /// not in a local, because the caller may drop `Channel::next_answer` (answers.rs) at any
-    /// await (a timeout, a client that leaves) and call it again.
-    pub(super) on_channel: bool,
+    /// The last ring record was `ON_CHANNEL` for this request: the next frame comes on the
+    /// channel. Kept here, not in a local, because the caller may drop `Channel::next_answer`
+    /// (answers.rs) at any await (a timeout, a client that leaves) and call it again.
+    pub(super) on_channel: Option<u32>,
     pub(super) buf: BytesMut,
     /// Wakes the reader when the lobby, about to park, finds an answer its worker has not rung
     /// for (`answers.rs`, `look_before_parking`).
@@ -37,7 +37,7 @@ impl AnswerReader {
     /// A new reader and its bell, registered with the lobby's reactor.
     pub(super) fn new() -> io::Result<AnswerReader> {
         let bell = maitred_sys::reactor::register(maitred_sys::bell::new()?)?;
-        Ok(AnswerReader { bell, on_channel: false, buf: BytesMut::new(), woken: Rc::new(Notify::new()) })
+        Ok(AnswerReader { bell, on_channel: None, buf: BytesMut::new(), woken: Rc::new(Notify::new()) })
     }
 }
 
@@ -109,22 +109,13 @@ impl Channel {
 
     /// Sends a whole frame, with `fd` attached to its first byte when given.
     pub async fn send(&self, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-        let mut sent = 0;
-        while sent < frame.len() {
-            let mut ready = self.socket.writable().await?;
-            let bufs = [IoSlice::new(&frame[sent..])];
-            let attached = if sent == 0 { fd } else { None };
-            let result = ready.try_io(|socket| match attached {
-                Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
-                None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
-            });
-            match result {
-                Ok(Ok(n)) => sent += n,
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
-        Ok(())
+        send_whole(&self.socket, frame, fd).await
+    }
+
+    /// The channel's socket again, registered apart, for writing while this end reads (an ASGI
+    /// worker's channel: `mux.rs`).
+    pub(super) fn writer(&self) -> io::Result<AsyncFd<OwnedFd>> {
+        maitred_sys::reactor::register(self.socket.get_ref().try_clone()?)
     }
 
     /// Waits until the worker writes or closes while it should be idle.
@@ -147,4 +138,24 @@ impl Channel {
 /// A breach of the protocol by the worker (answers.rs uses it too).
 pub(super) fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Sends a whole frame on a channel's `socket`, with `fd` attached to its first byte when given.
+pub(super) async fn send_whole(socket: &AsyncFd<OwnedFd>, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < frame.len() {
+        let mut ready = socket.writable().await?;
+        let bufs = [IoSlice::new(&frame[sent..])];
+        let attached = if sent == 0 { fd } else { None };
+        let result = ready.try_io(|socket| match attached {
+            Some(fd) => Ok(maitred_sys::fdpass::send_with_fd(socket.as_raw_fd(), &bufs, fd.as_raw_fd(), 0)?),
+            None => Ok(maitred_sys::fdpass::send(socket.as_raw_fd(), &bufs, 0)?),
+        });
+        match result {
+            Ok(Ok(n)) => sent += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
 }

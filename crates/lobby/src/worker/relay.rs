@@ -1,8 +1,11 @@
-//! Relaying one request's answer from a worker to its connection: each frame the worker sends
-//! goes to the answer's spool as it comes; a client that leaves gets the worker told
-//! (`CANCEL`); a worker past `--timeout`, wedged, or gone ends the request with 504 or 502, or,
-//! when it provably never read it, sends it back to the queue. An event loop's request past
-//! `--timeout` is answered 504 at once, and its worker killed only if its loop is blocked.
+//! Relaying one request's answer from a WSGI worker's thread to its connection: each frame the
+//! worker sends goes to the answer's spool as it comes; a client that leaves gets the worker
+//! told (`CANCEL`); a worker past `--timeout`, wedged, or gone ends the request with 504 or 502,
+//! or, when it provably never read it, sends it back to the queue. Once the answer has started,
+//! `--timeout` counts the application's silence since its last frame, as gunicorn's worker
+//! timeout does: a stream that keeps producing is never cut (issue 47, item 4). What the ASGI
+//! workers' relays (`stream.rs`) share with it is here too: decoding a frame, the failure
+//! answers.
 
 use std::fs::File;
 use std::io;
@@ -14,22 +17,14 @@ use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead, WsAccept, WsClos
 
 use super::channel::{Channel, Frame};
 use super::health;
-use super::scoreboard::ExitReason;
-use super::seat::{Thread, EVENT_LOOP_GRACE};
+use super::scoreboard::{Card, ExitReason};
+use super::seat::Thread;
 use crate::lobby::Lobby;
 use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::{Held, ResponsePart};
 use crate::seating::websocket::WsPart;
-
-/// How a request's relay ended well.
-pub(super) enum Relayed {
-    /// Its answer is complete (a WebSocket's refusal or denial response included).
-    Answered,
-    /// The worker accepted the WebSocket: its messages follow (`websocket.rs`).
-    Accepted,
-}
 
 /// How a worker was lost during a request.
 pub(super) enum Lost {
@@ -52,9 +47,9 @@ pub(super) enum Unread {
 /// If the client goes away meanwhile, the worker is told (`CANCEL`) so it stops producing the
 /// answer. Errors mean the worker is lost; the request has been answered (502/504) or cut, or
 /// the worker never read it. A timeout kills the worker here when `thread` is its only one;
-/// with threads, the worker's task gives the others a grace first. An event loop's request
-/// (`thread.evented`) is answered 504 at --timeout and its relay goes on until the loop has
-/// ended it: the worker is killed only when its loop is found blocked (`timed_out_on_a_loop`).
+/// with threads, the worker's task gives the others a grace first. Until the answer's head,
+/// --timeout counts from the seating; after it, from the last frame: a thread is held while
+/// it streams, and one silent for --timeout is taken for stuck (gunicorn's worker silence).
 pub(super) async fn relay_response(
     lobby: &Lobby,
     pid: i32,
@@ -62,7 +57,8 @@ pub(super) async fn relay_response(
     offers: &Rc<Offers>,
     taken: &Taken,
     thread: Thread,
-) -> Result<Relayed, Lost> {
+    card: &Card,
+) -> Result<(), Lost> {
     let job = &taken.job;
     enum Next {
         Frame(io::Result<Option<Frame>>),
@@ -79,14 +75,9 @@ pub(super) async fn relay_response(
     let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
     // If the worker has not answered after a moment, it may be wedged: the request still in
     // its slot, or (sent on the channel) with bytes unread (health::never_read).
-    // Not an event loop's: one blocked by a request's synchronous call leaves the others unread
-    // until it runs again, and is killed only past --timeout (docs/ASGI.md).
-    let mut read_check = (!thread.evented).then(|| tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
+    let mut read_check = Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
     let mut head_sent = false;
     let mut cancelled = false;
-    // An event loop's request past --timeout: answered 504 (or cut) already, its frames are
-    // read and dropped until the loop has ended it.
-    let mut timed_out = false;
     loop {
         // A slow client's answer past its caps: stop reading from the worker until the client
         // catches up. The time spent so is the client's, not the application's: --timeout
@@ -131,10 +122,6 @@ pub(super) async fn relay_response(
                     ExitReason::Crash,
                     fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
                 ));
-            }
-            Next::Frame(Ok(None) | Err(_)) if timed_out => {
-                // Its client has had its 504: the other requests the worker held say the rest.
-                return Err(Lost::Answered(ExitReason::Crash, "exited after a request ran past --timeout".into()));
             }
             Next::Frame(closed @ (Ok(None) | Err(_))) => {
                 // A worker that leaves after an answer (SystemExit, a crash) may do so while the
@@ -184,26 +171,12 @@ pub(super) async fn relay_response(
                 }
                 continue;
             }
-            Next::TimedOut if thread.evented => {
-                if timed_out_on_a_loop(lobby, pid, channel, job, head_sent, timed_out).await {
-                    return Err(Lost::Answered(ExitReason::Timeout, "its event loop is blocked".into()));
-                }
-                timed_out = true;
-                // Said again, as the loop's health is asked again: a CANCEL is read at once by
-                // a loop that runs, and it is not unread for long on the channel. `cancelled`
-                // keeps the client's leaving from sending one more.
-                cancelled = true;
-                if let Err(e) = channel.send(&cancel_frame(taken.id), None).await {
-                    return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
-                }
-                deadline = tokio::time::Instant::now() + EVENT_LOOP_GRACE;
-                continue;
-            }
             Next::TimedOut => {
                 // Said before the stack, which the worker writes to the same log
                 // (health::dump_stack); the lobby says nothing more until it is written.
                 let elapsed = seated_at.elapsed().as_secs_f64();
-                let answering = if head_sent { "; the head of its answer had gone out" } else { "" };
+                let answering =
+                    if head_sent { "; its answer had started, and nothing more of it came for that long" } else { "" };
                 let then = if thread.sole {
                     "then it is killed"
                 } else {
@@ -226,18 +199,6 @@ pub(super) async fn relay_response(
                 ));
             }
         };
-        if timed_out {
-            // The client has had its 504: what the loop still sends for the request is dropped,
-            // checked only to be frames, until the last one frees the seat.
-            match decode_part(frame) {
-                Ok(part) if part.is_last() => return Ok(Relayed::Answered),
-                Ok(_) => continue,
-                Err(e) => {
-                    let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
-                    return Err(Lost::Answered(ExitReason::Crash, format!("the worker broke the protocol: {e}")));
-                }
-            }
-        }
         let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
             Ok(part) => part,
             Err(e) => {
@@ -252,8 +213,10 @@ pub(super) async fn relay_response(
             warning!("the application failed while sending the response to {}; {}", job.summary, job.cut_short());
         }
         head_sent = true;
+        // The application produced: --timeout now counts its silence from here.
+        deadline = tokio::time::Instant::now() + timeout;
+        card.produced(thread.number);
         let last = part.is_last();
-        let accepted = matches!(part, ResponsePart::WebSocket(WsPart::Accept { .. }));
         if let Some(served) = job.served.as_ref().filter(|_| last) {
             served.answered.set(Some(Instant::now()));
         }
@@ -263,67 +226,27 @@ pub(super) async fn relay_response(
             crate::log::error_limited!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
             let _ = job.respond.send(ResponsePart::Abort);
         }
-        if accepted {
-            return Ok(Relayed::Accepted);
-        }
         if last {
             let took = seated_at.elapsed();
             lobby.metrics.served(took);
-            // The typical request's time is HTTP's: it sizes offers, which WebSockets never get.
-            if job.websocket.is_none() {
-                lobby.seating.answered_in(took);
-            }
-            return Ok(Relayed::Answered);
+            lobby.seating.answered_in(took);
+            return Ok(());
         }
     }
 }
 
 /// What the client of a request past --timeout is told, in the 504's body or the log.
-fn timed_out_detail(head_sent: bool) -> &'static str {
+pub(super) fn timed_out_detail(head_sent: bool) -> &'static str {
     if head_sent {
-        "the application did not finish its response within --timeout"
+        "the application sent nothing more of its response for --timeout"
     } else {
         "the application did not answer within --timeout"
     }
 }
 
-/// An event loop's request past --timeout (docs/ASGI.md, "Timeouts and a blocked loop"). The
-/// first time (`answered` false): the client gets its 504 now (or its connection is cut) and
-/// the worker's loop, which cancels the request's task at --timeout itself, serves on. Each
-/// time the relay then sends a `CANCEL`, which a loop that runs reads at once; one still unread
-/// on the channel `EVENT_LOOP_GRACE` later says that the loop is blocked: then its stack is
-/// logged, the worker is killed, and this returns true.
-async fn timed_out_on_a_loop(
-    lobby: &Lobby,
-    pid: i32,
-    channel: &Channel,
-    job: &Job,
-    head_sent: bool,
-    answered: bool,
-) -> bool {
-    if !answered {
-        fail(job, head_sent, 504, timed_out_detail(head_sent));
-        return false;
-    }
-    if maitred_sys::socket::unsent_bytes(channel.socket.as_fd()).is_none_or(|unread| unread == 0) {
-        return false;
-    }
-    error!(
-        "worker {pid} timed out on {}: its event loop is blocked (it did not read, in {} s, the CANCEL sent when \
-         the request ran past --timeout, {} s); its Python stack follows, then it is killed with every request \
-         it holds (--timeout)",
-        job.summary,
-        EVENT_LOOP_GRACE.as_secs_f64(),
-        lobby.settings().timeout.as_secs_f64()
-    );
-    health::dump_stack(lobby, pid).await;
-    health::end(lobby, pid).await;
-    true
-}
-
 /// Checks a part against the request it answers: WebSocket frames answer only a WebSocket
 /// handshake, and before `WS_ACCEPT` only `WS_ACCEPT` and `WS_CLOSE` (a refusal) may come.
-fn websocket_in_step(job: &Job, part: ResponsePart) -> Result<ResponsePart, String> {
+pub(super) fn websocket_in_step(job: &Job, part: ResponsePart) -> Result<ResponsePart, String> {
     match &part {
         ResponsePart::WebSocket(_) if job.websocket.is_none() => {
             Err("a WebSocket frame in the answer to an HTTP request".into())
@@ -350,7 +273,7 @@ pub(super) fn fail(job: &Job, head_sent: bool, status: u16, detail: &str) -> Str
     detail.to_string()
 }
 
-fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
+pub(super) fn decode_part(frame: Frame) -> Result<ResponsePart, String> {
     let end = frame.header.is_end();
     match frame.header.kind {
         Kind::ResponseHead => {

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use maitred_shm::LoopBeat;
 use tokio::sync::watch;
 
 /// What the supervisor wants of a worker; the worker's task follows it.
@@ -117,6 +118,9 @@ impl ExitReason {
     }
 }
 
+/// The period of an ASGI worker's event-loop heartbeat (python/maitred/watchdog.py's `BEAT`).
+pub const LOOP_BEAT: Duration = Duration::from_millis(100);
+
 /// What a thread is busy with: its request's summary (`GET /path HTTP/1.1`) and since when.
 pub type Busy = (Rc<str>, Instant);
 
@@ -133,10 +137,25 @@ pub struct Card {
     pub asgi: Cell<bool>,
     pub phase: watch::Sender<Phase>,
     /// What each of its threads is busy with (`GET /path HTTP/1.1`) and since when: a line per
-    /// thread, each a seat of its own (docs/PROTOCOL.md, section 4).
+    /// thread, each a seat of its own (docs/PROTOCOL.md, section 4). Since its seating, or,
+    /// once its answer has started, since the answer's last piece: what --timeout counts, as a
+    /// thread's stream is cut only when silent that long (issue 47, item 4).
     pub threads: RefCell<Vec<Option<Busy>>>,
     /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
+    /// An ASGI worker's requests admitted whose answers have not started: what admission
+    /// counts against `--worker-connections` (docs/ASGI.md).
+    pub admitted: Cell<usize>,
+    /// An ASGI worker's requests whose answers have started and not ended (streams and open
+    /// WebSockets), which cost its admission nothing.
+    pub streams: Cell<usize>,
+    /// An ASGI worker's admitted requests whose answers have not started, by their ids: what
+    /// `--timeout` still applies to, so what `long_request` and the timeout lines name.
+    pub requests: RefCell<BTreeMap<u32, Busy>>,
+    /// An ASGI worker's event-loop heartbeat, read from its region while it serves.
+    pub loop_beat: RefCell<Option<Box<dyn Fn() -> LoopBeat>>>,
+    /// The heartbeat last seen change, and when the lobby saw it.
+    beat_seen: Cell<(u64, Instant)>,
     /// When one of its threads last answered.
     answered_at: Cell<Option<Instant>>,
 }
@@ -152,6 +171,11 @@ impl Card {
             phase: watch::Sender::new(phase),
             threads: RefCell::new(vec![None]),
             served: Cell::new(0),
+            admitted: Cell::new(0),
+            streams: Cell::new(0),
+            requests: RefCell::default(),
+            loop_beat: RefCell::default(),
+            beat_seen: Cell::new((0, Instant::now())),
             answered_at: Cell::new(None),
         }
     }
@@ -161,7 +185,7 @@ impl Card {
             _ if !self.ready.get() => WorkerState::Starting,
             Phase::Retire => WorkerState::Retiring,
             Phase::Hold => WorkerState::Held,
-            Phase::Serve if self.busy_threads() > 0 => WorkerState::Busy,
+            Phase::Serve if self.busy_threads() > 0 || self.admitted.get() > 0 => WorkerState::Busy,
             Phase::Serve => WorkerState::Idle,
         }
     }
@@ -175,9 +199,18 @@ impl Card {
         self.threads.borrow().iter().filter(|line| line.is_some()).count()
     }
 
-    /// The request one of its threads has been on longest, if any is busy.
+    /// The request one of its threads has been on longest, or, an ASGI worker, the admitted
+    /// request that has waited longest for its answer to start, if any.
     pub fn longest_request(&self) -> Option<Busy> {
-        self.threads.borrow().iter().flatten().min_by_key(|(_, since)| *since).cloned()
+        self.running().into_iter().min_by_key(|(_, since)| *since)
+    }
+
+    /// What it is busy with: each busy thread's request, and an ASGI worker's admitted requests
+    /// whose answers have not started (its streams are not work: docs/ASGI.md, "Streams").
+    pub fn running(&self) -> Vec<Busy> {
+        let threads = self.threads.borrow();
+        let requests = self.requests.borrow();
+        threads.iter().flatten().chain(requests.values()).cloned().collect()
     }
 
     /// Thread `thread` takes a request.
@@ -186,10 +219,51 @@ impl Card {
         self.threads.borrow_mut()[thread] = Some((summary, Instant::now()));
     }
 
+    /// Thread `thread`'s answer has had a piece more: its silence counts from now.
+    pub fn produced(&self, thread: usize) {
+        if let Some((_, since)) = self.threads.borrow_mut()[thread].as_mut() {
+            *since = Instant::now();
+        }
+    }
+
     /// Thread `thread` has answered.
     pub fn end(&self, thread: usize) {
         self.threads.borrow_mut()[thread] = None;
         self.answered_at.set(Some(Instant::now()));
+    }
+
+    /// How late an ASGI worker's event loop is now: the last heartbeat's lag, or, when no beat
+    /// has come for longer than one period since the lobby last saw one, that silence past the
+    /// period (a loop blocked now, whose last beat was on time). None from a worker that
+    /// publishes no heartbeat (WSGI) or none yet. The silence counts from when the lobby saw
+    /// the beat, never earlier than it came, so it never overstates the lag.
+    pub fn loop_lag(&self, now: Instant) -> Option<Duration> {
+        let beat = self.loop_beat.borrow().as_ref().map(|read| read())?;
+        if beat.beats == 0 {
+            return None;
+        }
+        let (seen, seen_at) = self.beat_seen.get();
+        if beat.beats != seen {
+            self.beat_seen.set((beat.beats, now));
+            return Some(beat.lag);
+        }
+        let silence = now.saturating_duration_since(seen_at).saturating_sub(LOOP_BEAT);
+        Some(beat.lag.max(silence))
+    }
+
+    /// An ASGI worker was given request `id`.
+    pub fn admit(&self, id: u32, summary: Rc<str>) {
+        self.served.set(self.served.get() + 1);
+        self.requests.borrow_mut().insert(id, (summary, Instant::now()));
+        self.admitted.set(self.requests.borrow().len());
+    }
+
+    /// Request `id`'s answer started, or it ended before: it is no longer admitted work.
+    pub fn started(&self, id: u32) {
+        if self.requests.borrow_mut().remove(&id).is_some() {
+            self.answered_at.set(Some(Instant::now()));
+        }
+        self.admitted.set(self.requests.borrow().len());
     }
 
     /// Whether none of its threads has answered for `quiet` (or ever): the worker may have been
@@ -251,15 +325,22 @@ impl Scoreboard {
         counts
     }
 
-    /// Busy and free threads of the workers that serve (idle or busy): the seats a request
-    /// can be seated at now, and those taken.
-    pub fn seats(&self) -> [usize; 2] {
+    /// Busy and free seats of the workers that serve (idle or busy): those a request can be
+    /// seated at now, and those taken. A WSGI worker's seats are its threads; an ASGI worker's,
+    /// on its one channel, are the `worker_connections` requests it may have admitted whose
+    /// answers have not started: its open streams take none (docs/ASGI.md, "Streams and
+    /// admission"), so a worker full of idle streams is not busy.
+    pub fn seats(&self, worker_connections: usize) -> [usize; 2] {
         let mut seats = [0, 0];
         for card in self.cards.borrow().values() {
             if matches!(card.state(), WorkerState::Idle | WorkerState::Busy) {
-                let busy = card.busy_threads();
+                let (busy, all) = if card.asgi.get() && card.threads.borrow().len() == 1 {
+                    (card.admitted.get(), worker_connections.max(card.admitted.get()))
+                } else {
+                    (card.busy_threads(), card.threads.borrow().len())
+                };
                 seats[0] += busy;
-                seats[1] += card.threads.borrow().len() - busy;
+                seats[1] += all - busy;
             }
         }
         seats
@@ -322,11 +403,60 @@ mod tests {
         assert_eq!(&*card.longest_request().unwrap().0, "GET /a HTTP/1.1");
         let board = Scoreboard::default();
         board.add(0, Rc::new(card));
-        assert_eq!(board.seats(), [2, 1]);
+        assert_eq!(board.seats(32), [2, 1]);
         let card = board.cards().pop().unwrap();
         card.phase.send_replace(Phase::Retire);
-        assert_eq!(board.seats(), [0, 0], "a retiring worker's threads are no seats");
+        assert_eq!(board.seats(32), [0, 0], "a retiring worker's threads are no seats");
         assert_eq!(card.state(), WorkerState::Retiring);
+    }
+
+    #[test]
+    fn an_asgi_workers_seats_are_its_admissions_and_its_streams_take_none() {
+        let card = Rc::new(Card::new(1, Phase::Serve));
+        card.ready.set(true);
+        card.asgi.set(true);
+        card.streams.set(1000);
+        let board = Scoreboard::default();
+        board.add(0, card.clone());
+        assert_eq!(board.seats(32), [0, 32], "idle streams are not busy");
+        card.admitted.set(3);
+        assert_eq!(board.seats(32), [3, 29]);
+        card.admitted.set(32);
+        assert_eq!(board.seats(32), [32, 0], "every admission taken: busy");
+    }
+
+    #[test]
+    fn an_asgi_workers_admitted_requests_are_its_running_ones_until_their_answers_start() {
+        let card = Card::new(1, Phase::Serve);
+        card.ready.set(true);
+        card.admit(7, "GET /slow HTTP/1.1".into());
+        card.admit(8, "GET /sse HTTP/1.1".into());
+        assert_eq!((card.state(), card.admitted.get(), card.served.get()), (WorkerState::Busy, 2, 2));
+        assert_eq!(&*card.longest_request().unwrap().0, "GET /slow HTTP/1.1");
+        card.started(7);
+        card.started(7);
+        assert_eq!(card.admitted.get(), 1);
+        assert_eq!(&*card.longest_request().unwrap().0, "GET /sse HTTP/1.1");
+        card.started(8);
+        assert_eq!((card.state(), card.longest_request()), (WorkerState::Idle, None));
+    }
+
+    #[test]
+    fn a_loop_is_as_late_as_its_last_beat_or_its_silence_past_a_beat() {
+        let card = Card::new(1, Phase::Serve);
+        assert_eq!(card.loop_lag(Instant::now()), None, "no heartbeat: a WSGI worker");
+        let beat = Rc::new(Cell::new(LoopBeat { beats: 0, lag: Duration::ZERO }));
+        let read = beat.clone();
+        *card.loop_beat.borrow_mut() = Some(Box::new(move || read.get()));
+        let start = Instant::now();
+        assert_eq!(card.loop_lag(start), None, "no beat yet");
+        beat.set(LoopBeat { beats: 1, lag: Duration::from_millis(7) });
+        assert_eq!(card.loop_lag(start), Some(Duration::from_millis(7)));
+        let later = start + LOOP_BEAT + Duration::from_millis(30);
+        assert_eq!(card.loop_lag(later), Some(Duration::from_millis(30)), "silent a beat and 30 ms more");
+        beat.set(LoopBeat { beats: 2, lag: Duration::from_millis(31) });
+        assert_eq!(card.loop_lag(later), Some(Duration::from_millis(31)));
+        assert_eq!(card.loop_lag(later + Duration::from_millis(50)), Some(Duration::from_millis(31)));
     }
 
     #[test]

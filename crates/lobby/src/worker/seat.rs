@@ -10,7 +10,6 @@ use super::channel::Channel;
 use super::scoreboard::{Card, ExitReason, Phase};
 use crate::seating::job::Job;
 use crate::seating::offer::Offers;
-use crate::seating::websocket::WorkerSockets;
 
 /// How a worker's time with the lobby ended.
 #[derive(Debug)]
@@ -45,13 +44,11 @@ pub struct Seat {
     pub card: Rc<Card>,
     /// The offers of each of the worker's threads, once it serves.
     pub(super) offers: RefCell<Vec<Rc<Offers>>>,
-    /// Its seats holding a WebSocket, once it has said it is ASGI (`READY_ASGI`).
-    pub(super) websockets: RefCell<Option<Rc<WorkerSockets>>>,
 }
 
 impl Seat {
     pub fn new(card: Rc<Card>) -> Rc<Seat> {
-        Rc::new(Seat { card, offers: RefCell::new(Vec::new()), websockets: RefCell::new(None) })
+        Rc::new(Seat { card, offers: RefCell::new(Vec::new()) })
     }
 
     pub fn phase(&self) -> Phase {
@@ -90,11 +87,6 @@ pub struct Thread {
     /// It is the worker's only thread: a timeout kills the worker at once, since nothing else
     /// runs in it (docs/PROTOCOL.md, section 4).
     pub sole: bool,
-    /// The worker runs an ASGI application on an event loop, which cancels a request's task at
-    /// --timeout itself: the lobby answers 504 then, and kills the worker only when its loop is
-    /// blocked (it leaves a `CANCEL` unread for `EVENT_LOOP_GRACE`), as every request of it is
-    /// stuck then. A loop that runs serves on, however long the cancelled task takes to end.
-    pub evented: bool,
 }
 
 /// How long an event loop may leave a `CANCEL` unread before the lobby takes it for blocked. A

@@ -3,7 +3,8 @@
 //! region, until the worker goes away or is retired; offers it the next queued requests while
 //! it is busy (docs/DESIGN.md, "Offers keep busy workers busy").
 
-use std::os::fd::AsFd;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -14,15 +15,13 @@ use tokio::sync::watch;
 use super::channel::Channel;
 use super::health::{self, ProcStat};
 use super::recycle::Recycle;
-use super::relay::{fail, relay_response, Lost, Relayed, Unread};
+use super::relay::{fail, relay_response, Lost, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat, Thread};
-use super::websocket;
 use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
-use crate::seating::websocket::WorkerSockets;
 use crate::seating::Next;
 
 /// Seats jobs at one thread of this worker, through that thread's channel, until the worker
@@ -38,38 +37,14 @@ pub async fn serve(
 ) -> Gone {
     // Made as soon as the worker is ready, held or not: the workers held at the start have all
     // their descriptors open before the server says it serves.
-    let offers = match Offers::new() {
-        Ok((offers, region)) => {
-            let offers = Rc::new(offers);
-            let setup =
-                [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
-            for (kind, fd) in setup {
-                let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
-                if let Err(e) = channel.send(&frame, Some(fd)).await {
-                    return Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}"));
-                }
-            }
-            offers
-        }
-        Err(e) => return Gone::Lost(ExitReason::Crash, format!("could not make its shared region: {e}")),
+    let (offers, mut phase) = match set_up(&mut channel, Offers::new(), &seat).await {
+        Ok(set_up) => set_up,
+        Err(gone) => return gone,
     };
-    let mut phase = seat.card.phase.subscribe();
-    loop {
-        match *phase.borrow_and_update() {
-            Phase::Serve => break,
-            Phase::Retire => return Gone::Retired,
-            Phase::Hold => {}
-        }
-        tokio::select! {
-            changed = phase.changed() => if changed.is_err() { return Gone::Retired },
-            _ = channel.closed_while_idle() => return Gone::Lost(ExitReason::Crash, idle_loss(&mut channel).await),
-        }
-    }
     seat.offers.borrow_mut().push(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let sockets = seat.websockets.borrow().clone();
-    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread, sockets: sockets.as_ref() };
+    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread };
     let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
@@ -84,8 +59,6 @@ struct WorkerThread<'a> {
     card: &'a Card,
     recycle: &'a Recycle,
     thread: Thread,
-    /// Its seats holding a WebSocket, when it is ASGI.
-    sockets: Option<&'a Rc<WorkerSockets>>,
 }
 
 async fn seat_jobs(
@@ -95,7 +68,7 @@ async fn seat_jobs(
     offers: &Rc<Offers>,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    let WorkerThread { pid, card, recycle, thread, sockets } = *worker;
+    let WorkerThread { pid, card, recycle, thread } = *worker;
     // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
@@ -109,7 +82,7 @@ async fn seat_jobs(
                 }
                 // Whether this seat waited for a request.
                 let mut seat_waited = false;
-                let job = match lobby.seating.next(sockets) {
+                let job = match lobby.seating.next() {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
                         seat_waited = true;
@@ -180,18 +153,11 @@ async fn seat_jobs(
         };
         card.begin(thread.number, taken.job.summary.clone());
         let served = card.served.get();
-        // A retiring worker is offered nothing: its offers went back to the queue. Nor is a
-        // seat that holds a WebSocket, for the WebSocket's life, nor an event loop's seat: it
-        // has many, and requests offered behind one would wait out of the overload policy's
-        // reach, in a queue of their own (O1-ASGI).
-        if *phase.borrow() != Phase::Retire && !recycled && taken.job.websocket.is_none() && !thread.evented {
+        // A retiring worker is offered nothing: its offers went back to the queue.
+        if *phase.borrow() != Phase::Retire && !recycled {
             offer_queued(lobby, offers, recycle.requests_left(served));
         }
-        let relayed = match relay_response(lobby, pid, channel, offers, &taken, thread).await {
-            Ok(Relayed::Accepted) => websocket::relay_accepted(lobby, pid, channel, offers, &taken, phase).await,
-            Ok(Relayed::Answered) => Ok(()),
-            Err(lost) => Err(lost),
-        };
+        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread, card).await;
         card.end(thread.number);
         if let Err(lost) = relayed {
             return lost_with(lobby, offers, thread, taken.job, lost);
@@ -204,6 +170,38 @@ async fn seat_jobs(
             // The offers it has not taken go back to the queue, for the worker that takes its
             // place; those it has, it answers.
             lobby.seating.requeue_front(offers.recall_until(|_| false));
+        }
+    }
+}
+
+/// Sends the worker its shared region, made with `made`, and its bells on `channel`, then
+/// waits, idle, until the worker may serve (a held worker) or is retired. The region's offers,
+/// and the phase to follow from then on.
+pub(super) async fn set_up(
+    channel: &mut Channel,
+    made: io::Result<(Offers, OwnedFd)>,
+    seat: &Seat,
+) -> Result<(Rc<Offers>, watch::Receiver<Phase>), Gone> {
+    let (offers, region) =
+        made.map_err(|e| Gone::Lost(ExitReason::Crash, format!("could not make its shared region: {e}")))?;
+    let setup = [(Kind::Region, region.as_fd()), (Kind::Bell, offers.bell()), (Kind::LobbyBell, channel.lobby_bell())];
+    for (kind, fd) in setup {
+        let frame = FrameHeader { kind, flags: FLAG_FD, len: 0 }.encode();
+        if let Err(e) = channel.send(&frame, Some(fd)).await {
+            return Err(Gone::Lost(ExitReason::Crash, format!("could not send its shared region: {e}")));
+        }
+    }
+    let mut phase = seat.card.phase.subscribe();
+    loop {
+        let now = *phase.borrow_and_update();
+        match now {
+            Phase::Serve => return Ok((Rc::new(offers), phase)),
+            Phase::Retire => return Err(Gone::Retired),
+            Phase::Hold => {}
+        }
+        tokio::select! {
+            changed = phase.changed() => if changed.is_err() { return Err(Gone::Retired) },
+            _ = channel.closed_while_idle() => return Err(Gone::Lost(ExitReason::Crash, idle_loss(channel).await)),
         }
     }
 }

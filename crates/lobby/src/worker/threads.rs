@@ -11,13 +11,13 @@ use tokio::task::JoinSet;
 
 use super::channel::Channel;
 use super::health;
+use super::mux;
 use super::recycle::Recycle;
 use super::scoreboard::ExitReason;
 use super::seat::{self, Gone, Seat, Thread};
 use super::serve;
 use crate::lobby::Lobby;
 use crate::log::{debug, warning};
-use crate::seating::websocket::WorkerSockets;
 
 /// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
 /// calls `ready`, then seats requests at every thread until the worker goes away or retires.
@@ -47,21 +47,28 @@ pub async fn serve_worker(
     }
     seat.card.set_threads(opened.len());
     seat.card.asgi.set(asgi);
-    // An ASGI worker takes WebSockets, on at most --websocket-seats of its seats.
-    if asgi {
-        let cap = lobby.settings().websocket.seats_of(opened.len());
-        *seat.websockets.borrow_mut() = Some(WorkerSockets::new(cap));
-        lobby.websockets.asgi_application();
-    }
     ready();
     let recycle = Rc::new(recycle);
+    // An ASGI worker's one channel carries every request it runs at once, WebSockets too (the
+    // zygote makes one for it, whatever --threads is).
+    if asgi {
+        if opened.len() != 1 {
+            return Gone::Lost(
+                ExitReason::Crash,
+                format!("an ASGI worker came with {} channels, not one", opened.len()),
+            );
+        }
+        lobby.websockets.asgi_application();
+        let channel = opened.pop().expect("one channel");
+        return mux::serve(lobby, pid, channel, recycle, seat).await;
+    }
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true, evented: asgi }).await;
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }).await;
     }
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
-        let thread = Thread { number, sole: false, evented: asgi };
+        let thread = Thread { number, sole: false };
         seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
     }
     let mut first_loss: Option<Gone> = None;

@@ -13,20 +13,10 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::errors::{client_disconnected, one_line, socket_error, ClientDisconnected};
-use super::receive::{Interface, Next, Received};
+use super::errors::{client_disconnected, one_line, socket_error};
+use super::receive::{Interface, Next};
 use super::WorkerChannel;
 use crate::response::Phase;
-
-/// What a look at the channel found while a request is in progress.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum InProgress {
-    Nothing = 0,
-    /// The lobby sent `CANCEL` for it: its client has gone.
-    Cancelled = 1,
-    /// The lobby closed the channel: the worker is retired, and finishes what it holds.
-    Closed = 2,
-}
 
 impl WorkerChannel {
     pub(super) fn check_evented(&self) -> PyResult<()> {
@@ -76,37 +66,10 @@ impl WorkerChannel {
             Next::Closed | Next::Pending => return Ok(None),
         };
         let scope = self.take_request(py, frame, Interface::Asgi(state))?;
-        if self.websocket {
-            self.drop_frames_of_closed_websockets()?;
-        }
-        self.generation += 1;
         self.response.begin(self.method == b"HEAD");
         let body = self.body.as_ref().expect("take_request keeps the body").clone_ref(py);
-        Ok(Some(PyTuple::new(py, [scope.into_any(), body.into_bound(py).into_any()])?))
-    }
-
-    /// While a request is in progress: reads what the channel holds, without waiting, and says
-    /// whether the lobby cancelled the request (now) or closed the channel. It reads even once
-    /// the request is cancelled: the lobby sends a request past --timeout a `CANCEL` again to
-    /// learn whether the event loop runs, and one left unread says it is blocked.
-    pub(super) fn look_in_progress(&mut self, py: Python<'_>) -> PyResult<InProgress> {
-        self.wake()?;
-        let mut closed = false;
-        if !self.closed {
-            if let Received::Closed = self.read_available()? {
-                self.closed = true;
-                closed = true;
-            }
-        }
-        if self.response.phase != Phase::Complete {
-            match self.check_cancel() {
-                Err(error) if error.is_instance_of::<ClientDisconnected>(py) => {
-                    return Ok(InProgress::Cancelled);
-                }
-                other => other?,
-            }
-        }
-        Ok(if closed { InProgress::Closed } else { InProgress::Nothing })
+        let exchange = Bound::new(py, self.new_exchange())?;
+        Ok(Some(PyTuple::new(py, [scope.into_any(), body.into_bound(py).into_any(), exchange.into_any()])?))
     }
 
     /// The descriptors the event loop watches: the channel, and the bell once it has come.
@@ -121,9 +84,12 @@ impl WorkerChannel {
             return Ok(true);
         }
         self.wake()?;
-        if self.response.phase == Phase::Cancelled {
-            // Nobody is left to read it: the lobby drops the answer of a cancelled request.
-            self.backlog.clear();
+        // Nobody is left to read them: the lobby drops the answers of cancelled requests. The
+        // others' frames, an ended request's last ones too, go as they are.
+        let exchanges = &self.exchanges;
+        self.backlog.retain(|(id, _)| !exchanges.get(id).is_some_and(|news| news.cancelled));
+        if self.response.phase == Phase::Cancelled || self.news().is_some_and(|news| news.cancelled) {
+            self.response.phase = Phase::Cancelled;
             return Err(client_disconnected());
         }
         self.write_backlog()

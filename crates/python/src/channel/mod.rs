@@ -6,13 +6,14 @@
 //! response. The Python loop in `maitred.worker` only calls the application and hands over
 //! what it returns.
 //!
-//! This file holds [`WorkerChannel`]'s state, the methods Python calls, and [`StartResponse`].
+//! This file holds [`WorkerChannel`]'s state and the methods Python calls; `start_response` holds
+//! [`StartResponse`].
 //! The rest of the type's `impl` lies in the other files of this folder, by concern: `receive`
 //! (what the lobby sends), `respond` (framing the application's response), `ring` (writing it
 //! into the shared region's answer ring), `link` (writing to the socket) and `errors` (the
 //! exceptions, and what becomes of each failure), `evented` (the channel as an event loop serves
 //! it: nothing waits) and `websocket` (a WebSocket's events and frames). They import
-//! what they share from here (the type, `bytes_arg`) and the exceptions from `errors`, never one
+//! what they share from here (the type) and the exceptions from `errors`, never one
 //! another otherwise; `errors` and `link` import nothing from here.
 
 use std::collections::VecDeque;
@@ -21,36 +22,30 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use maitred_shm::WorkerEnd;
 use maitred_wire::{FileRange, FrameHeader, Kind, Ready, FLAG_END, FLAG_FD, HEADER_LEN, READY_ASGI};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::body::RequestBody;
 use crate::environ::latin1;
-use crate::response::{latin1_bytes, HeaderText, Phase, Response};
+use crate::response::{bytes_arg, latin1_bytes, HeaderText, Phase, Response};
 
 mod errors;
 mod evented;
 mod link;
+mod mux;
 mod receive;
 mod respond;
 mod ring;
+mod start_response;
 mod websocket;
 
 use errors::{client_disconnected, one_line, wire_error};
 pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
 use link::Link;
+pub use mux::Exchange;
+use mux::Exchanges;
 use receive::{Interface, Next};
-
-fn bytes_arg<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
-    match data.cast::<PyBytes>() {
-        Ok(bytes) => Ok(bytes.as_bytes()),
-        Err(_) => {
-            let kind = data.get_type().name()?;
-            Err(PyTypeError::new_err(format!("the response body must be bytes, and the application gave {kind}")))
-        }
-    }
-}
+pub use start_response::StartResponse;
 
 /// The worker's end of the channel: `WorkerChannel(fd, base_environ)`. It owns `fd` (and
 /// closes it when collected); `base_environ` holds the keys every request shares, and its
@@ -92,6 +87,10 @@ pub struct WorkerChannel {
     ring_owed: bool,
     /// The lobby closed the channel (end-of-file was read).
     closed: bool,
+    /// Evented: the requests in progress, each with what the lobby said about it (`mux`).
+    exchanges: Exchanges,
+    /// Evented: the requests that got news since the event loop last asked (`route`).
+    told: Vec<u32>,
     /// The request in progress is a WebSocket (the `REQUEST` had the `WEBSOCKET` flag).
     websocket: bool,
     /// Where frame heads are encoded.
@@ -148,6 +147,8 @@ impl WorkerChannel {
             ring_later: None,
             ring_owed: false,
             closed: false,
+            exchanges: Exchanges::new(),
+            told: Vec::new(),
             websocket: false,
             out: Vec::new(),
             response: Response::new(),
@@ -317,10 +318,68 @@ impl WorkerChannel {
         self.hear_bell()
     }
 
-    /// While a request is in progress, a look at the channel: 0 nothing for it, 1 the lobby
-    /// cancelled it (its client has gone), 2 the lobby closed the channel (finish, then stop).
-    fn look(&mut self, py: Python<'_>) -> PyResult<u8> {
-        Ok(self.look_in_progress(py)? as u8)
+    /// Reads what the channel holds, without waiting, into the news of the requests it names:
+    /// `(ids, closed)`, the ids of the requests that got news since the last call (a `CANCEL`,
+    /// `HOLD`, `GO`, a WebSocket's message), and whether the lobby has closed the channel
+    /// (finish what is in progress, then stop).
+    fn route(&mut self, py: Python<'_>) -> PyResult<(Vec<u32>, bool)> {
+        self.check_evented()?;
+        self.wake()?;
+        self.route_news(py)
+    }
+
+    /// `route` after the look for requests: the news that look read off the channel (the rest
+    /// of a large `WS_MESSAGE`, which the socket no longer shows as readable), sorted, leaving
+    /// the flag that look set for the lobby's ring as it is.
+    fn route_after_take(&mut self, py: Python<'_>) -> PyResult<(Vec<u32>, bool)> {
+        self.check_evented()?;
+        self.route_news(py)
+    }
+
+    /// Makes `exchange` the request the next calls are about (`start`, `send`, `ws_*`,
+    /// `flush`, `fail`, `timed_out`, `cancelled`, `held`), until `leave`.
+    fn enter(&mut self, exchange: &Bound<'_, Exchange>) -> PyResult<()> {
+        self.check_evented()?;
+        if self.response.phase != Phase::Complete || self.body.is_some() {
+            return Err(PyRuntimeError::new_err("an exchange was entered while another was"));
+        }
+        let mut exchange = exchange.borrow_mut();
+        if exchange.entered {
+            return Err(PyRuntimeError::new_err("an exchange was entered twice"));
+        }
+        exchange.entered = true;
+        self.swap_request(&mut exchange.state);
+        Ok(())
+    }
+
+    /// Puts what `enter` took back into `exchange`.
+    fn leave(&mut self, exchange: &Bound<'_, Exchange>) -> PyResult<()> {
+        let mut exchange = exchange.borrow_mut();
+        if !exchange.entered {
+            return Err(PyRuntimeError::new_err("an exchange was left that had not been entered"));
+        }
+        exchange.entered = false;
+        self.swap_request(&mut exchange.state);
+        Ok(())
+    }
+
+    /// The request of `exchange` (not entered) has ended: its news is dropped and its body
+    /// released.
+    fn end(&mut self, py: Python<'_>, exchange: &Bound<'_, Exchange>) {
+        self.end_exchange(py, &mut exchange.borrow_mut());
+    }
+
+    /// Whether the lobby cancelled the request entered (its client left, or --timeout).
+    #[getter]
+    fn cancelled(&mut self) -> bool {
+        self.response.phase == Phase::Cancelled || self.news().is_some_and(|news| news.cancelled)
+    }
+
+    /// Whether the lobby holds the answer of the request entered (`HOLD`): its `send` waits
+    /// until `GO`.
+    #[getter]
+    fn held(&mut self) -> bool {
+        self.news().is_some_and(|news| news.held)
     }
 
     /// Writes the answer frames that found the ring full. True when none is left; False when
@@ -348,6 +407,14 @@ impl WorkerChannel {
             self.ring_lobby_if_asleep()?;
         }
         Ok(())
+    }
+
+    /// The event loop's heartbeat, `lag` seconds late: published in the region's header, where
+    /// the lobby's admission reads it (docs/ASGI.md, "Streams and admission").
+    fn beat(&self, lag: f64) {
+        if let Some(region) = &self.region {
+            region.beat(std::time::Duration::try_from_secs_f64(lag).unwrap_or_default());
+        }
     }
 
     /// Answer frames wait for room in the ring: `flush()` them before sending more.
@@ -424,72 +491,5 @@ impl WorkerChannel {
             _ => b" HTTP/2",
         });
         latin1(py, &line)
-    }
-}
-
-impl WorkerChannel {
-    fn check_generation(&self, generation: u64) -> PyResult<()> {
-        if generation != self.generation {
-            return Err(PyRuntimeError::new_err("start_response() or write() of a finished request was called"));
-        }
-        Ok(())
-    }
-}
-
-/// The `start_response` of one request (PEP 3333). Calling it checks the status and headers
-/// at once, so a bad header fails inside the application, where its traceback is useful.
-#[pyclass(module = "maitred._native")]
-pub struct StartResponse {
-    channel: Py<WorkerChannel>,
-    generation: u64,
-}
-
-#[pymethods]
-impl StartResponse {
-    #[pyo3(signature = (status, headers, exc_info = None))]
-    fn __call__<'py>(
-        slf: &Bound<'py, Self>,
-        status: &Bound<'py, PyAny>,
-        headers: &Bound<'py, PyAny>,
-        exc_info: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        {
-            let me = slf.borrow();
-            let mut channel = me.channel.bind(py).borrow_mut();
-            channel.check_generation(me.generation)?;
-            match exc_info.filter(|info| !info.is_none()) {
-                // The head is out: the application's error cannot become a new status, so it
-                // propagates (PEP 3333, "The start_response() Callable").
-                Some(info) if channel.response.head_sent() => {
-                    let error = info.get_item(1)?;
-                    let traceback = info.get_item(2)?;
-                    let error =
-                        if traceback.is_none() { error } else { error.call_method1("with_traceback", (traceback,))? };
-                    return Err(PyErr::from_value(error));
-                }
-                Some(_) => {}
-                None if channel.response.phase != Phase::AwaitingStart => {
-                    return Err(PyRuntimeError::new_err(
-                        "start_response() was called twice; a second call must pass exc_info",
-                    ));
-                }
-                None => {}
-            }
-            channel.response.start(status, headers, HeaderText::Str)?;
-            channel.response.say_hop_by_hop_dropped(py, &channel.method, &channel.target)?;
-        }
-        slf.getattr(intern!(py, "write"))
-    }
-
-    /// PEP 3333's `write()`: sends `data` (and the head, the first time) before returning.
-    /// Raises `ClientDisconnected` (an `OSError`) once the client has gone away.
-    fn write(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let mut channel = self.channel.bind(py).borrow_mut();
-        channel.check_generation(self.generation)?;
-        if channel.response.phase == Phase::AwaitingStart {
-            return Err(PyRuntimeError::new_err("write() was called before start_response()"));
-        }
-        channel.send_chunk(py, bytes_arg(data)?, false, true)
     }
 }

@@ -105,13 +105,15 @@ impl WorkerChannel {
                     }
                     // Its place in the slots has not been taken yet.
                     Kind::Request => break,
+                    // What names a request of an event loop's goes to that request's news.
+                    _ if self.evented => {
+                        self.route_frame(py, &header, end)?;
+                    }
                     // It crossed the end of the response it was about, which had nothing left
                     // to stop.
                     Kind::Cancel => {
                         self.check_cancel_frame(&header, end)?;
                     }
-                    // Of a WebSocket already closed (docs/PROTOCOL.md, section 5): skipped.
-                    Kind::WsMessage | Kind::WsClosed if self.evented => {}
                     Kind::Region => self.open_region(&header)?,
                     Kind::Bell => self.take_bell(&header)?,
                     Kind::LobbyBell => self.take_lobby_bell(&header)?,
@@ -275,6 +277,15 @@ impl WorkerChannel {
         }
     }
 
+    /// `REGION`, `BELL` or `LOBBY_BELL`, each once.
+    pub(super) fn take_setup(&mut self, header: &FrameHeader) -> PyResult<()> {
+        match header.kind {
+            Kind::Region => self.open_region(header),
+            Kind::Bell => self.take_bell(header),
+            _ => self.take_lobby_bell(header),
+        }
+    }
+
     /// `REGION` hands over the shared region, once.
     fn open_region(&mut self, header: &FrameHeader) -> PyResult<()> {
         let file = self.setup_descriptor(header, "REGION", self.region.is_some())?;
@@ -323,15 +334,23 @@ impl WorkerChannel {
     /// is skipped. Never waits, and costs at most one nonblocking `recvmsg` (none when a frame
     /// is buffered). Nothing but a `CANCEL` may arrive while a response is in progress.
     pub(super) fn check_cancel(&mut self) -> PyResult<()> {
+        if self.evented {
+            // The loop's watch of the channel is its one reader: it sorts every frame into the
+            // news of its request and tells that request's task. A read here would sort frames
+            // for other requests, whose tasks nobody would tell, and drain the socket the watch
+            // waits on: they would wait for the channel's next bytes (the 300 WebSockets'
+            // lost echoes of issue 47).
+            if self.news().is_some_and(|news| news.cancelled) {
+                self.response.phase = Phase::Cancelled;
+                return Err(client_disconnected());
+            }
+            return Ok(());
+        }
         if self.buffered_frame()?.is_none() {
             // At end-of-file too: a lobby retiring this worker lets it finish the response.
             self.read_available()?;
         }
         while let Some((header, end)) = self.buffered_frame()? {
-            if self.websocket && matches!(header.kind, Kind::WsMessage | Kind::WsClosed) {
-                // The application's to receive, in their turn (`websocket`).
-                break;
-            }
             if header.kind != Kind::Cancel {
                 return Err(ChannelError::new_err(format!(
                     "the lobby sent a {:?} frame while a response was in progress; only CANCEL may come then",

@@ -2,7 +2,7 @@
 //! body frames of at most `MAX_BODY_PER_FRAME`, and the Content-Length the application
 //! declared held to.
 //!
-//! Imports the type and `bytes_arg` from `mod.rs` and `errors` of the channel's files, and
+//! Imports the type from `mod.rs` and `errors` of the channel's files, and
 //! `response` of this crate. Before each body frame it calls `check_cancel` (in `receive`); it
 //! writes through the channel's `link`.
 
@@ -14,7 +14,8 @@ use pyo3::prelude::*;
 
 use super::errors::{client_disconnected, wire_error};
 use super::ring::Aside;
-use super::{bytes_arg, WorkerChannel};
+use super::WorkerChannel;
+use crate::response::bytes_arg;
 use crate::response::Phase;
 
 fn excess_error(excess: usize, declared: u64) -> PyErr {

@@ -2,8 +2,8 @@
 //! and does the framing; the worker sees whole messages as ASGI events and answers with
 //! `WS_ACCEPT`, `WS_SEND` and, always last, `WS_CLOSE`.
 //!
-//! Imports the type from `mod.rs`, `errors` and `receive` (the buffered frames, the read) of
-//! the channel's files; `response` of this crate, for the phase and the headers' checks.
+//! Imports the type from `mod.rs` and `errors` of the channel's files (the request's news, kept
+//! by `mux`, through the type's methods); `response` of this crate, for the phase and the headers' checks.
 
 use maitred_wire::{FrameHeader, Kind, WsClosing, WsData, WsOpcode, FLAG_END, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
@@ -11,8 +11,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
-use super::errors::{channel_error, client_disconnected, wire_error, ChannelError};
-use super::receive::Received;
+use super::errors::{channel_error, client_disconnected, wire_error};
 use super::ring::Aside;
 use super::WorkerChannel;
 use crate::response::{encode_asgi_headers, Phase};
@@ -22,24 +21,6 @@ use crate::response::{encode_asgi_headers, Phase};
 const LEFT_BEFORE_ACCEPT: u16 = 1006;
 
 impl WorkerChannel {
-    /// Before a new WebSocket is accepted: `WS_MESSAGE` and `WS_CLOSED` frames the lobby sent
-    /// before it read an earlier WebSocket's `WS_CLOSE` are all in the socket by now (docs/
-    /// PROTOCOL.md, section 5, "Frames of a closed WebSocket"); reads it dry and drops them.
-    /// Nothing of the new one can come yet: its client has not had its 101.
-    pub(super) fn drop_frames_of_closed_websockets(&mut self) -> PyResult<()> {
-        while let Received::Bytes = self.read_available()? {}
-        while let Some((header, end)) = self.buffered_frame()? {
-            match header.kind {
-                Kind::WsMessage | Kind::WsClosed => {}
-                Kind::Cancel if self.check_cancel_frame(&header, end)? != self.request_id => {}
-                // A CANCEL for the new WebSocket, or whatever comes after: for its turn.
-                _ => return Ok(()),
-            }
-            self.consume_through(end);
-        }
-        Ok(())
-    }
-
     fn check_websocket(&self) -> PyResult<()> {
         if !self.websocket || self.response.phase == Phase::Complete {
             return Err(PyRuntimeError::new_err("no WebSocket is in progress on this channel"));
@@ -51,62 +32,42 @@ impl WorkerChannel {
     /// as an ASGI event; None when nothing has come.
     pub(super) fn next_ws_event<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         self.check_websocket()?;
-        let mut read = false;
-        loop {
-            let Some((header, end)) = self.buffered_frame()? else {
-                if read || self.closed {
-                    return Ok(None);
-                }
-                read = true;
-                if let Received::Closed = self.read_available()? {
-                    self.closed = true;
-                }
-                continue;
-            };
-            let payload = &self.inbox[end - header.len as usize..end];
-            let event = PyDict::new(py);
-            match header.kind {
-                Kind::WsMessage => {
-                    let message = WsData::decode_payload(payload)
-                        .map_err(|error| channel_error("the lobby sent a bad WS_MESSAGE", error))?;
-                    event.set_item(intern!(py, "type"), intern!(py, "websocket.receive"))?;
-                    match message.opcode {
-                        WsOpcode::Text => {
-                            // Checked to be UTF-8 by the decoder.
-                            let text = std::str::from_utf8(message.data).expect("UTF-8, checked");
-                            event.set_item(intern!(py, "text"), PyString::new(py, text))?;
-                        }
-                        WsOpcode::Binary => event.set_item(intern!(py, "bytes"), PyBytes::new(py, message.data))?,
-                    }
-                }
-                Kind::WsClosed => {
-                    let closing = WsClosing::decode_payload(payload)
-                        .map_err(|error| channel_error("the lobby sent a bad WS_CLOSED", error))?;
-                    event.set_item(intern!(py, "type"), intern!(py, "websocket.disconnect"))?;
-                    event.set_item(intern!(py, "code"), closing.code)?;
-                    event.set_item(intern!(py, "reason"), closing.reason)?;
-                }
-                Kind::Cancel => {
-                    let id = self.check_cancel_frame(&header, end)?;
-                    self.consume_through(end);
-                    if id != self.request_id {
-                        continue;
-                    }
-                    self.response.phase = Phase::Cancelled;
-                    event.set_item(intern!(py, "type"), intern!(py, "websocket.disconnect"))?;
-                    event.set_item(intern!(py, "code"), LEFT_BEFORE_ACCEPT)?;
-                    event.set_item(intern!(py, "reason"), intern!(py, ""))?;
-                    return Ok(Some(event));
-                }
-                other => {
-                    return Err(ChannelError::new_err(format!(
-                        "the lobby sent a {other:?} frame during a WebSocket; only WS_MESSAGE, WS_CLOSED and CANCEL may come then"
-                    )))
-                }
+        // What the loop's watch has sorted into this request's news; never a read here
+        // (`check_cancel` says why).
+        let accepted = self.response.phase == Phase::HeadSent;
+        let Some(news) = self.news() else { return Ok(None) };
+        let event = PyDict::new(py);
+        let Some((kind, payload)) = news.ws.pop_front() else {
+            if news.cancelled && !accepted {
+                self.response.phase = Phase::Cancelled;
+                event.set_item(intern!(py, "type"), intern!(py, "websocket.disconnect"))?;
+                event.set_item(intern!(py, "code"), LEFT_BEFORE_ACCEPT)?;
+                event.set_item(intern!(py, "reason"), intern!(py, ""))?;
+                return Ok(Some(event));
             }
-            self.consume_through(end);
-            return Ok(Some(event));
+            return Ok(None);
+        };
+        if kind == Kind::WsMessage {
+            let message = WsData::decode_payload(&payload)
+                .map_err(|error| channel_error("the lobby sent a bad WS_MESSAGE", error))?;
+            event.set_item(intern!(py, "type"), intern!(py, "websocket.receive"))?;
+            match message.opcode {
+                WsOpcode::Text => {
+                    // Checked to be UTF-8 by the decoder.
+                    let text = std::str::from_utf8(message.data).expect("UTF-8, checked");
+                    event.set_item(intern!(py, "text"), PyString::new(py, text))?;
+                }
+                WsOpcode::Binary => event.set_item(intern!(py, "bytes"), PyBytes::new(py, message.data))?,
+            }
+        } else {
+            let closing = WsClosing::decode_payload(&payload)
+                .map_err(|error| channel_error("the lobby sent a bad WS_CLOSED", error))?;
+            event.set_item(intern!(py, "type"), intern!(py, "websocket.disconnect"))?;
+            event.set_item(intern!(py, "code"), closing.code)?;
+            event.set_item(intern!(py, "reason"), closing.reason)?;
         }
+        self.ws_received(py)?;
+        Ok(Some(event))
     }
 
     pub(super) fn accept_ws(&mut self, py: Python<'_>, subprotocol: &str, headers: &Bound<'_, PyAny>) -> PyResult<()> {

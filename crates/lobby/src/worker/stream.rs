@@ -1,0 +1,395 @@
+//! One request of an ASGI worker's multiplexed channel (`mux.rs`), from its admission to its
+//! answer's end: the frames its worker writes for it come by its id, and go to its connection
+//! through the answer's spool. Until its answer starts, `--timeout` answers 504 (the worker's
+//! loop cancels the request's task itself; one that leaves the `CANCEL` unread is blocked, and
+//! killed). Once it has started it is a stream, never cut for its length or its silence: the
+//! loop's health is the watchdog's business (docs/ASGI.md, "Streams"); it ends, cleanly for its
+//! client, at the --graceful-timeout of a stop or of its worker's retirement (docs/SIGNALS.md).
+//! A client slower than the answer's caps holds the request's sends (`HOLD`, then `GO`), never
+//! the channel. An accepted WebSocket's messages go both ways here too, each frame naming the
+//! request.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use maitred_wire::{build_frame, cancel_frame, id_frame, Kind, WsClosing, WsData, WsOpcode, ID_LEN};
+use tokio::sync::{mpsc, watch};
+
+use super::channel::Frame;
+use super::health;
+use super::relay::{decode_part, decode_websocket, fail, timed_out_detail, websocket_in_step};
+use super::routes::Mux;
+use super::scoreboard::Phase;
+use super::seat::EVENT_LOOP_GRACE;
+use crate::lobby::Lobby;
+use crate::log::{debug, error, info_limited, warning, warning_limited};
+use crate::seating::offer::Taken;
+use crate::seating::spool::{ResponsePart, MEMORY_PER_ANSWER};
+use crate::seating::streams::OpenStream;
+use crate::seating::websocket::{ClientMessage, Closing, WsPart};
+
+/// How a request's relay ends.
+enum Ended {
+    /// Its answer is complete, or its client has had what it will get.
+    Done,
+    /// The worker was lost, or broke the protocol.
+    Lost,
+}
+
+/// Relays request `taken`'s answer, then, for an accepted WebSocket, its messages both ways.
+pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: mpsc::UnboundedReceiver<Frame>) {
+    let id = taken.id;
+    let mut streamed = false;
+    let ended = answer(&lobby, &mux, &taken, &mut frames, &mut streamed).await;
+    if let Ended::Lost = ended {
+        lost(&lobby, &mux, taken, streamed);
+    }
+    mux.ended(id, streamed);
+}
+
+/// The worker has gone with this request: it never ran if it is still in its slot, and goes to
+/// another worker; otherwise its client gets a 502, or its cut connection (a WebSocket, 1011).
+fn lost(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool) {
+    let detail = mux.lost.borrow().clone().unwrap_or_else(|| "the worker exited while handling this request".into());
+    if !streamed && !taken.on_channel && mux.offers.recall_id(taken.id) {
+        debug!("{} goes to another worker: worker {} never took it ({detail})", taken.job.summary, mux.pid);
+        lobby.seating.return_unstarted(taken.job);
+        return;
+    }
+    if taken.job.websocket.is_some() && streamed {
+        error!("{} closed (1011): {detail}", taken.job.summary);
+        let _ = taken.job.respond.send(ResponsePart::Abort);
+        return;
+    }
+    fail(&taken.job, streamed, 502, &detail);
+}
+
+async fn answer(
+    lobby: &Lobby,
+    mux: &Mux,
+    taken: &Taken,
+    frames: &mut mpsc::UnboundedReceiver<Frame>,
+    streamed: &mut bool,
+) -> Ended {
+    let job = &taken.job;
+    let pid = mux.pid;
+    let seated_at = Instant::now();
+    if let Some(served) = &job.served {
+        served.seated.set(Some(seated_at));
+        served.worker.set(Some(pid));
+    }
+    let mut deadline = tokio::time::Instant::from_std(seated_at + lobby.settings().timeout);
+    let mut cancelled = false;
+    // Past --timeout before its answer started: answered 504 already, its frames are read and
+    // dropped until the loop has ended it.
+    let mut timed_out = false;
+    // Its place among the lobby's open streams, once its answer has started.
+    let mut _open_stream: Option<OpenStream> = None;
+    let mut phase = mux.phase.clone();
+    let grace_over = grace_over(lobby, &mut phase);
+    tokio::pin!(grace_over);
+    loop {
+        if *streamed && job.respond.held().is_some() {
+            if !hold(mux, taken, frames).await {
+                return Ended::Lost;
+            }
+            continue;
+        }
+        enum Next {
+            Frame(Option<Frame>),
+            TimedOut,
+            ClientGone,
+            GraceOver(&'static str),
+        }
+        let next = tokio::select! {
+            biased;
+            frame = frames.recv() => Next::Frame(frame),
+            _ = job.respond.closed(), if !cancelled => Next::ClientGone,
+            () = tokio::time::sleep_until(deadline), if !*streamed => Next::TimedOut,
+            why = &mut grace_over, if *streamed && job.websocket.is_none() => Next::GraceOver(why),
+        };
+        let frame = match next {
+            Next::Frame(Some(frame)) => frame,
+            Next::Frame(None) => return Ended::Lost,
+            Next::GraceOver(why) => {
+                info_limited!(
+                    "{} ended at --graceful-timeout ({why}); its worker is told that its client left",
+                    job.summary
+                );
+                if let Some(served) = &job.served {
+                    served.answered.set(Some(Instant::now()));
+                }
+                let _ = job.respond.send(ResponsePart::Body { data: Bytes::new(), end: true });
+                // What the worker still sends for it is dropped: its client has had the end.
+                mux.dismiss(taken.id);
+                let _ = mux.send(&cancel_frame(taken.id), None).await;
+                return Ended::Done;
+            }
+            Next::ClientGone => {
+                cancelled = true;
+                debug!("the client of {} went away; telling worker {pid}", job.summary);
+                if mux.send(&cancel_frame(taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+                continue;
+            }
+            Next::TimedOut => {
+                if timed_out && mux.unread().is_some_and(|unread| unread > 0) {
+                    error!(
+                        "worker {pid} timed out on {}: its event loop is blocked (it did not read, in {} s, the \
+                         CANCEL sent when the request ran past --timeout, {} s); its Python stack follows, then it \
+                         is killed with every request it holds (--timeout)",
+                        job.summary,
+                        EVENT_LOOP_GRACE.as_secs_f64(),
+                        lobby.settings().timeout.as_secs_f64()
+                    );
+                    health::dump_stack(lobby, pid).await;
+                    health::end(lobby, pid).await;
+                    return Ended::Done;
+                }
+                if !timed_out {
+                    fail(job, false, 504, timed_out_detail(false));
+                }
+                timed_out = true;
+                cancelled = true;
+                if mux.send(&cancel_frame(taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+                deadline = tokio::time::Instant::now() + EVENT_LOOP_GRACE;
+                continue;
+            }
+        };
+        if timed_out {
+            match decode_part(frame) {
+                Ok(part) if part.is_last() => return Ended::Done,
+                Ok(_) => continue,
+                Err(e) => return broke(lobby, mux, job, false, &e).await,
+            }
+        }
+        let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
+            Ok(part) => part,
+            Err(e) => return broke(lobby, mux, job, *streamed, &e).await,
+        };
+        if matches!(part, ResponsePart::Abort) && !cancelled {
+            warning!("the application failed while sending the response to {}; {}", job.summary, job.cut_short());
+        }
+        let last = part.is_last();
+        let accepted = matches!(part, ResponsePart::WebSocket(WsPart::Accept { .. }));
+        if !*streamed {
+            *streamed = true;
+            mux.started(taken.id);
+            if job.websocket.is_none() {
+                _open_stream = Some(lobby.streams.opened());
+            }
+        }
+        if let Some(served) = job.served.as_ref().filter(|_| last) {
+            served.answered.set(Some(Instant::now()));
+        }
+        if let Err(e) = job.respond.send(part) {
+            crate::log::error_limited!("{} cut off: could not spill its answer to a temporary file: {e}", job.summary);
+            let _ = job.respond.send(ResponsePart::Abort);
+        }
+        if accepted {
+            return websocket(lobby, mux, taken, frames).await;
+        }
+        if last {
+            lobby.metrics.served(seated_at.elapsed());
+            return Ended::Done;
+        }
+    }
+}
+
+/// Resolves, saying why, when an open stream is to end: a stop's --graceful-timeout has
+/// passed, or its worker has been retiring (a reload, SIGTTOU) for --graceful-timeout. Until
+/// then a retiring worker keeps its streams, as gunicorn's keeps its requests.
+async fn grace_over(lobby: &Lobby, phase: &mut watch::Receiver<Phase>) -> &'static str {
+    let retired = async {
+        if phase.wait_for(|phase| *phase == Phase::Retire).await.is_err() {
+            // The worker's card is gone: only a stop ends the stream now.
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(lobby.settings().graceful_timeout).await;
+    };
+    tokio::select! {
+        () = lobby.streams.ending() => "the server stops",
+        () = retired => "its worker retired",
+    }
+}
+
+/// The answer waits for a slow client past its caps: the worker's sends for it wait (`HOLD`)
+/// until the client has read enough (`GO`); frames already written meanwhile still come, and
+/// are kept (the bound in docs/PROTOCOL.md, section 4). False: the worker was lost.
+async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> bool {
+    let job = &taken.job;
+    warning_limited!(
+        "the answer to {} from worker {} is held: its client reads slowly; it goes on as it reads",
+        job.summary,
+        mux.pid
+    );
+    if mux.send(&id_frame(Kind::Hold, taken.id), None).await.is_err() {
+        return false;
+    }
+    let since = Instant::now();
+    loop {
+        tokio::select! {
+            biased;
+            _ = job.respond.room() => break,
+            _ = job.respond.closed() => break,
+            frame = frames.recv() => match frame {
+                // Written before the worker read HOLD: kept, within the spool's file.
+                Some(frame) => match decode_part(frame) {
+                    Ok(part) => drop(job.respond.send(part)),
+                    Err(_) => return false,
+                },
+                None => return false,
+            },
+        }
+    }
+    info_limited!("the answer to {} went on after {:.1} s", job.summary, since.elapsed().as_secs_f64());
+    mux.send(&id_frame(Kind::Go, taken.id), None).await.is_ok()
+}
+
+/// An accepted WebSocket's messages both ways, until the worker's `WS_CLOSE`. A worker that
+/// retires meanwhile (a reload) keeps it until it closes or --graceful-timeout passes; then the
+/// connection closes it with 1001. Each way is held on its own: a client slow to read what the
+/// worker sends holds the worker's sends for it (`HOLD`, then `GO`, as for an HTTP answer);
+/// the worker says when it has as many of the client's messages waiting as it keeps
+/// (`WS_HOLD`): the client is not read until `WS_GO`.
+async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> Ended {
+    let job = &taken.job;
+    let Some(websocket) = &job.websocket else { unreachable!("only a WebSocket handshake is accepted") };
+    let Some(mut messages) = websocket.messages.borrow_mut().take() else {
+        unreachable!("a WebSocket is relayed once")
+    };
+    let _open = lobby.websockets.opened();
+    let opened_at = Instant::now();
+    let mut client_done = false;
+    let mut worker_full = false;
+    let mut phase = mux.phase.clone();
+    let mut retired_at: Option<tokio::time::Instant> = None;
+    let mut going_away_sent = false;
+    // `HOLD` sent for a client slow to read, and when; `GO` once it has caught up.
+    let mut holding: Option<Instant> = None;
+    loop {
+        // Parts for a client that has gone are dropped: nothing holds the worker then.
+        let held = job.respond.held().is_some() && job.respond.closed().now_or_never().is_none();
+        match (held, holding) {
+            (true, None) => {
+                warning_limited!(
+                    "reading the messages of {} from worker {} paused: {} KiB are waiting for a slow client; it \
+                     goes on as the client reads",
+                    job.summary,
+                    mux.pid,
+                    MEMORY_PER_ANSWER / 1024
+                );
+                holding = Some(Instant::now());
+                if mux.send(&id_frame(Kind::Hold, taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+            }
+            (false, Some(since)) => {
+                info_limited!(
+                    "reading the messages of {} from worker {} went on after {:.1} s",
+                    job.summary,
+                    mux.pid,
+                    since.elapsed().as_secs_f64()
+                );
+                holding = None;
+                if mux.send(&id_frame(Kind::Go, taken.id), None).await.is_err() {
+                    return Ended::Lost;
+                }
+            }
+            _ => {}
+        }
+        let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
+        tokio::select! {
+            biased;
+            frame = frames.recv() => {
+                let Some(frame) = frame else { return Ended::Lost };
+                match frame.header.kind {
+                    Kind::WsHold => { worker_full = true; continue; }
+                    Kind::WsGo => { worker_full = false; continue; }
+                    _ => {}
+                }
+                let part = match decode_websocket(&frame) {
+                    Ok(WsPart::Accept { .. }) => Err("a second WS_ACCEPT".to_string()),
+                    other => other,
+                };
+                let part = match part {
+                    Ok(part) => part,
+                    Err(e) => return broke(lobby, mux, job, true, &e).await,
+                };
+                let last = part.is_last();
+                // Parts of a WebSocket are never spilled (its spool has no file): what the worker
+                // wrote before it read HOLD is kept, within the bound docs/PROTOCOL.md gives.
+                let _ = job.respond.send(ResponsePart::WebSocket(part));
+                if last {
+                    if let Some(served) = &job.served {
+                        served.answered.set(Some(Instant::now()));
+                    }
+                    lobby.metrics.served(opened_at.elapsed());
+                    debug!("worker {} closed {} after {:.1} s", mux.pid, job.summary, opened_at.elapsed().as_secs_f64());
+                    return Ended::Done;
+                }
+            }
+            _ = job.respond.room(), if held => {}
+            message = messages.recv(), if !client_done && !worker_full => {
+                let frame = match message {
+                    Some(ClientMessage { text, data }) => message_frame(taken.id, text, &data),
+                    None => {
+                        client_done = true;
+                        closed_frame(taken.id, &websocket.closing())
+                    }
+                };
+                if mux.send(&frame, None).await.is_err() {
+                    return Ended::Lost;
+                }
+            }
+            _ = phase.wait_for(|phase| *phase == Phase::Retire), if retired_at.is_none() => {
+                retired_at = Some(tokio::time::Instant::now());
+            }
+            () = tokio::time::sleep_until(grace_end.unwrap_or_else(tokio::time::Instant::now)),
+                if grace_end.is_some() && !going_away_sent && !client_done => {
+                going_away_sent = true;
+                info_limited!("worker {} retired with {} open; closing it (1001) as --graceful-timeout has passed", mux.pid, job.summary);
+                let _ = job.respond.send(ResponsePart::WebSocket(WsPart::GoingAway));
+            }
+        }
+    }
+}
+
+/// The worker broke the protocol on this request: it is killed, and the client told.
+async fn broke(lobby: &Lobby, mux: &Mux, job: &crate::seating::job::Job, streamed: bool, e: &str) -> Ended {
+    let _ = lobby.zygotes.kill(mux.pid, libc::SIGKILL).await;
+    let detail = format!("the worker broke the protocol: {e}");
+    mux.lost.replace(Some(detail.clone()));
+    if job.websocket.is_some() && streamed {
+        error!("{} closed (1011): {detail}", job.summary);
+        let _ = job.respond.send(ResponsePart::Abort);
+    } else {
+        fail(job, streamed, 502, &detail);
+    }
+    Ended::Done
+}
+
+fn message_frame(id: u32, text: bool, data: &Bytes) -> Vec<u8> {
+    let opcode = if text { WsOpcode::Text } else { WsOpcode::Binary };
+    build_frame(Kind::WsMessage, 0, |out| {
+        out.extend_from_slice(&id.to_le_bytes());
+        WsData { opcode, data }.encode_payload(out);
+        Ok(())
+    })
+    .expect("the connection passes no message over --ws-max-size, within MAX_WS_MESSAGE")
+}
+
+fn closed_frame(id: u32, closing: &Closing) -> Vec<u8> {
+    build_frame(Kind::WsClosed, 0, |out| {
+        out.reserve(ID_LEN);
+        out.extend_from_slice(&id.to_le_bytes());
+        WsClosing { code: closing.code, reason: &closing.reason }.encode_payload(out);
+        Ok(())
+    })
+    .expect("a close reason is at most 123 bytes")
+}
