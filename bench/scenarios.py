@@ -508,6 +508,10 @@ DB_LOAD = Wrk(threads=2, connections=max(DB_TESTS.connections), seconds=10)
 DB_THREADS = 4
 DB_WSGI = (
     Entry("maitred", threads=DB_THREADS),
+    # Issue 47, item 9: --threads 4, as gunicorn's configuration for these sets, answers at least
+    # what one thread a worker does, since a second thread gets a request only while its worker
+    # has CPU to spare (docs/DEPLOY.md, Threads or workers).
+    Entry("maitred", options=("--threads", "1")),
     Entry("gunicorn-gthread", threads=DB_THREADS),
     Entry("granian", options=("--backpressure", str(DB_THREADS))),
     # granian as it comes: with --backpressure 4 it answers 8 connections at a time and leaves

@@ -188,6 +188,40 @@ def test_sighup_leaves_open_streams_with_the_old_workers_until_graceful_timeout(
     assert asyncio.run(asyncio.wait_for(pid_of_answer(server.port), 10)) in workers_of(server.pid, 2)
 
 
+def test_a_worker_recycled_by_max_requests_keeps_its_streams_until_graceful_timeout(
+    maitred_server: Callable[..., Server], app_dir: Path
+) -> None:
+    """Recycling (--max-requests) retires a worker as a reload does: its
+    open streams flow on until --graceful-timeout, then end cleanly, and its place is taken."""
+    grace = 3.0
+    server = maitred_server(
+        "streams:app", "-w", "1", "--max-requests", "30", "--graceful-timeout", str(grace), cwd=app_dir
+    )
+    (recycled,) = workers_of(server.pid, 1)
+
+    async def run() -> list[bytes]:
+        streams = await open_streams(server.port, 20, every=0.3)
+        # The streams count as 20 of its 30 requests.
+        for _ in range(10):
+            await pid_of_answer(server.port)
+        await asyncio.to_thread(server.wait_for_log, "retiring worker", 30)
+        retired = time.monotonic()
+        await asyncio.gather(*(reader.readuntil(b"data: 3\n\n") for reader, _ in streams))
+        assert time.monotonic() - retired < grace, "the streams were slower than the test assumes"
+        rests = await asyncio.gather(*(rest_of(reader) for reader, _ in streams))
+        assert time.monotonic() - retired >= grace - 0.5, "the streams ended before --graceful-timeout"
+        for _, writer in streams:
+            writer.close()
+        return rests
+
+    rests = asyncio.run(asyncio.wait_for(run(), 60))
+    unclean = [rest[-40:] for rest in rests if not ended_cleanly(rest)]
+    assert not unclean, f"{len(unclean)} of {len(rests)} streams were cut, not ended: {unclean[:3]}"
+    assert "ended at --graceful-timeout (its worker retired)" in server.stderr()
+    assert eventually(lambda: recycled not in workers_of(server.pid), 15), server.stderr()[-3000:]
+    assert asyncio.run(asyncio.wait_for(pid_of_answer(server.port), 10)) != recycled
+
+
 def test_sigusr2_leaves_open_streams_with_the_old_lobby_until_graceful_timeout(
     maitred_server: Callable[..., Server], app_dir: Path, tmp_path: Path
 ) -> None:

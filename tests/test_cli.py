@@ -518,7 +518,7 @@ class ZygoteProcess:
         return message.decode().split(" "), fds
 
     def spawn(self, slot: int) -> tuple[int, socket.socket]:
-        self.control.send(f"spawn {slot} 1 1 1".encode())
+        self.control.send(f"spawn {slot} 1 1".encode())
         fields, fds = self.receive()
         assert fields[:2] == ["spawned", str(slot)] and len(fds) == 1, fields
         channel = socket.socket(fileno=fds[0])
@@ -590,7 +590,7 @@ def test_zygote_gives_a_worker_a_channel_per_thread(app_dir, zygotes):
     zygote = ZygoteProcess(app_dir, "hello:app", preload=False)
     zygotes.append(zygote)
     # spawn SLOT WORKERS THREADS CONNECTIONS: a WSGI application gets a channel per thread.
-    zygote.control.send(b"spawn 0 1 3 8")
+    zygote.control.send(b"spawn 0 1 3")
     fields, fds = zygote.receive()
     assert fields[:2] == ["spawned", "0"] and len(fds) == 3, (fields, fds)
     channels = [socket.socket(fileno=fd) for fd in fds]
@@ -612,7 +612,7 @@ def test_zygote_gives_an_asgi_worker_one_channel_whatever_its_connections(app_di
     (app_dir / "hello_asgi.py").write_text("async def app(scope, receive, send):\n    pass\n")
     zygote = ZygoteProcess(app_dir, "hello_asgi:app", preload=False)
     zygotes.append(zygote)
-    zygote.control.send(b"spawn 0 1 3 8")
+    zygote.control.send(b"spawn 0 1 3")
     fields, fds = zygote.receive()
     assert fields[:2] == ["spawned", "0"] and len(fds) == 1, (fields, fds)
     (channel,) = [socket.socket(fileno=fd) for fd in fds]

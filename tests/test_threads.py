@@ -81,6 +81,43 @@ def test_a_thread_running_python_does_not_keep_its_neighbour_from_a_request(mait
     assert "wedged" not in server.stderr()
 
 
+def _in_app_of(port: int, path: str, clients: int, each: int) -> list[int]:
+    """`clients` clients at once, each sending `path` `each` times one after the other: how many
+    requests were in the application when each came, itself included."""
+    counts: list[int] = []
+
+    def client() -> None:
+        for _ in range(each):
+            reply = get(port, path, timeout=30)
+            assert reply.status == 200, reply
+            counts.append(int(reply.body.split()[3]))
+
+    running = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(60)
+    assert len(counts) == clients * each, f"{len(counts)} of {clients * each} answered"
+    return counts
+
+
+def test_a_second_thread_takes_a_request_only_while_its_worker_has_cpu_to_spare(maitred_server):
+    """Issue 47, item 9 (docs/DEPLOY.md, Threads or workers): requests that compute are run one
+    at a time by a worker of four threads, since a second would only wait for the GIL; requests
+    that wait on I/O are run four at a time."""
+    server = maitred_server("-w", "1", "--threads", "4", "threaded:app", cwd=APPS)
+    # The first answer sets the typical request's time, past four times which a request counts
+    # as slow, and its neighbours may share the GIL with it.
+    assert get(server.port, "/spin?seconds=0.02").status == 200
+    computing = _in_app_of(server.port, "/spin?seconds=0.02", clients=4, each=8)
+    alongside = sum(1 for count in computing if count > 1)
+    assert alongside <= len(computing) // 8, f"{alongside} of {len(computing)} ran beside another: {computing}"
+    # Shorter than four typical requests: only the CPU to spare lets a second thread in.
+    waiting = _in_app_of(server.port, "/sleep?seconds=0.03", clients=4, each=6)
+    assert sum(1 for count in waiting if count > 1) >= len(waiting) // 2, f"the threads were not used: {waiting}"
+    assert max(waiting) == 4, waiting
+
+
 def test_one_thread_keeps_wsgi_multithread_false(maitred_server):
     server = maitred_server("-w", "1", "threaded:app", cwd=APPS)
     assert get(server.port, "/who").body.split()[2] == b"False"

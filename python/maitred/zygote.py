@@ -235,9 +235,7 @@ class _Zygote:
         if not message:
             raise _LobbyGone()
         match _fields(message):
-            case ["spawn", slot, workers, threads, connections] if all(
-                field.isdigit() for field in (slot, workers, threads, connections)
-            ):
+            case ["spawn", slot, workers, threads] if all(field.isdigit() for field in (slot, workers, threads)):
                 self._spawn(int(slot), int(workers), int(threads))
             case ["kill", pid, number] if pid.isdigit() and number.isdigit():
                 self._kill(int(pid), int(number))

@@ -212,9 +212,13 @@ impl RequestDecoder {
         }
     }
 
-    /// Takes the complete head off the buffer and sets up for its body.
+    /// Takes the complete head off the buffer and sets up for its body. The head is copied out
+    /// rather than split off, so that it holds only its own bytes: a request is kept for as long
+    /// as its answer lasts, a stream's for hours, and a head split off the connection's read
+    /// buffer would keep the whole buffer (4 KiB at least) alive that long.
     fn start_request(&mut self, parsed: ParsedHead, buf: &mut BytesMut) -> RequestHead {
-        let head = buf.split_to(parsed.len).freeze();
+        let head = Bytes::copy_from_slice(&buf[..parsed.len]);
+        buf.advance(parsed.len);
         self.keep_alive = parsed.keep_alive;
         self.body_received = 0;
         self.state = match parsed.body {

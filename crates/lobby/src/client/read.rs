@@ -103,7 +103,15 @@ impl<S: ClientStream> Connection<S> {
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => body.push(&data, BODY_MEMORY_LIMIT, &descriptors)?,
-                Some(Event::End { .. }) => return Ok((head, origin, body)),
+                Some(Event::End { .. }) => {
+                    // Read whole: the read buffer goes while the request is answered (a stream
+                    // may last hours), unless it holds the client's next request. The wait for
+                    // that next request takes a buffer of its own anyway (`task.rs`).
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                    }
+                    return Ok((head, origin, body));
+                }
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
                     let gap_deadline = gap_started + config.header_timeout;

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::log::{debug, info_limited};
 
@@ -41,6 +41,9 @@ pub struct Seating {
     pub overload: Overload,
     /// How long a request holds a worker, typically: a moving average, in seconds.
     typical_service: Cell<Option<f64>>,
+    /// Told when a request joins the queue: the threads that wait for their worker to have CPU
+    /// to spare look again (`worker/gate.rs`).
+    joined: Notify,
 }
 
 /// A seat waiting for a request.
@@ -87,6 +90,7 @@ impl Seating {
         }
         self.overload.joined(job.enqueued_at);
         self.queue.borrow_mut().push_back(job);
+        self.joined.notify_waiters();
         false
     }
 
@@ -109,6 +113,12 @@ impl Seating {
     fn requeue(&self, job: Job) {
         self.overload.joined(job.enqueued_at);
         self.queue.borrow_mut().push_front(job);
+        self.joined.notify_waiters();
+    }
+
+    /// Resolves when a request next joins the queue.
+    pub async fn joined(&self) {
+        self.joined.notified().await;
     }
 
     /// The oldest live job, or a seat to wait on. With the queue empty, the oldest request

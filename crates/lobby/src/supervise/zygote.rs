@@ -153,8 +153,7 @@ impl Control {
     /// Asks for a worker with `threads` threads; `workers` is how many the lobby keeps serving
     /// (for the hooks' `server.num_workers`).
     pub async fn spawn(&self, slot: usize, workers: usize, settings: &Config) -> io::Result<()> {
-        let (threads, connections) = (settings.threads, settings.worker_connections);
-        self.send(format!("spawn {slot} {workers} {threads} {connections}")).await
+        self.send(format!("spawn {slot} {workers} {}", settings.threads)).await
     }
 
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {

@@ -2,7 +2,8 @@
 //! (`channel.rs`), the task that seats requests at it (`serve.rs`) and relays its answers
 //! (`relay.rs`), read from its answer ring (`answers.rs`), the seat it shares with the supervisor (`seat.rs`), its health (`health.rs`:
 //! stopped, wedged, past --timeout), recycling (`recycle.rs`) and its line on the scoreboard
-//! (`scoreboard.rs`); a worker with several threads, a seat each (`threads.rs`); an ASGI worker's
+//! (`scoreboard.rs`); a worker with several threads, a seat each (`threads.rs`), each given a
+//! request only while the worker has CPU to spare (`gate.rs`); an ASGI worker's
 //! one channel, carrying any number of requests at once (`mux.rs`), and each of its requests'
 //! relay, an accepted WebSocket's messages both ways included (`stream.rs`).
 //!
@@ -12,6 +13,7 @@
 
 mod answers;
 pub(crate) mod channel;
+mod gate;
 pub(crate) mod health;
 mod mux;
 pub(crate) mod recycle;

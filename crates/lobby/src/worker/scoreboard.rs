@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use maitred_shm::LoopBeat;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// What the supervisor wants of a worker; the worker's task follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +158,9 @@ pub struct Card {
     beat_seen: Cell<(u64, Instant)>,
     /// When one of its threads last answered.
     answered_at: Cell<Option<Instant>>,
+    /// Told when one of its threads has answered: its idle threads waiting for it to have CPU to
+    /// spare look again (`gate.rs`).
+    answered: Notify,
 }
 
 impl Card {
@@ -176,6 +179,7 @@ impl Card {
             requests: RefCell::default(),
             loop_beat: RefCell::default(),
             beat_seen: Cell::new((0, Instant::now())),
+            answered: Notify::new(),
             answered_at: Cell::new(None),
         }
     }
@@ -228,8 +232,17 @@ impl Card {
 
     /// Thread `thread` has answered.
     pub fn end(&self, thread: usize) {
-        self.threads.borrow_mut()[thread] = None;
+        let mut threads = self.threads.borrow_mut();
+        threads[thread] = None;
         self.answered_at.set(Some(Instant::now()));
+        if threads.len() > 1 {
+            self.answered.notify_waiters();
+        }
+    }
+
+    /// Resolves when one of its threads next answers.
+    pub async fn answered(&self) {
+        self.answered.notified().await;
     }
 
     /// How late an ASGI worker's event loop is now: the last heartbeat's lag, or, when no beat

@@ -1,7 +1,8 @@
 //! A seat's task: seats requests at one thread of a worker (its only one, or one of its
 //! `--threads`: `threads.rs`), one after the other, through the slots of that thread's shared
 //! region, until the worker goes away or is retired; offers it the next queued requests while
-//! it is busy (docs/DESIGN.md, "Offers keep busy workers busy").
+//! it is busy (docs/DESIGN.md, "Offers keep busy workers busy"). A thread of several looks for
+//! a request only while its worker has CPU to spare (`gate.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -13,6 +14,7 @@ use maitred_wire::{FrameHeader, Kind, FLAG_FD};
 use tokio::sync::watch;
 
 use super::channel::Channel;
+use super::gate::{self, CpuShare};
 use super::health::{self, ProcStat};
 use super::recycle::Recycle;
 use super::relay::{fail, relay_response, Lost, Unread};
@@ -26,7 +28,7 @@ use crate::seating::Next;
 
 /// Seats jobs at one thread of this worker, through that thread's channel, until the worker
 /// goes away or is retired (docs/PROTOCOL.md, section 4). A worker held by `seat` waits, idle,
-/// until it may serve.
+/// until it may serve. `cpu`, for a worker of several threads, is what they share of its CPU.
 pub async fn serve(
     lobby: Rc<Lobby>,
     pid: i32,
@@ -34,6 +36,7 @@ pub async fn serve(
     recycle: Rc<Recycle>,
     seat: Rc<Seat>,
     thread: Thread,
+    cpu: Option<Rc<CpuShare>>,
 ) -> Gone {
     // Made as soon as the worker is ready, held or not: the workers held at the start have all
     // their descriptors open before the server says it serves.
@@ -44,7 +47,7 @@ pub async fn serve(
     seat.offers.borrow_mut().push(offers.clone());
     lobby.seating.add_offers(offers.clone());
     recycle.begin();
-    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread };
+    let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread, cpu: cpu.as_deref() };
     let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
     lobby.seating.remove_offers(&offers);
     seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
@@ -52,13 +55,14 @@ pub async fn serve(
 }
 
 /// The thread of a worker that a seat's task serves, and what it shares with the worker's
-/// other threads: its card and its recycling.
+/// other threads: its card, its recycling and, of several threads, its CPU.
 #[derive(Clone, Copy)]
 struct WorkerThread<'a> {
     pid: i32,
     card: &'a Card,
     recycle: &'a Recycle,
     thread: Thread,
+    cpu: Option<&'a CpuShare>,
 }
 
 async fn seat_jobs(
@@ -68,7 +72,7 @@ async fn seat_jobs(
     offers: &Rc<Offers>,
     phase: &mut watch::Receiver<Phase>,
 ) -> Gone {
-    let WorkerThread { pid, card, recycle, thread } = *worker;
+    let WorkerThread { pid, card, recycle, thread, cpu } = *worker;
     // Recycled: it answers what it has taken from its slots, and takes nothing more.
     let mut recycled = false;
     let stat = ProcStat::open(pid);
@@ -79,6 +83,11 @@ async fn seat_jobs(
             None => {
                 if recycled || *phase.borrow() == Phase::Retire {
                     return Gone::Retired;
+                }
+                if let Some(cpu) = cpu {
+                    if let Err(gone) = until_cpu_to_spare(lobby, card, cpu, channel, phase).await {
+                        return gone;
+                    }
                 }
                 // Whether this seat waited for a request.
                 let mut seat_waited = false;
@@ -123,6 +132,14 @@ async fn seat_jobs(
                 };
                 if job.state.get() != JobState::Queued {
                     continue;
+                }
+                // Handed over while this thread waited: its other threads may have begun
+                // requests that use the worker's CPU since.
+                if let Some(cpu) = cpu.filter(|_| seat_waited) {
+                    if gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) != Some(true) {
+                        lobby.seating.return_unstarted(job);
+                        continue;
+                    }
                 }
                 // A worker idle for a while may have been stopped meanwhile; one that has just
                 // answered, on this seat or another of its own, was running then, and is not
@@ -172,6 +189,34 @@ async fn seat_jobs(
             lobby.seating.requeue_front(offers.recall_until(|_| false));
         }
     }
+}
+
+/// Waits while this idle thread's worker has no CPU to spare for another request (`gate.rs`):
+/// looks again when a request is queued, when one of its threads answers, and every
+/// `gate::LOOK_AGAIN` while a request waits. Err when the worker retires or is lost meanwhile.
+async fn until_cpu_to_spare(
+    lobby: &Lobby,
+    card: &Card,
+    cpu: &CpuShare,
+    channel: &mut Channel,
+    phase: &mut watch::Receiver<Phase>,
+) -> Result<(), Gone> {
+    while gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) != Some(true) {
+        let look_again = async {
+            if lobby.seating.waiting() > 0 {
+                tokio::time::sleep(gate::LOOK_AGAIN).await;
+            } else {
+                lobby.seating.joined().await;
+            }
+        };
+        tokio::select! {
+            () = look_again => {}
+            () = card.answered() => {}
+            _ = phase.wait_for(|phase| *phase == Phase::Retire) => return Err(Gone::Retired),
+            _ = channel.closed_while_idle() => return Err(Gone::Lost(ExitReason::Crash, idle_loss(channel).await)),
+        }
+    }
+    Ok(())
 }
 
 /// Sends the worker its shared region, made with `made`, and its bells on `channel`, then

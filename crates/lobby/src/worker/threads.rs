@@ -10,6 +10,7 @@ use std::rc::Rc;
 use tokio::task::JoinSet;
 
 use super::channel::Channel;
+use super::gate::CpuShare;
 use super::health;
 use super::mux;
 use super::recycle::Recycle;
@@ -64,12 +65,16 @@ pub async fn serve_worker(
     }
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }).await;
+        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }, None).await;
     }
+    // Its threads take requests only while it has CPU to spare (`gate.rs`).
+    let cpu = Rc::new(CpuShare::new(pid));
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
         let thread = Thread { number, sole: false };
-        seats.spawn_local(serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread));
+        let serving =
+            serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread, Some(cpu.clone()));
+        seats.spawn_local(serving);
     }
     let mut first_loss: Option<Gone> = None;
     while let Some(ended) = seats.join_next().await {
