@@ -46,7 +46,7 @@ SLOTS, SLOT_SIZE, RING_SIZE = 3, 64 * 1024, 64 * 1024
 HEADER_BLOCK, SLOT_HEADER = 4096, 64
 LOBBY_WAITING_AT, WORKER_WAITING_AT, RING_HEAD_AT, RING_TAIL_AT = 64, 128, 192, 256
 PADDING_ID = 0xFFFFFFFF
-EMPTY, QUEUED, TAKEN, STATE_BITS = 0, 1, 2, 3
+EMPTY, QUEUED, TAKEN, RELEASED, STATE_BITS = 0, 1, 2, 3, 3
 
 TIMEOUT = 10.0
 
@@ -569,12 +569,12 @@ class LobbyRegion:
     def queue(self, data: bytes) -> int:
         """Writes `data` into a free slot, the oldest in order, and rings the bell (always: the
         worker takes a bell it did not ask for as one more look); returns its request id. A slot
-        the worker has taken counts as free: the tests read each answer before queueing more
-        than the slots hold."""
+        the worker has taken (and released, once it copied the request out) counts as free: the
+        tests read each answer before queueing more than the slots hold."""
         assert len(data) <= SLOT_SIZE - SLOT_HEADER
         slot = next((s for s in range(SLOTS) if self.state(s) == EMPTY), None)
         if slot is None:
-            slot = next(s for s in range(SLOTS) if self.state(s) == TAKEN)
+            slot = next(s for s in range(SLOTS) if self.state(s) in (TAKEN, RELEASED))
         request_id, self.next_id = self.next_id, self.next_id + 1
         at = HEADER_BLOCK + slot * SLOT_SIZE
         struct.pack_into("<IIIIQ", self.map, at, EMPTY, len(data), request_id, 0, request_id)

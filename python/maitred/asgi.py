@@ -100,20 +100,12 @@ class _Mux:
             # News first: a look at the channel takes back the flag that says the worker sleeps,
             # which the look for requests then sets again when none is queued.
             told, closed = self.channel.route()
-            self.take(channel_readable)
-            # The look for a request on the channel may have read the rest of a frame of news
-            # (a large WS_MESSAGE) that the socket no longer shows as readable: sorted now.
-            more, closed = self.channel.route_after_take()
-            told += more
+            more, closed = self._take(channel_readable)
         except ChannelError as error:
             self.worker.broken(error)
             return
+        self._tell(told + more)
         requests = self.requests
-        for request_id in told:
-            request = requests.get(request_id)
-            if request is not None:
-                request.heard()
-                request.tell()
         # Room in the ring (the bell) is news to every request with frames waiting.
         if self.channel.backlogged or not channel_readable:
             for request in requests.values():
@@ -123,8 +115,25 @@ class _Mux:
             if not requests:
                 self.worker.channel_closed()
 
-    def take(self, channel_readable: bool = False) -> None:
-        """Takes every request the lobby has queued, and starts a task for each."""
+    def take(self) -> None:
+        """Takes every request the lobby has queued, starts a task for each, and tells the
+        requests in progress the news the look read off the channel."""
+        told, _closed = self._take(False)
+        self._tell(told)
+
+    def _tell(self, told: list[int]) -> None:
+        requests = self.requests
+        for request_id in told:
+            request = requests.get(request_id)
+            if request is not None:
+                request.heard()
+                request.tell()
+
+    def _take(self, channel_readable: bool) -> tuple[list[int], bool]:
+        """Takes every request the lobby has queued, and starts a task for each. The look for a
+        request on the channel may have read news (the rest of a large WS_MESSAGE, which the
+        socket no longer shows as readable): the ids it is for, sorted, and whether the lobby
+        has closed the channel."""
         channel = self.channel
         while True:
             taken = channel.receive_scope(self.worker.state, channel_readable)
@@ -132,7 +141,7 @@ class _Mux:
             if self._bell is None:
                 self._watch_bell()
             if taken is None:
-                return
+                return channel.route_after_take()
             scope, body, native = taken
             request: Request = (
                 WebSocketRequest(self, scope, native)
