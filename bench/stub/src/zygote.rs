@@ -140,7 +140,7 @@ fn obey(
     match fields.as_slice() {
         // A channel per thread; the stub's WebSocket echo stands for an ASGI worker, which has
         // one channel whatever its --worker-connections (docs/PROTOCOL.md, section 4).
-        ["spawn", slot, _workers, threads, _connections] if slot.parse::<usize>().is_ok() => {
+        ["spawn", slot, _workers, threads] if slot.parse::<usize>().is_ok() => {
             let threads = if echo { 1 } else { threads.parse::<usize>().unwrap_or(1).max(1) };
             let (worker, lobby_ends) = match spawn(program, threads, echo) {
                 Ok(spawned) => spawned,

@@ -62,6 +62,11 @@ impl ProcStat {
         ProcStat(File::open(format!("/proc/{pid}/stat")).ok())
     }
 
+    /// The stat of thread `thread` of process `pid`: its state is the thread's own.
+    pub fn of_thread(pid: i32, thread: i32) -> ProcStat {
+        ProcStat(File::open(format!("/proc/{pid}/task/{thread}/stat")).ok())
+    }
+
     /// The state letter (`R`, `S`, `D`, `T` stopped, `t` stopped by a tracer, `Z`…), or None
     /// when it cannot be read (the process is gone, or there is no /proc).
     pub fn state(&self) -> Option<u8> {

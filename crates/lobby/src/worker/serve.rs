@@ -14,7 +14,7 @@ use maitred_wire::{FrameHeader, Kind, FLAG_FD};
 use tokio::sync::watch;
 
 use super::channel::Channel;
-use super::gate::{self, CpuShare};
+use super::gate::{self, CpuDemand};
 use super::health::{self, ProcStat};
 use super::recycle::Recycle;
 use super::relay::{fail, relay_response, Lost, Unread};
@@ -36,7 +36,7 @@ pub async fn serve(
     recycle: Rc<Recycle>,
     seat: Rc<Seat>,
     thread: Thread,
-    cpu: Option<Rc<CpuShare>>,
+    cpu: Option<Rc<CpuDemand>>,
 ) -> Gone {
     // Made as soon as the worker is ready, held or not: the workers held at the start have all
     // their descriptors open before the server says it serves.
@@ -62,7 +62,7 @@ struct WorkerThread<'a> {
     card: &'a Card,
     recycle: &'a Recycle,
     thread: Thread,
-    cpu: Option<&'a CpuShare>,
+    cpu: Option<&'a CpuDemand>,
 }
 
 async fn seat_jobs(
@@ -136,7 +136,7 @@ async fn seat_jobs(
                 // Handed over while this thread waited: its other threads may have begun
                 // requests that use the worker's CPU since.
                 if let Some(cpu) = cpu.filter(|_| seat_waited) {
-                    if gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) != Some(true) {
+                    if !gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) {
                         lobby.seating.return_unstarted(job);
                         continue;
                     }
@@ -197,11 +197,11 @@ async fn seat_jobs(
 async fn until_cpu_to_spare(
     lobby: &Lobby,
     card: &Card,
-    cpu: &CpuShare,
+    cpu: &CpuDemand,
     channel: &mut Channel,
     phase: &mut watch::Receiver<Phase>,
 ) -> Result<(), Gone> {
-    while gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) != Some(true) {
+    while !gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) {
         let look_again = async {
             if lobby.seating.waiting() > 0 {
                 tokio::time::sleep(gate::LOOK_AGAIN).await;

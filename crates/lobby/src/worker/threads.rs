@@ -10,7 +10,7 @@ use std::rc::Rc;
 use tokio::task::JoinSet;
 
 use super::channel::Channel;
-use super::gate::CpuShare;
+use super::gate::CpuDemand;
 use super::health;
 use super::mux;
 use super::recycle::Recycle;
@@ -68,7 +68,7 @@ pub async fn serve_worker(
         return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }, None).await;
     }
     // Its threads take requests only while it has CPU to spare (`gate.rs`).
-    let cpu = Rc::new(CpuShare::new(pid));
+    let cpu = Rc::new(CpuDemand::new(pid));
     let mut seats = JoinSet::new();
     for (number, channel) in opened.into_iter().enumerate() {
         let thread = Thread { number, sole: false };
