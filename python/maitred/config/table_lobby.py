@@ -26,6 +26,7 @@ from maitred.config.values import (
     _secure_scheme_headers_value,
     _stats_address,
     _whole_number,
+    _workers,
     one_of,
     seconds,
     seconds_off_or_at_least,
@@ -88,9 +89,10 @@ ROWS: tuple[Setting, ...] = (
         "workers",
         ("-w", "--workers"),
         "INT",
-        _whole_number(1),
+        _workers,
         1,
-        "Number of worker processes running the application.",
+        "Number of worker processes running the application, or auto: one per CPU the container may "
+        "use (its cgroup's CPU quota rounded up, else the affinity mask; docs/DEPLOY.md, Containers).",
     ),
     Setting(
         "workers",
