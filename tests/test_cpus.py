@@ -16,7 +16,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-
 from client import get
 from conftest import workers_of
 from maitred import cpus
@@ -57,9 +56,7 @@ V1_MOUNTINFO = """\
 
 def test_the_cgroups_directories_come_from_proc_self_cgroup_and_mountinfo():
     v2 = cpus.cgroup_directories("0::/system.slice/app.service\n", V2_MOUNTINFO)
-    assert v2 == [
-        cpus.CgroupDirectory(2, Path("/sys/fs/cgroup/system.slice/app.service"), Path("/sys/fs/cgroup"))
-    ]
+    assert v2 == [cpus.CgroupDirectory(2, Path("/sys/fs/cgroup/system.slice/app.service"), Path("/sys/fs/cgroup"))]
     # A v1 mount whose root is a cgroup of its own (a container's view): the path is below it.
     v1 = cpus.cgroup_directories("4:memory:/kubepods/pod1\n3:cpu,cpuacct:/kubepods/pod1\n", V1_MOUNTINFO)
     assert v1 == [cpus.CgroupDirectory(1, Path("/sys/fs/cgroup/cpu,cpuacct/pod1"), Path("/sys/fs/cgroup/cpu,cpuacct"))]
