@@ -47,10 +47,11 @@ class _IgnoredGunicornFlag(argparse.Action):
     """A gunicorn flag that maitred ignores, as a config file's setting of it is: taken (with its
     value, if it has one) and named in a warning, unless its value asks for nothing more."""
 
-    def __init__(self, option_strings: list[str], dest: str, theirs: gunicorn.GunicornSetting) -> None:
-        super().__init__(
-            option_strings, dest, nargs=0 if theirs.flag_sets is not None else None, help=argparse.SUPPRESS
-        )
+    def __init__(
+        self, option_strings: list[str], dest: str, theirs: gunicorn.GunicornSetting, default: object = None
+    ) -> None:
+        nargs = 0 if theirs.flag_sets is not None else None
+        super().__init__(option_strings, dest, nargs=nargs, default=default, help=argparse.SUPPRESS)
         self.theirs = theirs
 
     def __call__(
