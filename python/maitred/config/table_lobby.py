@@ -45,10 +45,9 @@ ROWS: tuple[Setting, ...] = (
         "ADDRESS",
         _bind_address,
         ("127.0.0.1:8000",),
-        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
-        "listening socket); with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). "
-        "Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
-        "docs/SYSTEMD.md) the sockets passed are served instead.",
+        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited listening socket); "
+        "with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). Repeat the flag to listen "
+        "on several. Under socket activation (LISTEN_FDS, docs/SYSTEMD.md) the sockets passed are served instead.",
         repeatable=True,
     ),
     Setting(
@@ -91,8 +90,7 @@ ROWS: tuple[Setting, ...] = (
         "INT",
         _workers,
         1,
-        "Number of worker processes running the application, or auto: one per CPU the container may "
-        "use (its cgroup's CPU quota rounded up, else the affinity mask; docs/DEPLOY.md, Containers).",
+        "Number of worker processes, or auto: one per CPU of the cgroup's quota (docs/DEPLOY.md, Containers).",
     ),
     Setting(
         "workers",
