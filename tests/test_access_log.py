@@ -4,6 +4,7 @@ docs/LIMITS.md ("The access log's format") describes each atom."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import signal
@@ -186,3 +187,45 @@ def test_sighup_takes_the_config_files_new_format(maitred_server, app_dir):
     request(server, b"GET /two HTTP/1.1\r\nHost: test\r\n\r\n")
     assert lines(access_log, 2) == ["first 200 /one", "second GET test"]
     assert server.stop() == 0
+
+
+CLOCKS_APP = """\
+import os
+
+
+def app(environ, start_response):
+    environ["wsgi.errors"].write(f"wsgi.errors from {os.getpid()}\\n")
+    print(f"printed by {os.getpid()}", flush=True)
+    body = f"{os.getpid()}\\n".encode()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+"""
+
+STAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) ([+-]\d{4})\] \[(\d+)\] ", re.MULTILINE)
+
+
+def test_one_clock_for_every_process_under_a_time_zone_not_utc(maitred_server, app_dir):
+    """UTC, +0000, for the lobby's lines, the zygote's, the workers' and the access log's, on a
+    host whose TZ is Asia/Tokyo (+0900, no daylight saving): one log, one clock."""
+    (app_dir / "clocks.py").write_text(CLOCKS_APP)
+    access_log = app_dir / "access.log"
+    server = maitred_server(
+        *("--access-logfile", str(access_log), "--log-level", "debug", "clocks:app"),
+        cwd=app_dir,
+        env={"TZ": "Asia/Tokyo"},
+    )
+    before = datetime.datetime.now(datetime.timezone.utc)
+    worker = request(server)
+    log = server.wait_for_log(f"[{worker}] [INFO] [app] printed by {worker}", timeout=10)
+    log = server.wait_for_log(f"wsgi.errors from {worker}", timeout=10)
+    stamps = STAMP.findall(log)
+    writers = {int(pid) for _, _, pid in stamps}
+    assert {server.pid, worker} <= writers, log
+    for written, offset, pid in stamps:
+        assert offset == "+0000", f"process {pid} wrote {written} {offset}:\n{log}"
+        when = datetime.datetime.strptime(written, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        assert abs(when - before) < datetime.timedelta(minutes=5), f"process {pid} wrote {written}, not UTC"
+    (line,) = lines(access_log, 1)
+    assert re.search(TIME, line), line
+    stamped = datetime.datetime.strptime(re.search(TIME, line).group(0), "[%d/%b/%Y:%H:%M:%S +0000]")
+    assert abs(stamped.replace(tzinfo=datetime.timezone.utc) - before) < datetime.timedelta(minutes=5)

@@ -52,6 +52,16 @@ def test_the_applications_lines_are_marked_whole_and_in_order(maitred_server):
     assert f"[{pid}] [INFO] [app] error line from {pid} {'x' * 500}\n" in log
 
 
+def test_a_printed_line_reaches_the_log_while_its_worker_lives(maitred_server, monkeypatch):
+    # Python block-buffers standard output that is a pipe, as a container's is: unflushed, the
+    # line would wait in the worker until it exits. Not PYTHONUNBUFFERED: maitred's own doing.
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    server = maitred_server("-w", "1", "chatty:app", cwd=APPS)
+    pid = get(server.port, "/say").pid
+    server.wait_for_log(f"[{pid}] [INFO] [app] said by {pid}, unflushed", timeout=2)
+    assert get(server.port, "/").pid == pid  # the same worker, still serving
+
+
 def test_a_crashing_workers_last_words_are_kept(maitred_server):
     server = maitred_server("-w", "1", "chatty:app", cwd=APPS)
     pid = get(server.port, "/").pid

@@ -119,7 +119,7 @@ BAD_CONFIG_FILES = {
         "def ssl_context(conf, default):\n    return default()\n",
         ["ssl_context cannot be honoured", "rustls"],
     ),
-    "bad value": ("workers = 0\n", ["workers: expected a whole number of at least 1, got '0'"]),
+    "bad value": ("workers = 0\n", ["workers: expected a whole number of at least 1, or auto, got '0'"]),
     "wrong type": ("workers = [2]\n", ["workers:", "list"]),
     "bool for a number": ("timeout = True\n", ["timeout:", "True"]),
     "bad bind in a list": ("bind = ['127.0.0.1:80', 'nowhere:port']\n", ["bind:", "'port'"]),

@@ -85,10 +85,6 @@ BAD_ENVIRONMENTS = {
     "unknown option": ({config.CMD_ARGS_VARIABLE: "--wrokers 2"}, [config.CMD_ARGS_VARIABLE, "'--wrokers'"]),
     "bad value": ({config.CMD_ARGS_VARIABLE: "-w 0"}, [config.CMD_ARGS_VARIABLE, "-w/--workers"]),
     "an application": ({config.CMD_ARGS_VARIABLE: "other:app"}, [config.CMD_ARGS_VARIABLE, "'other:app'"]),
-    "a gunicorn worker class": (
-        {config.CMD_ARGS_VARIABLE: "-k gevent"},
-        ["'-k'", "worker_class is not supported", "maitred's workers are its own"],
-    ),
 }
 
 
@@ -294,6 +290,43 @@ def test_every_gunicorn_setting_is_classified_consistently():
             assert setting.target == "app" or setting.target in config.BY_NAME
         if setting.verdict in (gunicorn.Verdict.IGNORED, gunicorn.Verdict.REFUSED, gunicorn.Verdict.HOOK):
             assert setting.why, f"{setting.name}: no reason given"
+
+
+def test_gunicorn_flags_maitred_ignores_are_taken_with_a_warning(maitred_server, tmp_path):
+    """gunicorn's Docker advice, --worker-tmp-dir /dev/shm, and the other flags of settings a
+    config file gets a warning for: the command line and MAITRED_CMD_ARGS get the same."""
+    (tmp_path / "hello.py").write_text(GREETER)
+    server = maitred_server(
+        *("--worker-tmp-dir", "/dev/shm", "-k", "sync", "--daemon", "hello:app"),
+        cwd=tmp_path,
+        env={config.CMD_ARGS_VARIABLE: "--reuse-port"},
+    )
+    log = server.wait_for_log("--reuse-port (gunicorn's reuse_port) is ignored", timeout=10)
+    warnings = [
+        line.split("[WARNING] ", 1)[1] for line in log.splitlines() if "[WARNING] " in line and "gunicorn's" in line
+    ]
+    reuse_port = gunicorn.BY_NAME["reuse_port"].why
+    tmp_dir = gunicorn.BY_NAME["worker_tmp_dir"].why
+    daemon = gunicorn.BY_NAME["daemon"].why
+    assert warnings == [
+        f"MAITRED_CMD_ARGS: --reuse-port (gunicorn's reuse_port) is ignored: {reuse_port}",
+        f"command line: --worker-tmp-dir (gunicorn's worker_tmp_dir) is ignored: {tmp_dir}",
+        f"command line: --daemon (gunicorn's daemon) is ignored: {daemon}",
+    ], log
+    assert "keep no heartbeat file" in tmp_dir
+    assert requests.get(f"http://{HOST}:{server.port}/", timeout=10).status_code == 200
+
+
+def test_every_gunicorn_flag_maitred_ignores_is_taken_on_the_command_line(clean_environment):
+    for theirs in gunicorn.IGNORED_WITH_FLAGS:
+        for flag in theirs.flags:
+            words = [flag] if theirs.flag_sets is not None else [flag, "something maitred does not do"]
+            given = theirs.flag_sets if theirs.flag_sets is not None else words[1]
+            warnings = config.resolve([*words, "hello:app"])[config.WARNINGS]
+            expected = f"command line: {flag} (gunicorn's {theirs.name}) is ignored: {theirs.why}"
+            assert warnings == ([] if gunicorn.asks_nothing_more(theirs, given) else [expected]), flag
+    # A value that asks for nothing more is taken silently, as in a config file.
+    assert config.resolve(["-k", "sync", "--reload-engine", "auto", "hello:app"])[config.WARNINGS] == []
 
 
 def test_gunicorn_md_migration_table_matches_the_table():

@@ -7,9 +7,11 @@ import os
 wsgi_app = os.environ.get("APP", "mysite.wsgi:application")
 
 # Behind nginx on the same machine: a Unix socket, or 127.0.0.1. WEB_CONCURRENCY, when set,
-# gives the worker count (as on Heroku and most platforms), else twice the cores.
+# gives the worker count (as on Heroku and most platforms), else "auto": one per CPU maitred may
+# use, its cgroup's CPU quota or affinity mask, not os.cpu_count()'s cores of the whole host.
+# For an application that mostly waits on its database, give a larger number.
 bind = [os.environ.get("BIND", "unix:/run/maitred/maitred.sock")]
-workers = int(os.environ.get("WEB_CONCURRENCY", 2 * os.cpu_count()))
+workers = os.environ.get("WEB_CONCURRENCY", "auto")
 
 # nginx on this machine is the only proxy whose X-Forwarded-For and X-Forwarded-Proto count
 # (a Unix socket peer is trusted as it is): REMOTE_ADDR and wsgi.url_scheme are the client's.

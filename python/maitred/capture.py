@@ -3,7 +3,8 @@ forwards what comes through it to the error log as the application's lines (docs
 "The application's output").
 
 `print()`, `logging.StreamHandler()` and C extensions writing to descriptor 2 then never wait
-for the log: the zygote takes their bytes as they come and writes each line through the
+for the log, and a print()ed line reaches it as soon as it ends (standard output is made line
+buffered): the zygote takes their bytes as they come and writes each line through the
 non-blocking path (`log.AppLines`), which drops and counts lines when the log is not read. The
 lines of one worker keep their order, and are never cut in the middle by another's.
 
@@ -15,6 +16,7 @@ worker, and the stack the worker writes at `--timeout` comes after whatever it w
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -59,6 +61,12 @@ def redirect(pipe: int) -> None:
     os.dup2(pipe, 1)
     os.dup2(pipe, 2)
     os.close(pipe)
+    # Python block-buffers standard output that is not a terminal, as this pipe is not (nor is a
+    # container's standard output): a print()ed line would wait in the worker for 8 KiB more, or
+    # for its exit. Line buffering writes each line when it ends, one system call a line (what
+    # standard error already does), without PYTHONUNBUFFERED's one a write.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
 
 
 class Output:

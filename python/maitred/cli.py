@@ -70,6 +70,10 @@ def run(argv: Sequence[str]) -> int:
     assert isinstance(warnings, list)
     for warning in warnings:
         log.log("warning", warning)
+    notes = settings[config.NOTES]
+    assert isinstance(notes, list)
+    for note in notes:
+        log.log("info", note)
     pid_file = settings["pid"]
     upgrade = {
         "command": succession.command(),

@@ -6,17 +6,19 @@ document is what it makes). The list is gunicorn's settings reference
 (docs/content/reference/settings.md in benoitc/gunicorn, release 26.1), which includes every
 setting of the releases before it.
 
-A row's `verdict` says what a gunicorn config file renamed to maitred.conf.py gets:
+A row's `verdict` says what a gunicorn config file renamed to maitred.conf.py gets, and what
+gunicorn's flags for it get on maitred's command line and in MAITRED_CMD_ARGS:
 
 - SAME: maitred has a setting of this name and meaning.
 - MAPPED: maitred has it under another name (`target`); the gunicorn name is accepted too.
 - HOOK: a server hook, described in docs/HOOKS.md.
-- IGNORED: maitred cannot honour it; the config file is read, and one warning line names the
-  setting and why, unless its value is one of `harmless` (it asks for nothing maitred does not
-  already do).
+- IGNORED: maitred cannot honour it; the config file or command line is read, and one warning
+  line names the setting and why, unless its value is one of `harmless` (it asks for nothing
+  maitred does not already do). gunicorn's Docker advice, `--worker-tmp-dir /dev/shm`, must not
+  stop a container that was started with it.
 - REFUSED: honouring it silently wrong would be dangerous (traffic the operator believes
-  encrypted or authenticated would not be); a config file that turns it on is refused with the
-  reason.
+  encrypted or authenticated would not be); a config file or flag that turns it on is refused
+  with the reason.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class GunicornSetting:
     """For IGNORED and REFUSED: values that ask for nothing maitred does not do anyway."""
     target: str | None = None
     """For MAPPED: maitred's name."""
+    flag_sets: object = None
+    """For flags that take no value on gunicorn's command line (`--daemon`, `--no-sendfile`): the
+    value giving one sets. None: the flags take a value, as most do."""
 
 
 _SAME = Verdict.SAME
@@ -74,13 +79,18 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "reload_engine", ("--reload-engine",), _IGNORED, "--reload always watches with inotify (watchfiles)", ("auto",)
     ),
     GunicornSetting("reload_extra_files", ("--reload-extra-file",), _SAME),
-    GunicornSetting("spew", ("--spew",), _IGNORED, "no tracing of every line executed", _OFF),
+    GunicornSetting("spew", ("--spew",), _IGNORED, "no tracing of every line executed", _OFF, flag_sets=True),
     GunicornSetting("check_config", ("--check-config",), _SAME),
     GunicornSetting("print_config", ("--print-config",), _SAME),
     # Logging
     GunicornSetting("accesslog", ("--access-logfile",), _MAPPED, target="access_logfile"),
     GunicornSetting(
-        "disable_redirect_access_to_syslog", ("--disable-redirect-access-to-syslog",), _IGNORED, _SYSLOG, _OFF
+        "disable_redirect_access_to_syslog",
+        ("--disable-redirect-access-to-syslog",),
+        _IGNORED,
+        _SYSLOG,
+        _OFF,
+        flag_sets=True,
     ),
     GunicornSetting("access_log_format", ("--access-logformat",), _SAME),
     GunicornSetting("errorlog", ("--error-logfile", "--log-file"), _MAPPED, target="error_logfile"),
@@ -91,7 +101,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
     GunicornSetting("logconfig_dict", (), _IGNORED, _LOGGING, _OFF),
     GunicornSetting("logconfig_json", ("--log-config-json",), _IGNORED, _LOGGING, _OFF),
     GunicornSetting("syslog_addr", ("--log-syslog-to",), _IGNORED, _SYSLOG),
-    GunicornSetting("syslog", ("--log-syslog",), _IGNORED, _SYSLOG, _OFF),
+    GunicornSetting("syslog", ("--log-syslog",), _IGNORED, _SYSLOG, _OFF, flag_sets=True),
     GunicornSetting("syslog_prefix", ("--log-syslog-prefix",), _IGNORED, _SYSLOG, _OFF),
     GunicornSetting("syslog_facility", ("--log-syslog-facility",), _IGNORED, _SYSLOG, ("user",)),
     GunicornSetting(
@@ -100,6 +110,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "maitred does not daemonize, so standard streams are always inherited",
         _OFF,
+        flag_sets=True,
     ),
     GunicornSetting("statsd_host", ("--statsd-host",), _IGNORED, _STATSD, _OFF),
     GunicornSetting("dogstatsd_tags", ("--dogstatsd-tags",), _IGNORED, _STATSD, _OFF),
@@ -110,6 +121,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "the queue's length is always at --stats (maitred_queue_length)",
         _OFF,
+        flag_sets=True,
     ),
     # Process naming
     GunicornSetting("proc_name", ("-n", "--name"), _IGNORED, "maitred does not rename its processes", _OFF),
@@ -135,6 +147,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         "a client's close without close_notify always ends its connection quietly: HTTP/1.1's framing "
         "tells a cut answer",
         (True,),
+        flag_sets=True,
     ),
     GunicornSetting(
         "do_handshake_on_connect",
@@ -142,6 +155,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "the lobby always finishes the handshake first, within --header-timeout, away from the workers",
         (True, False),
+        flag_sets=True,
     ),
     GunicornSetting("ciphers", ("--ciphers",), _SAME),
     GunicornSetting(
@@ -184,6 +198,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "the lobby always sends wsgi.file_wrapper files with sendfile()",
         (None, True),
+        flag_sets=False,
     ),
     GunicornSetting(
         "reuse_port",
@@ -191,6 +206,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "one lobby owns each address; a binary upgrade (SIGUSR2) hands its sockets over",
         _OFF,
+        flag_sets=True,
     ),
     GunicornSetting("chdir", ("--chdir",), _SAME),
     GunicornSetting(
@@ -199,6 +215,7 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
         _IGNORED,
         "maitred does not daemonize: run it under a service manager (docs/SYSTEMD.md)",
         _OFF,
+        flag_sets=True,
     ),
     GunicornSetting("raw_env", ("-e", "--env"), _MAPPED, target="env"),
     GunicornSetting("pidfile", ("-p", "--pid"), _MAPPED, target="pid"),
@@ -233,15 +250,25 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
     GunicornSetting("proxy_allow_ips", ("--proxy-allow-from",), _SAME),
     GunicornSetting("protocol", ("--protocol",), _IGNORED, "maitred speaks HTTP only, not uwsgi", ("http",)),
     GunicornSetting("uwsgi_allow_ips", ("--uwsgi-allow-from",), _IGNORED, "maitred speaks HTTP only, not uwsgi"),
-    GunicornSetting("permit_obsolete_folding", ("--permit-obsolete-folding",), _IGNORED, _PARSER, _OFF),
-    GunicornSetting("strip_header_spaces", ("--strip-header-spaces",), _IGNORED, _PARSER, _OFF),
+    GunicornSetting("permit_obsolete_folding", ("--permit-obsolete-folding",), _IGNORED, _PARSER, _OFF, flag_sets=True),
+    GunicornSetting("strip_header_spaces", ("--strip-header-spaces",), _IGNORED, _PARSER, _OFF, flag_sets=True),
     GunicornSetting(
-        "permit_unconventional_http_method", ("--permit-unconventional-http-method",), _IGNORED, _PARSER, _OFF
+        "permit_unconventional_http_method",
+        ("--permit-unconventional-http-method",),
+        _IGNORED,
+        _PARSER,
+        _OFF,
+        flag_sets=True,
     ),
     GunicornSetting(
-        "permit_unconventional_http_version", ("--permit-unconventional-http-version",), _IGNORED, _PARSER, _OFF
+        "permit_unconventional_http_version",
+        ("--permit-unconventional-http-version",),
+        _IGNORED,
+        _PARSER,
+        _OFF,
+        flag_sets=True,
     ),
-    GunicornSetting("casefold_http_method", ("--casefold-http-method",), _IGNORED, _PARSER, _OFF),
+    GunicornSetting("casefold_http_method", ("--casefold-http-method",), _IGNORED, _PARSER, _OFF, flag_sets=True),
     GunicornSetting(
         "forwarder_headers",
         ("--forwarder-headers",),
@@ -345,11 +372,19 @@ GUNICORN_SETTINGS: tuple[GunicornSetting, ...] = (
     # Control socket
     GunicornSetting("control_socket", ("--control-socket",), _IGNORED, _CONTROL),
     GunicornSetting("control_socket_mode", ("--control-socket-mode",), _IGNORED, _CONTROL),
-    GunicornSetting("control_socket_disable", ("--no-control-socket",), _IGNORED, _CONTROL),
+    GunicornSetting("control_socket_disable", ("--no-control-socket",), _IGNORED, _CONTROL, flag_sets=True),
 )
 
 BY_NAME = {setting.name: setting for setting in GUNICORN_SETTINGS}
+IGNORED_WITH_FLAGS = tuple(s for s in GUNICORN_SETTINGS if s.verdict is Verdict.IGNORED and s.flags)
+"""What the command line accepts with a warning (config/command_line.py), as a config file does."""
 BY_FLAG = {flag: setting for setting in GUNICORN_SETTINGS for flag in setting.flags}
+
+
+def asks_nothing_more(setting: GunicornSetting, value: object) -> bool:
+    """Whether a value of an IGNORED or REFUSED setting is one of its `harmless` ones."""
+    # Compared with the type too: True == 1, but `threads = True` is not `threads = 1`.
+    return any(type(value) is type(quiet) and value == quiet for quiet in setting.harmless)
 
 
 def markdown_table() -> str:

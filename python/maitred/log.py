@@ -105,7 +105,9 @@ def log(level: str, message: str) -> None:
 
 
 def _format(level: str, message: str, pid: int | None = None) -> str:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    # UTC, written +0000, as the lobby writes its lines and the access log's times
+    # (crates/lobby/src/log/text.rs): one log, one clock, whatever TZ the host has.
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S +0000", time.gmtime())
     return f"[{stamp}] [{pid or os.getpid()}] [{level.upper()}] {message}\n"
 
 

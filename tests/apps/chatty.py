@@ -3,6 +3,7 @@
 /errors         one 512-byte line to wsgi.errors
 /logging        one 512-byte warning through logging to standard error (logging's own format)
 /print?n=N      N numbered lines with print()
+/say            one line with print(), and no flush: the worker goes on living
 /crash          prints its last words, then dies by SIGKILL
 /runaway        prints 200,000 lines as fast as it can
 """
@@ -33,6 +34,8 @@ def app(environ, start_response):
         for n in range(int(parse_qs(environ["QUERY_STRING"])["n"][0])):
             print(f"printed line {n} from {pid}")
         sys.stdout.flush()
+    elif path == "/say":
+        print(f"said by {pid}, unflushed")
     elif path == "/crash":
         print(f"last words of {pid}", flush=True)
         os.kill(pid, signal.SIGKILL)

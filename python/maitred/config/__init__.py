@@ -29,7 +29,7 @@ from __future__ import annotations
 from maitred.config.command_line import ArgumentParser, argument_type
 from maitred.config.precedence import CMD_ARGS_VARIABLE, resolve
 from maitred.config.rereading import Reread, rereader
-from maitred.config.resolved import SOURCES, WARNINGS, lobby_settings, printed
+from maitred.config.resolved import NOTES, SOURCES, WARNINGS, lobby_settings, printed
 from maitred.config.service_manager import without_service_manager
 from maitred.config.table import BY_NAME, SETTINGS, markdown_table
 from maitred.config.usage import UsageError
@@ -38,6 +38,7 @@ from maitred.config.values import bind_parts, seconds
 __all__ = [
     "BY_NAME",
     "CMD_ARGS_VARIABLE",
+    "NOTES",
     "SETTINGS",
     "SOURCES",
     "WARNINGS",

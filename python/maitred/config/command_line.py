@@ -1,5 +1,6 @@
-"""The command line: maitred's argument parser, made from the settings table (`build_parser`),
-and words read with it (`_parse_arguments`: the command line's, or MAITRED_CMD_ARGS's).
+"""The command line: maitred's argument parser, made from the settings table (`build_parser`)
+and gunicorn's flags that maitred ignores (maitred.gunicorn's table), and words read with it
+(`_parse_arguments`: the command line's, or MAITRED_CMD_ARGS's).
 `ArgumentParser` and `argument_type` serve `maitred top` too.
 
 May import: table.py and usage.py (and maitred.gunicorn, to name gunicorn's flags).
@@ -38,6 +39,35 @@ def argument_type(parse: Callable[[str], object], name: str) -> Callable[[str], 
     return convert
 
 
+# The parsed arguments' key for the warnings about gunicorn's flags that maitred ignores.
+_IGNORED_FLAGS = "ignored gunicorn flags"
+
+
+class _IgnoredGunicornFlag(argparse.Action):
+    """A gunicorn flag that maitred ignores, as a config file's setting of it is: taken (with its
+    value, if it has one) and named in a warning, unless its value asks for nothing more."""
+
+    def __init__(
+        self, option_strings: list[str], dest: str, theirs: gunicorn.GunicornSetting, default: object = None
+    ) -> None:
+        nargs = 0 if theirs.flag_sets is not None else None
+        super().__init__(option_strings, dest, nargs=nargs, default=default, help=argparse.SUPPRESS)
+        self.theirs = theirs
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        value = self.theirs.flag_sets if self.nargs == 0 else values
+        if gunicorn.asks_nothing_more(self.theirs, value):
+            return
+        line = f"{option_string} (gunicorn's {self.theirs.name}) is ignored: {self.theirs.why}"
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest, []), line])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="maitred",
@@ -46,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: application) of the Python module MODULE, e.g. myproject.wsgi:application.",
         epilog="Signals: SIGTERM or SIGINT stops gracefully (requests in progress finish, up to "
         "--graceful-timeout); SIGQUIT stops at once; SIGHUP reloads the application and the config file; "
-        "SIGUSR1 reopens the log files; SIGTTIN and SIGTTOU add and remove a worker.",
+        "SIGUSR1 reopens the log files; SIGTTIN and SIGTTOU add and remove a worker. gunicorn's flags that "
+        "maitred cannot honour are taken with a warning saying why (docs/GUNICORN.md).",
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=36),
@@ -81,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append" if setting.repeatable else "store",
                 help=text,
             )
+    for theirs in gunicorn.IGNORED_WITH_FLAGS:
+        parser.add_argument(*theirs.flags, dest=_IGNORED_FLAGS, action=_IgnoredGunicornFlag, theirs=theirs)
     parser.add_argument(
         "--version",
         action="version",
@@ -90,14 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse_arguments(parser: argparse.ArgumentParser, words: list[str], where: str) -> dict[str, object]:
+def _parse_arguments(
+    parser: argparse.ArgumentParser, words: list[str], where: str
+) -> tuple[dict[str, object], list[str]]:
+    """The settings the words give, by name, and the warnings for the gunicorn flags among them
+    that maitred ignores. `where` prefixes every line: "" for the command line itself."""
     try:
         parsed, extra = parser.parse_known_args(words)
     except UsageError as error:
         raise UsageError(f"{where}{error}") from None
     if extra:
         raise UsageError(where + _unexpected_argument_message(parser, extra))
-    return vars(parsed)
+    values = vars(parsed)
+    ignored = values.pop(_IGNORED_FLAGS, [])
+    return values, [f"{where or 'command line: '}{line}" for line in ignored]
 
 
 def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -108,7 +147,7 @@ def _unexpected_argument_message(parser: argparse.ArgumentParser, extra: list[st
             option = argument.partition("=")[0]
             known = [flag for action in parser._actions for flag in action.option_strings]
             theirs = gunicorn.BY_FLAG.get(option)
-            if theirs is not None and theirs.verdict in (gunicorn.Verdict.IGNORED, gunicorn.Verdict.REFUSED):
+            if theirs is not None and theirs.verdict is gunicorn.Verdict.REFUSED:
                 return f"unknown option {option!r}: gunicorn's {theirs.name} is not supported: {theirs.why}"
             close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
             hint = f" (did you mean {close[0]}?)" if close else ""

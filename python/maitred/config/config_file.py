@@ -151,16 +151,11 @@ def _settings_from(origin: str, namespace: Mapping[str, object], module_name: st
         elif theirs.verdict is gunicorn.Verdict.SAME:
             # A name maitred knows but not from a config file: where the config file is.
             found.warnings.append(f"{origin}: {name} is ignored: it only has effect on the command line")
-        elif theirs.verdict is gunicorn.Verdict.IGNORED and not _harmless(value, theirs):
+        elif theirs.verdict is gunicorn.Verdict.IGNORED and not gunicorn.asks_nothing_more(theirs, value):
             found.warnings.append(f"{origin}: {name} is ignored: {theirs.why}")
-        elif theirs.verdict is gunicorn.Verdict.REFUSED and not _harmless(value, theirs):
+        elif theirs.verdict is gunicorn.Verdict.REFUSED and not gunicorn.asks_nothing_more(theirs, value):
             raise UsageError(f"{origin}: {name} cannot be honoured: {theirs.why}")
     return found
-
-
-def _harmless(value: object, theirs: gunicorn.GunicornSetting) -> bool:
-    # Compared with the type too: True == 1, but `threads = True` is not `threads = 1`.
-    return any(type(value) is type(quiet) and value == quiet for quiet in theirs.harmless)
 
 
 def _is_imported(value: object, module_name: str) -> bool:

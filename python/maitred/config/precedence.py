@@ -3,7 +3,7 @@ what WEB_CONCURRENCY and PORT say, or a setting's own environment variable) < co
 (-c, or ./maitred.conf.py) < MAITRED_CMD_ARGS < command line; `resolve` reads every layer and
 returns the resolved settings.
 
-May import: every other module of the package but rereading.py (and maitred.app).
+May import: every other module of the package but rereading.py (and maitred.app and maitred.cpus).
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from maitred import cpus
 from maitred.app import AppLoadError, parse_spec
 from maitred.config import table_tls
 from maitred.config.command_line import _parse_arguments, build_parser
 from maitred.config.config_file import ConfigFile, read_config
-from maitred.config.resolved import SOURCES, WARNINGS
+from maitred.config.resolved import NOTES, SOURCES, WARNINGS
 from maitred.config.service_manager import activated_sockets
 from maitred.config.setting import Setting
 from maitred.config.table import BY_NAME, SETTINGS
 from maitred.config.usage import APP_METAVAR, UsageError
-from maitred.config.values import _bind_address, _config_location
+from maitred.config.values import WORKERS_AUTO, _bind_address, _config_location
 
 # Read like gunicorn's GUNICORN_CMD_ARGS: command-line arguments, split as a shell would.
 CMD_ARGS_VARIABLE = "MAITRED_CMD_ARGS"
@@ -41,7 +42,7 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
     was started by a binary upgrade (SIGUSR2), and inherits socket activation's sockets from
     the one it replaces."""
     parser = build_parser()
-    command_line = _parse_arguments(parser, list(argv), "")
+    command_line, flag_warnings = _parse_arguments(parser, list(argv), "")
     app = command_line.pop("app", None)
     layers = _layers_below_the_file(parser, os.environ, command_line)
     location = layers.config_location
@@ -60,7 +61,7 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
         raise UsageError(str(error)) from None
     settings, sources = _merge([*layers.below, (file_origin, config_file.values), *layers.above])
     sources["app"] = app_origin
-    _complete(settings, sources)
+    notes = _complete(settings, sources)
     try:
         activated = activated_sockets(os.environ, upgrading)
     except ValueError as error:
@@ -81,7 +82,8 @@ def resolve(argv: Sequence[str], upgrading: bool = False) -> dict[str, object]:
         raise UsageError(str(error)) from None
     settings["app"] = app
     settings[SOURCES] = sources
-    settings[WARNINGS] = [*config_file.warnings, *_deprecated(settings, sources)]
+    settings[NOTES] = notes
+    settings[WARNINGS] = [*config_file.warnings, *layers.warnings, *flag_warnings, *_deprecated(settings, sources)]
     return settings
 
 
@@ -108,6 +110,8 @@ class _Layers:
     above: list[Layer]
     """Over the config file: MAITRED_CMD_ARGS, then the command line."""
     config_location: str | None
+    warnings: list[str]
+    """MAITRED_CMD_ARGS's, for the gunicorn flags in it that maitred ignores."""
 
 
 def _layers_below_the_file(
@@ -129,12 +133,13 @@ def _layers_below_the_file(
         except ValueError as error:
             raise UsageError(f"PORT: {error}") from None
     from_variable: dict[str, object] = {}
+    warnings: list[str] = []
     if CMD_ARGS_VARIABLE in environ:
         try:
             words = shlex.split(environ[CMD_ARGS_VARIABLE])
         except ValueError as error:
             raise UsageError(f"{CMD_ARGS_VARIABLE}: {error}") from None
-        from_variable = _parse_arguments(parser, words, f"{CMD_ARGS_VARIABLE}: ")
+        from_variable, warnings = _parse_arguments(parser, words, f"{CMD_ARGS_VARIABLE}: ")
         if "app" in from_variable:
             raise UsageError(
                 f"{CMD_ARGS_VARIABLE}: unexpected argument {from_variable['app']!r}: give the application on the "
@@ -146,7 +151,7 @@ def _layers_below_the_file(
         location = _config_location(DEFAULT_CONFIG_FILE)
         below.append((f"./{DEFAULT_CONFIG_FILE} in the working directory", {"config": location}))
     assert location is None or isinstance(location, str)
-    return _Layers(below, above, location)
+    return _Layers(below, above, location, warnings)
 
 
 def _merge(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
@@ -164,12 +169,22 @@ def _merge(layers: Sequence[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     return settings, sources
 
 
-def _complete(settings: dict[str, object], sources: dict[str, str]) -> None:
-    """Fills in what one setting implies for another: --user without --group means the
-    user's primary group (not the group maitred was started as, which is root's)."""
+def _complete(settings: dict[str, object], sources: dict[str, str]) -> list[str]:
+    """Fills in what a setting implies: --workers auto means one per CPU maitred may use, and
+    --user without --group the user's primary group (not the group maitred was started as,
+    which is root's). Returns the lines saying what --workers auto read, for the log."""
+    notes = []
+    if settings["workers"] == WORKERS_AUTO:
+        try:
+            available = cpus.available()
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--workers auto cannot count the CPUs: {error}") from None
+        settings["workers"] = available.count
+        sources["workers"] += f" (auto: {available.reading})"
+        notes.append(f"--workers auto: {available.count}, for {available.reading}")
     user, group = settings["user"], settings["group"]
     if user is None or group is not None:
-        return
+        return notes
     assert isinstance(user, int)
     try:
         entry = pwd.getpwuid(user)
@@ -179,6 +194,7 @@ def _complete(settings: dict[str, object], sources: dict[str, str]) -> None:
         ) from None
     settings["group"] = entry.pw_gid
     sources["group"] = f"the primary group of user {entry.pw_name}"
+    return notes
 
 
 def default(setting: Setting) -> object:

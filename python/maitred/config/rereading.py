@@ -66,7 +66,7 @@ def rereader(
         return None
     assert isinstance(location, str)  # made absolute by _config_location, or python:MODULE
     parser = build_parser()
-    command_line = _parse_arguments(parser, list(argv), "")
+    command_line, _ = _parse_arguments(parser, list(argv), "")  # its warnings were logged at start
     command_line.pop("app", None)
     layers = _layers_below_the_file(parser, os.environ, command_line)
     started = dict(settings)

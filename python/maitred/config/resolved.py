@@ -17,7 +17,9 @@ from maitred.config.table import SETTINGS
 SOURCES = "sources"
 """Where each setting's value came from, by name, for --print-config."""
 WARNINGS = "warnings"
-"""The config file's warnings (ConfigFile.warnings), for the log."""
+"""The config file's warnings (ConfigFile.warnings) and the command line's, for the log."""
+NOTES = "notes"
+"""Lines for the log at info level: what --workers auto read."""
 
 
 def lobby_settings(settings: Mapping[str, object]) -> dict[str, object]:

@@ -26,6 +26,7 @@ from maitred.config.values import (
     _secure_scheme_headers_value,
     _stats_address,
     _whole_number,
+    _workers,
     one_of,
     seconds,
     seconds_off_or_at_least,
@@ -44,10 +45,9 @@ ROWS: tuple[Setting, ...] = (
         "ADDRESS",
         _bind_address,
         ("127.0.0.1:8000",),
-        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited "
-        "listening socket); with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). "
-        "Repeat the flag to listen on several. Under socket activation (LISTEN_FDS, "
-        "docs/SYSTEMD.md) the sockets passed are served instead.",
+        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited listening socket); "
+        "with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). Repeat the flag to listen "
+        "on several. Under socket activation (LISTEN_FDS, docs/SYSTEMD.md) the sockets passed are served instead.",
         repeatable=True,
     ),
     Setting(
@@ -88,9 +88,9 @@ ROWS: tuple[Setting, ...] = (
         "workers",
         ("-w", "--workers"),
         "INT",
-        _whole_number(1),
+        _workers,
         1,
-        "Number of worker processes running the application.",
+        "Number of worker processes, or auto: one per CPU of the cgroup's quota (docs/DEPLOY.md, Containers).",
     ),
     Setting(
         "workers",

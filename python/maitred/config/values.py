@@ -363,6 +363,20 @@ def _secure_scheme_headers_value(value: object) -> dict[str, str]:
     raise ValueError(f"expected a dict of header names to values, got {value!r}")
 
 
+# --workers' word for as many workers as the CPUs maitred may use (maitred.cpus), resolved with
+# the other settings (precedence.py).
+WORKERS_AUTO = "auto"
+
+
+def _workers(text: str) -> int | str:
+    if text == WORKERS_AUTO:
+        return text
+    try:
+        return _whole_number(1)(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number of at least 1, or {WORKERS_AUTO}, got {text!r}") from None
+
+
 def one_of(*choices: str) -> Callable[[str], str]:
     """A parser for a setting that takes one of `choices`, in any case."""
 

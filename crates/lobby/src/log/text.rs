@@ -54,6 +54,15 @@ pub(crate) fn escape_into(out: &mut String, bytes: &[u8]) {
 }
 
 /// A UTC calendar date and time.
+///
+/// Every time maitred logs is UTC, written `+0000`: the error log's lines of the lobby, the
+/// zygote and the workers (python/maitred/log.py follows this rule) and the access log's `t`.
+/// gunicorn writes local time with its offset; maitred does not, because one log is written by
+/// several processes and UTC cannot differ between them (a worker's `--env TZ=...`, an
+/// application's `time.tzset()`), times from many hosts compare as written, no daylight-saving
+/// change repeats an hour, and the lobby needs no time-zone database or C library's
+/// `localtime_r` (which reads `TZ` and /etc/localtime) to write it. A container's clock is UTC
+/// anyway; the offset still says which clock it is to anything that parses it.
 pub(crate) struct Civil {
     pub(crate) year: i64,
     pub(crate) month: u32,
