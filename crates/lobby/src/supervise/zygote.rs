@@ -81,7 +81,8 @@ impl Zygote {
         child.current_dir(directory).env(ZYGOTE_CHANNEL_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
         let child = child.spawn()?;
         let pid = child.id() as i32;
-        // Reaped with waitpid, as the first zygote is (`reap`).
+        // Reaped with waitpid, as the first zygote is (`reaped`).
+        maitred_sys::process::waited_for(pid);
         std::mem::forget(child);
         Ok(Zygote { pid, control: Rc::new(Control::new(ours)?) })
     }
