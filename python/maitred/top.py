@@ -218,6 +218,7 @@ KERNEL_COUNTERS = ("ListenOverflows", "ListenDrops")
 SHED_REASONS = ("abandoned", "overload", "deadline", "queue_timeout")
 EXIT_REASONS = (
     "crash",
+    "oom_kill",
     "timeout",
     "max_requests",
     "memory",

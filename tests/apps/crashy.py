@@ -6,6 +6,10 @@
     /sigkill?after=S      sleeps S seconds, then SIGKILL to itself
     /segfault?after=S     sleeps S seconds, then reads address 0
     /raise                an exception escapes the application
+    /hog                  takes memory, 4 MiB every 20 ms, until the kernel's OOM killer ends
+                          it: only under a memory cgroup's limit (tests/test_worker_kills.py);
+                          at 1 GiB it raises MemoryError (a 500) instead, so that no test takes
+                          the machine's memory
 
 Every answer is the pid followed by a newline, so a test can tell which worker served it.
 """
@@ -33,7 +37,25 @@ def _die_by_segfault() -> None:
     ctypes.string_at(0)
 
 
-DEATHS = {"/exit": _die_by_exit, "/sigkill": _die_by_sigkill, "/segfault": _die_by_segfault}
+HOG_STEP = 4 << 20
+HOG_CEILING = 1 << 30
+_hogged: list[bytes] = []
+
+
+def _die_by_oom_kill() -> None:
+    while len(_hogged) * HOG_STEP < HOG_CEILING:
+        # Filled with a non-zero byte, so that every page is written and resident.
+        _hogged.append(b"x" * HOG_STEP)
+        time.sleep(0.02)
+    raise MemoryError(f"crashy.py took {HOG_CEILING >> 20} MiB and was not killed: no memory limit?")
+
+
+DEATHS = {
+    "/exit": _die_by_exit,
+    "/sigkill": _die_by_sigkill,
+    "/segfault": _die_by_segfault,
+    "/hog": _die_by_oom_kill,
+}
 
 
 def app(environ, start_response):

@@ -29,7 +29,7 @@ use crate::observe::{diagnosis, idle_cpus, server};
 use crate::process::hooks::{self, ServerHooks};
 use crate::process::upgrade::{takeover, Succession};
 use crate::process::watchdog::Watchdog;
-use crate::process::{notify, privileges};
+use crate::process::{notify, orphans, privileges};
 use crate::seating::spool::SpillBudget;
 use crate::seating::Seating;
 use crate::supervise::boot::BootEnd;
@@ -117,6 +117,8 @@ pub(crate) async fn until_stopped(
     }
     let control = Control::new(control).map_err(|e| StartupError(format!("control channel: {e}")))?;
     let first_zygote = Zygote { pid: zygote_pid, control: Rc::new(control) };
+    maitred_sys::process::waited_for(zygote_pid);
+    orphans::reap_if_init();
     let (shutdown_tx, shutdown) = watch::channel(false);
     let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
     let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {

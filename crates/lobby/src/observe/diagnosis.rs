@@ -19,6 +19,7 @@ use crate::listen::bind::somaxconn;
 use crate::lobby::Lobby;
 use crate::seating::overload::ShedReason;
 use crate::seating::websocket::SUMMARY_MARK;
+use crate::worker::recycle::resident_of;
 use crate::worker::scoreboard::{ExitReason, Scoreboard};
 
 /// Every worker busy, with requests waiting, for this long: S4/S5.
@@ -39,6 +40,7 @@ pub async fn watch(lobby: Rc<Lobby>, connections: Arc<Semaphore>, max_connection
     loop {
         ticks.tick().await;
         lobby.connection_states.tick();
+        sample_resident(&lobby);
         let at_capacity = connections.available_permits() == 0;
         let mut findings = Vec::new();
         listen_queues(&lobby, at_capacity, max_connections, &mut findings);
@@ -49,6 +51,17 @@ pub async fn watch(lobby: Rc<Lobby>, connections: Arc<Semaphore>, max_connection
         worker_exits(&lobby, &mut findings);
         slow_clients(&lobby, max_connections, &mut findings);
         lobby.diagnoses.update(findings);
+    }
+}
+
+/// Each worker's RSS, kept on its card for the line that names its kill (an OOM kill's): one
+/// read of /proc/PID/statm a worker a tick, a few microseconds each.
+fn sample_resident(lobby: &Lobby) {
+    for card in lobby.scoreboard.cards() {
+        // A worker being killed, or a zombie, reads 0: not its last size.
+        if let Some(resident) = card.pid.get().and_then(resident_of).filter(|resident| *resident > 0) {
+            card.resident.set(Some(resident));
+        }
     }
 }
 
@@ -301,7 +314,10 @@ fn worker_exits(lobby: &Lobby, findings: &mut Vec<Finding>) {
             subject: String::new(),
             message: format!("{failed} workers were lost in the last minute ({by_reason})"),
             fix: "the lines 'worker N timed out' (with its stack) and 'worker N lost' above name the requests; for \
-                  timeouts fix the slow path or raise --timeout, for crashes see the application's traceback"
+                  timeouts fix the slow path or raise --timeout, for crashes see the application's traceback; for an \
+                  OOM kill ('worker N exited (signal 9): an OOM kill', or a probable one, with the limit and the \
+                  worker's last RSS, and no traceback) raise the memory limit, run fewer workers, or find what grows \
+                  (--max-worker-memory recycles a worker before the kernel kills it)"
                 .into(),
         });
     }

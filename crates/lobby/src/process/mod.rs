@@ -1,13 +1,15 @@
 //! The process's own life, apart from serving: the binary upgrade (`upgrade/`), starting a
 //! maitred process that talks to this one (`spawn.rs`), the config file's server hooks
 //! (`hooks.rs`), telling systemd how things stand (`notify.rs`), dropping root
-//! (`privileges.rs`), and ending the lobby when its event loop stalls (`watchdog.rs`).
+//! (`privileges.rs`), ending the lobby when its event loop stalls (`watchdog.rs`), and, as PID
+//! 1, reaping the orphans it adopts (`orphans.rs`).
 //!
 //! It may import the client connections' sleeping state (an upgrade hands idle connections
 //! over), the logs, the settings and the shared context; never the supervisor, which drives it.
 
 pub(crate) mod hooks;
 pub(crate) mod notify;
+pub(crate) mod orphans;
 pub(crate) mod privileges;
 pub(crate) mod spawn;
 pub(crate) mod upgrade;

@@ -11,12 +11,13 @@
 //! spread over files by concern, each an `impl Supervisor`: `boot.rs` (the start), `workers.rs`
 //! (starting, replacing, retiring and recycling workers), `reload.rs` (SIGHUP), `signals.rs`
 //! (every other signal), `stop.rs` (the drain and the end); `zygote.rs` is the control channel
-//! to the zygote that forks the workers.
+//! to the zygote that forks the workers, `oom.rs` what the memory cgroup says of a lost worker.
 //!
 //! It may import the workers (`worker`), the process's own life (`process`: upgrade, hooks,
 //! notify), the logs and the shared context; never the client connections.
 
 pub(crate) mod boot;
+mod oom;
 mod reload;
 pub(crate) mod signals;
 pub(crate) mod stop;
@@ -36,8 +37,9 @@ use crate::log::{debug, error, info};
 use crate::process::hooks::{HookFailed, HookThread, LobbyHook};
 use crate::process::upgrade::handover::{Candidate, Successor};
 use crate::process::upgrade::Succession;
-use crate::worker::scoreboard::{ExitReason, Phase};
+use crate::worker::scoreboard::{Card, ExitReason, Phase};
 use crate::worker::seat::Gone;
+use oom::OomWatch;
 use reload::Reload;
 pub use reload::{Reread, Rereader};
 use signals::{Sig, Signals};
@@ -101,6 +103,14 @@ pub(crate) async fn read_control(zygote: Zygote, events: mpsc::UnboundedSender<E
     }
 }
 
+/// A worker the zygote forked, until it reports the worker's exit.
+struct Forked {
+    /// Its slot + 1, for the child_exit hook.
+    age: usize,
+    /// Its card, for the last RSS sampled; None for one no longer wanted when it was forked.
+    card: Option<Rc<Card>>,
+}
+
 pub(crate) struct Supervisor {
     pub(crate) lobby: Rc<Lobby>,
     events_tx: mpsc::UnboundedSender<Event>,
@@ -127,8 +137,10 @@ pub(crate) struct Supervisor {
     reload_zygote: Option<Zygote>,
     /// Runs the config file's server hooks, when it has any.
     hooks: Option<HookThread>,
-    /// Each forked worker's age (its slot + 1), by pid, until the zygote reports its exit.
-    ages: HashMap<i32, usize>,
+    /// Each forked worker, by pid, until the zygote reports its exit.
+    forked: HashMap<i32, Forked>,
+    /// The OOM kills the memory cgroup counted, given to the workers lost.
+    oom: OomWatch,
     /// SIGUSR2 came and its pre_exec hook is running.
     pre_exec_running: bool,
 }
@@ -162,7 +174,8 @@ impl Supervisor {
             candidate: None,
             reload_zygote: None,
             hooks,
-            ages: HashMap::new(),
+            forked: HashMap::new(),
+            oom: OomWatch::new(),
             pre_exec_running: false,
         }
     }
@@ -196,7 +209,7 @@ impl Supervisor {
 
     /// The zygote `zygote` reports that worker `pid` exited: the child_exit hook.
     pub(super) fn child_exited(&mut self, zygote: i32, pid: i32) {
-        if let Some(age) = self.ages.remove(&pid) {
+        if let Some(Forked { age, .. }) = self.forked.remove(&pid) {
             self.hook(LobbyHook::ChildExit { pid, age, zygote });
         }
     }
@@ -307,17 +320,14 @@ impl Supervisor {
                 _ => {
                     // Its reload was abandoned before the zygote forked it.
                     debug!("worker {pid} is no longer wanted; stopping it");
-                    self.ages.insert(pid, slot + 1);
+                    self.forked.insert(pid, Forked { age: slot + 1, card: None });
                     drop(channels);
                     if from == self.lobby.zygotes.serving().pid {
                         let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
                     }
                 }
             },
-            Event::Report(from, Report::Exited { pid, how }) => {
-                info!("worker {pid} exited ({how})");
-                self.child_exited(from, pid);
-            }
+            Event::Report(from, Report::Exited { pid, how }) => self.on_exited(from, pid, how),
             Event::Report(from, Report::PreloadFailed(message)) if self.is_reload_zygote(from) => {
                 self.abandon_reload(&format!("the new zygote could not load the application: {message}")).await;
             }

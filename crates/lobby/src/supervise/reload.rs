@@ -223,7 +223,7 @@ impl Supervisor {
                     if let Some(pid) = pid {
                         let control =
                             zygote.as_ref().map_or_else(|| self.lobby.zygotes.serving().control, |z| z.control.clone());
-                        let _ = control.kill(pid, libc::SIGKILL).await;
+                        let _ = self.lobby.zygotes.kill_through(&control, pid, libc::SIGKILL).await;
                     }
                 }
             }

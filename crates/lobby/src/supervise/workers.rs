@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{Event, Supervisor};
+use super::oom::{mib, Verdict};
+use super::zygote::Exit;
+use super::{Event, Forked, Supervisor};
 use crate::log::{debug, error, info};
 use crate::worker::recycle::{recycles, Recycle};
 use crate::worker::scoreboard::{Card, ExitReason, Phase};
@@ -83,8 +85,11 @@ impl Supervisor {
     }
 
     pub(super) fn start_worker(&mut self, id: usize, pid: i32, channels: Vec<OwnedFd>) {
-        self.ages.insert(pid, id + 1);
-        let Some(entry) = self.workers.get_mut(&id) else { return };
+        let Some(entry) = self.workers.get_mut(&id) else {
+            self.forked.insert(pid, Forked { age: id + 1, card: None });
+            return;
+        };
+        self.forked.insert(pid, Forked { age: id + 1, card: Some(entry.seat.card.clone()) });
         entry.seat.card.pid.set(Some(pid));
         let lobby = self.lobby.clone();
         let events = self.events_tx.clone();
@@ -110,12 +115,20 @@ impl Supervisor {
         }
     }
 
-    pub(super) async fn on_gone(&mut self, id: usize, pid: i32, gone: Gone) {
+    pub(super) async fn on_gone(&mut self, id: usize, pid: i32, mut gone: Gone) {
         self.lobby.scoreboard.remove(id);
         let Some(entry) = self.workers.remove(&id) else {
             debug!("worker {pid}, no longer wanted, is gone: {gone:?}");
             return;
         };
+        // A loss maitred did not cause may be the OOM killer's; the zygote's report of the
+        // exit status may come before this or after.
+        let on_its_own = matches!(gone, Gone::Lost(ExitReason::Crash, _)) && !self.lobby.zygotes.sent_sigkill(pid);
+        let oom_kill = self.oom.judge(pid, on_its_own, self.forked.contains_key(&pid)).certain();
+        if let (Some(kill), Gone::Lost(reason, detail)) = (&oom_kill, &mut gone) {
+            *reason = ExitReason::OomKill;
+            detail.push_str(&format!("; killed by the kernel's OOM killer, as the {} counted", kill.counted));
+        }
         let exit = match &gone {
             Gone::Lost(reason, _) => Some(*reason),
             Gone::BootFailed(_) => Some(ExitReason::BootFailed),
@@ -170,6 +183,35 @@ impl Supervisor {
             }
         };
         self.balance(pause).await;
+    }
+
+    /// The zygote reports worker `pid`'s exit status: a SIGKILL maitred did not send is named an
+    /// OOM kill, for certain when the memory cgroup counted one (`oom.rs`), else a probable one.
+    pub(super) fn on_exited(&mut self, zygote: i32, pid: i32, how: Exit) {
+        let card = self.forked.get(&pid).and_then(|forked| forked.card.clone());
+        let by_maitred = self.lobby.zygotes.exit_reported(pid);
+        let sigkill = how == Exit::Signal(libc::SIGKILL);
+        let loss_to_come = self.workers.values().any(|worker| worker.pid() == Some(pid));
+        let verdict = self.oom.judge(pid, sigkill && !by_maitred, loss_to_come);
+        let rss = card.and_then(|card| card.resident.get()).map_or_else(|| "not sampled".into(), mib);
+        match (sigkill, by_maitred, verdict) {
+            (true, true, _) => info!("worker {pid} exited ({how}, sent by maitred)"),
+            (true, false, Verdict::Certain(kill)) => {
+                let limit =
+                    kill.limit.map_or_else(|| "no limit set".into(), |limit| format!("its limit {}", mib(limit)));
+                error!(
+                    "worker {pid} exited ({how}): an OOM kill: the kernel's OOM killer ended it, as the {} counted; \
+                     {limit}, the worker's last RSS {rss}",
+                    kill.counted
+                );
+            }
+            (true, false, Verdict::Unknown(why)) => error!(
+                "worker {pid} exited ({how}): a probable OOM kill: a SIGKILL maitred did not send, as the kernel's \
+                 OOM killer sends (or a kill -9 from outside); {why}; the worker's last RSS {rss}"
+            ),
+            _ => info!("worker {pid} exited ({how})"),
+        }
+        self.child_exited(zygote, pid);
     }
 
     /// A worker retires for recycling: the spare takes its place, and a new spare is started.

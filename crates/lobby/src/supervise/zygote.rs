@@ -4,7 +4,7 @@
 //! workers serve.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
@@ -81,7 +81,8 @@ impl Zygote {
         child.current_dir(directory).env(ZYGOTE_CHANNEL_VARIABLE, theirs_raw.to_string()).stdin(Stdio::null());
         let child = child.spawn()?;
         let pid = child.id() as i32;
-        // Reaped with waitpid, as the first zygote is (`reap`).
+        // Reaped with waitpid, as the first zygote is (`reaped`).
+        maitred_sys::process::waited_for(pid);
         std::mem::forget(child);
         Ok(Zygote { pid, control: Rc::new(Control::new(ours)?) })
     }
@@ -91,11 +92,14 @@ impl Zygote {
 pub struct Zygotes {
     serving: RefCell<Zygote>,
     retired: RefCell<Vec<i32>>,
+    /// The workers maitred sent SIGKILL, until the zygote reports their exit: a SIGKILL not
+    /// among them came from outside, probably the kernel's OOM killer.
+    killed: RefCell<HashSet<i32>>,
 }
 
 impl Zygotes {
     pub fn new(first: Zygote) -> Zygotes {
-        Zygotes { serving: RefCell::new(first), retired: RefCell::new(Vec::new()) }
+        Zygotes { serving: RefCell::new(first), retired: RefCell::new(Vec::new()), killed: RefCell::default() }
     }
 
     pub fn serving(&self) -> Zygote {
@@ -110,7 +114,28 @@ impl Zygotes {
     /// Signals a worker through the serving zygote. A retired zygote's workers are its own to
     /// stop: it kills those still running --graceful-timeout after it was retired.
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
-        self.serving().control.kill(pid, signal).await
+        self.kill_through(&self.serving().control, pid, signal).await
+    }
+
+    /// Signals a worker through the zygote `control` leads to (a reload's own, when the worker
+    /// is one of its).
+    pub async fn kill_through(&self, control: &Control, pid: i32, signal: i32) -> io::Result<()> {
+        if signal == libc::SIGKILL {
+            // Before the send: the zygote may report the exit before this task runs again.
+            self.killed.borrow_mut().insert(pid);
+        }
+        control.kill(pid, signal).await
+    }
+
+    /// Whether maitred sent worker `pid` SIGKILL.
+    pub fn sent_sigkill(&self, pid: i32) -> bool {
+        self.killed.borrow().contains(&pid)
+    }
+
+    /// The zygote reported worker `pid`'s exit: whether maitred had sent it SIGKILL, which it
+    /// now forgets (the pid may be reused).
+    pub fn exit_reported(&self, pid: i32) -> bool {
+        self.killed.borrow_mut().remove(&pid)
     }
 
     /// Closes a zygote's channel: it exits once its workers have (killing them after its

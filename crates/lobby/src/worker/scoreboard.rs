@@ -55,8 +55,10 @@ impl WorkerState {
 /// Why a worker left the service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitReason {
-    /// It exited or its channel failed on its own: a crash, `os._exit`, an OOM kill.
+    /// It exited or its channel failed on its own: a crash, `os._exit`, a SIGKILL from outside.
     Crash,
+    /// Killed by the kernel's OOM killer, as its memory cgroup counted (supervise/oom.rs).
+    OomKill,
     /// Killed at `--timeout`.
     Timeout,
     /// Alive but did not read a request sent to it idle; killed.
@@ -78,8 +80,9 @@ pub enum ExitReason {
 }
 
 impl ExitReason {
-    pub const ALL: [ExitReason; 10] = [
+    pub const ALL: [ExitReason; 11] = [
         ExitReason::Crash,
+        ExitReason::OomKill,
         ExitReason::Timeout,
         ExitReason::Wedged,
         ExitReason::Stopped,
@@ -95,6 +98,7 @@ impl ExitReason {
     pub fn label(self) -> &'static str {
         match self {
             ExitReason::Crash => "crash",
+            ExitReason::OomKill => "oom_kill",
             ExitReason::Timeout => "timeout",
             ExitReason::Wedged => "wedged",
             ExitReason::Stopped => "stopped",
@@ -114,7 +118,10 @@ impl ExitReason {
 
     /// The worker failed: its request, if it had one, was answered 502/504 or went elsewhere.
     pub fn is_failure(self) -> bool {
-        matches!(self, ExitReason::Crash | ExitReason::Timeout | ExitReason::Wedged | ExitReason::Stopped)
+        matches!(
+            self,
+            ExitReason::Crash | ExitReason::OomKill | ExitReason::Timeout | ExitReason::Wedged | ExitReason::Stopped
+        )
     }
 }
 
@@ -143,6 +150,9 @@ pub struct Card {
     pub threads: RefCell<Vec<Option<Busy>>>,
     /// Requests it has taken, all its threads together.
     pub served: Cell<u64>,
+    /// Its resident bytes at the diagnoses' last look (every 500 ms), kept once it has gone:
+    /// the last RSS that a kill's log line names.
+    pub resident: Cell<Option<u64>>,
     /// An ASGI worker's requests admitted whose answers have not started: what admission
     /// counts against `--worker-connections` (docs/ASGI.md).
     pub admitted: Cell<usize>,
@@ -174,6 +184,7 @@ impl Card {
             phase: watch::Sender::new(phase),
             threads: RefCell::new(vec![None]),
             served: Cell::new(0),
+            resident: Cell::new(None),
             admitted: Cell::new(0),
             streams: Cell::new(0),
             requests: RefCell::default(),

@@ -56,6 +56,7 @@ impl Candidate {
             .env_remove("WATCHDOG_PID")
             .stdin(Stdio::null());
         let child = command.spawn().map_err(UpgradeError::Start)?;
+        maitred_sys::process::waited_for(child.id() as i32);
         drop(theirs);
         // Reads use MSG_DONTWAIT, so the socket itself may stay blocking.
         let channel = maitred_sys::reactor::register(ours).map_err(UpgradeError::Channel)?;
@@ -93,10 +94,12 @@ impl Candidate {
     async fn exit_status(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let until = Instant::now() + within;
         loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < until => tokio::time::sleep(EXIT_POLL).await,
-                _ => return None,
+            // Not `Child::try_wait`: as PID 1 the lobby reaps every child, and keeps this one's
+            // status for here (maitred_sys::process::reap_any).
+            match maitred_sys::process::exit_status(self.pid()) {
+                Some(status) => return Some(status),
+                None if Instant::now() < until => tokio::time::sleep(EXIT_POLL).await,
+                None => return None,
             }
         }
     }
@@ -116,6 +119,7 @@ impl Candidate {
     pub(crate) fn into_successor(self) -> Successor {
         let pid = self.pid();
         // The child is not waited for: once this lobby exits, it is the service's main process.
+        maitred_sys::process::not_waited_for(pid);
         std::mem::forget(self.child);
         let channel = Rc::new(self.channel);
         let waiting = Rc::new(RefCell::new(VecDeque::new()));
