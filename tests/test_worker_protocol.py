@@ -551,6 +551,13 @@ class LobbyRegion:
         os.ftruncate(self.fd, size)
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         self.map = mmap.mmap(self.fd, size)
+        # The words the worker reads while this side writes them are stored whole, as the
+        # lobby's atomics store them: struct.pack_into writes "<I" and "<Q" a byte at a time, and
+        # a worker read between two bytes saw the ring's tail on its way from 0xfff8 to 0x10000
+        # as 0, below its head by more than the ring, and stopped for a corrupt region (once,
+        # in a CI rehearsal). A native memoryview's item is one store.
+        self.words32 = memoryview(self.map).cast("I")
+        self.words64 = memoryview(self.map).cast("Q")
         struct.pack_into("<8sIIII", self.map, 0, b"MAITRED\x01", 1, SLOTS, SLOT_SIZE, RING_SIZE)
         self.bell = os.eventfd(0, os.EFD_CLOEXEC)
         self.lobby_bell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -579,7 +586,7 @@ class LobbyRegion:
         at = HEADER_BLOCK + slot * SLOT_SIZE
         struct.pack_into("<IIIIQ", self.map, at, EMPTY, len(data), request_id, 0, request_id)
         self.map[at + SLOT_HEADER : at + SLOT_HEADER + len(data)] = data
-        struct.pack_into("<I", self.map, at, request_id << 2 | QUEUED)
+        self.words32[at // 4] = request_id << 2 | QUEUED
         os.eventfd_write(self.bell, 1)
         self.slot_of[request_id] = slot
         self.unanswered.append(request_id)
@@ -591,7 +598,7 @@ class LobbyRegion:
         slot = self.slot_of[request_id]
         if self.word(slot) != request_id << 2 | QUEUED:
             return False
-        struct.pack_into("<I", self.map, HEADER_BLOCK + slot * SLOT_SIZE, request_id << 2 | EMPTY)
+        self.words32[(HEADER_BLOCK + slot * SLOT_SIZE) // 4] = request_id << 2 | EMPTY
         self.unanswered.remove(request_id)
         return True
 
@@ -622,12 +629,14 @@ class LobbyRegion:
                 assert (8 + 8 + payload_len + 7) // 8 * 8 == length, "the record's length is its frame's"
                 record = request_id, bytes(self.map[at + 8 : at + 16 + payload_len])
             self.tail += length
-            struct.pack_into("<Q", self.map, RING_TAIL_AT, self.tail)
+            self.words64[RING_TAIL_AT // 8] = self.tail
             os.eventfd_write(self.bell, 1)
             if record is not None:
                 return record
 
     def close(self) -> None:
+        self.words32.release()
+        self.words64.release()
         self.map.close()
         os.close(self.fd)
         os.close(self.bell)
