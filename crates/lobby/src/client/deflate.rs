@@ -226,10 +226,65 @@ fn inflate(compressed: &[u8], room: usize, max_size: usize) -> Result<Vec<u8>, R
 
 /// The client's side of a WebSocket's stream, under tungstenite: with permessage-deflate, each
 /// compressed message reaches tungstenite inflated, as one plain frame; without, bytes go
-/// straight through.
+/// straight through, and a read that fills tungstenite's small buffer is followed by larger
+/// ones (`Ahead`).
 pub(super) struct Inflating<S> {
     stream: S,
     frames: Option<Box<Frames>>,
+    ahead: Ahead,
+}
+
+/// How many bytes a read takes at most once tungstenite's buffer has been filled: a large
+/// message is read this much at a time, and copied to tungstenite's buffer from here.
+const AHEAD_READ: usize = 64 * 1024;
+
+/// Reads for tungstenite without permessage-deflate. tungstenite reads into a buffer it keeps
+/// for the WebSocket's life, at most its size at a time, however long the frame it reads
+/// (`read_buffer_size`): 4 KiB of it was a quarter of an open WebSocket's memory at 5,000 of
+/// them, and a smaller one would read a large message in as many small reads. So tungstenite's
+/// buffer is small, a read goes straight into it while messages fit, and once one fills it
+/// (more is likely waiting) the next reads take up to `AHEAD_READ` into a buffer of their own,
+/// let go once tungstenite has taken everything.
+#[derive(Default)]
+struct Ahead {
+    /// Read, not yet given to tungstenite.
+    read: BytesMut,
+    /// The last read filled the buffer it was given.
+    filled: bool,
+}
+
+impl Ahead {
+    fn poll_read<S: AsyncRead + Unpin>(
+        &mut self,
+        stream: &mut S,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.read.is_empty() && !self.filled {
+            let room = buf.remaining();
+            let before = buf.filled().len();
+            ready!(Pin::new(stream).poll_read(cx, buf))?;
+            self.filled = room > 0 && buf.filled().len() - before == room;
+            return Poll::Ready(Ok(()));
+        }
+        if self.read.is_empty() {
+            self.read.reserve(AHEAD_READ);
+            match tokio_util::io::poll_read_buf(Pin::new(stream), cx, &mut self.read) {
+                Poll::Ready(read) => self.filled = read? == AHEAD_READ,
+                // Nothing more waits: the buffer goes, and the next read is straight again.
+                Poll::Pending => {
+                    *self = Ahead::default();
+                    return Poll::Pending;
+                }
+            }
+        }
+        let take = self.read.len().min(buf.remaining());
+        buf.put_slice(&self.read.split_to(take));
+        if self.read.is_empty() {
+            self.read = BytesMut::new();
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 impl<S> Inflating<S> {
@@ -237,10 +292,10 @@ impl<S> Inflating<S> {
     /// goes to tungstenite itself, and is given back.
     pub fn new(stream: S, deflate: Option<Deflate>, early: Vec<u8>, max_size: usize) -> (Inflating<S>, Vec<u8>) {
         match deflate {
-            None => (Inflating { stream, frames: None }, early),
+            None => (Inflating { stream, frames: None, ahead: Ahead::default() }, early),
             Some(_) => {
                 let frames = Frames { raw: BytesMut::from(&early[..]), max_size, ..Frames::default() };
-                (Inflating { stream, frames: Some(Box::new(frames)) }, Vec::new())
+                (Inflating { stream, frames: Some(Box::new(frames)), ahead: Ahead::default() }, Vec::new())
             }
         }
     }
@@ -370,7 +425,7 @@ fn unmask(payload: &mut [u8], mask: [u8; 4]) {
 impl<S: AsyncRead + Unpin> AsyncRead for Inflating<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let Some(frames) = this.frames.as_deref_mut() else { return Pin::new(&mut this.stream).poll_read(cx, buf) };
+        let Some(frames) = this.frames.as_deref_mut() else { return this.ahead.poll_read(&mut this.stream, cx, buf) };
         loop {
             if !frames.out.is_empty() {
                 frames.give(buf);
@@ -521,5 +576,62 @@ mod tests {
         unmasked.extend_from_slice(&compressed);
         assert!(matches!(refused(unmasked, 100), Err(Refused::Broken(_))));
         assert_eq!(refused(client_frame(0xc1, &compress(&[b'a'; 500], 15)), 499), Err(Refused::TooBig));
+    }
+}
+
+#[cfg(test)]
+mod ahead_tests {
+    use super::*;
+
+    /// A client's bytes, served as far as each read's room goes; Pending once all are read.
+    struct Client {
+        bytes: Vec<u8>,
+        at: usize,
+        reads: usize,
+    }
+
+    impl AsyncRead for Client {
+        fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            if self.at == self.bytes.len() {
+                return Poll::Pending;
+            }
+            let take = buf.remaining().min(self.bytes.len() - self.at);
+            buf.put_slice(&self.bytes[self.at..self.at + take]);
+            self.at += take;
+            self.reads += 1;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Reads everything `client` has, in reads of tungstenite's buffer's size, until Pending.
+    fn read_all(ahead: &mut Ahead, client: &mut Client) -> Vec<u8> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut got = Vec::new();
+        loop {
+            let mut room = [0u8; 512];
+            let mut buf = ReadBuf::new(&mut room);
+            match ahead.poll_read(client, &mut cx, &mut buf) {
+                Poll::Ready(result) => {
+                    result.unwrap();
+                    got.extend_from_slice(buf.filled());
+                }
+                Poll::Pending => return got,
+            }
+        }
+    }
+
+    #[test]
+    fn small_messages_are_read_straight_and_a_large_one_in_large_reads() {
+        let mut ahead = Ahead::default();
+        let mut small = Client { bytes: vec![7; 38], at: 0, reads: 0 };
+        assert_eq!(read_all(&mut ahead, &mut small), small.bytes);
+        assert_eq!(small.reads, 1);
+        let large: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut client = Client { bytes: large.clone(), at: 0, reads: 0 };
+        assert_eq!(read_all(&mut ahead, &mut client), large, "every byte, in order");
+        // One read of 512 bytes fills tungstenite's buffer; the rest come 64 KiB at a time.
+        assert_eq!(client.reads, 1 + (large.len() - 512).div_ceil(AHEAD_READ), "reads of the large message");
+        assert_eq!(ahead.read.capacity(), 0, "an idle WebSocket holds no buffer of its own");
+        assert!(!ahead.filled, "the next read goes straight to tungstenite's buffer");
     }
 }

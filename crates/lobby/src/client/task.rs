@@ -29,13 +29,14 @@ use super::read::{read_now, Body, READ_CHUNK};
 use super::states::ConnectionState;
 use super::tls::TlsStream;
 use super::watch::Waiting;
-use super::websocket;
+use super::websocket::{self, Handshake};
 use super::write::{http_date, Answer};
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, JobState, Served};
-use crate::seating::spool::{answer_channel, AnswerSender, ResponsePart};
+use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
+use crate::seating::websocket::{ToWorker, WsPart};
 
 /// How long a request that had to queue waits before its client is watched for leaving.
 /// Watching costs a peek (recv with MSG_PEEK) per request, as the socket's readiness is still
@@ -110,6 +111,25 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
     }
 }
 
+/// How a request's answer left its connection.
+enum Seated {
+    KeepOpen,
+    Close,
+    /// The worker answered a WebSocket handshake: what its life needs.
+    WebSocket(Box<Accepted>),
+}
+
+/// A WebSocket handshake the worker has answered, and what its access line needs.
+struct Accepted {
+    handshake: Handshake,
+    first: WsPart,
+    link: ToWorker,
+    responses: AnswerReceiver,
+    answer: Answer,
+    waiting: Waiting,
+    served: Option<Rc<Served>>,
+}
+
 /// How the wait for a request ended.
 enum Wait {
     /// Bytes arrived and are in the buffer.
@@ -158,8 +178,9 @@ impl<S: ClientStream> Connection<S> {
             self.mark.set(ConnectionState::Reading);
             let stop = match Box::pin(self.next_request()).await {
                 Ok((head, origin, body)) => match Box::pin(self.seat(&head, &origin, body)).await {
-                    Ok(true) => continue,
-                    Ok(false) => return,
+                    Ok(Seated::KeepOpen) => continue,
+                    Ok(Seated::Close) => return,
+                    Ok(Seated::WebSocket(accepted)) => return self.into_websocket(head, origin, accepted),
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                         log::info_limited!("connection from {} cut while answering: {e}", self.peer.display());
                         return;
@@ -190,6 +211,13 @@ impl<S: ClientStream> Connection<S> {
     fn into_http2(self) {
         let Connection { lobby, stream, peer, site, permit, buf, .. } = self;
         h2::start(&lobby, stream, buf, peer, site, permit);
+    }
+
+    /// An accepted WebSocket's life goes on in a task of its own, the size of what it needs:
+    /// this one has room for everything a request may wait on.
+    fn into_websocket(self, head: RequestHead, origin: Origin, accepted: Box<Accepted>) {
+        let mut connection = self;
+        tokio::task::spawn_local(async move { connection.websocket_life(&head, &origin, accepted).await });
     }
 
     fn hibernate(self, deadline: Instant) {
@@ -292,9 +320,11 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Queues the request, then writes its answer. Returns whether the connection stays open.
-    async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<bool> {
-        let Ok(websocket) = self.websocket_handshake(head, body.len()).await else { return Ok(false) };
+    /// Queues the request, then writes its answer. Returns whether the connection stays open,
+    /// or the WebSocket the worker answered, whose life runs once this future, and the 2 KB it
+    /// holds, are gone (`into_websocket`).
+    async fn seat(&mut self, head: &RequestHead, origin: &Origin, body: Body) -> io::Result<Seated> {
+        let Ok(websocket) = self.websocket_handshake(head, body.len()).await else { return Ok(Seated::Close) };
         // A WebSocket's messages wait for its client within the answer's memory, never in a
         // file (`--max-spill` 0).
         let max_spill = if websocket.is_some() { 0 } else { self.lobby.settings().max_spill };
@@ -316,10 +346,10 @@ impl<S: ClientStream> Connection<S> {
                 let mut out = Vec::new();
                 write_error_response(&mut out, 431, &detail, &http_date(), false, None);
                 self.write_closing(&out).await?;
-                return Ok(false);
+                return Ok(Seated::Close);
             }
         };
-        let mut to_worker = websocket.is_some().then(|| websocket::link_job(&mut job));
+        let to_worker = websocket.is_some().then(|| websocket::link_job(&mut job));
         let (state, enqueued_at) = (job.state.clone(), job.enqueued_at);
         let served = job.served.clone();
         let watch_after = if self.lobby.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
@@ -344,17 +374,21 @@ impl<S: ClientStream> Connection<S> {
                 Some(part) => part,
                 // The client left, or the lobby dropped the job: it is shutting down past
                 // --graceful-timeout.
-                None => return Ok(false),
+                None => return Ok(Seated::Close),
             };
-            if let (ResponsePart::WebSocket(first), Some(handshake)) = (&part, &websocket) {
-                let link = to_worker.take().expect("a WebSocket job has its link");
-                let ResponsePart::WebSocket(first) = part else { unreachable!("matched above: {first:?}") };
-                let status = Box::pin(self.websocket(handshake, first, link, &responses)).await;
-                // One line per WebSocket, when it ends: its time is the WebSocket's life.
-                answer.status = status;
-                self.lobby.metrics.answered(status);
-                self.log_access(head, origin, &answer, &waiting, served.as_deref());
-                return Ok(false);
+            if let ResponsePart::WebSocket(first) = part {
+                let (Some(handshake), Some(link)) = (websocket, to_worker) else {
+                    unreachable!("only a WebSocket's job has WebSocket parts: {first:?}")
+                };
+                return Ok(Seated::WebSocket(Box::new(Accepted {
+                    handshake,
+                    first,
+                    link,
+                    responses,
+                    answer,
+                    waiting,
+                    served,
+                })));
             }
             self.mark.set(ConnectionState::Writing);
             let last = part.is_last();
@@ -366,10 +400,20 @@ impl<S: ClientStream> Connection<S> {
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).
-                return Ok(keep_open);
+                return Ok(if keep_open { Seated::KeepOpen } else { Seated::Close });
             }
             next = self.next_part(&responses, &mut watching).await;
         }
+    }
+
+    /// An accepted WebSocket (or the worker's refusal of it), to its end; then its one access
+    /// line, whose time is the WebSocket's life.
+    async fn websocket_life(&mut self, head: &RequestHead, origin: &Origin, accepted: Box<Accepted>) {
+        let Accepted { handshake, first, link, responses, mut answer, waiting, served } = *accepted;
+        let status = self.websocket(&handshake, first, link, &responses).await;
+        answer.status = status;
+        self.lobby.metrics.answered(status);
+        self.log_access(head, origin, &answer, &waiting, served.as_deref());
     }
 
     fn job(

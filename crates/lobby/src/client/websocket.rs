@@ -8,7 +8,7 @@
 //! answer's spool within the answer's memory (`seating/spool.rs`, never a file): past it, the
 //! relay stops reading the worker's frames until the client has taken some.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -39,8 +39,9 @@ use crate::seating::websocket::{link, ClientMessage, Closing, ToWorker, WsPart, 
 /// the connection anyway (RFC 6455, 7.1.1 lets the server close first).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// The bytes reserved to read each WebSocket's frames into (see `session`).
-const WEBSOCKET_READ_BUFFER: usize = 4096;
+/// The bytes reserved to read each WebSocket's frames into (see `session`): a message this
+/// small is read in one read, a larger one through `deflate::Ahead`.
+const WEBSOCKET_READ_BUFFER: usize = 512;
 
 /// Whether a request asks to become a WebSocket: `Upgrade` names `websocket`.
 fn asks_websocket(head: &RequestHead) -> bool {
@@ -234,7 +235,8 @@ impl<S: ClientStream> Connection<S> {
         let peer = self.peer.display();
         // tungstenite reserves `read_buffer_size` for each WebSocket up front (128 KiB by
         // default): 150 KB of lobby memory an open WebSocket at 5,000 of them, against uvicorn's
-        // 27 KB. At 4 KiB, the buffer grows only for a message larger than that, while it is read.
+        // 27 KB; 4 KiB was still 4 of the lobby's 17.4 KB. The buffer grows only for a message
+        // larger than it, while it is read, and `Inflating` reads ahead past it.
         let config = WebSocketConfig::default()
             .read_buffer_size(WEBSOCKET_READ_BUFFER)
             .max_message_size(Some(limits.max_size))
@@ -317,11 +319,15 @@ impl<S: ClientStream> Connection<S> {
                         break (Some((1011, reason.into())), closing(1011, reason));
                     }
                 },
-                permit = async { link.as_ref().expect("a link").messages.reserve().await }, if pending.is_some() && link.is_some() => match permit {
-                    Ok(permit) => permit.send(pending.take().expect("a pending message")),
+                ready = poll_fn(|cx| link.as_mut().expect("a link").messages.poll_ready(cx)), if pending.is_some() && link.is_some() => {
+                    let sent = ready.and_then(|()| {
+                        link.as_mut().expect("a link").messages.start_send(pending.take().expect("a pending message"))
+                    });
                     // The relay has ended: the worker's last part is on its way.
-                    Err(_) => pending = None,
-                },
+                    if sent.is_err() {
+                        pending = None;
+                    }
+                }
                 message = stream.next(), if pending.is_none() && failing.is_none() => {
                     heard = Instant::now();
                     match message {

@@ -7,7 +7,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, watch};
+use futures_channel::mpsc;
+use tokio::sync::watch;
 
 /// What the lobby knows of WebSockets as a whole.
 pub struct WebSockets {
@@ -133,7 +134,8 @@ impl WebSocketJob {
 
 /// A linked pair: the connection keeps `ToWorker`, the job carries `WebSocketJob`.
 pub fn link() -> (ToWorker, WebSocketJob) {
-    let (sender, receiver) = mpsc::channel(MESSAGES_AHEAD);
+    // A futures channel holds one message per sender beyond its buffer.
+    let (sender, receiver) = mpsc::channel(MESSAGES_AHEAD - 1);
     let closing = Rc::new(RefCell::new(None));
     (
         ToWorker { messages: sender, closing: closing.clone() },

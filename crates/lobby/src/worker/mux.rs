@@ -15,7 +15,8 @@ use std::io;
 use std::os::fd::AsFd;
 use std::rc::Rc;
 
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use futures_channel::mpsc;
+use tokio::sync::{oneshot, watch, Notify};
 
 use super::channel::Channel;
 use super::recycle::Recycle;
@@ -134,7 +135,7 @@ async fn run(
                 Ok(Some((id, frame))) => {
                     let route = mux.routes.borrow().get(&id).cloned();
                     match route {
-                        Some(route) => drop(route.send(frame)),
+                        Some(route) => drop(route.unbounded_send(frame)),
                         None if mux.dismissed.borrow().contains(&id) => {
                             if super::relay::decode_part(frame).map_or(true, |part| part.is_last()) {
                                 mux.dismissed.borrow_mut().remove(&id);
@@ -208,7 +209,7 @@ async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, job: Job) -> Result<(), Gon
             return Err(broke(lobby, mux.pid, format!("it broke its shared region: {detail}")).await);
         }
     };
-    let (route, frames) = mpsc::unbounded_channel();
+    let (route, frames) = mpsc::unbounded();
     mux.routes.borrow_mut().insert(taken.id, route);
     mux.card.admit(taken.id, taken.job.summary.clone());
     tokio::task::spawn_local(stream::relay(lobby.clone(), mux.clone(), taken, frames));

@@ -8,8 +8,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
+use futures_channel::mpsc;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{watch, Notify};
 
 use super::channel::{send_whole, Frame};
 use super::scoreboard::{Card, Phase};

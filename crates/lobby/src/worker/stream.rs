@@ -13,9 +13,11 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_channel::mpsc;
 use futures_util::FutureExt;
+use futures_util::StreamExt;
 use maitred_wire::{build_frame, cancel_frame, id_frame, Kind, WsClosing, WsData, WsOpcode, ID_LEN};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::channel::Frame;
 use super::health;
@@ -36,15 +38,31 @@ enum Ended {
     Done,
     /// The worker was lost, or broke the protocol.
     Lost,
+    /// The worker accepted its WebSocket: the messages are next.
+    Accepted,
 }
 
-/// Relays request `taken`'s answer, then, for an accepted WebSocket, its messages both ways.
+/// Relays request `taken`'s answer, then, for an accepted WebSocket, its messages both ways,
+/// in a task of their own: this one has room for everything an answer may wait on (a stack
+/// dump, a stop's grace), 2.1 KB, which 5,000 open WebSockets would hold for nothing.
 pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: mpsc::UnboundedReceiver<Frame>) {
-    let id = taken.id;
     let mut streamed = false;
-    let ended = answer(&lobby, &mux, &taken, &mut frames, &mut streamed).await;
+    match answer(&lobby, &mux, &taken, &mut frames, &mut streamed).await {
+        Ended::Accepted => drop(tokio::task::spawn_local(websocket_relay(lobby, mux, taken, frames))),
+        ended => relayed(&lobby, &mux, taken, streamed, ended),
+    }
+}
+
+async fn websocket_relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: mpsc::UnboundedReceiver<Frame>) {
+    let ended = websocket(&lobby, &mux, &taken, &mut frames).await;
+    relayed(&lobby, &mux, taken, true, ended);
+}
+
+/// The request's relay has ended.
+fn relayed(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool, ended: Ended) {
+    let id = taken.id;
     if let Ended::Lost = ended {
-        lost(&lobby, &mux, taken, streamed);
+        lost(lobby, mux, taken, streamed);
     }
     mux.ended(id, streamed);
 }
@@ -105,7 +123,7 @@ async fn answer(
         }
         let next = tokio::select! {
             biased;
-            frame = frames.recv() => Next::Frame(frame),
+            frame = frames.next() => Next::Frame(frame),
             _ = job.respond.closed(), if !cancelled => Next::ClientGone,
             () = tokio::time::sleep_until(deadline), if !*streamed => Next::TimedOut,
             why = &mut grace_over, if *streamed && job.websocket.is_none() => Next::GraceOver(why),
@@ -192,7 +210,7 @@ async fn answer(
             let _ = job.respond.send(ResponsePart::Abort);
         }
         if accepted {
-            return websocket(lobby, mux, taken, frames).await;
+            return Ended::Accepted;
         }
         if last {
             lobby.metrics.served(seated_at.elapsed());
@@ -237,7 +255,7 @@ async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Fra
             biased;
             _ = job.respond.room() => break,
             _ = job.respond.closed() => break,
-            frame = frames.recv() => match frame {
+            frame = frames.next() => match frame {
                 // Written before the worker read HOLD: kept, within the spool's file.
                 Some(frame) => match decode_part(frame) {
                     Ok(part) => drop(job.respond.send(part)),
@@ -306,7 +324,7 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::U
         let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
         tokio::select! {
             biased;
-            frame = frames.recv() => {
+            frame = frames.next() => {
                 let Some(frame) = frame else { return Ended::Lost };
                 match frame.header.kind {
                     Kind::WsHold => { worker_full = true; continue; }
@@ -335,7 +353,7 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::U
                 }
             }
             _ = job.respond.room(), if held => {}
-            message = messages.recv(), if !client_done && !worker_full => {
+            message = messages.next(), if !client_done && !worker_full => {
                 let frame = match message {
                     Some(ClientMessage { text, data }) => message_frame(taken.id, text, &data),
                     None => {
