@@ -170,3 +170,22 @@ impl WsPart {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_holds_messages_ahead_of_the_worker_and_no_more() {
+        let (mut to_worker, websocket) = link();
+        let message = || ClientMessage { text: true, data: Bytes::from_static(b"hello") };
+        for _ in 0..MESSAGES_AHEAD {
+            to_worker.messages.try_send(message()).expect("room for a message ahead");
+        }
+        let full = to_worker.messages.try_send(message()).expect_err("the link is full");
+        assert!(full.is_full(), "{full}");
+        let mut messages = websocket.messages.borrow_mut().take().expect("the worker's end");
+        assert!(messages.try_next().expect("a message waits").is_some());
+        to_worker.messages.try_send(message()).expect("room again once the worker has taken one");
+    }
+}
