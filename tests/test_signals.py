@@ -375,7 +375,9 @@ def test_job_control_signals_to_the_whole_group_stop_no_process(maitred_server):
 
 # Runs maitred in the background of a terminal of its own, as `maitred … &` in a job-control
 # shell with `stty tostop`: a background process that writes to the terminal is sent SIGTTOU.
-# Prints the lobby's state and its answer to one request, then kills maitred.
+# Prints the lobby's state and its answer to one request, then kills maitred. The job's process
+# group is made by os.setpgrp before maitred runs (Popen's process_group=0 is Python 3.11's):
+# safe here, as the job starts no thread.
 BACKGROUND_JOB = """\
 import fcntl, os, signal, socket, subprocess, sys, termios, time
 maitred, port, apps = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -387,7 +389,7 @@ attributes[3] |= termios.TOSTOP
 termios.tcsetattr(terminal, termios.TCSANOW, attributes)
 server = subprocess.Popen(
     [maitred, "-b", f"127.0.0.1:{port}", "-w", "2", "crashy:app"],
-    cwd=apps, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, process_group=0,
+    cwd=apps, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, preexec_fn=os.setpgrp,
 )
 try:
     deadline = time.monotonic() + 20

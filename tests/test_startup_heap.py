@@ -9,6 +9,8 @@ set its own. Real servers and requests; the application reports what the collect
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from client import get
@@ -34,10 +36,32 @@ def test_the_import_is_frozen_and_request_garbage_is_still_collected(maitred_ser
     assert seen["young_threshold"] == 2000, seen
 
 
+def frozen_by_the_interpreter() -> int:
+    """What gc.get_freeze_count() says in a fresh interpreter of the tests' own, which the
+    workers run on, after a collection, as the application's report comes after one: 0 on 3.11
+    and 3.13; on 3.12 a few hundred, the immortal objects its collector moves to the permanent
+    generation, gc.freeze's, when it meets them."""
+    counted = subprocess.run(
+        [sys.executable, "-c", "import gc; gc.collect(); print(gc.get_freeze_count())"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(counted.stdout)
+
+
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])
 def test_gc_freeze_false_leaves_every_object_to_the_collector(maitred_server, app):
     seen = what_the_collector_sees(maitred_server, "--gc-freeze", "false", app)
-    assert seen == {"frozen": 0, "import_frozen": False, "cycle_collected": True, "young_threshold": 2000}
+    # Not one frozen object more than the interpreter freezes by itself: a gc.freeze() of the
+    # import would add thousands (the test above).
+    assert seen == {
+        "frozen": frozen_by_the_interpreter(),
+        "import_frozen": False,
+        "cycle_collected": True,
+        "young_threshold": 2000,
+    }
 
 
 @pytest.mark.parametrize("app", ["heap:wsgi", "heap:asgi"], ids=["wsgi", "asgi"])

@@ -17,7 +17,12 @@ mod response;
 mod scope;
 mod serve;
 
-#[pymodule]
+// PyO3 declares a module safe without the GIL unless told otherwise, and maitred has never
+// been tested without it: on a free-threaded CPython (built from source there; the abi3 wheel
+// does not install on one), importing this module turns the GIL back on, with CPython's
+// RuntimeWarning, rather than run the worker's channels and the lobby's entry point unserialised.
+// The abi3 build targets 3.10, whose modules have no such declaration, so the wheel is unchanged.
+#[pymodule(gil_used = true)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     serve::register(m)?;
     m.add_class::<channel::WorkerChannel>()?;
