@@ -15,7 +15,8 @@
 //! and the other workers, and a second request only adds a thread that waits for the GIL. With
 //! the worker's own measure alone, TechEmpower's Django application (bench/ DB-DJANGO, `-w 2`,
 //! 2 cores) served 0.90 as many requests with `--threads 4` as with `--threads 1`, and its tests
-//! of twenty queries a request 0.66-0.73 (bench/results/issue47).
+//! of twenty queries a request 0.66-0.73; with the machine's too, 1.08, and 1.32-1.35
+//! (bench/results/issue47).
 //!
 //! The demand is how many of the worker's threads are runnable (state R: on a core, or waiting
 //! for one), sampled from /proc/PID/task/TID/stat and smoothed over `SMOOTHING`. Not the CPU
@@ -30,11 +31,11 @@
 //! affinity and its cgroup's quota: `available_parallelism`). It is the whole machine's, other
 //! containers' too: what they run takes the same cores.
 //!
-//! A sample is one pread(2) of each thread's stat and one of /proc/loadavg, on descriptors opened when the threads are
-//! listed (about 5 µs each: health::LOOK_AFTER_IDLE), taken only while a request waits and
-//! another thread of the worker is busy, and at most once per `LOOK_AGAIN / 2`: at most 6
-//! threads × 5 µs a millisecond, 3% of a core while a threaded worker is busy with a queue behind
-//! it, and nothing otherwise.
+//! A sample is one pread(2) of each thread's stat and one of /proc/loadavg, on descriptors
+//! opened beforehand (about 5 µs each: health::LOOK_AFTER_IDLE), taken only while a request
+//! waits and another thread of the worker is busy, and at most once per `LOOK_AGAIN / 2`: at
+//! most 7 reads × 5 µs a millisecond, 3.5% of a core while a threaded worker is busy with a queue
+//! behind it, and nothing otherwise.
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
