@@ -2,14 +2,17 @@
 #   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
 #   make test   build it, run the lint gates (make lint), then the Rust and the Python test suites
 #   make wheel  a manylinux2014 wheel in dist/, for installing maitred where there is no Rust (README, Installing)
+#   make test-pythons  the worker-side tests on every other CPython the machine has, 3.10 on, with that wheel
 #
 # Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The pip every venv of the project runs: .venv, and tests/pythons.py's.
+PIP_PIN := pip==26.3
 
-.PHONY: run test install lint wheel
+.PHONY: run test install lint wheel test-pythons
 
 # Debian's python3 comes without venv; as root, install it rather than fail.
 $(BIN)/python:
@@ -22,7 +25,7 @@ $(BIN)/python:
 # pinned here within its range so that every build is made by the same maturin; redone when
 # pyproject.toml changes.
 $(VENV)/.build-tools: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet "pip==26.3" "maturin==1.16.0"
+	$(BIN)/pip install --quiet "$(PIP_PIN)" "maturin==1.16.0"
 	touch $@
 
 # maitred itself, and nothing more: it has no run-time dependency, so `make run` waits only for
@@ -73,8 +76,11 @@ lint: install $(VENV)/.test-tools
 # fetched into .cache/); the Rust tests learn where from the environment, and fail without it, so
 # it also names in CARGO_TEST_SKIPS the ones cargo is to leave out, saying on one line each why.
 # TESTS picks pytest's files (all of tests/ by default), e.g. TESTS=tests/test_wheel.py.
+# LINT= leaves the lint gates out: .ci/run's first run does, as its second, in a fresh clone of the
+# same tree, runs them.
 TESTS ?= tests
-test: install $(VENV)/.test-tools lint
+LINT ?= lint
+test: install $(VENV)/.test-tools $(LINT)
 	eval "$$($(BIN)/python tests/corpora.py)" && cargo test --workspace -- $$CARGO_TEST_SKIPS
 	cargo build --release -p maitred-stub
 	$(BIN)/python -m pytest $(TESTS) -q -rs
@@ -84,3 +90,8 @@ test: install $(VENV)/.test-tools lint
 .PHONY: bench
 bench: install
 	$(PYTHON) bench/run.py $(if $(S),--scenarios $(S))
+
+# The worker-side tests on each other CPython from 3.10 on, in venvs of .venv-pythons/ with the
+# wheel installed (tests/pythons.py): the abi3 wheel's claim, tested where the machine has them.
+test-pythons: wheel
+	PIP_PIN="$(PIP_PIN)" $(BIN)/python tests/pythons.py
