@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import time
 import uuid
 from fractions import Fraction
@@ -97,6 +99,29 @@ def test_workers_auto_counts_the_affinity_mask_under_taskset(maitred_server, tmp
     assert f"of {os.cpu_count()} cores" in log
     assert get(server.port, "/").status == 200
     assert len(workers_of(server.pid, 1)) == 1
+
+
+def test_a_reload_counts_the_cpus_again(maitred_server, tmp_path):
+    """SIGHUP reads --workers auto again (a pod's CPUs can change while it runs), and the log
+    says what it read: here, the affinity mask of every thread of the lobby, widened by taskset
+    from one CPU to two between the start and the reload."""
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this process may use only one CPU: the mask cannot be widened")
+    (tmp_path / "hello.py").write_text(HELLO)
+    (tmp_path / "maitred.conf.py").write_text('workers = "auto"\n')
+    maitred_server.command = ["taskset", "-c", "0", *maitred_server.command]
+    server = maitred_server("-c", "maitred.conf.py", "hello:app", cwd=tmp_path)
+    server.wait_for_log("--workers auto: 1, for 1 CPUs in the affinity mask", timeout=10)
+    assert len(workers_of(server.pid, 1)) == 1
+    subprocess.run(
+        ["taskset", "--all-tasks", "--pid", "--cpu-list", "0,1", str(server.pid)], check=True, capture_output=True
+    )
+    os.kill(server.pid, signal.SIGHUP)
+    server.wait_for_log("SIGHUP: --workers auto: 2, for 2 CPUs in the affinity mask", timeout=10)
+    assert len(workers_of(server.pid, 2)) == 2
+    assert get(server.port, "/").status == 200
 
 
 def _cgroup_with_a_quota(quota_us: int, period_us: int) -> Path:

@@ -2,7 +2,7 @@
 cannot change (KEPT_ON_RELOAD), and what the lobby calls to read the file again (`rereader`),
 under the same layers as at start-up.
 
-May import: every other module of the package.
+May import: every other module of the package (and maitred.log).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+from maitred import log
 from maitred.config.command_line import _parse_arguments, build_parser
 from maitred.config.config_file import read_config
 from maitred.config.precedence import Layer, _complete, _layers_below_the_file, _merge
@@ -87,7 +88,10 @@ def reread(
     be read or is wrong."""
     from_file = read_config(location)
     merged, sources = _merge([*below, ("config file", from_file.values), *above])
-    _complete(merged, sources)
+    # --workers auto counts again: a container's CPUs may have changed since the start (a
+    # Kubernetes pod resized in place), and the log says what this reload read, as at start-up.
+    for note in _complete(merged, sources):
+        log.log("info", f"SIGHUP: {note}")
     settings = dict(started)
     settings.update({s.name: merged[s.name] for s in SETTINGS if s.file_settable})
     try:
