@@ -93,3 +93,16 @@ def test_capture_output_no_leaves_the_descriptors_alone(maitred_server):
     # print() writes to the worker's own standard output, as the CLI's: the same file, unmarked.
     assert f"printed line 0 from {pid}\n" in server.stdout()
     assert "[app]" not in server.stderr()
+
+
+def test_uncaptured_a_printed_line_reaches_standard_output_while_its_worker_lives(maitred_server, monkeypatch):
+    """--capture-output no: the worker's standard output is the CLI's, here a file, which Python
+    block-buffers as it does a pipe; maitred makes it line buffered all the same."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    server = maitred_server("-w", "1", "--capture-output", "no", "chatty:app", cwd=APPS)
+    pid = get(server.port, "/say").pid
+    deadline = time.monotonic() + 2
+    while f"said by {pid}, unflushed\n" not in server.stdout():
+        assert time.monotonic() < deadline, f"the line is not in standard output: {server.stdout()!r}"
+        time.sleep(0.02)
+    assert get(server.port, "/").pid == pid  # the same worker, still serving

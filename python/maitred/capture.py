@@ -61,10 +61,15 @@ def redirect(pipe: int) -> None:
     os.dup2(pipe, 1)
     os.dup2(pipe, 2)
     os.close(pipe)
-    # Python block-buffers standard output that is not a terminal, as this pipe is not (nor is a
-    # container's standard output): a print()ed line would wait in the worker for 8 KiB more, or
-    # for its exit. Line buffering writes each line when it ends, one system call a line (what
-    # standard error already does), without PYTHONUNBUFFERED's one a write.
+    line_buffered_stdout()
+
+
+def line_buffered_stdout() -> None:
+    """In a new worker, captured or not. Python block-buffers standard output that is not a
+    terminal, as the capture's pipe is not, nor a container's standard output, nor a file: a
+    print()ed line would wait in the worker for 8 KiB more, or for its exit. Line buffering
+    writes each line when it ends, one system call a line (what standard error already does),
+    without PYTHONUNBUFFERED's one a write."""
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)
 

@@ -369,6 +369,8 @@ class _Zygote:
             if output is not None:
                 os.close(output[0])
                 capture.redirect(output[1])
+            else:
+                capture.line_buffered_stdout()
             channel_fds = [worker_end.detach() for worker_end in worker_ends]
             asgi_options = self._asgi_options if interface == "asgi" else None
             code = worker.serve(
