@@ -128,6 +128,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
             Some(Ok(data)) => {
                 gap_started = Instant::now();
                 body.push(&data, BODY_MEMORY, &shared.descriptors)?;
+                body.flush()?;
                 // The bytes are the request's now: the client may send as many more.
                 let _ = stream.flow_control().release_capacity(data.len());
                 if let Some(max) = config.max_body.filter(|max| body.len() > *max) {
