@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 import apps
+import body
+import body_app
 import db_levels
 import hop
 import lifecycle
@@ -30,6 +32,7 @@ import procs
 from front import HAProxyFront
 from measure import (
     ACCEPT_SYSCALLS,
+    BodyLoad,
     Load,
     ParseError,
     StreamClients,
@@ -94,6 +97,11 @@ def run_once(
         # The applications' packages (bench/peers/db-apps.txt) before whatever the server's own
         # Python has, so that every server runs the same versions.
         env.update(database.environment(), PYTHONPATH=os.pathsep.join([str(DB_APPS), str(BENCH)]))
+    if isinstance(load, BodyLoad):
+        # The body file (made once in bench/.work) for the app's GET /file, and Starlette (the ASGI
+        # app's FileResponse) from the database applications' packages, for every server alike.
+        env[body_app.FILE_VARIABLE] = str(body.body_file(load.mib)[0])
+        env["PYTHONPATH"] = os.pathsep.join([str(DB_APPS), str(BENCH)])
     ran_file = workdir / "ran"
     if scenario.count_runs:
         env[apps.RAN_FILE_VARIABLE] = str(ran_file)
@@ -211,6 +219,9 @@ def run_once(
                 workdir,
             )
             result["extra"].update(measurement.pop("figures"))
+        elif isinstance(load, BodyLoad):
+            measurement, result["cut_short"], figures, result["body"] = body.run(load, process, port, workdir, env)
+            result["extra"].update(figures)
         elif isinstance(load, StreamClients):
             measurement, result["cut_short"] = _stream_load(load, url, process.pid, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures"))
@@ -244,7 +255,7 @@ def run_once(
         result["measurement"] = measurement
     except procs.StartError as error:
         result["error"] = f"did not start: {error}"
-    except (RunError, lifecycle.LifecycleError, hop.HopError) as error:
+    except (RunError, lifecycle.LifecycleError, hop.HopError, body.BodyError) as error:
         result["error"] = str(error)
     finally:
         phases.end("measured")
