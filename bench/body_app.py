@@ -36,9 +36,7 @@ def wsgi(environ, start_response):
     if path == "/file" and method == "GET":
         name = os.environ[FILE_VARIABLE]
         size = os.stat(name).st_size
-        start_response(
-            "200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(size))]
-        )
+        start_response("200 OK", [("Content-Type", "application/octet-stream"), ("Content-Length", str(size))])
         handle = open(name, "rb")  # noqa: SIM115 (the server closes it through the wrapper)
         wrapper = environ.get("wsgi.file_wrapper")
         if wrapper is None:

@@ -79,7 +79,9 @@ def run(
     tracers = {}
     try:
         for side in ("lobby", "workers"):
-            tracers[side] = attach_strace(by_side[side], workdir / f"strace-{side}.txt", workdir / f"strace-{side}.log", env)
+            tracers[side] = attach_strace(
+                by_side[side], workdir / f"strace-{side}.txt", workdir / f"strace-{side}.log", env
+            )
         traced, traced_cut = run_load(workdir / "traced")
     finally:
         for tracer in tracers.values():

@@ -276,8 +276,10 @@ def _body_table(records: dict[str, dict]) -> list[str]:
     if not rows:
         return []
     return [
-        "Big bodies (BODY-*, issue 49): MB/s and server CPU seconds per GiB (medians), the best peer "
-        "by MB/s, maitred / that peer for each, and system calls per GiB (the strace pass).",
+        (
+            "Big bodies (BODY-*, issue 49): MB/s and server CPU seconds per GiB (medians), the best peer "
+            "by MB/s, maitred / that peer for each, and system calls per GiB (the strace pass)."
+        ),
         "",
         "| scenario | maitred MB/s, s/GiB | best peer | its MB/s, s/GiB | ratio MB/s, s/GiB | system calls / GiB, maitred, best peer |",
         "|---|---:|---|---:|---:|---:|",

@@ -731,8 +731,9 @@ BODY_GENERATED_TARGETS = (
     BODY_NO_ERRORS,
     Target(
         "the server's RSS growth (peak) within the bound (the bound column; --body-bound-mib)",
-        lambda summary, peers: summary.get("rss_growth_mb") is not None
-        and summary["rss_growth_mb"] <= summary["bound_mib"],
+        lambda summary, peers: (
+            summary.get("rss_growth_mb") is not None and summary["rss_growth_mb"] <= summary["bound_mib"]
+        ),
     ),
     Target(
         "its temp-file disk (peak) within the bound",
@@ -740,9 +741,11 @@ BODY_GENERATED_TARGETS = (
     ),
     Target(
         "the workers' CPU for the slow reader's answer <= for a fast reader's",
-        lambda summary, peers: summary.get("slow_worker_cpu_s") is not None
-        and summary.get("fast_worker_cpu_s") is not None
-        and summary["slow_worker_cpu_s"] <= summary["fast_worker_cpu_s"],
+        lambda summary, peers: (
+            summary.get("slow_worker_cpu_s") is not None
+            and summary.get("fast_worker_cpu_s") is not None
+            and summary["slow_worker_cpu_s"] <= summary["fast_worker_cpu_s"]
+        ),
     ),
 )
 BODY_NOTE = (
@@ -758,9 +761,9 @@ BODY_NOTE = (
     "open, from /proc/PID/fd) are read every 50 ms; the peaks are shown, RSS as growth over the "
     "reading before the pass. System calls: a second, untimed pass of one transfer with strace -f -c "
     "attached to every process of the server (Debian's strace, installed by the harness when "
-    "missing; perf trace is not used: ptrace's strace counts every thread the same way on every "
-    "server, as H1-hop does), its calls over that transfer's GiB; the calls by name are in "
-    "latest.json."
+    "missing, as H1-hop's; perf trace -s runs on this machine too, but the pass is untimed, so "
+    "ptrace's cost does not matter and the counts are read as H1-hop reads them), its calls over that "
+    "transfer's GiB; the calls by name are in latest.json."
 )
 BODY_UPLOAD_NOTE = (
     "Uploads: curl -T FILE -X POST (curl streams the file; --data-binary @FILE would read all of it "
