@@ -34,6 +34,7 @@ import stat
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import hop
@@ -87,8 +88,8 @@ def run(load: BodyLoad, process: subprocess.Popen, port: int, workdir: Path, env
     errors: dict[str, int] = {}
 
     if load.kind == "generated":
-        fast_alone = _pass(replace_clients(load, 1), url, path, top, workdir / "fast-alone", with_slow=False)
-        slow_alone = _pass(replace_clients(load, 0), url, path, top, workdir / "slow-alone", with_slow=True)
+        fast_alone = _pass(replace(load, clients=1), url, path, top, workdir / "fast-alone", with_slow=False)
+        slow_alone = _pass(replace(load, clients=0), url, path, top, workdir / "slow-alone", with_slow=True)
         slow_alone["worker_cpu_s"] += _settle(top)
         raw["fast_alone"], raw["slow_alone"] = fast_alone, slow_alone
         cut = cut or fast_alone["cut"] or slow_alone["cut"]
@@ -152,12 +153,6 @@ def run(load: BodyLoad, process: subprocess.Popen, port: int, workdir: Path, env
         "gave_up": None,
     }
     return measurement, cut, figures, raw
-
-
-def replace_clients(load: BodyLoad, clients: int) -> BodyLoad:
-    from dataclasses import replace
-
-    return replace(load, clients=clients)
 
 
 def _count_errors(errors: dict[str, int], result: dict, load: BodyLoad, digest: str) -> int:
@@ -249,8 +244,11 @@ def tree_temp_disk(top: int) -> int:
 
 
 def _own_cpu_seconds(pid: int) -> float:
-    fields = procs._stat_fields(pid)
-    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The process's own CPU time (not its children's): the lobby's, or the peer's master's."""
+    try:
+        return procs.cpu_seconds([pid])
+    except ProcessLookupError:
+        raise BodyError(f"the server's process {pid} ended during the run; see server.log") from None
 
 
 def _children_cpu() -> float:
@@ -267,10 +265,7 @@ class _SlowReader:
         argv[argv.index("-w") : argv.index("-w") + 2] = []
         self.log = (workdir / "slow.err").open("wb")
         self.began = time.monotonic()
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True
-        )
-        procs._live_groups[self.process.pid] = self.process
+        self.process = procs.start_piped(argv, log=self.log, cwd=workdir, env=dict(os.environ))
         self.bytes = 0
         self.ended = None
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -415,7 +410,7 @@ def _strace_pass(
     except hop.HopError as error:
         raise BodyError(str(error)) from None
     try:
-        traced = _pass(replace_clients(load, 1), url, path, top, workdir, with_slow=False, limit=STRACE_LIMIT_SECONDS)
+        traced = _pass(replace(load, clients=1), url, path, top, workdir, with_slow=False, limit=STRACE_LIMIT_SECONDS)
     finally:
         hop.detach_strace(tracer)
     text = summary.read_text() if summary.exists() else ""
