@@ -2,7 +2,8 @@
 until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
 compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
 memory while they are held (M1), run the load (beside it, reloads or a binary upgrade: R1, U1,
-bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py), read the
+bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py; or curl's
+big bodies and an strace pass: BODY-*, bench/body.py), read the
 kernel's counters around it, read the server's memory after it (IO1-mem), and stop everything
 that was started, in reverse order.
 

@@ -3,7 +3,8 @@
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
 docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, H1-hop, the cost
 of the lobby-worker hop, IO1, IO1-mem and HOL, for threads per worker, A1, A1-c1 and O1-ASGI
-for ASGI applications, and H2-T1, H2-L1 and M1-H2 for HTTP/2); where a scenario needs two measurements, each is a scenario of its own
+for ASGI applications, H2-T1, H2-L1 and M1-H2 for HTTP/2, and BODY-* for big bodies up and down,
+bench/body.py); where a scenario needs two measurements, each is a scenario of its own
 (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken,
 A1 and A1-c1).
 """
