@@ -79,11 +79,13 @@ def run(
     tracers = {}
     try:
         for side in ("lobby", "workers"):
-            tracers[side] = _attach(by_side[side], workdir / f"strace-{side}.txt", workdir / f"strace-{side}.log", env)
+            tracers[side] = attach_strace(
+                by_side[side], workdir / f"strace-{side}.txt", workdir / f"strace-{side}.log", env
+            )
         traced, traced_cut = run_load(workdir / "traced")
     finally:
         for tracer in tracers.values():
-            _detach(tracer)
+            detach_strace(tracer)
     calls = {side: _counts(workdir / f"strace-{side}.txt") for side in tracers}
     totals = {side: sum(counts.values()) for side, counts in calls.items()}
 
@@ -132,7 +134,7 @@ def _per_request(count: int, measurement: dict) -> float | None:
     return count / measurement["requests"] if measurement["requests"] else None
 
 
-def _attach(pids: tuple[int, ...], summary: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+def attach_strace(pids: tuple[int, ...], summary: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
     """Starts strace on pids (every thread of each) and returns once it traces all of them, as
     /proc shows (TracerPid), so that the load starts with every call counted."""
     with log.open("wb") as output:
@@ -140,13 +142,13 @@ def _attach(pids: tuple[int, ...], summary: Path, log: Path, env: dict[str, str]
     deadline = time.monotonic() + STRACE_WAIT_SECONDS
     while not all(tracing == tracer.pid for tracing in _per_thread(pids, "TracerPid").values()):
         if tracer.poll() is not None or time.monotonic() > deadline:
-            _detach(tracer)
+            detach_strace(tracer)
             raise HopError(f"strace did not attach to {pids}: {log.read_text(errors='replace').strip() or 'no output'}")
         time.sleep(0.01)
     return tracer
 
 
-def _detach(tracer: subprocess.Popen) -> None:
+def detach_strace(tracer: subprocess.Popen) -> None:
     """SIGINT makes strace detach from its tracees, which run on, and write its counts."""
     procs.interrupt(tracer)
     try:

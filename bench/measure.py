@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -615,7 +616,80 @@ def stream_measurement(report: dict) -> dict:
     }
 
 
-Load = Ab | Wrk | H2Load | ClosedLoop | OpenLoop | MixedClients | StreamClients
+@dataclass(frozen=True)
+class BodyLoad:
+    """The BODY scenarios (issue 49): curl processes moving big bodies, run by bench/body.py from the
+    harness itself: `clients` uploads of the body file to POST /hash (its Content-Length, or chunked)
+    each answer checked against the file's sha256, or `clients` downloads of GET /file or
+    /generated, each checked for its length; where `slow` is set, one more reader at
+    `--limit-rate slow_rate` beside the fast ones. The body's size (MiB) is the invocation's
+    (run.py --body-mib: 512, --quick 64). After the timed pass, a pass of one transfer with strace
+    attached to every process of the server counts its system calls, apart from the timing."""
+
+    kind: str  # "upload", "download" or "generated"
+    clients: int
+    chunked: bool = False  # upload: Transfer-Encoding: chunked instead of a Content-Length
+    slow: bool = False  # one reader at slow_rate beside the fast ones
+    slow_rate: str = "5M"
+    # generated: how long the slow reader reads (download: until the fast ones are done).
+    slow_seconds: float = 10.0
+    mib: int = 512
+    # generated: the bound on the server's memory growth and temp-file disk use (MiB), run.py
+    # --body-bound-mib; docs/LIMITS.md will state the real one.
+    bound_mib: float = 8.0
+
+    tool = "curl"
+
+    @property
+    def path(self) -> str:
+        return {"upload": "/hash", "download": "/file", "generated": "/generated"}[self.kind]
+
+    @property
+    def size(self) -> int:
+        return self.mib * 1024 * 1024
+
+    def curl_argv(self, url: str, body_file: str, out: str, *, rate: str | None = None) -> list[str]:
+        """One client's curl: -w's line is `status uploaded downloaded seconds`."""
+        argv = ["curl", "-sS", "-o", out, "-w", "%{http_code} %{size_upload} %{size_download} %{time_total}\\n"]
+        if rate:
+            argv += ["--limit-rate", rate]
+        if self.kind == "upload":
+            # -T streams the file (--data-binary @file would read all of it into curl's memory first,
+            # inside the timed seconds); -X POST; no Expect: 100-continue, which curl sends for a body
+            # over 1 MiB and then waits up to 1 s for, which servers answer differently.
+            argv += ["-X", "POST", "-T", body_file, "-H", "Expect:", "-H", "Content-Type: application/octet-stream"]
+            if self.chunked:
+                argv += ["-H", "Transfer-Encoding: chunked"]
+        target = url.rstrip("/") + self.path
+        return [*argv, target + (f"?bytes={self.size}" if self.kind == "generated" else "")]
+
+    def describe(self) -> str:
+        out = "ANSWER" if self.kind == "upload" else "/dev/null"
+        one = shlex.join(self.curl_argv("http://127.0.0.1:PORT", f"body-{self.mib}MiB.bin", out))
+        text = f"{self.clients} x `{one}`" if self.clients > 1 else f"`{one}`"
+        if self.slow:
+            bound = f"for {self.slow_seconds:g} s" if self.kind == "generated" else "until the fast ones are done"
+            text += f", beside one reader at --limit-rate {self.slow_rate} -o - ({bound})"
+        return text
+
+    def shortened(self) -> BodyLoad:
+        # --quick: the smaller body (run.py sets it), and the slow reader for 3 s.
+        return replace(self, slow_seconds=min(self.slow_seconds, 3.0))
+
+    def default_time_limit(self) -> float:
+        # Each pass is bounded on its own (bench/body.py); this is what one run may take at most.
+        return float(body_pass_limit(self) * 4 + 60)
+
+    def parse(self, output: str, workdir: Path, seconds: float) -> dict:
+        raise ParseError("bench/body.py runs the BODY loads itself")
+
+
+def body_pass_limit(load: BodyLoad) -> float:
+    """The seconds one pass of a BODY load may take: its bytes at 20 MB/s, at least 30 s."""
+    return max(30.0, load.clients * load.size / 20e6)
+
+
+Load = Ab | Wrk | H2Load | ClosedLoop | OpenLoop | MixedClients | StreamClients | BodyLoad
 
 
 def _deadline_clients_measurement(output: str) -> dict:

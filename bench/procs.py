@@ -55,6 +55,15 @@ def start(
     return process
 
 
+def start_piped(argv: Sequence[str], *, log: IO[bytes], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """As start, with stdout a pipe for the caller to read (stderr still to log)."""
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, cwd=cwd, env=env, start_new_session=True
+    )
+    _live_groups[process.pid] = process
+    return process
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in group pgid, read from /proc."""
     members = []

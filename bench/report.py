@@ -245,9 +245,47 @@ def _markdown(environment: dict, records: dict[str, dict], scenarios: dict) -> s
             f"{_figure(best and best.get(key), digits)} | {_ratio(ours, best, key)} | {met} |"
         )
     lines.append("")
+    lines += _body_table(records)
     for name, record in records.items():
         lines += _section(record, scenarios[name], environment)
     return "\n".join(lines) + "\n"
+
+
+def _body_table(records: dict[str, dict]) -> list[str]:
+    """The BODY scenarios (issue 49) as the issue's table has them: maitred's MB/s and server CPU per
+    GiB against the peer with the most MB/s, the ratios, and each one's system calls per GiB."""
+    rows = []
+    for name, record in records.items():
+        if not name.startswith("BODY-"):
+            continue
+        summaries = _summaries(record)
+        ours = summaries.get(REFERENCE)
+        peers = [(label, s) for label, s in summaries.items() if _is_peer(label) and s and s.get("mb_s") is not None]
+        label, best = max(peers, key=lambda pair: pair[1]["mb_s"]) if peers else ("-", None)
+
+        def pair(summary: dict | None) -> str:
+            if not summary:
+                return "-"
+            return f"{_figure(summary.get('mb_s'), 0)}, {_figure(summary.get('cpu_s_per_gib'), 2)}"
+
+        rows.append(
+            f"| [{name}](#{name.lower()}) | {pair(ours)} | {label} | {pair(best)} | "
+            f"{_ratio(ours, best, 'mb_s')}, {_ratio(ours, best, 'cpu_s_per_gib')} | "
+            f"{_figure(ours and ours.get('calls_per_gib'), 0)}, {_figure(best and best.get('calls_per_gib'), 0)} |"
+        )
+    if not rows:
+        return []
+    return [
+        (
+            "Big bodies (BODY-*, issue 49): MB/s and server CPU seconds per GiB (medians), the best peer "
+            "by MB/s, maitred / that peer for each, and system calls per GiB (the strace pass)."
+        ),
+        "",
+        "| scenario | maitred MB/s, s/GiB | best peer | its MB/s, s/GiB | ratio MB/s, s/GiB | system calls / GiB, maitred, best peer |",
+        "|---|---:|---|---:|---:|---:|",
+        *rows,
+        "",
+    ]
 
 
 def _reference_figure(summaries: dict[str, dict | None], key: str, digits: int) -> str:

@@ -32,15 +32,23 @@ from pathlib import Path
 import postgres
 import procs
 import soak
-from measure import DEADLINE_CLIENTS_MANIFEST, DeadlineClients, Load, strace_argv
+from measure import DEADLINE_CLIENTS_MANIFEST, BodyLoad, DeadlineClients, Load, strace_argv
 from runner import SETTLE_SECONDS, WORK, brief, run_once
 from scenarios import SCENARIOS, Entry, Scenario
 from servers import BENCH, DB_APPS, MAITRED, PEERS, PEERS_VENV, REPO, SERVERS, Server, maitred_takes_threads
 
 HARNESS_REQUIREMENTS = ("matplotlib==3.11.2",)
-# strace counts accept calls (S3-accept); nginx is the proxy in front of the servers in S5; h2load
-# is the HTTP/2 load (H2-T1, H2-L1).
-DEBIAN_TOOLS = {"ab": "apache2-utils", "wrk": "wrk", "strace": "strace", "nginx": "nginx", "h2load": "nghttp2-client"}
+# strace counts accept calls (S3-accept) and the BODY scenarios' system calls; nginx is the proxy in
+# front of the servers in S5; h2load is the HTTP/2 load (H2-T1, H2-L1); curl the BODY scenarios'
+# clients.
+DEBIAN_TOOLS = {
+    "ab": "apache2-utils",
+    "wrk": "wrk",
+    "strace": "strace",
+    "nginx": "nginx",
+    "h2load": "nghttp2-client",
+    "curl": "curl",
+}
 # The database scenarios' PostgreSQL (bench/postgres.py makes a cluster of its own with it).
 DATABASE_PACKAGE = "postgresql"
 # The database applications' packages, pinned, installed into DB_APPS.
@@ -64,6 +72,8 @@ def main(argv: list[str]) -> int:
     if args.list:
         _print_registry()
         return 0
+    if args.scenarios:
+        args.scenarios = _families(args.scenarios)
     if args.scenarios and soak.ID in args.scenarios:
         return _run_soak(args)
     if args.report_only:
@@ -87,7 +97,9 @@ def main(argv: list[str]) -> int:
 
     installs = _install_peers([SERVERS[name] for name in sorted(wanted)])
     with_database = any(scenario.db_tests for scenario in scenarios)
-    if with_database and (error := _install_db_apps()):
+    # The BODY scenarios' ASGI app serves files with Starlette's FileResponse, from the same packages.
+    with_db_apps = with_database or any(isinstance(scenario.load, BodyLoad) for scenario in scenarios)
+    if with_db_apps and (error := _install_db_apps()):
         return _fail(error)
     available = {name for name in wanted if installs.get(name, "ok") == "ok"}
     out = Path(args.out) if args.out else (WORK / "quick" if args.quick else BENCH / "results")
@@ -105,7 +117,11 @@ def main(argv: list[str]) -> int:
                 tool_versions["postgresql"] = database.version()
                 tool_versions["database applications"] = ", ".join(_db_apps_requirements(direct_only=True))
             for scenario in scenarios:
-                records.append(_run_scenario(scenario, runs, args.quick, available, records, database, args.db_seconds))
+                records.append(
+                    _run_scenario(
+                        scenario, runs, args.quick, available, records, database, args.db_seconds, _body_sizes(args)
+                    )
+                )
     except KeyboardInterrupt:
         print("\ninterrupted: nothing written", file=sys.stderr)
         return 130
@@ -143,6 +159,18 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         help="seconds of wrk per load in the database scenarios (default: 10; --quick: 3)",
     )
     parser.add_argument("--out", help="directory for latest.md, latest.json and charts/ (default: bench/results)")
+    parser.add_argument(
+        "--body-mib",
+        type=int,
+        help=f"BODY-*: the body's size in MiB (default: {BODY_MIB}; --quick: {BODY_QUICK_MIB})",
+    )
+    parser.add_argument(
+        "--body-bound-mib",
+        type=float,
+        default=BodyLoad.bound_mib,
+        help="BODY-SLOW-GENERATED: the bound on the server's memory growth and temp-file disk, MiB "
+        f"(default: {BodyLoad.bound_mib:g})",
+    )
     parser.add_argument(
         "--soak-minutes",
         type=float,
@@ -187,6 +215,25 @@ def _run_soak(args: argparse.Namespace) -> int:
         return soak.run(minutes, args.quick, out, gunicorn, args.contend, args.soak_max_requests, args.soak_fault_every)
     finally:
         procs.stop_all()
+
+
+# BODY-*: the body's size, and with --quick.
+BODY_MIB = 512
+BODY_QUICK_MIB = 64
+
+
+def _body_sizes(args: argparse.Namespace) -> dict:
+    """What the BODY loads take from the command line: the body's size and the generated answer's bound."""
+    return {"mib": args.body_mib or (BODY_QUICK_MIB if args.quick else BODY_MIB), "bound_mib": args.body_bound_mib}
+
+
+def _families(names: list[str]) -> list[str]:
+    """-s BODY: every scenario whose id starts with BODY- (a family of ids); other names as given."""
+    expanded = []
+    for name in names:
+        family = [scenario_id for scenario_id in SCENARIOS if scenario_id.startswith(name + "-")]
+        expanded += family if name == "BODY" else [name]
+    return expanded
 
 
 def _names(text: str) -> list[str]:
@@ -371,12 +418,15 @@ def _run_scenario(
     earlier: list[dict],
     database: postgres.Cluster | None,
     db_seconds: int | None,
+    body_sizes: dict | None = None,
 ) -> dict:
     """Runs scenario `runs` times for every available server of its line-up, interleaved
     (A B C A B C ...) so that drift in the machine's speed hits every server alike. earlier: the
     records of the scenarios this invocation has run so far. database: the cluster of the
     database scenarios, db_seconds the duration of their loads (None: the scenario's)."""
     load = scenario.load and (scenario.load.shortened() if quick else scenario.load)
+    if isinstance(load, BodyLoad) and body_sizes:
+        load = replace(load, **body_sizes)
     if scenario.db_tests and db_seconds:
         load = replace(load, seconds=db_seconds)
     if scenario.db_tests and quick:

@@ -2,7 +2,8 @@
 until it is ready, start the proxy in front of it (S5), run the load alone first where the scenario
 compares against that and no earlier scenario of the invocation measured it (C1), open the crowd of held connections (C1, M1) and read the server's
 memory while they are held (M1), run the load (beside it, reloads or a binary upgrade: R1, U1,
-bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py), read the
+bench/lifecycle.py; or twice, plain and then under strace: H1-hop, bench/hop.py; or curl's
+big bodies and an strace pass: BODY-*, bench/body.py), read the
 kernel's counters around it, read the server's memory after it (IO1-mem), and stop everything
 that was started, in reverse order.
 
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 import apps
+import body
+import body_app
 import db_levels
 import hop
 import lifecycle
@@ -30,6 +33,7 @@ import procs
 from front import HAProxyFront
 from measure import (
     ACCEPT_SYSCALLS,
+    BodyLoad,
     Load,
     ParseError,
     StreamClients,
@@ -94,6 +98,11 @@ def run_once(
         # The applications' packages (bench/peers/db-apps.txt) before whatever the server's own
         # Python has, so that every server runs the same versions.
         env.update(database.environment(), PYTHONPATH=os.pathsep.join([str(DB_APPS), str(BENCH)]))
+    if isinstance(load, BodyLoad):
+        # The body file (made once in bench/.work) for the app's GET /file, and Starlette (the ASGI
+        # app's FileResponse) from the database applications' packages, for every server alike.
+        env[body_app.FILE_VARIABLE] = str(body.body_file(load.mib)[0])
+        env["PYTHONPATH"] = os.pathsep.join([str(DB_APPS), str(BENCH)])
     ran_file = workdir / "ran"
     if scenario.count_runs:
         env[apps.RAN_FILE_VARIABLE] = str(ran_file)
@@ -211,6 +220,9 @@ def run_once(
                 workdir,
             )
             result["extra"].update(measurement.pop("figures"))
+        elif isinstance(load, BodyLoad):
+            measurement, result["cut_short"], figures, result["body"] = body.run(load, process, port, workdir, env)
+            result["extra"].update(figures)
         elif isinstance(load, StreamClients):
             measurement, result["cut_short"] = _stream_load(load, url, process.pid, workdir, env, scenario.limit())
             result["extra"].update(measurement.pop("figures"))
@@ -244,7 +256,7 @@ def run_once(
         result["measurement"] = measurement
     except procs.StartError as error:
         result["error"] = f"did not start: {error}"
-    except (RunError, lifecycle.LifecycleError, hop.HopError) as error:
+    except (RunError, lifecycle.LifecycleError, hop.HopError, body.BodyError) as error:
         result["error"] = str(error)
     finally:
         phases.end("measured")

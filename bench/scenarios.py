@@ -3,7 +3,8 @@
 Adding a scenario is adding one Scenario to SCENARIOS. The ids are bench/README.md's (S1-S5 from
 docs/SCENARIOS.md, T1, L1, T2, C1, M1, the lifecycle's R1 and U1, O1-WSGI, H1-hop, the cost
 of the lobby-worker hop, IO1, IO1-mem and HOL, for threads per worker, A1, A1-c1 and O1-ASGI
-for ASGI applications, and H2-T1, H2-L1 and M1-H2 for HTTP/2); where a scenario needs two measurements, each is a scenario of its own
+for ASGI applications, H2-T1, H2-L1 and M1-H2 for HTTP/2, and BODY-* for big bodies up and down,
+bench/body.py); where a scenario needs two measurements, each is a scenario of its own
 (S1 and S1-b10, S2-c1000 and S2-c5000, S3 and S3-accept, S5-c5 and S5-c50, R1 and R1-broken,
 A1 and A1-c1).
 """
@@ -21,7 +22,7 @@ import lifecycle
 from db_levels import DbTests, level_key
 from front import HAProxyFront, NginxFront
 from lifecycle import Lifecycle, Reload, Upgrade
-from measure import Ab, ClosedLoop, H2Load, Load, MixedClients, OpenLoop, StreamClients, Wrk
+from measure import Ab, BodyLoad, ClosedLoop, H2Load, Load, MixedClients, OpenLoop, StreamClients, Wrk
 from servers import SERVERS, Launch
 
 HERE = Path(__file__).resolve().parent
@@ -335,6 +336,12 @@ HTTP2 = (MAITRED, GUNICORN_H2, GRANIAN)
 # server's default.
 UVICORN_WS = Entry("uvicorn", options=("--ws", "websockets"))
 LONG_LIVED = (MAITRED, UVICORN_WS, GRANIAN)
+# BODY-* (issue 49, big bodies): the WSGI servers (maitred, gunicorn's gthread worker at its 4
+# threads, granian --interface wsgi) and the ASGI ones (maitred, granian --interface asgi, uvicorn
+# with httptools and uvloop, gunicorn with uvicorn's worker), 2 workers each, every other setting
+# the server's default.
+BODY_WSGI = (MAITRED, GTHREAD, GRANIAN)
+BODY_ASGI = (MAITRED, GRANIAN, UVICORN, Entry("gunicorn-uvicorn"))
 # T1's load; C1 runs the same one, which lets it take its figure without the slow clients from
 # T1's runs.
 T1_LOAD = Wrk(threads=2, connections=100, seconds=10)
@@ -655,6 +662,224 @@ LL_SSE_NOTE = (
     "first event in) or has failed, or 3 s after the ramp; the growth is divided by the streams "
     "open then (left out under 1% of them), and by the connections held then, open or still waiting. The client's CPU is its processes' own, over the load."
 )
+
+
+# BODY-* (issue 49): bench/body.py's figures.
+BODY_COLUMNS = (
+    Column("mb_s", "MB/s"),
+    Column("cpu_s_per_gib", "server CPU s / GiB", digits=2),
+    Column("worker_cpu_s_per_gib", "workers' CPU s / GiB", digits=2),
+    Column("calls_per_gib", "system calls / GiB (strace pass)"),
+    Column("transfers", "transfers"),
+    Column("errors", "failed or wrong"),
+    Column("pass_s", "pass", digits=2, suffix=" s"),
+    Column("client_cpu_s", "curl CPU", digits=2, suffix=" s"),
+    Column("rss_before_mb", "RSS before", digits=1, suffix=" MiB"),
+    Column("rss_growth_mb", "RSS growth, peak", digits=1, suffix=" MiB"),
+    Column("disk_mb", "temp-file disk, peak", digits=1, suffix=" MiB"),
+)
+BODY_SLOW_COLUMNS = (
+    Column("slow_mb", "slow reader's MB"),
+    Column("slow_mb_s", "slow reader's MB/s", digits=2),
+)
+BODY_GENERATED_COLUMNS = (
+    Column("held_mb", "RSS growth + temp-file disk, peak", digits=1, suffix=" MiB"),
+    Column("bound_mib", "bound", digits=0, suffix=" MiB"),
+    Column("fast_worker_cpu_s", "workers' CPU, one fast reader alone", digits=2, suffix=" s"),
+    Column("slow_worker_cpu_s", "workers' CPU, the slow reader alone", digits=2, suffix=" s"),
+    Column("slow_alone_mb", "the slow reader alone read", digits=1, suffix=" MB"),
+)
+BODY_HEADLINE = Column("mb_s", "MB/s")
+GRANIAN_DEFAULT = "granian (default threads)"
+BODY_NO_ERRORS = Target(
+    "every transfer 200, of the right length, every upload's sha256 right",
+    lambda summary, peers: summary.get("errors") == 0 and summary["failed"] == 0,
+)
+
+
+def _mb_s_at_least(share: float, peer: str | None = None) -> Target:
+    """maitred's MB/s at least share x the best peer's (or the named peer's)."""
+
+    def holds(summary: Summary, peers: list[Summary]) -> bool:
+        theirs = [p.get("mb_s") for p in peers if peer is None or p["label"] == peer]
+        theirs = [value for value in theirs if value is not None]
+        return summary.get("mb_s") is not None and bool(theirs) and summary["mb_s"] >= share * max(theirs)
+
+    who = f"{peer}'s" if peer else "the best peer's"
+    return Target(f"MB/s >= {share:g} x {who}" if share != 1 else f"MB/s >= {who}", holds)
+
+
+def _cpu_within(factor: float, slack: float, peer: str | None = None) -> Target:
+    """maitred's server CPU per GiB at most factor x the lowest peer's (or the named peer's), or
+    within slack s/GiB of it."""
+
+    def holds(summary: Summary, peers: list[Summary]) -> bool:
+        theirs = [p.get("cpu_s_per_gib") for p in peers if peer is None or p["label"] == peer]
+        theirs = [value for value in theirs if value is not None]
+        if summary.get("cpu_s_per_gib") is None or not theirs:
+            return False
+        best = min(theirs)
+        return summary["cpu_s_per_gib"] <= max(factor * best, best + slack)
+
+    who = f"{peer}'s" if peer else "the best peer's"
+    text = f"server CPU per GiB <= {factor:g} x {who}" + (f" (or within {slack:g} s/GiB of it)" if slack else "")
+    return Target(text, holds)
+
+
+BODY_UPLOAD_TARGETS = (BODY_NO_ERRORS, _mb_s_at_least(0.9), _cpu_within(1.2, 0.25))
+BODY_ASGI_DOWNLOAD_TARGETS = (BODY_NO_ERRORS, _mb_s_at_least(1, GRANIAN_DEFAULT), _cpu_within(1.2, 0, GRANIAN_DEFAULT))
+BODY_GENERATED_TARGETS = (
+    BODY_NO_ERRORS,
+    Target(
+        "the server's RSS growth (peak) within the bound (the bound column; --body-bound-mib)",
+        lambda summary, peers: (
+            summary.get("rss_growth_mb") is not None and summary["rss_growth_mb"] <= summary["bound_mib"]
+        ),
+    ),
+    Target(
+        "its temp-file disk (peak) within the bound",
+        lambda summary, peers: summary.get("disk_mb") is not None and summary["disk_mb"] <= summary["bound_mib"],
+    ),
+    Target(
+        "the workers' CPU for the slow reader's answer <= for a fast reader's",
+        lambda summary, peers: (
+            summary.get("slow_worker_cpu_s") is not None
+            and summary.get("fast_worker_cpu_s") is not None
+            and summary["slow_worker_cpu_s"] <= summary["fast_worker_cpu_s"]
+        ),
+    ),
+)
+BODY_NOTE = (
+    "bench/body.py runs curl (Debian's) itself: N clients at once, each a process of its own on a "
+    "connection of its own, every one bounded by --max-time and stopped by process group at its "
+    "pass's end. The body file is random bytes made once in bench/.work (the size is the "
+    "invocation's: run.py --body-mib, 512 MiB, 64 with --quick). MB/s: the fast clients' bytes (10^6 "
+    "a MB) over the wall seconds from the first client's start to the last one's exit. Server CPU "
+    "per GiB: user + system time of every process of the server's tree (those reaped meanwhile "
+    "included) around the pass, over the fast clients' GiB; the workers' is the same less the "
+    "process the harness started (maitred's lobby, the peers' master). RSS (VmRSS summed over the "
+    "tree) and temp-file disk (the blocks of deleted regular files any process of the tree holds "
+    "open, from /proc/PID/fd) are read every 50 ms; the peaks are shown, RSS as growth over the "
+    "reading before the pass. System calls: a second, untimed pass of one transfer with strace -f -c "
+    "attached to every process of the server (Debian's strace, installed by the harness when "
+    "missing, as H1-hop's; perf trace -s runs on this machine too, but the pass is untimed, so "
+    "ptrace's cost does not matter and the counts are read as H1-hop reads them), its calls over that "
+    "transfer's GiB; the calls by name are in latest.json."
+)
+BODY_UPLOAD_NOTE = (
+    "Uploads: curl -T FILE -X POST (curl streams the file; --data-binary @FILE would read all of it "
+    "into curl's memory before connecting, inside the timed seconds) with -H 'Expect:' (curl sends "
+    "Expect: 100-continue for a body over 1 MiB and waits up to 1 s for the 100, which servers "
+    "answer differently); chunked with -H 'Transfer-Encoding: chunked'. The app hashes the body "
+    "(WSGI: wsgi.input in 64 KiB reads, up to CONTENT_LENGTH where there is one; ASGI: each "
+    "receive()'d body) and answers the sha256, which is checked against the file's: a wrong one is "
+    "a failure."
+)
+
+
+def _body_scenario(
+    scenario_id: str,
+    title: str,
+    load: BodyLoad,
+    interface: Literal["wsgi", "asgi"],
+    targets: tuple[Target, ...],
+    note: str,
+    columns: tuple[Column, ...] = (),
+    headline: Column = BODY_HEADLINE,
+    lower_is_better: bool = False,
+) -> Scenario:
+    return Scenario(
+        id=scenario_id,
+        title=title,
+        app=f"body_app:{interface}",
+        interface=interface,
+        workers=2,
+        load=load,
+        lineup=BODY_WSGI if interface == "wsgi" else BODY_ASGI,
+        targets=targets,
+        columns=(*columns, *BODY_COLUMNS),
+        headline=headline,
+        headline_lower_is_better=lower_is_better,
+        note=f"{note} {BODY_NOTE}",
+    )
+
+
+def _body_scenarios() -> list[Scenario]:
+    scenarios = []
+    for interface in ("wsgi", "asgi"):
+        for chunked in (False, True):
+            for clients in (1, 4):
+                framing = "chunked" if chunked else "with its Content-Length"
+                scenarios.append(
+                    _body_scenario(
+                        f"BODY-UP-{interface.upper()}-{'CHUNKED' if chunked else 'CL'}-{clients}",
+                        f"{interface.upper()}: uploads of the body file {framing}, {clients} at once, hashed",
+                        BodyLoad("upload", clients, chunked=chunked),
+                        interface,
+                        BODY_UPLOAD_TARGETS,
+                        BODY_UPLOAD_NOTE,
+                    )
+                )
+    for clients in (1, 8):
+        scenarios.append(
+            _body_scenario(
+                f"BODY-DOWN-ASGI-{clients}",
+                f"ASGI: Starlette's FileResponse of the body file, {clients} client{'s' if clients > 1 else ''} at once",
+                BodyLoad("download", clients),
+                "asgi",
+                BODY_ASGI_DOWNLOAD_TARGETS,
+                "Downloads: GET /file, Starlette's FileResponse (which uses the http.response.pathsend "
+                "extension where the server offers it), each body's length checked.",
+            )
+        )
+    scenarios.append(
+        _body_scenario(
+            "BODY-DOWN-ASGI-SLOW",
+            "ASGI: FileResponse of the body file to 4 fast clients beside a 5 MB/s reader",
+            BodyLoad("download", 4, slow=True),
+            "asgi",
+            BODY_ASGI_DOWNLOAD_TARGETS,
+            "Downloads as BODY-DOWN-ASGI-1's; the slow reader (curl --limit-rate 5M, its body on a pipe "
+            "the harness counts) starts with the 4 fast ones and is stopped once they are done. MB/s and "
+            "CPU per GiB are the fast ones'.",
+            columns=BODY_SLOW_COLUMNS,
+        )
+    )
+    for clients in (1, 8):
+        scenarios.append(
+            _body_scenario(
+                f"BODY-DOWN-WSGI-{clients}",
+                f"WSGI: wsgi.file_wrapper of the body file, {clients} client{'s' if clients > 1 else ''} at once",
+                BodyLoad("download", clients),
+                "wsgi",
+                (BODY_NO_ERRORS,),
+                "Downloads: GET /file, the open file returned through wsgi.file_wrapper (64 KiB blocks) "
+                "with its Content-Length, each body's length checked. The issue sets no ratio target here: "
+                "the table shows the ratio.",
+            )
+        )
+    scenarios.append(
+        _body_scenario(
+            "BODY-SLOW-GENERATED",
+            "ASGI: a generated 512 MiB answer to a 5 MB/s reader, beside 4 fast readers",
+            BodyLoad("generated", 4, slow=True),
+            "asgi",
+            BODY_GENERATED_TARGETS,
+            "GET /generated: the app sends the body's size (the invocation's, as the file's) in 256 KiB "
+            "pieces, each as soon as the server takes the last (no Content-Length). Three passes on one "
+            "server: one fast reader alone (the workers' CPU for one fast answer); the slow reader "
+            "(curl --limit-rate 5M --max-time 10, 3 with --quick) alone, its workers' CPU counted until "
+            "the tree's CPU has been still for 1 s after it left (at most 30 s more: an answer the "
+            "server goes on taking from the app after its client has gone costs that); then the slow "
+            "reader beside 4 fast readers (the timed pass: MB/s is theirs). The memory and disk peaks "
+            "are the highest of the three passes; the bound is run.py --body-bound-mib (8 MiB unless "
+            "told; docs/LIMITS.md will state the real one).",
+            columns=BODY_GENERATED_COLUMNS + BODY_SLOW_COLUMNS,
+            headline=Column("held_mb", "RSS growth + temp-file disk, peak, MiB", digits=1),
+            lower_is_better=True,
+        )
+    )
+    return scenarios
 
 
 def _no_non2xx_in_any_run(summary: Summary, peers: list[Summary]) -> bool:
@@ -1526,5 +1751,6 @@ SCENARIOS: dict[str, Scenario] = {
             "the last stream, - unless every stream ran to its end. A client gives up 30 s past its "
             "stream's end. GET / is probed beside them as in LL-SSE.",
         ),
+        *_body_scenarios(),
     )
 }
