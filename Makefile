@@ -2,6 +2,8 @@
 #   make run    build maitred into .venv and serve examples/hello.py on http://127.0.0.1:8000/
 #   make test   build it, run the lint gates (make lint), then the Rust and the Python test suites
 #   make wheel  a manylinux2014 wheel in dist/, for installing maitred where there is no Rust (README, Installing)
+#   make wheel-aarch64  the same wheel for aarch64 Linux; make check-aarch64 checks it under
+#               qemu-user, with Debian's arm64 python3 (README, Installing)
 #   make test-pythons  the worker-side tests on every other CPython the machine has, 3.10 on, with that wheel
 #
 # Rebuilds are incremental: cargo reuses target/ (or $CARGO_TARGET_DIR).
@@ -12,7 +14,7 @@ BIN := $(VENV)/bin
 # The pip every venv of the project runs: .venv, and tests/pythons.py's.
 PIP_PIN := pip==26.3
 
-.PHONY: run test install lint wheel test-pythons
+.PHONY: run test install lint wheel wheel-aarch64 check-aarch64 test-pythons
 
 # Debian's python3 comes without venv; as root, install it rather than fail.
 $(BIN)/python:
@@ -53,10 +55,28 @@ $(VENV)/.wheel-tools: | $(BIN)/python
 	$(BIN)/pip install --quiet "ziglang==0.17.0"
 	touch $@
 
+# Each wheel replaces only its own machine's: dist/ may hold the aarch64 wheel beside it.
 wheel: $(VENV)/.build-tools $(VENV)/.wheel-tools
-	rm -f dist/maitred-*.whl
+	rm -f dist/maitred-*_$(shell uname -m).whl
 	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux2014 \
 		--interpreter $(BIN)/python3 --out dist
+
+# The same wheel for aarch64 Linux (AWS Graviton, Ampere, Docker on Apple silicon): zig links it
+# for aarch64 against glibc 2.17's symbols as well, so it needs only rustup's standard library
+# for that target, added when it is missing. It builds in aarch64-unknown-linux-gnu/ of the target
+# directory, apart from the x86_64 build.
+wheel-aarch64: $(VENV)/.build-tools $(VENV)/.wheel-tools
+	@rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+	rm -f dist/maitred-*_aarch64.whl
+	PATH="$$PWD/$(BIN):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux2014 \
+		--target aarch64-unknown-linux-gnu --interpreter $(BIN)/python3 --out dist
+
+# A machine without an aarch64 processor can still run that wheel: tests/aarch64_wheel.py has
+# auditwheel read its symbols, then installs it for Debian's arm64 python3 (unpacked into .cache/)
+# and serves one request with it under qemu-user. It prints one line; it skips, saying why,
+# without qemu-user or apt.
+check-aarch64: wheel-aarch64 $(VENV)/.test-tools
+	$(BIN)/python tests/aarch64_wheel.py
 
 run: install
 	@echo "Serving examples/hello.py at http://127.0.0.1:8000/ (Ctrl-C stops it)"

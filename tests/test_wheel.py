@@ -1,7 +1,9 @@
 """The wheel `make wheel` puts in dist/ (README, "Installing"): tagged manylinux, it installs
 with pip and no package index into a fresh venv of the system's Python, with a PATH cut down to
 the system's directories (no cargo, no rustc), and the `maitred` it installs serves an
-application. Skipped when dist/ holds no wheel; .ci/run runs `make wheel` before the tests."""
+application. Only the wheel for this machine's architecture is tested (dist/ may also hold the
+aarch64 wheel of `make wheel-aarch64`, which tests/aarch64_wheel.py checks under qemu-user).
+Skipped when dist/ holds no such wheel; .ci/run runs `make wheel` before the tests."""
 
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ def app(environ, start_response):
 
 @pytest.fixture(scope="module")
 def wheel() -> Path:
-    wheels = sorted(DIST.glob("maitred-*.whl"), key=lambda path: path.stat().st_mtime)
+    # A wheel's name ends with its platform tags, each ending with the machine it is for.
+    machine = platform.machine()
+    wheels = sorted(DIST.glob(f"maitred-*_{machine}.whl"), key=lambda path: path.stat().st_mtime)
     if not wheels:
-        pytest.skip(f"no wheel in {DIST}: `make wheel` builds it (.ci/run does, before the tests)")
+        pytest.skip(f"no {machine} wheel in {DIST}: `make wheel` builds it (.ci/run does, before the tests)")
     return wheels[-1]
 
 

@@ -60,6 +60,16 @@ pub fn listen_queue_depth(listener: BorrowedFd<'_>) -> io::Result<u32> {
     if result < 0 {
         return Err(io::Error::last_os_error());
     }
+    // Only what getsockopt wrote is an answer: qemu-user (7.2) passes TCP options through as
+    // an int and writes 4 bytes, and the zeroes left in tcpi_unacked would read as an empty
+    // queue, so that the lobby would wait for an event while connections queue.
+    let unacked_end = std::mem::offset_of!(libc::tcp_info, tcpi_unacked) + std::mem::size_of::<u32>();
+    if (len as usize) < unacked_end {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("TCP_INFO returned {len} bytes, no tcpi_unacked"),
+        ));
+    }
     // For a listener the kernel reports the accept queue's length in tcpi_unacked.
     Ok(info.tcpi_unacked)
 }
