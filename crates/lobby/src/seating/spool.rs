@@ -145,13 +145,14 @@ struct Spool {
 struct Shared {
     spool: RefCell<Spool>,
     budget: Rc<SpillBudget>,
-    cap: u64,
+    /// `--max-spill`, or 0 once the answer is to keep to its memory (`keep_in_memory`).
+    cap: Cell<u64>,
     descriptors: Arc<Semaphore>,
 }
 
 impl Shared {
     fn may_spill(&self, spool: &Spool) -> bool {
-        self.cap > 0 && !spool.no_file
+        self.cap.get() > 0 && !spool.no_file
     }
 
     fn held(&self, spool: &Spool) -> Option<Held> {
@@ -198,7 +199,7 @@ pub fn answer_channel(
         reader_gone: false,
         writer_gone: false,
     };
-    let shared = Rc::new(Shared { spool: RefCell::new(spool), budget, cap, descriptors });
+    let shared = Rc::new(Shared { spool: RefCell::new(spool), budget, cap: Cell::new(cap), descriptors });
     (AnswerSender(shared.clone()), AnswerReceiver(shared))
 }
 
@@ -220,7 +221,7 @@ impl AnswerSender {
                     && spool.has_file(&shared.descriptors) =>
             {
                 spool.spill(&data, end, &shared.budget)?;
-                if spool.spill_waiting >= shared.cap {
+                if spool.spill_waiting >= shared.cap.get() {
                     spool.draining = true;
                 }
                 if let Some(reader) = spool.reader.take() {
@@ -262,6 +263,14 @@ impl AnswerSender {
                 return Some(held);
             }
         }
+    }
+
+    /// From now on the answer spills nothing: past its memory share, the relay holds its
+    /// worker's sends until the client has taken some. For an answer whose sender waits for
+    /// free (an ASGI coroutine), where the spill file is for a WSGI thread, which a slow client
+    /// would otherwise hold for the whole answer.
+    pub fn keep_in_memory(&self) {
+        self.0.cap.set(0);
     }
 
     /// What holds the relay now, if anything: `room` would wait.
@@ -470,6 +479,27 @@ mod tests {
             rx.spilled_sent(count);
             assert_eq!(tx.room().await, None);
             assert_eq!(tx.0.spool.borrow().spill.as_ref().unwrap().0.metadata().unwrap().len(), 0);
+        });
+    }
+
+    #[test]
+    fn an_answer_kept_in_memory_holds_the_relay_at_its_share_and_spills_nothing() {
+        run(async {
+            let budget = Rc::new(SpillBudget::new(u64::MAX));
+            let (tx, rx) = answer_channel(budget, u64::MAX, places());
+            tx.keep_in_memory();
+            for _ in 0..4 {
+                assert_eq!(tx.held(), None);
+                tx.send(body(1, 64 * 1024, false)).unwrap();
+            }
+            assert_eq!(tx.held(), Some(Held::AnswerCap));
+            // A frame the worker wrote before it read HOLD is kept, in memory.
+            tx.send(body(2, 64 * 1024, false)).unwrap();
+            assert!(tx.0.spool.borrow().spill.is_none());
+            rx.recv().await.unwrap();
+            assert_eq!(tx.held(), Some(Held::AnswerCap));
+            rx.recv().await.unwrap();
+            assert_eq!(tx.held(), None);
         });
     }
 

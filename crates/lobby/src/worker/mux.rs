@@ -15,12 +15,11 @@ use std::io;
 use std::os::fd::AsFd;
 use std::rc::Rc;
 
-use futures_channel::mpsc;
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::channel::Channel;
 use super::recycle::Recycle;
-use super::routes::Mux;
+use super::routes::{route, Mux, ROUTE_BACKLOG};
 use super::scoreboard::{ExitReason, Phase};
 use super::seat::{Gone, Seat};
 use super::{serve, stream};
@@ -135,7 +134,11 @@ async fn run(
                 Ok(Some((id, frame))) => {
                     let route = mux.routes.borrow().get(&id).cloned();
                     match route {
-                        Some(route) => drop(route.unbounded_send(frame)),
+                        Some(route) => {
+                            if route.send(frame) > ROUTE_BACKLOG {
+                                tokio::task::yield_now().await;
+                            }
+                        }
                         None if mux.dismissed.borrow().contains(&id) => {
                             if super::relay::decode_part(frame).map_or(true, |part| part.is_last()) {
                                 mux.dismissed.borrow_mut().remove(&id);
@@ -209,7 +212,7 @@ async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, job: Job) -> Result<(), Gon
             return Err(broke(lobby, mux.pid, format!("it broke its shared region: {detail}")).await);
         }
     };
-    let (route, frames) = mpsc::unbounded();
+    let (route, frames) = route();
     mux.routes.borrow_mut().insert(taken.id, route);
     mux.card.admit(taken.id, taken.job.summary.clone());
     tokio::task::spawn_local(stream::relay(lobby.clone(), mux.clone(), taken, frames));

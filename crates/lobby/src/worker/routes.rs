@@ -9,12 +9,63 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
 use futures_channel::mpsc;
+use futures_util::StreamExt;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 
 use super::channel::{send_whole, Frame};
 use super::scoreboard::{Card, Phase};
 use crate::seating::offer::Offers;
+
+/// Payload bytes routed to one relay that it has not taken yet, past which the channel's task
+/// lets the relays run before it reads on: a worker that writes one answer faster than the
+/// task yields would otherwise pile it up in the route, out of the spool's sight, before the
+/// relay could send `HOLD` (a generated 64 MiB answer to a client that read nothing: 35 MB
+/// queued before the first `HOLD`). The spool's own share, as a route is one more place an
+/// answer waits.
+pub(super) const ROUTE_BACKLOG: usize = crate::seating::spool::MEMORY_PER_ANSWER;
+
+/// The channel's end of a request's route: the frames, and their bytes not yet taken.
+#[derive(Clone)]
+pub(super) struct Route {
+    frames: mpsc::UnboundedSender<Frame>,
+    backlog: Rc<Cell<usize>>,
+}
+
+/// The relay's end of its route.
+pub(super) struct RouteReceiver {
+    frames: mpsc::UnboundedReceiver<Frame>,
+    backlog: Rc<Cell<usize>>,
+}
+
+/// A new route for one request's frames.
+pub(super) fn route() -> (Route, RouteReceiver) {
+    let (frames, received) = mpsc::unbounded();
+    let backlog = Rc::new(Cell::new(0));
+    (Route { frames, backlog: backlog.clone() }, RouteReceiver { frames: received, backlog })
+}
+
+impl Route {
+    /// Queues `frame` for the relay (dropped when the relay has ended); returns the bytes the
+    /// relay has yet to take.
+    pub(super) fn send(&self, frame: Frame) -> usize {
+        let queued = self.backlog.get() + frame.payload.len();
+        if self.frames.unbounded_send(frame).is_ok() {
+            self.backlog.set(queued);
+        }
+        self.backlog.get()
+    }
+}
+
+impl RouteReceiver {
+    /// The next frame; None once the channel's task has dropped the route (the worker is lost).
+    /// Cancel-safe, as the stream's `next` is: the count is taken down with the frame.
+    pub(super) async fn next(&mut self) -> Option<Frame> {
+        let frame = self.frames.next().await?;
+        self.backlog.set(self.backlog.get() - frame.payload.len());
+        Some(frame)
+    }
+}
 
 /// What the worker's task and its requests' relays share.
 pub(super) struct Mux {
@@ -26,7 +77,7 @@ pub(super) struct Mux {
     /// Held while a frame is being written, so that frames of two requests never interleave.
     pub(super) writing: tokio::sync::Mutex<()>,
     /// The relay of each request in progress, by id: its answer's frames go there.
-    pub(super) routes: RefCell<HashMap<u32, mpsc::UnboundedSender<Frame>>>,
+    pub(super) routes: RefCell<HashMap<u32, Route>>,
     /// Streams the lobby ended at --graceful-timeout (`stream.rs`) whose last frames the
     /// worker has not sent: what it still sends for them is dropped.
     pub(super) dismissed: RefCell<HashSet<u32>>,

@@ -13,7 +13,6 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_channel::mpsc;
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use maitred_wire::{build_frame, cancel_frame, id_frame, Kind, WsClosing, WsData, WsOpcode, ID_LEN};
@@ -22,7 +21,7 @@ use tokio::sync::watch;
 use super::channel::Frame;
 use super::health;
 use super::relay::{decode_part, decode_websocket, fail, timed_out_detail, websocket_in_step};
-use super::routes::Mux;
+use super::routes::{Mux, RouteReceiver};
 use super::scoreboard::Phase;
 use super::seat::EVENT_LOOP_GRACE;
 use crate::lobby::Lobby;
@@ -45,7 +44,7 @@ enum Ended {
 /// Relays request `taken`'s answer, then, for an accepted WebSocket, its messages both ways,
 /// in a task of their own: this one has room for everything an answer may wait on (a stack
 /// dump, a stop's grace), 2.1 KB, which 5,000 open WebSockets would hold for nothing.
-pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: mpsc::UnboundedReceiver<Frame>) {
+pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
     let mut streamed = false;
     match answer(&lobby, &mux, &taken, &mut frames, &mut streamed).await {
         Ended::Accepted => drop(tokio::task::spawn_local(websocket_relay(lobby, mux, taken, frames))),
@@ -53,7 +52,7 @@ pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut fram
     }
 }
 
-async fn websocket_relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: mpsc::UnboundedReceiver<Frame>) {
+async fn websocket_relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
     let ended = websocket(&lobby, &mux, &taken, &mut frames).await;
     relayed(&lobby, &mux, taken, true, ended);
 }
@@ -84,14 +83,12 @@ fn lost(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool) {
     fail(&taken.job, streamed, 502, &detail);
 }
 
-async fn answer(
-    lobby: &Lobby,
-    mux: &Mux,
-    taken: &Taken,
-    frames: &mut mpsc::UnboundedReceiver<Frame>,
-    streamed: &mut bool,
-) -> Ended {
+async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver, streamed: &mut bool) -> Ended {
     let job = &taken.job;
+    // A coroutine's send waits for free, where a WSGI thread's would hold the thread: so an
+    // ASGI answer spills nothing, and a slow client holds its sends past 256 KiB in memory
+    // (docs/LIMITS.md, "A slow reader of an ASGI answer").
+    job.respond.keep_in_memory();
     let pid = mux.pid;
     let seated_at = Instant::now();
     if let Some(served) = &job.served {
@@ -239,12 +236,12 @@ async fn grace_over(lobby: &Lobby, phase: &mut watch::Receiver<Phase>) -> &'stat
 /// The answer waits for a slow client past its caps: the worker's sends for it wait (`HOLD`)
 /// until the client has read enough (`GO`); frames already written meanwhile still come, and
 /// are kept (the bound in docs/PROTOCOL.md, section 4). False: the worker was lost.
-async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> bool {
+async fn hold(mux: &Mux, taken: &Taken, frames: &mut RouteReceiver) -> bool {
     let job = &taken.job;
-    warning_limited!(
+    // Routine for an answer kept in memory, as flow control is under uvicorn: not a warning.
+    debug!(
         "the answer to {} from worker {} is held: its client reads slowly; it goes on as it reads",
-        job.summary,
-        mux.pid
+        job.summary, mux.pid
     );
     if mux.send(&id_frame(Kind::Hold, taken.id), None).await.is_err() {
         return false;
@@ -265,7 +262,7 @@ async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Fra
             },
         }
     }
-    info_limited!("the answer to {} went on after {:.1} s", job.summary, since.elapsed().as_secs_f64());
+    debug!("the answer to {} went on after {:.1} s", job.summary, since.elapsed().as_secs_f64());
     mux.send(&id_frame(Kind::Go, taken.id), None).await.is_ok()
 }
 
@@ -275,7 +272,7 @@ async fn hold(mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Fra
 /// worker sends holds the worker's sends for it (`HOLD`, then `GO`, as for an HTTP answer);
 /// the worker says when it has as many of the client's messages waiting as it keeps
 /// (`WS_HOLD`): the client is not read until `WS_GO`.
-async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut mpsc::UnboundedReceiver<Frame>) -> Ended {
+async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver) -> Ended {
     let job = &taken.job;
     let Some(websocket) = &job.websocket else { unreachable!("only a WebSocket handshake is accepted") };
     let Some(mut messages) = websocket.messages.borrow_mut().take() else {
