@@ -29,6 +29,20 @@ pub fn check_open(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// A close-on-exec copy of descriptor `fd` (`F_DUPFD_CLOEXEC`), which stays open when the
+/// caller closes `fd`; `EBADF` when `fd` is not open.
+pub fn duplicate(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) reads nothing but the descriptor number, open or not, and
+    // the descriptor it returns is new: this process holds it nowhere else.
+    unsafe {
+        let copy = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(copy))
+    }
+}
+
 /// Makes `fd` blocking and close-on-exec.
 pub fn set_blocking_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
     let status = rustix::fs::fcntl_getfl(fd)?;
