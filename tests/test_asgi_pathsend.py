@@ -155,6 +155,22 @@ def test_small_files_one_after_the_other_on_one_connection(
             assert response.header("content-length") == str(size)
 
 
+def test_pathsend_over_http2(maitred_server: Callable[..., Server], large_file: tuple[Path, str]) -> None:
+    # The lobby's HTTP/2 streams send a file answer too, within their flow control.
+    httpx = pytest.importorskip("httpx")
+    path, sha256 = large_file
+    server = serve(maitred_server, "app")
+    with httpx.Client(http1=False, http2=True, timeout=TIMEOUT) as client:
+        for _ in range(2):  # two streams of one connection
+            with client.stream("GET", f"{server.url}{file_target(path)}") as answer:
+                assert (answer.http_version, answer.status_code) == ("HTTP/2", 200), server.stderr()
+                assert answer.headers["content-length"] == str(LARGE)
+                digest = hashlib.sha256()
+                for piece in answer.iter_bytes():
+                    digest.update(piece)
+            assert digest.hexdigest() == sha256
+
+
 def unsendable_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -163,10 +179,12 @@ def unsendable_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "a directory": (tmp_path, "is a directory, not a regular file"),
         # Opened without waiting for a writer: the event loop is never held by it.
         "a FIFO": (fifo, "is a FIFO, not a regular file"),
+        # Its line stays one line.
+        "a name with a line break": (tmp_path / "two\nlines", "cannot be opened: No such file or directory"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "a directory", "a FIFO"])
+@pytest.mark.parametrize("case", ["missing", "a directory", "a FIFO", "a name with a line break"])
 def test_a_path_that_cannot_be_sent_is_a_500_with_one_line_and_the_worker_serves_on(
     maitred_server: Callable[..., Server], tmp_path: Path, case: str
 ) -> None:
@@ -177,9 +195,10 @@ def test_a_path_that_cannot_be_sent_is_a_500_with_one_line_and_the_worker_serves
     with Client(server.port) as client:
         response = client.exchange("GET", target)
         assert response.status == 500, server.stderr()
-        line = f"http.response.pathsend for GET /file: {path}: {why}"
+        shown = str(path).replace("\n", " ")
+        line = f"http.response.pathsend for GET /file: {shown}: {why}"
         log = server.wait_for_log(line, TIMEOUT)
-        naming = [text for text in log.splitlines() if str(path) in text]
+        naming = [text for text in log.splitlines() if shown.split(" ")[0] in text]
         assert len(naming) == 1 and line in naming[0], log
         assert "Traceback" not in log
         # The same worker, on the same connection, serves the next request.

@@ -144,3 +144,27 @@ fn wait_for(fd: BorrowedFd<'_>, flags: PollFlags, timeout: Option<std::time::Dur
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn a_duplicate_outlives_the_descriptor_it_copies() {
+        let path = std::env::temp_dir().join(format!("maitred-duplicate-{}", std::process::id()));
+        let mut file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.write_all(b"kept").unwrap();
+        let copy = duplicate(file.as_raw_fd()).unwrap();
+        drop(file);
+        let mut kept = std::fs::File::from(copy);
+        kept.rewind().unwrap();
+        let mut text = String::new();
+        kept.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "kept");
+        assert_eq!(duplicate(-1).unwrap_err().raw_os_error(), Some(libc::EBADF));
+    }
+}

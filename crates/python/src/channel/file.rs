@@ -16,7 +16,7 @@ use maitred_wire::{FileRange, FrameHeader, Kind, FLAG_END, FLAG_FD, HEADER_LEN};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-use super::errors::{client_disconnected, wire_error, UnsendablePath};
+use super::errors::{client_disconnected, one_line, wire_error, UnsendablePath};
 use super::ring::Aside;
 use super::WorkerChannel;
 use crate::response::Phase;
@@ -98,7 +98,8 @@ impl WorkerChannel {
 /// `path` opened for reading, with its size, when it is a regular file; `UnsendablePath` saying
 /// why not otherwise.
 fn open_regular_file(path: &Path) -> PyResult<(File, u64)> {
-    let unsendable = |why: String| UnsendablePath::new_err(format!("{}: {why}", path.display()));
+    // One line for the log, whatever the path holds (a client's %0A, decoded by a framework).
+    let unsendable = |why: String| UnsendablePath::new_err(one_line(&format!("{}: {why}", path.display())));
     // O_NONBLOCK: opening a FIFO for reading would wait for a writer, and the event loop with
     // it; the reads of a regular file, the lobby's sendfile(2) among them, ignore the flag.
     // std opens with O_CLOEXEC: programs the application runs do not inherit the file.
