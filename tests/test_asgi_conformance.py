@@ -79,6 +79,8 @@ EXPECTED = [
     ("http", "client", ADDRESS),
     ("http", "server", ["tuple", [["str", HOST], ["int", "port"]]]),
     ("http", "state", ["dict", {"greeting": ["str", "from lifespan"]}]),
+    # Only what maitred implements: Path Send (tests/test_asgi_pathsend.py).
+    ("http", "extensions", ["dict", {"http.response.pathsend": ["dict", {}]}]),
     ("websocket", "type", ["str", "websocket"]),
     ("websocket", "asgi", ["dict", {"version": ["str", "3.0"], "spec_version": ["str", "2.5"]}]),
     ("websocket", "http_version", ["str", "1.1"]),
@@ -124,8 +126,8 @@ def test_each_scope_key_has_the_specifications_type(scopes: dict, kind: str, key
 @pytest.mark.parametrize("kind", ["http", "websocket", "lifespan"])
 def test_a_scope_has_no_key_the_specification_does_not_name(scopes: dict, kind: str) -> None:
     # A WebSocket scope has no "method": Litestar refuses a WebSocket whose scope has one.
-    # An HTTP scope offers no extension: maitred implements none of HTTP's (trailers, pathsend,
-    # early hints, zero-copy send, tls).
+    # An HTTP scope offers one extension, pathsend: maitred implements none of HTTP's others
+    # (trailers, early hints, zero-copy send, tls).
     expected = {key for scope_kind, key, _ in EXPECTED if scope_kind == kind}
     assert set(scopes[kind]) == expected
 

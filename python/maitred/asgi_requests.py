@@ -9,7 +9,8 @@ import http
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from maitred._native import ClientDisconnected, Exchange
+from maitred._native import ClientDisconnected, Exchange, UnsendablePath
+from maitred.log import log
 
 if TYPE_CHECKING:
     from maitred.asgi import _Mux
@@ -165,8 +166,27 @@ class HttpRequest(Request):
                 if channel.backlogged or self.held:
                     await self.drain()
             self.done = not more
+        elif kind == "http.response.pathsend":
+            await self._send_path(message["path"])
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r} for an http scope")
+
+    async def _send_path(self, path: object) -> None:
+        """ASGI's Path Send: the file goes to the lobby as a descriptor, which it sends with
+        sendfile(2), as wsgi.file_wrapper's; none of its bytes cross the worker. A relative path
+        is the worker's working directory's, as for the application's own open()."""
+        channel = self.mux.channel
+        try:
+            self.call(channel.send_path, path)
+        except UnsendablePath as error:
+            # The application named a file the server cannot send: its client gets a 500 and
+            # the log one line; the application's send returns, its answer being complete.
+            log("error", f"http.response.pathsend for {self.line}: {error}; answered 500")
+            self.call(channel.fail, str(error))
+        self.done = True
+        self.deadline = None
+        if channel.backlogged or self.held:
+            await self.drain()
 
 
 class WebSocketRequest(Request):

@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ChannelError", m.py().get_type::<channel::ChannelError>())?;
     m.add("ChannelClosed", m.py().get_type::<channel::ChannelClosed>())?;
     m.add("ClientDisconnected", m.py().get_type::<channel::ClientDisconnected>())?;
+    m.add("UnsendablePath", m.py().get_type::<channel::UnsendablePath>())?;
     m.add("ASGI_VERSION", scope::ASGI_VERSION)?;
     Ok(())
 }

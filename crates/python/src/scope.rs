@@ -92,14 +92,18 @@ pub fn build<'py>(
         headers.append(PyTuple::new(py, [PyBytes::new(py, b"host"), PyBytes::new(py, authority)])?)?;
     }
     scope.set_item(intern!(py, "headers"), headers)?;
+    // The extensions maitred implements, each with its empty dict: a WebSocket's denial
+    // response (docs/PROTOCOL.md, section 5), and HTTP's Path Send, a file the lobby sends
+    // itself (docs/ASGI.md). HTTP's others (trailers, early hints, zero-copy send, tls) it
+    // does not.
+    let extensions = PyDict::new(py);
     if websocket {
         scope.set_item(intern!(py, "subprotocols"), subprotocols)?;
-        // The one extension maitred implements: the denial response (docs/PROTOCOL.md, section
-        // 5). HTTP's (trailers, pathsend, early hints, zero-copy send, tls) it does not.
-        let extensions = PyDict::new(py);
         extensions.set_item(intern!(py, "websocket.http.response"), PyDict::new(py))?;
-        scope.set_item(intern!(py, "extensions"), extensions)?;
+    } else {
+        extensions.set_item(intern!(py, "http.response.pathsend"), PyDict::new(py))?;
     }
+    scope.set_item(intern!(py, "extensions"), extensions)?;
     // A Unix-socket peer has no address: ASGI's client is then None.
     if request.peer_addr.is_empty() {
         scope.set_item(intern!(py, "client"), py.None())?;

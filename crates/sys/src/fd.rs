@@ -29,6 +29,20 @@ pub fn check_open(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// A close-on-exec copy of descriptor `fd` (`F_DUPFD_CLOEXEC`), which stays open when the
+/// caller closes `fd`; `EBADF` when `fd` is not open.
+pub fn duplicate(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) reads nothing but the descriptor number, open or not, and
+    // the descriptor it returns is new: this process holds it nowhere else.
+    unsafe {
+        let copy = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(copy))
+    }
+}
+
 /// Makes `fd` blocking and close-on-exec.
 pub fn set_blocking_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
     let status = rustix::fs::fcntl_getfl(fd)?;
@@ -128,5 +142,29 @@ fn wait_for(fd: BorrowedFd<'_>, flags: PollFlags, timeout: Option<std::time::Dur
         Ok(ready) => Ok(ready > 0),
         Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn a_duplicate_outlives_the_descriptor_it_copies() {
+        let path = std::env::temp_dir().join(format!("maitred-duplicate-{}", std::process::id()));
+        let mut file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.write_all(b"kept").unwrap();
+        let copy = duplicate(file.as_raw_fd()).unwrap();
+        drop(file);
+        let mut kept = std::fs::File::from(copy);
+        kept.rewind().unwrap();
+        let mut text = String::new();
+        kept.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "kept");
+        assert_eq!(duplicate(-1).unwrap_err().raw_os_error(), Some(libc::EBADF));
     }
 }

@@ -34,6 +34,13 @@ create_exception!(
     "The client of the response being sent has gone away (the lobby sent CANCEL), so the body cannot be delivered. Raised by the body write that found it out, and by every later one; errno is EPIPE, as for a write to a closed connection."
 );
 
+create_exception!(
+    maitred._native,
+    UnsendablePath,
+    PyOSError,
+    "The path of an http.response.pathsend cannot be sent: it cannot be opened, or it is not a regular file. The message names the path and why; the answer is a 500."
+);
+
 pub(super) fn client_disconnected() -> PyErr {
     ClientDisconnected::new_err((libc::EPIPE, "the client has gone away"))
 }

@@ -78,7 +78,7 @@ impl WorkerChannel {
     }
 
     /// Evented: writes what waits in the backlog; see `write_backlog`.
-    pub(super) fn flush_backlog(&mut self) -> PyResult<bool> {
+    pub(super) fn flush_backlog(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.check_evented()?;
         if self.backlog.is_empty() {
             return Ok(true);
@@ -87,12 +87,12 @@ impl WorkerChannel {
         // Nobody is left to read them: the lobby drops the answers of cancelled requests. The
         // others' frames, an ended request's last ones too, go as they are.
         let exchanges = &self.exchanges;
-        self.backlog.retain(|(id, _)| !exchanges.get(id).is_some_and(|news| news.cancelled));
+        self.backlog.retain(|waiting| !exchanges.get(&waiting.id).is_some_and(|news| news.cancelled));
         if self.response.phase == Phase::Cancelled || self.news().is_some_and(|news| news.cancelled) {
             self.response.phase = Phase::Cancelled;
             return Err(client_disconnected());
         }
-        self.write_backlog()
+        self.write_backlog(py)
     }
 
     /// Ends the response with the worker's own `status` in place of the application's, when its

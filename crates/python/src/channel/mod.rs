@@ -9,8 +9,9 @@
 //! This file holds [`WorkerChannel`]'s state and the methods Python calls; `start_response` holds
 //! [`StartResponse`].
 //! The rest of the type's `impl` lies in the other files of this folder, by concern: `receive`
-//! (what the lobby sends), `respond` (framing the application's response), `ring` (writing it
-//! into the shared region's answer ring), `link` (writing to the socket) and `errors` (the
+//! (what the lobby sends), `respond` (framing the application's response), `file` (an answer
+//! that ends with a file the lobby sends itself), `ring` (writing it into the shared region's
+//! answer ring), `link` (writing to the socket) and `errors` (the
 //! exceptions, and what becomes of each failure), `evented` (the channel as an event loop serves
 //! it: nothing waits) and `websocket` (a WebSocket's events and frames). They import
 //! what they share from here (the type) and the exceptions from `errors`, never one
@@ -18,9 +19,10 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 
 use maitred_shm::WorkerEnd;
-use maitred_wire::{FileRange, FrameHeader, Kind, Ready, FLAG_END, FLAG_FD, HEADER_LEN, READY_ASGI};
+use maitred_wire::{Kind, Ready, READY_ASGI};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -31,6 +33,7 @@ use crate::response::{bytes_arg, latin1_bytes, HeaderText, Phase, Response};
 
 mod errors;
 mod evented;
+mod file;
 mod link;
 mod mux;
 mod receive;
@@ -39,13 +42,23 @@ mod ring;
 mod start_response;
 mod websocket;
 
-use errors::{client_disconnected, one_line, wire_error};
-pub use errors::{ChannelClosed, ChannelError, ClientDisconnected};
+use errors::one_line;
+pub use errors::{ChannelClosed, ChannelError, ClientDisconnected, UnsendablePath};
 use link::Link;
 pub use mux::Exchange;
 use mux::Exchanges;
 use receive::{Interface, Next};
 pub use start_response::StartResponse;
+
+/// An answer frame of request `id` waiting, evented, for room in the ring (`ring`).
+struct Waiting {
+    id: u32,
+    /// What goes into the ring: the frame, or the `ON_CHANNEL` record of `on_channel`'s.
+    record: Vec<u8>,
+    /// The frame that goes on the socket once its record is in the ring, and the descriptor it
+    /// passes (a copy, as the application may close its own meanwhile).
+    on_channel: Option<(Vec<u8>, Option<OwnedFd>)>,
+}
 
 /// The worker's end of the channel: `WorkerChannel(fd, base_environ)`. It owns `fd` (and
 /// closes it when collected); `base_environ` holds the keys every request shares, and its
@@ -77,9 +90,9 @@ pub struct WorkerChannel {
     /// Evented, the worker has said that it sleeps (waiting for a request, or for room in the
     /// ring) and left the flag set for the event loop's wait.
     asleep: bool,
-    /// Evented, answer frames that found the ring full, each with its request's id, oldest first:
-    /// they go before any later frame.
-    backlog: VecDeque<(u32, Vec<u8>)>,
+    /// Evented, answer frames that found the ring full, oldest first: they go before any later
+    /// frame.
+    backlog: VecDeque<Waiting>,
     /// Evented, what the event loop gave (`ring_later`) to be asked, after an answer was
     /// written, whether to ring the lobby's bell at once or leave it to the loop (`ring`).
     ring_later: Option<Py<PyAny>>,
@@ -225,55 +238,17 @@ impl WorkerChannel {
 
     /// Ends the response with the bytes of the open file `fd` from `offset`, of which
     /// `available` remain: a `RESPONSE_FILE` frame that passes `fd`, so the lobby sends them
-    /// itself. The count is the application's Content-Length (less what `write` sent), or all
-    /// that remains.
+    /// itself (`file`). The count is the application's Content-Length (less what `write`
+    /// sent), or all that remains.
     fn send_file(&mut self, py: Python<'_>, fd: RawFd, offset: u64, available: u64) -> PyResult<()> {
-        // A bad descriptor must fail here, as the application's error, not in sendmsg, where
-        // it would look like the channel's.
-        maitred_sys::fd::check_open(fd)?;
-        let count = match self.response.length_to_match() {
-            Some(declared) => {
-                let wanted = declared.saturating_sub(self.response.produced());
-                if wanted > available {
-                    return Err(PyValueError::new_err(format!(
-                        "the application's Content-Length {declared} needs {wanted} more bytes, but its file has {available} after offset {offset}"
-                    )));
-                }
-                wanted
-            }
-            None => available,
-        };
-        match self.response.phase {
-            Phase::AwaitingStart => {
-                return Err(PyRuntimeError::new_err("the application returned without calling start_response()"))
-            }
-            Phase::Complete if count > 0 => {
-                return Err(PyValueError::new_err("the application returned a file after its body was complete"))
-            }
-            Phase::Complete => return Ok(()),
-            Phase::Cancelled => return Err(client_disconnected()),
-            Phase::HeadPending => {
-                let end = count == 0 || !self.response.has_body();
-                let added = self.response.added_length(count);
-                self.send_head(py, end, added, b"")?;
-            }
-            Phase::HeadSent if count == 0 || !self.response.has_body() => {
-                self.check_cancel()?;
-                self.send_body_frames(py, true, b"")?
-            }
-            Phase::HeadSent => self.check_cancel()?,
-        }
-        if count > 0 && self.response.has_body() {
-            let mut frame = [0u8; HEADER_LEN + FileRange::PAYLOAD_LEN];
-            let header =
-                FrameHeader::new(Kind::ResponseFile, FLAG_END | FLAG_FD, FileRange::PAYLOAD_LEN).map_err(wire_error)?;
-            frame[..HEADER_LEN].copy_from_slice(&header.encode());
-            frame[HEADER_LEN..].copy_from_slice(&FileRange { offset, count }.encode_payload());
-            self.send_answer(py, &[&frame], ring::Aside::Passing(fd))?;
-        }
-        self.response.add_produced(count);
-        self.response.phase = Phase::Complete;
-        Ok(())
+        self.send_file_range(py, fd, offset, available)
+    }
+
+    /// ASGI's `http.response.pathsend`: ends the response with the regular file at `path`,
+    /// which the lobby sends itself as it does `send_file`'s (`file`). `UnsendablePath` when it
+    /// cannot be opened or is not a regular file.
+    fn send_path(&mut self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.send_whole_file(py, &path)
     }
 
     /// The application failed, or its client went away. Before the head went out, the client
@@ -385,8 +360,8 @@ impl WorkerChannel {
     /// Writes the answer frames that found the ring full. True when none is left; False when
     /// the ring is full again: wait for `watched()`, then call again. Raises
     /// `ClientDisconnected` once the lobby has cancelled the request.
-    fn flush(&mut self) -> PyResult<bool> {
-        self.flush_backlog()
+    fn flush(&mut self, py: Python<'_>) -> PyResult<bool> {
+        self.flush_backlog(py)
     }
 
     /// From now on, the first answer written after each `ring()` asks `callback` (with no

@@ -3,14 +3,15 @@
 //! said that it sleeps. A frame with a descriptor, or larger than the ring takes, goes on the
 //! socket, announced in the ring by an `ON_CHANNEL` record, so that the lobby reads every
 //! answer frame in order from the ring alone. While the ring is full the worker sleeps in
-//! poll(2) on its bell and its channel, so that a `CANCEL` still reaches it.
+//! poll(2) on its bell and its channel, so that a `CANCEL` still reaches it; an event loop's
+//! frames wait in the backlog instead, a socket's frame with its `ON_CHANNEL` record.
 //!
 //! Imports the type from `mod.rs` and `errors` of the channel's files; it asks `ready_region`,
 //! waits with `wait_and_read` and looks for a `CANCEL` with `check_cancel` (all in `receive`),
 //! and writes to the socket through `link`.
 
 use std::io::IoSlice;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use maitred_shm::{AnswerError, Awaiting};
 use maitred_wire::{FrameHeader, Kind, MAX_BODY_PER_FRAME};
@@ -18,7 +19,7 @@ use pyo3::prelude::*;
 
 use super::errors::{channel_error, socket_error, ChannelClosed, ChannelError};
 use super::receive::Received;
-use super::WorkerChannel;
+use super::{Waiting, WorkerChannel};
 
 /// The record that stands for a frame sent on the socket.
 const ON_CHANNEL: [u8; maitred_wire::HEADER_LEN] = FrameHeader { kind: Kind::OnChannel, flags: 0, len: 0 }.encode();
@@ -51,27 +52,45 @@ impl WorkerChannel {
             aside => aside,
         };
         match aside {
-            Aside::No => self.write_record(py, parts),
+            Aside::No => self.write_record(py, parts).map(drop),
             Aside::TooLarge => {
-                self.write_record(py, &[&ON_CHANNEL])?;
+                if !self.write_record(py, &[&ON_CHANNEL])? {
+                    self.wait_behind(parts.concat(), None);
+                    return Ok(());
+                }
                 let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|part| IoSlice::new(part)).collect();
                 self.link.write_all(py, &mut slices)
             }
             Aside::Passing(fd) => {
-                self.write_record(py, &[&ON_CHANNEL])?;
+                if !self.write_record(py, &[&ON_CHANNEL])? {
+                    // Kept open for the frame: the caller may close its descriptor on return.
+                    // Failing (EMFILE), it is this answer's OSError, not the channel's.
+                    let copy = maitred_sys::fd::duplicate(fd)?;
+                    self.wait_behind(parts.concat(), Some(copy));
+                    return Ok(());
+                }
                 self.link.write_with_fd(py, &parts.concat(), fd)
             }
         }
     }
 
+    /// Evented: the frame whose `ON_CHANNEL` record has just joined the backlog waits there
+    /// with it. Sent now, the lobby could find it on the socket with the ring empty, before
+    /// the record that announces it: a frame the ring did not announce, a breach that ends
+    /// the worker.
+    fn wait_behind(&mut self, frame: Vec<u8>, fd: Option<OwnedFd>) {
+        let waiting = self.backlog.back_mut().expect("the record that write_record put in the backlog");
+        waiting.on_channel = Some((frame, fd));
+    }
+
     /// Writes one record into the ring, waiting for room as long as it takes, and rings the
     /// lobby's bell if it sleeps, or has the event loop ring it at the end of its turn
-    /// (`ring_later`).
-    fn write_record(&mut self, py: Python<'_>, parts: &[&[u8]]) -> PyResult<()> {
+    /// (`ring_later`). False: evented, the record waits in the backlog instead.
+    fn write_record(&mut self, py: Python<'_>, parts: &[&[u8]]) -> PyResult<bool> {
         if self.evented && !self.backlog.is_empty() {
             // Frames go in order: this one waits behind those already waiting.
-            self.backlog.push_back((self.request_id, parts.concat()));
-            return Ok(());
+            self.backlog.push_back(Waiting { id: self.request_id, record: parts.concat(), on_channel: None });
+            return Ok(false);
         }
         let len = parts.iter().map(|part| part.len()).sum::<usize>();
         loop {
@@ -81,25 +100,25 @@ impl WorkerChannel {
                 Err(AnswerError::NoRoom) if self.evented => {
                     // An event loop must not wait here: the frame waits in the backlog, which
                     // the worker flushes once the lobby has made room (`flush_backlog`).
-                    self.backlog.push_back((self.request_id, parts.concat()));
-                    return Ok(());
+                    self.backlog.push_back(Waiting { id: self.request_id, record: parts.concat(), on_channel: None });
+                    return Ok(false);
                 }
                 Err(AnswerError::NoRoom) => self.wait_for_room(py, len)?,
                 Err(error) => return Err(channel_error("writing an answer into the shared region failed", error)),
             }
         }
         match &self.ring_later {
-            Some(_) if self.ring_owed => Ok(()),
+            Some(_) if self.ring_owed => {}
             Some(callback) => {
                 if callback.call0(py)?.extract::<bool>(py)? {
-                    self.ring_lobby_if_asleep()
+                    self.ring_lobby_if_asleep()?;
                 } else {
                     self.ring_owed = true;
-                    Ok(())
                 }
             }
-            None => self.ring_lobby_if_asleep(),
+            None => self.ring_lobby_if_asleep()?,
         }
+        Ok(true)
     }
 
     /// After an answer was written: rings the lobby's bell if it said that it sleeps.
@@ -113,21 +132,31 @@ impl WorkerChannel {
         Ok(())
     }
 
-    /// Evented: writes the backlog's frames into the ring while it has room. True when the
-    /// backlog is empty; false when the ring is full, the worker having said that it sleeps
-    /// until the lobby made room (the event loop waits for the bell or the channel).
-    pub(super) fn write_backlog(&mut self) -> PyResult<bool> {
+    /// Evented: writes the backlog's frames into the ring while it has room, and the socket's
+    /// after their records. True when the backlog is empty; false when the ring is full, the
+    /// worker having said that it sleeps until the lobby made room (the event loop waits for
+    /// the bell or the channel).
+    pub(super) fn write_backlog(&mut self, py: Python<'_>) -> PyResult<bool> {
         let mut wrote = false;
-        while let Some((id, frame)) = self.backlog.front() {
+        while let Some(waiting) = self.backlog.front() {
             let region = self.region.as_mut().expect("a backlog is only written with the region");
-            match region.write_answer(*id, &[frame]) {
+            match region.write_answer(waiting.id, &[&waiting.record]) {
                 Ok(()) => {
-                    self.backlog.pop_front();
+                    let waiting = self.backlog.pop_front().expect("the front");
                     wrote = true;
+                    if let Some((frame, fd)) = waiting.on_channel {
+                        // The lobby reads the frame once it has read its record: it must be
+                        // woken for the record before the write can wait for it.
+                        self.ring_lobby_if_asleep()?;
+                        match fd {
+                            Some(fd) => self.link.write_with_fd(py, &frame, fd.as_raw_fd())?,
+                            None => self.link.write_all(py, &mut [IoSlice::new(&frame)])?,
+                        }
+                    }
                 }
                 Err(AnswerError::NoRoom) => {
                     region.prepare_to_sleep(Awaiting::Room);
-                    match region.room_for(frame.len()) {
+                    match region.room_for(waiting.record.len()) {
                         Ok(false) => {
                             self.asleep = true;
                             break;
