@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 from client import get
 from conftest import HOST
@@ -49,6 +50,23 @@ def test_a_slow_reader_holds_the_coroutine_not_the_lobbys_memory_or_disk(maitred
         received = 0
         while data := slow.recv(1 << 20):
             received += len(data)
-    head_length = get(server.port, "/progress").body  # the other requests were served meanwhile
-    assert int(head_length) == SIZE
+    assert get(server.port, "/progress").body == str(SIZE).encode()  # the other requests were served meanwhile
     assert received > SIZE
+
+
+def test_a_held_answer_whose_client_leaves_ends_the_applications_sends(maitred_server):
+    """Held, then the client goes: nothing is left to hold for, so the application's send raises
+    (as under uvicorn) and the worker goes on. Before, the relay sent HOLD and GO in a loop for
+    the answer that stayed over its share, the lobby and the worker each at 100% of a core, and
+    the application never heard that its client had gone."""
+    server = maitred_server("-w", "1", "--log-level", "debug", "generated:app", cwd=APPS)
+    with socket.socket() as slow:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        slow.connect((HOST, server.port))
+        slow.sendall(b"GET /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        server.wait_for_log("is held: its client reads slowly", timeout=20)
+    deadline = time.monotonic() + 10
+    while not (progress := get(server.port, "/progress").body).endswith(b" gone"):
+        assert time.monotonic() < deadline, f"the application's sends went on after its client left: {progress!r}"
+        time.sleep(0.05)
+    assert int(progress.split()[0]) < SIZE

@@ -156,7 +156,12 @@ impl Shared {
     }
 
     fn held(&self, spool: &Spool) -> Option<Held> {
-        if spool.draining || (!self.may_spill(spool) && spool.in_memory >= MEMORY_PER_ANSWER) {
+        if spool.reader_gone {
+            // Nobody is left to catch up: what the worker still sends is dropped, not held. (An
+            // answer kept in memory stays over its share once its client has gone: held, its
+            // relay sent HOLD and GO to the worker in a loop, both busy at 100% of a core.)
+            None
+        } else if spool.draining || (!self.may_spill(spool) && spool.in_memory >= MEMORY_PER_ANSWER) {
             Some(Held::AnswerCap)
         } else if spool.spill_waiting > 0 && self.budget.exhausted() {
             Some(Held::TotalCap)
@@ -504,6 +509,22 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_whose_client_has_gone_holds_nothing() {
+        run(async {
+            let budget = Rc::new(SpillBudget::new(u64::MAX));
+            let (tx, rx) = answer_channel(budget, u64::MAX, places());
+            tx.keep_in_memory();
+            for _ in 0..4 {
+                tx.send(body(1, 64 * 1024, false)).unwrap();
+            }
+            assert_eq!(tx.held(), Some(Held::AnswerCap));
+            drop(rx);
+            assert_eq!(tx.held(), None);
+            assert_eq!(tx.room().await, None);
+        });
+    }
+
+    #[test]
     fn the_total_cap_holds_only_answers_that_spill() {
         run(async {
             let budget = Rc::new(SpillBudget::new(64 * 1024));
@@ -529,7 +550,8 @@ mod tests {
             assert_eq!(budget.waiting(), 2 * 64 * 1024);
             drop(rx);
             tx.closed().await;
-            assert_eq!(tx.room().await, Some(Held::AnswerCap));
+            // Nothing holds an answer whose client has gone.
+            assert_eq!(tx.room().await, None);
             tx.send(body(1, 64 * 1024, false)).unwrap();
             drop(tx);
             assert_eq!(budget.waiting(), 0);
