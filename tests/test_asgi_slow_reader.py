@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from client import get
 from conftest import HOST
@@ -37,13 +39,21 @@ def spill_files(pid: int) -> list[str]:
     return found
 
 
-def test_a_slow_reader_holds_the_coroutine_not_the_lobbys_memory_or_disk(maitred_server):
-    server = maitred_server("-w", "1", "--log-level", "debug", "generated:app", cwd=APPS)
+@contextmanager
+def held_reader(server) -> Iterator[socket.socket]:
+    """A client that asks for the generated answer and reads none of it (its receive buffer cut
+    to 64 KiB), once the lobby holds that answer."""
     with socket.socket() as slow:
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         slow.connect((HOST, server.port))
         slow.sendall(b"GET /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         server.wait_for_log("is held: its client reads slowly", timeout=20)
+        yield slow
+
+
+def test_a_slow_reader_holds_the_coroutine_not_the_lobbys_memory_or_disk(maitred_server):
+    server = maitred_server("-w", "1", "--log-level", "debug", "generated:app", cwd=APPS)
+    with held_reader(server) as slow:
         ahead = int(get(server.port, "/progress").body)
         assert ahead <= MOST_AHEAD, f"the application made {ahead:,} bytes for a client that read none"
         assert spill_files(server.pid) == []
@@ -60,11 +70,8 @@ def test_a_held_answer_whose_client_leaves_ends_the_applications_sends(maitred_s
     the answer that stayed over its share, the lobby and the worker each at 100% of a core, and
     the application never heard that its client had gone."""
     server = maitred_server("-w", "1", "--log-level", "debug", "generated:app", cwd=APPS)
-    with socket.socket() as slow:
-        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        slow.connect((HOST, server.port))
-        slow.sendall(b"GET /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        server.wait_for_log("is held: its client reads slowly", timeout=20)
+    with held_reader(server):
+        pass  # held, the client closes its socket
     deadline = time.monotonic() + 10
     while not (progress := get(server.port, "/progress").body).endswith(b" gone"):
         assert time.monotonic() < deadline, f"the application's sends went on after its client left: {progress!r}"
