@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply, wait_for_queue
-from conftest import HOST, Server, free_port, kill_group, wait_for_empty_group
+from client import get, read_reply, wait_for_queue
+from conftest import HOST, Server, eventually, free_port, kill_group, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "echo:app"  # tests/apps/echo.py answers "PID BODY-LENGTH"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from client import get
-from conftest import Server
-from test_signals import NO_PYC, Load, version_of, version_of_body, wait_for_log, wait_until
+from conftest import Server, wait_until
+from test_signals import NO_PYC, Load, version_of, version_of_body
 
 pytest.importorskip("watchfiles", reason="--reload needs watchfiles: make install installs it (maitred[reload])")
 
@@ -63,7 +63,7 @@ def serve_with_reload(maitred_server, app_dir: Path, *args: str) -> Server:
     (app_dir / "message.py").write_text('VERSION = "v1"\n')
     server = maitred_server("--reload", *args, "reloadable:app", cwd=app_dir, env=NO_PYC)
     # The workers have told the watcher which files they imported.
-    wait_for_log(server, "--reload: watching")
+    server.wait_for_log("--reload: watching", 10)
     return server
 
 
@@ -103,7 +103,7 @@ def test_a_syntax_error_keeps_the_old_code_serving_and_names_the_file(maitred_se
     with Load(server.port, clients=2) as load:
         wait_until(lambda: all(client.answers for client in load.clients), 10, "every load client answered")
         edit(message, "VERSION = (\n")
-        wait_for_log(server, "SIGHUP: reload abandoned")
+        server.wait_for_log("SIGHUP: reload abandoned", 10)
         log = server.stderr()
         assert (
             "SIGHUP: reload abandoned: a new worker could not load the application: importing reloadable raised "
@@ -122,7 +122,7 @@ def test_a_new_module_that_fails_its_first_import_is_watched_until_it_is_fixed(m
     added = app_dir / "added.py"
     added.write_text("VERSION = (\n")
     edit(app_dir / "message.py", "from added import VERSION\n")
-    wait_for_log(server, f"SyntaxError: '(' was never closed ({added}, line 1)")
+    server.wait_for_log(f"SyntaxError: '(' was never closed ({added}, line 1)", 10)
     assert version_of(get(server.port)) == "v1"
     # Only the new module is saved again: no module list named it, the failure did.
     edit(added, 'VERSION = "v2"\n')
@@ -135,7 +135,7 @@ def test_a_reload_extra_file_that_changes_reloads(maitred_server, app_dir):
     data = app_dir / "version.txt"
     data.write_text("v1\n")
     server = maitred_server("--reload", "--reload-extra-file", str(data), "data_app:app", cwd=app_dir, env=NO_PYC)
-    wait_for_log(server, "--reload: watching")
+    server.wait_for_log("--reload: watching", 10)
     assert version_of(get(server.port)) == "v1"
     # A change to a file in a watched directory that is neither imported nor named reloads nothing.
     (app_dir / "notes.txt").write_text("not watched\n")
@@ -167,7 +167,7 @@ def test_a_report_from_another_user_is_ignored(maitred_server, app_dir):
     other = app_dir / "other.txt"
     other.write_text("1\n")
     assert send_as(NOBODY, address, os.fsencode(other) + b"\n") == 0
-    wait_for_log(server, f"--reload: ignored a report from user {NOBODY}, who is not this server's")
+    server.wait_for_log(f"--reload: ignored a report from user {NOBODY}, who is not this server's", 10)
     edit(other, "2\n")
     time.sleep(1)  # a window for a negative check: the edit of a file only the ignored report named reloads nothing
     assert "other.txt changed" not in server.stderr()

@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply, wait_for_queue
-from conftest import HOST, MAITRED, free_port
+from client import get, read_reply, wait_for_queue
+from conftest import HOST, MAITRED, eventually, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 APPS = Path(__file__).resolve().parent / "apps"

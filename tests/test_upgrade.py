@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import eventually, read_reply, status_of
-from conftest import HOST, free_port, workers_of
+from client import read_reply, status_of
+from conftest import HOST, eventually, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
