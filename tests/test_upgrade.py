@@ -106,7 +106,7 @@ def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
         assert eventually(lambda: all(answered_by) or bool(failures), 10), answered_by
         server.send_signal(signal.SIGUSR2)
         assert server.wait(timeout=30) == 0, server.stderr()
-        eventually(lambda: all(pids - old_workers for pids in answered_by) or bool(failures), 10)
+        assert eventually(lambda: all(pids - old_workers for pids in answered_by) or bool(failures), 10), answered_by
     finally:
         stop.set()
         for thread in threads:
