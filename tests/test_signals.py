@@ -341,9 +341,21 @@ def test_winch_sent_to_the_whole_group_changes_nothing(maitred_server, tmp_path)
     server = maitred_server("-w", "2", "-p", str(pid_file), CRASHY, cwd=APPS)
     before = wait_for_workers(server, 2) | {zygote_of(server)}
     os.killpg(server.pid, signal.SIGWINCH)
-    time.sleep(0.5)  # a window for a negative check: no process should exit or appear
-    assert get(server.port, "/pid").status == 200
-    assert worker_pids(server) | {zygote_of(server)} == before
+    # Each process has run since the signal reached it (a signal is acted on before the process
+    # runs again): the lobby, when it answers the SIGTTIN sent after it; the zygote, when it forks
+    # the third worker; each worker, when it answers a request.
+    server.send_signal(signal.SIGTTIN)
+    server.wait_for_log("SIGTTIN: 3 workers (one more)", 10)
+    wait_for_workers(server, 3)
+    workers = before - {zygote_of(server)}
+    answered: set[int] = set()
+
+    def both_answered() -> bool:
+        answered.add(get(server.port, "/pid").pid)
+        return workers <= answered
+
+    wait_until(both_answered, 10, f"workers {sorted(workers)} answering")
+    assert before <= worker_pids(server) | {zygote_of(server)}
     assert pid_file.exists()
     assert server.stop() == 0
     assert not pid_file.exists()
@@ -496,13 +508,15 @@ def test_ttin_and_ttou_add_and_retire_one_worker_never_below_one(maitred_server)
             wait_for_workers(server, expected)
         server.send_signal(signal.SIGTTOU)
         server.wait_for_log("SIGTTOU: already at one worker, the fewest; ignored", 10)
-        time.sleep(0.5)  # a window for a negative check: no worker retires
-        assert len(worker_pids(server)) == 1
+        # No worker retires: the SIGTTIN sent after it finds one worker and makes two, and the
+        # one that was there serves on.
+        server.send_signal(signal.SIGTTIN)
+        server.wait_for_log("SIGTTIN: 2 workers (one more)", 10)
+        now = wait_for_workers(server, 2)
     assert load.count() > 20
     assert load.failures() == []
     # The oldest go first; retiring ones finish what they hold.
-    (last,) = worker_pids(server)
-    assert last == max(three)
+    assert max(three) in now, (three, now)
     assert server.stderr().count("retired (SIGTTOU)") == 2
     assert server.stop() == 0
 
@@ -694,8 +708,10 @@ def test_a_reload_reads_the_config_file_again_and_names_what_it_keeps(maitred_se
     conf.write_text("workers = 'many'\n")
     server.send_signal(signal.SIGHUP)
     server.wait_for_log("SIGHUP: reload abandoned: config file", 10)
-    time.sleep(0.5)  # a window for a negative check: the worker count stays as it was
-    assert len(worker_pids(server)) == 3
+    # The worker count stays as it was: the SIGTTIN sent after it finds three, and makes four.
+    server.send_signal(signal.SIGTTIN)
+    server.wait_for_log("SIGTTIN: 4 workers (one more)", 10)
+    assert len(wait_for_workers(server, 4)) == 4
     assert get(server.port).status == 200
     assert server.stop() == 0
 
