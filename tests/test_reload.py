@@ -147,6 +147,8 @@ def test_a_reload_extra_file_that_changes_reloads(maitred_server, app_dir):
     (app_dir / "notes.txt").write_text("not watched, again\n")
     edit(data, "v3\n")
     wait_until(lambda: version_of(get(server.port)) == "v3", WITHIN, "answers from v3")
+    # New workers answer a moment before the lobby logs the reload's end.
+    wait_until(lambda: server.stderr().count("SIGHUP: reloaded:") >= 2, WITHIN, "the second reload's log line")
     assert server.stderr().count("SIGHUP: reloaded:") == 2, server.stderr()
     assert server.stop() == 0
 
@@ -179,6 +181,8 @@ def test_a_report_from_another_user_is_ignored(maitred_server, app_dir):
     # other.txt's edit, had the ignored report made it watched, would have reloaded by then.
     edit(app_dir / "message.py", 'VERSION = "v2"\n')
     wait_until(lambda: version_of(get(server.port)) == "v2", WITHIN, "answers from v2")
+    # New workers answer a moment before the lobby logs the reload's end.
+    wait_until(lambda: "SIGHUP: reloaded:" in server.stderr(), WITHIN, "the reload's log line")
     assert "other.txt changed" not in server.stderr(), server.stderr()
     assert server.stderr().count("SIGHUP: reloaded:") == 1, server.stderr()
     assert server.stop() == 0

@@ -513,7 +513,7 @@ def test_ttin_and_ttou_add_and_retire_one_worker_never_below_one(maitred_server)
         server.send_signal(signal.SIGTTIN)
         server.wait_for_log("SIGTTIN: 2 workers (one more)", 10)
         now = wait_for_workers(server, 2)
-    assert load.count() > 20
+        wait_until(lambda: load.count() > 20, 10, "20 requests served through the changes")
     assert load.failures() == []
     # The oldest go first; retiring ones finish what they hold.
     assert max(three) in now, (three, now)
