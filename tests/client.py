@@ -7,12 +7,10 @@ import http.client
 import io
 import json
 import socket
-import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from conftest import HOST
+from conftest import HOST, eventually
 
 
 @dataclass
@@ -104,16 +102,6 @@ def get(port: int, path: str = "/", timeout: float = 20.0) -> Reply:
     with socket.create_connection((HOST, port), timeout=timeout) as sock:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
         return read_reply(sock)
-
-
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    """Whether `condition` comes true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def status_of(stats_port: int) -> dict:

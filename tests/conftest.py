@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +26,54 @@ from tls_certs import Authority, Pair
 MAITRED = Path(sys.executable).with_name("maitred")
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def eventually(condition: Callable[[], object], timeout: float) -> bool:
+    """Whether `condition` comes true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Waits until `condition` comes true; fails the test, saying `what` it waited for, after
+    `timeout` s."""
+    if not eventually(condition, timeout):
+        pytest.fail(f"{what}: not within {timeout} s")
+
+
+def wait_for_log(
+    read: Callable[[], str],
+    wanted: str | re.Pattern[str],
+    timeout: float,
+    exited: Callable[[], int | None] | None = None,
+) -> str:
+    """The log's text (what `read` returns), once `wanted` is in it: a string, or a compiled
+    pattern that matches somewhere in it. Fails the test, showing the log, after `timeout` s;
+    with `exited` (a process's `poll`), as soon as the process has exited without writing it.
+    Every helper of the tests that waits for a line in a log waits here."""
+
+    def found(text: str) -> bool:
+        return wanted in text if isinstance(wanted, str) else wanted.search(text) is not None
+
+    deadline = time.monotonic() + timeout
+    while not found(log := read()):
+        if exited is not None and (code := exited()) is not None:
+            if found(log := read()):  # written just before the exit
+                return log
+            pytest.fail(f"exited with {code} before {wanted!r} was in the log:\n{log}")
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{wanted!r} is not in the log within {timeout} s:\n{log}")
+        time.sleep(0.02)
+    return log
+
+
+def read_if_there(path: Path) -> str:
+    """A log file's text, or nothing while it does not exist yet."""
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def free_port() -> int:
@@ -81,6 +130,13 @@ def wait_for_empty_group(group: int, timeout: float) -> list[int]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+def remove_cgroup(cgroup: Path) -> None:
+    """Removes a cgroup that a test made, once the processes killed with its server have left
+    it; fails the test if some are still there after 10 s."""
+    wait_until(lambda: not (cgroup / "cgroup.procs").read_text().split(), 10, f"no process left in {cgroup}")
+    cgroup.rmdir()
 
 
 def kill_group(group: int) -> None:
@@ -214,11 +270,7 @@ class Server:
 
     def wait_for_log(self, text: str, timeout: float) -> str:
         """The error log, once `text` is in it; fails, showing the log, after `timeout` s."""
-        deadline = time.monotonic() + timeout
-        while text not in (log := self.stderr()):
-            assert time.monotonic() < deadline, f"{text!r} is not in the log:\n{log}"
-            time.sleep(0.05)
-        return log
+        return wait_for_log(self.stderr, text, timeout)
 
     def wait(self, timeout: float) -> int:
         """Waits for the lobby to exit and returns its exit code."""

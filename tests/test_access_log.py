@@ -12,9 +12,8 @@ import socket
 from pathlib import Path
 
 from client import read_reply
-from conftest import HOST, Server
+from conftest import HOST, Server, wait_until
 from test_cli import assert_one_error_line
-from test_signals import wait_for_log, wait_until
 
 # gunicorn's default format, which is maitred's.
 GUNICORN_DEFAULT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"'
@@ -183,7 +182,7 @@ def test_sighup_takes_the_config_files_new_format(maitred_server, app_dir):
     assert lines(access_log, 1) == ["first 200 /one"]
     config_file.write_text("access_log_format = 'second %(m)s %({host}i)s'\n")
     server.send_signal(signal.SIGHUP)
-    wait_for_log(server, "SIGHUP: reloaded")
+    server.wait_for_log("SIGHUP: reloaded", 10)
     request(server, b"GET /two HTTP/1.1\r\nHost: test\r\n\r\n")
     assert lines(access_log, 2) == ["first 200 /one", "second GET test"]
     assert server.stop() == 0

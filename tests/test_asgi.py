@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import eventually
-from conftest import HOST, Finished, Server, children, free_port, is_probe, workers_of
+from conftest import HOST, Finished, Server, children, eventually, free_port, is_probe, workers_of
 from maitred.zygote import PROBE_NAME
 
 APPS = Path(__file__).resolve().parent / "apps"

@@ -8,8 +8,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from client import eventually, get, read_reply
-from conftest import HOST, Server
+from client import get, read_reply
+from conftest import HOST, Server, eventually
 
 TIMEOUT = 10.0
 APPS = Path(__file__).resolve().parent / "apps"

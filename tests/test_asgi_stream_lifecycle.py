@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from client import eventually
-from conftest import HOST, Server, workers_of
+from conftest import HOST, Server, eventually, workers_of
 from test_asgi_streams import APP, first_event, raise_descriptor_limit
 
 # The streams' application, and `GET /pid`: the pid of the worker that answers.

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from client import eventually, get, status_of
-from conftest import HOST, Server, free_port, workers_of
+from client import get, status_of
+from conftest import HOST, Server, eventually, free_port, workers_of
 from test_asgi_stream_lifecycle import PID_APP, open_streams, pid_of_answer
 
 # A request whose answer starts only after `wait` seconds: admitted work, not a stream.

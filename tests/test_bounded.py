@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from client import eventually
-from conftest import HOST
+from conftest import HOST, eventually
 
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))

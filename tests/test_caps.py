@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from client import eventually, read_reply
-from conftest import HOST, MAITRED, Server, _Launcher
+from client import read_reply
+from conftest import HOST, MAITRED, Server, _Launcher, eventually
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "echo:app"  # tests/apps/echo.py answers "PID BODY-LENGTH"

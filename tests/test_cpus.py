@@ -12,14 +12,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from client import get
-from conftest import workers_of
+from conftest import remove_cgroup, workers_of
 from maitred import cpus
 
 HELLO = """\
@@ -168,16 +167,7 @@ def test_workers_auto_takes_the_cgroups_cpu_quota_rounded_up(maitred_server, tmp
         assert len(workers_of(server.pid, 1)) == 1
         server.kill()
     finally:
-        _remove_when_empty(cgroup)
-
-
-def _remove_when_empty(cgroup: Path) -> None:
-    """Removes the cgroup once the last of maitred's processes in it has gone."""
-    deadline = time.monotonic() + 10
-    while (cgroup / "cgroup.procs").read_text().split():
-        assert time.monotonic() < deadline, f"processes still in {cgroup}"
-        time.sleep(0.02)
-    cgroup.rmdir()
+        remove_cgroup(cgroup)
 
 
 def test_workers_auto_in_a_config_file_and_a_bad_workers_is_one_line(run_maitred, tmp_path):

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client import eventually, read_reply
-from conftest import MAITRED, accepts_connections, free_port, kill_group
+from client import read_reply
+from conftest import MAITRED, accepts_connections, eventually, free_port, kill_group
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import eventually, get, read_reply, status_of
-from conftest import HOST, free_port
+from client import get, read_reply, status_of
+from conftest import HOST, eventually, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -55,13 +54,6 @@ def session() -> Iterator[requests.Session]:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def wait_for_log(server: Server, wanted: str, timeout: float = TIMEOUT) -> str:
-    deadline = time.monotonic() + timeout
-    while wanted not in (text := server.stderr()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return text
 
 
 def test_urlencoded_form(server: Server, session: requests.Session) -> None:
@@ -136,8 +128,7 @@ def test_file_download_through_file_wrapper(server: Server, session: requests.Se
         assert response.headers["Content-Type"] == "application/octet-stream"
         assert "report.bin" in response.headers["Content-Disposition"]
         assert "attachment" in response.headers["Content-Disposition"]
-    log = wait_for_log(server, "/download returned FileWrapper")
-    assert "/download returned FileWrapper" in log, log
+    server.wait_for_log("/download returned FileWrapper", TIMEOUT)
 
 
 def test_streamed_response(server: Server, session: requests.Session) -> None:

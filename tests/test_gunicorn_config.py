@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import eventually
-from conftest import HOST, processes_in_group, workers_of
+from conftest import HOST, eventually, processes_in_group, workers_of
 from maitred import config, gunicorn
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import socket
 import time
 from pathlib import Path
 
-from client import eventually, read_reply, status_of
-from conftest import HOST, free_port, wait_for_empty_group
+from client import read_reply, status_of
+from conftest import HOST, eventually, free_port, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "echo:app"

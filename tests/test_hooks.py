@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client import eventually, get
-from conftest import Server, free_port, wait_for_empty_group
+from client import get
+from conftest import Server, eventually, free_port, wait_for_empty_group
 from test_lifecycle import parent_of, wait_for_workers, worker_pids
 
 APP = """

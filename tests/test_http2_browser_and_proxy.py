@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, Browser
-from client import eventually, read_reply
-from conftest import HOST, Server, free_port
+from client import read_reply
+from conftest import HOST, Server, eventually, free_port
 from tls_certs import Authority, Pair, spki_sha256
 
 APPS = Path(__file__).resolve().parent / "apps"

@@ -15,21 +15,24 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from client import Reply, eventually, get, read_reply, wait_for_queue
-from conftest import HOST, Server, free_port, is_worker, processes_in_group, wait_for_empty_group
+from client import Reply, get, read_reply, wait_for_queue
+from conftest import (
+    HOST,
+    Server,
+    eventually,
+    free_port,
+    is_worker,
+    processes_in_group,
+    wait_for_empty_group,
+    wait_until,
+)
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "crashy:app"  # tests/apps/crashy.py: every answer is the serving worker's pid
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    if not eventually(condition, timeout):
-        pytest.fail(f"{what}: not within {timeout} s")
 
 
 def parent_of(pid: int) -> int | None:

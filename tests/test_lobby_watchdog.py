@@ -13,8 +13,8 @@ import signal
 import time
 from pathlib import Path
 
-from client import eventually, get, status_of
-from conftest import HOST, free_port, wait_for_empty_group
+from client import get, status_of
+from conftest import HOST, eventually, free_port, wait_for_empty_group
 
 APPS = Path(__file__).resolve().parent / "apps"
 WEDGE = signal.SIGRTMIN + 5

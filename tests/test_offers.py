@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import Reply, eventually, get, status_of, wait_for_queue
-from conftest import HOST, free_port
+from client import Reply, get, status_of, wait_for_queue
+from conftest import HOST, eventually, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
 

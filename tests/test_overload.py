@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client import eventually, get, read_reply, status_of
-from conftest import HOST, free_port
+from client import get, read_reply, status_of
+from conftest import HOST, eventually, free_port
 
 APPS = Path(__file__).parent / "apps"
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from client import Reply, eventually, read_reply
-from conftest import HOST, Server, free_port
+from client import Reply, read_reply
+from conftest import HOST, Server, eventually, free_port
 
 APPS = Path(__file__).resolve().parent / "apps"
 TIMEOUT = 10.0

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from client import eventually, read_reply, status_of
-from conftest import HOST, Server, free_port
-from test_lifecycle import APPS, wait_for_workers, wait_until, worker_pids
+from client import read_reply, status_of
+from conftest import HOST, Server, eventually, free_port, wait_until
+from test_lifecycle import APPS, wait_for_workers, worker_pids
 
 LEAKY = "leaky:app"  # tests/apps/leaky.py: leaks 2 MB per request, answers its pid
 SLOW_BOOT = "slow_boot:app"  # tests/apps/slow_boot.py: its import takes 1 s, answers its pid

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from client import get
-from conftest import Server
-from test_signals import NO_PYC, Load, version_of, version_of_body, wait_for_log, wait_until
+from conftest import Server, wait_until
+from test_signals import NO_PYC, Load, version_of, version_of_body
 
 pytest.importorskip("watchfiles", reason="--reload needs watchfiles: make install installs it (maitred[reload])")
 
@@ -63,7 +63,7 @@ def serve_with_reload(maitred_server, app_dir: Path, *args: str) -> Server:
     (app_dir / "message.py").write_text('VERSION = "v1"\n')
     server = maitred_server("--reload", *args, "reloadable:app", cwd=app_dir, env=NO_PYC)
     # The workers have told the watcher which files they imported.
-    wait_for_log(server, "--reload: watching")
+    server.wait_for_log("--reload: watching", 10)
     return server
 
 
@@ -103,7 +103,7 @@ def test_a_syntax_error_keeps_the_old_code_serving_and_names_the_file(maitred_se
     with Load(server.port, clients=2) as load:
         wait_until(lambda: all(client.answers for client in load.clients), 10, "every load client answered")
         edit(message, "VERSION = (\n")
-        wait_for_log(server, "SIGHUP: reload abandoned")
+        server.wait_for_log("SIGHUP: reload abandoned", 10)
         log = server.stderr()
         assert (
             "SIGHUP: reload abandoned: a new worker could not load the application: importing reloadable raised "
@@ -122,7 +122,7 @@ def test_a_new_module_that_fails_its_first_import_is_watched_until_it_is_fixed(m
     added = app_dir / "added.py"
     added.write_text("VERSION = (\n")
     edit(app_dir / "message.py", "from added import VERSION\n")
-    wait_for_log(server, f"SyntaxError: '(' was never closed ({added}, line 1)")
+    server.wait_for_log(f"SyntaxError: '(' was never closed ({added}, line 1)", 10)
     assert version_of(get(server.port)) == "v1"
     # Only the new module is saved again: no module list named it, the failure did.
     edit(added, 'VERSION = "v2"\n')
@@ -135,14 +135,21 @@ def test_a_reload_extra_file_that_changes_reloads(maitred_server, app_dir):
     data = app_dir / "version.txt"
     data.write_text("v1\n")
     server = maitred_server("--reload", "--reload-extra-file", str(data), "data_app:app", cwd=app_dir, env=NO_PYC)
-    wait_for_log(server, "--reload: watching")
+    server.wait_for_log("--reload: watching", 10)
     assert version_of(get(server.port)) == "v1"
     # A change to a file in a watched directory that is neither imported nor named reloads nothing.
     (app_dir / "notes.txt").write_text("not watched\n")
     edit(data, "v2\n")
     wait_until(lambda: version_of(get(server.port)) == "v2", WITHIN, "answers from v2")
-    time.sleep(1)  # a window for a negative check: notes.txt, changed too, brings no second reload
-    assert server.stderr().count("SIGHUP: reloaded:") == 1
+    # The negative check waits for an event after it: a later change of the named file reloads
+    # once more, and the watcher reads its changes in order, so a reload for notes.txt would
+    # have come by then. Two reloads, not three: notes.txt brought none.
+    (app_dir / "notes.txt").write_text("not watched, again\n")
+    edit(data, "v3\n")
+    wait_until(lambda: version_of(get(server.port)) == "v3", WITHIN, "answers from v3")
+    # New workers answer a moment before the lobby logs the reload's end.
+    wait_until(lambda: server.stderr().count("SIGHUP: reloaded:") >= 2, WITHIN, "the second reload's log line")
+    assert server.stderr().count("SIGHUP: reloaded:") == 2, server.stderr()
     assert server.stop() == 0
 
 
@@ -167,11 +174,17 @@ def test_a_report_from_another_user_is_ignored(maitred_server, app_dir):
     other = app_dir / "other.txt"
     other.write_text("1\n")
     assert send_as(NOBODY, address, os.fsencode(other) + b"\n") == 0
-    wait_for_log(server, f"--reload: ignored a report from user {NOBODY}, who is not this server's")
+    server.wait_for_log(f"--reload: ignored a report from user {NOBODY}, who is not this server's", 10)
     edit(other, "2\n")
-    time.sleep(1)  # a window for a negative check: the edit of a file only the ignored report named reloads nothing
-    assert "other.txt changed" not in server.stderr()
-    assert "SIGHUP" not in server.stderr()
+    # The negative check waits for an event after it: an edit of a file the workers imported,
+    # made after the one of other.txt, reloads, and the watcher reads its changes in order, so
+    # other.txt's edit, had the ignored report made it watched, would have reloaded by then.
+    edit(app_dir / "message.py", 'VERSION = "v2"\n')
+    wait_until(lambda: version_of(get(server.port)) == "v2", WITHIN, "answers from v2")
+    # New workers answer a moment before the lobby logs the reload's end.
+    wait_until(lambda: "SIGHUP: reloaded:" in server.stderr(), WITHIN, "the reload's log line")
+    assert "other.txt changed" not in server.stderr(), server.stderr()
+    assert server.stderr().count("SIGHUP: reloaded:") == 1, server.stderr()
     assert server.stop() == 0
 
 

@@ -11,8 +11,8 @@ import socket
 import threading
 from pathlib import Path
 
-from client import eventually, get, read_reply, status_of
-from conftest import HOST, free_port, workers_of
+from client import get, read_reply, status_of
+from conftest import HOST, eventually, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 

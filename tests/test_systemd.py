@@ -30,8 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from client import Reply, eventually, get, read_reply
-from conftest import HOST, MAITRED, accepts_connections, free_port, kill_group, wait_for_empty_group, workers_of
+from client import Reply, get, read_reply
+from conftest import (
+    HOST,
+    MAITRED,
+    accepts_connections,
+    eventually,
+    free_port,
+    kill_group,
+    wait_for_empty_group,
+    wait_for_log,
+    workers_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "examples" / "systemd"
@@ -139,9 +149,7 @@ class Run:
         return self.stderr_path.read_text(errors="replace")
 
     def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
-        if not eventually(lambda: text in self.log() or self.process.poll() is not None, timeout):
-            pytest.fail(f"{text!r} not in the log within {timeout} s:\n{self.log()}")
-        assert text in self.log(), f"exited with {self.process.returncode} before {text!r}:\n{self.log()}"
+        wait_for_log(self.log, text, timeout, exited=self.process.poll)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM; returns the exit code once nothing of its process group is left."""

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import Reply, eventually, get, status_of
-from conftest import HOST, free_port, workers_of
+from client import Reply, get, status_of
+from conftest import HOST, eventually, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from client import Reply, eventually, read_reply, status_of
-from conftest import HOST, Server, free_port
+from client import Reply, read_reply, status_of
+from conftest import HOST, Server, eventually, free_port
 from tls_certs import Authority, Pair, client_context, peer_serial, serial_of
 
 TIMEOUT = 10.0

@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from client import eventually, read_reply, status_of
-from conftest import HOST, free_port, workers_of
+from client import read_reply, status_of
+from conftest import HOST, eventually, free_port, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -106,7 +106,7 @@ def test_under_load_no_request_fails_across_an_upgrade(maitred_server):
         assert eventually(lambda: all(answered_by) or bool(failures), 10), answered_by
         server.send_signal(signal.SIGUSR2)
         assert server.wait(timeout=30) == 0, server.stderr()
-        eventually(lambda: all(pids - old_workers for pids in answered_by) or bool(failures), 10)
+        assert eventually(lambda: all(pids - old_workers for pids in answered_by) or bool(failures), 10), answered_by
     finally:
         stop.set()
         for thread in threads:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import websockets.asyncio.client
-from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group
+from conftest import HOST, accepts_connections, free_port, kill_group, maitred_stub, wait_for_empty_group, wait_for_log
 from raw_websocket import ACCEPT, GOOD, client_frame, raw_handshake, read_frame, read_head
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -58,13 +58,11 @@ class Stub:
         return self.log.read_text()
 
     def wait_for_log(self, pattern: str, timeout: float = 10) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(pattern, self.text())
-            if found:
-                return found
-            assert time.monotonic() < deadline, f"no {pattern!r} in the log:\n{self.text()}"
-            time.sleep(0.01)
+        """The first match of `pattern` (a regular expression) in the log, once there is one."""
+        found = re.compile(pattern)
+        match = found.search(wait_for_log(self.text, found, timeout))
+        assert match is not None
+        return match
 
     def status(self) -> dict:
         with urllib.request.urlopen(f"http://{HOST}:{self.stats_port}/status.json", timeout=5) as response:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from client import get, read_reply, wait_for_queue
-from conftest import HOST, free_port, wait_for_empty_group
-from test_lifecycle import wait_for_workers, wait_until, worker_pids
+from conftest import HOST, free_port, wait_for_empty_group, wait_until
+from test_lifecycle import wait_for_workers, worker_pids
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "health:app"  # tests/apps/health.py

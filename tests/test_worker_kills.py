@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client import eventually, get, status_of
-from conftest import HOST, _Launcher, free_port, workers_of
+from client import get, status_of
+from conftest import HOST, _Launcher, eventually, free_port, remove_cgroup, workers_of
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "crashy:app"  # tests/apps/crashy.py
@@ -67,15 +66,6 @@ def _make_memory_cgroup(name: str) -> tuple[Path, str]:
     return made, counter
 
 
-def _remove_cgroup(cgroup: Path) -> None:
-    """Removes `cgroup` once the processes killed with the server have left it."""
-    deadline = time.monotonic() + 10
-    while (cgroup / "cgroup.procs").read_text().strip():
-        assert time.monotonic() < deadline, f"processes are still in {cgroup}"
-        time.sleep(0.02)
-    cgroup.rmdir()
-
-
 @pytest.fixture
 def in_memory_cgroup(tmp_path, maitred_command) -> Iterator[tuple[_Launcher, Path, str]]:
     """Starts servers inside a memory cgroup the test makes: a shell joins it, then becomes
@@ -87,7 +77,7 @@ def in_memory_cgroup(tmp_path, maitred_command) -> Iterator[tuple[_Launcher, Pat
         yield launcher, cgroup, counter
     finally:
         launcher.kill_all()
-        _remove_cgroup(cgroup)
+        remove_cgroup(cgroup)
 
 
 def _exit_counts(stats: int) -> dict[str, int]:
