@@ -76,11 +76,20 @@ def read_if_there(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that no earlier call in
+    this run has returned: the kernel may pick the same free port twice in a row, and a test
+    that asks for two (an application's and --stats') got one port for both (CI, stop 56)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((HOST, 0))
+            port = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def maitred_stub() -> Path:

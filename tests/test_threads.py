@@ -322,20 +322,24 @@ def test_a_stopped_worker_costs_no_request_its_busy_thread_runs(maitred_server):
     replaced."""
     stats = free_port()
     server = maitred_server("-w", "3", "--threads", "2", "--stats", f"{HOST}:{stats}", "threaded:app", cwd=APPS)
-    workers_of(server.pid, 3)
+    assert eventually(lambda: status_of(stats)["seats"]["free"] == 6, 20), status_of(stats)["seats"]
     held = send(server.port, "/sleep?seconds=2")
     assert eventually(lambda: busy_threads(stats) == 1, 10)
     (stopped,) = [w["pid"] for w in status_of(stats)["scoreboard"] if any(t is not None for t in w["threads"])]
     os.kill(stopped, signal.SIGSTOP)
     try:
-        # Quick requests, one after the other, until one has come to the stopped worker's idle
-        # thread and the lobby has noticed: each is answered, by another worker.
-        for _ in range(60):
-            reply = get(server.port, "/who", timeout=30)
-            assert reply.status == 200 and int(reply.body.split()[0]) != stopped, reply
-            if f"worker {stopped} takes no new request" in server.stderr():
-                break
-        server.wait_for_log(f"worker {stopped} takes no new request", 10)
+        # Six short requests at once, more than the other workers' four threads, so that one
+        # waits and the stopped worker's idle thread is asked to take it (a thread whose worker
+        # has no CPU to spare looks again only when a request waits: gate.rs), until the lobby
+        # has noticed: each is answered, by another worker.
+        deadline = time.monotonic() + 30
+        while f"worker {stopped} takes no new request" not in server.stderr():
+            assert time.monotonic() < deadline, server.stderr()
+            burst = [send(server.port, "/sleep?seconds=0.1") for _ in range(6)]
+            for request in burst:
+                request.join(30)
+                assert request.reply is not None and request.reply.status == 200, request.error or request.reply
+                assert int(request.reply.body.split()[0]) != stopped, request.reply
     finally:
         os.kill(stopped, signal.SIGCONT)
     held.join(30)
