@@ -127,10 +127,11 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
             Some(Err(_)) => return Err(Unread::Gone),
             Some(Ok(data)) => {
                 gap_started = Instant::now();
-                body.push(&data, BODY_MEMORY, &shared.descriptors)?;
+                let received = data.len();
+                body.push(data, BODY_MEMORY, &shared.descriptors)?;
                 body.flush()?;
                 // The bytes are the request's now: the client may send as many more.
-                let _ = stream.flow_control().release_capacity(data.len());
+                let _ = stream.flow_control().release_capacity(received);
                 if let Some(max) = config.max_body.filter(|max| body.len() > *max) {
                     return Err(Unread::Refused((
                         413,
