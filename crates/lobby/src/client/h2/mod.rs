@@ -121,7 +121,8 @@ const LOCAL_ERROR_RESETS: usize = 256;
 /// Bounds of the h2 crate's own, which it does not export, for the log lines: the empty DATA
 /// frames it takes (`MAX_RECV_EMPTY_DATA_FRAMES`), and how many times
 /// SETTINGS_MAX_HEADER_LIST_SIZE a header block may decode to before it ends the connection
-/// (`MAX_HEADER_LIST_ABUSE_MULTIPLIER`), in h2 0.4.20.
+/// (`MAX_HEADER_LIST_ABUSE_MULTIPLIER`), in h2 0.4.20, the version Cargo.toml pins; the test
+/// below reads them from the crate's source.
 const H2_EMPTY_DATA_FRAMES: usize = 100;
 const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
 
@@ -462,5 +463,53 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::{H2_EMPTY_DATA_FRAMES, H2_HEADER_LIST_ABUSE_FACTOR};
+
+    /// The source folder of the h2 crate this build uses, as cargo has it.
+    fn h2_source() -> PathBuf {
+        let metadata = Command::new(env!("CARGO"))
+            .args(["metadata", "--format-version", "1", "--offline", "--manifest-path"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .output()
+            .expect("cargo metadata runs");
+        assert!(metadata.status.success(), "{}", String::from_utf8_lossy(&metadata.stderr));
+        let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout).expect("cargo metadata's JSON");
+        let h2 = metadata["packages"]
+            .as_array()
+            .expect("packages")
+            .iter()
+            .find(|package| package["name"] == "h2")
+            .expect("h2 among the packages");
+        let manifest = PathBuf::from(h2["manifest_path"].as_str().expect("h2's manifest path"));
+        manifest.parent().expect("h2's folder").join("src")
+    }
+
+    /// The value of `const NAME: usize = N;` in `file`.
+    fn usize_const(file: &Path, name: &str) -> usize {
+        let source = std::fs::read_to_string(file).expect("h2's source");
+        let line = source
+            .lines()
+            .find(|line| line.contains(&format!("const {name}: usize = ")))
+            .unwrap_or_else(|| panic!("{name} is no longer in {}", file.display()));
+        let value = line.rsplit("= ").next().expect("a value").trim_end_matches(';');
+        value.parse().unwrap_or_else(|_| panic!("{name}'s value: {line}"))
+    }
+
+    #[test]
+    fn the_h2_crate_s_private_bounds_are_those_the_log_lines_name() {
+        let src = h2_source();
+        assert_eq!(usize_const(&src.join("proto/mod.rs"), "MAX_RECV_EMPTY_DATA_FRAMES"), H2_EMPTY_DATA_FRAMES);
+        assert_eq!(
+            usize_const(&src.join("frame/headers.rs"), "MAX_HEADER_LIST_ABUSE_MULTIPLIER"),
+            H2_HEADER_LIST_ABUSE_FACTOR
+        );
     }
 }
