@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import HOST, accepts_connections, free_port, wait_for_empty_group
-from maitred import __version__, config
+from maitred import __version__, _native, config
 from maitred.app import AppLoadError, load_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,6 +231,26 @@ def test_readme_flag_table_matches_the_settings():
 # Settings resolution and the lobby's contract, in process.
 
 
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda lobby: lobby.update(not_a_setting=1), "the lobby reads no setting named not_a_setting"),
+        (lambda lobby: lobby.pop("max_body"), "setting 'max_body' is missing"),
+        (lambda lobby: lobby.pop("certfile"), "setting 'certfile' is missing"),
+    ],
+    ids=["a key the lobby does not read", "an optional key missing", "a TLS key missing without TLS"],
+)
+def test_the_lobby_takes_exactly_the_settings_the_cli_gives(monkeypatch, tmp_path, change, error):
+    """The settings cross from Python to Rust by name (maitred.config.lobby_settings, and
+    crates/python/src/serve.rs): a name on one side only is an error at start, before the lobby
+    takes a descriptor, not a setting silently dropped or left unset."""
+    monkeypatch.chdir(tmp_path)
+    lobby = config.lobby_settings(config.resolve(["hello:app"]))
+    change(lobby)
+    with pytest.raises(ValueError, match=re.escape(error)):
+        _native.serve(lobby, -1, 0, {})
+
+
 def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     settings = config.resolve(["hello:app"])
@@ -260,7 +280,6 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 20.0,
         "ws_per_message_deflate": True,
-        "websocket_seats": None,
         "max_requests": 0,
         "max_requests_jitter": 0,
         "max_worker_memory": 0,

@@ -129,8 +129,7 @@ impl Default for HttpProtocols {
     }
 }
 
-/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout`, `--ws-per-message-deflate` and
-/// `--websocket-seats`.
+/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout` and `--ws-per-message-deflate`.
 #[derive(Clone, Copy, Debug)]
 pub struct WebSocketLimits {
     /// The largest message, either way; a larger one from the client closes with 1009.

@@ -8,7 +8,8 @@
 //!
 //! Imports no module of this crate: the lobby is `maitred_lobby`.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,14 +53,15 @@ fn serve(
     reread: Option<Py<PyAny>>,
     hooks: Option<Bound<'_, PyAny>>,
 ) -> PyResult<i32> {
-    let config = config_from(settings)?;
+    let config = config_from(&Settings::of(settings))?;
+    let given = Settings::of(succession);
     let succession = Succession {
-        command: required(succession, "command")?,
-        directory: required::<String>(succession, "directory")?.into(),
-        pid_file: optional::<String>(succession, "pid_file")?.map(Into::into),
+        command: given.required("command")?,
+        directory: given.required::<String>("directory")?.into(),
+        pid_file: given.optional::<String>("pid_file")?.map(Into::into),
         // The CLI hands these descriptors over and no longer uses them.
-        predecessor: optional::<i32>(succession, "predecessor")?.map(maitred_sys::fd::adopt).transpose()?,
-        inherited: required::<HashMap<String, i32>>(succession, "inherited")?
+        predecessor: given.optional::<i32>("predecessor")?.map(maitred_sys::fd::adopt).transpose()?,
+        inherited: given.required::<HashMap<String, i32>>("inherited")?
             .into_iter()
             .map(|(bind, fd)| {
                 let bind = bind_address(py, &bind)?;
@@ -68,6 +70,7 @@ fn serve(
             })
             .collect::<PyResult<_>>()?,
     };
+    given.all_read()?;
     let rereader = reread.map(|reread| -> Rereader { Arc::new(move || call_reread(&reread)) });
     let hooks = hooks.map(|hooks| server_hooks(&hooks)).transpose()?;
     // The CLI hands this descriptor over and no longer uses it.
@@ -120,7 +123,7 @@ fn call_reread(reread: &Py<PyAny>) -> Result<Reread, String> {
         let returned = reread.call0(py).map_err(|e| e.value(py).to_string())?;
         let (settings, kept): (Bound<'_, PyDict>, Vec<String>) =
             returned.extract(py).map_err(|e: PyErr| format!("the config re-read returned something else: {e}"))?;
-        let config = config_from(&settings).map_err(|e| e.value(py).to_string())?;
+        let config = config_from(&Settings::of(&settings)).map_err(|e| e.value(py).to_string())?;
         Ok(Reread { config, kept })
     })
 }
@@ -133,104 +136,114 @@ fn check_access_log_format(format: &str) -> PyResult<()> {
     AccessFormat::parse(format).map(drop).map_err(PyValueError::new_err)
 }
 
-fn config_from(settings: &Bound<'_, PyDict>) -> PyResult<Config> {
-    let py = settings.py();
+/// The lobby's `Config` from the CLI's settings dict (`maitred.config.lobby_settings`), which
+/// must hold exactly the keys read here.
+fn config_from(settings: &Settings<'_, '_>) -> PyResult<Config> {
+    let py = settings.dict.py();
     let binds =
-        required::<Vec<String>>(settings, "bind")?.iter().map(|b| bind_address(py, b)).collect::<PyResult<Vec<_>>>()?;
-    let log_level: String = required(settings, "log_level")?;
-    Ok(Config {
+        settings.required::<Vec<String>>("bind")?.iter().map(|b| bind_address(py, b)).collect::<PyResult<Vec<_>>>()?;
+    let log_level: String = settings.required("log_level")?;
+    let config = Config {
         binds,
-        workers: required(settings, "workers")?,
-        threads: required(settings, "threads")?,
-        worker_connections: required(settings, "worker_connections")?,
-        backlog: optional(settings, "backlog")?,
-        timeout: seconds(settings, "timeout")?,
-        graceful_timeout: seconds(settings, "graceful_timeout")?,
-        lobby_timeout: Some(seconds(settings, "lobby_timeout")?).filter(|limit| !limit.is_zero()),
-        keep_alive: seconds(settings, "keep_alive")?,
-        header_timeout: seconds(settings, "header_timeout")?,
-        body_min_rate: required(settings, "body_min_rate")?,
-        send_timeout: seconds(settings, "send_timeout")?,
-        max_spill: required(settings, "max_spill")?,
-        max_spill_total: required(settings, "max_spill_total")?,
-        max_head_memory: required(settings, "max_head_memory")?,
-        limit_request_line: required(settings, "limit_request_line")?,
-        limit_request_fields: required(settings, "limit_request_fields")?,
-        limit_request_field_size: required(settings, "limit_request_field_size")?,
-        max_requests: required(settings, "max_requests")?,
-        max_requests_jitter: required(settings, "max_requests_jitter")?,
-        max_worker_memory: required(settings, "max_worker_memory")?,
-        max_worker_lifetime: optional::<f64>(settings, "max_worker_lifetime")?
+        workers: settings.required("workers")?,
+        threads: settings.required("threads")?,
+        worker_connections: settings.required("worker_connections")?,
+        backlog: settings.optional("backlog")?,
+        timeout: settings.seconds("timeout")?,
+        graceful_timeout: settings.seconds("graceful_timeout")?,
+        lobby_timeout: Some(settings.seconds("lobby_timeout")?).filter(|limit| !limit.is_zero()),
+        keep_alive: settings.seconds("keep_alive")?,
+        header_timeout: settings.seconds("header_timeout")?,
+        body_min_rate: settings.required("body_min_rate")?,
+        send_timeout: settings.seconds("send_timeout")?,
+        max_spill: settings.required("max_spill")?,
+        max_spill_total: settings.required("max_spill_total")?,
+        max_head_memory: settings.required("max_head_memory")?,
+        limit_request_line: settings.required("limit_request_line")?,
+        limit_request_fields: settings.required("limit_request_fields")?,
+        limit_request_field_size: settings.required("limit_request_field_size")?,
+        max_requests: settings.required("max_requests")?,
+        max_requests_jitter: settings.required("max_requests_jitter")?,
+        max_worker_memory: settings.required("max_worker_memory")?,
+        max_worker_lifetime: settings.optional::<f64>("max_worker_lifetime")?
             .map(Duration::try_from_secs_f64)
             .transpose()
             .map_err(|e| PyValueError::new_err(format!("setting 'max_worker_lifetime': {e}")))?,
-        max_worker_lifetime_jitter: seconds(settings, "max_worker_lifetime_jitter")?,
-        access_logfile: optional(settings, "access_logfile")?,
-        access_log_format: AccessFormat::parse(&required::<String>(settings, "access_log_format")?)
+        max_worker_lifetime_jitter: settings.seconds("max_worker_lifetime_jitter")?,
+        access_logfile: settings.optional("access_logfile")?,
+        access_log_format: AccessFormat::parse(&settings.required::<String>("access_log_format")?)
             .map_err(|e| PyValueError::new_err(format!("setting 'access_log_format': {e}")))?,
-        error_logfile: optional::<String>(settings, "error_logfile")?.filter(|path| path != "-"),
-        preload: required(settings, "preload")?,
+        error_logfile: settings.optional::<String>("error_logfile")?.filter(|path| path != "-"),
+        preload: settings.required("preload")?,
         log_level: Level::parse(&log_level)
             .ok_or_else(|| PyValueError::new_err(format!("unknown log level '{log_level}'")))?,
-        max_body: optional(settings, "max_body")?,
-        queue_timeout: optional::<f64>(settings, "queue_timeout")?.map(Duration::from_secs_f64),
-        queue_policy: match required::<String>(settings, "queue_policy")?.as_str() {
+        max_body: settings.optional("max_body")?,
+        queue_timeout: settings.optional::<f64>("queue_timeout")?.map(Duration::from_secs_f64),
+        queue_policy: match settings.required::<String>("queue_policy")?.as_str() {
             "adaptive" => QueuePolicy::Adaptive,
             "fifo" => QueuePolicy::Fifo,
             other => return Err(PyValueError::new_err(format!("setting 'queue_policy': unknown policy '{other}'"))),
         },
-        request_deadline: optional::<f64>(settings, "request_deadline")?.map(Duration::from_secs_f64),
-        half_close: match required::<String>(settings, "half_close")?.as_str() {
+        request_deadline: settings.optional::<f64>("request_deadline")?.map(Duration::from_secs_f64),
+        half_close: match settings.required::<String>("half_close")?.as_str() {
             "abandon" => HalfClose::Abandon,
             "serve" => HalfClose::Serve,
             other => return Err(PyValueError::new_err(format!("setting 'half_close': unknown action '{other}'"))),
         },
-        max_connections: optional(settings, "max_connections")?,
-        app: required(settings, "app")?,
-        stats: optional::<String>(settings, "stats")?.map(|text| bind_address(py, &text)).transpose()?,
-        drop_to: optional::<(u32, u32, Vec<u32>)>(settings, "drop_to")?.map(|(uid, gid, groups)| Credentials {
+        max_connections: settings.optional("max_connections")?,
+        app: settings.required("app")?,
+        stats: settings.optional::<String>("stats")?.map(|text| bind_address(py, &text)).transpose()?,
+        drop_to: settings.optional::<(u32, u32, Vec<u32>)>("drop_to")?.map(|(uid, gid, groups)| Credentials {
             uid,
             gid,
             groups,
         }),
         forwarding: Forwarding {
             allow: allow_list(settings, "forwarded_allow_ips")?,
-            secure_scheme_headers: required::<HashMap<String, String>>(settings, "secure_scheme_headers")?
+            secure_scheme_headers: settings.required::<HashMap<String, String>>("secure_scheme_headers")?
                 .into_iter()
                 .collect(),
         },
-        proxy_protocol: proxy_versions(&required::<String>(settings, "proxy_protocol")?)?,
+        proxy_protocol: proxy_versions(&settings.required::<String>("proxy_protocol")?)?,
         http: http_protocols(settings)?,
         proxy_allow_ips: allow_list(settings, "proxy_allow_ips")?,
         websocket: WebSocketLimits {
-            max_size: required(settings, "ws_max_size")?,
-            ping_interval: seconds(settings, "ws_ping_interval")?,
-            ping_timeout: seconds(settings, "ws_ping_timeout")?,
-            per_message_deflate: required(settings, "ws_per_message_deflate")?,
+            max_size: settings.required("ws_max_size")?,
+            ping_interval: settings.seconds("ws_ping_interval")?,
+            ping_timeout: settings.seconds("ws_ping_timeout")?,
+            per_message_deflate: settings.required("ws_per_message_deflate")?,
         },
         tls: tls_settings(settings)?,
-        plain_binds: required::<Vec<String>>(settings, "plain_binds")?
+        plain_binds: settings.required::<Vec<String>>("plain_binds")?
             .iter()
             .map(|b| bind_address(py, b))
             .collect::<PyResult<_>>()?,
-    })
+    };
+    settings.all_read()?;
+    Ok(config)
 }
 
 /// `--certfile` and the TLS settings beside it (docs/TLS.md); None without a certificate.
 /// The CLI has checked them.
-fn tls_settings(settings: &Bound<'_, PyDict>) -> PyResult<Option<TlsSettings>> {
-    let Some(certfile) = optional::<String>(settings, "certfile")? else { return Ok(None) };
+fn tls_settings(settings: &Settings<'_, '_>) -> PyResult<Option<TlsSettings>> {
+    // All read, with a certificate or without: the dict holds them either way.
+    let certfile = settings.optional::<String>("certfile")?;
+    let keyfile = settings.optional::<String>("keyfile")?;
+    let ca_certs = settings.optional::<String>("ca_certs")?;
+    let cert_reqs = settings.required::<String>("cert_reqs")?;
+    let ciphers = settings.optional("ciphers")?.unwrap_or_default();
+    let Some(certfile) = certfile else { return Ok(None) };
     Ok(Some(TlsSettings {
         certfile: certfile.into(),
-        keyfile: required::<String>(settings, "keyfile")?.into(),
-        ca_certs: optional::<String>(settings, "ca_certs")?.map(Into::into),
-        cert_reqs: match required::<String>(settings, "cert_reqs")?.as_str() {
+        keyfile: keyfile.ok_or_else(|| PyValueError::new_err("setting 'keyfile' is missing"))?.into(),
+        ca_certs: ca_certs.map(Into::into),
+        cert_reqs: match cert_reqs.as_str() {
             "none" => CertReqs::None,
             "optional" => CertReqs::Optional,
             "required" => CertReqs::Required,
             other => return Err(PyValueError::new_err(format!("setting 'cert_reqs': unknown value '{other}'"))),
         },
-        ciphers: optional(settings, "ciphers")?.unwrap_or_default(),
+        ciphers,
     }))
 }
 
@@ -251,15 +264,15 @@ fn bind_address(py: Python<'_>, address: &str) -> PyResult<BindAddress> {
 
 /// `--http-protocols` (a list of `h1` and `h2`, checked by the CLI) and
 /// `--http2-max-concurrent-streams`.
-fn http_protocols(settings: &Bound<'_, PyDict>) -> PyResult<HttpProtocols> {
-    let protocols = required::<Vec<String>>(settings, "http_protocols")?;
+fn http_protocols(settings: &Settings<'_, '_>) -> PyResult<HttpProtocols> {
+    let protocols = settings.required::<Vec<String>>("http_protocols")?;
     if let Some(other) = protocols.iter().find(|name| !matches!(name.as_str(), "h1" | "h2")) {
         return Err(PyValueError::new_err(format!("setting 'http_protocols': unknown protocol '{other}'")));
     }
     Ok(HttpProtocols {
         http1: protocols.iter().any(|name| name == "h1"),
         http2: protocols.iter().any(|name| name == "h2"),
-        max_concurrent_streams: required(settings, "http2_max_concurrent_streams")?,
+        max_concurrent_streams: settings.required("http2_max_concurrent_streams")?,
     })
 }
 
@@ -274,35 +287,64 @@ fn proxy_versions(mode: &str) -> PyResult<Option<ProxyVersions>> {
     }
 }
 
-fn allow_list(settings: &Bound<'_, PyDict>, key: &str) -> PyResult<AllowList> {
-    AllowList::parse(&required::<Vec<String>>(settings, key)?)
+fn allow_list(settings: &Settings<'_, '_>, key: &str) -> PyResult<AllowList> {
+    AllowList::parse(&settings.required::<Vec<String>>(key)?)
         .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
 }
 
-fn required<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
-    match settings.get_item(key)? {
-        Some(value) => value
-            .extract()
-            .map_err(Into::<PyErr>::into)
-            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
-        None => Err(PyValueError::new_err(format!("setting '{key}' is missing"))),
-    }
+/// A dict the CLI hands the lobby, and the keys read from it. Each key must be there (its value
+/// may be None where a setting is optional), and each key there must be read: a setting renamed
+/// on one side of the Rust/Python line is an error at start, not a value silently dropped or
+/// left unset.
+struct Settings<'a, 'py> {
+    dict: &'a Bound<'py, PyDict>,
+    read: RefCell<BTreeSet<String>>,
 }
 
-fn optional<'py, T: FromPyObjectOwned<'py>>(settings: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    match settings.get_item(key)? {
-        Some(value) if !value.is_none() => value
+impl<'a, 'py> Settings<'a, 'py> {
+    fn of(dict: &'a Bound<'py, PyDict>) -> Settings<'a, 'py> {
+        Settings { dict, read: RefCell::new(BTreeSet::new()) }
+    }
+
+    fn value(&self, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.read.borrow_mut().insert(key.to_string());
+        self.dict.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("setting '{key}' is missing")))
+    }
+
+    fn required<T: FromPyObjectOwned<'py>>(&self, key: &str) -> PyResult<T> {
+        self.value(key)?
+            .extract()
+            .map_err(Into::<PyErr>::into)
+            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
+    }
+
+    fn optional<T: FromPyObjectOwned<'py>>(&self, key: &str) -> PyResult<Option<T>> {
+        let value = self.value(key)?;
+        if value.is_none() {
+            return Ok(None);
+        }
+        value
             .extract()
             .map(Some)
             .map_err(Into::<PyErr>::into)
-            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}"))),
-        _ => Ok(None),
+            .map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
     }
-}
 
-fn seconds(settings: &Bound<'_, PyDict>, key: &str) -> PyResult<Duration> {
-    let value: f64 = required(settings, key)?;
-    Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
+    fn seconds(&self, key: &str) -> PyResult<Duration> {
+        let value: f64 = self.required(key)?;
+        Duration::try_from_secs_f64(value).map_err(|e| PyValueError::new_err(format!("setting '{key}': {e}")))
+    }
+
+    /// Err naming the keys given and never read.
+    fn all_read(&self) -> PyResult<()> {
+        let read = self.read.borrow();
+        let unread: Vec<String> =
+            self.dict.keys().iter().map(|key| key.to_string()).filter(|key| !read.contains(key)).collect();
+        if unread.is_empty() {
+            return Ok(());
+        }
+        Err(PyValueError::new_err(format!("the lobby reads no setting named {}", unread.join(", "))))
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

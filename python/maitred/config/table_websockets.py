@@ -65,5 +65,6 @@ ROWS: tuple[Setting, ...] = (
         "the one queue as any request does. Still accepted, with one warning line at start, so that an old "
         "config file starts (docs/TUNING.md, WebSockets).",
         default_text="none",
+        for_lobby=False,
     ),
 )

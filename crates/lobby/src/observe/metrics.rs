@@ -217,12 +217,12 @@ impl Metrics {
         }
         let websockets_open = IntGauge::new(
             "websockets_open",
-            "WebSockets accepted and not yet closed; each holds a seat of its worker (--websocket-seats)",
+            "WebSockets accepted and not yet closed (an ASGI worker's open WebSockets hold no seat)",
         )
         .expect("valid");
         register(Box::new(websockets_open.clone()));
         let websockets_queued =
-            IntGauge::new("websockets_queued", "WebSocket handshakes waiting for a seat under --websocket-seats")
+            IntGauge::new("websockets_queued", "WebSocket handshakes waiting in the queue for a worker")
                 .expect("valid");
         register(Box::new(websockets_queued.clone()));
         // By pid: a worker's series goes with it (each scrape sets those of the workers there).
