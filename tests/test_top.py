@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from client import Reply, get
-from conftest import HOST, MAITRED, free_port
+from client import Reply, get, status_of
+from conftest import HOST, MAITRED, ROOT, free_port
+from maitred import top
 from test_asgi_stream_lifecycle import PID_APP, open_streams
 from test_cli import HELLO, assert_one_error_line
 from test_lifecycle import APPS, wait_for_workers
@@ -225,6 +226,30 @@ def test_top_shows_an_asgi_workers_admitted_requests_and_open_streams(maitred_se
     asyncio.run(asyncio.wait_for(with_streams(), 30))
     top.press("q")
     assert top.exit_code(timeout=10) == 0
+
+
+def test_top_and_the_live_page_name_the_states_and_exits_the_lobby_counts(maitred_server):
+    """The lobby defines the names of worker states, connection states and exit reasons
+    (worker/scoreboard.rs, observe/status.rs), and status.json carries every one, zeros too.
+    top.py and the live page (status.js) keep only the order to show them in: each list names
+    exactly the lobby's, so a state the lobby adds is not left to trail unordered."""
+    stats = free_port()
+    maitred_server("--stats", f"{HOST}:{stats}", "echo:app", cwd=APPS)
+    status = status_of(stats)
+    script = (ROOT / "crates/lobby/assets/status.js").read_text()
+
+    def page_list(name: str) -> set[str]:
+        (listed,) = re.findall(rf"^const {name} = \[(.*)\];$", script, re.MULTILINE)
+        return set(re.findall(r'"([a-z_]+)"', listed))
+
+    lobby = {
+        "workers": set(status["workers"]),
+        "connections": set(status["connections"]),
+        "exits": set(status["worker_exits"]),
+    }
+    assert set(top.WORKER_STATES) == lobby["workers"] == page_list("WORKER_STATES")
+    assert set(top.CONNECTION_STATES) == lobby["connections"] == page_list("CONNECTION_STATES")
+    assert set(top.EXIT_REASONS) == lobby["exits"]
 
 
 @needs_tmux

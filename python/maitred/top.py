@@ -211,9 +211,11 @@ def _duration(seconds: float | None) -> str:
 
 
 # The order in which the names of a count are shown, as a reader follows them (the server
-# sends them sorted by name). Names not listed, which a newer server may add, follow.
-WORKER_STATES = ("idle", "busy", "starting", "retiring")
-CONNECTION_STATES = ("reading", "queued", "in_service", "writing", "idle", "hibernating")
+# sends them sorted by name). Names not listed, which a newer server may add, follow. The
+# lobby's own lists (worker/scoreboard.rs, observe/status.rs) are the definition: tests/
+# test_top.py fails when these name other states than a running server sends.
+WORKER_STATES = ("idle", "busy", "starting", "held", "retiring")
+CONNECTION_STATES = ("reading", "queued", "in_service", "writing", "websocket", "idle", "hibernating")
 KERNEL_COUNTERS = ("ListenOverflows", "ListenDrops")
 SHED_REASONS = ("abandoned", "overload", "deadline", "queue_timeout")
 EXIT_REASONS = (
@@ -227,6 +229,7 @@ EXIT_REASONS = (
     "scale_down",
     "boot_failed",
     "wedged",
+    "stopped",
 )
 
 

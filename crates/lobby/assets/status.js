@@ -84,8 +84,8 @@ const CHARTS = [
 
 // The order the charts list the states in (status.json's objects come with their keys sorted):
 // workers' the most telling first, connections' as a connection goes through them.
-const WORKER_STATES = ["busy", "idle", "starting", "retiring"];
-const CONNECTION_STATES = ["reading", "queued", "in_service", "writing", "idle", "hibernating"];
+const WORKER_STATES = ["busy", "idle", "starting", "held", "retiring"];
+const CONNECTION_STATES = ["reading", "queued", "in_service", "writing", "websocket", "idle", "hibernating"];
 
 // An object's entries, those named in `order` first and in that order, then any others.
 function inOrder(object, order) {
