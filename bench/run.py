@@ -308,10 +308,26 @@ def _build_deadline_clients() -> str | None:
 
 
 def _create_peers_venv() -> None:
+    if _made_elsewhere(PEERS_VENV):
+        # A venv's scripts name its path in their first line: one moved here from a worktree
+        # since removed runs no peer ("No such file or directory" for bin/gunicorn).
+        print(f"bench: {PEERS_VENV.relative_to(REPO)} was made in another folder; making it again", file=sys.stderr)
+        shutil.rmtree(PEERS_VENV)
     if not (PEERS_VENV / "bin" / "python").exists():
         print(f"bench: creating {PEERS_VENV.relative_to(REPO)}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
-    subprocess.run([str(PEERS_VENV / "bin" / "pip"), "install", "-q", *HARNESS_REQUIREMENTS], check=True)
+    # pip as a module: a venv whose bin/pip script went missing still installs.
+    subprocess.run([str(PEERS_VENV / "bin" / "python"), "-m", "pip", "install", "-q", *HARNESS_REQUIREMENTS], check=True)
+
+
+def _made_elsewhere(venv: Path) -> bool:
+    """Whether the venv at `venv` says (pyvenv.cfg's `command`) it was made at another path."""
+    try:
+        lines = (venv / "pyvenv.cfg").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    commands = [line.partition("=")[2].strip() for line in lines if line.partition("=")[0].strip() == "command"]
+    return bool(commands) and Path(commands[0].split()[-1]).resolve() != venv.resolve()
 
 
 def _install_peers(servers: list[Server]) -> dict[str, str]:
