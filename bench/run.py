@@ -317,7 +317,9 @@ def _create_peers_venv() -> None:
         print(f"bench: creating {PEERS_VENV.relative_to(REPO)}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
     # pip as a module: a venv whose bin/pip script went missing still installs.
-    subprocess.run([str(PEERS_VENV / "bin" / "python"), "-m", "pip", "install", "-q", *HARNESS_REQUIREMENTS], check=True)
+    subprocess.run(
+        [str(PEERS_VENV / "bin" / "python"), "-m", "pip", "install", "-q", *HARNESS_REQUIREMENTS], check=True
+    )
 
 
 def _made_elsewhere(venv: Path) -> bool:

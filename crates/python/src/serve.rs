@@ -61,7 +61,8 @@ fn serve(
         pid_file: given.optional::<String>("pid_file")?.map(Into::into),
         // The CLI hands these descriptors over and no longer uses them.
         predecessor: given.optional::<i32>("predecessor")?.map(maitred_sys::fd::adopt).transpose()?,
-        inherited: given.required::<HashMap<String, i32>>("inherited")?
+        inherited: given
+            .required::<HashMap<String, i32>>("inherited")?
             .into_iter()
             .map(|(bind, fd)| {
                 let bind = bind_address(py, &bind)?;
@@ -165,7 +166,8 @@ fn config_from(settings: &Settings<'_, '_>) -> PyResult<Config> {
         max_requests: settings.required("max_requests")?,
         max_requests_jitter: settings.required("max_requests_jitter")?,
         max_worker_memory: settings.required("max_worker_memory")?,
-        max_worker_lifetime: settings.optional::<f64>("max_worker_lifetime")?
+        max_worker_lifetime: settings
+            .optional::<f64>("max_worker_lifetime")?
             .map(Duration::try_from_secs_f64)
             .transpose()
             .map_err(|e| PyValueError::new_err(format!("setting 'max_worker_lifetime': {e}")))?,
@@ -200,7 +202,8 @@ fn config_from(settings: &Settings<'_, '_>) -> PyResult<Config> {
         }),
         forwarding: Forwarding {
             allow: allow_list(settings, "forwarded_allow_ips")?,
-            secure_scheme_headers: settings.required::<HashMap<String, String>>("secure_scheme_headers")?
+            secure_scheme_headers: settings
+                .required::<HashMap<String, String>>("secure_scheme_headers")?
                 .into_iter()
                 .collect(),
         },
@@ -214,7 +217,8 @@ fn config_from(settings: &Settings<'_, '_>) -> PyResult<Config> {
             per_message_deflate: settings.required("ws_per_message_deflate")?,
         },
         tls: tls_settings(settings)?,
-        plain_binds: settings.required::<Vec<String>>("plain_binds")?
+        plain_binds: settings
+            .required::<Vec<String>>("plain_binds")?
             .iter()
             .map(|b| bind_address(py, b))
             .collect::<PyResult<_>>()?,

@@ -363,9 +363,8 @@ mod tests {
     fn pieces_reach_the_file_whole_and_in_order_past_one_writev_s_most() {
         // 3,000 pieces, past IOV_MAX (1,024): writev takes them in several calls. Empty ones
         // among them (none ends the write early), and pieces of every size from 0 to 999.
-        let pieces: Vec<Bytes> = (0..3000u32)
-            .map(|i| Bytes::from(vec![(i % 251) as u8; (i as usize * 7) % 1000]))
-            .collect();
+        let pieces: Vec<Bytes> =
+            (0..3000u32).map(|i| Bytes::from(vec![(i % 251) as u8; (i as usize * 7) % 1000])).collect();
         let expected: Vec<u8> = pieces.iter().flat_map(|piece| piece.iter().copied()).collect();
         let mut file = tempfile::tempfile().expect("a temporary file");
         let mut unwritten = pieces.clone();
