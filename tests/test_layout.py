@@ -122,6 +122,23 @@ def test_the_lobby_is_laid_out_as_design_md_maps_it():
     assert mapped == present, f"only in DESIGN.md: {mapped - present}; only in the tree: {present - mapped}"
 
 
+def test_each_folder_s_row_names_exactly_the_files_in_it():
+    """Within a folder's row of DESIGN.md's map, "what it holds" names each of its files (a
+    `mod.rs` may go unnamed: the folder's own words), in any subfolder too, and no file that is
+    not there: a map that names folders only drifts file by file."""
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    section = design.split("## The map of the lobby's source", 1)[1].split("\n## ", 1)[0]
+    problems = []
+    for folder, holds in re.findall(r"^\| `(\w+)/` \| (.*?) \|", section, re.MULTILINE):
+        named = set(re.findall(r"`(?:[\w/]+/)?(\w+\.rs)`", holds))
+        files = {path.name for path in (LOBBY / folder).rglob("*.rs")}
+        if unnamed := sorted(files - named - {"mod.rs"}):
+            problems.append(f"{folder}/: not named in its row: {', '.join(unnamed)}")
+        if missing := sorted(named - files):
+            problems.append(f"{folder}/: named in its row, not in the folder: {', '.join(missing)}")
+    assert not problems, "\n".join(problems)
+
+
 def test_no_two_sibling_modules_import_each_other():
     found = {}
     for crate in _crates():
