@@ -277,8 +277,9 @@ class Server:
     def send_signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
-    def wait_for_log(self, text: str, timeout: float) -> str:
-        """The error log, once `text` is in it; fails, showing the log, after `timeout` s."""
+    def wait_for_log(self, text: str | re.Pattern[str], timeout: float) -> str:
+        """The error log, once `text` (or a match of the pattern) is in it; fails, showing the
+        log, after `timeout` s."""
         return wait_for_log(self.stderr, text, timeout)
 
     def wait(self, timeout: float) -> int:

@@ -9,6 +9,7 @@ The cgroup files' parsing is checked on their contents; the counting on real pro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from client import get
-from conftest import remove_cgroup, workers_of
+from conftest import remove_cgroup, wait_until, workers_of
 from maitred import cpus
 
 HELLO = """\
@@ -119,7 +120,10 @@ def test_a_reload_counts_the_cpus_again(maitred_server, tmp_path):
     )
     os.kill(server.pid, signal.SIGHUP)
     server.wait_for_log("SIGHUP: --workers auto: 2, for 2 CPUs in the affinity mask", timeout=10)
-    assert len(workers_of(server.pid, 2)) == 2
+    log = server.wait_for_log(re.compile(r"SIGHUP: reloaded: 2 new workers serve \(pids \d+, \d+\)"), timeout=20)
+    new = {int(pid) for pid in re.findall(r"SIGHUP: reloaded: 2 new workers serve \(pids (\d+), (\d+)\)", log)[0]}
+    # The old worker retires once the new ones serve: until it has gone, the zygote has three.
+    wait_until(lambda: workers_of(server.pid) == new, 10, "the reload's two workers, and no other")
     assert get(server.port, "/").status == 200
 
 

@@ -115,6 +115,17 @@ class _Mux:
             if not requests:
                 self.worker.channel_closed()
 
+    def look(self) -> None:
+        """Reads the news the channel holds now, for a task whose sends have not waited: the
+        loop reads the channel only once a task waits, and a coroutine that sends a generated
+        answer as fast as the lobby reads the ring may never wait, nor read its `HOLD`."""
+        try:
+            told, _closed = self.channel.route_after_take()
+        except ChannelError as error:
+            self.worker.broken(error)
+            return
+        self._tell(told)
+
     def take(self) -> None:
         """Takes every request the lobby has queued, starts a task for each, and tells the
         requests in progress the news the look read off the channel."""

@@ -26,6 +26,11 @@ BODY_PIECE = 64 * 1024
 # waits for room in the ring while a client reads slowly is one piece, not the whole body.
 SEND_PIECE = 256 * 1024
 
+# A request's sends that have not waited look for the lobby's news (its HOLD) once per this many
+# bytes: one non-blocking read of the channel. So what the worker writes after the lobby sent
+# HOLD is one piece, not the whole answer (docs/LIMITS.md, "A slow reader of an ASGI answer").
+LOOK_EVERY = SEND_PIECE
+
 
 _STATUS_LINES: dict[int, str] = {}
 
@@ -49,7 +54,19 @@ class Request:
     """What an HTTP exchange and a WebSocket share: the native exchange, entered into the channel
     for each call about it, its task, its --timeout and the news the lobby sends about it."""
 
-    __slots__ = ("_news", "deadline", "disconnected", "done", "expired", "held", "mux", "native", "scope", "task")
+    __slots__ = (
+        "_news",
+        "_unlooked",
+        "deadline",
+        "disconnected",
+        "done",
+        "expired",
+        "held",
+        "mux",
+        "native",
+        "scope",
+        "task",
+    )
 
     def __init__(self, mux: _Mux, scope: Scope, native: Exchange) -> None:
         self.mux = mux
@@ -65,6 +82,8 @@ class Request:
         self.deadline: float | None = None
         self.expired = False
         self._news: asyncio.Future[None] | None = None
+        # Bytes sent since this request's task last looked for news, or waited for it.
+        self._unlooked = 0
 
     def call(self, method: Callable[..., Any], *args: Any) -> Any:
         """`method` of the channel, with this request entered."""
@@ -82,7 +101,16 @@ class Request:
 
     async def wait_for_news(self) -> None:
         self._news = self.mux.worker.loop.create_future()
+        self._unlooked = 0
         await self._news
+
+    def sent(self, size: int) -> None:
+        """`size` bytes went to the channel: past LOOK_EVERY since the last look, the news is
+        read now, so that a HOLD holds this send."""
+        self._unlooked += size
+        if self._unlooked >= LOOK_EVERY:
+            self._unlooked = 0
+            self.mux.look()
 
     def heard(self) -> None:
         """After news: a CANCEL is the client gone; HOLD and GO hold and free its sends."""
@@ -162,6 +190,7 @@ class HttpRequest(Request):
             for start in range(0, len(body), SEND_PIECE) if body else (0,):
                 end = start + SEND_PIECE
                 self.call(channel.send, body[start:end], more or end < len(body))
+                self.sent(min(end, len(body)) - start)
                 self.deadline = None
                 if channel.backlogged or self.held:
                     await self.drain()
@@ -231,7 +260,9 @@ class WebSocketRequest(Request):
             if self.disconnected:
                 raise ClientDisconnected(32, "the client has closed the WebSocket")
             text = message.get("text")
-            self.call(channel.ws_send, text if text is not None else message.get("bytes") or b"")
+            data = text if text is not None else message.get("bytes") or b""
+            self.call(channel.ws_send, data)
+            self.sent(len(data))
             if channel.backlogged or self.held:
                 await self.drain()
         elif kind == "websocket.accept":

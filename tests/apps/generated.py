@@ -1,8 +1,13 @@
 """An ASGI application that makes a large answer as fast as its client takes it: GET /generate
-sends ?mib= MiB (64 by default) in 256 KiB pieces, and GET /progress says how many bytes the
-generator's sends have returned so far, and then "gone" once a send has raised because the
-client went away (both in one worker, -w 1)."""
+sends ?mib= MiB (64 by default) in 256 KiB pieces, each computed first (hashed, as a page is
+rendered), and GET /progress says how many bytes the generator's sends have returned so far,
+and then "gone" once a send has raised because the client went away (both in one worker, -w 1).
 
+The computing makes the worker slower than the lobby that reads its ring, as an application
+that renders its answer is: its sends then never find the ring full, and never wait on their
+own (which once let it make the whole answer for a client that read none of it)."""
+
+import hashlib
 from urllib.parse import parse_qs
 
 PIECE = bytes(256 * 1024)
@@ -25,6 +30,8 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(size).encode())]})
     try:
         for _ in range(size // len(PIECE)):
+            for _ in range(4):
+                hashlib.sha256(PIECE).digest()
             await send({"type": "http.response.body", "body": PIECE, "more_body": True})
             sent += len(PIECE)
     except OSError:
