@@ -279,10 +279,11 @@ def test_the_asgi_scope_says_http_version_2(maitred_server: Callable[..., Server
 
 def test_cookie_fields_are_joined_and_authority_is_the_host(maitred_server: Callable[..., Server]) -> None:
     """docs/HTTP2.md, "What the application sees": several cookie fields arrive as one, joined
-    with "; "; :authority wins over a host field."""
+    with "; "; Host is :authority's, beside a host field that names the same (one that names
+    another is refused: tests/test_request_rules.py)."""
     server = maitred_server("environ_echo:app", cwd=APPS)
     client = RawH2(server.port)
-    stream = client.request("/", headers=[("cookie", "a=1"), ("host", "ignored.test"), ("cookie", "b=2")])
+    stream = client.request("/", headers=[("cookie", "a=1"), ("host", "Example.test"), ("cookie", "b=2")])
     status, _, body = client.response(stream)
     assert status == 200
     seen = json.loads(body)

@@ -74,6 +74,9 @@ pub enum ErrorKind {
     InvalidFieldName { byte: u8 },
     /// A control character (other than HTAB) in a field value.
     InvalidFieldValue { byte: u8 },
+    /// An HTTP/2 field value that starts or ends with whitespace (RFC 9113 §8.2.1), which
+    /// HTTP/1.1 would trim as optional whitespace.
+    FieldValueWhitespace,
     /// One field line is longer than the limit. Status 431.
     FieldTooLong { section: Section, limit: usize },
     /// More field lines than the limit. Status 431.
@@ -102,8 +105,11 @@ pub enum ErrorKind {
     MissingHost,
     /// More than one Host field line (RFC 9112 §3.2).
     RepeatedHost,
-    /// A Host value that is not `uri-host [ ":" port ]`.
+    /// A Host value (or HTTP/2 `:authority`) that is not `uri-host [ ":" port ]`: a userinfo
+    /// (`user@host`) among others.
     InvalidHost,
+    /// An HTTP/2 `host` field that names another authority than `:authority` (RFC 9113 §8.3.1).
+    HostDiffersFromAuthority,
     /// A Host whose host is empty (`Host:`, `Host: :80`) for a target that takes its
     /// authority from Host (a path or `*`): the target URI would be an `http` URI with an
     /// empty host, which RFC 9110 §4.2.1 says to reject as invalid.
@@ -205,6 +211,7 @@ impl fmt::Display for RequestError {
             WhitespaceBeforeColon => f.write_str("whitespace between field name and colon"),
             InvalidFieldName { byte } => write!(f, "invalid character {} in a field name", ShownByte(*byte)),
             InvalidFieldValue { byte } => write!(f, "invalid character {} in a field value", ShownByte(*byte)),
+            FieldValueWhitespace => f.write_str("a field value starts or ends with whitespace"),
             FieldTooLong { section, limit } => write!(f, "{} field longer than {limit} bytes", section.noun()),
             TooManyFields { section, limit } => write!(f, "more than {limit} {} fields", section.noun()),
             SectionTooLarge { section, limit } => write!(f, "{} section larger than {limit} bytes", section.noun()),
@@ -219,6 +226,7 @@ impl fmt::Display for RequestError {
             MissingHost => f.write_str("missing Host header"),
             RepeatedHost => f.write_str("repeated Host header"),
             InvalidHost => f.write_str("invalid Host header"),
+            HostDiffersFromAuthority => f.write_str("the host field differs from :authority"),
             EmptyHost => f.write_str("empty host in the Host header"),
             RepeatedContentType => f.write_str("repeated Content-Type header"),
             UnsupportedExpectation => f.write_str("unsupported expectation (only 100-continue is)"),
@@ -236,6 +244,14 @@ impl fmt::Display for RequestError {
 }
 
 impl std::error::Error for RequestError {}
+
+impl From<ErrorKind> for RequestError {
+    /// A refusal found outside the decoder: by HTTP/2's reading of a head, which applies the
+    /// same rules (`rules.rs`).
+    fn from(kind: ErrorKind) -> RequestError {
+        RequestError { kind }
+    }
+}
 
 /// Request text quoted in a reason (a coding or field name, already checked to be a token),
 /// cut to a length that keeps reasons short.

@@ -5,7 +5,8 @@ use std::ops::Range;
 
 use crate::error::{quoted, ErrorKind, Section};
 use crate::fields::{FieldLine, FieldScanner, FieldSpan};
-use crate::syntax::{is_absolute_form, is_host_and_port, is_tchar, is_token, is_vchar, list_members, parse_decimal};
+use crate::rules::{check_host, target_form, TargetForm};
+use crate::syntax::{is_tchar, is_token, is_vchar, list_members, parse_decimal};
 use crate::{BodyLength, Limits, Version, MAX_HEAD_SIZE};
 
 /// A complete head, as ranges of the buffer it was read from (which starts with it).
@@ -50,7 +51,7 @@ impl HeadScanner {
                     let Some(line) = scanner.advance(buf, limits.max_request_line)? else {
                         return Ok(None);
                     };
-                    let form = check_request_line(buf, &line)?;
+                    let form = target_form(&buf[line.method.clone()], &buf[line.target.clone()])?;
                     self.facts.host_is_authority = form != TargetForm::Absolute;
                     // The head's size ceiling counts the request line too.
                     let scanner = FieldScanner::new(Section::Head, 0, line.end, limits);
@@ -209,41 +210,6 @@ impl RequestLineScanner {
     }
 }
 
-/// The forms of request target this server takes (RFC 9112 §3.2); authority-form goes only
-/// with CONNECT, which is refused.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TargetForm {
-    Origin,
-    Absolute,
-    Asterisk,
-}
-
-/// What the method and target say together (RFC 9112 §3.2): CONNECT is refused before its
-/// target is looked at; `*` goes only with OPTIONS; any other target is a path or an
-/// absolute URI with an authority. A fragment (`#...`) is passed on as part of the target:
-/// RFC 9112 does not allow one, but clients send them and they cannot change framing.
-fn check_request_line(buf: &[u8], line: &RequestLine) -> Result<TargetForm, ErrorKind> {
-    let method = &buf[line.method.clone()];
-    let target = &buf[line.target.clone()];
-    if method == b"CONNECT" {
-        return Err(ErrorKind::ConnectNotSupported);
-    }
-    if target == b"*" {
-        return if method == b"OPTIONS" {
-            Ok(TargetForm::Asterisk)
-        } else {
-            Err(ErrorKind::AsteriskFormWithoutOptions)
-        };
-    }
-    if target.starts_with(b"/") {
-        Ok(TargetForm::Origin)
-    } else if is_absolute_form(target) {
-        Ok(TargetForm::Absolute)
-    } else {
-        Err(ErrorKind::InvalidTargetForm)
-    }
-}
-
 /// The header fields that matter to this server, gathered line by line so that conflicts
 /// are refused at the line that creates them.
 #[derive(Default)]
@@ -310,17 +276,7 @@ impl HeadFacts {
             if self.hosts > 1 {
                 return Err(ErrorKind::RepeatedHost);
             }
-            if !is_host_and_port(value, true) {
-                return Err(ErrorKind::InvalidHost);
-            }
-            // RFC 9112 §3.3 takes the target URI's authority from Host, and an `http` URI
-            // with an empty host is invalid (RFC 9110 §4.2.1). An empty Host is right only
-            // for a URI without an authority (RFC 9112 §3.2), which is never a path or `*`;
-            // beside an absolute-form target, Host is ignored (§3.2.2).
-            let empty_host = value.is_empty() || value.starts_with(b":");
-            if empty_host && self.host_is_authority {
-                return Err(ErrorKind::EmptyHost);
-            }
+            check_host(value, self.host_is_authority)?;
         } else if name.eq_ignore_ascii_case(b"content-type") {
             self.content_types += 1;
             if self.content_types > 1 {

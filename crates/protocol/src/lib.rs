@@ -26,9 +26,11 @@
 //!
 //! The words several files share live here, in the crate root: [`Limits`], [`Version`],
 //! [`BodyLength`], [`MAX_HEAD_SIZE`] and [`MAX_CHUNK_LINE`]; the files import them from here.
-//! `error` and `syntax` import nothing of this crate, nor does `proxy`. `fields` (field lines),
-//! `chunked` (chunk-size lines) and `head` (the request line and header section, with
-//! `fields`) build on `error` and `syntax`; `request`, the decoder, drives those three;
+//! `error` and `syntax` import nothing of this crate, nor does `proxy`. `rules` (what a request
+//! must be whatever protocol brought it: its target's form, its Host, its field values, which
+//! HTTP/2's reading of a head in the lobby applies too) builds on those two. `fields` (field
+//! lines), `chunked` (chunk-size lines) and `head` (the request line and header section, with
+//! `fields` and `rules`) build on `error` and `syntax`; `request`, the decoder, drives those three;
 //! `response` uses `syntax` only. No file imports one that imports it.
 
 mod chunked;
@@ -38,6 +40,7 @@ mod head;
 mod proxy;
 mod request;
 mod response;
+mod rules;
 mod syntax;
 
 pub use error::{ErrorKind, RequestError, Section};
@@ -47,6 +50,7 @@ pub use response::{
     is_hop_by_hop, one_part_answer_capacity, reason_phrase, write_chunk, write_error_response, write_response_head,
     Framing, ResponseContext, CONTINUE, LAST_CHUNK,
 };
+pub use rules::{check_field_value, check_host, check_host_matches_authority, target_form, TargetForm};
 
 /// How much a client may send. The defaults are gunicorn's but for the request line, which
 /// gets 8190 bytes where gunicorn allows 4094: RFC 9112 §3 recommends supporting request
