@@ -23,19 +23,13 @@ import traceback
 from collections.abc import Callable, Mapping
 
 from maitred import asgi, capture, hooks, log, reload, worker
+from maitred._native import report_exited, report_failed, report_spawned, zygote_order
 from maitred.app import AppLoadError
 
 LoadApp = Callable[[], Callable[..., object]]
 
 # Messages from the lobby are a few dozen bytes; anything longer is malformed anyway.
 _MAX_MESSAGE = 512
-
-
-def _fields(message: bytes) -> list[str]:
-    try:
-        return message.decode("ascii").split(" ")
-    except UnicodeDecodeError:
-        return []
 
 
 class _LobbyGone(Exception):
@@ -142,7 +136,7 @@ def probe_interface(load_app: LoadApp) -> str | None:
 def fail(control: socket.socket, message: str) -> None:
     """Sends `failed MESSAGE` before the zygote exits."""
     try:
-        control.send(f"failed {message}".encode())
+        control.send(report_failed(message))
     except OSError:
         return  # the lobby is gone; there is nobody left to tell
     # Closing a Unix socket with unread messages (the lobby's `spawn`s) makes the lobby's next
@@ -234,17 +228,26 @@ class _Zygote:
             raise _LobbyGone() from None
         if not message:
             raise _LobbyGone()
-        match _fields(message):
-            case ["spawn", slot, workers, threads] if all(field.isdigit() for field in (slot, workers, threads)):
-                self._spawn(int(slot), int(workers), int(threads))
-            case ["kill", pid, number] if pid.isdigit() and number.isdigit():
-                self._kill(int(pid), int(number))
-            case ["reopen"]:
+        try:
+            order = zygote_order(message)
+        except ValueError as error:
+            log.log("error", f"zygote: ignoring {error}")
+            return
+        self._obey(order)
+
+    def _obey(self, order: tuple[str, ...]) -> None:
+        """Does what one of the lobby's orders says (crates/wire's zygote.rs spells them)."""
+        match order:
+            case ("spawn", slot, workers, threads):
+                self._spawn(slot, workers, threads)
+            case ("kill", pid, number):
+                self._kill(pid, number)
+            case ("reopen",):
                 self._reopen_logs()
-            case ["level", name] if name in log.LEVELS:
+            case ("level", name) if name in log.LEVELS:
                 log.configure(name)
             case _:
-                log.log("error", f"zygote: ignoring a malformed control message {message!r}")
+                log.log("error", f"zygote: ignoring the order {order!r}: no such log level")
 
     def _on_reopen_signal(self, signum: int, frame: object) -> None:
         """SIGUSR1 sent to the zygote itself (the lobby asks with `reopen`). The loop acts on
@@ -274,16 +277,19 @@ class _Zygote:
                 return
             if not message:
                 return
-            match _fields(message):
-                case ["kill", pid, number] if pid.isdigit() and number.isdigit():
-                    self._kill(int(pid), int(number))
+            try:
+                order = zygote_order(message)
+            except ValueError:
+                continue
+            if order[0] == "kill":
+                self._obey(order)
 
-    def _send(self, message: str, fds: list[int] | None = None) -> None:
+    def _send(self, message: bytes, fds: list[int] | None = None) -> None:
         try:
             if fds:
-                socket.send_fds(self._control, [message.encode()], fds)
+                socket.send_fds(self._control, [message], fds)
             else:
-                self._control.send(message.encode())
+                self._control.send(message)
         except OSError:
             raise _LobbyGone() from None
 
@@ -335,7 +341,7 @@ class _Zygote:
         # Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
         self._children.add(pid)
         try:
-            self._send(f"spawned {slot} {pid}", [lobby_end.fileno() for lobby_end in lobby_ends])
+            self._send(report_spawned(slot, pid), [lobby_end.fileno() for lobby_end in lobby_ends])
         finally:
             # The zygote keeps no channel end: a worker must hold only its own, so that
             # end-of-file reaches it when the lobby lets go.
@@ -449,7 +455,7 @@ class _Zygote:
                 how = f"code {os.WEXITSTATUS(status)}"
             log.log("debug", f"zygote: worker {pid} exited, {how}")
             if report:
-                self._send(f"exited {pid} {how}")
+                self._send(report_exited(pid, status))
 
     def _wait_for_children(self) -> None:
         """After the lobby has gone: workers exit on end-of-file of their channels. One still

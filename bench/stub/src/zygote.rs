@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use maitred_wire::zygote::{Exit, Order, Report};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use rustix::process::{Pid, PidfdFlags};
@@ -49,7 +50,7 @@ pub fn run(control: OwnedFd, cpu: Option<usize>, echo: bool) -> Result<i32, Stri
         let ready = readable(&fds, None).map_err(|e| format!("poll: {e}"))?;
         let control_ready = ready[0];
         for (pid, how) in reap(&mut workers, &indexes(&ready[1..])) {
-            if send(&control, &format!("exited {pid} {how}"), &[]).is_err() {
+            if send(&control, &Report::Exited { pid, how }, &[]).is_err() {
                 lobby_gone = true;
             }
         }
@@ -81,38 +82,39 @@ fn indexes(flags: &[bool]) -> Vec<usize> {
 }
 
 /// Reaps the workers at `exited` (indexes into `workers`) that have exited, and returns their
-/// pids, each with how it ended as `exited` says it.
-fn reap(workers: &mut Vec<Worker>, exited: &[usize]) -> Vec<(u32, String)> {
+/// pids, each with how it ended.
+fn reap(workers: &mut Vec<Worker>, exited: &[usize]) -> Vec<(i32, Exit)> {
     let mut reaped = Vec::new();
     for &index in exited.iter().rev() {
         if let Ok(Some(status)) = workers[index].child.try_wait() {
             let worker = workers.swap_remove(index);
-            reaped.push((worker.child.id(), how(status)));
+            reaped.push((worker.child.id() as i32, how(status)));
         }
     }
     reaped
 }
 
-fn how(status: ExitStatus) -> String {
+fn how(status: ExitStatus) -> Exit {
     match (status.code(), status.signal()) {
-        (Some(code), _) => format!("code {code}"),
-        (None, Some(signal)) => format!("signal {signal}"),
-        (None, None) => "code 255".into(),
+        (Some(code), _) => Exit::Code(code),
+        (None, Some(signal)) => Exit::Signal(signal),
+        (None, None) => Exit::Code(255),
     }
 }
 
 /// The next message, or None when the lobby has closed the channel.
-fn receive(control: &OwnedFd) -> Option<String> {
+fn receive(control: &OwnedFd) -> Option<Vec<u8>> {
     let mut buf = Vec::with_capacity(MAX_MESSAGE);
     let mut fds = VecDeque::new();
     match maitred_sys::fdpass::recv_into(control.as_raw_fd(), &mut buf, &mut fds, 0) {
         Ok(0) | Err(_) => None,
-        Ok(_) => Some(String::from_utf8_lossy(&buf).into_owned()),
+        Ok(_) => Some(buf),
     }
 }
 
-/// Sends one message, with `fds` attached (`spawned` carries one per thread).
-fn send(control: &OwnedFd, message: &str, fds: &[OwnedFd]) -> io::Result<()> {
+/// Sends one report, with `fds` attached (`spawned` carries one per thread).
+fn send(control: &OwnedFd, report: &Report, fds: &[OwnedFd]) -> io::Result<()> {
+    let message = report.encode();
     let parts = [IoSlice::new(message.as_bytes())];
     if fds.is_empty() {
         maitred_sys::fdpass::send(control.as_raw_fd(), &parts, 0)?;
@@ -131,46 +133,47 @@ fn send(control: &OwnedFd, message: &str, fds: &[OwnedFd]) -> io::Result<()> {
 /// Does what one message says. False when the lobby has gone (a report could not be sent).
 fn obey(
     control: &OwnedFd,
-    message: &str,
+    message: &[u8],
     program: &Path,
     echo: bool,
     workers: &mut Vec<Worker>,
 ) -> Result<bool, String> {
-    let fields: Vec<&str> = message.split(' ').collect();
-    match fields.as_slice() {
+    let order = match Order::decode(message) {
+        Ok(order) => order,
+        Err(malformed) => {
+            eprintln!("maitred-stub zygote: ignoring {malformed}");
+            return Ok(true);
+        }
+    };
+    match order {
         // A channel per thread; the stub's WebSocket echo stands for an ASGI worker, which has
         // one channel whatever its --worker-connections (docs/PROTOCOL.md, section 4).
-        ["spawn", slot, _workers, threads] if slot.parse::<usize>().is_ok() => {
-            let threads = if echo { 1 } else { threads.parse::<usize>().unwrap_or(1).max(1) };
+        Order::Spawn { slot, threads, .. } => {
+            let threads = if echo { 1 } else { threads.max(1) };
             let (worker, lobby_ends) = match spawn(program, threads, echo) {
                 Ok(spawned) => spawned,
                 Err(error) => {
                     // The protocol's one way to say "I cannot make workers": `failed`, then exit.
-                    let _ = send(control, &format!("failed cannot start a stub worker: {error}"), &[]);
-                    return Err(format!("cannot start a stub worker: {error}"));
+                    let why = format!("cannot start a stub worker: {error}");
+                    let _ = send(control, &Report::Failed(why.clone()), &[]);
+                    return Err(why);
                 }
             };
-            let pid = worker.child.id();
+            let pid = worker.child.id() as i32;
             // Recorded before `spawned` is sent and reaped only after it, so `exited` follows it.
             workers.push(worker);
             // The zygote keeps no channel end: end-of-file must reach the worker when the lobby
             // lets go of its end; `lobby_ends` close here.
-            Ok(send(control, &format!("spawned {slot} {pid}"), &lobby_ends).is_ok())
+            Ok(send(control, &Report::Spawned { slot, pid }, &lobby_ends).is_ok())
         }
-        ["kill", pid, signal] => {
-            if let (Ok(pid), Ok(signal)) = (pid.parse::<u32>(), signal.parse::<i32>()) {
-                // A worker is forgotten only once reaped, so its pid cannot have been reused.
-                if workers.iter().any(|worker| worker.child.id() == pid) {
-                    let _ = maitred_sys::process::kill(pid as i32, signal);
-                }
+        Order::Kill { pid, signal } => {
+            // A worker is forgotten only once reaped, so its pid cannot have been reused.
+            if workers.iter().any(|worker| worker.child.id() as i32 == pid) {
+                let _ = maitred_sys::process::kill(pid, signal);
             }
             Ok(true)
         }
-        ["reopen"] | ["level", _] => Ok(true),
-        _ => {
-            eprintln!("maitred-stub zygote: ignoring a malformed control message {message:?}");
-            Ok(true)
-        }
+        Order::Reopen | Order::Level(_) => Ok(true),
     }
 }
 

@@ -2,8 +2,8 @@
 //! (`WorkerChannel`, whose `receive` returns each request's environ and `start_response`).
 //!
 //! The modules import one another in one direction only: `channel` (a folder) uses `body`,
-//! `environ` and `response`; `body`, `environ`, `response` and `serve` import no module of this
-//! crate. Raw system calls are `maitred_sys`'s: the one `unsafe` block here is a CPython API
+//! `environ` and `response`; `body`, `control`, `environ`, `response` and `serve` import no
+//! module of this crate. Raw system calls are `maitred_sys`'s: the one `unsafe` block here is a CPython API
 //! call (`environ::latin1`), allowed where it stands.
 
 #![deny(unsafe_code)]
@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 
 mod body;
 mod channel;
+mod control;
 mod environ;
 mod response;
 mod scope;
@@ -25,6 +26,7 @@ mod serve;
 #[pymodule(gil_used = true)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     serve::register(m)?;
+    control::register(m)?;
     m.add_class::<channel::WorkerChannel>()?;
     m.add_class::<channel::StartResponse>()?;
     m.add_class::<channel::Exchange>()?;

@@ -16,13 +16,16 @@ use socket2::SockRef;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+pub use maitred_wire::zygote::Exit;
+use maitred_wire::zygote::{self, Order};
+
 use crate::config::Config;
 use crate::process::spawn;
 
 /// The longest report the zygote sends (`failed` with its message) fits in this.
 const MAX_REPORT: usize = 4096;
 
-/// A message from the zygote.
+/// A message from the zygote, with the descriptors that came with it.
 #[derive(Debug)]
 pub enum Report {
     /// A worker, with its channels, one per thread (docs/PROTOCOL.md, section 4).
@@ -36,21 +39,6 @@ pub enum Report {
         how: Exit,
     },
     PreloadFailed(String),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    Signal(i32),
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Exit::Code(code) => write!(f, "exit code {code}"),
-            Exit::Signal(signal) => write!(f, "signal {signal}"),
-        }
-    }
 }
 
 /// The variable that tells the `maitred` command to be a zygote on this control channel
@@ -178,21 +166,21 @@ impl Control {
     /// Asks for a worker with `threads` threads; `workers` is how many the lobby keeps serving
     /// (for the hooks' `server.num_workers`).
     pub async fn spawn(&self, slot: usize, workers: usize, settings: &Config) -> io::Result<()> {
-        self.send(format!("spawn {slot} {workers} {}", settings.threads)).await
+        self.send(Order::Spawn { slot, workers, threads: settings.threads }).await
     }
 
     pub async fn kill(&self, pid: i32, signal: i32) -> io::Result<()> {
-        self.send(format!("kill {pid} {signal}")).await
+        self.send(Order::Kill { pid, signal }).await
     }
 
     /// Asks the zygote to reopen its error log and to have every worker reopen theirs (SIGUSR1).
     pub async fn reopen_logs(&self) -> io::Result<()> {
-        self.send("reopen".into()).await
+        self.send(Order::Reopen).await
     }
 
     /// Sets the zygote's log level, which the workers it forks from now on inherit.
     pub async fn set_log_level(&self, level: crate::log::Level) -> io::Result<()> {
-        self.send(format!("level {}", level.name())).await
+        self.send(Order::Level(level.name().into())).await
     }
 
     /// Tells the zygote to finish: it exits once its workers have.
@@ -202,7 +190,8 @@ impl Control {
 
     /// Sends one message; an error when the zygote has taken no message for `SEND_WITHIN`
     /// (its end of the pair full), so that no caller waits on it without end.
-    async fn send(&self, message: String) -> io::Result<()> {
+    async fn send(&self, order: Order) -> io::Result<()> {
+        let message = order.encode();
         let sending = self.socket.async_io(Interest::WRITABLE, |socket| {
             maitred_sys::socket::send(socket.as_fd(), message.as_bytes(), false).map(drop)
         });
@@ -227,50 +216,19 @@ impl Control {
         if len == 0 {
             return Ok(None);
         }
-        let text = String::from_utf8_lossy(&buf);
-        parse_report(&text, fds.into()).map(Some)
+        parse_report(&buf, fds.into()).map(Some)
     }
 }
 
-fn parse_report(text: &str, fds: Vec<OwnedFd>) -> io::Result<Report> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("unexpected message from the zygote: {text:?}"));
-    let mut fields = text.splitn(2, ' ');
-    let verb = fields.next().unwrap_or("");
-    let rest = fields.next().unwrap_or("");
-    let numbers = |count: usize| -> io::Result<Vec<i64>> {
-        let values: Vec<i64> = rest.split(' ').filter_map(|f| f.parse().ok()).collect();
-        if values.len() == count {
-            Ok(values)
-        } else {
-            Err(bad())
+fn parse_report(message: &[u8], fds: Vec<OwnedFd>) -> io::Result<Report> {
+    let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, format!("from the zygote: {why}"));
+    match zygote::Report::decode(message).map_err(|malformed| bad(malformed.to_string()))? {
+        zygote::Report::Spawned { slot, pid } if !fds.is_empty() => Ok(Report::Spawned { slot, pid, channels: fds }),
+        zygote::Report::Spawned { slot, pid } => {
+            Err(bad(format!("worker {pid} for slot {slot} came without channels")))
         }
-    };
-    match verb {
-        "spawned" => {
-            let values = numbers(2)?;
-            if fds.is_empty() {
-                return Err(bad());
-            }
-            Ok(Report::Spawned { slot: values[0] as usize, pid: values[1] as i32, channels: fds })
-        }
-        "exited" => {
-            let parts: Vec<&str> = rest.split(' ').collect();
-            match parts.as_slice() {
-                [pid, kind, value] => {
-                    let pid = pid.parse().map_err(|_| bad())?;
-                    let value = value.parse().map_err(|_| bad())?;
-                    let how = match *kind {
-                        "code" => Exit::Code(value),
-                        "signal" => Exit::Signal(value),
-                        _ => return Err(bad()),
-                    };
-                    Ok(Report::Exited { pid, how })
-                }
-                _ => Err(bad()),
-            }
-        }
-        "failed" => Ok(Report::PreloadFailed(rest.to_string())),
-        _ => Err(bad()),
+        zygote::Report::Exited { pid, how } => Ok(Report::Exited { pid, how }),
+        zygote::Report::Failed(why) => Ok(Report::PreloadFailed(why)),
     }
 }
 
@@ -281,19 +239,19 @@ mod tests {
     #[test]
     fn parses_reports() {
         let null = || -> OwnedFd { std::fs::File::open("/dev/null").unwrap().into() };
-        match parse_report("spawned 2 4321", vec![null(), null()]).unwrap() {
+        match parse_report(b"spawned 2 4321", vec![null(), null()]).unwrap() {
             Report::Spawned { slot: 2, pid: 4321, channels } => assert_eq!(channels.len(), 2),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            parse_report("exited 4321 signal 9", Vec::new()).unwrap(),
+            parse_report(b"exited 4321 signal 9", Vec::new()).unwrap(),
             Report::Exited { pid: 4321, how: Exit::Signal(9) }
         ));
         assert!(matches!(
-            parse_report("exited 4321 code 0", Vec::new()).unwrap(),
+            parse_report(b"exited 4321 code 0", Vec::new()).unwrap(),
             Report::Exited { pid: 4321, how: Exit::Code(0) }
         ));
-        match parse_report("failed cannot import 'x': No module named 'x'", Vec::new()).unwrap() {
+        match parse_report(b"failed cannot import 'x': No module named 'x'", Vec::new()).unwrap() {
             Report::PreloadFailed(message) => assert_eq!(message, "cannot import 'x': No module named 'x'"),
             other => panic!("{other:?}"),
         }
@@ -301,8 +259,8 @@ mod tests {
 
     #[test]
     fn rejects_malformed_reports() {
-        assert!(parse_report("spawned 2 4321", Vec::new()).is_err());
-        assert!(parse_report("exited 1 dumped 3", Vec::new()).is_err());
-        assert!(parse_report("hello", Vec::new()).is_err());
+        assert!(parse_report(b"spawned 2 4321", Vec::new()).is_err());
+        assert!(parse_report(b"exited 1 dumped 3", Vec::new()).is_err());
+        assert!(parse_report(b"hello", Vec::new()).is_err());
     }
 }
