@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{sleep_until, Instant};
 
+use super::exchange::{self, Linger};
 use super::h2;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
@@ -35,8 +36,7 @@ const HANDSHAKE_MEMORY: usize = 24 * 1024;
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// How long, and how much input, a client refused for plain HTTP is drained before the close,
 /// so that the kernel does not reset the refusal away.
-const LINGER_TIME: Duration = Duration::from_secs(1);
-const LINGER_BYTES: usize = 64 * 1024;
+const LINGER: Linger = Linger { time: Duration::from_secs(1), bytes: 64 * 1024 };
 
 /// Starts a TLS connection: its handshake, then its task.
 pub fn start<S: ClientStream>(lobby: &Rc<Lobby>, io: S, peer: Peer, site: Rc<Site>, permit: OwnedSemaphorePermit) {
@@ -173,16 +173,7 @@ fn drive<S: ClientStream>(
 async fn refuse_plain<S: ClientStream>(io: &mut S, reason: &str) {
     let mut out = Vec::new();
     write_error_response(&mut out, 400, reason, &http_date(), false, None);
-    if io.write_all(&out).await.is_err() || io.shutdown().await.is_err() {
-        return;
-    }
-    let deadline = Instant::now() + LINGER_TIME;
-    let mut sink = [0u8; 4096];
-    let mut discarded = 0;
-    while discarded < LINGER_BYTES {
-        match tokio::time::timeout_at(deadline, io.read(&mut sink)).await {
-            Ok(Ok(n)) if n > 0 => discarded += n,
-            _ => return,
-        }
+    if io.write_all(&out).await.is_ok() {
+        exchange::linger(io, LINGER).await;
     }
 }

@@ -8,16 +8,21 @@
 //! with a handshake (`handshake.rs`), with the certificate of `certificates.rs`, and are then read
 //! and written through rustls (`tls.rs`). A connection whose client speaks HTTP/2 (chosen by
 //! ALPN in `handshake.rs`, or by its preface on a plain listener in `task.rs`) is served by
-//! `h2/` instead, each of its streams a request like an HTTP/1.1 one.
+//! `h2/` instead, each of its streams a request like an HTTP/1.1 one. What a request is,
+//! whichever of the two brought it, is written once in `exchange.rs` (its body's pace, the
+//! `Job`, the --queue-timeout 503, the drain after a refusal) and `body.rs` (its body, in memory
+//! or a file).
 //!
 //! It may import the queue (`seating`: a request goes in as a `Job`, its answer comes back
 //! through the spool), the logs and the shared context (`Lobby`); never the workers or their
 //! supervision, which it meets only through the queue.
 
 pub(crate) mod asleep;
+mod body;
 pub(crate) mod certificates;
 mod deflate;
 mod encrypted;
+mod exchange;
 pub(crate) mod h2;
 pub(crate) mod handshake;
 pub(crate) mod heads;

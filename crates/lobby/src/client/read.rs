@@ -2,18 +2,17 @@
 //! within `--header-timeout` and `--max-head-memory`, then the body to its end, in memory or,
 //! past `BODY_MEMORY_LIMIT`, in a temporary file (S1: only whole requests reach the queue).
 
-use std::fs::File;
-use std::io::{self, IoSlice, Write};
-use std::sync::Arc;
+use std::io;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use maitred_protocol::{decode_proxy_header, BodyLength, Event, ProxyHeader, RequestHead};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::sleep_until;
 
+use super::body::Body;
+use super::exchange::BodyPace;
 use super::peer::{ClientStream, ProxyStage};
 use super::proxies::{self, Origin};
 use super::{Connection, Stop};
@@ -31,72 +30,6 @@ pub(super) const READ_CHUNK: usize = 4 * 1024;
 /// slow one, whose reads never fill 4 KiB, holds no more than a head does. At 4 KiB a 512 MiB
 /// upload took 131,588 reads and as many writes to its file, and the lobby 0.86 s of CPU.
 const BODY_READ_MOST: usize = 256 * 1024;
-
-/// A complete request body.
-pub(super) enum Body {
-    Memory(Vec<u8>),
-    /// Spilled to an unlinked temporary file, whose descriptor takes a place under
-    /// --max-connections as a connection does, until the answer is written. `unwritten` holds
-    /// the pieces one read brought, as the decoder cut them from the read buffer, until `flush`
-    /// writes them with one writev(2): a chunked body's chunks, each a decoder event, are one
-    /// call (curl's 64 KiB chunks: four to a 256 KiB read), and no byte is copied on the way.
-    /// (Gathered into one Vec first, each byte was copied once more in the lobby: 512 MiB more
-    /// memcpy an upload of that size.)
-    File {
-        file: File,
-        len: u64,
-        unwritten: Vec<Bytes>,
-        descriptor: OwnedSemaphorePermit,
-    },
-}
-
-impl Body {
-    /// An empty body, in a file from the start when `expected` is past `memory` bytes.
-    pub(super) fn for_length(expected: Option<u64>, memory: usize, descriptors: &Arc<Semaphore>) -> Result<Body, Stop> {
-        match expected {
-            Some(len) if len > memory as u64 => {
-                let (file, descriptor) = spill_file(descriptors)?;
-                Ok(Body::File { file, len: 0, unwritten: Vec::new(), descriptor })
-            }
-            Some(len) => Ok(Body::Memory(Vec::with_capacity(len as usize))),
-            None => Ok(Body::Memory(Vec::new())),
-        }
-    }
-
-    /// Appends `data`, moving the body to a file once it passes `memory` bytes; pieces for the
-    /// file wait for `flush`.
-    pub(super) fn push(&mut self, data: Bytes, memory: usize, descriptors: &Arc<Semaphore>) -> Result<(), Stop> {
-        if let Body::Memory(bytes) = self {
-            if bytes.len() + data.len() <= memory {
-                bytes.extend_from_slice(&data);
-                return Ok(());
-            }
-            let (file, descriptor) = spill_file(descriptors)?;
-            let held = Bytes::from(std::mem::take(bytes));
-            *self = Body::File { file, len: held.len() as u64, unwritten: vec![held], descriptor };
-        }
-        if let Body::File { len, unwritten, .. } = self {
-            *len += data.len() as u64;
-            unwritten.push(data);
-        }
-        Ok(())
-    }
-
-    /// Writes what `push` left for the file: before the next read waits, and at the body's end.
-    pub(super) fn flush(&mut self) -> Result<(), Stop> {
-        if let Body::File { file, unwritten, .. } = self {
-            write_pieces(file, unwritten).map_err(|e| spill_failed(&e))?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn len(&self) -> u64 {
-        match self {
-            Body::Memory(bytes) => bytes.len() as u64,
-            Body::File { len, .. } => *len,
-        }
-    }
-}
 
 impl<S: ClientStream> Connection<S> {
     /// Reads one whole request: its head, then its body to the end. The client it comes from
@@ -118,9 +51,8 @@ impl<S: ClientStream> Connection<S> {
         };
         let descriptors = self.permit.semaphore().clone();
         let mut body = Body::for_length(expected, BODY_MEMORY_LIMIT, &descriptors)?;
-        let started = Instant::now();
-        let mut gap_started = started;
         let config = self.lobby.settings();
+        let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
         let mut room = READ_CHUNK;
         loop {
             match self.decoder.decode(&mut self.buf)? {
@@ -138,35 +70,16 @@ impl<S: ClientStream> Connection<S> {
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
                     body.flush()?;
-                    let gap_deadline = gap_started + config.header_timeout;
-                    // Each byte received earns 1/--body-min-rate s more, after a first
-                    // --header-timeout: a body trickled slower than that ends however steady it is.
-                    let rate_deadline = (config.body_min_rate > 0).then(|| {
-                        started
-                            + config.header_timeout
-                            + std::time::Duration::from_secs_f64(body.len() as f64 / config.body_min_rate as f64)
-                    });
-                    let deadline = rate_deadline.map_or(gap_deadline, |rate| rate.min(gap_deadline));
                     tokio::select! {
                         read = self.read_body(room) => match read {
                             Ok(0) | Err(_) => return Err(Stop::Quietly),
                             Ok(n) => {
-                                gap_started = Instant::now();
+                                pace.arrived();
                                 room = next_body_room(room, n);
                             }
                         },
-                        _ = sleep_until(deadline.into()) => {
-                            let reason = if rate_deadline.is_some_and(|rate| rate < gap_deadline) {
-                                format!(
-                                    "the request body arrived slower than --body-min-rate ({} bytes/s): {} bytes in {:.0} s",
-                                    config.body_min_rate,
-                                    body.len(),
-                                    started.elapsed().as_secs_f64()
-                                )
-                            } else {
-                                "the request body stalled for longer than --header-timeout".into()
-                            };
-                            return Err(Stop::Refuse(408, reason));
+                        _ = sleep_until(pace.deadline(body.len()).into()) => {
+                            return Err(Stop::Refuse(408, pace.missed(body.len())));
                         }
                     }
                 }
@@ -293,54 +206,6 @@ fn next_body_room(room: usize, read: usize) -> usize {
     }
 }
 
-/// Writes `pieces` to `file` whole, in as few writev(2) calls as the file takes, and empties it.
-fn write_pieces(file: &mut File, pieces: &mut Vec<Bytes>) -> io::Result<()> {
-    let mut first = 0;
-    loop {
-        // Past the pieces written whole (or empty from the start).
-        while first < pieces.len() && pieces[first].is_empty() {
-            first += 1;
-        }
-        if first == pieces.len() {
-            break;
-        }
-        let slices: Vec<IoSlice<'_>> = pieces[first..].iter().map(|piece| IoSlice::new(piece)).collect();
-        let mut written = match file.write_vectored(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        while written > 0 {
-            let piece = &mut pieces[first];
-            let taken = written.min(piece.len());
-            piece.advance(taken);
-            written -= taken;
-            if piece.is_empty() {
-                first += 1;
-            }
-        }
-    }
-    pieces.clear();
-    Ok(())
-}
-
-/// A temporary file for a request body, and its place under --max-connections.
-fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermit), Stop> {
-    let descriptor = descriptors.clone().try_acquire_owned().map_err(|_| {
-        Stop::Refuse(
-            503,
-            "every descriptor under --max-connections is in use: no temporary file for this request body".into(),
-        )
-    })?;
-    let file = tempfile::tempfile().map_err(|e| spill_failed(&e))?;
-    Ok((file, descriptor))
-}
-
-fn spill_failed(e: &io::Error) -> Stop {
-    Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
-}
-
 /// One read attempt that does not wait: Pending when nothing is there, and then the stream
 /// is registered to wake `cx` when there is.
 pub(super) fn read_now<S: AsyncRead + Unpin>(
@@ -353,30 +218,7 @@ pub(super) fn read_now<S: AsyncRead + Unpin>(
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Seek};
-
-    use bytes::Bytes;
-
-    use super::{next_body_room, write_pieces, BODY_READ_MOST, READ_CHUNK};
-
-    #[test]
-    fn pieces_reach_the_file_whole_and_in_order_past_one_writev_s_most() {
-        // 3,000 pieces, past IOV_MAX (1,024): writev takes them in several calls. Empty ones
-        // among them (none ends the write early), and pieces of every size from 0 to 999.
-        let pieces: Vec<Bytes> =
-            (0..3000u32).map(|i| Bytes::from(vec![(i % 251) as u8; (i as usize * 7) % 1000])).collect();
-        let expected: Vec<u8> = pieces.iter().flat_map(|piece| piece.iter().copied()).collect();
-        let mut file = tempfile::tempfile().expect("a temporary file");
-        let mut unwritten = pieces.clone();
-        write_pieces(&mut file, &mut unwritten).expect("written");
-        assert!(unwritten.is_empty());
-        let mut written = Vec::new();
-        file.rewind().expect("rewound");
-        file.read_to_end(&mut written).expect("read back");
-        assert_eq!(written, expected);
-        // Nothing to write is no call that fails.
-        write_pieces(&mut file, &mut vec![Bytes::new()]).expect("nothing written");
-    }
+    use super::{next_body_room, BODY_READ_MOST, READ_CHUNK};
 
     #[test]
     fn a_fast_body_reads_in_ever_larger_pieces_up_to_the_most() {

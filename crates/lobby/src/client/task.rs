@@ -6,7 +6,6 @@
 //! the answer is taken from the worker as fast as it comes and written here at the client's
 //! pace.
 
-use std::cell::Cell;
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
@@ -15,17 +14,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
-use maitred_wire::{build_frame, Kind, FLAG_FD};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
 use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
+use super::body::Body;
+use super::exchange::{self, Linger};
 use super::h2;
 use super::opening::Opening;
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::proxies::Origin;
-use super::read::{read_now, Body, READ_CHUNK};
+use super::read::{read_now, READ_CHUNK};
 use super::states::ConnectionState;
 use super::tls::TlsStream;
 use super::watch::Waiting;
@@ -34,7 +33,7 @@ use super::write::{http_date, Answer};
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
-use crate::seating::job::{Job, JobState, Served};
+use crate::seating::job::{Job, Served};
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 use crate::seating::websocket::{ToWorker, WsPart};
 
@@ -49,8 +48,7 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// H1-hop); and such a request is in service already, so the watch only cuts its answer short.
 const WATCH_SERVED_AFTER: Duration = TICK;
 /// How long, and how much input, a refused connection is drained before it is closed.
-const LINGER_TIME: Duration = Duration::from_secs(2);
-const LINGER_BYTES: usize = 1 << 20;
+const LINGER: Linger = Linger { time: Duration::from_secs(2), bytes: 1 << 20 };
 
 /// Serves a connection from its first request (`answered` 0) or after hibernating.
 pub fn start<S: ClientStream>(
@@ -302,22 +300,9 @@ impl<S: ClientStream> Connection<S> {
         }
     }
 
-    /// Closing a socket with unread input makes the kernel send a reset, which can destroy
-    /// the refusal just written before the client reads it. So: stop writing, then read and
-    /// discard what the client is still sending, within bounds, before closing.
+    /// Drains what the client still sends after a refusal (`exchange::linger`).
     pub(super) async fn linger(&mut self) {
-        if self.stream.shutdown().await.is_err() {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + LINGER_TIME;
-        let mut discarded = 0;
-        let mut sink = vec![0u8; 4096];
-        while discarded < LINGER_BYTES {
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
-                Ok(Ok(n)) if n > 0 => discarded += n,
-                _ => return,
-            }
-        }
+        exchange::linger(&mut self.stream, LINGER).await;
     }
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open,
@@ -425,44 +410,17 @@ impl<S: ClientStream> Connection<S> {
         summary: Rc<str>,
         upstream: Duration,
     ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
-        let body_len = body.len();
-        let (inline, body_file, body_descriptor) = match body {
-            Body::Memory(bytes) => (bytes, None, None),
-            Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
-        };
-        let peer_addr = origin.ip_text();
-        let request = maitred_wire::Request {
+        let request = exchange::Head {
             http_version: match head.version {
                 Version::Http10 => maitred_wire::HTTP_1_0,
                 Version::Http11 => maitred_wire::HTTP_1_1,
             },
             method: &head.method,
             target: &head.target,
-            peer_addr: peer_addr.as_bytes(),
-            peer_port: origin.port.unwrap_or(0),
-            server_name: self.site.server_name.as_bytes(),
-            server_port: self.site.server_port,
-            https: origin.https || self.site.tls,
-            client_subject: self.stream.tls().and_then(|tls| tls.client_subject.as_deref()).map(str::as_bytes),
             headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
-            body_len,
-            inline_body: &inline,
+            client_subject: self.stream.tls().and_then(|tls| tls.client_subject.as_deref()),
         };
-        let flags = if body_file.is_some() { FLAG_FD } else { 0 };
-        let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
-        let job = Job {
-            frame,
-            body_file,
-            state: Rc::new(Cell::new(JobState::Queued)),
-            respond,
-            enqueued_at: Instant::now(),
-            upstream,
-            summary,
-            served: log::access_log_enabled().then(Rc::default),
-            websocket: None,
-            http2: false,
-        };
-        Ok((job, body_descriptor))
+        exchange::job(request, &self.site, origin, body, respond, summary, upstream)
     }
 
     fn log_access(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::time::sleep_until;
 
+use super::exchange;
 use super::peer::ClientStream;
 use super::Connection;
 use crate::log::debug;
@@ -74,13 +75,9 @@ impl<S: ClientStream> Connection<S> {
                 part = responses.recv() => return part,
                 _ = sleep_until(timed_out.into()), if timeout.is_some() => {
                     let Some(limit) = timeout else { continue };
-                    if self.withdraw(waiting) {
+                    if exchange::withdraw(&self.lobby.seating, &waiting.state) {
                         self.lobby.seating.overload.count(ShedReason::QueueTimeout);
-                        return Some(ResponsePart::Refused {
-                            status: 503,
-                            detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
-                            retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
-                        });
+                        return Some(exchange::queue_timed_out(limit));
                     }
                     queue_timeout = None;
                 }
@@ -92,19 +89,6 @@ impl<S: ClientStream> Connection<S> {
                     watching = false;
                 }
             }
-        }
-    }
-
-    /// Takes the request back from the queue (or from the busy worker it was offered to) if no
-    /// worker has begun it; it is then never seated.
-    fn withdraw(&self, waiting: &Waiting) -> bool {
-        match waiting.state.get() {
-            JobState::Queued => {
-                waiting.state.set(JobState::Cancelled);
-                true
-            }
-            JobState::Offered => self.lobby.seating.withdraw_offer(&waiting.state),
-            JobState::Seated | JobState::Cancelled => false,
         }
     }
 
@@ -142,7 +126,7 @@ impl<S: ClientStream> Connection<S> {
     fn abandon(&self, waiting: &Waiting) {
         let now = Instant::now();
         let waited = now.saturating_duration_since(waiting.enqueued_at) + waiting.upstream;
-        if self.withdraw(waiting) {
+        if exchange::withdraw(&self.lobby.seating, &waiting.state) {
             self.lobby.seating.overload.left(now, waited);
             debug!(
                 "the client {} left after {:.3} s; its request is dropped",

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
-use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
@@ -28,8 +27,9 @@ use super::head::{self, Head, Refusal};
 use super::reasons::StreamStage;
 use super::send::{self, Sent};
 use super::Shared;
+use crate::client::body::Body;
+use crate::client::exchange::{self, BodyPace};
 use crate::client::proxies::{self, Origin};
-use crate::client::read::Body;
 use crate::client::states::{ConnectionState, StateMark};
 use crate::client::Stop;
 use crate::log::{self, debug};
@@ -97,28 +97,12 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
         return Ok(body);
     }
     let config = shared.lobby.settings();
-    let started = Instant::now();
-    let mut gap_started = started;
+    let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
     loop {
-        let gap_deadline = gap_started + config.header_timeout;
-        let rate_deadline = (config.body_min_rate > 0).then(|| {
-            started + config.header_timeout + Duration::from_secs_f64(body.len() as f64 / config.body_min_rate as f64)
-        });
-        let deadline = rate_deadline.map_or(gap_deadline, |rate| rate.min(gap_deadline));
         let data = tokio::select! {
             data = stream.data() => data,
-            _ = sleep_until(deadline.into()) => {
-                let reason = if rate_deadline.is_some_and(|rate| rate < gap_deadline) {
-                    format!(
-                        "the request body arrived slower than --body-min-rate ({} bytes/s): {} bytes in {:.0} s",
-                        config.body_min_rate,
-                        body.len(),
-                        started.elapsed().as_secs_f64()
-                    )
-                } else {
-                    "the request body stalled for longer than --header-timeout".into()
-                };
-                return Err(Unread::Refused((408, reason)));
+            _ = sleep_until(pace.deadline(body.len()).into()) => {
+                return Err(Unread::Refused((408, pace.missed(body.len()))));
             }
         };
         match data {
@@ -126,7 +110,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
             Some(Err(e)) if e.is_reset() && e.is_remote() => return Err(Unread::Reset),
             Some(Err(_)) => return Err(Unread::Gone),
             Some(Ok(data)) => {
-                gap_started = Instant::now();
+                pace.arrived();
                 let received = data.len();
                 body.push(data, BODY_MEMORY, &shared.descriptors)?;
                 body.flush()?;
@@ -198,7 +182,8 @@ async fn seat(
     }
 }
 
-/// The `REQUEST` frame, as `task.rs` makes it for HTTP/1.1, with HTTP/2 as its version.
+/// The `Job` a stream's request becomes, as an HTTP/1.1 request's does (`exchange.rs`), with
+/// HTTP/2 as its version.
 fn job(
     shared: &Shared,
     head: &Head,
@@ -207,43 +192,16 @@ fn job(
     respond: AnswerSender,
     upstream: Duration,
 ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
-    let body_len = body.len();
-    let (inline, body_file, body_descriptor) = match body {
-        Body::Memory(bytes) => (bytes, None, None),
-        Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
-    };
-    let peer_addr = origin.ip_text();
-    let request = maitred_wire::Request {
+    let summary =
+        format!("{} {} HTTP/2.0", String::from_utf8_lossy(&head.method), String::from_utf8_lossy(&head.target));
+    let request = exchange::Head {
         http_version: maitred_wire::HTTP_2,
         method: &head.method,
         target: &head.target,
-        peer_addr: peer_addr.as_bytes(),
-        peer_port: origin.port.unwrap_or(0),
-        server_name: shared.site.server_name.as_bytes(),
-        server_port: shared.site.server_port,
-        https: origin.https || shared.site.tls,
-        client_subject: shared.tls.as_ref().and_then(|tls| tls.client_subject.as_deref()).map(str::as_bytes),
         headers: head.headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref())).collect(),
-        body_len,
-        inline_body: &inline,
+        client_subject: shared.tls.as_ref().and_then(|tls| tls.client_subject.as_deref()),
     };
-    let flags = if body_file.is_some() { FLAG_FD } else { 0 };
-    let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
-    let summary =
-        format!("{} {} HTTP/2.0", String::from_utf8_lossy(&head.method), String::from_utf8_lossy(&head.target));
-    let job = Job {
-        frame,
-        body_file,
-        state: Rc::new(Cell::new(JobState::Queued)),
-        respond,
-        enqueued_at: Instant::now(),
-        upstream,
-        summary: summary.into(),
-        served: log::access_log_enabled().then(Rc::default),
-        websocket: None,
-        http2: true,
-    };
-    Ok((job, body_descriptor))
+    exchange::job(request, &shared.site, origin, body, respond, summary.into(), upstream)
 }
 
 /// The answer's first part, while the wait is watched: a request no worker took within
@@ -269,7 +227,7 @@ async fn first_part(
             reset = poll_fn(|cx| respond.poll_reset(cx)) => {
                 let now = Instant::now();
                 let waited = now.saturating_duration_since(enqueued_at) + upstream;
-                let withdrawn = withdraw(shared, state);
+                let withdrawn = exchange::withdraw(&lobby.seating, state);
                 if reset.is_ok() {
                     shared.client_reset(if withdrawn { StreamStage::Queued } else { StreamStage::InService });
                 }
@@ -287,29 +245,12 @@ async fn first_part(
             }
             _ = sleep_until((enqueued_at + timeout.unwrap_or_default()).into()), if timeout.is_some() => {
                 let Some(limit) = timeout else { continue };
-                if withdraw(shared, state) {
+                if exchange::withdraw(&lobby.seating, state) {
                     lobby.seating.overload.count(ShedReason::QueueTimeout);
-                    return Some(ResponsePart::Refused {
-                        status: 503,
-                        detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),
-                        retry_after: Some(limit.as_secs_f64().ceil().max(1.0) as u64),
-                    });
+                    return Some(exchange::queue_timed_out(limit));
                 }
                 queue_timeout = None;
             }
         }
-    }
-}
-
-/// Takes the request back from the queue (or from the busy worker it was offered to) if no
-/// worker has begun it.
-fn withdraw(shared: &Shared, state: &Rc<Cell<JobState>>) -> bool {
-    match state.get() {
-        JobState::Queued => {
-            state.set(JobState::Cancelled);
-            true
-        }
-        JobState::Offered => shared.lobby.seating.withdraw_offer(state),
-        JobState::Seated | JobState::Cancelled => false,
     }
 }
