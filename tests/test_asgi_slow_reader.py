@@ -72,13 +72,13 @@ def spill_files(pid: int) -> list[str]:
 
 
 @contextmanager
-def held_reader(server) -> Iterator[socket.socket]:
+def held_reader(server, target: str = "/generate") -> Iterator[socket.socket]:
     """A client that asks for the generated answer and reads none of it (its receive buffer cut
     to 64 KiB), once the lobby holds that answer."""
     with socket.socket() as slow:
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         slow.connect((HOST, server.port))
-        slow.sendall(b"GET /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        slow.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         server.wait_for_log("is held: its client reads slowly", timeout=20)
         yield slow
 
@@ -94,6 +94,21 @@ def test_a_slow_reader_holds_the_coroutine_not_the_lobbys_memory_or_disk(maitred
             received += len(data)
     assert get(server.port, "/progress").body == str(SIZE).encode()  # the other requests were served meanwhile
     assert received > SIZE
+
+
+def test_a_held_send_goes_on_while_another_task_awaits_receive(maitred_server):
+    """Django's and Quart's handlers await receive() in a task of their own, for
+    http.disconnect, while the response is sent. Both tasks wait on the one request's news; the
+    GO must wake the held send, not only the receive. Before, each wait replaced the other's,
+    and the send, held for a slow client, never went on: the client waited for ever."""
+    server = maitred_server("-w", "1", "--log-level", "debug", "generated:app", cwd=APPS)
+    with held_reader(server, "/generate?mib=8&listen=1") as slow:
+        slow.settimeout(20)
+        received = 0
+        while data := slow.recv(1 << 20):
+            received += len(data)
+    assert received > 8 << 20
+    assert get(server.port, "/progress").body == str(8 << 20).encode()
 
 
 def test_a_held_answer_whose_client_leaves_ends_the_applications_sends(maitred_server):

@@ -116,15 +116,13 @@ class _Mux:
                 self.worker.channel_closed()
 
     def look(self) -> None:
-        """Reads the news the channel holds now, for a task whose sends have not waited: the
-        loop reads the channel only once a task waits, and a coroutine that sends a generated
-        answer as fast as the lobby reads the ring may never wait, nor read its `HOLD`."""
-        try:
-            told, _closed = self.channel.route_after_take()
-        except ChannelError as error:
-            self.worker.broken(error)
-            return
-        self._tell(told)
+        """Reads what the channel holds now, for a task whose sends have not waited: the loop
+        reads the channel only once a task waits, and a coroutine that sends a generated answer
+        as fast as the lobby reads the ring may never wait, nor read its `HOLD`. It is the
+        loop's own reading (`readable`), so that nothing it reads is left unseen: a new worker's
+        bell, which arrives while its first request runs (read and not watched, it left that
+        request waiting for room in the ring for ever), a request on the channel, its end."""
+        self.readable()
 
     def take(self) -> None:
         """Takes every request the lobby has queued, starts a task for each, and tells the

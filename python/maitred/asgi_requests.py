@@ -81,7 +81,7 @@ class Request:
         # started streams as long as it likes: docs/ASGI.md).
         self.deadline: float | None = None
         self.expired = False
-        self._news: asyncio.Future[None] | None = None
+        self._news: list[asyncio.Future[None]] = []
         # Bytes sent since this request's task last looked for news, or waited for it.
         self._unlooked = 0
 
@@ -95,14 +95,24 @@ class Request:
             channel.leave(self.native)
 
     def tell(self) -> None:
-        """The lobby said something about this request, or its state changed: its task looks."""
-        if self._news is not None and not self._news.done():
-            self._news.set_result(None)
+        """The lobby said something about this request, or its state changed: every task
+        waiting on it looks."""
+        if not self._news:
+            return
+        waiting, self._news = self._news, []
+        for news in waiting:
+            if not news.done():
+                news.set_result(None)
 
     async def wait_for_news(self) -> None:
-        self._news = self.mux.worker.loop.create_future()
+        """Until `tell`. Several tasks may wait on one request at once: a framework's send and
+        the receive it keeps waiting for `http.disconnect` (Django's, Quart's). One future for
+        all, replaced by each wait, left the one waiting first unwoken for ever: a send held for
+        a slow client never heard its GO."""
+        news = self.mux.worker.loop.create_future()
+        self._news.append(news)
         self._unlooked = 0
-        await self._news
+        await news
 
     def sent(self, size: int) -> None:
         """`size` bytes went to the channel: past LOOK_EVERY since the last look, the news is
