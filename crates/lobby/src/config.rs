@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use maitred_protocol::ProxyVersions;
 
-use crate::client::certificates::TlsSettings;
 use crate::client::proxies::{AllowList, Forwarding};
+use crate::client::tls::certificates::TlsSettings;
 use crate::log::access_format::AccessFormat;
 use crate::log::Level;
 use crate::seating::overload::Policy;

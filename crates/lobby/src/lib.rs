@@ -32,8 +32,8 @@ use tokio::task::LocalSet;
 
 use process::watchdog::{self, Watchdog};
 
-pub use client::certificates::{CertReqs, TlsSettings};
 pub use client::proxies::{AllowList, Forwarding};
+pub use client::tls::certificates::{CertReqs, TlsSettings};
 pub use config::{BindAddress, Config, Credentials, HalfClose, HttpProtocols, QueuePolicy, WebSocketLimits};
 pub use listen::bind::LISTEN_FDS_START;
 pub use log::access_format::AccessFormat;

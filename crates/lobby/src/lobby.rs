@@ -12,9 +12,9 @@ use maitred_protocol::Limits;
 use tokio::sync::watch;
 
 use crate::client::asleep::Hibernation;
-use crate::client::certificates::Certificates;
 use crate::client::heads::HeadBudget;
 use crate::client::states::ConnectionStates;
+use crate::client::tls::certificates::Certificates;
 use crate::config::Config;
 use crate::observe::findings::Diagnoses;
 use crate::observe::metrics::Metrics;

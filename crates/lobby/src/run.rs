@@ -13,9 +13,9 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::client::asleep::Hibernation;
-use crate::client::certificates::Certificates;
 use crate::client::heads::HeadBudget;
 use crate::client::peer::Site;
+use crate::client::tls::certificates::Certificates;
 use crate::client::wake;
 use crate::config::Config;
 use crate::listen::accept::{accept_backlog, accept_loop, announce, Acceptor};

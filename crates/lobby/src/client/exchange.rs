@@ -1,13 +1,15 @@
 //! What a request is to the lobby, whatever protocol brought it: the rules its body is read
-//! under, the `Job` it becomes, its wait for a worker, and the drain after a refusal. HTTP/1.1 (`read.rs`, `task.rs`,
+//! under, the `Job` it becomes, its wait for a worker, the `Date` its answer carries, and the
+//! drain after a refusal. HTTP/1.1 (`read.rs`, `task.rs`,
 //! `watch.rs`) and HTTP/2 (`h2/stream.rs`) translate their wire formats into these and back,
 //! so that each rule, its status and its words are written once; the rules on a head's target,
 //! Host and fields are crates/protocol's (`rules.rs`).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
 use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
@@ -179,6 +181,23 @@ pub(super) async fn linger<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, bounds
             _ => return,
         }
     }
+}
+
+thread_local! {
+    static DATE: RefCell<(u64, Bytes)> = const { RefCell::new((u64::MAX, Bytes::new())) };
+}
+
+/// The `Date` header value, formatted at most once a second.
+pub(super) fn http_date() -> Bytes {
+    let now = SystemTime::now();
+    let second = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    DATE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.0 != second {
+            *cache = (second, Bytes::from(httpdate::fmt_http_date(now)));
+        }
+        cache.1.clone()
+    })
 }
 
 #[cfg(test)]

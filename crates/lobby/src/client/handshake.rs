@@ -19,13 +19,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{sleep_until, Instant};
 
-use super::exchange::{self, Linger};
+use super::exchange::{self, http_date, Linger};
 use super::h2;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
 use super::task;
 use super::tls::{SyncIo, TlsStream};
-use super::write::http_date;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
 

@@ -3,10 +3,10 @@
 //! forwarded headers of `proxies.rs` and the head budget of `heads.rs`), queued and answered
 //! (`task.rs`), its client watched for leaving meanwhile (`watch.rs`), writing the answer
 //! (`write.rs`), and asleep between requests (`asleep.rs`,
-//! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket.rs`). `states.rs`
+//! woken by `wake.rs`); a WebSocket, from its handshake to its close (`websocket/`). `states.rs`
 //! counts them by state; `peer.rs` says what a connection is. A TLS listener's connections begin
-//! with a handshake (`handshake.rs`), with the certificate of `certificates.rs`, and are then read
-//! and written through rustls (`tls.rs`). A connection whose client speaks HTTP/2 (chosen by
+//! with a handshake (`handshake.rs`), and are then read and written through rustls (`tls/`, with
+//! its certificate). A connection whose client speaks HTTP/2 (chosen by
 //! ALPN in `handshake.rs`, or by its preface on a plain listener in `task.rs`) is served by
 //! `h2/` instead, each of its streams a request like an HTTP/1.1 one. What a request is,
 //! whichever of the two brought it, is written once in `exchange.rs` (its body's pace, the
@@ -19,9 +19,6 @@
 
 pub(crate) mod asleep;
 mod body;
-pub(crate) mod certificates;
-mod deflate;
-mod encrypted;
 mod exchange;
 pub(crate) mod h2;
 pub(crate) mod handshake;
@@ -32,7 +29,7 @@ pub(crate) mod proxies;
 mod read;
 pub(crate) mod states;
 pub(crate) mod task;
-mod tls;
+pub(crate) mod tls;
 pub(crate) mod wake;
 mod watch;
 mod websocket;

@@ -19,7 +19,7 @@ use tokio::time::sleep_until;
 
 use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
 use super::body::Body;
-use super::exchange::{self, Linger};
+use super::exchange::{self, http_date, Linger};
 use super::h2;
 use super::opening::Opening;
 use super::peer::{ClientStream, Peer, Site, StreamKind};
@@ -29,7 +29,7 @@ use super::states::ConnectionState;
 use super::tls::TlsStream;
 use super::watch::Waiting;
 use super::websocket::{self, Handshake};
-use super::write::{http_date, Answer};
+use super::write::Answer;
 use super::{Connection, Stop};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};

@@ -2,12 +2,10 @@
 //! client (Content-Length or chunked), files with sendfile(2), and never a write that waits
 //! longer than `--send-timeout` for a client that takes nothing.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::AsFd;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 use maitred_protocol::{
@@ -16,6 +14,7 @@ use maitred_protocol::{
 };
 use tokio::io::Interest;
 
+use super::exchange::http_date;
 use super::peer::{ClientStream, StreamKind};
 use super::Connection;
 use crate::log;
@@ -291,21 +290,4 @@ impl Answer {
         }
         self.broken = true;
     }
-}
-
-thread_local! {
-    static DATE: RefCell<(u64, Bytes)> = const { RefCell::new((u64::MAX, Bytes::new())) };
-}
-
-/// The `Date` header value, formatted at most once a second.
-pub(super) fn http_date() -> Bytes {
-    let now = SystemTime::now();
-    let second = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    DATE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if cache.0 != second {
-            *cache = (second, Bytes::from(httpdate::fmt_http_date(now)));
-        }
-        cache.1.clone()
-    })
 }

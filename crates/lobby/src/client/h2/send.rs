@@ -16,7 +16,7 @@ use maitred_protocol::{is_hop_by_hop, reason_phrase};
 use super::head::Head;
 use super::reasons::{Http2Refusal, StreamStage};
 use super::Shared;
-use crate::client::write::http_date;
+use crate::client::exchange::http_date;
 use crate::log::{self, debug};
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::time::timeout;
 
-use super::peer::ClientStream;
-use super::Connection;
+use crate::client::peer::ClientStream;
+use crate::client::Connection;
 
 /// A file's bytes are encrypted this many at a time: one TLS record's worth.
 const FILE_CHUNK: usize = 16 * 1024;
@@ -20,7 +20,7 @@ impl<S: ClientStream> Connection<S> {
     /// Writes all of `data` through the stream, then sends what rustls holds of it. Each write
     /// returns once rustls has taken some of it, which it does as soon as the socket has taken
     /// records: progress, so --send-timeout counts from the last.
-    pub(super) async fn send_encrypted(&mut self, mut data: &[u8]) -> io::Result<()> {
+    pub(in crate::client) async fn send_encrypted(&mut self, mut data: &[u8]) -> io::Result<()> {
         let limit = self.lobby.settings().send_timeout;
         while !data.is_empty() {
             let taken = timeout(limit, self.stream.write(data)).await.map_err(|_| stalled(limit))??;
@@ -30,7 +30,12 @@ impl<S: ClientStream> Connection<S> {
     }
 
     /// Reads `count` bytes of `file` from `offset` and writes them through the stream.
-    pub(super) async fn send_file_encrypted(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
+    pub(in crate::client) async fn send_file_encrypted(
+        &mut self,
+        file: &File,
+        mut offset: u64,
+        mut count: u64,
+    ) -> io::Result<()> {
         let mut chunk = vec![0u8; FILE_CHUNK.min(count as usize)];
         while count > 0 {
             let want = chunk.len().min(count as usize);

@@ -25,10 +25,13 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
-use super::deflate::{Deflate, Inflating, Refused};
+mod deflate;
+
+use deflate::{Deflate, Inflating, Refused};
+
+use super::exchange::http_date;
 use super::peer::ClientStream;
 use super::states::ConnectionState;
-use super::write::http_date;
 use super::Connection;
 use crate::log::{self, debug};
 use crate::seating::job::Job;

@@ -14,7 +14,11 @@ use std::task::{ready, Context, Poll};
 use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-use super::certificates::subject_of;
+pub(crate) mod certificates;
+mod encrypted;
+
+use certificates::subject_of;
+
 use super::peer::{ClientStream, StreamKind, TlsAbout};
 
 /// A client socket with its TLS session, the handshake done (`handshake.rs`).
