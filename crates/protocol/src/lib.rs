@@ -31,12 +31,14 @@
 //! HTTP/2's reading of a head in the lobby applies too) builds on those two. `fields` (field
 //! lines), `chunked` (chunk-size lines) and `head` (the request line and header section, with
 //! `fields` and `rules`) build on `error` and `syntax`; `request`, the decoder, drives those three;
-//! `response` uses `syntax` only. No file imports one that imports it.
+//! `response` uses `syntax` only; `opening` (which protocol a plain connection's first bytes
+//! speak: HTTP/2's preface or an HTTP/1.x request) imports nothing. No file imports one that imports it.
 
 mod chunked;
 mod error;
 mod fields;
 mod head;
+mod opening;
 mod proxy;
 mod request;
 mod response;
@@ -44,6 +46,7 @@ mod rules;
 mod syntax;
 
 pub use error::{ErrorKind, RequestError, Section};
+pub use opening::{choose as choose_protocol, Opening, PREFACE};
 pub use proxy::{decode_proxy_header, ProxyError, ProxyHeader, ProxyVersions, V1_MAX_LINE, V2_FIXED_LEN, V2_SIGNATURE};
 pub use request::{Event, RequestDecoder, RequestHead};
 pub use response::{

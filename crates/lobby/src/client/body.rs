@@ -1,6 +1,6 @@
 //! A request's body, whole, whatever protocol brought it: in memory up to the caller's bound,
 //! past it in an unlinked temporary file (as nginx's client_body_temp), whose descriptor takes a
-//! place under --max-connections. HTTP/1.1 (`read.rs`) and HTTP/2 (`h2/stream.rs`) fill it; the
+//! place under --max-connections. HTTP/1.1 (`http1/read.rs`) and HTTP/2 (`h2/stream.rs`) fill it; the
 //! `Job` carries it to a worker (`exchange.rs`).
 
 use std::fs::File;

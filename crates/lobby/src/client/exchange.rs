@@ -1,7 +1,7 @@
 //! What a request is to the lobby, whatever protocol brought it: the rules its body is read
-//! under, the `Job` it becomes, its wait for a worker, the `Date` its answer carries, and the
-//! drain after a refusal. HTTP/1.1 (`read.rs`, `task.rs`,
-//! `watch.rs`) and HTTP/2 (`h2/stream.rs`) translate their wire formats into these and back,
+//! under, the `Job` it becomes, its wait for a worker, the `Date` its answer carries, its
+//! access line, and the drain after a refusal. HTTP/1.1 (`http1/`) and HTTP/2
+//! (`h2/stream.rs`) translate their wire formats into these and back,
 //! so that each rule, its status and its words are written once; the rules on a head's target,
 //! Host and fields are crates/protocol's (`rules.rs`).
 
@@ -15,10 +15,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::body::Body;
-use super::peer::Site;
+use super::peer::{Site, TlsAbout};
 use super::proxies::Origin;
+use crate::lobby::Lobby;
 use crate::log;
-use crate::seating::job::{Job, JobState};
+use crate::seating::job::{Job, JobState, Served};
 use crate::seating::spool::{AnswerSender, ResponsePart};
 use crate::seating::Seating;
 
@@ -149,6 +150,51 @@ pub(super) fn withdraw(seating: &Seating, state: &Rc<Cell<JobState>>) -> bool {
     }
 }
 
+/// A request answered, as its access line tells it: what its protocol read and wrote.
+pub(super) struct Answered<'a> {
+    pub(super) method: &'a [u8],
+    pub(super) target: &'a [u8],
+    pub(super) version: &'a str,
+    pub(super) request_headers: &'a [(Bytes, Bytes)],
+    pub(super) status: u16,
+    pub(super) body_bytes: u64,
+    pub(super) response_headers: &'a [(Bytes, Bytes)],
+    /// When its head began to be read.
+    pub(super) started: Instant,
+    pub(super) enqueued: Instant,
+    pub(super) upstream: Duration,
+    pub(super) tls: Option<&'a TlsAbout>,
+}
+
+/// Counts an answered request (`maitred_requests_total`) and writes its access line, with what
+/// the queue and its worker say of it (`served`: none for a request answered by the lobby).
+pub(super) fn answered(lobby: &Lobby, origin: &Origin, answered: Answered<'_>, served: Option<&Served>) {
+    lobby.metrics.answered(answered.status);
+    if !log::access_log_enabled() {
+        return;
+    }
+    log::access(
+        &lobby.settings().access_log_format,
+        &log::AccessRecord {
+            peer: &origin.ip_text(),
+            method: answered.method,
+            target: answered.target,
+            version: answered.version,
+            request_headers: answered.request_headers,
+            status: answered.status,
+            body_bytes: answered.body_bytes,
+            response_headers: answered.response_headers,
+            started: answered.started,
+            enqueued: answered.enqueued,
+            upstream: answered.upstream,
+            seated: served.and_then(|served| served.seated.get()),
+            answered: served.and_then(|served| served.answered.get()),
+            worker: served.and_then(|served| served.worker.get()),
+            tls: answered.tls.map(|tls| (tls.version, tls.cipher)),
+        },
+    );
+}
+
 /// The answer to a request withdrawn at `--queue-timeout` (`limit`): 503, and when to retry.
 pub(super) fn queue_timed_out(limit: Duration) -> ResponsePart {
     ResponsePart::Refused {
@@ -164,6 +210,10 @@ pub(super) struct Linger {
     pub(super) time: Duration,
     pub(super) bytes: usize,
 }
+
+/// How long, and how much input, a connection refused for what it sent is drained before it
+/// is closed.
+pub(super) const LINGER_AFTER_REFUSAL: Linger = Linger { time: Duration::from_secs(2), bytes: 1 << 20 };
 
 /// Closing a socket with unread input makes the kernel send a reset, which can destroy the
 /// refusal just written before the client reads it. So: stop writing, then read and discard

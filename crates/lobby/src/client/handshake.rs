@@ -2,7 +2,7 @@
 //! request head (docs/TLS.md). It must finish within `--header-timeout`, and its buffers
 //! count against `--max-head-memory` meanwhile; a client that sends plain HTTP gets a 400
 //! saying so, in plain HTTP, and one rate-limited log line. Then the connection's task
-//! begins (`task.rs`), reading and writing through rustls (`tls.rs`); or, when the client
+//! begins (`http1/`, through `opening.rs`), reading and writing through rustls (`tls/`); or, when the client
 //! chose `h2` by ALPN, an HTTP/2 connection's (`h2/`).
 
 use std::future::poll_fn;
@@ -21,9 +21,9 @@ use tokio::time::{sleep_until, Instant};
 
 use super::exchange::{self, http_date, Linger};
 use super::h2;
+use super::opening;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
-use super::task;
 use super::tls::{SyncIo, TlsStream};
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
@@ -96,7 +96,7 @@ async fn handshake<S: ClientStream>(
             if http2 {
                 h2::start(&lobby, stream, BytesMut::new(), peer, site, permit);
             } else {
-                task::start(&lobby, stream, peer, site, permit, 0);
+                opening::start(&lobby, stream, peer, site, permit, 0);
             }
         }
         Err(Failure::PlainHttp) => {

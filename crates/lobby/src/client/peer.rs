@@ -16,10 +16,10 @@ pub enum StreamKind {
     Unix,
 }
 
-/// A client stream: TCP or Unix, plain or with TLS (`tls.rs`).
+/// A client stream: TCP or Unix, plain or with TLS (`tls/`).
 pub trait ClientStream: AsyncRead + AsyncWrite + AsFd + AsRawFd + Unpin + 'static {
     const KIND: StreamKind;
-    /// Bytes written must go through the stream, not to the socket (`write.rs`).
+    /// Bytes written must go through the stream, not to the socket (`http1/write.rs`).
     const ENCRYPTED: bool = false;
     /// Leaves the event loop, keeping the connection open.
     fn into_fd(self) -> io::Result<OwnedFd>;

@@ -13,9 +13,9 @@
 //!
 //! | state | the task is | next |
 //! |---|---|---|
-//! | `Idle` | waiting, without a buffer, for a request (`task.rs`) | `Reading` when bytes arrive; asleep after `HIBERNATE_AFTER`; closed at `--keep-alive` |
-//! | `Reading` | reading a head or a body (`read.rs`) | `Awaiting` once the request is whole; `Writing` to refuse it |
-//! | `Awaiting` | queued, or with a worker (`task.rs`) | `Writing` with the answer's first part |
+//! | `Idle` | waiting, without a buffer, for a request (`http1/task.rs`) | `Reading` when bytes arrive; asleep after `HIBERNATE_AFTER`; closed at `--keep-alive` |
+//! | `Reading` | reading a head or a body (`http1/read.rs`, `h2/stream.rs`) | `Awaiting` once the request is whole; `Writing` to refuse it |
+//! | `Awaiting` | queued, or with a worker (`http1/task.rs`, `h2/stream.rs`) | `Writing` with the answer's first part |
 //! | `Writing` | writing the answer (`write.rs`) | `Idle` when it keeps alive; closed otherwise |
 //! | `WebSocket` | relaying an accepted WebSocket (`websocket.rs`) | closed when the WebSocket closes |
 

@@ -1,12 +1,12 @@
 //! The watcher of hibernating connections: wakes a sleeper when its client speaks (it gets a
-//! task again, `task::resume`), closes it when its time is up, and at a binary upgrade hands
+//! task again, `opening::resume`), closes it when its time is up, and at a binary upgrade hands
 //! every sleeper it can to the new maitred.
 
 use std::rc::Rc;
 use std::time::Instant;
 
 use super::asleep::{Hibernation, Sleeper, EVENTS_PER_WAIT, TICK};
-use super::task;
+use super::opening;
 use crate::lobby::Lobby;
 use crate::log::{debug, warning_limited};
 
@@ -22,7 +22,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                 let Ok(mut ready) = ready else { return };
                 let taken = hibernation.take_woken(&mut woken);
                 for sleeper in woken.drain(..) {
-                    task::resume(&lobby, sleeper);
+                    opening::resume(&lobby, sleeper);
                 }
                 match taken {
                     Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
@@ -40,7 +40,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
             _ = ticks.tick() => {
                 let shutting_down = *shutdown.borrow();
                 for sleeper in hibernation.take_http2_ending(Instant::now(), shutting_down) {
-                    task::resume(&lobby, sleeper);
+                    opening::resume(&lobby, sleeper);
                 }
                 if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
                     // A binary upgrade: the new maitred takes every idle connection it can,
@@ -51,7 +51,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                         if sleeper.can_move() {
                             successor.hand_over(sleeper);
                         } else {
-                            task::resume(&lobby, sleeper);
+                            opening::resume(&lobby, sleeper);
                         }
                     }
                     for sleeper in hibernation.take_movable() {
@@ -61,7 +61,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                     // A request that has arrived is answered (with `Connection: close`), not
                     // lost with its connection.
                     for sleeper in take_all_woken(hibernation, &mut woken) {
-                        task::resume(&lobby, sleeper);
+                        opening::resume(&lobby, sleeper);
                     }
                 }
                 let closed = hibernation.close_expired(Instant::now(), lobby.closing());

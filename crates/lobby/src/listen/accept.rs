@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::bind::Listener;
 use super::cap::{fd_limit, CapWatch};
 use crate::client::peer::{Peer, Site};
-use crate::client::{handshake, task};
+use crate::client::{handshake, opening};
 use crate::lobby::Lobby;
 use crate::log::{debug, error_limited, info, info_limited, warning};
 
@@ -211,10 +211,10 @@ fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePe
     let started = match (peer.as_socket(), site.tls) {
         // TCP_NODELAY comes from the listener (listen::bind).
         (Some(addr), false) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
-            task::start(lobby, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
+            opening::start(lobby, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
         }),
         (None, false) => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
-            task::start(lobby, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
+            opening::start(lobby, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
         }),
         // The CLI refuses --proxy-protocol with TLS.
         (Some(addr), true) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {

@@ -2,7 +2,7 @@
 //!
 //! The worker's relay (`worker/relay.rs`) pushes each part as soon as the worker sends it, so that a
 //! worker is free once it has produced its answer, whatever its client's pace; the connection
-//! (`client/write.rs`) takes the parts at the client's pace. In between, at most
+//! (`client/http1/write.rs`, `client/h2/send.rs`) takes the parts at the client's pace. In between, at most
 //! [`MEMORY_PER_ANSWER`] bytes of body wait in memory. The rest is appended to an unlinked
 //! temporary file, as a large request body is (and as nginx's proxy_temp does), and goes to
 //! the client from there with sendfile: the bytes sit in the page cache, not in the lobby.

@@ -73,11 +73,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
-use maitred_protocol::MAX_HEAD_SIZE;
+use maitred_protocol::{MAX_HEAD_SIZE, PREFACE};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
 use super::asleep::{Sleeper, HIBERNATE_AFTER};
+use super::exchange::{self, LINGER_AFTER_REFUSAL};
 use super::peer::Http2Sleep as Asleep;
 use super::peer::{ClientStream, Peer, Site, TlsAbout};
 use super::states::ConnectionState;
@@ -100,8 +102,6 @@ const WINDOW_UPDATE: u8 = 0x8;
 /// The flag of a SETTINGS or PING frame that acknowledges one.
 const ACK: u8 = 0x1;
 
-/// The client connection preface (RFC 9113 3.4).
-pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// What a stream may send before the lobby has taken its bytes: its body goes on to the
 /// request's buffer or file as it comes, and each byte taken opens the window again.
 const STREAM_WINDOW: u32 = 256 * 1024;
@@ -126,18 +126,10 @@ const LOCAL_ERROR_RESETS: usize = 256;
 const H2_EMPTY_DATA_FRAMES: usize = 100;
 const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
 
-/// Whether a plain connection's first bytes are HTTP/2's preface, or its beginning: "PRI " is
-/// no method any HTTP/1.1 client sends (RFC 9113 3.4 reserves it), and four bytes come in one
-/// segment.
-pub(super) fn opens_with_preface(first: &[u8]) -> bool {
-    let n = first.len().min(PREFACE.len());
-    n >= 4 && first[..n] == PREFACE[..n]
-}
-
 /// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
 /// server's preface, an empty SETTINGS frame, then GOAWAY saying why. Written by the lobby, as
 /// the h2 crate closes without a word when the preface is wrong.
-pub(super) fn invalid_preface_answer() -> Vec<u8> {
+fn invalid_preface_answer() -> Vec<u8> {
     const DEBUG_DATA: &[u8] = b"invalid connection preface";
     let mut out = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
     let length = (8 + DEBUG_DATA.len()) as u8;
@@ -147,6 +139,31 @@ pub(super) fn invalid_preface_answer() -> Vec<u8> {
     out.extend_from_slice(&u32::from(Reason::PROTOCOL_ERROR).to_be_bytes());
     out.extend_from_slice(DEBUG_DATA);
     out
+}
+
+/// Of a plain connection's first bytes that are no protocol maitred speaks, how many its log
+/// line shows.
+const SHOWN_OF_A_BAD_PREFACE: usize = 32;
+
+/// A connection error for an invalid preface (RFC 9113 3.4), with one log line: the server's
+/// preface and GOAWAY (PROTOCOL_ERROR), then the close, once what the client still sends is
+/// drained.
+pub(super) async fn refuse_preface<S: ClientStream>(lobby: &Lobby, mut stream: S, first: BytesMut, peer: &Peer) {
+    let _mark = lobby.connection_states.mark(ConnectionState::Writing);
+    log::info_limited!(
+        "HTTP/2 connection from {} refused: it opened with {:?}, neither the HTTP/2 preface nor an HTTP/1.x \
+         request (--http-protocols h2); GOAWAY PROTOCOL_ERROR, connection closed",
+        peer.display(),
+        String::from_utf8_lossy(&first[..first.len().min(SHOWN_OF_A_BAD_PREFACE)])
+    );
+    lobby.metrics.http2_refused(Http2Refusal::InvalidPreface);
+    // Not needed to refuse it, and not to be held while the client is drained.
+    drop(first);
+    let answer = invalid_preface_answer();
+    let written = tokio::time::timeout(lobby.settings().send_timeout, stream.write_all(&answer));
+    if let Ok(Ok(())) = written.await {
+        exchange::linger(&mut stream, LINGER_AFTER_REFUSAL).await;
+    }
 }
 
 /// What a connection's streams share with it.

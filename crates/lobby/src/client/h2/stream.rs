@@ -32,7 +32,7 @@ use crate::client::exchange::{self, BodyPace};
 use crate::client::proxies::{self, Origin};
 use crate::client::states::{ConnectionState, StateMark};
 use crate::client::Stop;
-use crate::log::{self, debug};
+use crate::log::debug;
 use crate::seating::job::{Job, JobState};
 use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
@@ -90,7 +90,7 @@ pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>
 }
 
 /// Reads the body to its end, within `--header-timeout` for each gap and `--body-min-rate`
-/// overall, as an HTTP/1.1 body is read (`read.rs`), and within `--max-body`.
+/// overall, as an HTTP/1.1 body is read (`http1/read.rs`), and within `--max-body`.
 async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Result<Body, Unread> {
     let mut body = Body::for_length(head.content_length, BODY_MEMORY, &shared.descriptors)?;
     if stream.is_end_stream() {
@@ -155,30 +155,21 @@ async fn seat(
     mark.set(ConnectionState::Writing);
     let mut sent = Sent::default();
     if send::answer(shared, head, respond, first, &responses, &mut sent).await {
-        lobby.metrics.answered(sent.status);
         lobby.metrics.answered_http2();
-        if log::access_log_enabled() {
-            log::access(
-                &lobby.settings().access_log_format,
-                &log::AccessRecord {
-                    peer: &origin.ip_text(),
-                    method: &head.method,
-                    target: &head.target,
-                    version: "HTTP/2.0",
-                    request_headers: &head.headers,
-                    status: sent.status,
-                    body_bytes: sent.body_bytes,
-                    response_headers: &sent.headers,
-                    started,
-                    enqueued: enqueued_at,
-                    upstream,
-                    seated: served.as_ref().and_then(|served| served.seated.get()),
-                    answered: served.as_ref().and_then(|served| served.answered.get()),
-                    worker: served.as_ref().and_then(|served| served.worker.get()),
-                    tls: shared.tls.as_ref().map(|tls| (tls.version, tls.cipher)),
-                },
-            );
-        }
+        let answered = exchange::Answered {
+            method: &head.method,
+            target: &head.target,
+            version: "HTTP/2.0",
+            request_headers: &head.headers,
+            status: sent.status,
+            body_bytes: sent.body_bytes,
+            response_headers: &sent.headers,
+            started,
+            enqueued: enqueued_at,
+            upstream,
+            tls: shared.tls.as_ref(),
+        };
+        exchange::answered(lobby, origin, answered, served.as_deref());
     }
 }
 

@@ -11,44 +11,45 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::timeout;
 
 use crate::client::peer::ClientStream;
-use crate::client::Connection;
 
 /// A file's bytes are encrypted this many at a time: one TLS record's worth.
 const FILE_CHUNK: usize = 16 * 1024;
 
-impl<S: ClientStream> Connection<S> {
-    /// Writes all of `data` through the stream, then sends what rustls holds of it. Each write
-    /// returns once rustls has taken some of it, which it does as soon as the socket has taken
-    /// records: progress, so --send-timeout counts from the last.
-    pub(in crate::client) async fn send_encrypted(&mut self, mut data: &[u8]) -> io::Result<()> {
-        let limit = self.lobby.settings().send_timeout;
-        while !data.is_empty() {
-            let taken = timeout(limit, self.stream.write(data)).await.map_err(|_| stalled(limit))??;
-            data = &data[taken..];
-        }
-        timeout(limit, self.stream.flush()).await.map_err(|_| stalled(limit))?
+/// Writes all of `data` through the stream, then sends what rustls holds of it. Each write
+/// returns once rustls has taken some of it, which it does as soon as the socket has taken
+/// records: progress, so `limit` (--send-timeout) counts from the last.
+pub(in crate::client) async fn send<S: ClientStream>(
+    stream: &mut S,
+    mut data: &[u8],
+    limit: Duration,
+) -> io::Result<()> {
+    while !data.is_empty() {
+        let taken = timeout(limit, stream.write(data)).await.map_err(|_| stalled(limit))??;
+        data = &data[taken..];
     }
+    timeout(limit, stream.flush()).await.map_err(|_| stalled(limit))?
+}
 
-    /// Reads `count` bytes of `file` from `offset` and writes them through the stream.
-    pub(in crate::client) async fn send_file_encrypted(
-        &mut self,
-        file: &File,
-        mut offset: u64,
-        mut count: u64,
-    ) -> io::Result<()> {
-        let mut chunk = vec![0u8; FILE_CHUNK.min(count as usize)];
-        while count > 0 {
-            let want = chunk.len().min(count as usize);
-            let read = file.read_at(&mut chunk[..want], offset)?;
-            if read == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced"));
-            }
-            self.send_encrypted(&chunk[..read]).await?;
-            offset += read as u64;
-            count -= read as u64;
+/// Reads `count` bytes of `file` from `offset` and writes them through the stream.
+pub(in crate::client) async fn send_file<S: ClientStream>(
+    stream: &mut S,
+    file: &File,
+    mut offset: u64,
+    mut count: u64,
+    limit: Duration,
+) -> io::Result<()> {
+    let mut chunk = vec![0u8; FILE_CHUNK.min(count as usize)];
+    while count > 0 {
+        let want = chunk.len().min(count as usize);
+        let read = file.read_at(&mut chunk[..want], offset)?;
+        if read == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file is shorter than announced"));
         }
-        Ok(())
+        send(stream, &chunk[..read], limit).await?;
+        offset += read as u64;
+        count -= read as u64;
     }
+    Ok(())
 }
 
 fn stalled(limit: Duration) -> io::Error {

@@ -15,7 +15,7 @@ use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 pub(crate) mod certificates;
-mod encrypted;
+pub(super) mod encrypted;
 
 use certificates::subject_of;
 

@@ -14,9 +14,10 @@ use maitred_protocol::{
 };
 use tokio::io::Interest;
 
-use super::exchange::http_date;
-use super::peer::{ClientStream, StreamKind};
 use super::Connection;
+use crate::client::exchange::http_date;
+use crate::client::peer::{ClientStream, StreamKind};
+use crate::client::tls::encrypted;
 use crate::log;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
 
@@ -66,7 +67,7 @@ impl<S: ClientStream> Connection<S> {
                 }
                 end
             }
-            // A WebSocket's parts go to its session (`websocket.rs`); one past the first
+            // A WebSocket's parts go to its session (`websocket/`); one past the first
             // cannot follow an HTTP answer.
             ResponsePart::Abort | ResponsePart::WebSocket(_) => return Ok(false),
             ResponsePart::Refused { status, detail, retry_after } => {
@@ -101,7 +102,7 @@ impl<S: ClientStream> Connection<S> {
     /// can take bytes.
     async fn send_all(&mut self, mut data: &[u8], more: bool) -> io::Result<()> {
         if S::ENCRYPTED {
-            return self.send_encrypted(data).await;
+            return encrypted::send(&mut self.stream, data, self.lobby.settings().send_timeout).await;
         }
         let fd = self.stream.as_fd();
         while !data.is_empty() {
@@ -122,7 +123,8 @@ impl<S: ClientStream> Connection<S> {
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
     async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
         if S::ENCRYPTED {
-            return self.send_file_encrypted(file, offset, count).await;
+            return encrypted::send_file(&mut self.stream, file, offset, count, self.lobby.settings().send_timeout)
+                .await;
         }
         let (out_fd, in_fd) = (self.stream.as_fd(), file.as_fd());
         while count > 0 {

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::time::sleep_until;
 
-use super::exchange;
-use super::peer::ClientStream;
 use super::Connection;
+use crate::client::exchange;
+use crate::client::peer::ClientStream;
 use crate::log::debug;
 use crate::seating::job::JobState;
 use crate::seating::overload::ShedReason;

@@ -13,25 +13,22 @@ use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
-use maitred_protocol::{write_error_response, RequestDecoder, RequestHead, ResponseContext, Version};
+use maitred_protocol::{write_error_response, Opening, RequestHead, ResponseContext, Version};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
 
-use super::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
-use super::body::Body;
-use super::exchange::{self, http_date, Linger};
-use super::h2;
-use super::opening::Opening;
-use super::peer::{ClientStream, Peer, Site, StreamKind};
-use super::proxies::Origin;
 use super::read::{read_now, READ_CHUNK};
-use super::states::ConnectionState;
-use super::tls::TlsStream;
 use super::watch::Waiting;
 use super::websocket::{self, Handshake};
 use super::write::Answer;
-use super::{Connection, Stop};
-use crate::lobby::Lobby;
+use super::{Connection, NotHttp1};
+use crate::client::asleep::{self, Sleeper, HIBERNATE_AFTER, TICK};
+use crate::client::body::Body;
+use crate::client::exchange::{self, http_date};
+use crate::client::peer::ClientStream;
+use crate::client::proxies::Origin;
+use crate::client::states::ConnectionState;
+use crate::client::Stop;
 use crate::log::{self, debug};
 use crate::seating::job::{Job, Served};
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
@@ -47,68 +44,6 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// write to its eventfd once per request (0.6 times per request at one client with 50 ms,
 /// H1-hop); and such a request is in service already, so the watch only cuts its answer short.
 const WATCH_SERVED_AFTER: Duration = TICK;
-/// How long, and how much input, a refused connection is drained before it is closed.
-const LINGER: Linger = Linger { time: Duration::from_secs(2), bytes: 1 << 20 };
-
-/// Serves a connection from its first request (`answered` 0) or after hibernating.
-pub fn start<S: ClientStream>(
-    lobby: &Rc<Lobby>,
-    stream: S,
-    peer: Peer,
-    site: Rc<Site>,
-    permit: OwnedSemaphorePermit,
-    answered: u64,
-) {
-    let decoder = RequestDecoder::new(lobby.limits());
-    let connection = Connection {
-        lobby: lobby.clone(),
-        stream,
-        peer,
-        site,
-        permit,
-        buf: BytesMut::new(),
-        decoder,
-        answered,
-        request_started: Instant::now(),
-        mark: lobby.connection_states.mark(ConnectionState::Idle),
-    };
-    tokio::task::spawn_local(connection.run());
-}
-
-/// Wakes a hibernating connection whose client has spoken (or closed).
-pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
-    let Sleeper { socket, kind, peer, site, permit, answered, tls, http2, deadline } = sleeper;
-    if let Some(asleep) = http2 {
-        let started = match (kind, tls) {
-            (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
-            (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
-            (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
-            (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
-        };
-        if let Err(e) = started {
-            debug!("could not wake an idle HTTP/2 connection: {e}");
-        }
-        return;
-    }
-    let started = match (kind, tls) {
-        (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
-            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
-        (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
-            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
-        (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
-            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
-        (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
-            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
-    };
-    if let Err(e) = started {
-        debug!("could not wake an idle connection: {e}");
-    }
-}
-
 /// How a request's answer left its connection.
 enum Seated {
     KeepOpen,
@@ -140,9 +75,11 @@ enum Wait {
 }
 
 impl<S: ClientStream> Connection<S> {
-    /// Only the wait between requests runs inline: everything that holds buffers while a
-    /// request is read or answered runs in a boxed future that exists only meanwhile.
-    async fn run(mut self) {
+    /// Serves the connection to its close, or, for a plain connection that opens with other
+    /// bytes than an HTTP/1.x request's, hands it back. Only the wait between requests runs
+    /// inline: everything that holds buffers while a request is read or answered runs in a
+    /// boxed future that exists only meanwhile.
+    pub(in crate::client) async fn run(mut self) -> Option<NotHttp1<S>> {
         // A connection just accepted or woken from hibernation has, most often, its request
         // waiting already: read it before asking the event loop.
         let mut read_first = true;
@@ -151,8 +88,11 @@ impl<S: ClientStream> Connection<S> {
                 self.mark.set(ConnectionState::Idle);
                 match self.wait_for_request(std::mem::take(&mut read_first)).await {
                     Wait::Request => {}
-                    Wait::Close => return,
-                    Wait::Hibernate { deadline } => return self.hibernate(deadline.into_std()),
+                    Wait::Close => return None,
+                    Wait::Hibernate { deadline } => {
+                        self.hibernate(deadline.into_std());
+                        return None;
+                    }
                 }
             }
             // A plain connection's first bytes say which protocol it speaks; a TLS one's
@@ -163,34 +103,40 @@ impl<S: ClientStream> Connection<S> {
                     None => {
                         // A PROXY header, or more of the preface, is read: as a head is.
                         self.mark.set(ConnectionState::Reading);
-                        Box::pin(self.opening()).await
+                        Box::pin(self.read_opening()).await
                     }
                 };
                 match opening {
                     Ok(Opening::Http1) => {}
-                    Ok(Opening::Http2) => return self.into_http2(),
-                    Ok(Opening::InvalidPreface) => return Box::pin(self.refuse_preface()).await,
-                    Err(stop) => return self.stop(stop).await,
+                    Ok(other) => return Some(self.not_http1(other)),
+                    Err(stop) => {
+                        self.stop(stop).await;
+                        return None;
+                    }
                 }
             }
             self.mark.set(ConnectionState::Reading);
             let stop = match Box::pin(self.next_request()).await {
                 Ok((head, origin, body)) => match Box::pin(self.seat(&head, &origin, body)).await {
                     Ok(Seated::KeepOpen) => continue,
-                    Ok(Seated::Close) => return,
-                    Ok(Seated::WebSocket(accepted)) => return self.into_websocket(head, origin, accepted),
+                    Ok(Seated::Close) => return None,
+                    Ok(Seated::WebSocket(accepted)) => {
+                        self.into_websocket(head, origin, accepted);
+                        return None;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                         log::info_limited!("connection from {} cut while answering: {e}", self.peer.display());
-                        return;
+                        return None;
                     }
                     Err(e) => {
                         debug!("connection from {} ended while answering: {e}", self.peer.display());
-                        return;
+                        return None;
                     }
                 },
                 Err(stop) => stop,
             };
-            return self.stop(stop).await;
+            self.stop(stop).await;
+            return None;
         }
     }
 
@@ -203,12 +149,6 @@ impl<S: ClientStream> Connection<S> {
             self.buf = BytesMut::new();
             Box::pin(self.refuse(status, &reason)).await;
         }
-    }
-
-    /// Hands the connection, and the bytes read from it, to HTTP/2.
-    fn into_http2(self) {
-        let Connection { lobby, stream, peer, site, permit, buf, .. } = self;
-        h2::start(&lobby, stream, buf, peer, site, permit);
     }
 
     /// An accepted WebSocket's life goes on in a task of its own, the size of what it needs:
@@ -302,7 +242,7 @@ impl<S: ClientStream> Connection<S> {
 
     /// Drains what the client still sends after a refusal (`exchange::linger`).
     pub(super) async fn linger(&mut self) {
-        exchange::linger(&mut self.stream, LINGER).await;
+        exchange::linger(&mut self.stream, exchange::LINGER_AFTER_REFUSAL).await;
     }
 
     /// Queues the request, then writes its answer. Returns whether the connection stays open,
@@ -380,8 +320,7 @@ impl<S: ClientStream> Connection<S> {
             let keep_open = self.write_part(&mut answer, part, &responses).await?;
             if last {
                 self.answered += 1;
-                self.lobby.metrics.answered(answer.status);
-                self.log_access(head, origin, &answer, &waiting, served.as_deref());
+                self.answered(head, origin, &answer, &waiting, served.as_deref());
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).
@@ -397,8 +336,7 @@ impl<S: ClientStream> Connection<S> {
         let Accepted { handshake, first, link, responses, mut answer, waiting, served } = *accepted;
         let status = self.websocket(&handshake, first, link, &responses).await;
         answer.status = status;
-        self.lobby.metrics.answered(status);
-        self.log_access(head, origin, &answer, &waiting, served.as_deref());
+        self.answered(head, origin, &answer, &waiting, served.as_deref());
     }
 
     fn job(
@@ -423,7 +361,7 @@ impl<S: ClientStream> Connection<S> {
         exchange::job(request, &self.site, origin, body, respond, summary, upstream)
     }
 
-    fn log_access(
+    fn answered(
         &self,
         head: &RequestHead,
         origin: &Origin,
@@ -431,28 +369,19 @@ impl<S: ClientStream> Connection<S> {
         waiting: &Waiting,
         served: Option<&Served>,
     ) {
-        if !log::access_log_enabled() {
-            return;
-        }
-        log::access(
-            &self.lobby.settings().access_log_format,
-            &log::AccessRecord {
-                peer: &origin.ip_text(),
-                method: &head.method,
-                target: &head.target,
-                version: head.version.as_str(),
-                request_headers: &head.headers,
-                status: answer.status,
-                body_bytes: answer.body_bytes,
-                response_headers: &answer.headers,
-                started: self.request_started,
-                enqueued: waiting.enqueued_at,
-                upstream: waiting.upstream,
-                seated: served.and_then(|served| served.seated.get()),
-                answered: served.and_then(|served| served.answered.get()),
-                worker: served.and_then(|served| served.worker.get()),
-                tls: self.stream.tls().map(|tls| (tls.version, tls.cipher)),
-            },
-        );
+        let answered = exchange::Answered {
+            method: &head.method,
+            target: &head.target,
+            version: head.version.as_str(),
+            request_headers: &head.headers,
+            status: answer.status,
+            body_bytes: answer.body_bytes,
+            response_headers: &answer.headers,
+            started: self.request_started,
+            enqueued: waiting.enqueued_at,
+            upstream: waiting.upstream,
+            tls: self.stream.tls(),
+        };
+        exchange::answered(&self.lobby, origin, answered, served);
     }
 }

@@ -7,15 +7,16 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
-use maitred_protocol::{decode_proxy_header, BodyLength, Event, ProxyHeader, RequestHead};
+use maitred_protocol::{choose_protocol, decode_proxy_header, BodyLength, Event, Opening, ProxyHeader, RequestHead};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::sleep_until;
 
-use super::body::Body;
-use super::exchange::BodyPace;
-use super::peer::{ClientStream, ProxyStage};
-use super::proxies::{self, Origin};
-use super::{Connection, Stop};
+use super::Connection;
+use crate::client::body::Body;
+use crate::client::exchange::BodyPace;
+use crate::client::peer::{ClientStream, ProxyStage};
+use crate::client::proxies::{self, Origin};
+use crate::client::Stop;
 
 /// Bodies up to this size travel inline in the `REQUEST` frame; larger ones are spilled to an
 /// unlinked temporary file whose descriptor the worker reads. (An HTTP/2 stream's limit is
@@ -83,6 +84,39 @@ impl<S: ClientStream> Connection<S> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// What a plain connection speaks, from the bytes already read (crates/protocol's
+    /// opening.rs). None when more must be read first (`read_opening`): its PROXY header is
+    /// due, or its first bytes could still be either protocol's.
+    pub(super) fn protocol_chosen(&self) -> Option<Result<Opening, Stop>> {
+        if self.peer.proxy == ProxyStage::Awaited {
+            return None;
+        }
+        self.chosen().map(http1_refused)
+    }
+
+    fn chosen(&self) -> Option<Opening> {
+        let protocols = &self.lobby.config.http;
+        choose_protocol(&self.buf, protocols.http1, protocols.http2)
+    }
+
+    /// `protocol_chosen`, once the PROXY header and enough bytes have been read, within
+    /// `--header-timeout`.
+    pub(super) async fn read_opening(&mut self) -> Result<Opening, Stop> {
+        if self.peer.proxy == ProxyStage::Awaited {
+            self.read_proxy_header().await?;
+        }
+        let deadline = tokio::time::Instant::now() + self.lobby.settings().header_timeout;
+        loop {
+            if let Some(opening) = self.chosen() {
+                return http1_refused(opening);
+            }
+            match tokio::time::timeout_at(deadline, self.read_more()).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return Err(Stop::Quietly),
             }
         }
     }
@@ -214,6 +248,20 @@ pub(super) fn read_now<S: AsyncRead + Unpin>(
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
     tokio_util::io::poll_read_buf(std::pin::Pin::new(stream), cx, buf)
+}
+
+/// Where `--http-protocols` leaves HTTP/1.x out, an HTTP/1.x request is refused in HTTP/1.1
+/// (505, which its client understands).
+fn http1_refused(opening: Opening) -> Result<Opening, Stop> {
+    match opening {
+        Opening::Http1NotSpoken => Err(Stop::Refuse(
+            505,
+            "this server speaks HTTP/2 only (--http-protocols h2): open with the HTTP/2 preface \
+             (curl --http2-prior-knowledge)"
+                .into(),
+        )),
+        other => Ok(other),
+    }
 }
 
 #[cfg(test)]

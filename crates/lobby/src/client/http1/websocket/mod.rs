@@ -29,10 +29,10 @@ mod deflate;
 
 use deflate::{Deflate, Inflating, Refused};
 
-use super::exchange::http_date;
-use super::peer::ClientStream;
-use super::states::ConnectionState;
 use super::Connection;
+use crate::client::exchange::http_date;
+use crate::client::peer::ClientStream;
+use crate::client::states::ConnectionState;
 use crate::log::{self, debug};
 use crate::seating::job::Job;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
