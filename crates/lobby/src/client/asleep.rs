@@ -23,11 +23,10 @@ use rustls::ServerConnection;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::peer::{Http2Sleep, Peer, ProxyStage, Site, StreamKind};
+use super::h2::kept::Http2Sleep;
+use super::peer::{Peer, ProxyStage, Site, StreamKind};
 use crate::log::{debug, warning_limited};
 
-/// How long a connection waits in its task before it hibernates.
-pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
 /// How often the watcher looks for sleepers whose time is up. It is also the lobby's
 /// heartbeat: tokio interrupts its event loop (a write to an eventfd) whenever a new timer is
 /// due sooner than every timer it has, and with this one always due soon, the deadlines set

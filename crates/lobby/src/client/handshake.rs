@@ -20,7 +20,6 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{sleep_until, Instant};
 
 use super::exchange::{self, http_date, Linger};
-use super::h2;
 use super::opening;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
@@ -94,7 +93,7 @@ async fn handshake<S: ClientStream>(
             };
             let stream = TlsStream::new(io, session);
             if http2 {
-                h2::start(&lobby, stream, BytesMut::new(), peer, site, permit);
+                opening::start_http2(&lobby, stream, BytesMut::new(), peer, site, permit);
             } else {
                 opening::start(&lobby, stream, peer, site, permit, 0);
             }

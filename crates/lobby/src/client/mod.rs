@@ -32,7 +32,13 @@ pub(crate) mod states;
 pub(crate) mod tls;
 pub(crate) mod wake;
 
+use std::time::Duration;
+
 use maitred_protocol::RequestError;
+
+/// How long a connection waits in its task, in either protocol, before it hibernates
+/// (`asleep.rs`).
+pub const HIBERNATE_AFTER: Duration = Duration::from_millis(500);
 
 /// Why a connection stops reading requests.
 enum Stop {

@@ -7,6 +7,7 @@
 
 use std::rc::Rc;
 
+use bytes::BytesMut;
 use maitred_protocol::Opening;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -41,8 +42,46 @@ pub fn start<S: ClientStream>(
 async fn hand_over<S: ClientStream>(handed: NotHttp1<S>) {
     let NotHttp1 { lobby, stream, buf, peer, site, permit, opening } = handed;
     match opening {
-        Opening::Http2 => h2::start(&lobby, stream, buf, peer, site, permit),
+        Opening::Http2 => start_http2(&lobby, stream, buf, peer, site, permit),
         _ => h2::refuse_preface(&lobby, stream, buf, &peer).await,
+    }
+}
+
+/// Serves an HTTP/2 connection from its preface on (`first`: the bytes of it already read), in a
+/// task of its own.
+pub(super) fn start_http2<S: ClientStream>(
+    lobby: &Rc<Lobby>,
+    stream: S,
+    first: BytesMut,
+    peer: Peer,
+    site: Rc<Site>,
+    permit: OwnedSemaphorePermit,
+) {
+    let serving = h2::serve_new(lobby, stream, first, peer, site, permit);
+    tokio::task::spawn_local(async move {
+        if let Some(quiet) = serving.await {
+            hibernate_http2(quiet);
+        }
+    });
+}
+
+/// An HTTP/2 connection quiet long enough leaves its task for the lobby's epoll set, its state
+/// kept in its `Sleeper`; it is never handed to a new maitred (`Sleeper::can_move`).
+fn hibernate_http2<S: ClientStream>(quiet: h2::Quiet<S>) {
+    let h2::Quiet { lobby, stream, peer, site, permit, answered, deadline, kept } = quiet;
+    match stream.into_sleeping() {
+        Ok((socket, tls)) => lobby.hibernation.put(Sleeper {
+            socket,
+            kind: S::KIND,
+            peer,
+            site,
+            permit,
+            answered,
+            deadline,
+            tls,
+            http2: Some(kept),
+        }),
+        Err(e) => debug!("closing an idle HTTP/2 connection that cannot hibernate: {e}"),
     }
 }
 
@@ -50,15 +89,31 @@ async fn hand_over<S: ClientStream>(handed: NotHttp1<S>) {
 pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
     let Sleeper { socket, kind, peer, site, permit, answered, tls, http2, deadline } = sleeper;
     if let Some(asleep) = http2 {
+        fn woken<S: ClientStream>(
+            lobby: &Rc<Lobby>,
+            stream: S,
+            peer: Peer,
+            site: Rc<Site>,
+            permit: OwnedSemaphorePermit,
+            asleep: h2::kept::Http2Sleep,
+            deadline: std::time::Instant,
+        ) {
+            let serving = h2::serve_woken(lobby, stream, peer, site, permit, asleep, deadline);
+            tokio::task::spawn_local(async move {
+                if let Some(quiet) = serving.await {
+                    hibernate_http2(quiet);
+                }
+            });
+        }
         let started = match (kind, tls) {
             (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(lobby, stream, peer, site, permit, asleep, deadline)),
             (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, stream, peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(lobby, stream, peer, site, permit, asleep, deadline)),
             (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
             (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| h2::resume(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
         };
         if let Err(e) = started {
             debug!("could not wake an idle HTTP/2 connection: {e}");

@@ -1,11 +1,10 @@
 //! Watches the frames of a connection as the bytes go by (frame headers only: nothing is
 //! copied or held but a GOAWAY's few bytes), both ways.
 //!
-//! Read: the floods the h2 crate does not end, SETTINGS and PING frames, each of which asks for
-//! an acknowledgement. The crate answers them one at a time and stops reading while an answer
-//! waits, so they cost little memory, but a client can keep the lobby busy answering them for
-//! ever. Past `CONTROL_FRAMES_PER_SECOND` of either kind, the connection is cut with GOAWAY
-//! (ENHANCE_YOUR_CALM) and one log line naming the kind, and reads nothing more.
+//! Read: the floods the h2 crate does not end, SETTINGS and PING frames, counted against their
+//! budgets (`flood.rs`); past one, the connection is cut with GOAWAY (ENHANCE_YOUR_CALM) and one
+//! log line naming the kind, and reads nothing more. The frames are followed by their headers
+//! (`frames.rs`).
 //!
 //! Written: the debug data of a GOAWAY the h2 crate sends for a flood it found itself
 //! (`too_many_resets`, `too_many_continuations`, …), which is the only place the crate names
@@ -25,20 +24,15 @@ use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::flood::{self, ControlFrames};
+use super::frames::{Frames, Header, Piece, FRAME_HEADER, TYPE_AT};
 use super::reasons::Http2Refusal;
 use super::sleep::{Ledger, Unsent, NO_TABLE};
-use super::{Asleep, Shared, ACK, GOAWAY, HEADERS, PING, PREFACE, SETTINGS};
+use super::{Asleep, Shared, GOAWAY, HEADERS, PREFACE};
 
-/// SETTINGS frames, and PING frames (not their acknowledgements), a client may send within a
-/// second, of each. A browser sends a few SETTINGS at the start and a PING now and then.
-const CONTROL_FRAMES_PER_SECOND: u32 = 256;
-const FRAME_HEADER: usize = 9;
-/// Where a frame header says its type.
-const TYPE_AT: usize = 3;
 /// A frame type no specification defines, which a receiver ignores: what a stale frame becomes.
 const NO_TYPE: u8 = 0xfa;
 /// A GOAWAY's payload before its debug data: the last stream's id and the error code.
@@ -186,135 +180,6 @@ pub(super) fn debug_data(goaway_payload: &[u8]) -> &[u8] {
     goaway_payload.get(GOAWAY_FIXED..).unwrap_or_default()
 }
 
-/// What `Frames::follow` shows of the bytes.
-enum Piece<'a> {
-    Header {
-        kind: u8,
-        flags: u8,
-        stream: u32,
-        length: usize,
-        /// Where in the bytes given to `follow` the header ended.
-        end: usize,
-    },
-    /// Some of the payload of a frame whose header was answered `true`.
-    Payload(&'a [u8]),
-}
-
-/// A frame header's fields (RFC 9113 4.1).
-struct Header {
-    length: usize,
-    kind: u8,
-    flags: u8,
-    stream: u32,
-}
-
-impl Header {
-    fn parse(bytes: [u8; FRAME_HEADER]) -> Header {
-        let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = bytes;
-        Header {
-            length: usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2),
-            kind,
-            flags,
-            // The stream identifier's reserved high bit is ignored.
-            stream: u32::from_be_bytes([s0, s1, s2, s3]) & 0x7fff_ffff,
-        }
-    }
-}
-
-/// Follows frames through a byte stream cut anywhere.
-struct Frames {
-    /// Bytes of the preface, then of the current frame's payload, still to pass.
-    skip: usize,
-    /// Whether the payload being passed is shown.
-    showing: bool,
-    /// The frame header being read, and how much of it has come.
-    header: [u8; FRAME_HEADER],
-    have: usize,
-}
-
-impl Frames {
-    fn new(preface: usize) -> Frames {
-        Frames { skip: preface, showing: false, header: [0; FRAME_HEADER], have: 0 }
-    }
-
-    fn between_frames(&self) -> bool {
-        self.skip == 0 && self.have == 0
-    }
-
-    /// Shows `look` each frame header in `bytes`, and the payload of those it answers `true`.
-    fn follow(&mut self, bytes: &mut &[u8], mut look: impl FnMut(Piece<'_>) -> bool) {
-        let given = bytes.len();
-        while !bytes.is_empty() {
-            if self.skip > 0 {
-                let n = self.skip.min(bytes.len());
-                if self.showing {
-                    look(Piece::Payload(&bytes[..n]));
-                }
-                self.skip -= n;
-                *bytes = &bytes[n..];
-                continue;
-            }
-            let n = (FRAME_HEADER - self.have).min(bytes.len());
-            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
-            self.have += n;
-            *bytes = &bytes[n..];
-            if self.have < FRAME_HEADER {
-                break;
-            }
-            self.have = 0;
-            let Header { length, kind, flags, stream } = Header::parse(self.header);
-            self.skip = length;
-            let end = given - bytes.len();
-            self.showing = look(Piece::Header { kind, flags, stream, length, end });
-        }
-    }
-}
-
-/// A kind of frame the client may not flood, and how many came within the current second.
-struct Budget {
-    window_start: Instant,
-    in_window: u32,
-}
-
-impl Budget {
-    fn new() -> Budget {
-        Budget { window_start: Instant::now(), in_window: 0 }
-    }
-
-    /// Counts one frame; true once past the budget.
-    fn spend(&mut self) -> bool {
-        let now = Instant::now();
-        if now.duration_since(self.window_start) > Duration::from_secs(1) {
-            self.window_start = now;
-            self.in_window = 0;
-        }
-        self.in_window += 1;
-        self.in_window > CONTROL_FRAMES_PER_SECOND
-    }
-}
-
-/// SETTINGS and PING frames counted, each kind against its budget.
-struct ControlFrames {
-    settings: Budget,
-    pings: Budget,
-}
-
-impl ControlFrames {
-    fn new() -> ControlFrames {
-        ControlFrames { settings: Budget::new(), pings: Budget::new() }
-    }
-
-    /// Counts the frame with this header; the flood, once the client has flooded.
-    fn count(&mut self, kind: u8, flags: u8) -> Option<Http2Refusal> {
-        match kind {
-            _ if flags & ACK != 0 => None,
-            SETTINGS if self.settings.spend() => Some(Http2Refusal::SettingsFlood),
-            PING if self.pings.spend() => Some(Http2Refusal::PingFlood),
-            _ => None,
-        }
-    }
-}
-
 impl<T> Guarded<T> {
     /// Follows the bytes just read, `bytes[..]` of which the first `held` were held back from the
     /// last read: counts SETTINGS and PING frames (the flood, once the client has flooded), keeps
@@ -388,11 +253,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
         }
         if let Some(flood) = flood {
             this.stopped = true;
-            let kind = if flood == Http2Refusal::SettingsFlood { "SETTINGS" } else { "PING" };
-            this.shared.cut(
-                flood,
-                format!("it sent more than {CONTROL_FRAMES_PER_SECOND} {kind} frames within a second (a {kind} flood)"),
-            );
+            this.shared.cut(flood, flood::described(flood));
         }
         read
     }
@@ -457,44 +318,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::frames::frame;
     use super::*;
-
-    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len();
-        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags, 0, 0, 0, 0];
-        out.extend_from_slice(payload);
-        out
-    }
-
-    /// Follows bytes read as `Guarded::scan` does for the floods: the first flood found.
-    fn flood(frames: &mut Frames, control: &mut ControlFrames, mut bytes: &[u8]) -> Option<Http2Refusal> {
-        let mut flood = None;
-        frames.follow(&mut bytes, |piece| {
-            if let Piece::Header { kind, flags, .. } = piece {
-                flood = flood.or(control.count(kind, flags));
-            }
-            false
-        });
-        flood
-    }
-
-    #[test]
-    fn pings_past_the_budget_are_a_flood_acks_and_other_frames_are_not() {
-        let (mut frames, mut control) = (Frames::new(PREFACE.len()), ControlFrames::new());
-        let mut bytes = PREFACE.to_vec();
-        for _ in 0..CONTROL_FRAMES_PER_SECOND {
-            bytes.extend(frame(PING, 0, &[0; 8]));
-            bytes.extend(frame(PING, ACK, &[0; 8]));
-            bytes.extend(frame(SETTINGS, 0, &[]));
-            bytes.extend(frame(0x0, 0, &[7; 100]));
-        }
-        // Byte by byte: headers and payloads split anywhere are followed.
-        for byte in &bytes {
-            assert_eq!(flood(&mut frames, &mut control, std::slice::from_ref(byte)), None);
-        }
-        assert_eq!(flood(&mut frames, &mut control, &frame(SETTINGS, 0, &[])), Some(Http2Refusal::SettingsFlood));
-        assert_eq!(flood(&mut frames, &mut control, &frame(PING, 0, &[0; 8])), Some(Http2Refusal::PingFlood));
-    }
 
     #[test]
     fn a_goaways_payload_is_kept_through_writes_cut_anywhere() {
@@ -515,30 +340,5 @@ mod tests {
             });
         }
         assert_eq!(debug_data(&kept), b"too_many_resets");
-    }
-
-    #[test]
-    fn each_headers_frames_stream_is_seen_whole_byte_by_byte_and_split_anywhere() {
-        let mut bytes = frame(HEADERS, 0x5, &[0x88]);
-        bytes[5..9].copy_from_slice(&1u32.to_be_bytes());
-        let mut second = frame(HEADERS, 0x4, &[0x88; 3]);
-        // The reserved bit set: still stream 3.
-        second[5..9].copy_from_slice(&(3u32 | 1 << 31).to_be_bytes());
-        bytes.extend(frame(0x0, 0, &[7; 20]));
-        bytes.extend(second);
-        for size in 1..=bytes.len() {
-            let mut frames = Frames::new(0);
-            let mut seen = Vec::new();
-            for chunk in bytes.chunks(size) {
-                let mut chunk = chunk;
-                frames.follow(&mut chunk, |piece| {
-                    if let Piece::Header { kind: HEADERS, stream, .. } = piece {
-                        seen.push(stream);
-                    }
-                    false
-                });
-            }
-            assert_eq!(seen, [1, 3], "in chunks of {size}");
-        }
     }
 }

@@ -57,8 +57,12 @@ macro_rules! write_through {
 }
 
 mod ended;
+mod flood;
+mod frames;
 mod guard;
 mod head;
+pub(super) mod kept;
+mod preface;
 pub(crate) mod reasons;
 mod rewound;
 mod send;
@@ -66,6 +70,7 @@ mod sleep;
 mod stream;
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -74,23 +79,22 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, SendStream};
 use maitred_protocol::{MAX_HEAD_SIZE, PREFACE};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
-use super::asleep::{Sleeper, HIBERNATE_AFTER};
-use super::exchange::{self, LINGER_AFTER_REFUSAL};
-use super::peer::Http2Sleep as Asleep;
 use super::peer::{ClientStream, Peer, Site, TlsAbout};
 use super::states::ConnectionState;
+use super::HIBERNATE_AFTER;
 use crate::lobby::Lobby;
 use crate::log::{self, debug};
+use kept::Http2Sleep as Asleep;
+pub(super) use preface::refuse_preface;
 use reasons::{GoawayReason, Http2Refusal, StreamStage};
 use rewound::Rewound;
 use sleep::Lent;
 
 /// Frame types (RFC 9113 6), for the frames the lobby watches go by (`guard.rs`, `sleep.rs`) or writes
-/// itself (`invalid_preface_answer`).
+/// itself (`preface.rs`).
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const PRIORITY: u8 = 0x2;
@@ -125,46 +129,6 @@ const LOCAL_ERROR_RESETS: usize = 256;
 /// below reads them from the crate's source.
 const H2_EMPTY_DATA_FRAMES: usize = 100;
 const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
-
-/// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
-/// server's preface, an empty SETTINGS frame, then GOAWAY saying why. Written by the lobby, as
-/// the h2 crate closes without a word when the preface is wrong.
-fn invalid_preface_answer() -> Vec<u8> {
-    const DEBUG_DATA: &[u8] = b"invalid connection preface";
-    let mut out = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
-    let length = (8 + DEBUG_DATA.len()) as u8;
-    out.extend_from_slice(&[0, 0, length, GOAWAY, 0, 0, 0, 0, 0]);
-    // The last stream the server took: none.
-    out.extend_from_slice(&0u32.to_be_bytes());
-    out.extend_from_slice(&u32::from(Reason::PROTOCOL_ERROR).to_be_bytes());
-    out.extend_from_slice(DEBUG_DATA);
-    out
-}
-
-/// Of a plain connection's first bytes that are no protocol maitred speaks, how many its log
-/// line shows.
-const SHOWN_OF_A_BAD_PREFACE: usize = 32;
-
-/// A connection error for an invalid preface (RFC 9113 3.4), with one log line: the server's
-/// preface and GOAWAY (PROTOCOL_ERROR), then the close, once what the client still sends is
-/// drained.
-pub(super) async fn refuse_preface<S: ClientStream>(lobby: &Lobby, mut stream: S, first: BytesMut, peer: &Peer) {
-    let _mark = lobby.connection_states.mark(ConnectionState::Writing);
-    log::info_limited!(
-        "HTTP/2 connection from {} refused: it opened with {:?}, neither the HTTP/2 preface nor an HTTP/1.x \
-         request (--http-protocols h2); GOAWAY PROTOCOL_ERROR, connection closed",
-        peer.display(),
-        String::from_utf8_lossy(&first[..first.len().min(SHOWN_OF_A_BAD_PREFACE)])
-    );
-    lobby.metrics.http2_refused(Http2Refusal::InvalidPreface);
-    // Not needed to refuse it, and not to be held while the client is drained.
-    drop(first);
-    let answer = invalid_preface_answer();
-    let written = tokio::time::timeout(lobby.settings().send_timeout, stream.write_all(&answer));
-    if let Ok(Ok(())) = written.await {
-        exchange::linger(&mut stream, LINGER_AFTER_REFUSAL).await;
-    }
-}
 
 /// What a connection's streams share with it.
 struct Shared {
@@ -260,23 +224,24 @@ impl Shared {
     }
 }
 
-/// Serves an HTTP/2 connection from its preface on, in a task of its own: `first`, the bytes
-/// already read from it, are read again.
-pub(super) fn start<S: ClientStream>(
+/// Serves an HTTP/2 connection from its preface on, to its close or until it is quiet enough
+/// to hibernate (the caller spawns it as the connection's task, `client/opening.rs`): `first`,
+/// the bytes already read from it, are read again.
+pub(super) fn serve_new<S: ClientStream>(
     lobby: &Rc<Lobby>,
     stream: S,
     first: BytesMut,
     peer: Peer,
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
-) {
+) -> impl Future<Output = Option<Quiet<S>>> {
     let idle_deadline = Instant::now() + lobby.settings().header_timeout;
-    spawn(lobby, stream, first, site, None, Ended { peer, permit, idle_deadline });
+    connection(lobby, stream, first, site, None, Ended { peer, permit, idle_deadline })
 }
 
 /// Wakes a hibernating HTTP/2 connection (`sleep.rs`): its client spoke, its time is up, or the
 /// lobby is stopping. A new h2 connection goes on where the old one stopped.
-pub(super) fn resume<S: ClientStream>(
+pub(super) fn serve_woken<S: ClientStream>(
     lobby: &Rc<Lobby>,
     stream: S,
     peer: Peer,
@@ -284,23 +249,38 @@ pub(super) fn resume<S: ClientStream>(
     permit: OwnedSemaphorePermit,
     asleep: Asleep,
     deadline: std::time::Instant,
-) {
+) -> impl Future<Output = Option<Quiet<S>>> {
     let preamble = asleep.preamble();
-    spawn(lobby, stream, preamble, site, Some(asleep), Ended { peer, permit, idle_deadline: deadline.into() });
+    connection(lobby, stream, preamble, site, Some(asleep), Ended { peer, permit, idle_deadline: deadline.into() })
+}
+
+/// A connection without a stream, quiet long enough to hibernate (`HIBERNATE_AFTER`): what its
+/// `Sleeper` is made of.
+pub(super) struct Quiet<S> {
+    pub lobby: Rc<Lobby>,
+    pub stream: S,
+    pub peer: Peer,
+    pub site: Rc<Site>,
+    pub permit: OwnedSemaphorePermit,
+    /// Whether it has served a stream (1) or not (0), as a `Sleeper` counts its requests.
+    pub answered: u64,
+    /// When it closes if the client says nothing.
+    pub deadline: std::time::Instant,
+    pub kept: Asleep,
 }
 
 /// The connection's stream as the h2 crate has it, and as the task takes it back to hibernate.
 type Io<S> = Guarded<Rewound<S>>;
 use guard::Guarded;
 
-fn spawn<S: ClientStream>(
+fn connection<S: ClientStream>(
     lobby: &Rc<Lobby>,
     stream: S,
     first: BytesMut,
     site: Rc<Site>,
     woken: Option<Asleep>,
     end: Ended,
-) {
+) -> impl Future<Output = Option<Quiet<S>>> {
     let shared = Rc::new(Shared {
         lobby: lobby.clone(),
         site,
@@ -316,10 +296,10 @@ fn spawn<S: ClientStream>(
         changed: Notify::new(),
     });
     let io = Guarded::new(Rewound::new(first, stream), shared.clone(), woken.as_ref());
-    tokio::task::spawn_local(serve(shared, io, end));
+    serve(shared, io, end)
 }
 
-/// What the connection's task holds for its end: to hibernate, the rest of a `Sleeper`.
+/// What the connection's task holds for its end: to hibernate, the rest of a `Quiet`.
 struct Ended {
     peer: Peer,
     permit: OwnedSemaphorePermit,
@@ -340,7 +320,7 @@ enum Event {
     Changed,
 }
 
-async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
+async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Option<Quiet<S>> {
     let lobby = shared.lobby.clone();
     let Ended { peer, permit, idle_deadline } = end;
     // The connection counts in `maitred_connections` while it has no stream; with streams, its
@@ -363,13 +343,15 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
     let mut connection = match tokio::time::timeout(settings.header_timeout, builder.handshake::<_, Bytes>(io)).await {
         Ok(Ok(connection)) => connection,
         Ok(Err(e)) => {
-            return log::info_limited!("HTTP/2 connection from {} failed at its start: {e}", shared.peer_text)
+            log::info_limited!("HTTP/2 connection from {} failed at its start: {e}", shared.peer_text);
+            return None;
         }
         Err(_) => {
-            return log::info_limited!(
+            log::info_limited!(
                 "closed the HTTP/2 connection from {}: its preface did not arrive within --header-timeout",
                 shared.peer_text
-            )
+            );
+            return None;
         }
     };
     if let Some(mark) = mark.as_mut() {
@@ -440,21 +422,16 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
                     (Some(asleep), Some(deadline)) if !connection.has_streams() => {
                         drop(connection);
                         let io = slot.borrow_mut().take().expect("lent to the h2 crate, which is gone");
-                        match io.into_inner().into_inner().into_sleeping() {
-                            Ok((socket, tls)) => lobby.hibernation.put(Sleeper {
-                                socket,
-                                kind: S::KIND,
-                                peer,
-                                site: shared.site.clone(),
-                                permit,
-                                answered: u64::from(served),
-                                deadline: deadline.into_std(),
-                                tls,
-                                http2: Some(asleep),
-                            }),
-                            Err(e) => debug!("closing an idle HTTP/2 connection that cannot hibernate: {e}"),
-                        }
-                        return;
+                        return Some(Quiet {
+                            lobby: lobby.clone(),
+                            stream: io.into_inner().into_inner(),
+                            peer,
+                            site: shared.site.clone(),
+                            permit,
+                            answered: u64::from(served),
+                            deadline: deadline.into_std(),
+                            kept: asleep,
+                        });
                     }
                     // Not quiet yet (or a client that keeps its windows low): later.
                     _ => hibernate_at = Some(Instant::now() + HIBERNATE_AFTER),
@@ -481,6 +458,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) {
             }
         }
     }
+    None
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@ pub enum Http2Refusal {
     EmptyDataFlood,
     /// Streams the lobby reset for the client's protocol errors, past its bound.
     MalformedStreams,
-    /// SETTINGS frames past their budget a second (`client/h2/guard.rs`).
+    /// SETTINGS frames past their budget a second (`client/h2/flood.rs`).
     SettingsFlood,
-    /// PING frames past their budget a second (`client/h2/guard.rs`).
+    /// PING frames past their budget a second (`client/h2/flood.rs`).
     PingFlood,
     /// No window for an answer (or nothing read) for `--send-timeout`.
     ZeroWindow,

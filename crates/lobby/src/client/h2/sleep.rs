@@ -43,7 +43,7 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::super::peer::{Http2Settings as Settings, Http2Sleep as Asleep, HTTP2_SETTINGS};
+use super::kept::{Http2Settings as Settings, Http2Sleep as Asleep, HTTP2_SETTINGS};
 use super::{ACK, CONNECTION_WINDOW, DATA, HEADERS, PREFACE, PRIORITY, RST_STREAM, SETTINGS, WINDOW_UPDATE};
 
 /// A connection's flow-control window when it starts (RFC 9113 6.9.2).
