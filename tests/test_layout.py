@@ -139,6 +139,45 @@ def test_each_folder_s_row_names_exactly_the_files_in_it():
     assert not problems, "\n".join(problems)
 
 
+def _may_import_column() -> dict[str, str]:
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    section = design.split("## The map of the lobby's source", 1)[1].split("\n## ", 1)[0]
+    return {
+        name.rstrip("/").removesuffix(".rs"): row.rsplit(" | ", 1)[1]
+        for name, row in re.findall(r"^\| `([\w./]+)` \| (.*) \|$", section, re.MULTILINE)
+    }
+
+
+def test_each_part_imports_only_what_its_row_says_and_all_of_it():
+    """DESIGN.md's "may import" column, read as the modules named in backquotes (a folder, or a
+    file such as `client/proxies.rs`): every module a part imports outside itself is one of
+    them or inside one, and each one named is imported. "everything" and the shared context's
+    "the types it holds" are not checked; "nothing of the lobby's" is none."""
+    edges = _imports(LOBBY)
+    problems = []
+    for part, column in _may_import_column().items():
+        if column in ("everything", "the types it holds"):
+            continue
+        # A module as _imports names it: `client/proxies.rs` is client/proxies, `lib.rs` the root.
+        named = {"" if name == "lib.rs" else name.removesuffix(".rs") for name in re.findall(r"`([\w/.]+)`", column)}
+        imported = {
+            "/".join(target)
+            for source, targets in edges.items()
+            if source[:1] == (part,)
+            for target in targets
+            if target[:1] != (part,)
+        }
+
+        def within(module: str, name: str) -> bool:
+            return module == name or (name != "" and module.startswith(name + "/"))
+
+        if unlisted := sorted(m for m in imported if not any(within(m, name) for name in named)):
+            problems.append(f"{part}: imports {', '.join(m or 'lib.rs' for m in unlisted)}, not in its row")
+        if unused := sorted(n for n in named if not any(within(m, n) for m in imported)):
+            problems.append(f"{part}: its row names {', '.join(n or 'lib.rs' for n in unused)}, which it does not import")
+    assert not problems, "\n".join(problems)
+
+
 def test_no_two_sibling_modules_import_each_other():
     found = {}
     for crate in _crates():
