@@ -32,10 +32,11 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
     let settings = lobby.settings();
     let requests: serde_json::Map<String, Value> = STATUS_CLASSES
         .iter()
-        .zip(&metrics.requests)
+        .zip(&metrics.answers.requests)
         .map(|(class, count)| (class.to_string(), json!(count.get())))
         .collect();
     let refusals: serde_json::Map<String, Value> = metrics
+        .answers
         .refusals
         .collect()
         .iter()
@@ -143,8 +144,8 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             })),
             "shed": shed,
         },
-        "queue_wait_seconds": histogram(&metrics.queue_wait),
-        "request_duration_seconds": histogram(&metrics.request_duration),
+        "queue_wait_seconds": histogram(&metrics.queue.wait),
+        "request_duration_seconds": histogram(&metrics.answers.duration),
         "workers": workers,
         "seats": {"busy": now.seats[0], "free": now.seats[1]},
         "connections": connections,

@@ -7,11 +7,12 @@
 //! workers' relays (`stream.rs`) share with it is here too: decoding a frame, the failure
 //! answers.
 
+use std::fmt::Display;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use maitred_wire::{cancel_frame, FileRange, Kind, ResponseHead, WsAccept, WsClosing, WsData, WsOpcode};
 
@@ -59,163 +60,229 @@ pub(super) async fn relay_response(
     thread: Thread,
     card: &Card,
 ) -> Result<(), Lost> {
-    let job = &taken.job;
-    enum Next {
-        Frame(io::Result<Option<Frame>>),
-        ReadCheck,
-        TimedOut,
-        ClientGone,
-    }
     let timeout = lobby.settings().timeout;
     let seated_at = Instant::now();
-    if let Some(served) = &job.served {
+    if let Some(served) = &taken.job.served {
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
-    let mut deadline = tokio::time::Instant::from_std(seated_at + timeout);
-    // If the worker has not answered after a moment, it may be wedged: the request still in
-    // its slot, or (sent on the channel) with bytes unread (health::never_read).
-    let mut read_check = Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN));
-    let mut head_sent = false;
-    let mut cancelled = false;
+    let mut relay = Relay {
+        lobby,
+        pid,
+        channel,
+        offers,
+        taken,
+        thread,
+        card,
+        timeout,
+        seated_at,
+        deadline: tokio::time::Instant::from_std(seated_at + timeout),
+        read_check: Some(tokio::time::Instant::from_std(seated_at + health::READ_WITHIN)),
+        head_sent: false,
+        cancelled: false,
+    };
     loop {
-        // A slow client's answer past its caps: stop reading from the worker until the client
-        // catches up. The time spent so is the client's, not the application's: --timeout
-        // does not count it. Said when it starts, since a client that never reads makes it last
-        // until --send-timeout.
-        if let Some(held) = job.respond.held() {
-            let (waiting, cap) = match held {
-                Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
-                Held::TotalCap => (lobby.spill_budget.waiting(), "--max-spill-total"),
-            };
-            crate::log::warning_limited!(
-                "reading the answer to {} from worker {pid} paused: {waiting} bytes are waiting for slow clients \
-                 ({cap}); it goes on as they read",
-                job.summary
-            );
-            let holding_since = tokio::time::Instant::now();
-            job.respond.room().await;
-            deadline += holding_since.elapsed();
-            crate::log::info_limited!(
-                "reading the answer to {} from worker {pid} went on after {:.1} s",
-                job.summary,
-                holding_since.elapsed().as_secs_f64()
-            );
+        if let Some(held) = taken.job.respond.held() {
+            relay.hold_for_slow_clients(held).await;
         }
-        let check_first = read_check.filter(|at| *at < deadline && !head_sent && !cancelled);
-        let next = tokio::select! {
+        let frame = match relay.next().await {
+            Next::Frame(Ok(Some(frame))) => frame,
+            // A bad ring record, an answer for another request, or a frame the ring did not
+            // announce: the worker is killed, as for a bad frame.
+            Next::Frame(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Err(relay.broke_protocol(e).await),
+            Next::Frame(closed @ (Ok(None) | Err(_))) => return Err(relay.worker_left(closed)),
+            Next::ClientGone => {
+                relay.tell_cancelled().await?;
+                continue;
+            }
+            Next::ReadCheck => {
+                relay.check_read().await?;
+                continue;
+            }
+            Next::TimedOut => return Err(relay.timed_out().await),
+        };
+        let part = match decode_part(frame).and_then(|part| websocket_in_step(&taken.job, part)) {
+            Ok(part) => part,
+            Err(e) => return Err(relay.broke_protocol(e).await),
+        };
+        if relay.pass_on(part) {
+            return Ok(());
+        }
+    }
+}
+
+/// What wakes the relay.
+enum Next {
+    Frame(io::Result<Option<Frame>>),
+    ReadCheck,
+    TimedOut,
+    ClientGone,
+}
+
+/// One request's relay, from its seating to the end of its answer: who takes part, and what
+/// the relay has seen so far.
+struct Relay<'a> {
+    lobby: &'a Lobby,
+    pid: i32,
+    channel: &'a mut Channel,
+    offers: &'a Rc<Offers>,
+    taken: &'a Taken,
+    thread: Thread,
+    card: &'a Card,
+    timeout: Duration,
+    seated_at: Instant,
+    /// When --timeout runs out: from the seating until the answer starts, then from the last
+    /// frame; pushed back by the time the answer was held for slow clients.
+    deadline: tokio::time::Instant,
+    /// If the worker has not answered after a moment, it may be wedged: the request still in
+    /// its slot, or (sent on the channel) with bytes unread (health::never_read). None once
+    /// looked.
+    read_check: Option<tokio::time::Instant>,
+    /// A part of the answer has gone to the client: a failure now cuts it rather than answers.
+    head_sent: bool,
+    /// The client went away and the worker was told (`CANCEL`).
+    cancelled: bool,
+}
+
+impl Relay<'_> {
+    /// A slow client's answer past its caps: stop reading from the worker until the client
+    /// catches up. The time spent so is the client's, not the application's: --timeout
+    /// does not count it. Said when it starts, since a client that never reads makes it last
+    /// until --send-timeout.
+    async fn hold_for_slow_clients(&mut self, held: Held) {
+        let (job, pid) = (&self.taken.job, self.pid);
+        let (waiting, cap) = match held {
+            Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
+            Held::TotalCap => (self.lobby.spill_budget.waiting(), "--max-spill-total"),
+        };
+        crate::log::warning_limited!(
+            "reading the answer to {} from worker {pid} paused: {waiting} bytes are waiting for slow clients \
+             ({cap}); it goes on as they read",
+            job.summary
+        );
+        let holding_since = tokio::time::Instant::now();
+        job.respond.room().await;
+        self.deadline += holding_since.elapsed();
+        crate::log::info_limited!(
+            "reading the answer to {} from worker {pid} went on after {:.1} s",
+            job.summary,
+            holding_since.elapsed().as_secs_f64()
+        );
+    }
+
+    /// The next frame, or the read check, the timeout or the client's leaving, whichever
+    /// comes first.
+    async fn next(&mut self) -> Next {
+        let job = &self.taken.job;
+        let check_first = self.read_check.filter(|at| *at < self.deadline && !self.head_sent && !self.cancelled);
+        tokio::select! {
             biased;
-            read = tokio::time::timeout_at(check_first.unwrap_or(deadline), channel.next_answer(offers, taken.id)) => match read {
+            read = tokio::time::timeout_at(check_first.unwrap_or(self.deadline), self.channel.next_answer(self.offers, self.taken.id)) => match read {
                 Ok(read) => Next::Frame(read),
                 Err(_) if check_first.is_some() => Next::ReadCheck,
                 Err(_) => Next::TimedOut,
             },
-            _ = job.respond.closed(), if !cancelled => Next::ClientGone,
+            _ = job.respond.closed(), if !self.cancelled => Next::ClientGone,
+        }
+    }
+
+    /// A frame or a part the protocol does not allow here: the worker is killed.
+    async fn broke_protocol(&self, e: impl Display) -> Lost {
+        let _ = self.lobby.zygotes.kill(self.pid, libc::SIGKILL).await;
+        Lost::Answered(ExitReason::Crash, self.fail(502, &format!("the worker broke the protocol: {e}")))
+    }
+
+    /// The worker's channel closed, or failed.
+    fn worker_left(&self, closed: io::Result<Option<Frame>>) -> Lost {
+        // A worker that leaves after an answer (SystemExit, a crash) may do so while the
+        // lobby seats the next request at it. That request never ran if the worker never
+        // had all of it: still in its slot, which the lobby takes back, or, sent on the
+        // channel, with bytes the worker left unread, which the kernel reports as
+        // ECONNRESET when the worker's end closes.
+        if !self.head_sent && !self.cancelled {
+            let unread = self.offers.recall_answering()
+                || self.taken.on_channel && matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET));
+            if unread {
+                return Lost::Unread(Unread::Exited);
+            }
+        }
+        Lost::Answered(
+            ExitReason::Crash,
+            match closed {
+                Ok(_) => self.fail(502, "the worker exited while handling this request"),
+                Err(e) => self.fail(502, &format!("the worker's channel failed: {e}")),
+            },
+        )
+    }
+
+    async fn tell_cancelled(&mut self) -> Result<(), Lost> {
+        self.cancelled = true;
+        // It names the request: a worker that has already moved on to the next one
+        // skips it.
+        let pid = self.pid;
+        debug!("the client of {} went away; telling worker {pid}", self.taken.job.summary);
+        if let Err(e) = self.channel.send(&cancel_frame(self.taken.id), None).await {
+            return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
+        }
+        Ok(())
+    }
+
+    /// Whether the worker, silent since its seating, has read the request at all.
+    async fn check_read(&mut self) -> Result<(), Lost> {
+        self.read_check = None;
+        let pid = self.pid;
+        // A worker with other threads keeps them: what they run may finish, under
+        // --timeout (`threads.rs`); a worker with one has nothing else to lose.
+        let keep = !self.thread.sole;
+        let never_read = self.offers.recall_answering()
+            || self.taken.on_channel && health::never_read(self.lobby, pid, self.channel.socket.as_fd(), keep).await;
+        if never_read {
+            if !keep {
+                if let Err(e) = self.lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                    error!("could not ask the zygote to kill worker {pid}: {e}");
+                }
+            }
+            return Err(Lost::Unread(Unread::Wedged));
+        }
+        Ok(())
+    }
+
+    async fn timed_out(&self) -> Lost {
+        let pid = self.pid;
+        // Said before the stack, which the worker writes to the same log
+        // (health::dump_stack); the lobby says nothing more until it is written.
+        let elapsed = self.seated_at.elapsed().as_secs_f64();
+        let answering =
+            if self.head_sent { "; its answer had started, and nothing more of it came for that long" } else { "" };
+        let then = if self.thread.sole {
+            "then it is killed"
+        } else {
+            "then it takes no new request, and it is killed once its other threads have finished \
+             or --graceful-timeout has passed"
         };
-        let frame = match next {
-            Next::Frame(Ok(Some(frame))) => frame,
-            // A bad ring record, an answer for another request, or a frame the ring did not
-            // announce: the worker is killed, as for a bad frame.
-            Next::Frame(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
-                return Err(Lost::Answered(
-                    ExitReason::Crash,
-                    fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
-                ));
-            }
-            Next::Frame(closed @ (Ok(None) | Err(_))) => {
-                // A worker that leaves after an answer (SystemExit, a crash) may do so while the
-                // lobby seats the next request at it. That request never ran if the worker never
-                // had all of it: still in its slot, which the lobby takes back, or, sent on the
-                // channel, with bytes the worker left unread, which the kernel reports as
-                // ECONNRESET when the worker's end closes.
-                if !head_sent && !cancelled {
-                    let unread = offers.recall_answering()
-                        || taken.on_channel && matches!(&closed, Err(e) if e.raw_os_error() == Some(libc::ECONNRESET));
-                    if unread {
-                        return Err(Lost::Unread(Unread::Exited));
-                    }
-                }
-                return Err(Lost::Answered(
-                    ExitReason::Crash,
-                    match closed {
-                        Ok(_) => fail(job, head_sent, 502, "the worker exited while handling this request"),
-                        Err(e) => fail(job, head_sent, 502, &format!("the worker's channel failed: {e}")),
-                    },
-                ));
-            }
-            Next::ClientGone => {
-                cancelled = true;
-                // It names the request: a worker that has already moved on to the next one
-                // skips it.
-                debug!("the client of {} went away; telling worker {pid}", job.summary);
-                if let Err(e) = channel.send(&cancel_frame(taken.id), None).await {
-                    return Err(Lost::Answered(ExitReason::Crash, format!("could not send CANCEL: {e}")));
-                }
-                continue;
-            }
-            Next::ReadCheck => {
-                read_check = None;
-                // A worker with other threads keeps them: what they run may finish, under
-                // --timeout (`threads.rs`); a worker with one has nothing else to lose.
-                let keep = !thread.sole;
-                let never_read = offers.recall_answering()
-                    || taken.on_channel && health::never_read(lobby, pid, channel.socket.as_fd(), keep).await;
-                if never_read {
-                    if !keep {
-                        if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
-                            error!("could not ask the zygote to kill worker {pid}: {e}");
-                        }
-                    }
-                    return Err(Lost::Unread(Unread::Wedged));
-                }
-                continue;
-            }
-            Next::TimedOut => {
-                // Said before the stack, which the worker writes to the same log
-                // (health::dump_stack); the lobby says nothing more until it is written.
-                let elapsed = seated_at.elapsed().as_secs_f64();
-                let answering =
-                    if head_sent { "; its answer had started, and nothing more of it came for that long" } else { "" };
-                let then = if thread.sole {
-                    "then it is killed"
-                } else {
-                    "then it takes no new request, and it is killed once its other threads have finished \
-                     or --graceful-timeout has passed"
-                };
-                error!(
-                    "worker {pid} timed out after {} s on {} (seated {elapsed:.1} s ago{answering}); its Python \
-                     stack follows, {then} (--timeout)",
-                    timeout.as_secs_f64(),
-                    job.summary
-                );
-                health::dump_stack(lobby, pid).await;
-                if thread.sole {
-                    health::end(lobby, pid).await;
-                }
-                return Err(Lost::Answered(
-                    ExitReason::Timeout,
-                    fail(job, head_sent, 504, timed_out_detail(head_sent)),
-                ));
-            }
-        };
-        let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
-            Ok(part) => part,
-            Err(e) => {
-                let _ = lobby.zygotes.kill(pid, libc::SIGKILL).await;
-                return Err(Lost::Answered(
-                    ExitReason::Crash,
-                    fail(job, head_sent, 502, &format!("the worker broke the protocol: {e}")),
-                ));
-            }
-        };
-        if matches!(part, ResponsePart::Abort) && !cancelled {
+        error!(
+            "worker {pid} timed out after {} s on {} (seated {elapsed:.1} s ago{answering}); its Python \
+             stack follows, {then} (--timeout)",
+            self.timeout.as_secs_f64(),
+            self.taken.job.summary
+        );
+        health::dump_stack(self.lobby, pid).await;
+        if self.thread.sole {
+            health::end(self.lobby, pid).await;
+        }
+        Lost::Answered(ExitReason::Timeout, self.fail(504, timed_out_detail(self.head_sent)))
+    }
+
+    /// Hands a part of the answer to the connection. True when it was the last.
+    fn pass_on(&mut self, part: ResponsePart) -> bool {
+        let job = &self.taken.job;
+        if matches!(part, ResponsePart::Abort) && !self.cancelled {
             warning!("the application failed while sending the response to {}; {}", job.summary, job.cut_short());
         }
-        head_sent = true;
+        self.head_sent = true;
         // The application produced: --timeout now counts its silence from here.
-        deadline = tokio::time::Instant::now() + timeout;
-        card.produced(thread.number);
+        self.deadline = tokio::time::Instant::now() + self.timeout;
+        self.card.produced(self.thread.number);
         let last = part.is_last();
         if let Some(served) = job.served.as_ref().filter(|_| last) {
             served.answered.set(Some(Instant::now()));
@@ -227,11 +294,15 @@ pub(super) async fn relay_response(
             let _ = job.respond.send(ResponsePart::Abort);
         }
         if last {
-            let took = seated_at.elapsed();
-            lobby.metrics.served(took);
-            lobby.seating.answered_in(took);
-            return Ok(());
+            let took = self.seated_at.elapsed();
+            self.lobby.metrics.served(took);
+            self.lobby.seating.answered_in(took);
         }
+        last
+    }
+
+    fn fail(&self, status: u16, detail: &str) -> String {
+        fail(&self.taken.job, self.head_sent, status, detail)
     }
 }
 
