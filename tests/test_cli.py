@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import socket
 import struct
@@ -545,6 +546,20 @@ class ZygoteProcess:
         return int(fields[2]), channel
 
 
+def read_until(stream, text: str, timeout: float = 20) -> str:
+    """What `stream` (a pipe) gives until `text` has come, within `timeout` seconds."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in got:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {text!r} within {timeout} s: {got.decode(errors='replace')}"
+        if select.select([stream], [], [], remaining)[0]:
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"the stream ended before {text!r}: {got.decode(errors='replace')}"
+            got += chunk
+    return got.decode()
+
+
 def read_frame(channel: socket.socket) -> tuple[int, bytes]:
     def exactly(count: int) -> bytes:
         data = b""
@@ -590,17 +605,19 @@ def test_zygote_spawns_kills_reaps_and_exits_after_the_lobby(app_dir, zygotes, p
     first.close()  # a worker exits 0 at end-of-file of its channel
     assert zygote.receive() == (["exited", str(first_pid), "code", "0"], [])
 
-    _, third = zygote.spawn(2)
+    third_pid, third = zygote.spawn(2)
     assert read_frame(third)[0] == 1
     zygote.control.send(b"kill 1 9")  # not its child: ignored
     zygote.control.send(b"nonsense")  # malformed: logged and ignored
     zygote.control.close()
-    time.sleep(0.3)
+    # The zygote has seen the lobby go, and waits: the event that proves it did not exit.
+    waiting = f"the lobby has gone; waiting for its workers to exit (pids {third_pid})"
+    stderr = read_until(zygote.process.stderr, waiting)
     assert zygote.process.poll() is None, "the zygote must wait for its last worker"
     third.close()
     assert zygote.process.wait(timeout=20) == 0
     assert wait_for_empty_group(zygote.process.pid, 5) == []
-    stderr = zygote.process.stderr.read().decode()
+    stderr += zygote.process.stderr.read().decode()
     assert 'malformed control message "nonsense"' in stderr
 
 

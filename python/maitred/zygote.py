@@ -463,6 +463,9 @@ class _Zygote:
         nothing outlives the server."""
         self._selector.unregister(self._control)
         self._reap(report=False)
+        if self._children:
+            pids = ", ".join(str(pid) for pid in sorted(self._children))
+            log.log("info", f"zygote: the lobby has gone; waiting for its workers to exit (pids {pids})")
         deadline = time.monotonic() + self._grace
         while self._children:
             remaining = deadline - time.monotonic()
