@@ -174,7 +174,9 @@ def test_each_part_imports_only_what_its_row_says_and_all_of_it():
         if unlisted := sorted(m for m in imported if not any(within(m, name) for name in named)):
             problems.append(f"{part}: imports {', '.join(m or 'lib.rs' for m in unlisted)}, not in its row")
         if unused := sorted(n for n in named if not any(within(m, n) for m in imported)):
-            problems.append(f"{part}: its row names {', '.join(n or 'lib.rs' for n in unused)}, which it does not import")
+            problems.append(
+                f"{part}: its row names {', '.join(n or 'lib.rs' for n in unused)}, which it does not import"
+            )
     assert not problems, "\n".join(problems)
 
 
