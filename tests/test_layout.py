@@ -3,8 +3,8 @@ lobby's source"): a layout that only a document states drifts with the first hur
 
 - The lobby's folders and top-level files are exactly those DESIGN.md's map lists.
 - No two sibling modules import each other, in any Rust crate: words two files share live in
-  their parent module or in a leaf. The lobby's shared context (`lobby.rs`) is the one
-  exception at the top, and it holds only types whose files never reach back to it.
+  their parent module or in a leaf. No exception: each part of the lobby is handed a context
+  of its own, made of what it needs, by the lobby's start (`run.rs`), which nothing imports.
 - Client connections and workers meet only through the queue: neither imports the other.
 - Every raw system call is in `crates/sys`: it alone has `unsafe` blocks, the lobby forbids
   unsafe code, the Python extension denies it (and allows its one CPython call where it stands).
@@ -85,7 +85,7 @@ def _imports(source_root: Path) -> dict[Module, set[Module]]:
     return edges
 
 
-def _sibling_cycles(source_root: Path, exempt: frozenset[Module] = frozenset()) -> list[str]:
+def _sibling_cycles(source_root: Path) -> list[str]:
     """Pairs of sibling modules (files or folders under one parent) that import each other;
     a folder imports what any file in it imports."""
     cycles = []
@@ -101,7 +101,7 @@ def _sibling_cycles(source_root: Path, exempt: frozenset[Module] = frozenset()) 
                 if len(source) <= depth or len(target) <= depth:
                     continue  # the parent itself: its children may use its shared words
                 a, b = source[: depth + 1], target[: depth + 1]
-                if a != b and a not in exempt and b not in exempt:
+                if a != b:
                     reach[a].add(b)
         for a, targets in reach.items():
             for b in targets:
@@ -151,12 +151,12 @@ def _may_import_column() -> dict[str, str]:
 def test_each_part_imports_only_what_its_row_says_and_all_of_it():
     """DESIGN.md's "may import" column, read as the modules named in backquotes (a folder, or a
     file such as `client/proxies.rs`): every module a part imports outside itself is one of
-    them or inside one, and each one named is imported. "everything" and the shared context's
-    "the types it holds" are not checked; "nothing of the lobby's" is none."""
+    them or inside one, and each one named is imported. "everything" is not checked;
+    "nothing of the lobby's" is none."""
     edges = _imports(LOBBY)
     problems = []
     for part, column in _may_import_column().items():
-        if column in ("everything", "the types it holds"):
+        if column == "everything":
             continue
         # A module as _imports names it: `client/proxies.rs` is client/proxies, `lib.rs` the root.
         named = {"" if name == "lib.rs" else name.removesuffix(".rs") for name in re.findall(r"`([\w/.]+)`", column)}
@@ -183,24 +183,10 @@ def test_each_part_imports_only_what_its_row_says_and_all_of_it():
 def test_no_two_sibling_modules_import_each_other():
     found = {}
     for crate in _crates():
-        # The lobby's shared context is used by every part and holds some of their types.
-        exempt = frozenset({("lobby",)}) if crate.name == "lobby" else frozenset()
-        cycles = _sibling_cycles(crate / "src", exempt)
+        cycles = _sibling_cycles(crate / "src")
         if cycles:
             found[crate.name] = cycles
     assert not found
-
-
-def test_the_shared_context_holds_only_what_never_reaches_back():
-    edges = _imports(LOBBY)
-    held, frontier = set(), list(edges[("lobby",)])
-    while frontier:
-        module = frontier.pop()
-        if module not in held:
-            held.add(module)
-            frontier.extend(edges[module])
-    reaching_back = sorted("/".join(module) for module in held if ("lobby",) in edges[module])
-    assert not reaching_back, f"lobby.rs holds types from files that import it: {reaching_back}"
 
 
 def test_client_connections_and_workers_meet_only_through_the_queue():

@@ -1,10 +1,13 @@
 //! What the lobby is told to do. The CLI (Python) validates every value; this is its typed form.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Duration;
 
-use maitred_protocol::ProxyVersions;
+use maitred_protocol::{Limits, ProxyVersions};
 
+use crate::client::context::{HttpProtocols, Settings as ClientSettings, WebSocketLimits};
 use crate::client::proxies::{AllowList, Forwarding};
 use crate::client::tls::certificates::TlsSettings;
 use crate::log::access_format::AccessFormat;
@@ -111,35 +114,22 @@ pub struct Config {
     pub http: HttpProtocols,
 }
 
-/// Which protocols clients may speak, and HTTP/2's limits. The protocols are read as the lobby
-/// starts (TLS offers them by ALPN from then on); the limits from each new connection on.
-#[derive(Clone, Debug)]
-pub struct HttpProtocols {
-    /// HTTP/1.0 and HTTP/1.1.
-    pub http1: bool,
-    /// HTTP/2: by ALPN on TLS listeners, with prior knowledge on plain ones.
-    pub http2: bool,
-    /// `--http2-max-concurrent-streams`: the streams one connection may have open at once.
-    pub max_concurrent_streams: u32,
-}
+/// The settings in force now: those the lobby started with, or what the last SIGHUP read from
+/// the config file (`supervise/reload.rs`). Each part reads them afresh for its next request.
+pub(crate) struct Live(RefCell<Rc<Config>>);
 
-impl Default for HttpProtocols {
-    fn default() -> HttpProtocols {
-        HttpProtocols { http1: true, http2: true, max_concurrent_streams: 100 }
+impl Live {
+    pub fn new(config: Config) -> Live {
+        Live(RefCell::new(Rc::new(config)))
     }
-}
 
-/// `--ws-max-size`, `--ws-ping-interval`, `--ws-ping-timeout` and `--ws-per-message-deflate`.
-#[derive(Clone, Copy, Debug)]
-pub struct WebSocketLimits {
-    /// The largest message, either way; a larger one from the client closes with 1009.
-    pub max_size: usize,
-    /// How long a WebSocket may be silent before the lobby pings it.
-    pub ping_interval: Duration,
-    /// How long the lobby waits for the pong before it closes with 1011.
-    pub ping_timeout: Duration,
-    /// Whether a client's permessage-deflate offer is taken (RFC 7692).
-    pub per_message_deflate: bool,
+    pub fn now(&self) -> Rc<Config> {
+        self.0.borrow().clone()
+    }
+
+    pub fn set(&self, config: Config) {
+        *self.0.borrow_mut() = Rc::new(config);
+    }
 }
 
 /// Who the lobby becomes.
@@ -171,9 +161,29 @@ pub enum HalfClose {
 }
 
 impl Config {
-    /// Whether a client that shuts its sending side while its request waits has left.
-    pub(crate) fn half_close_leaves(&self) -> bool {
-        self.half_close == HalfClose::Abandon
+    /// What a client connection acts on (`client/context.rs`).
+    pub(crate) fn client_settings(&self) -> ClientSettings {
+        ClientSettings {
+            limits: Limits {
+                max_request_line: self.limit_request_line,
+                max_headers: self.limit_request_fields,
+                max_header_size: self.limit_request_field_size,
+                max_body: self.max_body,
+            },
+            header_timeout: self.header_timeout,
+            body_min_rate: self.body_min_rate,
+            send_timeout: self.send_timeout,
+            keep_alive: self.keep_alive,
+            queue_timeout: self.queue_timeout,
+            max_spill: self.max_spill,
+            half_close_leaves: self.half_close == HalfClose::Abandon,
+            access_log_format: self.access_log_format.clone(),
+            forwarding: self.forwarding.clone(),
+            proxy_protocol: self.proxy_protocol,
+            proxy_allow_ips: self.proxy_allow_ips.clone(),
+            websocket: self.websocket,
+            http: self.http.clone(),
+        }
     }
 
     /// What the queue needs to know of overload (`seating/overload.rs`).

@@ -6,8 +6,9 @@
 //! connections, `client/` reads each request and writes its answer, `seating/` queues it,
 //! `worker/` relays it to a worker and back, `supervise/` keeps the workers running and answers
 //! the signals, `process/` is the process's own life (upgrade, hooks, systemd, privileges),
-//! `observe/` counts and explains, `log/` writes it all down. `lobby.rs` is the context they
-//! share; `run.rs` starts, serves, drains and stops; `config.rs` is the typed settings.
+//! `observe/` counts and explains, `log/` writes it all down. `run.rs` starts, serves, drains
+//! and stops, and hands each part a context of its own, made of what it needs; `config.rs` is
+//! the typed settings.
 //!
 //! No `unsafe` here: raw system calls are `maitred_sys`'s.
 
@@ -32,16 +33,17 @@ use tokio::task::LocalSet;
 
 use process::watchdog::{self, Watchdog};
 
+pub use client::context::{HttpProtocols, WebSocketLimits};
 pub use client::proxies::{AllowList, Forwarding};
 pub use client::tls::certificates::{CertReqs, TlsSettings};
-pub use config::{BindAddress, Config, Credentials, HalfClose, HttpProtocols, QueuePolicy, WebSocketLimits};
+pub use config::{BindAddress, Config, Credentials, HalfClose, QueuePolicy};
 pub use listen::bind::LISTEN_FDS_START;
 pub use log::access_format::AccessFormat;
 pub use log::Level;
 pub use maitred_protocol::ProxyVersions;
 pub use process::hooks::{HookCaller, HookFailed, LobbyHook, ServerHooks};
 pub use process::upgrade::{Succession, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
-pub use supervise::zygote::ZYGOTE_CHANNEL_VARIABLE;
+pub use process::zygote::ZYGOTE_CHANNEL_VARIABLE;
 pub use supervise::{Reread, Rereader};
 pub use worker::health::stack_signal;
 

@@ -1,114 +1,131 @@
-//! The context every task of the lobby shares: the settings, the queue, the zygotes, and the
-//! state that more than one part keeps or reads (sleeping connections, budgets, counts, the
-//! scoreboard, the diagnoses, the successor of a binary upgrade).
-//!
-//! It holds only types from files that never take a `Lobby` themselves, so that nothing it
-//! holds can reach back into it.
+//! The lobby's parts, made once as it starts: each side's context (the connections', the
+//! workers', the supervisor's, what is observed), built of what that side needs and sharing
+//! what more than one keeps or reads (the queue, the budgets, the counts by state). Only the
+//! lobby's life (`run.rs`) holds it; no part takes it.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 
-use maitred_protocol::Limits;
 use tokio::sync::watch;
 
 use crate::client::asleep::Hibernation;
+use crate::client::context::Context as Connections;
 use crate::client::heads::HeadBudget;
-use crate::client::states::ConnectionStates;
 use crate::client::tls::certificates::Certificates;
-use crate::config::Config;
+use crate::config::{Config, Live};
 use crate::observe::findings::Diagnoses;
 use crate::observe::metrics::Metrics;
-use crate::process::upgrade::handover::Successor;
+use crate::observe::Observed;
+use crate::process::hooks::{HookThread, ServerHooks};
+use crate::process::notify::Standing;
 use crate::process::watchdog::Watchdog;
+use crate::process::zygote::{Zygote, Zygotes};
 use crate::seating::spool::SpillBudget;
-use crate::seating::streams::Streams;
-use crate::seating::websocket::WebSockets;
 use crate::seating::Seating;
-use crate::supervise::zygote::Zygotes;
+use crate::supervise;
+use crate::worker::context::Context as Workers;
 use crate::worker::scoreboard::Scoreboard;
+use crate::StartupError;
 
-/// What the connection and worker tasks share.
+/// The lobby's parts as its start makes them: each side is handed its own (the connections',
+/// the workers', the observation's), sharing what more than one keeps or reads.
 pub(crate) struct Lobby {
-    /// The settings as the lobby started. Those a reload (SIGHUP) may change are read from
-    /// `settings()`; these stay for what cannot change without a new lobby: the listeners,
-    /// --max-connections and the budgets, the logs' paths, the application and --preload.
-    pub config: Config,
-    /// The settings now: `config`, or what the last SIGHUP read from the config file.
-    pub(crate) settings: RefCell<Rc<Config>>,
-    pub seating: Seating,
-    /// The zygote that forks workers, and retired ones (a reload with --preload).
-    pub zygotes: Rc<Zygotes>,
-    /// Turns true once a shutdown has begun.
-    pub shutdown: watch::Receiver<bool>,
-    /// Keep-alive connections idle long enough to give up their tasks.
-    pub hibernation: Hibernation,
-    /// Answer bytes waiting in temporary files for slow clients (`--max-spill-total`).
-    pub spill_budget: Rc<SpillBudget>,
-    /// Incomplete request heads' memory (`--max-head-memory`).
-    pub heads: Rc<HeadBudget>,
-    /// What `--stats` shows.
-    pub metrics: Metrics,
-    /// Which workers take WebSockets, how many are open, and the stop's going-away signal.
-    pub websockets: Rc<WebSockets>,
-    /// How many ASGI streams are open, and the stop's signal that ends them.
-    pub streams: Rc<Streams>,
-    /// Every worker's state and current request, and why workers left.
-    pub scoreboard: Scoreboard,
-    /// How many connections are in each state, and for how long.
-    pub connection_states: Rc<ConnectionStates>,
-    /// The failures happening now, named in the log (`observe/diagnosis.rs`).
-    pub diagnoses: Diagnoses,
-    /// The worker_abort hook is set: a worker past --timeout gets SIGABRT before SIGKILL.
-    pub abort_on_timeout: bool,
+    /// The settings as the lobby started: the listeners, --max-connections and the budgets,
+    /// the logs' paths, the application and --preload, which a reload cannot change.
+    pub(crate) config: Rc<Config>,
+    pub(crate) client: Rc<Connections>,
+    pub(crate) worker: Rc<Workers>,
+    pub(crate) observed: Rc<Observed>,
     /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
-    pub interrupt_workers: bool,
-    pub started: std::time::Instant,
-    /// Once a new maitred has taken over (SIGUSR2): where idle connections go instead of
-    /// being closed.
-    pub(crate) successor: RefCell<Option<Rc<Successor>>>,
-    /// The TLS listeners' certificate (`--certfile`), read again at a SIGHUP; None: no TLS.
-    pub tls: Option<Certificates>,
-    /// The event loop's watchdog (`--lobby-timeout`), for its readings; None when it is off.
-    pub watchdog: Option<Watchdog>,
+    pub(crate) interrupt_workers: bool,
 }
 
 impl Lobby {
-    /// The settings in force now (see `config`).
-    pub fn settings(&self) -> Rc<Config> {
-        self.settings.borrow().clone()
-    }
-
-    /// Takes the settings a reload read; connections and workers use them from their next
-    /// request on.
-    pub fn set_settings(&self, config: Config) {
-        self.seating.configure(config.overload_policy());
-        *self.settings.borrow_mut() = Rc::new(config);
-    }
-
-    /// Whether connections close once answered: a shutdown has begun and no new maitred takes
-    /// them over.
-    pub fn closing(&self) -> bool {
-        *self.shutdown.borrow() && self.successor.borrow().is_none()
-    }
-
-    /// Whether a new maitred takes this one's idle connections (SIGUSR2).
-    pub fn handing_over(&self) -> bool {
-        self.successor.borrow().is_some()
-    }
-
-    /// The new maitred that takes this one's idle connections, during an upgrade.
-    pub fn successor(&self) -> Option<Rc<Successor>> {
-        self.successor.borrow().clone()
-    }
-
-    /// The request limits in force now.
-    pub fn limits(&self) -> Limits {
-        let settings = self.settings.borrow();
-        Limits {
-            max_request_line: settings.limit_request_line,
-            max_headers: settings.limit_request_fields,
-            max_header_size: settings.limit_request_field_size,
-            max_body: settings.max_body,
+    /// What the supervisor is handed.
+    pub(crate) fn supervised(&self) -> supervise::Context {
+        supervise::Context {
+            config: self.config.clone(),
+            worker: self.worker.clone(),
+            client: self.client.clone(),
+            scoreboard: self.observed.scoreboard.clone(),
+            interrupt_workers: self.interrupt_workers,
         }
     }
+
+    /// What systemd's `STATUS=` line is read from.
+    pub(crate) fn standing(&self) -> Standing {
+        Standing {
+            seating: self.worker.seating.clone(),
+            shutdown: self.worker.shutdown.clone(),
+            workers: self.config.workers,
+        }
+    }
+}
+
+/// The lobby's parts, and the thread that runs the server hooks, if the config file has any.
+pub(crate) fn new_lobby(
+    config: Config,
+    first_zygote: &Zygote,
+    shutdown: watch::Receiver<bool>,
+    tls: Option<Certificates>,
+    hooks: Option<ServerHooks>,
+    watchdog: Option<Watchdog>,
+) -> Result<(Lobby, Option<HookThread>), StartupError> {
+    let hibernation =
+        Rc::new(Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?);
+    let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {
+        Some(hooks) => (
+            Some(
+                HookThread::start(hooks.call)
+                    .map_err(|e| StartupError(format!("cannot start the thread for the server hooks: {e}")))?,
+            ),
+            hooks.interrupt_workers,
+            hooks.abort_on_timeout,
+        ),
+        None => (None, false, false),
+    };
+    let metrics = Metrics::new();
+    let seating = Rc::new(Seating::default());
+    seating.configure(config.overload_policy());
+    let spill_budget = Rc::new(SpillBudget::new(config.max_spill_total));
+    let settings = Rc::new(Live::new(config.clone()));
+    let (websockets, connection_states) = (Rc::default(), Rc::default());
+    let client = Rc::new(Connections {
+        settings: std::cell::RefCell::new(Rc::new(config.client_settings())),
+        protocols: config.http.clone(),
+        seating: seating.clone(),
+        shutdown: shutdown.clone(),
+        hibernation: hibernation.clone(),
+        spill_budget: spill_budget.clone(),
+        heads: HeadBudget::new(config.max_head_memory),
+        counts: metrics.client_counts(),
+        websockets: Rc::clone(&websockets),
+        connection_states: Rc::clone(&connection_states),
+        tls: tls.map(Rc::new),
+        successor: Default::default(),
+    });
+    let worker = Rc::new(Workers {
+        settings: settings.clone(),
+        seating: seating.clone(),
+        zygotes: Rc::new(Zygotes::new(first_zygote.clone())),
+        shutdown,
+        counts: metrics.worker_counts(),
+        spill_budget,
+        websockets: websockets.clone(),
+        streams: Rc::default(),
+        abort_on_timeout,
+    });
+    let observed = Rc::new(Observed {
+        settings,
+        seating,
+        scoreboard: Rc::new(Scoreboard::default()),
+        connection_states,
+        hibernation,
+        websockets,
+        watchdog,
+        metrics,
+        diagnoses: Diagnoses::new(),
+        started: std::time::Instant::now(),
+    });
+    let lobby = Lobby { config: Rc::new(config), client, worker, observed, interrupt_workers };
+    Ok((lobby, hook_thread))
 }

@@ -3,7 +3,6 @@
 //! upgrade's connections taken over), drain (no new connections, the queue emptied within
 //! `--graceful-timeout`, idle connections closed or handed to a new maitred) and exit.
 
-use std::cell::RefCell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -13,8 +12,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::client::asleep::Hibernation;
-use crate::client::heads::HeadBudget;
+use crate::client::context::Context as Connections;
 use crate::client::peer::Site;
 use crate::client::tls::certificates::Certificates;
 use crate::client::wake;
@@ -22,23 +20,20 @@ use crate::config::{BindAddress, Config};
 use crate::listen::accept::{accept_backlog, accept_loop, announce, Acceptor};
 use crate::listen::bind::{self, Listener};
 use crate::listen::cap::{CapWatch, Descriptors};
-use crate::lobby::Lobby;
+use crate::lobby::{new_lobby, Lobby};
 use crate::log::{self, error, info, warning};
-use crate::observe::findings::Diagnoses;
-use crate::observe::metrics::Metrics;
 use crate::observe::{diagnosis, idle_cpus, server};
 use crate::process::hooks::{HookThread, ServerHooks};
+use crate::process::upgrade::handover::Successor;
 use crate::process::upgrade::{takeover, Succession};
 use crate::process::watchdog::Watchdog;
+use crate::process::zygote::{Control, Zygote};
 use crate::process::{notify, orphans, privileges};
-use crate::seating::spool::SpillBudget;
-use crate::seating::Seating;
 use crate::supervise::boot::BootEnd;
 use crate::supervise::signals::Signals;
 use crate::supervise::stop::close_control_and_reap;
-use crate::supervise::zygote::{Control, Zygote, Zygotes};
 use crate::supervise::{read_control, Event, Rereader, Stop, Supervisor};
-use crate::worker::scoreboard::Scoreboard;
+
 use crate::StartupError;
 
 /// How long the lobby waits, as it exits, for the server hooks still queued (child_exit …) to
@@ -71,18 +66,25 @@ pub(crate) async fn until_stopped(
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let background = Background {
         control_reader: tokio::task::spawn_local(read_control(first_zygote, events_tx.clone())),
-        watcher: tokio::task::spawn_local(wake::watch(lobby.clone())),
+        watcher: tokio::task::spawn_local(wake::watch(lobby.client.clone())),
     };
     // A new lobby started by a binary upgrade speaks to systemd once it is the main process.
     if succession.predecessor.is_none() {
-        notify::watch(&lobby);
+        notify::watch(lobby.standing());
     }
     let predecessor = succession.predecessor.take();
     let pid_file = succession.pid_file.clone();
     // The stats listener goes to a new maitred too: it could not bind the address meanwhile.
     let listener_fds = listeners.iter().chain(&stats_listener).map(|l| l.socket.as_raw_fd()).collect();
-    let mut supervisor =
-        Supervisor::new(lobby.clone(), events_tx, signals, rereader, Rc::new(succession), listener_fds, hook_thread);
+    let mut supervisor = Supervisor::new(
+        lobby.supervised(),
+        events_tx,
+        signals,
+        rereader,
+        Rc::new(succession),
+        listener_fds,
+        hook_thread,
+    );
 
     if let Err(end) = supervisor.boot(&mut events).await {
         tear_down(lobby, supervisor, background, false).await;
@@ -117,9 +119,9 @@ pub(crate) async fn until_stopped(
             Stop::Graceful
         }
     };
-    let graceful = announce_stop(&lobby, stop, &shutdown_tx);
-    stop_accepting(&lobby, &mut serving, listeners, graceful).await;
-    let drained = drain(&lobby, &mut supervisor, &mut events, &serving, graceful).await;
+    let (graceful, successor) = announce_stop(&lobby.client, stop, &shutdown_tx);
+    stop_accepting(&lobby, &mut serving, listeners, graceful, successor.is_some()).await;
+    let drained = drain(&lobby, &mut supervisor, &mut events, &serving, graceful, successor).await;
     tear_down(lobby, supervisor, background, !drained).await;
     info!("shutdown complete");
     Ok(exit_code)
@@ -206,56 +208,6 @@ fn take_what_needs_root(
     Ok(tls)
 }
 
-/// The lobby's shared context, and the thread that runs the server hooks, if the config file
-/// has any.
-fn new_lobby(
-    config: Config,
-    first_zygote: &Zygote,
-    shutdown: watch::Receiver<bool>,
-    tls: Option<Certificates>,
-    hooks: Option<ServerHooks>,
-    watchdog: Option<Watchdog>,
-) -> Result<(Rc<Lobby>, Option<HookThread>), StartupError> {
-    let hibernation = Hibernation::new().map_err(|e| StartupError(format!("cannot watch idle connections: {e}")))?;
-    let (hook_thread, interrupt_workers, abort_on_timeout) = match hooks {
-        Some(hooks) => (
-            Some(
-                HookThread::start(hooks.call)
-                    .map_err(|e| StartupError(format!("cannot start the thread for the server hooks: {e}")))?,
-            ),
-            hooks.interrupt_workers,
-            hooks.abort_on_timeout,
-        ),
-        None => (None, false, false),
-    };
-    let spill_budget = Rc::new(SpillBudget::new(config.max_spill_total));
-    let heads = HeadBudget::new(config.max_head_memory);
-    let lobby = Rc::new(Lobby {
-        settings: RefCell::new(Rc::new(config.clone())),
-        config,
-        seating: Seating::default(),
-        zygotes: Rc::new(Zygotes::new(first_zygote.clone())),
-        shutdown,
-        hibernation,
-        spill_budget,
-        heads,
-        successor: RefCell::new(None),
-        tls,
-        metrics: Metrics::new(),
-        websockets: Rc::default(),
-        streams: Rc::default(),
-        scoreboard: Scoreboard::default(),
-        connection_states: Rc::default(),
-        diagnoses: Diagnoses::new(),
-        abort_on_timeout,
-        interrupt_workers,
-        started: std::time::Instant::now(),
-        watchdog,
-    });
-    lobby.seating.configure(lobby.config.overload_policy());
-    Ok((lobby, hook_thread))
-}
-
 /// The tasks that run from the start to the end whatever happens between: the reading of the
 /// zygote's reports and the watch over hibernating connections.
 struct Background {
@@ -275,14 +227,14 @@ struct Serving {
 
 /// Starts accepting on every listener, the diagnoses, and the stats listener.
 fn start_serving(
-    lobby: &Rc<Lobby>,
+    lobby: &Lobby,
     listeners: &[Listener],
     stats_listener: Option<Listener>,
     descriptors: &Descriptors,
     max_connections: usize,
 ) -> Result<Serving, StartupError> {
     let connections = Arc::new(Semaphore::new(max_connections));
-    let cap = Rc::new(CapWatch::new(max_connections, descriptors, lobby.shutdown.clone()));
+    let cap = Rc::new(CapWatch::new(max_connections, descriptors, lobby.client.shutdown.clone()));
     let sites: Vec<Rc<Site>> = listeners
         .iter()
         .zip(&lobby.config.binds)
@@ -297,17 +249,18 @@ fn start_serving(
         .map(|(listener, site)| {
             announce(listener, site.tls);
             let accept = Acceptor::new(listener).map_err(|e| StartupError(format!("{}: {e}", listener.display)))?;
-            let accepting = accept_loop(lobby.clone(), accept, site.clone(), connections.clone(), cap.clone());
+            let accepting = accept_loop(lobby.client.clone(), accept, site.clone(), connections.clone(), cap.clone());
             Ok(tokio::task::spawn_local(accepting))
         })
         .collect::<Result<_, StartupError>>()?;
     idle_cpus::note_at_start();
-    lobby.diagnoses.watch_listeners(listeners);
-    let diagnosing = tokio::task::spawn_local(diagnosis::watch(lobby.clone(), connections.clone(), max_connections));
+    lobby.observed.diagnoses.watch_listeners(listeners);
+    let diagnosing =
+        tokio::task::spawn_local(diagnosis::watch(lobby.observed.clone(), connections.clone(), max_connections));
     let stats_path = stats_listener.as_ref().and_then(|listener| listener.unix_path.clone());
     if let Some(listener) = stats_listener {
         info!("stats at {}/metrics, {0}/status.json and {0}/", listener.display);
-        let serving = server::serve(lobby.clone(), listener, max_connections);
+        let serving = server::serve(lobby.observed.clone(), listener, max_connections);
         tokio::task::spawn_local(serving);
     }
     Ok(Serving { connections, max_connections, sites, accepting, diagnosing, stats_path })
@@ -315,7 +268,7 @@ fn start_serving(
 
 /// A new maitred of a binary upgrade, serving: it names itself in the pid file and takes over
 /// the connections of the one it replaces.
-fn take_over_from(lobby: &Rc<Lobby>, predecessor: OwnedFd, pid_file: Option<&Path>, serving: &Serving) {
+fn take_over_from(lobby: &Lobby, predecessor: OwnedFd, pid_file: Option<&Path>, serving: &Serving) {
     // The pid file names this lobby only once it serves: a new maitred that fails to
     // start leaves the running one's pid there.
     if let Some(path) = pid_file {
@@ -323,35 +276,52 @@ fn take_over_from(lobby: &Rc<Lobby>, predecessor: OwnedFd, pid_file: Option<&Pat
             warning!("cannot write the pid file {}: {e}", path.display());
         }
     }
-    let handover = takeover::take_over(lobby.clone(), predecessor, serving.sites.clone(), serving.connections.clone());
+    let handover = takeover::take_over(
+        lobby.client.hibernation.clone(),
+        lobby.standing(),
+        predecessor,
+        serving.sites.clone(),
+        serving.connections.clone(),
+    );
     tokio::task::spawn_local(handover);
 }
 
 /// Tells systemd, and every connection, that the lobby stops; for an upgrade, the new maitred
-/// becomes the main process first. Returns whether the stop is graceful (requests under way
-/// are finished).
-fn announce_stop(lobby: &Lobby, stop: Stop, shutdown_tx: &watch::Sender<bool>) -> bool {
+/// becomes the main process first, and the connections' successor. Returns whether the stop is
+/// graceful (requests under way are finished), and the new maitred, for an upgrade.
+fn announce_stop(client: &Connections, stop: Stop, shutdown_tx: &watch::Sender<bool>) -> (bool, Option<Rc<Successor>>) {
     let graceful = !matches!(stop, Stop::Immediate);
-    match stop {
+    let successor = match stop {
         Stop::Upgrade(successor) => {
             // Before the shutdown is announced, so that no connection closes for it.
             notify::main_pid(successor.pid);
             successor.confirm_main();
-            *lobby.successor.borrow_mut() = Some(Rc::new(successor));
+            let successor = Rc::new(successor);
+            client.hand_over_to(successor.clone());
+            Some(successor)
         }
-        _ => notify::stopping(),
-    }
+        _ => {
+            notify::stopping();
+            None
+        }
+    };
     let _ = shutdown_tx.send(true);
-    graceful
+    (graceful, successor)
 }
 
 /// Ends the accept loops and closes the listeners; without a new maitred to take them, a
 /// graceful stop first accepts what waits in their queues, and their socket files go.
-async fn stop_accepting(lobby: &Rc<Lobby>, serving: &mut Serving, listeners: Vec<Listener>, graceful: bool) {
+async fn stop_accepting(
+    lobby: &Lobby,
+    serving: &mut Serving,
+    listeners: Vec<Listener>,
+    graceful: bool,
+    handing_over: bool,
+) {
     // A drain empties the queue with fewer and fewer workers: nothing to diagnose. And the
     // copies of the listen sockets go, so that they close with the listeners below.
     serving.diagnosing.abort();
-    lobby.diagnoses.stop_watching();
+    lobby.observed.diagnoses.stop_watching();
     for task in &serving.accepting {
         task.abort();
     }
@@ -359,12 +329,12 @@ async fn stop_accepting(lobby: &Rc<Lobby>, serving: &mut Serving, listeners: Vec
         // Aborted accept loops give back the connection permit they were holding.
         let _ = task.await;
     }
-    if lobby.successor().is_none() {
+    if !handing_over {
         if graceful {
             let taken: usize = listeners
                 .iter()
                 .zip(&serving.sites)
-                .map(|(l, site)| accept_backlog(lobby, l, site, &serving.connections))
+                .map(|(l, site)| accept_backlog(&lobby.client, l, site, &serving.connections))
                 .sum();
             if taken > 0 {
                 info!("accepted {taken} connections still waiting in the listen queue");
@@ -383,22 +353,22 @@ async fn drain(
     events: &mut mpsc::UnboundedReceiver<Event>,
     serving: &Serving,
     graceful: bool,
+    successor: Option<Rc<Successor>>,
 ) -> bool {
-    let successor = lobby.successor();
     let deadline = if graceful { lobby.config.graceful_timeout } else { Duration::ZERO };
     let in_use = serving.max_connections - serving.connections.available_permits();
     info!(
         "shutting down: no new connections; {in_use} open ({} of them idle long enough to hibernate), {} requests \
          queued; waiting up to {} s",
-        lobby.hibernation.sleeping(),
-        lobby.seating.queued(),
+        lobby.client.hibernation.sleeping(),
+        lobby.client.seating.queued(),
         deadline.as_secs_f64()
     );
     let drained = supervisor.drain(events, &serving.connections, serving.max_connections, deadline).await;
     if let Some(successor) = successor {
         info!("handed {} idle connections to the new maitred (pid {})", successor.handed(), successor.pid);
         // Closing the channel tells the new lobby that no more come.
-        lobby.successor.borrow_mut().take();
+        lobby.client.stop_handing_over();
     }
     drained
 }
@@ -406,14 +376,16 @@ async fn drain(
 /// The end of both exits, a boot that failed or stopped and a drain: the workers stopped
 /// (killed when `kill`), the zygote's channel closed and the zygote reaped, and the server
 /// hooks still queued run.
-async fn tear_down(lobby: Rc<Lobby>, mut supervisor: Supervisor, background: Background, kill: bool) {
+async fn tear_down(lobby: Lobby, mut supervisor: Supervisor, background: Background, kill: bool) {
     let workers = supervisor.stop_workers(kill).await;
-    lobby.seating.clear();
+    lobby.worker.seating.clear();
     background.control_reader.abort();
     background.watcher.abort();
     let hooks = supervisor.take_hooks();
     drop(supervisor);
-    close_control_and_reap(lobby, &workers).await;
+    let zygotes = lobby.worker.zygotes.clone();
+    drop(lobby);
+    close_control_and_reap(zygotes, &workers).await;
     finish_hooks(hooks);
 }
 

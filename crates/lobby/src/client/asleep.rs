@@ -72,6 +72,12 @@ impl Sleeper {
     }
 }
 
+/// A new maitred taking this one's idle connections during a binary upgrade
+/// (`process/upgrade/handover.rs`): it is given each connection that `Sleeper::can_move`.
+pub(crate) trait TakesIdleConnections {
+    fn hand_over(&self, sleeper: Sleeper);
+}
+
 /// `Sleeper::can_move`, for a connection still in its task.
 pub fn can_move(encrypted: bool, peer: &Peer) -> bool {
     !encrypted && peer.proxy == ProxyStage::Off

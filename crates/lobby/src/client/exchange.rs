@@ -17,7 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::body::Body;
 use super::peer::{Site, TlsAbout};
 use super::proxies::Origin;
-use crate::lobby::Lobby;
+use crate::client::context::Context;
 use crate::log;
 use crate::seating::job::{Job, JobState, Served};
 use crate::seating::spool::{AnswerSender, ResponsePart};
@@ -168,13 +168,13 @@ pub(super) struct Answered<'a> {
 
 /// Counts an answered request (`maitred_requests_total`) and writes its access line, with what
 /// the queue and its worker say of it (`served`: none for a request answered by the lobby).
-pub(super) fn answered(lobby: &Lobby, origin: &Origin, answered: Answered<'_>, served: Option<&Served>) {
-    lobby.metrics.answered(answered.status);
+pub(super) fn answered(context: &Context, origin: &Origin, answered: Answered<'_>, served: Option<&Served>) {
+    context.counts.answered(answered.status);
     if !log::access_log_enabled() {
         return;
     }
     log::access(
-        &lobby.settings().access_log_format,
+        &context.settings().access_log_format,
         &log::AccessRecord {
             peer: &origin.ip_text(),
             method: answered.method,

@@ -24,7 +24,7 @@ use super::opening;
 use super::peer::{ClientStream, Peer, Site};
 use super::states::ConnectionState;
 use super::tls::{SyncIo, TlsStream};
-use crate::lobby::Lobby;
+use crate::client::context::Context as Connections;
 use crate::log::{self, debug};
 
 /// What a handshake holds, counted against `--max-head-memory`: rustls's record buffer for
@@ -37,8 +37,14 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 const LINGER: Linger = Linger { time: Duration::from_secs(1), bytes: 64 * 1024 };
 
 /// Starts a TLS connection: its handshake, then its task.
-pub fn start<S: ClientStream>(lobby: &Rc<Lobby>, io: S, peer: Peer, site: Rc<Site>, permit: OwnedSemaphorePermit) {
-    tokio::task::spawn_local(handshake(lobby.clone(), io, peer, site, permit));
+pub fn start<S: ClientStream>(
+    context: &Rc<Connections>,
+    io: S,
+    peer: Peer,
+    site: Rc<Site>,
+    permit: OwnedSemaphorePermit,
+) {
+    tokio::task::spawn_local(handshake(context.clone(), io, peer, site, permit));
 }
 
 /// Why a handshake did not finish.
@@ -53,18 +59,18 @@ enum Failure {
 }
 
 async fn handshake<S: ClientStream>(
-    lobby: Rc<Lobby>,
+    context: Rc<Connections>,
     mut io: S,
     peer: Peer,
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
 ) {
-    let Some(certificates) = &lobby.tls else {
+    let Some(certificates) = &context.tls else {
         return debug!("closing a connection to a TLS listener: TLS is not configured");
     };
-    let _mark = lobby.connection_states.mark(ConnectionState::Reading);
-    let deadline = Instant::now() + lobby.settings().header_timeout;
-    let ticket = lobby.heads.ticket();
+    let _mark = context.connection_states.mark(ConnectionState::Reading);
+    let deadline = Instant::now() + context.settings().header_timeout;
+    let ticket = context.heads.ticket();
     ticket.hold(HANDSHAKE_MEMORY);
     let outcome = tokio::select! {
         outcome = shake(&mut io, certificates.config()) => outcome,
@@ -89,19 +95,19 @@ async fn handshake<S: ClientStream>(
             // --http-protocols leaves HTTP/1.1 out.
             let http2 = match session.alpn_protocol() {
                 Some(protocol) => protocol == b"h2",
-                None => !lobby.config.http.http1,
+                None => !context.protocols.http1,
             };
             let stream = TlsStream::new(io, session);
             if http2 {
-                opening::start_http2(&lobby, stream, BytesMut::new(), peer, site, permit);
+                opening::start_http2(&context, stream, BytesMut::new(), peer, site, permit);
             } else {
-                opening::start(&lobby, stream, peer, site, permit, 0);
+                opening::start(&context, stream, peer, site, permit, 0);
             }
         }
         Err(Failure::PlainHttp) => {
             let reason = "this port speaks HTTPS: plain HTTP was sent to a TLS listener";
             log::info_limited!("400 to {}: {reason}", peer.display());
-            lobby.metrics.refused(400);
+            context.counts.refused(400);
             refuse_plain(&mut io, reason).await;
         }
         Err(Failure::NotTls(byte)) => log::info_limited!(

@@ -15,11 +15,15 @@
 //! then read and written through rustls (`tls/`, with its certificate).
 //!
 //! It may import the queue (`seating`: a request goes in as a `Job`, its answer comes back
-//! through the spool), the logs and the shared context (`Lobby`); never the workers or their
-//! supervision, which it meets only through the queue.
+//! through the spool) and the logs; each task is handed what it needs in `context.rs` (the
+//! settings of the exchange, the queue, the budgets, where an idle connection goes) and counts
+//! into `counts.rs`. Never the workers or their supervision, which it meets only through the
+//! queue.
 
 pub(crate) mod asleep;
 mod body;
+pub(crate) mod context;
+pub(crate) mod counts;
 mod exchange;
 pub(crate) mod h2;
 pub(crate) mod handshake;

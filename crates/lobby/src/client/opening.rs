@@ -16,20 +16,20 @@ use super::h2;
 use super::http1::{Connection, NotHttp1};
 use super::peer::{ClientStream, Peer, Site, StreamKind};
 use super::tls::TlsStream;
-use crate::lobby::Lobby;
+use crate::client::context::Context;
 use crate::log::debug;
 
 /// Serves an HTTP/1.x connection, or a plain one whose protocol its first bytes will say, from
 /// its first request (`answered` 0) or after hibernating.
 pub fn start<S: ClientStream>(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     stream: S,
     peer: Peer,
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
     answered: u64,
 ) {
-    let connection = Connection::new(lobby, stream, peer, site, permit, answered);
+    let connection = Connection::new(context, stream, peer, site, permit, answered);
     tokio::task::spawn_local(async move {
         if let Some(handed) = connection.run().await {
             Box::pin(hand_over(handed)).await;
@@ -40,24 +40,24 @@ pub fn start<S: ClientStream>(
 /// A plain connection that opened with HTTP/2's preface goes on in HTTP/2's task; one that
 /// opened with neither protocol's bytes gets HTTP/2's connection error.
 async fn hand_over<S: ClientStream>(handed: NotHttp1<S>) {
-    let NotHttp1 { lobby, stream, buf, peer, site, permit, opening } = handed;
+    let NotHttp1 { context, stream, buf, peer, site, permit, opening } = handed;
     match opening {
-        Opening::Http2 => start_http2(&lobby, stream, buf, peer, site, permit),
-        _ => h2::refuse_preface(&lobby, stream, buf, &peer).await,
+        Opening::Http2 => start_http2(&context, stream, buf, peer, site, permit),
+        _ => h2::refuse_preface(&context, stream, buf, &peer).await,
     }
 }
 
 /// Serves an HTTP/2 connection from its preface on (`first`: the bytes of it already read), in a
 /// task of its own.
 pub(super) fn start_http2<S: ClientStream>(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     stream: S,
     first: BytesMut,
     peer: Peer,
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
 ) {
-    let serving = h2::serve_new(lobby, stream, first, peer, site, permit);
+    let serving = h2::serve_new(context, stream, first, peer, site, permit);
     tokio::task::spawn_local(async move {
         if let Some(quiet) = serving.await {
             hibernate_http2(quiet);
@@ -68,9 +68,9 @@ pub(super) fn start_http2<S: ClientStream>(
 /// An HTTP/2 connection quiet long enough leaves its task for the lobby's epoll set, its state
 /// kept in its `Sleeper`; it is never handed to a new maitred (`Sleeper::can_move`).
 fn hibernate_http2<S: ClientStream>(quiet: h2::Quiet<S>) {
-    let h2::Quiet { lobby, stream, peer, site, permit, answered, deadline, kept } = quiet;
+    let h2::Quiet { context, stream, peer, site, permit, answered, deadline, kept } = quiet;
     match stream.into_sleeping() {
-        Ok((socket, tls)) => lobby.hibernation.put(Sleeper {
+        Ok((socket, tls)) => context.hibernation.put(Sleeper {
             socket,
             kind: S::KIND,
             peer,
@@ -86,11 +86,11 @@ fn hibernate_http2<S: ClientStream>(quiet: h2::Quiet<S>) {
 }
 
 /// Wakes a hibernating connection whose client has spoken (or closed).
-pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
+pub fn resume(context: &Rc<Context>, sleeper: Sleeper) {
     let Sleeper { socket, kind, peer, site, permit, answered, tls, http2, deadline } = sleeper;
     if let Some(asleep) = http2 {
         fn woken<S: ClientStream>(
-            lobby: &Rc<Lobby>,
+            context: &Rc<Context>,
             stream: S,
             peer: Peer,
             site: Rc<Site>,
@@ -98,7 +98,7 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
             asleep: h2::kept::Http2Sleep,
             deadline: std::time::Instant,
         ) {
-            let serving = h2::serve_woken(lobby, stream, peer, site, permit, asleep, deadline);
+            let serving = h2::serve_woken(context, stream, peer, site, permit, asleep, deadline);
             tokio::task::spawn_local(async move {
                 if let Some(quiet) = serving.await {
                     hibernate_http2(quiet);
@@ -107,13 +107,13 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
         }
         let started = match (kind, tls) {
             (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| woken(lobby, stream, peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(context, stream, peer, site, permit, asleep, deadline)),
             (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| woken(lobby, stream, peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(context, stream, peer, site, permit, asleep, deadline)),
             (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
-                .map(|stream| woken(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(context, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
             (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
-                .map(|stream| woken(lobby, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
+                .map(|stream| woken(context, TlsStream::new(stream, session), peer, site, permit, asleep, deadline)),
         };
         if let Err(e) = started {
             debug!("could not wake an idle HTTP/2 connection: {e}");
@@ -122,13 +122,13 @@ pub fn resume(lobby: &Rc<Lobby>, sleeper: Sleeper) {
     }
     let started = match (kind, tls) {
         (StreamKind::Tcp, None) => tokio::net::TcpStream::from_std(socket.into())
-            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+            .map(|stream| start(context, stream, peer, site, permit, answered)),
         (StreamKind::Unix, None) => tokio::net::UnixStream::from_std(socket.into())
-            .map(|stream| start(lobby, stream, peer, site, permit, answered)),
+            .map(|stream| start(context, stream, peer, site, permit, answered)),
         (StreamKind::Tcp, Some(session)) => tokio::net::TcpStream::from_std(socket.into())
-            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
+            .map(|stream| start(context, TlsStream::new(stream, session), peer, site, permit, answered)),
         (StreamKind::Unix, Some(session)) => tokio::net::UnixStream::from_std(socket.into())
-            .map(|stream| start(lobby, TlsStream::new(stream, session), peer, site, permit, answered)),
+            .map(|stream| start(context, TlsStream::new(stream, session), peer, site, permit, answered)),
     };
     if let Err(e) = started {
         debug!("could not wake an idle connection: {e}");

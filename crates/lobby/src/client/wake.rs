@@ -7,14 +7,14 @@ use std::time::Instant;
 
 use super::asleep::{Hibernation, Sleeper, EVENTS_PER_WAIT, TICK};
 use super::opening;
-use crate::lobby::Lobby;
+use crate::client::context::Context;
 use crate::log::{debug, warning_limited};
 
 /// The watcher: wakes sleepers when their client speaks, closes them when their time is up.
-pub async fn watch(lobby: Rc<Lobby>) {
-    let hibernation = &lobby.hibernation;
+pub async fn watch(context: Rc<Context>) {
+    let hibernation = &context.hibernation;
     let mut ticks = tokio::time::interval(TICK);
-    let mut shutdown = lobby.shutdown.clone();
+    let mut shutdown = context.shutdown.clone();
     let mut woken = Vec::new();
     loop {
         tokio::select! {
@@ -22,7 +22,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                 let Ok(mut ready) = ready else { return };
                 let taken = hibernation.take_woken(&mut woken);
                 for sleeper in woken.drain(..) {
-                    opening::resume(&lobby, sleeper);
+                    opening::resume(&context, sleeper);
                 }
                 match taken {
                     Ok(n) if n < EVENTS_PER_WAIT => ready.clear_ready(),
@@ -40,9 +40,9 @@ pub async fn watch(lobby: Rc<Lobby>) {
             _ = ticks.tick() => {
                 let shutting_down = *shutdown.borrow();
                 for sleeper in hibernation.take_http2_ending(Instant::now(), shutting_down) {
-                    opening::resume(&lobby, sleeper);
+                    opening::resume(&context, sleeper);
                 }
-                if let (true, Some(successor)) = (shutting_down, lobby.successor()) {
+                if let (true, Some(successor)) = (shutting_down, context.successor()) {
                     // A binary upgrade: the new maitred takes every idle connection it can,
                     // those whose client has spoken too (it reads what they sent). One it cannot
                     // take (`Sleeper::can_move`) sleeps on here, and is answered here when its
@@ -51,7 +51,7 @@ pub async fn watch(lobby: Rc<Lobby>) {
                         if sleeper.can_move() {
                             successor.hand_over(sleeper);
                         } else {
-                            opening::resume(&lobby, sleeper);
+                            opening::resume(&context, sleeper);
                         }
                     }
                     for sleeper in hibernation.take_movable() {
@@ -61,10 +61,10 @@ pub async fn watch(lobby: Rc<Lobby>) {
                     // A request that has arrived is answered (with `Connection: close`), not
                     // lost with its connection.
                     for sleeper in take_all_woken(hibernation, &mut woken) {
-                        opening::resume(&lobby, sleeper);
+                        opening::resume(&context, sleeper);
                     }
                 }
-                let closed = hibernation.close_expired(Instant::now(), lobby.closing());
+                let closed = hibernation.close_expired(Instant::now(), context.closing());
                 if closed > 0 {
                     debug!("closed {closed} idle connections");
                 }

@@ -14,9 +14,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::bind::Listener;
 use super::cap::{fd_limit, CapWatch};
+use crate::client::context::Context;
 use crate::client::peer::{Peer, Site};
 use crate::client::{handshake, opening};
-use crate::lobby::Lobby;
 use crate::log::{debug, error_limited, info, info_limited, warning};
 
 /// Pauses after accept(2) fails for want of descriptors or memory: the first, doubled after
@@ -115,7 +115,7 @@ impl Acceptor {
 }
 
 pub(crate) async fn accept_loop(
-    lobby: Rc<Lobby>,
+    context: Rc<Context>,
     listener: Acceptor,
     site: Rc<Site>,
     connections: Arc<Semaphore>,
@@ -139,7 +139,7 @@ pub(crate) async fn accept_loop(
                     failures = 0;
                     pause = Duration::ZERO;
                 }
-                start_connection(&lobby, &site, permit, socket, &peer)
+                start_connection(&context, &site, permit, socket, &peer)
             }
             // The connection was reset or its network went away before it was taken: the
             // next one may be fine (accept(2), "Error handling").
@@ -190,7 +190,7 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 /// Takes the connections that finished their handshake but were not accepted yet, so that
 /// a shutdown resets none of them: the kernel would reset them when the socket closes.
 pub(crate) fn accept_backlog(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     listener: &Listener,
     site: &Rc<Site>,
     connections: &Arc<Semaphore>,
@@ -198,30 +198,36 @@ pub(crate) fn accept_backlog(
     let mut taken = 0;
     while let Ok(permit) = connections.clone().try_acquire_owned() {
         let Ok((socket, peer)) = listener.socket.accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) else { break };
-        start_connection(lobby, site, permit, socket, &peer);
+        start_connection(context, site, permit, socket, &peer);
         taken += 1;
     }
     taken
 }
 
 /// Gives an accepted, non-blocking socket its connection task.
-fn start_connection(lobby: &Rc<Lobby>, site: &Rc<Site>, permit: OwnedSemaphorePermit, socket: Socket, peer: &SockAddr) {
+fn start_connection(
+    context: &Rc<Context>,
+    site: &Rc<Site>,
+    permit: OwnedSemaphorePermit,
+    socket: Socket,
+    peer: &SockAddr,
+) {
     let fd = OwnedFd::from(socket);
-    let proxy_protocol = lobby.settings().proxy_protocol.is_some();
+    let proxy_protocol = context.settings().proxy_protocol.is_some();
     let started = match (peer.as_socket(), site.tls) {
         // TCP_NODELAY comes from the listener (listen::bind).
         (Some(addr), false) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
-            opening::start(lobby, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
+            opening::start(context, stream, Peer::new(Some(addr), proxy_protocol), site.clone(), permit, 0);
         }),
         (None, false) => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
-            opening::start(lobby, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
+            opening::start(context, stream, Peer::new(None, proxy_protocol), site.clone(), permit, 0);
         }),
         // The CLI refuses --proxy-protocol with TLS.
         (Some(addr), true) => tokio::net::TcpStream::from_std(fd.into()).map(|stream| {
-            handshake::start(lobby, stream, Peer::new(Some(addr), false), site.clone(), permit);
+            handshake::start(context, stream, Peer::new(Some(addr), false), site.clone(), permit);
         }),
         (None, true) => tokio::net::UnixStream::from_std(fd.into()).map(|stream| {
-            handshake::start(lobby, stream, Peer::new(None, false), site.clone(), permit);
+            handshake::start(context, stream, Peer::new(None, false), site.clone(), permit);
         }),
     };
     if let Err(e) = started {

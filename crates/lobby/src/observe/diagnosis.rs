@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use super::findings::{kernel_counters, Finding, KERNEL_COUNTERS};
+use super::Observed;
 use crate::client::states::{ConnectionState, OLD_AFTER, TICK};
 use crate::config::QueuePolicy;
 use crate::listen::bind::somaxconn;
-use crate::lobby::Lobby;
 use crate::seating::overload::ShedReason;
 use crate::seating::websocket::SUMMARY_MARK;
 use crate::worker::recycle::resident_of;
@@ -34,30 +34,30 @@ const FREQUENT_FAILURES: usize = 2;
 const FREQUENT_RECYCLES: usize = 3;
 
 /// Looks every `TICK` until the lobby stops; ages the connection counts as it goes.
-pub async fn watch(lobby: Rc<Lobby>, connections: Arc<Semaphore>, max_connections: usize) {
+pub async fn watch(observed: Rc<Observed>, connections: Arc<Semaphore>, max_connections: usize) {
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        lobby.connection_states.tick();
-        sample_resident(&lobby);
+        observed.connection_states.tick();
+        sample_resident(&observed);
         let at_capacity = connections.available_permits() == 0;
         let mut findings = Vec::new();
-        listen_queues(&lobby, at_capacity, max_connections, &mut findings);
-        kernel_overflows(&lobby, &mut findings);
-        saturation(&lobby, &mut findings);
-        overload(&lobby, &mut findings);
-        long_requests(&lobby, &mut findings);
-        worker_exits(&lobby, &mut findings);
-        slow_clients(&lobby, max_connections, &mut findings);
-        lobby.diagnoses.update(findings);
+        listen_queues(&observed, at_capacity, max_connections, &mut findings);
+        kernel_overflows(&observed, &mut findings);
+        saturation(&observed, &mut findings);
+        overload(&observed, &mut findings);
+        long_requests(&observed, &mut findings);
+        worker_exits(&observed, &mut findings);
+        slow_clients(&observed, max_connections, &mut findings);
+        observed.diagnoses.update(findings);
     }
 }
 
 /// Each worker's RSS, kept on its card for the line that names its kill (an OOM kill's): one
 /// read of /proc/PID/statm a worker a tick, a few microseconds each.
-fn sample_resident(lobby: &Lobby) {
-    for card in lobby.scoreboard.cards() {
+fn sample_resident(observed: &Observed) {
+    for card in observed.scoreboard.cards() {
         // A worker being killed, or a zombie, reads 0: not its last size.
         if let Some(resident) = card.pid.get().and_then(resident_of).filter(|resident| *resident > 0) {
             card.resident.set(Some(resident));
@@ -66,8 +66,8 @@ fn sample_resident(lobby: &Lobby) {
 }
 
 /// S1/S2: a listener's accept queue three quarters full.
-fn listen_queues(lobby: &Lobby, at_capacity: bool, max_connections: usize, findings: &mut Vec<Finding>) {
-    for listener in lobby.diagnoses.listeners().iter() {
+fn listen_queues(observed: &Observed, at_capacity: bool, max_connections: usize, findings: &mut Vec<Finding>) {
+    for listener in observed.diagnoses.listeners().iter() {
         let Some(queued) = listener.queue() else { continue };
         if (queued as u64) * 4 < listener.backlog as u64 * FILLING_QUARTERS || queued == 0 {
             continue;
@@ -100,9 +100,9 @@ fn listen_queues(lobby: &Lobby, at_capacity: bool, max_connections: usize, findi
 }
 
 /// S1/S2: the kernel's overflow counters moved since the last tick.
-fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
+fn kernel_overflows(observed: &Observed, findings: &mut Vec<Finding>) {
     let Some(now) = kernel_counters() else { return };
-    let seen = lobby.diagnoses.kernel_seen.replace(Some(now)).unwrap_or(now);
+    let seen = observed.diagnoses.kernel_seen.replace(Some(now)).unwrap_or(now);
     let moved = [now[0].saturating_sub(seen[0]), now[1].saturating_sub(seen[1])];
     if moved == [0, 0] {
         return;
@@ -132,21 +132,21 @@ fn kernel_overflows(lobby: &Lobby, findings: &mut Vec<Finding>) {
 /// S4/S5: every seat busy for over a second, with requests waiting: a WSGI worker's threads,
 /// an ASGI worker's admissions (requests whose answers have not started; its open streams take
 /// none, so a worker full of idle streams is not saturated).
-fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let [busy, free] = lobby.scoreboard.seats(lobby.settings().worker_connections);
-    let waiting = lobby.seating.waiting();
+fn saturation(observed: &Observed, findings: &mut Vec<Finding>) {
+    let [busy, free] = observed.scoreboard.seats(observed.settings().worker_connections);
+    let waiting = observed.seating.waiting();
     let saturated = busy > 0 && free == 0 && waiting > 0;
     if !saturated {
-        lobby.diagnoses.saturated_since.set(None);
+        observed.diagnoses.saturated_since.set(None);
         return;
     }
-    let since = *lobby.diagnoses.saturated_since.get().get_or_insert_with(Instant::now);
-    lobby.diagnoses.saturated_since.set(Some(since));
+    let since = *observed.diagnoses.saturated_since.get().get_or_insert_with(Instant::now);
+    observed.diagnoses.saturated_since.set(Some(since));
     if since.elapsed() < SATURATED_AFTER {
         return;
     }
-    let oldest = lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64());
-    let mut running: Vec<(Duration, String, i32)> = lobby
+    let oldest = observed.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64());
+    let mut running: Vec<(Duration, String, i32)> = observed
         .scoreboard
         .cards()
         .iter()
@@ -165,7 +165,7 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
         .take(3)
         .map(|(took, summary, pid)| format!("{summary} for {:.1} s (worker {pid})", took.as_secs_f64()))
         .collect();
-    let settings = lobby.settings();
+    let settings = observed.settings();
     let queue_timeout = settings.queue_timeout.map_or("off".to_string(), |limit| format!("{} s", limit.as_secs_f64()));
     let (every, more) = if settings.threads > 1 {
         (
@@ -198,9 +198,9 @@ fn saturation(lobby: &Lobby, findings: &mut Vec<Finding>) {
 
 /// Clients that gave up while their requests waited, or requests refused because they could no
 /// longer be answered in time, since the last look: more arrives than the workers answer (O1).
-fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let counts = lobby.seating.overload.counts();
-    let seen = lobby.diagnoses.shed_seen.replace(counts);
+fn overload(observed: &Observed, findings: &mut Vec<Finding>) {
+    let counts = observed.seating.overload.counts();
+    let seen = observed.diagnoses.shed_seen.replace(counts);
     let moved = |reason: ShedReason| counts[reason as usize].saturating_sub(seen[reason as usize]);
     let abandoned = moved(ShedReason::Abandoned);
     let refused = moved(ShedReason::Overload) + moved(ShedReason::Deadline);
@@ -209,11 +209,11 @@ fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
     }
     // Clients that left a queue that was not growing (a load generator's exit, a proxy's
     // reload) are not overload (`seating/overload.rs`).
-    if refused == 0 && !lobby.seating.overload.overloaded(Instant::now()) {
+    if refused == 0 && !observed.seating.overload.overloaded(Instant::now()) {
         return;
     }
-    let settings = lobby.settings();
-    let shedding = match (settings.queue_policy, lobby.seating.overload.patience(Instant::now())) {
+    let settings = observed.settings();
+    let shedding = match (settings.queue_policy, observed.seating.overload.patience(Instant::now())) {
         (QueuePolicy::Fifo, _) => "--queue-policy fifo serves the rest however late".to_string(),
         (QueuePolicy::Adaptive, Some(patience)) => format!(
             "requests that wait over {:.2} s, half of the {:.2} s clients wait, are answered 503",
@@ -242,10 +242,10 @@ fn overload(lobby: &Lobby, findings: &mut Vec<Finding>) {
 }
 
 /// A worker in one request for over half of `--timeout`.
-fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let timeout = lobby.settings().timeout;
+fn long_requests(observed: &Observed, findings: &mut Vec<Finding>) {
+    let timeout = observed.settings().timeout;
     let threshold = timeout / 2;
-    for card in lobby.scoreboard.cards() {
+    for card in observed.scoreboard.cards() {
         // An open WebSocket holds its seat for its life, with no --timeout: not a long request.
         let longest = card
             .running()
@@ -288,9 +288,9 @@ fn long_requests(lobby: &Lobby, findings: &mut Vec<Finding>) {
 }
 
 /// Workers recycled or lost often in the last minute.
-fn worker_exits(lobby: &Lobby, findings: &mut Vec<Finding>) {
-    let board = &lobby.scoreboard;
-    let workers = lobby.settings().workers;
+fn worker_exits(observed: &Observed, findings: &mut Vec<Finding>) {
+    let board = &observed.scoreboard;
+    let workers = observed.settings().workers;
     let recycled = board.recent_exits(ExitReason::is_recycling);
     if recycled >= FREQUENT_RECYCLES.max(workers) {
         let by_reason = reasons(board, ExitReason::is_recycling);
@@ -336,14 +336,14 @@ fn reasons(board: &Scoreboard, select: fn(ExitReason) -> bool) -> String {
 }
 
 /// Many connections held by clients slow to send their request or to read their answer.
-fn slow_clients(lobby: &Lobby, max_connections: usize, findings: &mut Vec<Finding>) {
-    let states = &lobby.connection_states;
+fn slow_clients(observed: &Observed, max_connections: usize, findings: &mut Vec<Finding>) {
+    let states = &observed.connection_states;
     let sending = states.old(ConnectionState::Reading);
     let reading = states.old(ConnectionState::Writing);
     if sending + reading < SLOW_CLIENTS {
         return;
     }
-    let settings = lobby.settings();
+    let settings = observed.settings();
     findings.push(Finding {
         name: "slow_clients",
         scenario: "slow clients",

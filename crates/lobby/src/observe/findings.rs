@@ -1,7 +1,7 @@
 //! The diagnoses in force: each finding, since when it lasts, and the log lines that say so;
 //! and what they are read from that the lobby keeps (the listeners' queues, the kernel's
-//! counters). A leaf: the lobby holds its `Diagnoses`, so it takes no `Lobby`; `diagnosis.rs`
-//! makes the findings.
+//! counters). A leaf: what is observed (`Observed`) holds the `Diagnoses`; `diagnosis.rs` makes
+//! the findings.
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsFd;

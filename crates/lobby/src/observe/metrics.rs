@@ -1,7 +1,8 @@
 //! What the lobby counts, as the `prometheus` library keeps it: counters and histograms are
 //! updated where things happen (atomic adds); gauges, and the counters kept elsewhere, are
-//! read when a scrape comes (`Now`, read by `status.rs`). A leaf: the lobby holds its
-//! `Metrics`, so it takes no `Lobby`.
+//! read when a scrape comes (`Now`, read by `status.rs`). The connections and the workers' tasks
+//! count into the families registered here through counts of their own (`client/counts.rs`,
+//! `worker/counts.rs`), handed to them as the lobby starts.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -15,9 +16,11 @@ use prometheus::{
 use maitred_protocol::RequestError;
 
 use super::findings::KERNEL_COUNTERS;
+use crate::client::counts::Counts as ClientCounts;
 use crate::client::h2::reasons::{GoawayReason, Http2Refusal, StreamStage};
 use crate::process::watchdog::Readings;
 use crate::seating::overload::ShedReason;
+use crate::worker::counts::Counts as WorkerCounts;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
 pub(super) const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -31,9 +34,11 @@ const LOBBY_REFUSAL_STATUSES: [u16; 4] = [408, 426, 500, 503];
 
 pub struct Metrics {
     pub(super) registry: Registry,
-    pub(super) answers: Answers,
-    http2: Http2,
-    pub(super) queue: Queue,
+    /// What the connections count, and the workers' tasks: handed to them (`client_counts`,
+    /// `worker_counts`), read here for `/status.json`.
+    pub(super) client: ClientCounts,
+    pub(super) worker: WorkerCounts,
+    queue: Queue,
     workers: Workers,
     connections: Connections,
     lobby_loop: LobbyLoop,
@@ -43,51 +48,21 @@ impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new_custom(Some("maitred".into()), None).expect("a valid prefix");
         let families = Families(&registry);
-        let (answers, http2, queue) = (Answers::new(&families), Http2::new(&families), Queue::new(&families));
-        let (workers, connections) = (Workers::new(&families), Connections::new(&families));
+        let (client, worker) = (client_counts(&families), worker_counts(&families));
+        let (queue, workers, connections) =
+            (Queue::new(&families), Workers::new(&families), Connections::new(&families));
         let lobby_loop = LobbyLoop::new(&families);
-        Metrics { registry, answers, http2, queue, workers, connections, lobby_loop }
+        Metrics { registry, client, worker, queue, workers, connections, lobby_loop }
     }
 
-    /// An answer written to a client, worker's or lobby's.
-    pub fn answered(&self, status: u16) {
-        let class = (status / 100).clamp(1, 5) as usize - 1;
-        self.answers.requests[class].inc();
+    /// What the connections count into.
+    pub fn client_counts(&self) -> ClientCounts {
+        self.client.clone()
     }
 
-    /// An answer written to an HTTP/2 stream, counted by `answered` or `refused` besides: HTTP/1.x's
-    /// are the difference, so that its answers cost no second count.
-    pub fn answered_http2(&self) {
-        self.answers.http2_requests.inc();
-    }
-
-    /// An HTTP/2 connection ended with GOAWAY for what its client sent.
-    pub fn http2_refused(&self, refusal: Http2Refusal) {
-        self.http2.refused.with_label_values(&[refusal.label()]).inc();
-        self.http2_goaway(refusal.goaway());
-    }
-
-    pub fn http2_goaway(&self, reason: GoawayReason) {
-        self.http2.goaways.with_label_values(&[reason.label()]).inc();
-    }
-
-    /// A stream its client reset.
-    pub fn http2_stream_reset(&self, stage: StreamStage) {
-        self.http2.streams_reset.with_label_values(&[stage.label()]).inc();
-    }
-
-    /// A request the lobby answered itself, with an error.
-    pub fn refused(&self, status: u16) {
-        self.answers.refusals.with_label_values(&[&status.to_string()]).inc();
-        self.answered(status);
-    }
-
-    pub fn waited(&self, wait: Duration) {
-        self.queue.wait.observe(wait.as_secs_f64());
-    }
-
-    pub fn served(&self, took: Duration) {
-        self.answers.duration.observe(took.as_secs_f64());
+    /// What the workers' tasks count into.
+    pub fn worker_counts(&self) -> WorkerCounts {
+        self.worker.clone()
     }
 
     /// Reads the gauges, and the counters kept elsewhere, now.
@@ -140,95 +115,85 @@ impl Families<'_> {
     }
 }
 
-/// The answers: `requests_total` by class (those of HTTP/2 counted again apart), the lobby's
-/// refusals by status, and how long a worker took.
-pub(super) struct Answers {
-    /// `maitred_requests_total` for 1xx to 5xx, looked up once: an answer costs one atomic add.
-    pub(super) requests: [IntCounter; 5],
-    /// `maitred_http2_requests_total`: those of them that came over HTTP/2.
-    http2_requests: IntCounter,
-    pub(super) refusals: IntCounterVec,
-    pub(super) duration: Histogram,
-}
-
-impl Answers {
-    fn new(families: &Families) -> Answers {
-        let by_class = families.add(IntCounterVec::new(
-            Opts::new("requests_total", "Requests answered, by the class of their status"),
-            &["class"],
-        ));
-        let http2_requests = families.add(IntCounter::new(
-            "http2_requests_total",
-            "Requests answered that came over HTTP/2, as streams (counted in requests_total too)",
-        ));
-        let refusals = families.add(IntCounterVec::new(
-            Opts::new(
-                "refusals_total",
-                "Requests refused by the lobby without a worker (bad requests, limits, --queue-timeout)",
-            ),
-            &["status"],
-        ));
-        for status in RequestError::STATUSES.iter().chain(&LOBBY_REFUSAL_STATUSES) {
-            refusals.with_label_values(&[&status.to_string()]);
-        }
-        // 1 ms to about 65 s.
-        let duration = families.add(Histogram::with_opts(
-            HistogramOpts::new(
-                "request_duration_seconds",
-                "Time a worker spent on a request, from its seating to the end of its answer",
-            )
-            .buckets(exponential_buckets(0.001, 2.0, 17).expect("valid")),
-        ));
-        Answers {
-            requests: STATUS_CLASSES.map(|class| by_class.with_label_values(&[class])),
-            http2_requests,
-            refusals,
-            duration,
-        }
+/// What the connections count: `requests_total` by class (those of HTTP/2 counted again apart),
+/// the lobby's refusals by status, and what HTTP/2 clients made the lobby do (end their
+/// connections, send GOAWAY, and what their resets interrupted).
+fn client_counts(families: &Families) -> ClientCounts {
+    let by_class = families.add(IntCounterVec::new(
+        Opts::new("requests_total", "Requests answered, by the class of their status"),
+        &["class"],
+    ));
+    let http2_requests = families.add(IntCounter::new(
+        "http2_requests_total",
+        "Requests answered that came over HTTP/2, as streams (counted in requests_total too)",
+    ));
+    let refusals = families.add(IntCounterVec::new(
+        Opts::new(
+            "refusals_total",
+            "Requests refused by the lobby without a worker (bad requests, limits, --queue-timeout)",
+        ),
+        &["status"],
+    ));
+    for status in RequestError::STATUSES.iter().chain(&LOBBY_REFUSAL_STATUSES) {
+        refusals.with_label_values(&[&status.to_string()]);
+    }
+    let http2_refused = families.counter_by(
+        "http2_refused_total",
+        "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
+         continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
+         ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
+         (flow_control, invalid_preface, protocol_error)",
+        "reason",
+        Http2Refusal::ALL.iter().map(|refusal| refusal.label()),
+    );
+    let http2_goaways = families.counter_by(
+        "http2_goaways_total",
+        "GOAWAY frames the lobby sent to HTTP/2 clients, one a connection, by why: shutdown (a shutdown or a \
+         binary upgrade), idle (--keep-alive), protocol_error, flood (ENHANCE_YOUR_CALM)",
+        "reason",
+        GoawayReason::ALL.iter().map(|reason| reason.label()),
+    );
+    let http2_streams_reset = families.counter_by(
+        "http2_streams_reset_total",
+        "HTTP/2 streams their client reset (RST_STREAM) before their answer was whole, by where their request \
+         was: reading, queued, in_service, writing",
+        "state",
+        StreamStage::ALL.iter().map(|stage| stage.label()),
+    );
+    ClientCounts {
+        // Looked up once: an answer costs one atomic add.
+        requests: STATUS_CLASSES.map(|class| by_class.with_label_values(&[class])),
+        http2_requests,
+        refusals,
+        http2_refused,
+        http2_goaways,
+        http2_streams_reset,
     }
 }
 
-/// What HTTP/2 clients made the lobby do: end their connections, send GOAWAY, and what their
-/// resets interrupted.
-struct Http2 {
-    refused: IntCounterVec,
-    goaways: IntCounterVec,
-    streams_reset: IntCounterVec,
+/// What the workers' tasks count: how long requests waited in the queue, and how long a worker
+/// took.
+fn worker_counts(families: &Families) -> WorkerCounts {
+    // 0.1 ms to about 6.5 s.
+    let queue_wait = families.add(Histogram::with_opts(
+        HistogramOpts::new("queue_wait_seconds", "Time a request waited in the lobby's queue for a worker")
+            .buckets(exponential_buckets(0.0001, 2.0, 17).expect("valid")),
+    ));
+    // 1 ms to about 65 s.
+    let duration = families.add(Histogram::with_opts(
+        HistogramOpts::new(
+            "request_duration_seconds",
+            "Time a worker spent on a request, from its seating to the end of its answer",
+        )
+        .buckets(exponential_buckets(0.001, 2.0, 17).expect("valid")),
+    ));
+    WorkerCounts { queue_wait, duration }
 }
 
-impl Http2 {
-    fn new(families: &Families) -> Http2 {
-        let refused = families.counter_by(
-            "http2_refused_total",
-            "HTTP/2 connections ended for what their client sent, by what it was: a flood (rapid_reset, \
-             continuation_flood, header_list_too_large, empty_data_flood, malformed_streams, settings_flood, \
-             ping_flood), a client that gave no window for --send-timeout (zero_window), or a broken rule \
-             (flow_control, invalid_preface, protocol_error)",
-            "reason",
-            Http2Refusal::ALL.iter().map(|refusal| refusal.label()),
-        );
-        let goaways = families.counter_by(
-            "http2_goaways_total",
-            "GOAWAY frames the lobby sent to HTTP/2 clients, one a connection, by why: shutdown (a shutdown or a \
-             binary upgrade), idle (--keep-alive), protocol_error, flood (ENHANCE_YOUR_CALM)",
-            "reason",
-            GoawayReason::ALL.iter().map(|reason| reason.label()),
-        );
-        let streams_reset = families.counter_by(
-            "http2_streams_reset_total",
-            "HTTP/2 streams their client reset (RST_STREAM) before their answer was whole, by where their request \
-             was: reading, queued, in_service, writing",
-            "state",
-            StreamStage::ALL.iter().map(|stage| stage.label()),
-        );
-        Http2 { refused, goaways, streams_reset }
-    }
-}
-
-/// The queue: what waits in it now, how long requests waited, and those it did not serve.
-pub(super) struct Queue {
+/// The queue: what waits in it now, and those it did not serve (how long requests waited is the
+/// workers' count).
+struct Queue {
     requests: IntGauge,
-    pub(super) wait: Histogram,
     websockets_queued: IntGauge,
     shed: IntCounterVec,
     /// What the seating's count of requests not served had reached at the last scrape, to
@@ -239,11 +204,6 @@ pub(super) struct Queue {
 impl Queue {
     fn new(families: &Families) -> Queue {
         let requests = families.add(IntGauge::new("queue_requests", "Requests waiting for a worker now"));
-        // 0.1 ms to about 6.5 s.
-        let wait = families.add(Histogram::with_opts(
-            HistogramOpts::new("queue_wait_seconds", "Time a request waited in the lobby's queue for a worker")
-                .buckets(exponential_buckets(0.0001, 2.0, 17).expect("valid")),
-        ));
         let websockets_queued =
             families.add(IntGauge::new("websockets_queued", "WebSocket handshakes waiting in the queue for a worker"));
         let shed = families.counter_by(
@@ -253,7 +213,7 @@ impl Queue {
             "reason",
             ShedReason::ALL.iter().map(|reason| reason.label()),
         );
-        Queue { requests, wait, websockets_queued, shed, shed_reported: Cell::new([0; ShedReason::ALL.len()]) }
+        Queue { requests, websockets_queued, shed, shed_reported: Cell::new([0; ShedReason::ALL.len()]) }
     }
 
     fn refresh(&self, now: &Now) {

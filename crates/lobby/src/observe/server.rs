@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use super::Observed;
 use super::{page, status};
 use crate::listen::bind::Listener;
-use crate::lobby::Lobby;
 use crate::log::{debug, info_limited};
 
 /// The most a stats request's head may be, and how long it may take to arrive.
@@ -25,14 +25,14 @@ const MAX_STATS_CONNECTIONS: usize = 64;
 
 /// Serves the stats listener until the lobby stops: one request per connection, at most
 /// `MAX_STATS_CONNECTIONS` at once (those past it are closed at once).
-pub async fn serve(lobby: Rc<Lobby>, listener: Listener, max_connections: usize) {
+pub async fn serve(observed: Rc<Observed>, listener: Listener, max_connections: usize) {
     let std_listener: std::os::fd::OwnedFd = listener.socket.into();
     let open = Arc::new(Semaphore::new(MAX_STATS_CONNECTIONS));
     if listener.unix_path.is_some() {
         let Ok(accepting) = tokio::net::UnixListener::from_std(std_listener.into()) else { return };
         loop {
             match accepting.accept().await {
-                Ok((stream, _)) => spawn_answer(&lobby, stream, &open, max_connections),
+                Ok((stream, _)) => spawn_answer(&observed, stream, &open, max_connections),
                 Err(e) => accept_failed(e).await,
             }
         }
@@ -40,7 +40,7 @@ pub async fn serve(lobby: Rc<Lobby>, listener: Listener, max_connections: usize)
         let Ok(accepting) = tokio::net::TcpListener::from_std(std_listener.into()) else { return };
         loop {
             match accepting.accept().await {
-                Ok((stream, _)) => spawn_answer(&lobby, stream, &open, max_connections),
+                Ok((stream, _)) => spawn_answer(&observed, stream, &open, max_connections),
                 Err(e) => accept_failed(e).await,
             }
         }
@@ -52,7 +52,7 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-fn spawn_answer<S>(lobby: &Rc<Lobby>, stream: S, open: &Arc<Semaphore>, max_connections: usize)
+fn spawn_answer<S>(observed: &Rc<Observed>, stream: S, open: &Arc<Semaphore>, max_connections: usize)
 where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
 {
@@ -60,9 +60,9 @@ where
         info_limited!("the stats listener has {MAX_STATS_CONNECTIONS} connections open; closing another");
         return;
     };
-    let lobby = lobby.clone();
+    let observed = observed.clone();
     tokio::task::spawn_local(async move {
-        if let Err(e) = answer(&lobby, stream, max_connections).await {
+        if let Err(e) = answer(&observed, stream, max_connections).await {
             debug!("stats request: {e}");
         }
         drop(permit);
@@ -70,7 +70,7 @@ where
 }
 
 /// Reads one request head and answers it, then closes.
-async fn answer<S>(lobby: &Lobby, mut stream: S, max_connections: usize) -> io::Result<()>
+async fn answer<S>(observed: &Observed, mut stream: S, max_connections: usize) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -90,7 +90,7 @@ where
     let (status, content_type, body) = match read {
         Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "the request head took too long")),
         Ok(Err(e)) => (400, "text/plain; charset=utf-8", format!("bad request: {e}\n").into_bytes().into()),
-        Ok(Ok(())) => route(lobby, &head, max_connections),
+        Ok(Ok(())) => route(observed, &head, max_connections),
     };
     let reason = match status {
         200 => "OK",
@@ -111,7 +111,7 @@ where
     stream.shutdown().await
 }
 
-fn route(lobby: &Lobby, head: &[u8], max_connections: usize) -> (u16, &'static str, Cow<'static, [u8]>) {
+fn route(observed: &Observed, head: &[u8], max_connections: usize) -> (u16, &'static str, Cow<'static, [u8]>) {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
@@ -121,11 +121,11 @@ fn route(lobby: &Lobby, head: &[u8], max_connections: usize) -> (u16, &'static s
         return (405, text, b"the stats listener answers GET only\n"[..].into());
     }
     match path {
-        b"/metrics" => match status::metrics(lobby) {
+        b"/metrics" => match status::metrics(observed) {
             Ok(exposition) => (200, prometheus::TEXT_FORMAT, exposition.into_bytes().into()),
             Err(_) => (500, text, b"the metrics could not be written\n"[..].into()),
         },
-        b"/status.json" => (200, "application/json", status::status(lobby, max_connections).into_bytes().into()),
+        b"/status.json" => (200, "application/json", status::status(observed, max_connections).into_bytes().into()),
         _ => match page::file(path) {
             Some((content_type, body)) => (200, content_type, body.into()),
             None => (

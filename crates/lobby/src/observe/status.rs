@@ -11,32 +11,32 @@ use serde_json::{json, Value};
 
 use super::findings::KERNEL_COUNTERS;
 use super::metrics::{ListenerNow, Now, WorkerNow, STATUS_CLASSES};
+use super::Observed;
 use crate::client::states::ConnectionState;
 use crate::config::QueuePolicy;
-use crate::lobby::Lobby;
 use crate::process::watchdog::Watchdog;
 use crate::seating::overload::{ShedReason, SUSTAINED};
 use crate::worker::recycle::resident_of;
 use crate::worker::scoreboard::{ExitReason, WorkerState};
 
 /// `/metrics`: the exposition (Prometheus text format 0.0.4), with the gauges read now.
-pub(super) fn metrics(lobby: &Lobby) -> prometheus::Result<String> {
-    lobby.metrics.render(&Now::read(lobby))
+pub(super) fn metrics(observed: &Observed) -> prometheus::Result<String> {
+    observed.metrics.render(&Now::read(observed))
 }
 
 /// `/status.json` (docs/METRICS.md): the same figures, the scoreboard and the diagnoses.
-pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
-    let metrics = &lobby.metrics;
-    let now = Now::read(lobby);
+pub(super) fn status(observed: &Observed, max_connections: usize) -> String {
+    let metrics = &observed.metrics;
+    let now = Now::read(observed);
     metrics.refresh(&now);
-    let settings = lobby.settings();
+    let settings = observed.settings();
     let requests: serde_json::Map<String, Value> = STATUS_CLASSES
         .iter()
-        .zip(&metrics.answers.requests)
+        .zip(&metrics.client.requests)
         .map(|(class, count)| (class.to_string(), json!(count.get())))
         .collect();
     let refusals: serde_json::Map<String, Value> = metrics
-        .answers
+        .client
         .refusals
         .collect()
         .iter()
@@ -57,7 +57,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         ShedReason::ALL.iter().zip(now.shed).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
     let worker_exits: serde_json::Map<String, Value> =
         ExitReason::ALL.iter().zip(exits).map(|(reason, count)| (reason.label().into(), json!(count))).collect();
-    let scoreboard: Vec<Value> = lobby
+    let scoreboard: Vec<Value> = observed
         .scoreboard
         .cards()
         .iter()
@@ -93,7 +93,7 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             })
         })
         .collect();
-    let diagnoses: Vec<Value> = lobby
+    let diagnoses: Vec<Value> = observed
         .diagnoses
         .current()
         .into_iter()
@@ -113,8 +113,8 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         "server": {
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
-            "uptime_seconds": lobby.started.elapsed().as_secs_f64(),
-            "generation": lobby.scoreboard.generation.get(),
+            "uptime_seconds": observed.started.elapsed().as_secs_f64(),
+            "generation": observed.scoreboard.generation.get(),
             "workers_target": settings.workers,
             "max_connections": max_connections,
             "lobby_timeout_seconds": settings.lobby_timeout.map(|limit| limit.as_secs_f64()),
@@ -126,13 +126,13 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
         "refusals": refusals,
         "queue": {
             "waiting": now.waiting,
-            "oldest_wait_seconds": lobby.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64()),
+            "oldest_wait_seconds": observed.seating.oldest_waiting().map_or(0.0, |at| at.elapsed().as_secs_f64()),
         },
         "overload": {
             "policy": if settings.queue_policy == QueuePolicy::Adaptive { "adaptive" } else { "fifo" },
-            "patience_seconds": lobby.seating.overload.patience(instant).map(|p| p.as_secs_f64()),
-            "overloaded": lobby.seating.overload.overloaded(instant),
-            "learned": lobby.seating.overload.learned(instant).map(|learned| json!({
+            "patience_seconds": observed.seating.overload.patience(instant).map(|p| p.as_secs_f64()),
+            "overloaded": observed.seating.overload.overloaded(instant),
+            "learned": observed.seating.overload.learned(instant).map(|learned| json!({
                 "patience_seconds": learned.patience.as_secs_f64(),
                 "departures": learned.departures,
                 "clients": learned.clients,
@@ -144,8 +144,8 @@ pub(super) fn status(lobby: &Lobby, max_connections: usize) -> String {
             })),
             "shed": shed,
         },
-        "queue_wait_seconds": histogram(&metrics.queue.wait),
-        "request_duration_seconds": histogram(&metrics.answers.duration),
+        "queue_wait_seconds": histogram(&metrics.worker.queue_wait),
+        "request_duration_seconds": histogram(&metrics.worker.duration),
         "workers": workers,
         "seats": {"busy": now.seats[0], "free": now.seats[1]},
         "connections": connections,
@@ -171,17 +171,17 @@ fn histogram(histogram: &Histogram) -> Value {
 }
 
 impl Now {
-    pub(super) fn read(lobby: &Lobby) -> Now {
-        let states = &lobby.connection_states;
-        let waiting = lobby.seating.waiting();
+    pub(super) fn read(observed: &Observed) -> Now {
+        let states = &observed.connection_states;
+        let waiting = observed.seating.waiting();
         let awaiting = states.count(ConnectionState::Awaiting) as usize;
         // A request offered to a busy worker is still waiting; once its worker has it, it
         // is in service.
         let queued = waiting.min(awaiting);
         Now {
             waiting,
-            workers: lobby.scoreboard.counts(),
-            seats: lobby.scoreboard.seats(lobby.settings().worker_connections),
+            workers: observed.scoreboard.counts(),
+            seats: observed.scoreboard.seats(observed.settings().worker_connections),
             connections: [
                 ("reading", states.count(ConnectionState::Reading) as usize),
                 ("queued", queued),
@@ -189,21 +189,21 @@ impl Now {
                 ("writing", states.count(ConnectionState::Writing) as usize),
                 ("websocket", states.count(ConnectionState::WebSocket) as usize),
                 ("idle", states.count(ConnectionState::Idle) as usize),
-                ("hibernating", lobby.hibernation.sleeping()),
+                ("hibernating", observed.hibernation.sleeping()),
             ],
-            listeners: lobby
+            listeners: observed
                 .diagnoses
                 .listeners()
                 .iter()
                 .map(|l| ListenerNow { name: l.name.clone(), queue: l.queue(), backlog: l.backlog })
                 .collect(),
-            exits: lobby.scoreboard.exits(),
-            shed: lobby.seating.overload.counts(),
-            overflows: lobby.diagnoses.kernel_overflows(),
-            websockets_open: lobby.websockets.open(),
-            websockets_queued: lobby.seating.websockets_queued(),
-            event_loop: lobby.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
-            workers_now: lobby
+            exits: observed.scoreboard.exits(),
+            shed: observed.seating.overload.counts(),
+            overflows: observed.diagnoses.kernel_overflows(),
+            websockets_open: observed.websockets.open(),
+            websockets_queued: observed.seating.websockets_queued(),
+            event_loop: observed.watchdog.as_ref().map(Watchdog::readings).unwrap_or_default(),
+            workers_now: observed
                 .scoreboard
                 .cards()
                 .iter()

@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
-use crate::lobby::Lobby;
 use crate::log::{info, warning, warning_limited};
+use crate::seating::Seating;
 
 /// At most one `STATUS=` line in this long, and only when it has changed.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
@@ -152,7 +152,7 @@ fn watchdog_interval(usec: Option<&OsStr>, for_pid: Option<&OsStr>, pid: u32) ->
 /// Starts telling the service manager how the lobby is doing, if one listens: the `STATUS=`
 /// lines and the watchdog's heartbeat, from a task on the event loop. Call once, as the lobby
 /// starts (on the event loop: it spawns a local task).
-pub(crate) fn watch(lobby: &Rc<Lobby>) {
+pub(crate) fn watch(standing: Standing) {
     let Some(notifier) = notifier() else { return };
     match notifier.watchdog {
         Some(every) => info!(
@@ -162,7 +162,17 @@ pub(crate) fn watch(lobby: &Rc<Lobby>) {
         ),
         None => info!("notifying the service manager at NOTIFY_SOCKET={}", notifier.name),
     }
-    tokio::task::spawn_local(heartbeat(notifier, lobby.clone()));
+    tokio::task::spawn_local(heartbeat(notifier, standing));
+}
+
+/// What the `STATUS=` line is read from.
+#[derive(Clone)]
+pub(crate) struct Standing {
+    pub seating: Rc<Seating>,
+    /// Turns true once a shutdown has begun.
+    pub shutdown: watch::Receiver<bool>,
+    /// `--workers` as the lobby started: how many the start waits for.
+    pub workers: usize,
 }
 
 /// `READY=1`: the server serves. Sent as the lobby starts serving, and again when a reload
@@ -200,13 +210,13 @@ fn monotonic_usec() -> u64 {
 }
 
 /// One line for `systemctl status`: "serving, 4 workers (3 idle), 0 queued".
-fn status(phase: Phase, lobby: &Lobby) -> String {
-    let workers = lobby.seating.workers();
-    let idle = lobby.seating.idle();
-    let queued = lobby.seating.waiting();
-    let phase = if *lobby.shutdown.borrow() { Phase::Stopping } else { phase };
+fn status(phase: Phase, standing: &Standing) -> String {
+    let workers = standing.seating.workers();
+    let idle = standing.seating.idle();
+    let queued = standing.seating.waiting();
+    let phase = if *standing.shutdown.borrow() { Phase::Stopping } else { phase };
     match phase {
-        Phase::Starting => format!("starting: {workers} of {} ready", count(lobby.config.workers, "worker")),
+        Phase::Starting => format!("starting: {workers} of {} ready", count(standing.workers, "worker")),
         Phase::Serving => format!("serving, {} ({idle} idle), {queued} queued", count(workers, "worker")),
         Phase::Reloading => format!("reloading, {} ({idle} idle), {queued} queued", count(workers, "worker")),
         Phase::Stopping => format!("stopping: {} busy, {queued} queued", count(workers.saturating_sub(idle), "worker")),
@@ -224,7 +234,7 @@ fn count(n: usize, what: &str) -> String {
 
 /// Sends `STATUS=` when it changes (at most once per `STATUS_INTERVAL`, or at once after
 /// `ready`, `reloading` or `stopping`) and `WATCHDOG=1` on time, until the runtime is dropped.
-async fn heartbeat(notifier: &'static Notifier, lobby: Rc<Lobby>) {
+async fn heartbeat(notifier: &'static Notifier, standing: Standing) {
     let mut statuses = interval(STATUS_INTERVAL);
     statuses.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // Without a watchdog this timer is never polled.
@@ -240,7 +250,7 @@ async fn heartbeat(notifier: &'static Notifier, lobby: Rc<Lobby>) {
             _ = statuses.tick() => {}
             _ = notifier.changed.notified() => statuses.reset_at(Instant::now() + STATUS_INTERVAL),
         }
-        let now = status(notifier.phase(), &lobby);
+        let now = status(notifier.phase(), &standing);
         if now != last {
             notifier.send(&format!("STATUS={now}"));
             last = now;

@@ -1,5 +1,5 @@
 //! Starting a maitred process that talks to this lobby: the fresh zygote of a reload with
-//! --preload (`supervise/zygote.rs`), and the new maitred of a binary upgrade (`upgrade/`). Each gets one
+//! --preload (`zygote.rs`), and the new maitred of a binary upgrade (`upgrade/`). Each gets one
 //! end of a SOCK_SEQPACKET pair, and keeps the descriptors it is given open across exec.
 
 use std::io;

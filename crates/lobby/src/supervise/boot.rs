@@ -5,10 +5,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::signals::Sig;
-use super::zygote::Report;
 use super::{Event, Supervisor};
 use crate::log::{debug, info};
 use crate::process::hooks::{HookFailed, LobbyHook};
+use crate::process::zygote::Report;
 use crate::worker::scoreboard::Phase;
 use crate::worker::seat::Gone;
 use crate::StartupError;
@@ -26,17 +26,17 @@ impl Supervisor {
     /// until the server serves.
     pub(crate) async fn boot(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), BootEnd> {
         // Held until all are ready, so that a --max-worker-lifetime counts from when they serve.
-        let settings = self.lobby.settings();
+        let settings = self.worker.settings();
         for _ in 0..self.target {
             let id = self.add_worker(self.generation, Phase::Hold);
-            if let Err(e) = self.lobby.zygotes.serving().control.spawn(id, self.target, &settings).await {
+            if let Err(e) = self.worker.zygotes.serving().control.spawn(id, self.target, &settings).await {
                 // The zygote is gone; its last report (a preload failure) says why.
                 debug!("cannot ask the zygote for worker {id}: {e}");
                 break;
             }
         }
         let mut ready = 0;
-        let deadline = Instant::now() + self.lobby.config.timeout;
+        let deadline = Instant::now() + self.config.timeout;
         // Asked for once every worker is ready; like gunicorn's, it may take as long as it takes.
         let mut awaiting_when_ready = false;
         let failed = |message: String| Err(BootEnd::Failed(StartupError(message)));
@@ -70,8 +70,8 @@ impl Supervisor {
             let Ok(event) = event else {
                 return failed(format!(
                     "workers did not finish loading {} within --timeout ({} s)",
-                    self.lobby.config.app,
-                    self.lobby.config.timeout.as_secs_f64()
+                    self.config.app,
+                    self.config.timeout.as_secs_f64()
                 ));
             };
             match event {

@@ -10,11 +10,14 @@
 //! Here: the supervisor's state, its event loop and the events it hears. Its other work is
 //! spread over files by concern, each an `impl Supervisor`: `boot.rs` (the start), `workers.rs`
 //! (starting, replacing, retiring and recycling workers), `reload.rs` (SIGHUP), `signals.rs`
-//! (every other signal), `stop.rs` (the drain and the end); `zygote.rs` is the control channel
-//! to the zygote that forks the workers, `oom.rs` what the memory cgroup says of a lost worker.
+//! (every other signal), `stop.rs` (the drain and the end); `oom.rs` is what the memory cgroup says of a lost worker.
+//! The zygote that forks the workers, and its control channel, are the process's
+//! (`process/zygote.rs`).
 //!
 //! It may import the workers (`worker`), the process's own life (`process`: upgrade, hooks,
-//! notify), the logs and the shared context; never the client connections.
+//! notify, the zygotes), the logs, the settings and the connections' context (a reload gives
+//! them new settings and reads their certificate again; the drain waits for those busy);
+//! never the connections' own code.
 
 pub(crate) mod boot;
 mod oom;
@@ -22,7 +25,6 @@ mod reload;
 pub(crate) mod signals;
 pub(crate) mod stop;
 mod workers;
-pub(crate) mod zygote;
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -32,19 +34,21 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::lobby::Lobby;
+use crate::client::context::Context as Connections;
+use crate::config::Config;
 use crate::log::{debug, error, info};
 use crate::process::hooks::{HookFailed, HookThread, LobbyHook};
 use crate::process::upgrade::handover::{Candidate, Successor};
 use crate::process::upgrade::Succession;
-use crate::worker::scoreboard::{Card, ExitReason, Phase};
+use crate::process::zygote::{Report, Zygote};
+use crate::worker::context::Context as Workers;
+use crate::worker::scoreboard::{Card, ExitReason, Phase, Scoreboard};
 use crate::worker::seat::Gone;
 use oom::OomWatch;
 use reload::Reload;
 pub use reload::{Reread, Rereader};
 use signals::{Sig, Signals};
 use workers::WorkerEntry;
-use zygote::{Report, Zygote};
 
 /// How serving ended.
 pub(crate) enum Stop {
@@ -111,8 +115,26 @@ struct Forked {
     card: Option<Rc<Card>>,
 }
 
+/// What the supervisor is handed besides its own state.
+pub(crate) struct Context {
+    /// The settings as the lobby started; those a reload changes are the workers' `settings`.
+    pub config: Rc<Config>,
+    /// What each worker's tasks are started with.
+    pub worker: Rc<Workers>,
+    /// The connections: a reload gives them new settings and reads their certificate again,
+    /// and the drain waits for those busy.
+    pub client: Rc<Connections>,
+    pub scoreboard: Rc<Scoreboard>,
+    /// The worker_int hook is set: SIGQUIT goes on to the workers before they are stopped.
+    pub interrupt_workers: bool,
+}
+
 pub(crate) struct Supervisor {
-    pub(crate) lobby: Rc<Lobby>,
+    config: Rc<Config>,
+    pub(crate) worker: Rc<Workers>,
+    client: Rc<Connections>,
+    scoreboard: Rc<Scoreboard>,
+    interrupt_workers: bool,
     events_tx: mpsc::UnboundedSender<Event>,
     signals: Signals,
     rereader: Option<Rereader>,
@@ -147,7 +169,7 @@ pub(crate) struct Supervisor {
 
 impl Supervisor {
     pub(crate) fn new(
-        lobby: Rc<Lobby>,
+        context: Context,
         events_tx: mpsc::UnboundedSender<Event>,
         signals: Signals,
         rereader: Option<Rereader>,
@@ -155,9 +177,14 @@ impl Supervisor {
         listeners: Vec<RawFd>,
         hooks: Option<HookThread>,
     ) -> Supervisor {
-        let target = lobby.config.workers;
+        let Context { config, worker, client, scoreboard, interrupt_workers } = context;
         Supervisor {
-            lobby,
+            target: config.workers,
+            config,
+            worker,
+            client,
+            scoreboard,
+            interrupt_workers,
             events_tx,
             signals,
             rereader,
@@ -165,7 +192,6 @@ impl Supervisor {
             next_id: 0,
             generation: 1,
             next_generation: 2,
-            target,
             reload: None,
             boot_failures: 0,
             deferred: Vec::new(),
@@ -258,7 +284,7 @@ impl Supervisor {
                     }
                 }
                 _ = tokio::time::sleep_until(reload_deadline.unwrap_or_else(Instant::now)), if reload_deadline.is_some() => {
-                    let settings = self.lobby.settings();
+                    let settings = self.worker.settings();
                     let reason = format!(
                         "the new workers did not finish loading {} within --timeout ({} s)",
                         settings.app,
@@ -322,8 +348,8 @@ impl Supervisor {
                     debug!("worker {pid} is no longer wanted; stopping it");
                     self.forked.insert(pid, Forked { age: slot + 1, card: None });
                     drop(channels);
-                    if from == self.lobby.zygotes.serving().pid {
-                        let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                    if from == self.worker.zygotes.serving().pid {
+                        let _ = self.worker.zygotes.kill(pid, libc::SIGKILL).await;
                     }
                 }
             },
@@ -332,7 +358,7 @@ impl Supervisor {
                 self.abandon_reload(&format!("the new zygote could not load the application: {message}")).await;
             }
             Event::Report(_, Report::PreloadFailed(message)) => return Err(format!("the zygote failed: {message}")),
-            Event::ZygoteGone(from, reason) if from == self.lobby.zygotes.serving().pid => {
+            Event::ZygoteGone(from, reason) if from == self.worker.zygotes.serving().pid => {
                 return Err(format!("{reason}; no worker can be replaced"))
             }
             Event::ZygoteGone(from, reason) if self.is_reload_zygote(from) => {
@@ -362,7 +388,7 @@ impl Supervisor {
             }
             Event::PreExecDone => {
                 self.pre_exec_running = false;
-                if !*self.lobby.shutdown.borrow() {
+                if !*self.worker.shutdown.borrow() {
                     self.start_candidate();
                 }
             }

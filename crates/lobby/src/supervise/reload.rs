@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::zygote::Zygote;
 use super::{read_control, Event, Supervisor};
 use crate::config::Config;
 use crate::log::{self, error, info, warning};
 use crate::process::hooks::LobbyHook;
 use crate::process::notify;
+use crate::process::zygote::Zygote;
 use crate::worker::scoreboard::{ExitReason, Phase};
 
 /// The config file read again for a SIGHUP: the lobby's new settings, and the names of the
@@ -53,7 +53,7 @@ impl Supervisor {
         }
         notify::reloading();
         // New handshakes use the renewed certificate; open connections keep their keys.
-        if let Some(certificates) = &self.lobby.tls {
+        if let Some(certificates) = &self.client.tls {
             match certificates.reload() {
                 Ok(()) => info!("SIGHUP: read the certificate in {} again", certificates.certfile().display()),
                 Err(e) => error!("SIGHUP: {e}; the certificate in use stays"),
@@ -104,30 +104,33 @@ impl Supervisor {
                 kept.join(", ")
             );
         }
-        let old = self.lobby.settings();
+        let old = self.worker.settings();
         if config.workers != old.workers {
             // A count set by SIGTTIN and SIGTTOU stays, unless the file sets a new one.
             self.target = config.workers;
         }
         if config.log_level != old.log_level {
             log::set_level(config.log_level);
-            if let Err(e) = self.lobby.zygotes.serving().control.set_log_level(config.log_level).await {
+            if let Err(e) = self.worker.zygotes.serving().control.set_log_level(config.log_level).await {
                 error!("cannot tell the zygote the new log level: {e}");
             }
         }
-        self.lobby.set_settings(config);
+        // Connections and workers take them from their next request on.
+        self.worker.seating.configure(config.overload_policy());
+        self.client.reconfigure(config.client_settings());
+        self.worker.settings.set(config);
     }
 
     /// Asks the zygote for a full set of new workers, held until all are ready.
     pub(super) fn start_generation(&mut self) {
         let generation = self.next_generation;
         self.next_generation += 1;
-        let settings = self.lobby.settings();
+        let settings = self.worker.settings();
         if let Some(reload) = &mut self.reload {
             reload.generation = Some(generation);
             reload.deadline = Some(Instant::now() + settings.timeout);
         }
-        if self.lobby.config.preload {
+        if self.config.preload {
             // The application was imported by the zygote: only a fresh one imports it anew.
             match Zygote::start(&self.succession.command, &self.succession.directory) {
                 Ok(zygote) => {
@@ -178,11 +181,11 @@ impl Supervisor {
         }
         if let Some(zygote) = self.reload_zygote.take() {
             // The old zygote exits once the old workers have answered what they hold.
-            let old = self.lobby.zygotes.replace(zygote);
-            self.lobby.zygotes.retire(old);
+            let old = self.worker.zygotes.replace(zygote);
+            self.worker.zygotes.retire(old);
         }
         self.generation = generation;
-        self.lobby.scoreboard.generation.set(generation);
+        self.scoreboard.generation.set(generation);
         self.boot_failures = 0;
         info!(
             "SIGHUP: reloaded: {} new workers serve (pids {}); the old ones (pids {old_pids}) retire once they have \
@@ -203,7 +206,7 @@ impl Supervisor {
     pub(super) async fn abandon_reload(&mut self, reason: &str) {
         let Some(reload) = self.reload.take() else { return };
         error!("SIGHUP: reload abandoned: {reason}; the old workers keep serving");
-        if !*self.lobby.shutdown.borrow() {
+        if !*self.worker.shutdown.borrow() {
             notify::ready();
         }
         let zygote = self.reload_zygote.take();
@@ -211,7 +214,7 @@ impl Supervisor {
             let ids: Vec<usize> =
                 self.workers.iter().filter(|(_, w)| w.generation() == generation).map(|(id, _)| *id).collect();
             for id in ids {
-                self.lobby.scoreboard.remove(id);
+                self.scoreboard.remove(id);
                 let Some(entry) = self.workers.remove(&id) else { continue };
                 // A ready one closes its channel and exits; one still loading is killed.
                 entry.seat.retire();
@@ -221,17 +224,18 @@ impl Supervisor {
                         task.abort();
                     }
                     if let Some(pid) = pid {
-                        let control =
-                            zygote.as_ref().map_or_else(|| self.lobby.zygotes.serving().control, |z| z.control.clone());
-                        let _ = self.lobby.zygotes.kill_through(&control, pid, libc::SIGKILL).await;
+                        let control = zygote
+                            .as_ref()
+                            .map_or_else(|| self.worker.zygotes.serving().control, |z| z.control.clone());
+                        let _ = self.worker.zygotes.kill_through(&control, pid, libc::SIGKILL).await;
                     }
                 }
             }
         }
         if let Some(zygote) = zygote {
-            self.lobby.zygotes.retire(zygote);
+            self.worker.zygotes.retire(zygote);
         }
-        if reload.again && !*self.lobby.shutdown.borrow() {
+        if reload.again && !*self.worker.shutdown.borrow() {
             self.begin_reload();
         }
     }

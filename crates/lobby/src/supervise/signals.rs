@@ -141,13 +141,13 @@ impl Supervisor {
     /// SIGQUIT, runs the hook and exits; those still there after `QUIT_GRACE` are killed with
     /// the rest when the workers are stopped.
     pub(super) async fn quit_workers(&self) {
-        if !self.lobby.interrupt_workers {
+        if !self.interrupt_workers {
             return;
         }
         let mut left = Vec::new();
         for pid in self.workers.values().filter_map(WorkerEntry::pid) {
             left.push(health::ProcStat::open(pid));
-            if let Err(e) = self.lobby.zygotes.kill(pid, libc::SIGQUIT).await {
+            if let Err(e) = self.worker.zygotes.kill(pid, libc::SIGQUIT).await {
                 error!("could not ask the zygote to pass SIGQUIT to worker {pid}: {e}");
             }
         }
@@ -162,14 +162,14 @@ impl Supervisor {
     /// paths).
     pub(super) async fn reopen_logs(&self) {
         let mut reopened = Vec::new();
-        if let Some(path) = &self.lobby.config.error_logfile {
+        if let Some(path) = &self.config.error_logfile {
             log::reopen_error_log(path);
             reopened.push(format!("the error log {path}"));
         }
         if let Some(path) = log::reopen_access_log() {
             reopened.push(format!("the access log {path}"));
         }
-        if let Err(e) = self.lobby.zygotes.serving().control.reopen_logs().await {
+        if let Err(e) = self.worker.zygotes.serving().control.reopen_logs().await {
             error!("SIGUSR1: cannot ask the zygote to reopen its log: {e}");
         }
         if reopened.is_empty() {

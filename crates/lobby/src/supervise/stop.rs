@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::signals::Sig;
-use super::{zygote, Event, Supervisor};
-use crate::lobby::Lobby;
+use super::{Event, Supervisor};
 use crate::log::{error, info, warning};
+use crate::process::zygote::{self, Zygotes};
 
 /// How long the zygote gets to exit once its control channel is closed.
 const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -26,14 +26,14 @@ const DRAIN_CHECK: Duration = Duration::from_millis(100);
 /// Closes the control channel (the zygote then exits once its workers have) and reaps it,
 /// and any zygote a reload retired. If one is stuck, it and the workers it was asked to stop
 /// are killed, so that nothing outlives the server.
-pub(crate) async fn close_control_and_reap(lobby: Rc<Lobby>, workers: &[i32]) {
-    // Tasks not yet dropped may still hold the Lobby, so shut the socket rather than wait
+pub(crate) async fn close_control_and_reap(zygotes: Rc<Zygotes>, workers: &[i32]) {
+    // Tasks not yet dropped may still hold the zygotes, so shut the socket rather than wait
     // for the last reference to close it.
-    let serving = lobby.zygotes.serving();
+    let serving = zygotes.serving();
     serving.control.close();
-    let mut left = lobby.zygotes.retired();
+    let mut left = zygotes.retired();
     left.push(serving.pid);
-    drop(lobby);
+    drop(zygotes);
     let deadline = tokio::time::Instant::now() + ZYGOTE_EXIT_WAIT;
     loop {
         left.retain(|pid| !zygote::reaped(*pid));
@@ -99,12 +99,12 @@ impl Supervisor {
                 _ = &mut timer => {
                     // Connections left idle are no request unfinished: those a new maitred could
                     // not take (TLS, PROXY protocol), or whose client has not sent a first one.
-                    if self.lobby.connection_states.busy() == 0 {
+                    if self.client.connection_states.busy() == 0 {
                         let idle = max_connections - connections.available_permits();
                         info!("--graceful-timeout passed; closing the {idle} connections left, all idle");
                         return true;
                     }
-                    if (self.lobby.streams.open() > 0 || self.lobby.websockets.open() > 0)
+                    if (self.worker.streams.open() > 0 || self.worker.websockets.open() > 0)
                         && self.end_streams(&mut all_closed).await
                     {
                         return true;
@@ -140,7 +140,7 @@ impl Supervisor {
     /// connections up to `STREAMS_END_WAIT` to close (docs/SIGNALS.md). True: every connection
     /// closed, so nothing was left unfinished.
     async fn end_streams(&self, all_closed: &mut (impl std::future::Future + Unpin)) -> bool {
-        let (streams, websockets) = (&self.lobby.streams, &self.lobby.websockets);
+        let (streams, websockets) = (&self.worker.streams, &self.worker.websockets);
         info!(
             "--graceful-timeout passed with {} streams and {} WebSockets open; ending the streams and closing the \
              WebSockets (1001)",
@@ -157,11 +157,11 @@ impl Supervisor {
     /// Returns the pids of the workers stopped.
     pub(crate) async fn stop_workers(&mut self, kill: bool) -> Vec<i32> {
         let mut pids = Vec::new();
-        self.lobby.scoreboard.clear();
+        self.scoreboard.clear();
         for (_, worker) in self.workers.drain() {
             let Some(pid) = worker.pid() else { continue };
             if kill {
-                let _ = self.lobby.zygotes.kill(pid, libc::SIGKILL).await;
+                let _ = self.worker.zygotes.kill(pid, libc::SIGKILL).await;
             }
             if let Some(task) = worker.task {
                 task.abort();

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::oom::{mib, Verdict};
-use super::zygote::Exit;
 use super::{Event, Forked, Supervisor};
 use crate::log::{debug, error, info};
+use crate::process::zygote::Exit;
 use crate::worker::recycle::{recycles, Recycle};
 use crate::worker::scoreboard::{Card, ExitReason, Phase};
 use crate::worker::seat::{Gone, Seat};
@@ -60,7 +60,7 @@ impl Supervisor {
         let id = self.next_id;
         self.next_id += 1;
         let card = Rc::new(Card::new(generation, phase));
-        self.lobby.scoreboard.add(id, card.clone());
+        self.scoreboard.add(id, card.clone());
         self.workers.insert(id, WorkerEntry { seat: Seat::new(card), task: None, retired_for: None });
         id
     }
@@ -71,11 +71,11 @@ impl Supervisor {
         // A reload's workers come from its own zygote, when it has one (--preload).
         let zygote = match &self.reload_zygote {
             Some(zygote) if self.pending_generation() == Some(generation) => zygote.clone(),
-            _ => self.lobby.zygotes.serving(),
+            _ => self.worker.zygotes.serving(),
         };
         let target = self.target;
         // The settings of the moment: a reload's workers take the config file's new threads.
-        let settings = self.lobby.settings();
+        let settings = self.worker.settings();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(pause).await;
             if let Err(e) = zygote.control.spawn(id, target, &settings).await {
@@ -91,11 +91,11 @@ impl Supervisor {
         };
         self.forked.insert(pid, Forked { age: id + 1, card: Some(entry.seat.card.clone()) });
         entry.seat.card.pid.set(Some(pid));
-        let lobby = self.lobby.clone();
+        let worker = self.worker.clone();
         let events = self.events_tx.clone();
         let tell = self.events_tx.clone();
         let recycle = Recycle::new(
-            &lobby.settings(),
+            &worker.settings(),
             pid,
             Box::new(move |reason, detail| {
                 let _ = tell.send(Event::Recycling { id, pid, reason, detail });
@@ -107,7 +107,7 @@ impl Supervisor {
                 let events = events.clone();
                 move || drop(events.send(Event::Ready { id, pid }))
             };
-            let gone = threads::serve_worker(lobby, pid, channels, recycle, seat, ready).await;
+            let gone = threads::serve_worker(worker, pid, channels, recycle, seat, ready).await;
             let _ = events.send(Event::Gone { id, pid, gone });
         });
         if let Some(old) = entry.task.replace(task) {
@@ -116,14 +116,14 @@ impl Supervisor {
     }
 
     pub(super) async fn on_gone(&mut self, id: usize, pid: i32, mut gone: Gone) {
-        self.lobby.scoreboard.remove(id);
+        self.scoreboard.remove(id);
         let Some(entry) = self.workers.remove(&id) else {
             debug!("worker {pid}, no longer wanted, is gone: {gone:?}");
             return;
         };
         // A loss maitred did not cause may be the OOM killer's; the zygote's report of the
         // exit status may come before this or after.
-        let on_its_own = matches!(gone, Gone::Lost(ExitReason::Crash, _)) && !self.lobby.zygotes.sent_sigkill(pid);
+        let on_its_own = matches!(gone, Gone::Lost(ExitReason::Crash, _)) && !self.worker.zygotes.sent_sigkill(pid);
         let oom_kill = self.oom.judge(pid, on_its_own, self.forked.contains_key(&pid)).certain();
         if let (Some(kill), Gone::Lost(reason, detail)) = (&oom_kill, &mut gone) {
             *reason = ExitReason::OomKill;
@@ -135,7 +135,7 @@ impl Supervisor {
             Gone::Retired => entry.retired_for,
         };
         if let Some(reason) = exit {
-            self.lobby.scoreboard.exited(reason);
+            self.scoreboard.exited(reason);
         }
         if self.pending_generation() == Some(entry.generation()) {
             let reason = match gone {
@@ -189,7 +189,7 @@ impl Supervisor {
     /// OOM kill, for certain when the memory cgroup counted one (`oom.rs`), else a probable one.
     pub(super) fn on_exited(&mut self, zygote: i32, pid: i32, how: Exit) {
         let card = self.forked.get(&pid).and_then(|forked| forked.card.clone());
-        let by_maitred = self.lobby.zygotes.exit_reported(pid);
+        let by_maitred = self.worker.zygotes.exit_reported(pid);
         let sigkill = how == Exit::Signal(libc::SIGKILL);
         let loss_to_come = self.workers.values().any(|worker| worker.pid() == Some(pid));
         let verdict = self.oom.judge(pid, sigkill && !by_maitred, loss_to_come);
@@ -263,7 +263,7 @@ impl Supervisor {
         if serving >= self.target {
             return false;
         }
-        !*self.lobby.shutdown.borrow() || self.lobby.seating.queued() > 0 || serving == 0
+        !*self.worker.shutdown.borrow() || self.worker.seating.queued() > 0 || serving == 0
     }
 
     /// Starts or retires workers of the serving generation until `target` serve, the spare
@@ -279,14 +279,14 @@ impl Supervisor {
             for _ in 0..missing {
                 self.spawn(self.generation, Phase::Serve, pause);
             }
-        } else if serving.len() > self.target && !*self.lobby.shutdown.borrow() {
+        } else if serving.len() > self.target && !*self.worker.shutdown.borrow() {
             // Those still loading go first, the newest first; then the oldest, as gunicorn does.
             let mut doomed: Vec<usize> = serving.iter().rev().copied().filter(|id| !self.workers[id].ready()).collect();
             doomed.extend(serving.iter().copied().filter(|id| self.workers[id].ready()));
             doomed.truncate(serving.len() - self.target);
             self.retire(&doomed, ExitReason::ScaleDown);
         }
-        if recycles(&self.lobby.settings()) && self.spare().is_none() && !*self.lobby.shutdown.borrow() {
+        if recycles(&self.worker.settings()) && self.spare().is_none() && !*self.worker.shutdown.borrow() {
             self.spawn(self.generation, Phase::Hold, pause);
         }
     }
@@ -302,6 +302,6 @@ impl Supervisor {
             }
         }
         recalled.sort_by_key(|job| job.enqueued_at);
-        self.lobby.seating.requeue_front(recalled);
+        self.worker.seating.requeue_front(recalled);
     }
 }

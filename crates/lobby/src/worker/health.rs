@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lobby::Lobby;
 use crate::log::{error, warning};
+use crate::worker::context::Context;
 
 /// How long a worker waiting for a request may have been idle before the lobby looks at its
 /// state when a request comes for it. A worker that sent the last frame of an answer less than
@@ -105,13 +105,13 @@ fn written(pid: i32) -> Option<u64> {
 /// `DUMP_GRACE` at most. The lobby's lines queued before (the one saying why) are written
 /// first; this task writes nothing in between, so its own lines do not land inside the stack.
 /// A stopped worker writes nothing until it is continued: that one costs the whole grace.
-pub async fn dump_stack(lobby: &Lobby, pid: i32) {
+pub async fn dump_stack(context: &Context, pid: i32) {
     let line_deadline = Instant::now() + LINE_FIRST;
     while !crate::log::error_log_written() && Instant::now() < line_deadline {
         tokio::time::sleep(LINE_POLL).await;
     }
     let before = written(pid);
-    if let Err(e) = lobby.zygotes.kill(pid, stack_signal()).await {
+    if let Err(e) = context.zygotes.kill(pid, stack_signal()).await {
         warning!("could not ask the zygote to have worker {pid} write its stack: {e}");
         return;
     }
@@ -141,9 +141,9 @@ const ABORT_POLL: Duration = Duration::from_millis(10);
 /// Sends SIGABRT to a worker that timed out, as gunicorn does, so that its worker_abort hook
 /// runs, and waits until it has exited, `ABORT_GRACE` at most. A worker stuck where no Python
 /// runs (a C call holding the GIL) costs the whole grace, and is killed after it.
-pub async fn abort(lobby: &Lobby, pid: i32) {
+pub async fn abort(context: &Context, pid: i32) {
     let stat = ProcStat::open(pid);
-    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGABRT).await {
+    if let Err(e) = context.zygotes.kill(pid, libc::SIGABRT).await {
         warning!("could not ask the zygote to send SIGABRT to worker {pid}: {e}");
         return;
     }
@@ -155,11 +155,11 @@ pub async fn abort(lobby: &Lobby, pid: i32) {
 
 /// Ends a worker past --timeout: SIGABRT first when it has a worker_abort hook (`abort`), then
 /// SIGKILL.
-pub async fn end(lobby: &Lobby, pid: i32) {
-    if lobby.abort_on_timeout {
-        abort(lobby, pid).await;
+pub async fn end(context: &Context, pid: i32) {
+    if context.abort_on_timeout {
+        abort(context, pid).await;
     }
-    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+    if let Err(e) = context.zygotes.kill(pid, libc::SIGKILL).await {
         error!("could not ask the zygote to kill worker {pid}: {e}");
     }
 }
@@ -187,13 +187,13 @@ const STOP_POLL: Duration = Duration::from_millis(5);
 /// request, which then waits for --timeout like any slow request, and, with `keep`, one that did
 /// not (its other threads have requests to finish); never one that someone else had stopped
 /// (`kill -STOP` to look at it). `channel` is the lobby's end of the worker's channel.
-pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>, keep: bool) -> bool {
+pub async fn never_read(context: &Context, pid: i32, channel: BorrowedFd<'_>, keep: bool) -> bool {
     if maitred_sys::socket::unsent_bytes(channel).is_none_or(|unsent| unsent == 0) {
         return false;
     }
     let stat = ProcStat::open(pid);
     let stopped_before = stat.is_stopped();
-    if lobby.zygotes.kill(pid, libc::SIGSTOP).await.is_err() {
+    if context.zygotes.kill(pid, libc::SIGSTOP).await.is_err() {
         return false;
     }
     let deadline = Instant::now() + STOP_SEEN_WITHIN;
@@ -202,7 +202,7 @@ pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>, keep: 
     }
     let unread = stat.is_stopped() && maitred_sys::socket::unsent_bytes(channel).is_some_and(|unsent| unsent > 0);
     if !stopped_before && (keep || !unread) {
-        let _ = lobby.zygotes.kill(pid, libc::SIGCONT).await;
+        let _ = context.zygotes.kill(pid, libc::SIGCONT).await;
     }
     unread
 }
@@ -211,16 +211,16 @@ pub async fn never_read(lobby: &Lobby, pid: i32, channel: BorrowedFd<'_>, keep: 
 /// is closed, so a continued worker exits by itself. Someone who stopped it to look at it
 /// (`kill -STOP`, then gdb or py-spy) has that long. A shutdown kills it at once: the zygote
 /// waits for its children, and the lobby no longer counts this one among its workers.
-pub fn kill_if_still_there(lobby: Rc<Lobby>, pid: i32, stat: ProcStat, bound: Duration) {
+pub fn kill_if_still_there(context: Rc<Context>, pid: i32, stat: ProcStat, bound: Duration) {
     tokio::task::spawn_local(async move {
-        let mut shutdown = lobby.shutdown.clone();
+        let mut shutdown = context.shutdown.clone();
         let why = tokio::select! {
             _ = tokio::time::sleep(bound) => format!("{} s after it was found stopped", bound.as_secs_f64()),
             _ = shutdown.wait_for(|stopping| *stopping) => "at the shutdown".to_string(),
         };
         if stat.is_alive() {
             warning!("worker {pid} was still there {why}; killing it");
-            if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+            if let Err(e) = context.zygotes.kill(pid, libc::SIGKILL).await {
                 crate::log::error!("could not ask the zygote to kill worker {pid}: {e}");
             }
         }

@@ -7,12 +7,15 @@
 //! one channel, carrying any number of requests at once (`mux.rs`), and each of its requests'
 //! relay, an accepted WebSocket's messages both ways included (`stream.rs`).
 //!
-//! It may import the queue (`seating`), the logs and the shared context (`Lobby`); never the
-//! client connections, which it meets only through the queue, nor the supervisor, which drives
-//! it.
+//! It may import the queue (`seating`), the zygote that signals a worker (`process/zygote.rs`),
+//! the logs and the settings, each task handed them in `context.rs` with its counts
+//! (`counts.rs`); never the client connections, which it meets only through the queue, nor the
+//! supervisor, which drives it.
 
 mod answers;
 pub(crate) mod channel;
+pub(crate) mod context;
+pub(crate) mod counts;
 mod gate;
 pub(crate) mod health;
 mod mux;

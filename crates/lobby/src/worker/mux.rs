@@ -23,11 +23,11 @@ use super::routes::{route, Mux, ROUTE_BACKLOG};
 use super::scoreboard::{ExitReason, Phase};
 use super::seat::{Gone, Seat};
 use super::{serve, stream};
-use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{multiplexed_layout, Offers};
 use crate::seating::Next;
+use crate::worker::context::Context;
 
 /// How late a worker's event loop may be and still be given new requests (issue 47, item 2).
 /// Measured on the 2-core development machine, `-w 2`, status.json's `loop_lag_seconds`
@@ -47,8 +47,8 @@ const LOOK_AGAIN_WHILE_LATE: std::time::Duration = std::time::Duration::from_mil
 
 /// Serves the ASGI worker `pid` through its one channel until it goes away or is retired and
 /// every request it holds has ended.
-pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc<Recycle>, seat: Rc<Seat>) -> Gone {
-    let cap = lobby.settings().worker_connections;
+pub async fn serve(context: Rc<Context>, pid: i32, mut channel: Channel, recycle: Rc<Recycle>, seat: Rc<Seat>) -> Gone {
+    let cap = context.settings().worker_connections;
     let (offers, mut phase) =
         match serve::set_up(&mut channel, Offers::with_layout(multiplexed_layout(cap)), &seat).await {
             Ok(set_up) => set_up,
@@ -74,7 +74,7 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc
         lost: RefCell::new(None),
     });
     recycle.begin();
-    let gone = run(&lobby, &mux, &mut channel, &recycle, cap, &mut phase).await;
+    let gone = run(&context, &mux, &mut channel, &recycle, cap, &mut phase).await;
     // Every relay still running hears that its worker has gone (its route closes); one whose
     // request is still in its slot takes it back, and it goes to another worker.
     if let Gone::Lost(_, detail) = &gone {
@@ -87,7 +87,7 @@ pub async fn serve(lobby: Rc<Lobby>, pid: i32, mut channel: Channel, recycle: Rc
 
 /// The worker's task, once it serves: admission, and the ring read and routed.
 async fn run(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     mux: &Rc<Mux>,
     channel: &mut Channel,
     recycle: &Recycle,
@@ -105,7 +105,7 @@ async fn run(
             if let Some(mut wait) = waiting.take() {
                 wait.close();
                 if let Ok(job) = wait.try_recv() {
-                    lobby.seating.return_unstarted(job);
+                    context.seating.return_unstarted(job);
                 }
             }
         }
@@ -115,9 +115,9 @@ async fn run(
         let room = !retiring && mux.admitted() < cap;
         let admit = room && !late && mux.offers.has_free_slot();
         if admit && waiting.is_none() {
-            match lobby.seating.next() {
+            match context.seating.next() {
                 Next::Now(job) => {
-                    if let Err(gone) = admit_job(lobby, mux, job).await {
+                    if let Err(gone) = admit_job(context, mux, job).await {
                         return gone;
                     }
                     if recycle.check(mux.card.served.get(), true).is_some() {
@@ -144,12 +144,12 @@ async fn run(
                                 mux.dismissed.borrow_mut().remove(&id);
                             }
                         }
-                        None => return broke(lobby, pid, format!("an answer for request {id}, which it does not hold")).await,
+                        None => return broke(context, pid, format!("an answer for request {id}, which it does not hold")).await,
                     }
                 }
                 Ok(None) => return Gone::Lost(ExitReason::Crash, "exited while it held requests".into()),
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                    return broke(lobby, pid, format!("it broke the protocol: {e}")).await;
+                    return broke(context, pid, format!("it broke the protocol: {e}")).await;
                 }
                 Err(e) => return Gone::Lost(ExitReason::Crash, format!("its channel failed: {e}")),
             },
@@ -159,10 +159,10 @@ async fn run(
                     // The loop fell behind while this worker waited for a request: it goes to
                     // another worker, or back to the front of the FIFO.
                     Ok(job) if mux.card.loop_lag(std::time::Instant::now()).is_some_and(|lag| lag > LOOP_LATE) => {
-                        lobby.seating.return_unstarted(job);
+                        context.seating.return_unstarted(job);
                     }
                     Ok(job) => {
-                        if let Err(gone) = admit_job(lobby, mux, job).await {
+                        if let Err(gone) = admit_job(context, mux, job).await {
                             return gone;
                         }
                         if recycle.check(mux.card.served.get(), true).is_some() {
@@ -184,19 +184,19 @@ async fn run(
 }
 
 /// Queues `job` at the worker and starts its relay.
-async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, job: Job) -> Result<(), Gone> {
+async fn admit_job(context: &Rc<Context>, mux: &Rc<Mux>, job: Job) -> Result<(), Gone> {
     if job.state.get() != JobState::Queued {
         return Ok(());
     }
     let waited = job.enqueued_at.elapsed();
-    lobby.metrics.waited(waited);
+    context.counts.waited(waited);
     debug!("worker {} takes {} after {:.1} ms in the queue", mux.pid, job.summary, waited.as_secs_f64() * 1e3);
     let on_channel = !mux.offers.fits(&job);
     if on_channel {
         // Through the writer's turn, as every frame to the worker: a relay's CANCEL or
         // WS_MESSAGE written meanwhile would otherwise land inside this frame.
         if let Err(e) = mux.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
-            lobby.seating.return_unstarted(job);
+            context.seating.return_unstarted(job);
             return Err(Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}")));
         }
     }
@@ -207,21 +207,21 @@ async fn admit_job(lobby: &Rc<Lobby>, mux: &Rc<Mux>, job: Job) -> Result<(), Gon
             if on_channel {
                 super::relay::fail(&job, false, 502, &detail);
             } else {
-                lobby.seating.return_unstarted(job);
+                context.seating.return_unstarted(job);
             }
-            return Err(broke(lobby, mux.pid, format!("it broke its shared region: {detail}")).await);
+            return Err(broke(context, mux.pid, format!("it broke its shared region: {detail}")).await);
         }
     };
     let (route, frames) = route();
     mux.routes.borrow_mut().insert(taken.id, route);
     mux.card.admit(taken.id, taken.job.summary.clone());
-    tokio::task::spawn_local(stream::relay(lobby.clone(), mux.clone(), taken, frames));
+    tokio::task::spawn_local(stream::relay(context.clone(), mux.clone(), taken, frames));
     Ok(())
 }
 
 /// The worker broke the protocol: it is killed.
-async fn broke(lobby: &Lobby, pid: i32, detail: String) -> Gone {
-    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+async fn broke(context: &Context, pid: i32, detail: String) -> Gone {
+    if let Err(e) = context.zygotes.kill(pid, libc::SIGKILL).await {
         error!("could not ask the zygote to kill worker {pid}: {e}");
     }
     Gone::Lost(ExitReason::Crash, detail)

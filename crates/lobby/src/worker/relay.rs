@@ -20,12 +20,12 @@ use super::channel::{Channel, Frame};
 use super::health;
 use super::scoreboard::{Card, ExitReason};
 use super::seat::Thread;
-use crate::lobby::Lobby;
 use crate::log::{debug, error, warning};
 use crate::seating::job::Job;
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::spool::{Held, ResponsePart};
 use crate::seating::websocket::WsPart;
+use crate::worker::context::Context;
 
 /// How a worker was lost during a request.
 pub(super) enum Lost {
@@ -52,7 +52,7 @@ pub(super) enum Unread {
 /// --timeout counts from the seating; after it, from the last frame: a thread is held while
 /// it streams, and one silent for --timeout is taken for stuck (gunicorn's worker silence).
 pub(super) async fn relay_response(
-    lobby: &Lobby,
+    context: &Context,
     pid: i32,
     channel: &mut Channel,
     offers: &Rc<Offers>,
@@ -60,14 +60,14 @@ pub(super) async fn relay_response(
     thread: Thread,
     card: &Card,
 ) -> Result<(), Lost> {
-    let timeout = lobby.settings().timeout;
+    let timeout = context.settings().timeout;
     let seated_at = Instant::now();
     if let Some(served) = &taken.job.served {
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
     let mut relay = Relay {
-        lobby,
+        context,
         pid,
         channel,
         offers,
@@ -122,7 +122,7 @@ enum Next {
 /// One request's relay, from its seating to the end of its answer: who takes part, and what
 /// the relay has seen so far.
 struct Relay<'a> {
-    lobby: &'a Lobby,
+    context: &'a Context,
     pid: i32,
     channel: &'a mut Channel,
     offers: &'a Rc<Offers>,
@@ -153,7 +153,7 @@ impl Relay<'_> {
         let (job, pid) = (&self.taken.job, self.pid);
         let (waiting, cap) = match held {
             Held::AnswerCap => (job.respond.spill_waiting(), "--max-spill"),
-            Held::TotalCap => (self.lobby.spill_budget.waiting(), "--max-spill-total"),
+            Held::TotalCap => (self.context.spill_budget.waiting(), "--max-spill-total"),
         };
         crate::log::warning_limited!(
             "reading the answer to {} from worker {pid} paused: {waiting} bytes are waiting for slow clients \
@@ -188,7 +188,7 @@ impl Relay<'_> {
 
     /// A frame or a part the protocol does not allow here: the worker is killed.
     async fn broke_protocol(&self, e: impl Display) -> Lost {
-        let _ = self.lobby.zygotes.kill(self.pid, libc::SIGKILL).await;
+        let _ = self.context.zygotes.kill(self.pid, libc::SIGKILL).await;
         Lost::Answered(ExitReason::Crash, self.fail(502, &format!("the worker broke the protocol: {e}")))
     }
 
@@ -235,10 +235,10 @@ impl Relay<'_> {
         // --timeout (`threads.rs`); a worker with one has nothing else to lose.
         let keep = !self.thread.sole;
         let never_read = self.offers.recall_answering()
-            || self.taken.on_channel && health::never_read(self.lobby, pid, self.channel.socket.as_fd(), keep).await;
+            || self.taken.on_channel && health::never_read(self.context, pid, self.channel.socket.as_fd(), keep).await;
         if never_read {
             if !keep {
-                if let Err(e) = self.lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                if let Err(e) = self.context.zygotes.kill(pid, libc::SIGKILL).await {
                     error!("could not ask the zygote to kill worker {pid}: {e}");
                 }
             }
@@ -266,9 +266,9 @@ impl Relay<'_> {
             self.timeout.as_secs_f64(),
             self.taken.job.summary
         );
-        health::dump_stack(self.lobby, pid).await;
+        health::dump_stack(self.context, pid).await;
         if self.thread.sole {
-            health::end(self.lobby, pid).await;
+            health::end(self.context, pid).await;
         }
         Lost::Answered(ExitReason::Timeout, self.fail(504, timed_out_detail(self.head_sent)))
     }
@@ -295,8 +295,8 @@ impl Relay<'_> {
         }
         if last {
             let took = self.seated_at.elapsed();
-            self.lobby.metrics.served(took);
-            self.lobby.seating.answered_in(took);
+            self.context.counts.served(took);
+            self.context.seating.answered_in(took);
         }
         last
     }

@@ -20,17 +20,17 @@ use super::recycle::Recycle;
 use super::relay::{fail, relay_response, Lost, Unread};
 use super::scoreboard::{Card, ExitReason, Phase};
 use super::seat::{Gone, Seat, Thread};
-use crate::lobby::Lobby;
 use crate::log::{debug, error};
 use crate::seating::job::{Job, JobState};
 use crate::seating::offer::{Offers, Taken};
 use crate::seating::Next;
+use crate::worker::context::Context;
 
 /// Seats jobs at one thread of this worker, through that thread's channel, until the worker
 /// goes away or is retired (docs/PROTOCOL.md, section 4). A worker held by `seat` waits, idle,
 /// until it may serve. `cpu`, for a worker of several threads, is what they share of its CPU.
 pub async fn serve(
-    lobby: Rc<Lobby>,
+    context: Rc<Context>,
     pid: i32,
     mut channel: Channel,
     recycle: Rc<Recycle>,
@@ -45,11 +45,11 @@ pub async fn serve(
         Err(gone) => return gone,
     };
     seat.offers.borrow_mut().push(offers.clone());
-    lobby.seating.add_offers(offers.clone());
+    context.seating.add_offers(offers.clone());
     recycle.begin();
     let worker = WorkerThread { pid, card: &seat.card, recycle: &recycle, thread, cpu: cpu.as_deref() };
-    let gone = seat_jobs(&lobby, &worker, &mut channel, &offers, &mut phase).await;
-    lobby.seating.remove_offers(&offers);
+    let gone = seat_jobs(&context, &worker, &mut channel, &offers, &mut phase).await;
+    context.seating.remove_offers(&offers);
     seat.offers.borrow_mut().retain(|other| !Rc::ptr_eq(other, &offers));
     gone
 }
@@ -66,7 +66,7 @@ struct WorkerThread<'a> {
 }
 
 async fn seat_jobs(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     worker: &WorkerThread<'_>,
     channel: &mut Channel,
     offers: &Rc<Offers>,
@@ -85,13 +85,13 @@ async fn seat_jobs(
                     return Gone::Retired;
                 }
                 if let Some(cpu) = cpu {
-                    if let Err(gone) = until_cpu_to_spare(lobby, card, cpu, channel, phase).await {
+                    if let Err(gone) = until_cpu_to_spare(context, card, cpu, channel, phase).await {
                         return gone;
                     }
                 }
                 // Whether this seat waited for a request.
                 let mut seat_waited = false;
-                let job = match lobby.seating.next() {
+                let job = match context.seating.next() {
                     Next::Now(job) => job,
                     Next::Later(mut wait) => {
                         seat_waited = true;
@@ -105,7 +105,7 @@ async fn seat_jobs(
                             _ = phase.wait_for(|phase| *phase == Phase::Retire) => {
                                 wait.close();
                                 if let Ok(job) = wait.try_recv() {
-                                    lobby.seating.return_unstarted(job);
+                                    context.seating.return_unstarted(job);
                                 }
                                 return Gone::Retired;
                             }
@@ -114,7 +114,7 @@ async fn seat_jobs(
                                 if lifetime_end.is_some() => {
                                 wait.close();
                                 if let Ok(job) = wait.try_recv() {
-                                    lobby.seating.return_unstarted(job);
+                                    context.seating.return_unstarted(job);
                                 }
                                 recycle.check(card.served.get(), false);
                                 return Gone::Retired;
@@ -123,7 +123,7 @@ async fn seat_jobs(
                                 // Take back a job that may have been handed over at the same moment.
                                 wait.close();
                                 if let Ok(job) = wait.try_recv() {
-                                    lobby.seating.return_unstarted(job);
+                                    context.seating.return_unstarted(job);
                                 }
                                 return Gone::Lost(ExitReason::Crash, idle_loss(channel).await);
                             }
@@ -136,8 +136,8 @@ async fn seat_jobs(
                 // Handed over while this thread waited: its other threads may have begun
                 // requests that use the worker's CPU since.
                 if let Some(cpu) = cpu.filter(|_| seat_waited) {
-                    if !gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) {
-                        lobby.seating.return_unstarted(job);
+                    if !gate::may_take(card, cpu, context.seating.stale_after(), Instant::now()) {
+                        context.seating.return_unstarted(job);
                         continue;
                     }
                 }
@@ -147,9 +147,9 @@ async fn seat_jobs(
                 // the time: the lobby may have read its READY late, from a worker stopped since.
                 let look = card.served.get() == 0 || seat_waited && card.quiet_for(health::LOOK_AFTER_IDLE);
                 if look && stat.is_stopped() {
-                    lobby.seating.return_unstarted(job);
-                    let bound = lobby.settings().timeout;
-                    health::kill_if_still_there(lobby.clone(), pid, stat, bound);
+                    context.seating.return_unstarted(job);
+                    let bound = context.settings().timeout;
+                    health::kill_if_still_there(context.clone(), pid, stat, bound);
                     return Gone::Lost(
                         ExitReason::Stopped,
                         format!(
@@ -160,9 +160,9 @@ async fn seat_jobs(
                     );
                 }
                 let waited = job.enqueued_at.elapsed();
-                lobby.metrics.waited(waited);
+                context.counts.waited(waited);
                 debug!("worker {pid} takes {} after {:.1} ms in the queue", job.summary, waited.as_secs_f64() * 1e3);
-                match seat_idle(lobby, channel, offers, job).await {
+                match seat_idle(context, channel, offers, job).await {
                     Ok(taken) => taken,
                     Err(gone) => return gone,
                 }
@@ -172,21 +172,21 @@ async fn seat_jobs(
         let served = card.served.get();
         // A retiring worker is offered nothing: its offers went back to the queue.
         if *phase.borrow() != Phase::Retire && !recycled {
-            offer_queued(lobby, offers, recycle.requests_left(served));
+            offer_queued(context, offers, recycle.requests_left(served));
         }
-        let relayed = relay_response(lobby, pid, channel, offers, &taken, thread, card).await;
+        let relayed = relay_response(context, pid, channel, offers, &taken, thread, card).await;
         card.end(thread.number);
         if let Err(lost) = relayed {
-            return lost_with(lobby, offers, thread, taken.job, lost);
+            return lost_with(context, offers, thread, taken.job, lost);
         }
         if let Err(corrupt) = offers.answered() {
-            return broke(lobby, pid, offers, corrupt).await;
+            return broke(context, pid, offers, corrupt).await;
         }
         if !recycled && recycle.check(served, true).is_some() {
             recycled = true;
             // The offers it has not taken go back to the queue, for the worker that takes its
             // place; those it has, it answers.
-            lobby.seating.requeue_front(offers.recall_until(|_| false));
+            context.seating.requeue_front(offers.recall_until(|_| false));
         }
     }
 }
@@ -195,18 +195,18 @@ async fn seat_jobs(
 /// looks again when a request is queued, when one of its threads answers, and every
 /// `gate::LOOK_AGAIN` while a request waits. Err when the worker retires or is lost meanwhile.
 async fn until_cpu_to_spare(
-    lobby: &Lobby,
+    context: &Context,
     card: &Card,
     cpu: &CpuDemand,
     channel: &mut Channel,
     phase: &mut watch::Receiver<Phase>,
 ) -> Result<(), Gone> {
-    while !gate::may_take(card, cpu, lobby.seating.stale_after(), Instant::now()) {
+    while !gate::may_take(card, cpu, context.seating.stale_after(), Instant::now()) {
         let look_again = async {
-            if lobby.seating.waiting() > 0 {
+            if context.seating.waiting() > 0 {
                 tokio::time::sleep(gate::LOOK_AGAIN).await;
             } else {
-                lobby.seating.joined().await;
+                context.seating.joined().await;
             }
         };
         tokio::select! {
@@ -253,19 +253,19 @@ pub(super) async fn set_up(
 
 /// Seats `job` at the idle worker: in a slot, or, when it does not fit one, on the channel
 /// with its place in a slot.
-async fn seat_idle(lobby: &Lobby, channel: &mut Channel, offers: &Offers, job: Job) -> Result<Taken, Gone> {
+async fn seat_idle(context: &Context, channel: &mut Channel, offers: &Offers, job: Job) -> Result<Taken, Gone> {
     let broken = |offers: &Offers| {
         let corrupt = offers.broken().map(|corrupt| corrupt.to_string()).unwrap_or_default();
         format!("it broke its shared region: {corrupt}")
     };
     if offers.fits(&job) {
         return offers.seat(job).map_err(|job| {
-            lobby.seating.return_unstarted(job);
+            context.seating.return_unstarted(job);
             Gone::Lost(ExitReason::Crash, broken(offers))
         });
     }
     if let Err(e) = channel.send(&job.frame, job.body_file.as_ref().map(|file| file.as_fd())).await {
-        lobby.seating.return_unstarted(job);
+        context.seating.return_unstarted(job);
         return Err(Gone::Lost(ExitReason::Crash, format!("could not send a request: {e}")));
     }
     offers.seat_on_channel(job).map_err(|job| {
@@ -278,12 +278,12 @@ async fn seat_idle(lobby: &Lobby, channel: &mut Channel, offers: &Offers, job: J
 
 /// The worker broke its shared region: it is killed, and what it had not taken goes to
 /// another worker; what it had taken is answered 502.
-async fn broke(lobby: &Lobby, pid: i32, offers: &Offers, corrupt: Corrupt) -> Gone {
-    if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+async fn broke(context: &Context, pid: i32, offers: &Offers, corrupt: Corrupt) -> Gone {
+    if let Err(e) = context.zygotes.kill(pid, libc::SIGKILL).await {
         error!("could not ask the zygote to kill worker {pid}: {e}");
     }
     let detail = format!("it broke its shared region: {corrupt}");
-    lobby.seating.requeue_front(offers.give_up());
+    context.seating.requeue_front(offers.give_up());
     for job in offers.drain() {
         fail(&job, false, 502, &detail);
     }
@@ -292,8 +292,8 @@ async fn broke(lobby: &Lobby, pid: i32, offers: &Offers, corrupt: Corrupt) -> Go
 
 /// The worker was lost while answering `job`: what it had not taken goes back to the queue,
 /// and `job` too when it provably never read it.
-fn lost_with(lobby: &Lobby, offers: &Offers, thread: Thread, job: Job, lost: Lost) -> Gone {
-    lobby.seating.requeue_front(offers.give_up());
+fn lost_with(context: &Context, offers: &Offers, thread: Thread, job: Job, lost: Lost) -> Gone {
+    context.seating.requeue_front(offers.give_up());
     for taken in offers.drain() {
         fail(&taken, false, 502, "the worker exited while handling this request");
     }
@@ -318,7 +318,7 @@ fn lost_with(lobby: &Lobby, offers: &Offers, thread: Thread, job: Job, lost: Los
             };
             let detail = format!("{why} {}, which goes to another worker", job.summary);
             // Older than the offers just queued again: it goes in front of them.
-            lobby.seating.return_unstarted(job);
+            context.seating.return_unstarted(job);
             Gone::Lost(reason, detail)
         }
     }
@@ -327,8 +327,8 @@ fn lost_with(lobby: &Lobby, offers: &Offers, thread: Thread, job: Job, lost: Los
 /// Offers this (busy) worker the oldest queued jobs: as many as requests of the typical time
 /// call for (`Seating::offer_depth`), and, when it is to be retired, no more than the `left`
 /// requests it will still take.
-fn offer_queued(lobby: &Lobby, offers: &Offers, left: Option<u64>) {
-    lobby.seating.offer_to(offers, Instant::now(), left, |waited| lobby.metrics.waited(waited));
+fn offer_queued(context: &Context, offers: &Offers, left: Option<u64>) {
+    context.seating.offer_to(offers, Instant::now(), left, |waited| context.counts.waited(waited));
 }
 
 /// Why an idle worker's channel became readable: it has exited, or it broke the protocol.

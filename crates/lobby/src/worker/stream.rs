@@ -24,12 +24,12 @@ use super::relay::{decode_part, decode_websocket, fail, timed_out_detail, websoc
 use super::routes::{Mux, RouteReceiver};
 use super::scoreboard::Phase;
 use super::seat::EVENT_LOOP_GRACE;
-use crate::lobby::Lobby;
 use crate::log::{debug, error, info_limited, warning, warning_limited};
 use crate::seating::offer::Taken;
 use crate::seating::spool::{ResponsePart, MEMORY_PER_ANSWER};
 use crate::seating::streams::OpenStream;
 use crate::seating::websocket::{ClientMessage, Closing, WsPart};
+use crate::worker::context::Context;
 
 /// How a request's relay ends.
 enum Ended {
@@ -44,35 +44,35 @@ enum Ended {
 /// Relays request `taken`'s answer, then, for an accepted WebSocket, its messages both ways,
 /// in a task of their own: this one has room for everything an answer may wait on (a stack
 /// dump, a stop's grace), 2.1 KB, which 5,000 open WebSockets would hold for nothing.
-pub(super) async fn relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
+pub(super) async fn relay(context: Rc<Context>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
     let mut streamed = false;
-    match answer(&lobby, &mux, &taken, &mut frames, &mut streamed).await {
-        Ended::Accepted => drop(tokio::task::spawn_local(websocket_relay(lobby, mux, taken, frames))),
-        ended => relayed(&lobby, &mux, taken, streamed, ended),
+    match answer(&context, &mux, &taken, &mut frames, &mut streamed).await {
+        Ended::Accepted => drop(tokio::task::spawn_local(websocket_relay(context, mux, taken, frames))),
+        ended => relayed(&context, &mux, taken, streamed, ended),
     }
 }
 
-async fn websocket_relay(lobby: Rc<Lobby>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
-    let ended = websocket(&lobby, &mux, &taken, &mut frames).await;
-    relayed(&lobby, &mux, taken, true, ended);
+async fn websocket_relay(context: Rc<Context>, mux: Rc<Mux>, taken: Taken, mut frames: RouteReceiver) {
+    let ended = websocket(&context, &mux, &taken, &mut frames).await;
+    relayed(&context, &mux, taken, true, ended);
 }
 
 /// The request's relay has ended.
-fn relayed(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool, ended: Ended) {
+fn relayed(context: &Context, mux: &Mux, taken: Taken, streamed: bool, ended: Ended) {
     let id = taken.id;
     if let Ended::Lost = ended {
-        lost(lobby, mux, taken, streamed);
+        lost(context, mux, taken, streamed);
     }
     mux.ended(id, streamed);
 }
 
 /// The worker has gone with this request: it never ran if it is still in its slot, and goes to
 /// another worker; otherwise its client gets a 502, or its cut connection (a WebSocket, 1011).
-fn lost(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool) {
+fn lost(context: &Context, mux: &Mux, taken: Taken, streamed: bool) {
     let detail = mux.lost.borrow().clone().unwrap_or_else(|| "the worker exited while handling this request".into());
     if !streamed && !taken.on_channel && mux.offers.recall_id(taken.id) {
         debug!("{} goes to another worker: worker {} never took it ({detail})", taken.job.summary, mux.pid);
-        lobby.seating.return_unstarted(taken.job);
+        context.seating.return_unstarted(taken.job);
         return;
     }
     if taken.job.websocket.is_some() && streamed {
@@ -83,7 +83,7 @@ fn lost(lobby: &Lobby, mux: &Mux, taken: Taken, streamed: bool) {
     fail(&taken.job, streamed, 502, &detail);
 }
 
-async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver, streamed: &mut bool) -> Ended {
+async fn answer(context: &Context, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver, streamed: &mut bool) -> Ended {
     let job = &taken.job;
     // A coroutine's send waits for free, where a WSGI thread's would hold the thread: so an
     // ASGI answer spills nothing, and a slow client holds its sends past 256 KiB in memory
@@ -95,7 +95,7 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
         served.seated.set(Some(seated_at));
         served.worker.set(Some(pid));
     }
-    let mut deadline = tokio::time::Instant::from_std(seated_at + lobby.settings().timeout);
+    let mut deadline = tokio::time::Instant::from_std(seated_at + context.settings().timeout);
     let mut cancelled = false;
     // Past --timeout before its answer started: answered 504 already, its frames are read and
     // dropped until the loop has ended it.
@@ -103,7 +103,7 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
     // Its place among the lobby's open streams, once its answer has started.
     let mut _open_stream: Option<OpenStream> = None;
     let mut phase = mux.phase.clone();
-    let grace_over = grace_over(lobby, &mut phase);
+    let grace_over = grace_over(context, &mut phase);
     tokio::pin!(grace_over);
     loop {
         if *streamed && job.respond.held().is_some() {
@@ -158,10 +158,10 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
                          is killed with every request it holds (--timeout)",
                         job.summary,
                         EVENT_LOOP_GRACE.as_secs_f64(),
-                        lobby.settings().timeout.as_secs_f64()
+                        context.settings().timeout.as_secs_f64()
                     );
-                    health::dump_stack(lobby, pid).await;
-                    health::end(lobby, pid).await;
+                    health::dump_stack(context, pid).await;
+                    health::end(context, pid).await;
                     return Ended::Done;
                 }
                 if !timed_out {
@@ -180,12 +180,12 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
             match decode_part(frame) {
                 Ok(part) if part.is_last() => return Ended::Done,
                 Ok(_) => continue,
-                Err(e) => return broke(lobby, mux, job, false, &e).await,
+                Err(e) => return broke(context, mux, job, false, &e).await,
             }
         }
         let part = match decode_part(frame).and_then(|part| websocket_in_step(job, part)) {
             Ok(part) => part,
-            Err(e) => return broke(lobby, mux, job, *streamed, &e).await,
+            Err(e) => return broke(context, mux, job, *streamed, &e).await,
         };
         if matches!(part, ResponsePart::Abort) && !cancelled {
             warning!("the application failed while sending the response to {}; {}", job.summary, job.cut_short());
@@ -196,7 +196,7 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
             *streamed = true;
             mux.started(taken.id);
             if job.websocket.is_none() {
-                _open_stream = Some(lobby.streams.opened());
+                _open_stream = Some(context.streams.opened());
             }
         }
         if let Some(served) = job.served.as_ref().filter(|_| last) {
@@ -210,7 +210,7 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
             return Ended::Accepted;
         }
         if last {
-            lobby.metrics.served(seated_at.elapsed());
+            context.counts.served(seated_at.elapsed());
             return Ended::Done;
         }
     }
@@ -219,16 +219,16 @@ async fn answer(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRecei
 /// Resolves, saying why, when an open stream is to end: a stop's --graceful-timeout has
 /// passed, or its worker has been retiring (a reload, SIGTTOU) for --graceful-timeout. Until
 /// then a retiring worker keeps its streams, as gunicorn's keeps its requests.
-async fn grace_over(lobby: &Lobby, phase: &mut watch::Receiver<Phase>) -> &'static str {
+async fn grace_over(context: &Context, phase: &mut watch::Receiver<Phase>) -> &'static str {
     let retired = async {
         if phase.wait_for(|phase| *phase == Phase::Retire).await.is_err() {
             // The worker's card is gone: only a stop ends the stream now.
             std::future::pending::<()>().await;
         }
-        tokio::time::sleep(lobby.settings().graceful_timeout).await;
+        tokio::time::sleep(context.settings().graceful_timeout).await;
     };
     tokio::select! {
-        () = lobby.streams.ending() => "the server stops",
+        () = context.streams.ending() => "the server stops",
         () = retired => "its worker retired",
     }
 }
@@ -272,13 +272,13 @@ async fn hold(mux: &Mux, taken: &Taken, frames: &mut RouteReceiver) -> bool {
 /// worker sends holds the worker's sends for it (`HOLD`, then `GO`, as for an HTTP answer);
 /// the worker says when it has as many of the client's messages waiting as it keeps
 /// (`WS_HOLD`): the client is not read until `WS_GO`.
-async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver) -> Ended {
+async fn websocket(context: &Context, mux: &Mux, taken: &Taken, frames: &mut RouteReceiver) -> Ended {
     let job = &taken.job;
     let Some(websocket) = &job.websocket else { unreachable!("only a WebSocket handshake is accepted") };
     let Some(mut messages) = websocket.messages.borrow_mut().take() else {
         unreachable!("a WebSocket is relayed once")
     };
-    let _open = lobby.websockets.opened();
+    let _open = context.websockets.opened();
     let opened_at = Instant::now();
     let mut client_done = false;
     let mut worker_full = false;
@@ -318,7 +318,7 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRe
             }
             _ => {}
         }
-        let grace_end = retired_at.map(|at| at + lobby.settings().graceful_timeout);
+        let grace_end = retired_at.map(|at| at + context.settings().graceful_timeout);
         tokio::select! {
             biased;
             frame = frames.next() => {
@@ -334,7 +334,7 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRe
                 };
                 let part = match part {
                     Ok(part) => part,
-                    Err(e) => return broke(lobby, mux, job, true, &e).await,
+                    Err(e) => return broke(context, mux, job, true, &e).await,
                 };
                 let last = part.is_last();
                 // Parts of a WebSocket are never spilled (its spool has no file): what the worker
@@ -344,7 +344,7 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRe
                     if let Some(served) = &job.served {
                         served.answered.set(Some(Instant::now()));
                     }
-                    lobby.metrics.served(opened_at.elapsed());
+                    context.counts.served(opened_at.elapsed());
                     debug!("worker {} closed {} after {:.1} s", mux.pid, job.summary, opened_at.elapsed().as_secs_f64());
                     return Ended::Done;
                 }
@@ -376,8 +376,8 @@ async fn websocket(lobby: &Lobby, mux: &Mux, taken: &Taken, frames: &mut RouteRe
 }
 
 /// The worker broke the protocol on this request: it is killed, and the client told.
-async fn broke(lobby: &Lobby, mux: &Mux, job: &crate::seating::job::Job, streamed: bool, e: &str) -> Ended {
-    let _ = lobby.zygotes.kill(mux.pid, libc::SIGKILL).await;
+async fn broke(context: &Context, mux: &Mux, job: &crate::seating::job::Job, streamed: bool, e: &str) -> Ended {
+    let _ = context.zygotes.kill(mux.pid, libc::SIGKILL).await;
     let detail = format!("the worker broke the protocol: {e}");
     mux.lost.replace(Some(detail.clone()));
     if job.websocket.is_some() && streamed {

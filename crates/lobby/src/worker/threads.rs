@@ -17,13 +17,13 @@ use super::recycle::Recycle;
 use super::scoreboard::ExitReason;
 use super::seat::{self, Gone, Seat, Thread};
 use super::serve;
-use crate::lobby::Lobby;
 use crate::log::{debug, warning};
+use crate::worker::context::Context;
 
 /// Serves the worker `pid` through `channels`, one per thread: waits for each thread's `READY`,
 /// calls `ready`, then seats requests at every thread until the worker goes away or retires.
 pub async fn serve_worker(
-    lobby: Rc<Lobby>,
+    context: Rc<Context>,
     pid: i32,
     channels: Vec<OwnedFd>,
     recycle: Recycle,
@@ -59,13 +59,13 @@ pub async fn serve_worker(
                 format!("an ASGI worker came with {} channels, not one", opened.len()),
             );
         }
-        lobby.websockets.asgi_application();
+        context.websockets.asgi_application();
         let channel = opened.pop().expect("one channel");
-        return mux::serve(lobby, pid, channel, recycle, seat).await;
+        return mux::serve(context, pid, channel, recycle, seat).await;
     }
     if opened.len() == 1 {
         let channel = opened.pop().expect("one channel");
-        return serve::serve(lobby, pid, channel, recycle, seat, Thread { number: 0, sole: true }, None).await;
+        return serve::serve(context, pid, channel, recycle, seat, Thread { number: 0, sole: true }, None).await;
     }
     // Its threads take requests only while it has CPU to spare (`gate.rs`).
     let cpu = Rc::new(CpuDemand::new(pid));
@@ -73,7 +73,7 @@ pub async fn serve_worker(
     for (number, channel) in opened.into_iter().enumerate() {
         let thread = Thread { number, sole: false };
         let serving =
-            serve::serve(lobby.clone(), pid, channel, recycle.clone(), seat.clone(), thread, Some(cpu.clone()));
+            serve::serve(context.clone(), pid, channel, recycle.clone(), seat.clone(), thread, Some(cpu.clone()));
         seats.spawn_local(serving);
     }
     let mut first_loss: Option<Gone> = None;
@@ -83,15 +83,15 @@ pub async fn serve_worker(
             Gone::Lost(ExitReason::Timeout, _) if !first_loss.as_ref().is_some_and(is_timeout) => {
                 // Python cannot stop one thread: the worker takes nothing more, and goes once its
                 // other threads have answered what they hold, or at the grace's end.
-                lobby.seating.requeue_front(seat.retire());
+                context.seating.requeue_front(seat.retire());
                 first_loss = Some(gone);
-                let grace = lobby.settings().graceful_timeout;
+                let grace = context.settings().graceful_timeout;
                 let finished =
                     tokio::time::timeout(grace, async { while let Some(_other) = seats.join_next().await {} }).await;
                 if finished.is_err() {
                     debug!("worker {pid}'s other threads did not finish within --graceful-timeout");
                 }
-                health::end(&lobby, pid).await;
+                health::end(&context, pid).await;
                 // Its seats, cut by the kill, end on their own; what they held is answered 502.
                 while seats.join_next().await.is_some() {}
             }
@@ -104,14 +104,19 @@ pub async fn serve_worker(
                 if let Gone::Lost(_, detail) = &gone {
                     warning!("worker {pid} takes no new request: {detail}");
                 }
-                lobby.seating.requeue_front(seat.retire());
-                health::kill_if_still_there(lobby.clone(), pid, health::ProcStat::open(pid), lobby.settings().timeout);
+                context.seating.requeue_front(seat.retire());
+                health::kill_if_still_there(
+                    context.clone(),
+                    pid,
+                    health::ProcStat::open(pid),
+                    context.settings().timeout,
+                );
                 first_loss = Some(gone);
             }
             Gone::Lost(..) if first_loss.is_none() => {
                 // Lost to one thread is lost to all: the process is killed, if it has not gone
                 // already, so that its other seats end now rather than at their timeouts.
-                if let Err(e) = lobby.zygotes.kill(pid, libc::SIGKILL).await {
+                if let Err(e) = context.zygotes.kill(pid, libc::SIGKILL).await {
                     debug!("could not ask the zygote to kill worker {pid}: {e}");
                 }
                 first_loss = Some(gone);

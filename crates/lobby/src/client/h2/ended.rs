@@ -23,7 +23,7 @@ pub(super) fn ended(shared: &Shared, e: &h2::Error) {
             shared.peer_text,
             what_the_client_did(refusal, e)
         );
-        shared.lobby.metrics.http2_refused(refusal);
+        shared.context.counts.http2_refused(refusal);
     } else if e.is_io() || e.reason() == Some(Reason::NO_ERROR) {
         debug!("HTTP/2 connection from {} ended: {e}", shared.peer_text);
     } else {

@@ -85,7 +85,7 @@ use tokio::time::{sleep_until, Instant};
 use super::peer::{ClientStream, Peer, Site, TlsAbout};
 use super::states::ConnectionState;
 use super::HIBERNATE_AFTER;
-use crate::lobby::Lobby;
+use crate::client::context::Context;
 use crate::log::{self, debug};
 use kept::Http2Sleep as Asleep;
 pub(super) use preface::refuse_preface;
@@ -132,7 +132,7 @@ const H2_HEADER_LIST_ABUSE_FACTOR: usize = 4;
 
 /// What a connection's streams share with it.
 struct Shared {
-    lobby: Rc<Lobby>,
+    context: Rc<Context>,
     site: Rc<Site>,
     /// The client, as the socket (or its PROXY header) says.
     peer: Option<SocketAddr>,
@@ -167,7 +167,7 @@ impl Shared {
     /// A stream its client reset (RST_STREAM), unless the connection's end reset it.
     fn client_reset(&self, stage: StreamStage) {
         if !self.ended.get() {
-            self.lobby.metrics.http2_stream_reset(stage);
+            self.context.counts.http2_stream_reset(stage);
         }
     }
 
@@ -188,7 +188,7 @@ impl Shared {
         let stream = u32::from(respond.stream_id());
         {
             let mut coming = self.heads_coming.borrow_mut();
-            let remembered = HEADS_REMEMBERED_PER_STREAM * self.lobby.settings().http.max_concurrent_streams as usize;
+            let remembered = HEADS_REMEMBERED_PER_STREAM * self.context.settings().http.max_concurrent_streams as usize;
             if coming.len() >= remembered {
                 coming.remove(0);
             }
@@ -219,8 +219,8 @@ impl Shared {
              have (an HPACK bomb, or fields too large); the h2 crate answered 431 and reset the stream",
             self.peer_text
         );
-        self.lobby.metrics.refused(431);
-        self.lobby.metrics.answered_http2();
+        self.context.counts.refused(431);
+        self.context.counts.answered_http2();
     }
 }
 
@@ -228,21 +228,21 @@ impl Shared {
 /// to hibernate (the caller spawns it as the connection's task, `client/opening.rs`): `first`,
 /// the bytes already read from it, are read again.
 pub(super) fn serve_new<S: ClientStream>(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     stream: S,
     first: BytesMut,
     peer: Peer,
     site: Rc<Site>,
     permit: OwnedSemaphorePermit,
 ) -> impl Future<Output = Option<Quiet<S>>> {
-    let idle_deadline = Instant::now() + lobby.settings().header_timeout;
-    connection(lobby, stream, first, site, None, Ended { peer, permit, idle_deadline })
+    let idle_deadline = Instant::now() + context.settings().header_timeout;
+    connection(context, stream, first, site, None, Ended { peer, permit, idle_deadline })
 }
 
 /// Wakes a hibernating HTTP/2 connection (`sleep.rs`): its client spoke, its time is up, or the
 /// lobby is stopping. A new h2 connection goes on where the old one stopped.
 pub(super) fn serve_woken<S: ClientStream>(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     stream: S,
     peer: Peer,
     site: Rc<Site>,
@@ -251,13 +251,13 @@ pub(super) fn serve_woken<S: ClientStream>(
     deadline: std::time::Instant,
 ) -> impl Future<Output = Option<Quiet<S>>> {
     let preamble = asleep.preamble();
-    connection(lobby, stream, preamble, site, Some(asleep), Ended { peer, permit, idle_deadline: deadline.into() })
+    connection(context, stream, preamble, site, Some(asleep), Ended { peer, permit, idle_deadline: deadline.into() })
 }
 
 /// A connection without a stream, quiet long enough to hibernate (`HIBERNATE_AFTER`): what its
 /// `Sleeper` is made of.
 pub(super) struct Quiet<S> {
-    pub lobby: Rc<Lobby>,
+    pub context: Rc<Context>,
     pub stream: S,
     pub peer: Peer,
     pub site: Rc<Site>,
@@ -274,7 +274,7 @@ type Io<S> = Guarded<Rewound<S>>;
 use guard::Guarded;
 
 fn connection<S: ClientStream>(
-    lobby: &Rc<Lobby>,
+    context: &Rc<Context>,
     stream: S,
     first: BytesMut,
     site: Rc<Site>,
@@ -282,7 +282,7 @@ fn connection<S: ClientStream>(
     end: Ended,
 ) -> impl Future<Output = Option<Quiet<S>>> {
     let shared = Rc::new(Shared {
-        lobby: lobby.clone(),
+        context: context.clone(),
         site,
         peer: end.peer.addr,
         peer_text: end.peer.display(),
@@ -321,13 +321,13 @@ enum Event {
 }
 
 async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Option<Quiet<S>> {
-    let lobby = shared.lobby.clone();
+    let context = shared.context.clone();
     let Ended { peer, permit, idle_deadline } = end;
     // The connection counts in `maitred_connections` while it has no stream; with streams, its
     // streams count, each as the request it is (`stream.rs`), so that the queue's requests and
     // the connections waiting for them stay one to one.
-    let mut mark = Some(lobby.connection_states.mark(ConnectionState::Reading));
-    let settings = lobby.settings();
+    let mut mark = Some(context.connection_states.mark(ConnectionState::Reading));
+    let settings = context.settings();
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(settings.http.max_concurrent_streams)
@@ -357,7 +357,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Op
     if let Some(mark) = mark.as_mut() {
         mark.set(ConnectionState::Idle);
     }
-    let mut shutdown = lobby.shutdown.clone();
+    let mut shutdown = context.shutdown.clone();
     let mut going_away = false;
     let mut cut = false;
     let mut served = false;
@@ -397,7 +397,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Op
                 // GOAWAY: no new stream; those open are answered, within --graceful-timeout.
                 debug!("HTTP/2 connection from {}: GOAWAY for the shutdown", shared.peer_text);
                 connection.graceful_shutdown();
-                lobby.metrics.http2_goaway(GoawayReason::Shutdown);
+                context.counts.http2_goaway(GoawayReason::Shutdown);
                 going_away = true;
             }
             // Without a stream there is nothing to finish: GOAWAY with the last stream taken,
@@ -406,13 +406,13 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Op
             Event::Shutdown => {
                 debug!("HTTP/2 connection from {} idle at a shutdown: GOAWAY", shared.peer_text);
                 connection.abrupt_shutdown(Reason::NO_ERROR);
-                lobby.metrics.http2_goaway(GoawayReason::Shutdown);
+                context.counts.http2_goaway(GoawayReason::Shutdown);
                 going_away = true;
             }
             Event::Idle => {
                 debug!("HTTP/2 connection from {} idle past its timeout: GOAWAY", shared.peer_text);
                 connection.abrupt_shutdown(Reason::NO_ERROR);
-                lobby.metrics.http2_goaway(GoawayReason::Idle);
+                context.counts.http2_goaway(GoawayReason::Idle);
                 going_away = true;
             }
             Event::Hibernate => {
@@ -423,7 +423,7 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Op
                         drop(connection);
                         let io = slot.borrow_mut().take().expect("lent to the h2 crate, which is gone");
                         return Some(Quiet {
-                            lobby: lobby.clone(),
+                            context: context.clone(),
                             stream: io.into_inner().into_inner(),
                             peer,
                             site: shared.site.clone(),
@@ -444,15 +444,15 @@ async fn serve<S: ClientStream>(shared: Rc<Shared>, io: Io<S>, end: Ended) -> Op
                         "HTTP/2 connection from {} refused: {why}; GOAWAY ENHANCE_YOUR_CALM, connection closed",
                         shared.peer_text
                     );
-                    lobby.metrics.http2_refused(refusal);
+                    context.counts.http2_refused(refusal);
                     connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
                     going_away = true;
                     cut = true;
                 }
                 if shared.open.get() == 0 {
-                    mark.get_or_insert_with(|| lobby.connection_states.mark(ConnectionState::Idle));
+                    mark.get_or_insert_with(|| context.connection_states.mark(ConnectionState::Idle));
                     let now = Instant::now();
-                    idle_deadline = Some(now + lobby.settings().keep_alive);
+                    idle_deadline = Some(now + context.settings().keep_alive);
                     hibernate_at = Some(now + HIBERNATE_AFTER);
                 }
             }

@@ -8,10 +8,10 @@ use tokio::io::AsyncWriteExt;
 
 use super::reasons::Http2Refusal;
 use super::{GOAWAY, SETTINGS};
+use crate::client::context::Context;
 use crate::client::exchange::{self, LINGER_AFTER_REFUSAL};
 use crate::client::peer::{ClientStream, Peer};
 use crate::client::states::ConnectionState;
-use crate::lobby::Lobby;
 use crate::log;
 
 /// The answer to an invalid preface (RFC 9113 3.4: a connection error, PROTOCOL_ERROR): the
@@ -37,23 +37,23 @@ const SHOWN_OF_A_BAD_PREFACE: usize = 32;
 /// preface and GOAWAY (PROTOCOL_ERROR), then the close, once what the client still sends is
 /// drained.
 pub(in crate::client) async fn refuse_preface<S: ClientStream>(
-    lobby: &Lobby,
+    context: &Context,
     mut stream: S,
     first: BytesMut,
     peer: &Peer,
 ) {
-    let _mark = lobby.connection_states.mark(ConnectionState::Writing);
+    let _mark = context.connection_states.mark(ConnectionState::Writing);
     log::info_limited!(
         "HTTP/2 connection from {} refused: it opened with {:?}, neither the HTTP/2 preface nor an HTTP/1.x \
          request (--http-protocols h2); GOAWAY PROTOCOL_ERROR, connection closed",
         peer.display(),
         String::from_utf8_lossy(&first[..first.len().min(SHOWN_OF_A_BAD_PREFACE)])
     );
-    lobby.metrics.http2_refused(Http2Refusal::InvalidPreface);
+    context.counts.http2_refused(Http2Refusal::InvalidPreface);
     // Not needed to refuse it, and not to be held while the client is drained.
     drop(first);
     let answer = invalid_preface_answer();
-    let written = tokio::time::timeout(lobby.settings().send_timeout, stream.write_all(&answer));
+    let written = tokio::time::timeout(context.settings().send_timeout, stream.write_all(&answer));
     if let Ok(Ok(())) = written.await {
         exchange::linger(&mut stream, LINGER_AFTER_REFUSAL).await;
     }

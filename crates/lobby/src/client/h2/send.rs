@@ -62,7 +62,7 @@ pub(super) async fn answer(
     responses: &AnswerReceiver,
     sent: &mut Sent,
 ) -> bool {
-    let limit = shared.lobby.settings().send_timeout;
+    let limit = shared.context.settings().send_timeout;
     let result = async {
         let (status, headers, body, end) = match first {
             ResponsePart::Head { status, headers, body, end, .. } => (status, headers, body, end),
@@ -87,7 +87,7 @@ pub(super) async fn answer(
         // HEAD, 204 and 304 carry no body, whatever the application wrote.
         let bodiless = head.method.as_ref() == b"HEAD" || status == 204 || status == 304;
         let response = response_head(status, &headers);
-        if log::access_log_enabled() && shared.lobby.settings().access_log_format.uses_response_headers() {
+        if log::access_log_enabled() && shared.context.settings().access_log_format.uses_response_headers() {
             sent.headers = headers;
         }
         let mut stream = shared.send_head(&mut respond, response, end && (bodiless || body.is_empty()))?;
@@ -198,8 +198,8 @@ fn response_head(status: u16, headers: &[(Bytes, Bytes)]) -> http::Response<()> 
 /// `refuse` does.
 pub(super) fn refuse(shared: &Shared, respond: &mut SendResponse<Bytes>, status: u16, detail: &str) {
     log::info_limited!("{status} to {} (HTTP/2): {detail}", shared.peer_text);
-    shared.lobby.metrics.refused(status);
-    shared.lobby.metrics.answered_http2();
+    shared.context.counts.refused(status);
+    shared.context.counts.answered_http2();
     error_response(shared, respond, status, detail, None);
 }
 

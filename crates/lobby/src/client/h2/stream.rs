@@ -63,11 +63,11 @@ impl From<Stop> for Unread {
 /// Serves one stream to its end.
 pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>, mut respond: SendResponse<Bytes>) {
     let started = Instant::now();
-    let mut mark = shared.lobby.connection_states.mark(ConnectionState::Reading);
+    let mut mark = shared.context.connection_states.mark(ConnectionState::Reading);
     let (parts, body) = request.into_parts();
     let read = async {
-        let head = head::read(&parts, &shared.lobby.limits()).map_err(Unread::Refused)?;
-        let origin = proxies::origin(shared.peer, &head.headers, &shared.lobby.settings().forwarding)
+        let head = head::read(&parts, &shared.context.limits()).map_err(Unread::Refused)?;
+        let origin = proxies::origin(shared.peer, &head.headers, &shared.context.settings().forwarding)
             .map_err(|e| Unread::Refused((400, e.to_string())))?;
         let body = read_body(&shared, &head, body).await?;
         Ok::<_, Unread>((head, origin, body))
@@ -96,7 +96,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
     if stream.is_end_stream() {
         return Ok(body);
     }
-    let config = shared.lobby.settings();
+    let config = shared.context.settings();
     let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
     loop {
         let data = tokio::select! {
@@ -116,7 +116,7 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
                 body.flush()?;
                 // The bytes are the request's now: the client may send as many more.
                 let _ = stream.flow_control().release_capacity(received);
-                if let Some(max) = config.max_body.filter(|max| body.len() > *max) {
+                if let Some(max) = config.limits.max_body.filter(|max| body.len() > *max) {
                     return Err(Unread::Refused((
                         413,
                         format!("the request body is larger than --max-body ({max} bytes)"),
@@ -137,9 +137,9 @@ async fn seat(
     started: Instant,
     mark: &mut StateMark,
 ) {
-    let lobby = &shared.lobby;
+    let context = &shared.context;
     let (sender, responses) =
-        answer_channel(lobby.spill_budget.clone(), lobby.settings().max_spill, shared.descriptors.clone());
+        answer_channel(context.spill_budget.clone(), context.settings().max_spill, shared.descriptors.clone());
     let upstream = origin.upstream_wait(SystemTime::now());
     // The body file's place under --max-connections is held until the answer is sent.
     let (job, _body_descriptor) = match job(shared, head, origin, body, sender, upstream) {
@@ -148,14 +148,14 @@ async fn seat(
     };
     let (state, enqueued_at, served) = (job.state.clone(), job.enqueued_at, job.served.clone());
     mark.set(ConnectionState::Awaiting);
-    lobby.seating.submit(job);
+    context.seating.submit(job);
     let Some(first) = first_part(shared, &mut respond, &responses, &state, enqueued_at, upstream).await else {
         return;
     };
     mark.set(ConnectionState::Writing);
     let mut sent = Sent::default();
     if send::answer(shared, head, respond, first, &responses, &mut sent).await {
-        lobby.metrics.answered_http2();
+        context.counts.answered_http2();
         let answered = exchange::Answered {
             method: &head.method,
             target: &head.target,
@@ -169,7 +169,7 @@ async fn seat(
             upstream,
             tls: shared.tls.as_ref(),
         };
-        exchange::answered(lobby, origin, answered, served.as_deref());
+        exchange::answered(context, origin, answered, served.as_deref());
     }
 }
 
@@ -206,10 +206,10 @@ async fn first_part(
     enqueued_at: Instant,
     upstream: Duration,
 ) -> Option<ResponsePart> {
-    let lobby = &shared.lobby;
+    let context = &shared.context;
     // Turned off once a withdrawal fails: the worker has the request (an offer it took, which
     // the lobby has not yet seen), and the timer, due already, would fire again at every turn.
-    let mut queue_timeout = lobby.settings().queue_timeout;
+    let mut queue_timeout = context.settings().queue_timeout;
     loop {
         let unseated = matches!(state.get(), JobState::Queued | JobState::Offered);
         let timeout = queue_timeout.filter(|_| unseated);
@@ -218,12 +218,12 @@ async fn first_part(
             reset = poll_fn(|cx| respond.poll_reset(cx)) => {
                 let now = Instant::now();
                 let waited = now.saturating_duration_since(enqueued_at) + upstream;
-                let withdrawn = exchange::withdraw(&lobby.seating, state);
+                let withdrawn = exchange::withdraw(&context.seating, state);
                 if reset.is_ok() {
                     shared.client_reset(if withdrawn { StreamStage::Queued } else { StreamStage::InService });
                 }
                 if withdrawn {
-                    lobby.seating.overload.left(now, waited);
+                    context.seating.overload.left(now, waited);
                     debug!(
                         "the client {} reset its HTTP/2 stream after {:.3} s; its request is dropped",
                         shared.peer_text,
@@ -236,8 +236,8 @@ async fn first_part(
             }
             _ = sleep_until((enqueued_at + timeout.unwrap_or_default()).into()), if timeout.is_some() => {
                 let Some(limit) = timeout else { continue };
-                if exchange::withdraw(&lobby.seating, state) {
-                    lobby.seating.overload.count(ShedReason::QueueTimeout);
+                if exchange::withdraw(&context.seating, state) {
+                    context.seating.overload.count(ShedReason::QueueTimeout);
                     return Some(exchange::queue_timed_out(limit));
                 }
                 queue_timeout = None;

@@ -22,15 +22,15 @@ use bytes::BytesMut;
 use maitred_protocol::{Opening, RequestDecoder};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::client::context::Context;
 use crate::client::peer::{Peer, Site};
 use crate::client::states::{ConnectionState, StateMark};
-use crate::lobby::Lobby;
 
 /// A connection's task, in whatever it is doing. Its `impl` is spread over files by concern:
 /// `task.rs` (the life between requests, and the queue), `watch.rs` (the client while its
 /// request waits and its answer streams), `read.rs` and `write.rs`, `websocket/`.
 pub(super) struct Connection<S> {
-    lobby: Rc<Lobby>,
+    context: Rc<Context>,
     stream: S,
     peer: Peer,
     site: Rc<Site>,
@@ -52,7 +52,7 @@ impl<S> Connection<S> {
     /// A connection about to wait for its first request (`answered` 0), or its next one after
     /// hibernating; `task.rs`'s `run` serves it.
     pub(super) fn new(
-        lobby: &Rc<Lobby>,
+        context: &Rc<Context>,
         stream: S,
         peer: Peer,
         site: Rc<Site>,
@@ -60,30 +60,30 @@ impl<S> Connection<S> {
         answered: u64,
     ) -> Connection<S> {
         Connection {
-            lobby: lobby.clone(),
+            context: context.clone(),
             stream,
             peer,
             site,
             permit,
             buf: BytesMut::new(),
-            decoder: RequestDecoder::new(lobby.limits()),
+            decoder: RequestDecoder::new(context.limits()),
             answered,
             request_started: Instant::now(),
-            mark: lobby.connection_states.mark(ConnectionState::Idle),
+            mark: context.connection_states.mark(ConnectionState::Idle),
         }
     }
 
     /// What a connection that is not HTTP/1.x's hands back, all that was read of it included.
     fn not_http1(self, opening: Opening) -> NotHttp1<S> {
-        let Connection { lobby, stream, peer, site, permit, buf, .. } = self;
-        NotHttp1 { lobby, stream, buf, peer, site, permit, opening }
+        let Connection { context, stream, peer, site, permit, buf, .. } = self;
+        NotHttp1 { context, stream, buf, peer, site, permit, opening }
     }
 }
 
 /// A plain connection that opened with other bytes than an HTTP/1.x request's: HTTP/2's
 /// preface, or (where only HTTP/2 is spoken) neither protocol's.
 pub(super) struct NotHttp1<S> {
-    pub lobby: Rc<Lobby>,
+    pub context: Rc<Context>,
     pub stream: S,
     /// What was read of it, the preface's first bytes among them.
     pub buf: BytesMut,

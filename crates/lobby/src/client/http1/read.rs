@@ -40,7 +40,7 @@ impl<S: ClientStream> Connection<S> {
             self.read_proxy_header().await?;
         }
         let head = self.read_head().await?;
-        let origin = proxies::origin(self.peer.addr, &head.headers, &self.lobby.settings().forwarding)
+        let origin = proxies::origin(self.peer.addr, &head.headers, &self.context.settings().forwarding)
             .map_err(|e| Stop::Refuse(400, e.to_string()))?;
         if head.expect_continue && !matches!(head.body, BodyLength::Empty) {
             self.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(|_| Stop::Quietly)?;
@@ -52,7 +52,7 @@ impl<S: ClientStream> Connection<S> {
         };
         let descriptors = self.permit.semaphore().clone();
         let mut body = Body::for_length(expected, BODY_MEMORY_LIMIT, &descriptors)?;
-        let config = self.lobby.settings();
+        let config = self.context.settings();
         let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
         let mut room = READ_CHUNK;
         loop {
@@ -99,7 +99,7 @@ impl<S: ClientStream> Connection<S> {
     }
 
     fn chosen(&self) -> Option<Opening> {
-        let protocols = &self.lobby.config.http;
+        let protocols = &self.context.protocols;
         choose_protocol(&self.buf, protocols.http1, protocols.http2)
     }
 
@@ -109,7 +109,7 @@ impl<S: ClientStream> Connection<S> {
         if self.peer.proxy == ProxyStage::Awaited {
             self.read_proxy_header().await?;
         }
-        let deadline = tokio::time::Instant::now() + self.lobby.settings().header_timeout;
+        let deadline = tokio::time::Instant::now() + self.context.settings().header_timeout;
         loop {
             if let Some(opening) = self.chosen() {
                 return http1_refused(opening);
@@ -125,7 +125,7 @@ impl<S: ClientStream> Connection<S> {
     /// `--proxy-allow-from` (any Unix-socket peer, as under gunicorn), within
     /// `--header-timeout`; the client it names becomes the peer.
     pub(super) async fn read_proxy_header(&mut self) -> Result<(), Stop> {
-        let settings = self.lobby.settings();
+        let settings = self.context.settings();
         let Some(versions) = settings.proxy_protocol else {
             // A reload turned it off after this connection was accepted.
             self.peer.proxy = ProxyStage::Off;
@@ -179,10 +179,10 @@ impl<S: ClientStream> Connection<S> {
                 None => {}
             }
             // Most heads arrive whole in their first read and never need a ticket.
-            let ticket = ticket.get_or_insert_with(|| self.lobby.heads.ticket());
+            let ticket = ticket.get_or_insert_with(|| self.context.heads.ticket());
             self.make_room();
             ticket.hold(self.buf.capacity());
-            let deadline = started + self.lobby.settings().header_timeout;
+            let deadline = started + self.context.settings().header_timeout;
             tokio::select! {
                 read = self.read_more() => match read {
                     Ok(0) | Err(_) => return Err(Stop::Quietly),

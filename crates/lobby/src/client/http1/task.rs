@@ -159,14 +159,14 @@ impl<S: ClientStream> Connection<S> {
     }
 
     fn hibernate(self, deadline: Instant) {
-        let Connection { lobby, stream, peer, site, permit, answered, .. } = self;
+        let Connection { context, stream, peer, site, permit, answered, .. } = self;
         match stream.into_sleeping() {
             Ok((socket, tls)) => {
                 let sleeper =
                     Sleeper { socket, kind: S::KIND, peer, site, permit, answered, deadline, tls, http2: None };
-                match lobby.successor() {
+                match context.successor() {
                     Some(successor) if sleeper.can_move() => successor.hand_over(sleeper),
-                    _ => lobby.hibernation.put(sleeper),
+                    _ => context.hibernation.put(sleeper),
                 }
             }
             Err(e) => debug!("closing an idle connection that cannot hibernate: {e}"),
@@ -188,7 +188,7 @@ impl<S: ClientStream> Connection<S> {
     /// is a request lost, and a client whose pace is the idle time meets that every time.
     async fn wait_for_request(&mut self, mut read_first: bool) -> Wait {
         self.buf = BytesMut::new();
-        let settings = self.lobby.settings();
+        let settings = self.context.settings();
         let patience = if self.answered == 0 { settings.header_timeout } else { settings.keep_alive };
         let now = tokio::time::Instant::now();
         let deadline = now + patience;
@@ -197,7 +197,7 @@ impl<S: ClientStream> Connection<S> {
         // the client has sent and this lobby has not read, rather than once it has idled. One
         // it cannot take (TLS, PROXY protocol) waits here as at any time, and its next request
         // is answered here with `Connection: close`.
-        if self.lobby.handing_over() && asleep::can_move(S::ENCRYPTED, &self.peer) {
+        if self.context.handing_over() && asleep::can_move(S::ENCRYPTED, &self.peer) {
             return Wait::Hibernate { deadline };
         }
         loop {
@@ -207,7 +207,7 @@ impl<S: ClientStream> Connection<S> {
                     biased;
                     ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => if ready.is_err() { return Wait::Close },
                     _ = sleep_until(deadline.min(hibernate_at)) => {
-                        let closing = self.answered > 0 && self.lobby.closing();
+                        let closing = self.answered > 0 && self.context.closing();
                         return if hibernate_at < deadline && !closing { Wait::Hibernate { deadline } } else { Wait::Close };
                     }
                 }
@@ -226,13 +226,13 @@ impl<S: ClientStream> Connection<S> {
     /// Whether the connection closes after its answer: at a shutdown, and at a binary upgrade
     /// when the new maitred cannot take it (TLS, PROXY protocol).
     pub(super) fn closes_when_answered(&self) -> bool {
-        self.lobby.closing() || (self.lobby.handing_over() && !asleep::can_move(S::ENCRYPTED, &self.peer))
+        self.context.closing() || (self.context.handing_over() && !asleep::can_move(S::ENCRYPTED, &self.peer))
     }
 
     async fn refuse(&mut self, status: u16, reason: &str) {
         self.mark.set(ConnectionState::Writing);
         log::info_limited!("{status} to {}: {reason}", self.peer.display());
-        self.lobby.metrics.refused(status);
+        self.context.counts.refused(status);
         let mut out = Vec::new();
         write_error_response(&mut out, status, reason, &http_date(), false, None);
         if self.write_closing(&out).await.is_ok() {
@@ -252,9 +252,9 @@ impl<S: ClientStream> Connection<S> {
         let Ok(websocket) = self.websocket_handshake(head, body.len()).await else { return Ok(Seated::Close) };
         // A WebSocket's messages wait for its client within the answer's memory, never in a
         // file (`--max-spill` 0).
-        let max_spill = if websocket.is_some() { 0 } else { self.lobby.settings().max_spill };
+        let max_spill = if websocket.is_some() { 0 } else { self.context.settings().max_spill };
         let (respond, responses) =
-            answer_channel(self.lobby.spill_budget.clone(), max_spill, self.permit.semaphore().clone());
+            answer_channel(self.context.spill_budget.clone(), max_spill, self.permit.semaphore().clone());
         let summary: Rc<str> = format!(
             "{} {} {}",
             String::from_utf8_lossy(&head.method),
@@ -277,7 +277,7 @@ impl<S: ClientStream> Connection<S> {
         let to_worker = websocket.is_some().then(|| websocket::link_job(&mut job));
         let (state, enqueued_at) = (job.state.clone(), job.enqueued_at);
         let served = job.served.clone();
-        let watch_after = if self.lobby.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
+        let watch_after = if self.context.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
         let waiting = Waiting { state, enqueued_at, upstream, watch_after };
         self.mark.set(ConnectionState::Awaiting);
         let context = ResponseContext {
@@ -286,7 +286,7 @@ impl<S: ClientStream> Connection<S> {
             // --keep-alive 0 closes after each answer, and says so. A WebSocket's denial
             // response (ASGI's websocket.http.response) closes the connection too.
             keep_alive: head.keep_alive
-                && !self.lobby.settings().keep_alive.is_zero()
+                && !self.context.settings().keep_alive.is_zero()
                 && !self.closes_when_answered()
                 && websocket.is_none(),
         };
@@ -382,6 +382,6 @@ impl<S: ClientStream> Connection<S> {
             upstream: waiting.upstream,
             tls: self.stream.tls(),
         };
-        exchange::answered(&self.lobby, origin, answered, served);
+        exchange::answered(&self.context, origin, answered, served);
     }
 }

@@ -64,7 +64,7 @@ impl<S: ClientStream> Connection<S> {
         // Turned off once a withdrawal fails: the worker has the request (an offer it took,
         // which the lobby has not yet seen), and the timer, due already, would fire again at
         // every turn of this loop until the lobby sees it (issue 46's class).
-        let mut queue_timeout = self.lobby.settings().queue_timeout;
+        let mut queue_timeout = self.context.settings().queue_timeout;
         let watch_from = tokio::time::Instant::from_std(waiting.enqueued_at + waiting.watch_after);
         let mut watching = true;
         loop {
@@ -75,8 +75,8 @@ impl<S: ClientStream> Connection<S> {
                 part = responses.recv() => return part,
                 _ = sleep_until(timed_out.into()), if timeout.is_some() => {
                     let Some(limit) = timeout else { continue };
-                    if exchange::withdraw(&self.lobby.seating, &waiting.state) {
-                        self.lobby.seating.overload.count(ShedReason::QueueTimeout);
+                    if exchange::withdraw(&self.context.seating, &waiting.state) {
+                        self.context.seating.overload.count(ShedReason::QueueTimeout);
                         return Some(exchange::queue_timed_out(limit));
                     }
                     queue_timeout = None;
@@ -112,7 +112,7 @@ impl<S: ClientStream> Connection<S> {
             }
             let fd = self.stream.as_fd();
             match self.stream.try_io(Interest::READABLE, || maitred_sys::socket::peek(fd)) {
-                Ok(0) => return self.lobby.settings().half_close_leaves(),
+                Ok(0) => return self.context.settings().half_close_leaves,
                 Ok(_) => return false,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => return true,
@@ -126,8 +126,8 @@ impl<S: ClientStream> Connection<S> {
     fn abandon(&self, waiting: &Waiting) {
         let now = Instant::now();
         let waited = now.saturating_duration_since(waiting.enqueued_at) + waiting.upstream;
-        if exchange::withdraw(&self.lobby.seating, &waiting.state) {
-            self.lobby.seating.overload.left(now, waited);
+        if exchange::withdraw(&self.context.seating, &waiting.state) {
+            self.context.seating.overload.left(now, waited);
             debug!(
                 "the client {} left after {:.3} s; its request is dropped",
                 self.peer.display(),

@@ -43,7 +43,7 @@ impl<S: ClientStream> Connection<S> {
                 answer.body(&mut out, &body);
                 // Kept for an access log that writes response headers; they hold the frame
                 // they came in (and its first body bytes), so only then.
-                if log::access_log_enabled() && self.lobby.settings().access_log_format.uses_response_headers() {
+                if log::access_log_enabled() && self.context.settings().access_log_format.uses_response_headers() {
                     answer.headers = headers;
                 }
                 end
@@ -102,7 +102,7 @@ impl<S: ClientStream> Connection<S> {
     /// can take bytes.
     async fn send_all(&mut self, mut data: &[u8], more: bool) -> io::Result<()> {
         if S::ENCRYPTED {
-            return encrypted::send(&mut self.stream, data, self.lobby.settings().send_timeout).await;
+            return encrypted::send(&mut self.stream, data, self.context.settings().send_timeout).await;
         }
         let fd = self.stream.as_fd();
         while !data.is_empty() {
@@ -123,7 +123,7 @@ impl<S: ClientStream> Connection<S> {
     /// Copies `count` bytes of `file` from `offset` to the client inside the kernel.
     async fn send_file(&mut self, file: &File, mut offset: u64, mut count: u64) -> io::Result<()> {
         if S::ENCRYPTED {
-            return encrypted::send_file(&mut self.stream, file, offset, count, self.lobby.settings().send_timeout)
+            return encrypted::send_file(&mut self.stream, file, offset, count, self.context.settings().send_timeout)
                 .await;
         }
         let (out_fd, in_fd) = (self.stream.as_fd(), file.as_fd());
@@ -157,7 +157,7 @@ impl<S: ClientStream> Connection<S> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             result => return result,
         }
-        let limit = self.lobby.settings().send_timeout;
+        let limit = self.context.settings().send_timeout;
         let mut unsent = maitred_sys::socket::unsent_bytes(self.stream.as_fd());
         loop {
             let attempt = async {

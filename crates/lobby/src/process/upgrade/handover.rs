@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{receive, Succession, UpgradeError, MAIN, READY, UPGRADE_CHANNEL_VARIABLE, UPGRADE_LISTENERS_VARIABLE};
-use crate::client::asleep::Sleeper;
+use crate::client::asleep::{Sleeper, TakesIdleConnections};
 use crate::client::peer::StreamKind;
 use crate::log::{warning, warning_limited};
 use crate::process::spawn::{self, seqpacket_pair};
@@ -143,12 +143,27 @@ pub(crate) struct Successor {
 }
 
 impl Successor {
+    /// Tells the new lobby that it is the service's main process now.
+    pub(crate) fn confirm_main(&self) {
+        let sent =
+            maitred_sys::fdpass::send(self.channel.get_ref().as_raw_fd(), &[IoSlice::new(MAIN)], libc::MSG_DONTWAIT);
+        if let Err(e) = sent {
+            warning!("cannot tell the new maitred that it is the main process: {e}");
+        }
+    }
+
+    pub(crate) fn handed(&self) -> u64 {
+        self.handed.get()
+    }
+}
+
+impl TakesIdleConnections for Successor {
     /// Hands an idle connection over, with what the new lobby needs to serve it as this one
     /// would: at once when the pair has room, else as soon as it has (`send_waiting`). Only a
     /// connection that `Sleeper::can_move` is given. Never waits: a send that would block
     /// (the new lobby busy, stopped, or starved of CPU) would hold this lobby's event loop, a
     /// second for each connection as it was (issue 46's list).
-    pub(crate) fn hand_over(&self, sleeper: Sleeper) {
+    fn hand_over(&self, sleeper: Sleeper) {
         debug_assert!(sleeper.can_move(), "a TLS or PROXY protocol connection stays in the old lobby");
         let mut waiting = self.waiting.borrow_mut();
         if waiting.is_empty() {
@@ -163,19 +178,6 @@ impl Successor {
         }
         waiting.push_back(sleeper);
         self.more.notify_one();
-    }
-
-    /// Tells the new lobby that it is the service's main process now.
-    pub(crate) fn confirm_main(&self) {
-        let sent =
-            maitred_sys::fdpass::send(self.channel.get_ref().as_raw_fd(), &[IoSlice::new(MAIN)], libc::MSG_DONTWAIT);
-        if let Err(e) = sent {
-            warning!("cannot tell the new maitred that it is the main process: {e}");
-        }
-    }
-
-    pub(crate) fn handed(&self) -> u64 {
-        self.handed.get()
     }
 }
 

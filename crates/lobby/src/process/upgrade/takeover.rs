@@ -12,17 +12,17 @@ use socket2::SockRef;
 use tokio::sync::Semaphore;
 
 use super::{receive, MAIN, READY};
-use crate::client::asleep::Sleeper;
+use crate::client::asleep::{Hibernation, Sleeper};
 use crate::client::peer::{Peer, Site, StreamKind};
-use crate::lobby::Lobby;
 use crate::log::{info, warning, warning_limited};
-use crate::process::notify;
+use crate::process::notify::{self, Standing};
 
 /// In a new lobby: tells the lobby it replaces that it serves, and takes the idle connections
 /// that lobby hands over until it closes the channel. Each is put to sleep here, with its
 /// place under --max-connections; one that finds no place is closed.
 pub(crate) async fn take_over(
-    lobby: Rc<Lobby>,
+    hibernation: Rc<Hibernation>,
+    standing: Standing,
     predecessor: OwnedFd,
     sites: Vec<Rc<Site>>,
     connections: Arc<Semaphore>,
@@ -50,7 +50,7 @@ pub(crate) async fn take_over(
             }
         };
         if message == MAIN {
-            notify::watch(&lobby);
+            notify::watch(standing.clone());
             notify::ready();
             continue;
         }
@@ -58,7 +58,7 @@ pub(crate) async fn take_over(
             warning_limited!("the maitred being replaced sent a connection without its socket");
             continue;
         };
-        match adopt(&lobby, socket, &message, &sites, &connections) {
+        match adopt(&hibernation, socket, &message, &sites, &connections) {
             Ok(()) => taken += 1,
             Err(why) => warning_limited!("closing a connection handed over by the maitred being replaced: {why}"),
         }
@@ -68,7 +68,7 @@ pub(crate) async fn take_over(
 
 /// Puts one handed-over connection to sleep in this lobby.
 fn adopt(
-    lobby: &Lobby,
+    hibernation: &Hibernation,
     socket: OwnedFd,
     message: &[u8],
     sites: &[Rc<Site>],
@@ -95,7 +95,7 @@ fn adopt(
         .find(|site| site.server_port == port && site.server_name == name)
         .cloned()
         .unwrap_or_else(|| Rc::new(Site { server_name: name.to_string(), server_port: port, tls: false }));
-    lobby.hibernation.put(Sleeper {
+    hibernation.put(Sleeper {
         socket,
         kind,
         peer,

@@ -162,12 +162,12 @@ impl<S: ClientStream> Connection<S> {
         head: &RequestHead,
         body_len: u64,
     ) -> Result<Option<Handshake>, ()> {
-        if !self.lobby.websockets.accepted() || !asks_websocket(head) {
+        if !self.context.websockets.accepted() || !asks_websocket(head) {
             return Ok(None);
         }
         match check_handshake(head, body_len) {
             Ok(accept_key) => {
-                let deflate = self.lobby.settings().websocket.per_message_deflate.then(|| Deflate::negotiate(head));
+                let deflate = self.context.settings().websocket.per_message_deflate.then(|| Deflate::negotiate(head));
                 Ok(Some(Handshake { accept_key, deflate: deflate.flatten() }))
             }
             Err(bad) => {
@@ -180,7 +180,7 @@ impl<S: ClientStream> Connection<S> {
     /// Refuses a bad handshake, with a log line; no worker sees it.
     async fn refuse_handshake(&mut self, bad: BadHandshake) {
         log::info_limited!("{} to {}: {}", bad.status, self.peer.display(), bad.reason);
-        self.lobby.metrics.refused(bad.status);
+        self.context.counts.refused(bad.status);
         let mut out = Vec::new();
         write_error_response(&mut out, bad.status, bad.reason, &http_date(), false, None);
         if bad.status == 426 {
@@ -232,9 +232,9 @@ impl<S: ClientStream> Connection<S> {
     /// has heard of the failure has gone out: the client gets the answers to its good messages,
     /// then the Close.
     async fn session(&mut self, link: ToWorker, responses: &AnswerReceiver, deflate: Option<Deflate>) -> Closing {
-        let lobby = self.lobby.clone();
-        let limits = lobby.settings().websocket;
-        let send_timeout = lobby.settings().send_timeout;
+        let context = self.context.clone();
+        let limits = context.settings().websocket;
+        let send_timeout = context.settings().send_timeout;
         let peer = self.peer.display();
         // tungstenite reserves `read_buffer_size` for each WebSocket up front (128 KiB by
         // default): 150 KB of lobby memory an open WebSocket at 5,000 of them, against uvicorn's
@@ -262,7 +262,7 @@ impl<S: ClientStream> Connection<S> {
         let mut heard = Instant::now();
         // A ping is out: when its pong is due.
         let mut pong_due: Option<Instant> = None;
-        let going_away = lobby.websockets.going_away();
+        let going_away = context.websockets.going_away();
         tokio::pin!(going_away);
         // The lobby (or the worker) closes: the code and reason sent, and what the worker hears.
         let (sent, ended) = loop {
