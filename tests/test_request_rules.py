@@ -100,6 +100,16 @@ CASES = [
         SERVED,
     ),
     Case(
+        "no authority at all",
+        h1("GET / HTTP/1.1"),
+        h2_fields("/", None),
+        REFUSED,
+        SERVED,
+        "an HTTP/1.1 request must carry Host, and one without it is refused (RFC 9112 3.2); an HTTP/2 request "
+        "with no authority to convey leaves out :authority (RFC 9113 8.3.1), and the application is given the "
+        "listener's name, as for an HTTP/1.0 request",
+    ),
+    Case(
         "a host field with a userinfo, without :authority",
         h1("GET / HTTP/1.1", "Host: a@other.test"),
         h2_fields("/", None, "GET", ("host", "a@other.test")),
