@@ -502,8 +502,9 @@ def test_load_app_missing_module(module_dir):
 
 ZYGOTE = """\
 import functools, socket, sys
-from maitred import zygote
+from maitred import log, zygote
 from maitred.app import load_app
+log.configure(sys.argv[4])  # debug: the line that says the zygote waits for its last worker
 control = socket.socket(fileno=int(sys.argv[1]))
 settings = {
     "preload": sys.argv[3] == "preload",
@@ -520,11 +521,11 @@ sys.exit(zygote.run(control, settings, functools.partial(load_app, sys.argv[2]))
 
 
 class ZygoteProcess:
-    def __init__(self, app_dir: Path, spec: str, preload: bool) -> None:
+    def __init__(self, app_dir: Path, spec: str, preload: bool, level: str = "info") -> None:
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control.settimeout(20)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy"],
+            [sys.executable, "-c", ZYGOTE, str(theirs.fileno()), spec, "preload" if preload else "lazy", level],
             cwd=app_dir,
             pass_fds=[theirs.fileno()],
             start_new_session=True,
@@ -589,7 +590,7 @@ def zygotes():
 @pytest.mark.parametrize("preload", [False, True], ids=["lazy", "preload"])
 def test_zygote_spawns_kills_reaps_and_exits_after_the_lobby(app_dir, zygotes, preload):
     (app_dir / "hello.py").write_text(HELLO)
-    zygote = ZygoteProcess(app_dir, "hello:app", preload)
+    zygote = ZygoteProcess(app_dir, "hello:app", preload, level="debug")
     zygotes.append(zygote)
     first_pid, first = zygote.spawn(0)
     second_pid, second = zygote.spawn(1)

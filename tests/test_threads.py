@@ -112,10 +112,48 @@ def test_a_second_thread_takes_a_request_only_while_its_worker_has_cpu_to_spare(
     computing = _in_app_of(server.port, "/spin?seconds=0.02", clients=4, each=8)
     alongside = sum(1 for count in computing if count > 1)
     assert alongside <= len(computing) // 8, f"{alongside} of {len(computing)} ran beside another: {computing}"
-    # Shorter than four typical requests: only the CPU to spare lets a second thread in.
-    waiting = _in_app_of(server.port, "/sleep?seconds=0.03", clients=4, each=6)
-    assert sum(1 for count in waiting if count > 1) >= len(waiting) // 2, f"the threads were not used: {waiting}"
-    assert max(waiting) == 4, waiting
+    # Shorter than four typical requests: only the CPU to spare lets a second thread in. The gate
+    # counts the machine's runnable threads too (worker/gate.rs), so while something else keeps
+    # the cores busy (a build beside the tests) it rightly keeps the threads idle: such a pass is
+    # run again, and only a pass with CPU to spare decides.
+    passes = []
+    for _ in range(3):
+        with _MachineLoad() as load:
+            waiting = _in_app_of(server.port, "/sleep?seconds=0.03", clients=4, each=6)
+        passes.append((waiting, load.busy_share()))
+        if load.busy_share() < 0.5:
+            break
+    assert passes[-1][1] < 0.5, f"the machine had no CPU to spare in three passes: {passes}"
+    assert sum(1 for count in waiting if count > 1) >= len(waiting) // 2, f"the threads were not used: {passes}"
+    assert max(waiting) == 4, passes
+
+
+class _MachineLoad(threading.Thread):
+    """Samples the machine's runnable threads (the fourth field of /proc/loadavg, less this
+    reader) every 5 ms while in use: the share of samples in which the gate's machine test
+    (worker/gate.rs: runnable + 1 within 0.9 of the CPUs) had no room."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[int] = []
+        self.done = threading.Event()
+        self.limit = 0.9 * len(os.sched_getaffinity(0)) - 1
+
+    def run(self) -> None:
+        while not self.done.wait(0.005):
+            with open("/proc/loadavg") as loadavg:
+                self.samples.append(int(loadavg.read().split()[3].split("/")[0]) - 1)
+
+    def busy_share(self) -> float:
+        return sum(1 for n in self.samples if n > self.limit) / max(1, len(self.samples))
+
+    def __enter__(self) -> _MachineLoad:  # noqa: PYI034 (3.10 has no typing.Self)
+        self.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.done.set()
+        self.join()
 
 
 def test_one_thread_keeps_wsgi_multithread_false(maitred_server):

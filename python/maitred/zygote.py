@@ -464,8 +464,10 @@ class _Zygote:
         self._selector.unregister(self._control)
         self._reap(report=False)
         if self._children:
+            # Debug: a stop or a failed start leaves workers exiting here every time, and a failed
+            # start's error is to be the one line a user reads.
             pids = ", ".join(str(pid) for pid in sorted(self._children))
-            log.log("info", f"zygote: the lobby has gone; waiting for its workers to exit (pids {pids})")
+            log.log("debug", f"zygote: the lobby has gone; waiting for its workers to exit (pids {pids})")
         deadline = time.monotonic() + self._grace
         while self._children:
             remaining = deadline - time.monotonic()
