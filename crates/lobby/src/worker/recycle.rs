@@ -149,8 +149,14 @@ impl Recycle {
         if resident <= memory.limit_mb * MIB {
             return None;
         }
-        Some(format!("{:.2} MB resident, over --max-worker-memory {}", resident as f64 / MIB as f64, memory.limit_mb))
+        Some(format!("{} MB resident, over --max-worker-memory {}", megabytes_rounded_up(resident), memory.limit_mb))
     }
+}
+
+/// Bytes in MB to two places, rounded up: a worker a page over 100 MB reads "100.01", never the
+/// "100.00" that looks like no reason to retire it.
+fn megabytes_rounded_up(bytes: u64) -> String {
+    format!("{:.2}", (bytes as f64 * 100.0 / MIB as f64).ceil() / 100.0)
 }
 
 /// A worker's resident bytes now, for the scoreboard; None once it has gone.
@@ -188,6 +194,13 @@ fn random_up_to(spread: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_just_over_the_limit_reads_as_over_it() {
+        assert_eq!(megabytes_rounded_up(100 * MIB + 4096), "100.01");
+        assert_eq!(megabytes_rounded_up(100 * MIB), "100.00");
+        assert_eq!(megabytes_rounded_up(MIB / 2), "0.50");
+    }
 
     #[test]
     fn reads_the_resident_pages_of_statm() {
