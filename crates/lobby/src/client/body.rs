@@ -11,6 +11,7 @@ use bytes::{Buf, Bytes};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Stop;
+use crate::seating::unlinked::Unlinked;
 
 /// A complete request body.
 pub(super) enum Body {
@@ -23,7 +24,7 @@ pub(super) enum Body {
     /// (Gathered into one Vec first, each byte was copied once more in the lobby: 512 MiB more
     /// memcpy an upload of that size.)
     File {
-        file: File,
+        file: Unlinked,
         len: u64,
         unwritten: Vec<Bytes>,
         descriptor: OwnedSemaphorePermit,
@@ -65,7 +66,7 @@ impl Body {
     /// Writes what `push` left for the file: before the next read waits, and at the body's end.
     pub(super) fn flush(&mut self) -> Result<(), Stop> {
         if let Body::File { file, unwritten, .. } = self {
-            write_pieces(file, unwritten).map_err(|e| spill_failed(&e))?;
+            write_pieces(&mut *file, unwritten).map_err(|e| spill_failed(&e))?;
         }
         Ok(())
     }
@@ -111,14 +112,14 @@ fn write_pieces(file: &mut File, pieces: &mut Vec<Bytes>) -> io::Result<()> {
 }
 
 /// A temporary file for a request body, and its place under --max-connections.
-fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(File, OwnedSemaphorePermit), Stop> {
+fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(Unlinked, OwnedSemaphorePermit), Stop> {
     let descriptor = descriptors.clone().try_acquire_owned().map_err(|_| {
         Stop::Refuse(
             503,
             "every descriptor under --max-connections is in use: no temporary file for this request body".into(),
         )
     })?;
-    let file = tempfile::tempfile().map_err(|e| spill_failed(&e))?;
+    let file = Unlinked::new().map_err(|e| spill_failed(&e))?;
     Ok((file, descriptor))
 }
 

@@ -29,6 +29,7 @@ pub(crate) mod overload;
 mod recall;
 pub(crate) mod spool;
 pub(crate) mod streams;
+pub(crate) mod unlinked;
 pub(crate) mod websocket;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.
