@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 
 import pytest
 from conftest import HOST
@@ -27,14 +28,18 @@ def lobby_writes(pid: int) -> int:
         return next(int(line.split()[1]) for line in io if line.startswith("syscw:"))
 
 
-def upload(port: int, body: bytes, chunked: bool) -> bytes:
-    """Sends `body` in 64 KiB writes (chunks, when chunked) and returns the answer's body."""
+def upload(port: int, body: bytes, chunked: bool, slow_start: bool = False) -> bytes:
+    """Sends `body` in 64 KiB writes (chunks, when chunked) and returns the answer's body. With
+    `slow_start`, the first 256 KiB go at about 3 MB/s, so that the body is spooled, not streamed
+    (LIMITS.md, "A fast upload streams")."""
     framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
     with socket.create_connection((HOST, port), timeout=60) as client:
         client.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + framing + b"\r\n\r\n")
         for start in range(0, len(body), 64 * 1024):
             piece = body[start : start + 64 * 1024]
             client.sendall(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+            if slow_start and start < 256 * 1024:
+                time.sleep(0.02)  # the client's pace, not a wait for an event
         if chunked:
             client.sendall(b"0\r\n\r\n")
         answer = b""
@@ -49,20 +54,91 @@ def upload(port: int, body: bytes, chunked: bool) -> bytes:
 @pytest.mark.parametrize("app", ["hasher:app", "hasher:asgi"], ids=["wsgi", "asgi"])
 def test_a_large_upload_is_spilled_in_large_writes(maitred_server, app, chunked):
     body = os.urandom(SIZE)
-    server = maitred_server("-w", "1", app, cwd=APPS)
+    # At debug level, for the line a streamed body would have; its few lines are writes too.
+    server = maitred_server("-w", "1", "--log-level", "debug", app, cwd=APPS)
     assert upload(server.port, b"warm", chunked) == hashlib.sha256(b"warm").hexdigest().encode()
     before = lobby_writes(server.pid)
-    assert upload(server.port, body, chunked) == hashlib.sha256(body).hexdigest().encode()
+    assert upload(server.port, body, chunked, slow_start=True) == hashlib.sha256(body).hexdigest().encode()
     writes = lobby_writes(server.pid) - before
+    # Spooled, not streamed: its file had the writes counted here.
+    assert "its body streams to its worker" not in server.stderr()
     assert writes < MOST_WRITES, f"{writes} write calls for a {SIZE >> 20} MiB upload"
 
 
 def test_a_spilled_body_s_file_is_freed_off_the_event_loop(maitred_server):
     """Freeing a large body file's pages took the lobby's event loop 46-62 ms for 512 MiB, every
     connection waiting meanwhile; now the closer thread frees it (docs/LIMITS.md, "Request
-    bodies"), and says so at debug level once it has."""
+    bodies"), and says so at debug level once it has. (Chunked: a body of known length this
+    fast would stream, and have no file.)"""
     body = os.urandom(SIZE)
     server = maitred_server("-w", "1", "--log-level", "debug", "hasher:app", cwd=APPS)
-    assert upload(server.port, body, chunked=False) == hashlib.sha256(body).hexdigest().encode()
+    assert upload(server.port, body, chunked=True) == hashlib.sha256(body).hexdigest().encode()
     server.wait_for_log("closed a temporary file of 64.0 MiB off the event loop", timeout=30)
     assert upload(server.port, b"next", chunked=False) == hashlib.sha256(b"next").hexdigest().encode()
+
+
+def read_answer(client: socket.socket) -> tuple[bytes, bytes]:
+    answer = b""
+    while data := client.recv(65536):
+        answer += data
+    head, _, content = answer.partition(b"\r\n\r\n")
+    return head, content
+
+
+def post_head(length: int) -> bytes:
+    return b"POST /upload HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % length
+
+
+@pytest.mark.parametrize("app", ["streamed:app", "streamed:asgi"], ids=["wsgi", "asgi"])
+def test_a_fast_upload_streams_to_its_worker_as_it_arrives(maitred_server, app):
+    """The application reads the body's first piece before the client has sent the rest: the
+    rest goes only once the application says it has it. Spooled whole first, as every body
+    was, the application never starts and the upload never ends."""
+    body = os.urandom(SIZE)
+    server = maitred_server("-w", "1", "--log-level", "debug", app, cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=60) as client:
+        client.sendall(post_head(len(body)) + body[: 1 << 20])
+        server.wait_for_log("streamed: the first piece is read", timeout=30)
+        client.sendall(body[1 << 20 :])
+        head, content = read_answer(client)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(body).hexdigest().encode()
+    assert "POST /upload: its body streams to its worker" in server.stderr()
+
+
+def test_a_slow_upload_is_spooled_whole_before_its_worker_sees_it(maitred_server):
+    """A body whose first 256 KiB come slower than 32 MB/s costs no worker while it arrives
+    (S1): it is spooled, and the application reads it once it is whole."""
+    body = os.urandom(512 * 1024)
+    server = maitred_server("-w", "1", "--log-level", "debug", "streamed:app", cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=60) as client:
+        client.sendall(post_head(len(body)))
+        # 64 KiB every 20 ms, about 3 MB/s: the client's pace, not a wait for an event.
+        for start in range(0, len(body), 64 * 1024):
+            client.sendall(body[start : start + 64 * 1024])
+            time.sleep(0.02)
+        head, content = read_answer(client)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(body).hexdigest().encode()
+    # The answer has come: had the body streamed, the lobby would have said so first.
+    assert "its body streams to its worker" not in server.stderr()
+
+
+@pytest.mark.parametrize("app", ["streamed:app", "streamed:asgi"], ids=["wsgi", "asgi"])
+def test_a_streaming_body_that_stalls_gets_408_and_its_worker_goes_on(maitred_server, app):
+    """A client that starts fast, then stalls past --header-timeout, gets its 408 as a spooled
+    body's would; the application's read ends short (WSGI: ClientDisconnected; ASGI:
+    http.disconnect), and the worker serves the next request."""
+    server = maitred_server("-w", "1", "--header-timeout", "1", "--log-level", "debug", app, cwd=APPS)
+    with socket.create_connection((HOST, server.port), timeout=60) as client:
+        client.sendall(post_head(SIZE) + os.urandom(1 << 20))
+        server.wait_for_log("streamed: the first piece is read", timeout=30)
+        head, _ = read_answer(client)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    server.wait_for_log("streamed: the body ended short after", timeout=30)
+    assert "the request body stalled for longer than --header-timeout" in server.stderr()
+    with socket.create_connection((HOST, server.port), timeout=60) as client:
+        client.sendall(post_head(4) + b"next")
+        head, content = read_answer(client)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(b"next").hexdigest().encode()

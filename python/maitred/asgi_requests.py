@@ -173,7 +173,12 @@ class HttpRequest(Request):
 
     async def receive(self) -> Message:
         if self._body_left and not self.disconnected:
-            piece = self._body.read(BODY_PIECE)
+            try:
+                piece = self._body.read(BODY_PIECE) if self._body.pipe is None else await self._arriving()
+            except ClientDisconnected:
+                # A streaming body cut short: the lobby stopped it, its client gone.
+                self._body_left = False
+                return {"type": "http.disconnect"}
             self._body_left = self._body.remaining > 0
             return {"type": "http.request", "body": piece, "more_body": self._body_left}
         # The body is read: what comes next is the end, when the client goes or the response
@@ -181,6 +186,19 @@ class HttpRequest(Request):
         while not (self.disconnected or self.done):
             await self.wait_for_news()
         return {"type": "http.disconnect"}
+
+    async def _arriving(self) -> bytes:
+        """The next piece of a body that streams from its client through a pipe (docs/ASGI.md,
+        "Fast uploads stream"), awaited on the loop: the worker's other requests go on."""
+        body, loop = self._body, asyncio.get_running_loop()
+        while (piece := body.read_ready(BODY_PIECE)) is None:
+            readable = loop.create_future()
+            loop.add_reader(body.pipe, _settle, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(body.pipe)
+        return piece
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -300,3 +318,8 @@ class WebSocketRequest(Request):
         if not self.done:
             self.call(self.mux.channel.ws_close, code, "")
             self.done = True
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

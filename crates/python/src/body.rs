@@ -1,12 +1,16 @@
-//! `wsgi.input`: the request body, from the frame's bytes or from the file the lobby passed.
+//! `wsgi.input`: the request body, from the frame's bytes, from the file the lobby passed, or
+//! from the pipe it streams through while its client sends it (the lobby's
+//! `client/http1/pump.rs`).
 //!
-//! Imports `sys` of this crate, for `pread`.
+//! Imports `sys` of this crate, for `pread`, and the crate's `ClientDisconnected`.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::ClientDisconnected;
 use pyo3::types::{PyBytes, PyList};
 
 /// How much of a body file one refill reads ahead for `readline`.
@@ -24,6 +28,10 @@ pub struct RequestBody {
     pos: usize,
     end: usize,
     file: Option<OwnedFd>,
+    /// The file is a pipe: read in order, and may end short when its client goes.
+    pipe: bool,
+    /// The pipe's reads no longer wait (an ASGI worker's `read_ready` made it so).
+    nonblocking: bool,
     file_pos: u64,
     file_len: u64,
     released: bool,
@@ -33,12 +41,34 @@ impl RequestBody {
     /// A body that travelled in the frame: `buf[start..end]`. Taking the whole buffer lets the
     /// channel hand over its receive buffer instead of copying a large body.
     pub fn inline(buf: Vec<u8>, start: usize, end: usize) -> RequestBody {
-        RequestBody { buf, pos: start, end, file: None, file_pos: 0, file_len: 0, released: false }
+        RequestBody {
+            buf,
+            pos: start,
+            end,
+            file: None,
+            pipe: false,
+            nonblocking: false,
+            file_pos: 0,
+            file_len: 0,
+            released: false,
+        }
     }
 
-    /// A body of `len` bytes in `file`, read with `pread` from offset 0.
+    /// A body of `len` bytes in `file`, read with `pread` from offset 0; or, when `file` is a
+    /// pipe, read from it as the lobby streams the body in.
     pub fn in_file(file: OwnedFd, len: u64) -> RequestBody {
-        RequestBody { buf: Vec::new(), pos: 0, end: 0, file: Some(file), file_pos: 0, file_len: len, released: false }
+        let pipe = maitred_sys::pipe::is_pipe(file.as_fd());
+        RequestBody {
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
+            file: Some(file),
+            pipe,
+            nonblocking: false,
+            file_pos: 0,
+            file_len: len,
+            released: false,
+        }
     }
 
     /// Frees the memory and closes the file; later reads raise `ValueError`.
@@ -79,12 +109,24 @@ impl RequestBody {
 
     /// Fills `dst` from the file at `file_pos`, detached from the interpreter.
     fn read_file_into(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<()> {
-        let file = self.file.as_ref().map(AsRawFd::as_raw_fd).expect("only a file body has bytes past its buffer");
+        let file = self.file.as_ref().map(AsFd::as_fd).expect("only a file body has bytes past its buffer");
+        let pipe = self.pipe;
         let mut filled = 0;
         while filled < dst.len() {
             let offset = self.file_pos + filled as u64;
             let rest = &mut dst[filled..];
-            match py.detach(|| maitred_sys::fd::pread(file, rest, offset)) {
+            let read = py.detach(|| {
+                if pipe {
+                    maitred_sys::pipe::read(file, rest)
+                } else {
+                    maitred_sys::fd::pread(file.as_raw_fd(), rest, offset)
+                }
+            });
+            match read {
+                Ok(0) if pipe => {
+                    self.file_pos += filled as u64;
+                    return Err(body_cut_short(self.file_pos, self.file_len));
+                }
                 Ok(0) => {
                     return Err(PyOSError::new_err(format!(
                         "the request body file ended at byte {offset} of {}",
@@ -136,6 +178,39 @@ impl RequestBody {
 
 #[pymethods]
 impl RequestBody {
+    /// A streaming body's pipe, for an ASGI worker's loop to wait on (`read_ready`); None for a
+    /// body that is all there (in memory or in a file).
+    #[getter]
+    fn pipe(&self) -> Option<i32> {
+        self.file.as_ref().filter(|_| self.pipe && !self.released).map(AsRawFd::as_raw_fd)
+    }
+
+    /// What the pipe has now, up to `size` bytes, without waiting: None when nothing has come
+    /// yet. `ClientDisconnected` when the body ended short: its client went.
+    fn read_ready<'py>(&mut self, py: Python<'py>, size: usize) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        self.check_open()?;
+        let count = self.clamp(Some(size as i64));
+        if !self.pipe || count == 0 {
+            return self.take(py, count).map(Some);
+        }
+        let file = self.file.as_ref().expect("a pipe body has its pipe until it is released");
+        if !self.nonblocking {
+            maitred_sys::pipe::set_nonblocking(file.as_fd())?;
+        }
+        let mut piece = vec![0; count];
+        let read = maitred_sys::pipe::read(file.as_fd(), &mut piece);
+        self.nonblocking = true;
+        match read {
+            Ok(0) => Err(body_cut_short(self.file_pos, self.file_len)),
+            Ok(n) => {
+                self.file_pos += n as u64;
+                Ok(Some(PyBytes::new(py, &piece[..n])))
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// The bytes not read yet (an ASGI worker's `more_body`).
     #[getter(remaining)]
     fn remaining_py(&self) -> u64 {
@@ -195,4 +270,13 @@ impl RequestBody {
         let line = self.readline(py, None)?;
         Ok((!line.as_bytes().is_empty()).then_some(line))
     }
+}
+
+/// A streaming body's pipe ended before its last byte: the lobby stopped it, because its client
+/// went or missed the body's pace (and had its 408).
+fn body_cut_short(at: u64, len: u64) -> PyErr {
+    ClientDisconnected::new_err((
+        libc::EPIPE,
+        format!("the request body ended at byte {at} of {len}: its client stopped sending it"),
+    ))
 }

@@ -18,6 +18,7 @@ pub mod fd;
 pub mod fdpass;
 pub mod ids;
 pub mod limits;
+pub mod pipe;
 pub mod process;
 pub mod reactor;
 pub mod shared_memory;

@@ -41,6 +41,11 @@ impl BodyPace {
         BodyPace { started: now, gap_started: now, header_timeout, min_rate }
     }
 
+    /// How long since the body began.
+    pub(super) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// Bytes came: the gap starts again.
     pub(super) fn arrived(&mut self) {
         self.gap_started = Instant::now();
@@ -102,7 +107,9 @@ pub(super) fn job(
     let body_len = body.len();
     let (inline, body_file, body_descriptor) = match body {
         Body::Memory(bytes) => (bytes, None, None),
-        Body::File { file, descriptor, .. } => (Vec::new(), Some(file), Some(descriptor)),
+        Body::File { file, descriptor, .. } | Body::Streaming { reader: file, descriptor, .. } => {
+            (Vec::new(), Some(file), Some(descriptor))
+        }
     };
     let peer_addr = origin.ip_text();
     let http2 = head.http_version == maitred_wire::HTTP_2;

@@ -6,8 +6,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::body_files::BodyFile;
 use super::spool::AnswerSender;
-use super::unlinked::Unlinked;
 use super::websocket::WebSocketJob;
 
 /// Where a request is in its life, shared by its connection and the worker that takes it.
@@ -27,7 +27,7 @@ pub struct Job {
     /// The whole `REQUEST` frame, header included.
     pub frame: Vec<u8>,
     /// The body, when it is too large to travel inline; sent with the frame's `FD` flag.
-    pub body_file: Option<Unlinked>,
+    pub body_file: Option<BodyFile>,
     pub state: Rc<Cell<JobState>>,
     pub respond: AnswerSender,
     pub enqueued_at: Instant,

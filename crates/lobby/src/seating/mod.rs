@@ -23,13 +23,13 @@ use offer::Offers;
 use overload::{Overload, Policy};
 use spool::ResponsePart;
 
+pub(crate) mod body_files;
 pub(crate) mod job;
 pub(crate) mod offer;
 pub(crate) mod overload;
 mod recall;
 pub(crate) mod spool;
 pub(crate) mod streams;
-pub(crate) mod unlinked;
 pub(crate) mod websocket;
 
 /// The queue and the idle seats. Single-threaded: the lobby runs on one thread.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::unlinked::close_shared_later;
+use super::body_files::close_shared_later;
 use super::websocket::WsPart;
 
 /// Body bytes of one answer held in the lobby's memory; the rest spills to a file.
@@ -189,7 +189,7 @@ impl Drop for Shared {
 
 /// A spill file the client has taken every byte of starts again empty. Truncating it frees its
 /// pages, which for a large one (up to --max-spill, 1 GiB by default) is the closer's work
-/// (`unlinked.rs`): such a file is replaced by a new one. A small one is truncated in place.
+/// (`body_files.rs`): such a file is replaced by a new one. A small one is truncated in place.
 fn emptied(file: &mut Rc<File>, size: u64) {
     if size > TRUNCATE_IN_PLACE_MOST {
         if let Ok(fresh) = tempfile::tempfile() {

@@ -107,6 +107,34 @@ fn a_content_length_body_arrives_as_data_then_end() {
 }
 
 #[test]
+fn body_bytes_moved_past_the_decoder_are_counted_and_then_the_body_ends() {
+    let mut decoder = RequestDecoder::new(Limits::default());
+    let mut buf = BytesMut::from(&b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhe"[..]);
+    assert!(matches!(decoder.decode(&mut buf), Ok(Some(Event::Head(_)))));
+    // Body bytes still in the buffer are the decoder's to hand out first.
+    assert_eq!(decoder.body_left(&buf), None);
+    assert_eq!(decoder.decode(&mut buf), Ok(Some(Event::Data(Bytes::from_static(b"he")))));
+    assert_eq!(decoder.body_left(&buf), Some(9));
+    decoder.body_moved(4);
+    assert_eq!(decoder.body_left(&buf), Some(5));
+    buf.extend_from_slice(b"worldGET");
+    assert_eq!(decoder.decode(&mut buf), Ok(Some(Event::Data(Bytes::from_static(b"world")))));
+    assert_eq!(decoder.decode(&mut buf), Ok(Some(Event::End { trailers: vec![] })));
+    assert_eq!(buf.as_ref(), b"GET");
+    let mut moved_whole = RequestDecoder::new(Limits::default());
+    let mut buf = BytesMut::from(&b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"[..]);
+    assert!(matches!(moved_whole.decode(&mut buf), Ok(Some(Event::Head(_)))));
+    moved_whole.body_moved(3);
+    assert_eq!(moved_whole.body_left(&buf), None);
+    assert_eq!(moved_whole.decode(&mut buf), Ok(Some(Event::End { trailers: vec![] })));
+    // Chunked bodies are never moved past: their framing is the decoder's.
+    let mut chunked = RequestDecoder::new(Limits::default());
+    let mut buf = BytesMut::from(&b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"[..]);
+    assert!(matches!(chunked.decode(&mut buf), Ok(Some(Event::Head(_)))));
+    assert_eq!(chunked.body_left(&buf), None);
+}
+
+#[test]
 fn content_length_zero_and_no_framing_mean_no_body() {
     for fields in ["Content-Length: 0\r\n", "Content-Length: 000\r\n", ""] {
         let input = format!("POST / HTTP/1.1\r\nHost: x\r\n{fields}\r\n");

@@ -2,7 +2,8 @@
 //! conversions the channel's other files use to raise them, and the one line a failure is told
 //! to the lobby in.
 //!
-//! Imports no other file of the channel; of this crate, only `sys` (for `RecvError`).
+//! Imports no other file of the channel; of this crate, only `sys` (for `RecvError`) and the
+//! crate's `ClientDisconnected`, which `body` raises too.
 
 use std::io;
 
@@ -12,6 +13,8 @@ use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 use maitred_sys::fdpass::RecvError;
+
+use crate::ClientDisconnected;
 
 create_exception!(
     maitred._native,
@@ -25,13 +28,6 @@ create_exception!(
     ChannelClosed,
     ChannelError,
     "The lobby closed its end of the channel while the worker was writing: it has retired this worker or gone away."
-);
-
-create_exception!(
-    maitred._native,
-    ClientDisconnected,
-    PyOSError,
-    "The client of the response being sent has gone away (the lobby sent CANCEL), so the body cannot be delivered. Raised by the body write that found it out, and by every later one; errno is EPIPE, as for a write to a closed connection."
 );
 
 create_exception!(

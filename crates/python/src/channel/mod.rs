@@ -43,7 +43,7 @@ mod start_response;
 mod websocket;
 
 use errors::one_line;
-pub use errors::{ChannelClosed, ChannelError, ClientDisconnected, UnsendablePath};
+pub use errors::{ChannelClosed, ChannelError, UnsendablePath};
 use link::Link;
 pub use mux::Exchange;
 use mux::Exchanges;

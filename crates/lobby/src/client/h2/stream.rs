@@ -92,7 +92,7 @@ pub(super) async fn serve(shared: Rc<Shared>, request: http::Request<RecvStream>
 /// Reads the body to its end, within `--header-timeout` for each gap and `--body-min-rate`
 /// overall, as an HTTP/1.1 body is read (`http1/read.rs`), and within `--max-body`.
 async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Result<Body, Unread> {
-    let mut body = Body::for_length(head.content_length, BODY_MEMORY, &shared.descriptors)?;
+    let mut body = Body::for_length(head.content_length, BODY_MEMORY, false, &shared.descriptors)?;
     if stream.is_end_stream() {
         return Ok(body);
     }

@@ -9,6 +9,7 @@
 //! connection that opens with HTTP/2's preface goes back to `client/opening.rs` as `NotHttp1`,
 //! which hands it to `client/h2/`.
 
+mod pump;
 mod read;
 mod task;
 mod watch;

@@ -1,8 +1,10 @@
-//! The unlinked temporary files bodies spill to (a request's, `client/body.rs`; an answer's,
-//! `spool.rs`), freed on a thread of their own. A file's last close (and a truncation) frees its
-//! pages, which takes time in proportion to its size: 46-62 ms for a 512 MiB upload's file on
-//! ext4 here (`strace -T`, 2026-12-07), and 0.03-0.04 s of CPU per 512 MiB without strace. On
-//! the event loop every connection waited meanwhile; the `maitred-closer` thread waits instead.
+//! The descriptors request and answer bodies go through: the unlinked temporary files they
+//! spill to (a request's, `client/body.rs`; an answer's, `spool.rs`) and the pipe a streamed
+//! request body flows through (`client/http1/pump.rs`), closed on a thread of their own. A
+//! file's last close (and a truncation) frees its pages, which takes time in proportion to its
+//! size: 46-62 ms for a 512 MiB upload's file on ext4 here (`strace -T`, 2026-12-07), and
+//! 0.03-0.04 s of CPU per 512 MiB without strace. On the event loop every connection waited
+//! meanwhile; the `maitred-closer` thread waits instead.
 
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
@@ -14,18 +16,23 @@ use crate::log::{self, debug, Level};
 
 const MIB: f64 = (1 << 20) as f64;
 
-/// An unlinked temporary file whose drop hands it to the closer.
+/// A body's file or pipe, whose drop hands it to the closer.
 #[derive(Debug)]
-pub struct Unlinked(Option<File>);
+pub struct BodyFile(Option<File>);
 
-impl Unlinked {
+impl BodyFile {
     /// A new unlinked file in the temporary directory ($TMPDIR, else /tmp).
-    pub fn new() -> std::io::Result<Unlinked> {
-        tempfile::tempfile().map(|file| Unlinked(Some(file)))
+    pub fn new() -> std::io::Result<BodyFile> {
+        tempfile::tempfile().map(|file| BodyFile(Some(file)))
+    }
+
+    /// The read end of a streamed body's pipe, for the worker.
+    pub fn pipe_end(end: std::os::fd::OwnedFd) -> BodyFile {
+        BodyFile(Some(File::from(end)))
     }
 }
 
-impl Deref for Unlinked {
+impl Deref for BodyFile {
     type Target = File;
 
     fn deref(&self) -> &File {
@@ -33,13 +40,13 @@ impl Deref for Unlinked {
     }
 }
 
-impl DerefMut for Unlinked {
+impl DerefMut for BodyFile {
     fn deref_mut(&mut self) -> &mut File {
         self.0.as_mut().expect("only drop takes the file")
     }
 }
 
-impl Drop for Unlinked {
+impl Drop for BodyFile {
     fn drop(&mut self) {
         if let Some(file) = self.0.take() {
             close_later(file);
@@ -100,7 +107,7 @@ mod tests {
     use std::os::fd::OwnedFd;
     use std::rc::Rc;
 
-    use super::{close_shared_later, Unlinked};
+    use super::{close_shared_later, BodyFile};
 
     /// A pipe's two ends as Files: reading the first sees the end once the second is closed.
     fn pipe() -> (std::fs::File, std::fs::File) {
@@ -112,7 +119,7 @@ mod tests {
     fn a_dropped_file_is_closed_by_the_closer() {
         // The end of a pipe, wrapped as a spilled body's file is: its reader sees the close.
         let (mut reader, writer) = pipe();
-        drop(Unlinked(Some(writer)));
+        drop(BodyFile(Some(writer)));
         let mut rest = Vec::new();
         reader.read_to_end(&mut rest).unwrap();
         assert!(rest.is_empty());

@@ -1,0 +1,121 @@
+//! A fast upload's body on its way to the worker that already has its request: from the
+//! client, through a pipe whose read end the worker reads (`client/body.rs` decides which
+//! bodies stream). On a plain connection, with no body bytes waiting in the read buffer, the
+//! bytes go by `splice(2)`: the socket's pages move into the pipe, never copied through the
+//! lobby. Over TLS they are read, decrypted, and written to the pipe.
+//!
+//! The body keeps its pace (`exchange::BodyPace`) while the pipe has room: a client that stalls
+//! gets its 408, and the worker's read the end of a body cut short. While the pipe is full the
+//! worker sets the pace, and no deadline runs.
+
+use std::future::poll_fn;
+use std::io;
+
+use bytes::BytesMut;
+use maitred_protocol::Event;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::time::sleep_until;
+
+use super::read::{next_body_room, Pumping, READ_CHUNK};
+use super::Connection;
+use crate::client::peer::ClientStream;
+use crate::client::Stop;
+
+impl<S: ClientStream> Connection<S> {
+    /// Moves the rest of a streaming body into its pipe, to its end; the read buffer is left
+    /// holding whatever the client sent after it (a pipelined request).
+    pub(super) async fn pump_body(&mut self, pumping: &mut Pumping) -> Result<(), Stop> {
+        let mut room = READ_CHUNK;
+        loop {
+            while let Some(piece) = pumping.streamed.pending.pop_front() {
+                pumping.streamed.pipe.write_all(&piece).await.map_err(|_| worker_left())?;
+                // Waiting for the worker to make room is no gap of the client's.
+                pumping.pace.arrived();
+            }
+            match self.decoder.decode(&mut self.buf)? {
+                Some(Event::Data(data)) => {
+                    pumping.received += data.len() as u64;
+                    pumping.streamed.pending.push_back(data);
+                }
+                Some(Event::End { .. }) => {
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                    }
+                    return Ok(());
+                }
+                Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
+                None => match self.decoder.body_left(&self.buf).filter(|_| !S::ENCRYPTED) {
+                    Some(left) => {
+                        let moved = self.splice_body(pumping, left).await?;
+                        self.decoder.body_moved(moved);
+                        pumping.received += moved;
+                    }
+                    None => {
+                        tokio::select! {
+                            read = self.read_body(room) => match read {
+                                Ok(0) | Err(_) => return Err(Stop::Quietly),
+                                Ok(n) => {
+                                    pumping.pace.arrived();
+                                    room = next_body_room(room, n);
+                                }
+                            },
+                            _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => {
+                                return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
+                            }
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Splices what the socket has of the body's `left` bytes into the pipe, once both are
+    /// ready: the pipe's room is awaited without a deadline, the client's bytes within the
+    /// body's pace. Returns how many moved (never 0: a client that closed is `Quietly`).
+    async fn splice_body(&mut self, pumping: &mut Pumping, left: u64) -> Result<u64, Stop> {
+        let pipe = &pumping.streamed.pipe;
+        loop {
+            pipe.writable().await.map_err(|_| worker_left())?;
+            tokio::select! {
+                ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => {
+                    ready.map_err(|_| Stop::Quietly)?;
+                }
+                _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => {
+                    return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
+                }
+            }
+            let most = usize::try_from(left).unwrap_or(usize::MAX).min(maitred_sys::pipe::BODY_PIPE_SIZE);
+            let socket = self.stream.as_fd();
+            let pipe_fd = std::os::fd::AsFd::as_fd(pipe);
+            match maitred_sys::pipe::splice_into_pipe(socket, pipe_fd, most) {
+                Ok(0) => return Err(Stop::Quietly),
+                Ok(moved) => {
+                    pumping.pace.arrived();
+                    return Ok(moved as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Either side may have been the one not ready: the one that is not is
+                    // told so, and waited for again.
+                    let (readable, room) =
+                        maitred_sys::pipe::splice_blocked_on(socket, pipe_fd).map_err(|_| Stop::Quietly)?;
+                    if !readable {
+                        let _ =
+                            self.stream.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                    }
+                    if !room {
+                        let _ = pipe.try_io(|| Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(worker_left()),
+                Err(_) => return Err(Stop::Quietly),
+            }
+        }
+    }
+}
+
+/// The worker closed its end of the pipe: its request ended before its body did (it answered
+/// early, or it was lost). The connection ends; the answer, if any, was already taken.
+fn worker_left() -> Stop {
+    Stop::Quietly
+}
