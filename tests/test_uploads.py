@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import time
 
@@ -142,3 +143,57 @@ def test_a_streaming_body_that_stalls_gets_408_and_its_worker_goes_on(maitred_se
         head, content = read_answer(client)
     assert head.startswith(b"HTTP/1.1 200"), head
     assert content == hashlib.sha256(b"next").hexdigest().encode()
+
+
+def streamed_count(count: int) -> re.Pattern[str]:
+    """The lobby's debug line for a streaming body, `count` times in the log."""
+    return re.compile(r"(its body streams to its worker[\s\S]*)" + f"{{{count}}}")
+
+
+def test_a_fast_upload_that_waits_for_a_worker_streams_once_one_is_free(maitred_server):
+    """The one worker is busy with a fast upload; a second fast one streams too, as fewer
+    requests wait than there are workers (docs/LIMITS.md, "A fast upload streams"): its client
+    is held back by TCP while it waits, and the worker reads it once it is free. Before, it was
+    spooled whole to a file first, the lobby's event loop writing every byte of it."""
+    first, second = os.urandom(SIZE), os.urandom(SIZE)
+    server = maitred_server("-w", "1", "--log-level", "debug", "streamed:app", cwd=APPS)
+    with (
+        socket.create_connection((HOST, server.port), timeout=60) as one,
+        socket.create_connection((HOST, server.port), timeout=60) as two,
+    ):
+        one.sendall(post_head(len(first)) + first[: 1 << 20])
+        server.wait_for_log("streamed: the first piece is read", timeout=30)
+        two.sendall(post_head(len(second)) + second[: 1 << 20])
+        server.wait_for_log(streamed_count(2), timeout=30)
+        one.sendall(first[1 << 20 :])
+        head, content = read_answer(one)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert content == hashlib.sha256(first).hexdigest().encode()
+        server.wait_for_log(re.compile(r"(streamed: the first piece is read[\s\S]*){2}"), timeout=30)
+        two.sendall(second[1 << 20 :])
+        head, content = read_answer(two)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(second).hexdigest().encode()
+
+
+def test_a_streaming_upload_that_waits_past_queue_timeout_gets_503(maitred_server):
+    """A fast upload waiting for the busy worker keeps --queue-timeout as any request does: 503
+    with Retry-After, the client told before the connection closes, and the upload being served
+    goes on to its answer."""
+    first = os.urandom(SIZE)
+    server = maitred_server("-w", "1", "--queue-timeout", "1", "--log-level", "debug", "streamed:app", cwd=APPS)
+    with (
+        socket.create_connection((HOST, server.port), timeout=60) as one,
+        socket.create_connection((HOST, server.port), timeout=60) as two,
+    ):
+        one.sendall(post_head(len(first)) + first[: 1 << 20])
+        server.wait_for_log("streamed: the first piece is read", timeout=30)
+        two.sendall(post_head(SIZE) + os.urandom(1 << 20))
+        head, _ = read_answer(two)
+        assert head.startswith(b"HTTP/1.1 503"), head
+        assert b"\r\nRetry-After: 1\r\n" in head, head
+        one.sendall(first[1 << 20 :])
+        head, content = read_answer(one)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(first).hexdigest().encode()
+    assert streamed_count(2).search(server.stderr())

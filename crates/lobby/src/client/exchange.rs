@@ -13,6 +13,7 @@ use bytes::Bytes;
 use maitred_wire::{build_frame, Kind, FLAG_FD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::sleep_until;
 
 use super::body::Body;
 use super::peer::{Site, TlsAbout};
@@ -20,6 +21,7 @@ use super::proxies::Origin;
 use crate::client::context::Context;
 use crate::log;
 use crate::seating::job::{Job, JobState, Served};
+use crate::seating::overload::ShedReason;
 use crate::seating::spool::{AnswerSender, ResponsePart};
 use crate::seating::Seating;
 
@@ -202,8 +204,36 @@ pub(super) fn answered(context: &Context, origin: &Origin, answered: Answered<'_
     );
 }
 
+/// A request that has waited `--queue-timeout` (`limit`) is withdrawn, counted, and answered
+/// 503; None when a worker has it already (an offer it took, which the lobby has not seen yet).
+pub(super) fn time_out(seating: &Seating, state: &Rc<Cell<JobState>>, limit: Duration) -> Option<ResponsePart> {
+    if !withdraw(seating, state) {
+        return None;
+    }
+    seating.overload.count(ShedReason::QueueTimeout);
+    Some(queue_timed_out(limit))
+}
+
+/// `--queue-timeout` for a request whose body streams to it while it waits for a worker
+/// (`http1/pump.rs`): its 503 once it has waited `limit` since `enqueued_at`; never, with no
+/// limit or once a worker has it.
+pub(super) async fn streaming_timed_out(
+    seating: &Seating,
+    state: &Rc<Cell<JobState>>,
+    enqueued_at: Instant,
+    limit: Option<Duration>,
+) -> ResponsePart {
+    if let Some(limit) = limit {
+        sleep_until((enqueued_at + limit).into()).await;
+        if let Some(refused) = time_out(seating, state, limit) {
+            return refused;
+        }
+    }
+    std::future::pending().await
+}
+
 /// The answer to a request withdrawn at `--queue-timeout` (`limit`): 503, and when to retry.
-pub(super) fn queue_timed_out(limit: Duration) -> ResponsePart {
+fn queue_timed_out(limit: Duration) -> ResponsePart {
     ResponsePart::Refused {
         status: 503,
         detail: format!("no worker was free within --queue-timeout ({} s)", limit.as_secs_f64()),

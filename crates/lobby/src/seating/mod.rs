@@ -259,6 +259,14 @@ impl Seating {
         queued.into_iter().chain(offered).min()
     }
 
+    /// Whether a request queued now would be taken by a worker within the next round of
+    /// seats: a worker is idle, or fewer requests wait than there are workers. A fast upload
+    /// streams only then (`client/body.rs`): its client is held back by TCP while it waits,
+    /// and the lobby holds at most its pipe and socket buffers for it, never a file.
+    pub fn seats_soon(&self) -> bool {
+        self.idle() > 0 || self.waiting() < self.workers()
+    }
+
     /// Workers waiting for a request, for the status line.
     pub fn idle(&self) -> usize {
         self.idle.borrow().iter().filter(|idle| !idle.seat.is_closed()).count()

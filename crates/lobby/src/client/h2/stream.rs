@@ -34,7 +34,6 @@ use crate::client::states::{ConnectionState, StateMark};
 use crate::client::Stop;
 use crate::log::debug;
 use crate::seating::job::{Job, JobState};
-use crate::seating::overload::ShedReason;
 use crate::seating::spool::{answer_channel, AnswerReceiver, AnswerSender, ResponsePart};
 
 /// A stream's body past this size goes to a temporary file, as an HTTP/1.1 one past 256 KiB
@@ -236,9 +235,8 @@ async fn first_part(
             }
             _ = sleep_until((enqueued_at + timeout.unwrap_or_default()).into()), if timeout.is_some() => {
                 let Some(limit) = timeout else { continue };
-                if exchange::withdraw(&context.seating, state) {
-                    context.seating.overload.count(ShedReason::QueueTimeout);
-                    return Some(exchange::queue_timed_out(limit));
+                if let Some(refused) = exchange::time_out(&context.seating, state, limit) {
+                    return Some(refused);
                 }
                 queue_timeout = None;
             }

@@ -71,7 +71,7 @@ impl<S: ClientStream> Connection<S> {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => {
                     if body.would_stream(expected, data.len(), BODY_MEMORY_LIMIT, pace.elapsed())
-                        && self.context.seating.idle() > 0
+                        && self.context.seating.seats_soon()
                     {
                         let received = body.len() + data.len() as u64;
                         let len = expected.expect("only a body of known length streams");

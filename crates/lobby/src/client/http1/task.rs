@@ -3,7 +3,7 @@
 //!
 //! A connection costs no worker at any point: while idle it holds no buffer and waits for
 //! readability (S4, S5); a request reaches the queue only when its body is complete (S1), or
-//! when its body comes fast enough to stream to an idle worker as it arrives (`pump.rs`);
+//! when its body comes fast enough to stream to its worker as it arrives (`pump.rs`);
 //! the answer is taken from the worker as fast as it comes and written here at the client's
 //! pace.
 
@@ -290,14 +290,24 @@ impl<S: ClientStream> Connection<S> {
         let served = job.served.clone();
         let watch_after = if self.context.seating.submit(job) { WATCH_SERVED_AFTER } else { WATCH_AFTER };
         let waiting = Waiting { state, enqueued_at, upstream, watch_after };
-        // A streaming body is pumped to its end first, unless the answer begins before that.
+        // A streaming body is pumped to its end first, unless the answer begins before that,
+        // or, while it still waits for a worker, --queue-timeout ends its wait.
         let mut answered_early = None;
         if let Some(mut pumping) = pumping {
+            let context = self.context.clone();
+            let queue_timeout = context.settings().queue_timeout;
             let pumped = tokio::select! {
                 biased;
                 part = responses.recv() => Err(part),
-                // Boxed: every request's future would otherwise have room for the pump's (M1:
-                // 10,000 requests in flight at once held 0.07 KB more each).
+                // Boxed, as the pump is: every request's future would otherwise have room for
+                // them (M1: 10,000 requests in flight at once held 0.07 KB more each for the
+                // pump's).
+                refused = Box::pin(exchange::streaming_timed_out(
+                    &context.seating,
+                    &waiting.state,
+                    waiting.enqueued_at,
+                    queue_timeout,
+                )) => Err(Some(refused)),
                 pumped = Box::pin(self.pump_body(&mut pumping)) => Ok(pumped),
             };
             match pumped {
@@ -323,6 +333,9 @@ impl<S: ClientStream> Connection<S> {
                 && answered_early.is_none(),
         };
         let mut answer = Answer::new(&context);
+        // The client may still be sending the body: its answer is followed by a lingering
+        // close, as a refusal's is, so that the close does not reset the connection under it.
+        let body_unread = answered_early.is_some();
         let mut next = match answered_early {
             Some(part) => part,
             None => self.first_part(&responses, &waiting).await,
@@ -356,6 +369,9 @@ impl<S: ClientStream> Connection<S> {
             if last {
                 self.answered += 1;
                 self.answered(head, origin, &answer, &waiting, served.as_deref());
+                if body_unread {
+                    self.linger().await;
+                }
                 // An answer that said keep-alive keeps the connection open, even if a shutdown
                 // began while it was written: the client may send its next request at once, and
                 // that one is answered with `Connection: close` (wait_for_request).

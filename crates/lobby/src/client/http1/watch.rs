@@ -16,7 +16,6 @@ use crate::client::exchange;
 use crate::client::peer::ClientStream;
 use crate::log::debug;
 use crate::seating::job::JobState;
-use crate::seating::overload::ShedReason;
 use crate::seating::spool::{AnswerReceiver, ResponsePart};
 
 /// What a connection keeps of its request while it waits for the answer.
@@ -75,9 +74,8 @@ impl<S: ClientStream> Connection<S> {
                 part = responses.recv() => return part,
                 _ = sleep_until(timed_out.into()), if timeout.is_some() => {
                     let Some(limit) = timeout else { continue };
-                    if exchange::withdraw(&self.context.seating, &waiting.state) {
-                        self.context.seating.overload.count(ShedReason::QueueTimeout);
-                        return Some(exchange::queue_timed_out(limit));
+                    if let Some(refused) = exchange::time_out(&self.context.seating, &waiting.state, limit) {
+                        return Some(refused);
                     }
                     queue_timeout = None;
                 }
