@@ -5,16 +5,16 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, IoSlice, Write};
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use tokio::net::unix::pipe;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::Stop;
-use crate::seating::body_files::BodyFile;
+use crate::seating::body_files::{self, BodyFile};
 
 /// A complete request body.
 pub(super) enum Body {
@@ -22,14 +22,20 @@ pub(super) enum Body {
     /// Spilled to an unlinked temporary file, whose descriptor takes a place under
     /// --max-connections as a connection does, until the answer is written. `unwritten` holds
     /// the pieces one read brought, as the decoder cut them from the read buffer, until `flush`
-    /// writes them with one writev(2): a chunked body's chunks, each a decoder event, are one
-    /// call (curl's 64 KiB chunks: four to a 256 KiB read), and no byte is copied on the way.
-    /// (Gathered into one Vec first, each byte was copied once more in the lobby: 512 MiB more
-    /// memcpy an upload of that size.)
+    /// hands them to the spooler thread, which writes them with one writev(2): a chunked body's
+    /// chunks, each a decoder event, are one call (curl's 64 KiB chunks: four to a 256 KiB
+    /// read), and no byte is copied on the way. (Gathered into one Vec first, each byte was
+    /// copied once more in the lobby: 512 MiB more memcpy an upload of that size.) `writing`
+    /// is the outcome of the pieces the spooler has: one read's at a time, so a body holds at
+    /// most two reads' bytes in memory. `spooled` is the spooler's duplicate of the file's
+    /// descriptor, made at the first flush (None: not made yet, or it could not be, and the
+    /// pieces are written here).
     File {
         file: BodyFile,
         len: u64,
         unwritten: Vec<Bytes>,
+        spooled: Option<Arc<File>>,
+        writing: Option<oneshot::Receiver<io::Result<()>>>,
         descriptor: OwnedSemaphorePermit,
     },
     /// Streaming to its worker as it arrives (`http1/pump.rs`), `len` bytes in all: the
@@ -50,6 +56,10 @@ pub(super) enum Body {
 /// 256 KiB came in 0.6 ms).
 pub(super) const STREAM_PACE: f64 = 32e6;
 
+/// The most bytes of a spooled body handed to the spooler thread at once from HTTP/2's frames:
+/// as many as an HTTP/1.1 body's largest read (`http1/read.rs`, `BODY_READ_MOST`).
+const SPOOL_BATCH: usize = 256 * 1024;
+
 /// The connection's end of a streaming body's pipe, and what it has read of the body that is
 /// not in the pipe yet, in order.
 pub(super) struct Streamed {
@@ -69,7 +79,7 @@ impl Body {
         match expected {
             Some(len) if len > memory as u64 && !may_stream => {
                 let (file, descriptor) = spill_file(descriptors)?;
-                Ok(Body::File { file, len: 0, unwritten: Vec::new(), descriptor })
+                Ok(Body::File { file, len: 0, unwritten: Vec::new(), spooled: None, writing: None, descriptor })
             }
             Some(len) => Ok(Body::Memory(Vec::with_capacity(len.min(memory as u64) as usize))),
             None => Ok(Body::Memory(Vec::new())),
@@ -118,7 +128,14 @@ impl Body {
             }
             let (file, descriptor) = spill_file(descriptors)?;
             let held = Bytes::from(std::mem::take(bytes));
-            *self = Body::File { file, len: held.len() as u64, unwritten: vec![held], descriptor };
+            *self = Body::File {
+                file,
+                len: held.len() as u64,
+                unwritten: vec![held],
+                spooled: None,
+                writing: None,
+                descriptor,
+            };
         }
         if let Body::File { len, unwritten, .. } = self {
             *len += data.len() as u64;
@@ -127,10 +144,55 @@ impl Body {
         Ok(())
     }
 
-    /// Writes what `push` left for the file: before the next read waits, and at the body's end.
-    pub(super) fn flush(&mut self) -> Result<(), Stop> {
-        if let Body::File { file, unwritten, .. } = self {
-            write_pieces(&mut *file, unwritten).map_err(|e| spill_failed(&e))?;
+    /// Hands what `push` left for the file to the spooler thread, once the spooler has written
+    /// what it had: before the next read waits, which then runs while the spooler writes.
+    pub(super) async fn flush(&mut self) -> Result<(), Stop> {
+        if let Body::File { file, unwritten, spooled, writing, .. } = self {
+            if let Some(previous) = writing.take() {
+                written(previous).await?;
+            }
+            if unwritten.is_empty() {
+                return Ok(());
+            }
+            // No duplicate to be had (at the descriptor limit): written here, as before.
+            if spooled.is_none() {
+                *spooled = file.try_clone().ok().map(Arc::new);
+            }
+            let mut pieces = std::mem::take(unwritten);
+            if let Some(spooled) = spooled {
+                match body_files::write_later(spooled, pieces) {
+                    Ok(outcome) => {
+                        *writing = Some(outcome);
+                        return Ok(());
+                    }
+                    Err(unsent) => pieces = unsent,
+                }
+            }
+            body_files::write_pieces(file, &mut pieces).map_err(|e| spill_failed(&e))?;
+        }
+        Ok(())
+    }
+
+    /// `flush`, once what `push` left is at least `SPOOL_BATCH` bytes: HTTP/2's DATA frames
+    /// (16 KiB each, most often) go to the spooler in batches the size of an HTTP/1.1 read's.
+    pub(super) async fn flush_batch(&mut self) -> Result<(), Stop> {
+        if let Body::File { unwritten, .. } = self {
+            if unwritten.iter().map(Bytes::len).sum::<usize>() < SPOOL_BATCH {
+                return Ok(());
+            }
+        }
+        self.flush().await
+    }
+
+    /// Waits until everything `push` took is in the file: at the body's end.
+    pub(super) async fn finish(&mut self) -> Result<(), Stop> {
+        self.flush().await?;
+        if let Body::File { spooled, writing, .. } = self {
+            if let Some(last) = writing.take() {
+                written(last).await?;
+            }
+            // A duplicate's close frees nothing: the body's own descriptor holds the file.
+            *spooled = None;
         }
         Ok(())
     }
@@ -141,38 +203,6 @@ impl Body {
             Body::File { len, .. } | Body::Streaming { len, .. } => *len,
         }
     }
-}
-
-/// Writes `pieces` to `file` whole, in as few writev(2) calls as the file takes, and empties it.
-fn write_pieces(file: &mut File, pieces: &mut Vec<Bytes>) -> io::Result<()> {
-    let mut first = 0;
-    loop {
-        // Past the pieces written whole (or empty from the start).
-        while first < pieces.len() && pieces[first].is_empty() {
-            first += 1;
-        }
-        if first == pieces.len() {
-            break;
-        }
-        let slices: Vec<IoSlice<'_>> = pieces[first..].iter().map(|piece| IoSlice::new(piece)).collect();
-        let mut written = match file.write_vectored(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        while written > 0 {
-            let piece = &mut pieces[first];
-            let taken = written.min(piece.len());
-            piece.advance(taken);
-            written -= taken;
-            if piece.is_empty() {
-                first += 1;
-            }
-        }
-    }
-    pieces.clear();
-    Ok(())
 }
 
 /// A temporary file for a request body, and its place under --max-connections.
@@ -187,38 +217,19 @@ fn spill_file(descriptors: &Arc<Semaphore>) -> Result<(BodyFile, OwnedSemaphoreP
     Ok((file, descriptor))
 }
 
+/// The spooler's outcome for pieces it was given.
+async fn written(outcome: oneshot::Receiver<io::Result<()>>) -> Result<(), Stop> {
+    match outcome.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(spill_failed(&e)),
+        Err(_) => Err(spill_failed(&io::Error::other("the spooler thread stopped"))),
+    }
+}
+
 fn pipe_failed(e: &io::Error) -> Stop {
     Stop::Refuse(500, format!("could not make the pipe to stream the request body through: {e}"))
 }
 
 fn spill_failed(e: &io::Error) -> Stop {
     Stop::Refuse(500, format!("could not buffer the request body in a temporary file: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::{Read, Seek};
-
-    use bytes::Bytes;
-
-    use super::write_pieces;
-
-    #[test]
-    fn pieces_reach_the_file_whole_and_in_order_past_one_writev_s_most() {
-        // 3,000 pieces, past IOV_MAX (1,024): writev takes them in several calls. Empty ones
-        // among them (none ends the write early), and pieces of every size from 0 to 999.
-        let pieces: Vec<Bytes> =
-            (0..3000u32).map(|i| Bytes::from(vec![(i % 251) as u8; (i as usize * 7) % 1000])).collect();
-        let expected: Vec<u8> = pieces.iter().flat_map(|piece| piece.iter().copied()).collect();
-        let mut file = tempfile::tempfile().expect("a temporary file");
-        let mut unwritten = pieces.clone();
-        write_pieces(&mut file, &mut unwritten).expect("written");
-        assert!(unwritten.is_empty());
-        let mut written = Vec::new();
-        file.rewind().expect("rewound");
-        file.read_to_end(&mut written).expect("read back");
-        assert_eq!(written, expected);
-        // Nothing to write is no call that fails.
-        write_pieces(&mut file, &mut vec![Bytes::new()]).expect("nothing written");
-    }
 }

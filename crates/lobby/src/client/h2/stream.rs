@@ -105,14 +105,17 @@ async fn read_body(shared: &Shared, head: &Head, mut stream: RecvStream) -> Resu
             }
         };
         match data {
-            None => return Ok(body),
+            None => {
+                body.finish().await?;
+                return Ok(body);
+            }
             Some(Err(e)) if e.is_reset() && e.is_remote() => return Err(Unread::Reset),
             Some(Err(_)) => return Err(Unread::Gone),
             Some(Ok(data)) => {
                 pace.arrived();
                 let received = data.len();
                 body.push(data, BODY_MEMORY, &shared.descriptors)?;
-                body.flush()?;
+                body.flush_batch().await?;
                 // The bytes are the request's now: the client may send as many more.
                 let _ = stream.flow_control().release_capacity(received);
                 if let Some(max) = config.limits.max_body.filter(|max| body.len() > *max) {

@@ -88,7 +88,7 @@ impl<S: ClientStream> Connection<S> {
                     body.push(data, BODY_MEMORY_LIMIT, &descriptors)?;
                 }
                 Some(Event::End { .. }) => {
-                    body.flush()?;
+                    body.finish().await?;
                     // Read whole: the read buffer goes while the request is answered (a stream
                     // may last hours), unless it holds the client's next request. The wait for
                     // that next request takes a buffer of its own anyway (`task.rs`).
@@ -99,7 +99,7 @@ impl<S: ClientStream> Connection<S> {
                 }
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {
-                    body.flush()?;
+                    body.flush().await?;
                     tokio::select! {
                         read = self.read_body(room) => match read {
                             Ok(0) | Err(_) => return Err(Stop::Quietly),
