@@ -134,7 +134,7 @@ def test_a_fast_upload_streams_to_its_worker_as_it_arrives(maitred_server, app):
         head, content = read_answer(client)
     assert head.startswith(b"HTTP/1.1 200"), head
     assert content == hashlib.sha256(body).hexdigest().encode()
-    assert "POST /upload: its body streams to its worker" in server.stderr()
+    server.wait_for_log("POST /upload: its body streams to its worker", timeout=30)
 
 
 def test_a_slow_upload_is_spooled_whole_before_its_worker_sees_it(maitred_server):
