@@ -179,7 +179,7 @@ class HttpRequest(Request):
                 # A streaming body cut short: the lobby stopped it, its client gone.
                 self._body_left = False
                 return {"type": "http.disconnect"}
-            self._body_left = self._body.remaining > 0
+            self._body_left = self._body.more
             return {"type": "http.request", "body": piece, "more_body": self._body_left}
         # The body is read: what comes next is the end, when the client goes or the response
         # is complete (ASGI's http.disconnect).

@@ -1,12 +1,14 @@
 //! `wsgi.input`: the request body, from the frame's bytes, from the file the lobby passed, or
 //! from the pipe it streams through while its client sends it (the lobby's
-//! `client/http1/pump.rs`).
+//! `client/http1/pump.rs`): bare when its length is known, in records (maitred_wire's
+//! `BodyRecords`) when it is not, for an ASGI worker's `receive()`.
 //!
 //! Imports `sys` of this crate, for `pread`, and the crate's `ClientDisconnected`.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
+use maitred_wire::BodyRecords;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
@@ -34,6 +36,8 @@ pub struct RequestBody {
     nonblocking: bool,
     file_pos: u64,
     file_len: u64,
+    /// A pipe of records: a chunked body, whose length is known only at its end record.
+    records: Option<BodyRecords>,
     released: bool,
 }
 
@@ -50,8 +54,15 @@ impl RequestBody {
             nonblocking: false,
             file_pos: 0,
             file_len: 0,
+            records: None,
             released: false,
         }
+    }
+
+    /// A chunked body streaming in records through `pipe`, read by `read_ready` only (the
+    /// lobby streams such a body to an ASGI worker alone).
+    pub fn in_records(pipe: OwnedFd) -> RequestBody {
+        RequestBody { records: Some(BodyRecords::default()), ..RequestBody::in_file(pipe, 0) }
     }
 
     /// A body of `len` bytes in `file`, read with `pread` from offset 0; or, when `file` is a
@@ -67,6 +78,7 @@ impl RequestBody {
             nonblocking: false,
             file_pos: 0,
             file_len: len,
+            records: None,
             released: false,
         }
     }
@@ -125,7 +137,7 @@ impl RequestBody {
             match read {
                 Ok(0) if pipe => {
                     self.file_pos += filled as u64;
-                    return Err(body_cut_short(self.file_pos, self.file_len));
+                    return Err(body_cut_short(self.file_pos, Some(self.file_len)));
                 }
                 Ok(0) => {
                     return Err(PyOSError::new_err(format!(
@@ -189,32 +201,61 @@ impl RequestBody {
     /// yet. `ClientDisconnected` when the body ended short: its client went.
     fn read_ready<'py>(&mut self, py: Python<'py>, size: usize) -> PyResult<Option<Bound<'py, PyBytes>>> {
         self.check_open()?;
-        let count = self.clamp(Some(size as i64));
+        let count = if self.records.is_some() { size } else { self.clamp(Some(size as i64)) };
         if !self.pipe || count == 0 {
             return self.take(py, count).map(Some);
         }
         let file = self.file.as_ref().expect("a pipe body has its pipe until it is released");
         if !self.nonblocking {
             maitred_sys::pipe::set_nonblocking(file.as_fd())?;
+            self.nonblocking = true;
         }
         let mut piece = vec![0; count];
-        let read = maitred_sys::pipe::read(file.as_fd(), &mut piece);
-        self.nonblocking = true;
-        match read {
-            Ok(0) => Err(body_cut_short(self.file_pos, self.file_len)),
-            Ok(n) => {
-                self.file_pos += n as u64;
-                Ok(Some(PyBytes::new(py, &piece[..n])))
+        let Some(records) = self.records.as_mut() else {
+            return match maitred_sys::pipe::read(file.as_fd(), &mut piece) {
+                Ok(0) => Err(body_cut_short(self.file_pos, Some(self.file_len))),
+                Ok(n) => {
+                    self.file_pos += n as u64;
+                    Ok(Some(PyBytes::new(py, &piece[..n])))
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                Err(error) => Err(error.into()),
+            };
+        };
+        // The record's bytes, and the next header after them: one read for both (a header
+        // alone, with no bytes after it yet, takes another turn).
+        loop {
+            let (data, header) = records.plan(count);
+            if data + header == 0 {
+                return Ok(Some(PyBytes::new(py, b"")));
             }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(error) => Err(error.into()),
+            let read = {
+                let mut into =
+                    [io::IoSliceMut::new(&mut piece[..data]), io::IoSliceMut::new(records.header_room(header))];
+                maitred_sys::pipe::read_vectored(file.as_fd(), &mut into)
+            };
+            match read {
+                Ok(0) => return Err(body_cut_short(self.file_pos, None)),
+                Ok(n) => {
+                    let body = records.read(data, n);
+                    // What has come so far is all that is known of the body's length.
+                    self.file_pos += body as u64;
+                    self.file_len = self.file_pos;
+                    if body > 0 {
+                        return Ok(Some(PyBytes::new(py, &piece[..body])));
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
+                Err(error) => return Err(error.into()),
+            }
         }
     }
 
-    /// The bytes not read yet (an ASGI worker's `more_body`).
-    #[getter(remaining)]
-    fn remaining_py(&self) -> u64 {
-        self.remaining()
+    /// Whether more of the body is to come (an ASGI worker's `more_body`).
+    #[getter]
+    fn more(&self) -> bool {
+        self.remaining() > 0 || self.records.as_ref().is_some_and(|records| !records.ended())
     }
 
     /// Up to `size` bytes; all the rest when `size` is negative, None or absent.
@@ -272,11 +313,13 @@ impl RequestBody {
     }
 }
 
-/// A streaming body's pipe ended before its last byte: the lobby stopped it, because its client
-/// went or missed the body's pace (and had its 408).
-fn body_cut_short(at: u64, len: u64) -> PyErr {
+/// A streaming body's pipe ended before its last byte (of `len`; None: a chunked body's end
+/// record): the lobby stopped it, because its client went or missed the body's pace (and had
+/// its 408).
+fn body_cut_short(at: u64, len: Option<u64>) -> PyErr {
+    let of = len.map_or_else(|| "a chunked body".to_string(), |len| len.to_string());
     ClientDisconnected::new_err((
         libc::EPIPE,
-        format!("the request body ended at byte {at} of {len}: its client stopped sending it"),
+        format!("the request body ended at byte {at} of {of}: its client stopped sending it"),
     ))
 }

@@ -52,6 +52,12 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::io::read(fd, buf)?)
 }
 
+/// One `readv(2)` from a pipe into `bufs` in turn: a body record's bytes and the next record's
+/// header in one call (maitred_wire's `BodyRecords`).
+pub fn read_vectored(fd: BorrowedFd<'_>, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+    Ok(rustix::io::readv(fd, bufs)?)
+}
+
 /// Makes a pipe's reads return `WouldBlock` rather than wait: an ASGI worker's loop waits for
 /// a streaming body on its own (`read_ready`).
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {

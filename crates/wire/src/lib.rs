@@ -11,6 +11,7 @@ mod fields;
 mod frame_reader;
 mod ids;
 mod ready;
+mod records;
 mod request;
 mod response;
 mod websocket;
@@ -20,6 +21,7 @@ pub use fields::{HeaderPairs, Reader, Writer};
 pub use frame_reader::{FrameReader, MOST_ROOM_PER_READ};
 pub use ids::{cancel_frame, decode_cancel, id_frame, split_request_id, ID_LEN};
 pub use ready::Ready;
+pub use records::{record_header, BodyRecords, END_RECORD, RECORD_HEADER_LEN};
 pub use request::{Request, HTTP_1_0, HTTP_1_1, HTTP_2};
 pub use response::{FileRange, ResponseHead};
 pub use websocket::{WsAccept, WsClosing, WsData, WsOpcode};
@@ -45,6 +47,9 @@ pub const FLAG_END: u8 = 1;
 pub const FLAG_FD: u8 = 2;
 /// Flag on a `REQUEST`: a WebSocket opening handshake the lobby has validated (section 5).
 pub const FLAG_WEBSOCKET: u8 = 4;
+/// Flag on a `REQUEST` with `FLAG_FD`: its body's length is not known (a chunked upload), and
+/// its pipe carries it in records (`BodyRecords`); the frame's body length is 0.
+pub const FLAG_RECORDS: u8 = 8;
 
 /// `READY` flag: the worker runs an ASGI application and takes WebSocket requests.
 pub const READY_ASGI: u8 = 1;

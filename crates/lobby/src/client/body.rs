@@ -38,11 +38,12 @@ pub(super) enum Body {
         writing: Option<oneshot::Receiver<io::Result<()>>>,
         descriptor: OwnedSemaphorePermit,
     },
-    /// Streaming to its worker as it arrives (`http1/pump.rs`), `len` bytes in all: the
+    /// Streaming to its worker as it arrives (`http1/pump.rs`), `len` bytes in all (None: a
+    /// chunked body, which its pipe carries in records, maitred_wire's `BodyRecords`): the
     /// pipe's read end goes with the job, its write end (`Streamed`) stays with the connection.
     Streaming {
         reader: BodyFile,
-        len: u64,
+        len: Option<u64>,
         descriptor: OwnedSemaphorePermit,
     },
 }
@@ -61,10 +62,11 @@ pub(super) const STREAM_PACE: f64 = 32e6;
 const SPOOL_BATCH: usize = 256 * 1024;
 
 /// The connection's end of a streaming body's pipe, and what it has read of the body that is
-/// not in the pipe yet, in order.
+/// not in the pipe yet, in order; `records`: the body is chunked, and goes in records.
 pub(super) struct Streamed {
     pub(super) pipe: pipe::Sender,
     pub(super) pending: VecDeque<Bytes>,
+    pub(super) records: bool,
 }
 
 impl Body {
@@ -86,27 +88,31 @@ impl Body {
         }
     }
 
-    /// Whether the body, `expected` bytes in all, streams now that `arriving` more bytes take
-    /// it past its memory share, `elapsed` after it began (`STREAM_PACE`).
+    /// Whether the body, `expected` bytes in all (None: chunked, which streams only when
+    /// `chunked_streams`), streams now that `arriving` more bytes take it past its memory share,
+    /// `elapsed` after it began (`STREAM_PACE`).
     pub(super) fn would_stream(
         &self,
         expected: Option<u64>,
+        chunked_streams: bool,
         arriving: usize,
         memory: usize,
         elapsed: Duration,
     ) -> bool {
-        let (Body::Memory(held), Some(expected)) = (self, expected) else { return false };
+        let Body::Memory(held) = self else { return false };
         let filled = held.len() + arriving;
-        expected > memory as u64 && filled > memory && elapsed.as_secs_f64() * STREAM_PACE <= filled as f64
+        expected.map_or(chunked_streams, |expected| expected > memory as u64)
+            && filled > memory
+            && elapsed.as_secs_f64() * STREAM_PACE <= filled as f64
     }
 
-    /// The body becomes a stream of `len` bytes: what memory held, then `data`, go first. Its
-    /// pipe takes a place under --max-connections, as a spill file would; None (the body stays
-    /// as it was) when no place is free.
+    /// The body becomes a stream of `len` bytes (None: chunked, in records): what memory held,
+    /// then `data`, go first. Its pipe takes a place under --max-connections, as a spill file
+    /// would; None (the body stays as it was) when no place is free.
     pub(super) fn stream(
         &mut self,
         data: &Bytes,
-        len: u64,
+        len: Option<u64>,
         descriptors: &Arc<Semaphore>,
     ) -> Result<Option<Streamed>, Stop> {
         let Ok(descriptor) = descriptors.clone().try_acquire_owned() else { return Ok(None) };
@@ -115,7 +121,12 @@ impl Body {
         let pipe = pipe::Sender::from_owned_fd(writer).map_err(|e| pipe_failed(&e))?;
         let held = Bytes::from(std::mem::take(held));
         *self = Body::Streaming { reader: BodyFile::pipe_end(reader), len, descriptor };
-        Ok(Some(Streamed { pipe, pending: VecDeque::from([held, data.clone()]) }))
+        Ok(Some(Streamed { pipe, pending: VecDeque::from([held, data.clone()]), records: len.is_none() }))
+    }
+
+    /// Whether the body streams in records: chunked, its length unknown (`FLAG_RECORDS`).
+    pub(super) fn in_records(&self) -> bool {
+        matches!(self, Body::Streaming { len: None, .. })
     }
 
     /// Appends `data`, moving the body to a file once it passes `memory` bytes; pieces for the
@@ -200,7 +211,9 @@ impl Body {
     pub(super) fn len(&self) -> u64 {
         match self {
             Body::Memory(bytes) => bytes.len() as u64,
-            Body::File { len, .. } | Body::Streaming { len, .. } => *len,
+            Body::File { len, .. } | Body::Streaming { len: Some(len), .. } => *len,
+            // Not known until it ends: the worker reads its records to their end.
+            Body::Streaming { len: None, .. } => 0,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use maitred_wire::{build_frame, Kind, FLAG_FD};
+use maitred_wire::{build_frame, Kind, FLAG_FD, FLAG_RECORDS};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::sleep_until;
@@ -107,6 +107,7 @@ pub(super) fn job(
     upstream: Duration,
 ) -> Result<(Job, Option<OwnedSemaphorePermit>), String> {
     let body_len = body.len();
+    let records = if body.in_records() { FLAG_RECORDS } else { 0 };
     let (inline, body_file, body_descriptor) = match body {
         Body::Memory(bytes) => (bytes, None, None),
         Body::File { file, descriptor, .. } | Body::Streaming { reader: file, descriptor, .. } => {
@@ -129,7 +130,7 @@ pub(super) fn job(
         body_len,
         inline_body: &inline,
     };
-    let flags = if body_file.is_some() { FLAG_FD } else { 0 };
+    let flags = if body_file.is_some() { FLAG_FD | records } else { 0 };
     let frame = build_frame(Kind::Request, flags, |out| request.encode_payload(out)).map_err(|e| e.to_string())?;
     let job = Job {
         frame,

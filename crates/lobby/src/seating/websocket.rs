@@ -32,9 +32,10 @@ impl Default for WebSockets {
 }
 
 impl WebSockets {
-    /// Whether an `Upgrade: websocket` request is a WebSocket: the application is ASGI. A WSGI
-    /// application gets it as a plain request, as gunicorn and uvicorn's WSGI interface pass it.
-    pub fn accepted(&self) -> bool {
+    /// Whether the application is ASGI. An `Upgrade: websocket` request is then a WebSocket; a
+    /// WSGI application gets it as a plain request, as gunicorn and uvicorn's WSGI interface
+    /// pass it. (A fast chunked upload streams to an ASGI application, too: `http1/read.rs`.)
+    pub fn asgi(&self) -> bool {
         self.asgi.get()
     }
 

@@ -12,7 +12,7 @@ use std::mem;
 use std::os::fd::{AsFd, AsRawFd};
 
 use maitred_shm::{Awaiting, Region, WorkerEnd};
-use maitred_wire::{decode_cancel, FrameHeader, FrameReader, Kind, Request, FLAG_WEBSOCKET, HEADER_LEN};
+use maitred_wire::{decode_cancel, FrameHeader, FrameReader, Kind, Request, FLAG_RECORDS, FLAG_WEBSOCKET, HEADER_LEN};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -420,7 +420,14 @@ impl WorkerChannel {
         };
         let inline_len = request.inline_body.len();
         let body_len = request.body_len;
+        let records = frame.header.flags & FLAG_RECORDS != 0;
+        if records && (wsgi || body_file.is_none()) {
+            return Err(ChannelError::new_err(
+                "the lobby sent a body in records to a WSGI worker, or without its pipe",
+            ));
+        }
         let body = match body_file {
+            Some(pipe) if records => RequestBody::in_records(pipe),
             Some(file) => RequestBody::in_file(file, body_len),
             None if inline_len >= HAND_OVER_BODY && frame.end == buffer.len() => {
                 RequestBody::inline(mem::take(buffer), frame.end - inline_len, frame.end)

@@ -9,15 +9,17 @@
 //! worker sets the pace, and no deadline runs.
 
 use std::future::poll_fn;
-use std::io;
+use std::io::{self, IoSlice};
 
-use bytes::BytesMut;
+use bytes::{Buf, Bytes, BytesMut};
 use maitred_protocol::Event;
+use maitred_wire::{record_header, END_RECORD};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::time::sleep_until;
 
 use super::read::{next_body_room, Pumping, READ_CHUNK};
 use super::Connection;
+use crate::client::body::Streamed;
 use crate::client::peer::ClientStream;
 use crate::client::Stop;
 
@@ -27,44 +29,49 @@ impl<S: ClientStream> Connection<S> {
     pub(super) async fn pump_body(&mut self, pumping: &mut Pumping) -> Result<(), Stop> {
         let mut room = READ_CHUNK;
         loop {
-            while let Some(piece) = pumping.streamed.pending.pop_front() {
-                pumping.streamed.pipe.write_all(&piece).await.map_err(|_| worker_left())?;
-                // Waiting for the worker to make room is no gap of the client's.
-                pumping.pace.arrived();
-            }
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => {
                     pumping.received += data.len() as u64;
                     pumping.streamed.pending.push_back(data);
+                    continue;
                 }
                 Some(Event::End { .. }) => {
+                    write_pending(&mut pumping.streamed).await.map_err(|_| worker_left())?;
+                    if pumping.streamed.records {
+                        pumping.streamed.pipe.write_all(&END_RECORD).await.map_err(|_| worker_left())?;
+                    }
                     if self.buf.is_empty() {
                         self.buf = BytesMut::new();
                     }
                     return Ok(());
                 }
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
-                None => match self.decoder.body_left(&self.buf).filter(|_| !S::ENCRYPTED) {
-                    Some(left) => {
-                        let moved = self.splice_body(pumping, left).await?;
-                        self.decoder.body_moved(moved);
-                        pumping.received += moved;
-                    }
-                    None => {
-                        tokio::select! {
-                            read = self.read_body(room) => match read {
-                                Ok(0) | Err(_) => return Err(Stop::Quietly),
-                                Ok(n) => {
-                                    pumping.pace.arrived();
-                                    room = next_body_room(room, n);
-                                }
-                            },
-                            _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => {
-                                return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
+                None => {}
+            }
+            if write_pending(&mut pumping.streamed).await.map_err(|_| worker_left())? {
+                // Waiting for the worker to make room is no gap of the client's.
+                pumping.pace.arrived();
+            }
+            match self.decoder.body_left(&self.buf).filter(|_| !S::ENCRYPTED) {
+                Some(left) => {
+                    let moved = self.splice_body(pumping, left).await?;
+                    self.decoder.body_moved(moved);
+                    pumping.received += moved;
+                }
+                None => {
+                    tokio::select! {
+                        read = self.read_body(room) => match read {
+                            Ok(0) | Err(_) => return Err(Stop::Quietly),
+                            Ok(n) => {
+                                pumping.pace.arrived();
+                                room = next_body_room(room, n);
                             }
+                        },
+                        _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => {
+                            return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
                         }
                     }
-                },
+                }
             }
         }
     }
@@ -112,6 +119,38 @@ impl<S: ClientStream> Connection<S> {
             }
         }
     }
+}
+
+/// Writes what the connection has read of the body into its pipe, as bare bytes or, for a
+/// chunked body, as one record (`writev(2)`: its header and every piece, a read's worth);
+/// true when there was something to write.
+async fn write_pending(streamed: &mut Streamed) -> io::Result<bool> {
+    let pending = &mut streamed.pending;
+    pending.retain(|piece| !piece.is_empty());
+    if pending.is_empty() {
+        return Ok(false);
+    }
+    if streamed.records {
+        // A read's pieces, with what memory held at the start: at most 512 KiB.
+        let len = u32::try_from(pending.iter().map(Bytes::len).sum::<usize>()).expect("a record under 4 GiB");
+        pending.push_front(Bytes::copy_from_slice(&record_header(len)));
+    }
+    while !pending.is_empty() {
+        let slices: Vec<IoSlice<'_>> = pending.iter().map(|piece| IoSlice::new(piece)).collect();
+        let mut written = streamed.pipe.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while let Some(piece) = pending.front_mut() {
+            if piece.len() > written {
+                piece.advance(written);
+                break;
+            }
+            written -= piece.len();
+            pending.pop_front();
+        }
+    }
+    Ok(true)
 }
 
 /// The worker closed its end of the pipe: its request ended before its body did (it answered

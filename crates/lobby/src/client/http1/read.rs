@@ -67,17 +67,21 @@ impl<S: ClientStream> Connection<S> {
         let config = self.context.settings();
         let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
         let mut room = READ_CHUNK;
+        // A chunked body streams to an ASGI application, which reads it to its end record. A
+        // WSGI one is promised its CONTENT_LENGTH (docs/PROXIES.md), so it gets the body
+        // whole; and a WebSocket handshake's body is refused whole.
+        let chunked_streams = self.context.websockets.asgi() && !super::websocket::asks_websocket(&head);
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => {
-                    if body.would_stream(expected, data.len(), BODY_MEMORY_LIMIT, pace.elapsed())
+                    if body.would_stream(expected, chunked_streams, data.len(), BODY_MEMORY_LIMIT, pace.elapsed())
                         && self.context.seating.seats_soon()
                     {
                         let received = body.len() + data.len() as u64;
-                        let len = expected.expect("only a body of known length streams");
-                        if let Some(streamed) = body.stream(&data, len, &descriptors)? {
+                        if let Some(streamed) = body.stream(&data, expected, &descriptors)? {
+                            let of = expected.map_or_else(|| "a chunked body's".into(), |len| format!("{len}"));
                             debug!(
-                                "{} {}: its body streams to its worker ({received} of {len} bytes came in {:.1} ms)",
+                                "{} {}: its body streams to its worker ({received} of {of} bytes came in {:.1} ms)",
                                 String::from_utf8_lossy(&head.method),
                                 String::from_utf8_lossy(&head.target),
                                 pace.elapsed().as_secs_f64() * 1000.0

@@ -47,7 +47,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 const WEBSOCKET_READ_BUFFER: usize = 512;
 
 /// Whether a request asks to become a WebSocket: `Upgrade` names `websocket`.
-fn asks_websocket(head: &RequestHead) -> bool {
+pub(super) fn asks_websocket(head: &RequestHead) -> bool {
     fields(head, b"upgrade").any(|value| has_token(value, b"websocket"))
 }
 
@@ -162,7 +162,7 @@ impl<S: ClientStream> Connection<S> {
         head: &RequestHead,
         body_len: u64,
     ) -> Result<Option<Handshake>, ()> {
-        if !self.context.websockets.accepted() || !asks_websocket(head) {
+        if !self.context.websockets.asgi() || !asks_websocket(head) {
             return Ok(None);
         }
         match check_handshake(head, body_len) {
