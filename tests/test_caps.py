@@ -141,10 +141,10 @@ def test_a_cap_above_the_descriptor_limit_is_lowered_at_start(tmp_path):
         waiting = queue(server.port, 20)
         try:
             assert eventually(lambda: CAP_REACHED.search(server.stderr()) is not None, 5), server.stderr()
-            time.sleep(1)
             reached = CAP_REACHED.search(server.stderr())
             assert reached.groups() == (str(used), "128"), reached.group(0)
-            assert "The descriptor limit (ulimit -n 128) allows no more: raise it" in server.stderr()
+            advice = "The descriptor limit (ulimit -n 128) allows no more: raise it"
+            assert eventually(lambda: advice in server.stderr(), 5), server.stderr()
             close_all(held)
             for sock in waiting:
                 assert read_reply(sock).status == 200

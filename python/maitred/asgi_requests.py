@@ -23,7 +23,7 @@ Message = MutableMapping[str, Any]
 BODY_PIECE = 64 * 1024
 
 # A body that streams from its client through a pipe reaches it in pieces of up to this many
-# bytes: as many as one read of the lobby's brings (crates/lobby's http1/read.rs,
+# bytes: as many as one read of the lobby's brings (crates/lobby's client/body.rs,
 # BODY_READ_MOST). Each read of the pipe frees room that wakes the lobby to refill it, so at
 # 64 KiB four chunked 512 MiB uploads to two workers (BODY-UP-ASGI-CHUNKED-4) made 56,000-69,000
 # system calls per GiB; at 256 KiB, 24,000.

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::sleep_until;
 
 use super::Connection;
-use crate::client::body::{Body, Streamed};
+use crate::client::body::{Body, Streamed, BODY_READ_MOST};
 use crate::client::exchange::BodyPace;
 use crate::client::peer::{ClientStream, ProxyStage};
 use crate::client::proxies::{self, Origin};
@@ -26,12 +26,6 @@ const BODY_MEMORY_LIMIT: usize = 256 * 1024;
 
 /// Reads take at least this much free room; most request heads fit in one.
 pub(super) const READ_CHUNK: usize = 4 * 1024;
-
-/// The most a body read takes at once. A body's reads start at `READ_CHUNK` and double each time
-/// one fills its room, so a fast upload is read (and spilled) in pieces of this size while a
-/// slow one, whose reads never fill 4 KiB, holds no more than a head does. At 4 KiB a 512 MiB
-/// upload took 131,588 reads and as many writes to its file, and the lobby 0.86 s of CPU.
-pub(super) const BODY_READ_MOST: usize = 256 * 1024;
 
 /// A request whose body streams to its worker (`pump.rs`): its pipe, its pace, and the bytes
 /// received so far.
@@ -299,7 +293,8 @@ fn http1_refused(opening: Opening) -> Result<Opening, Stop> {
 
 #[cfg(test)]
 mod tests {
-    use super::{next_body_room, BODY_READ_MOST, READ_CHUNK};
+    use super::{next_body_room, READ_CHUNK};
+    use crate::client::body::BODY_READ_MOST;
 
     #[test]
     fn a_fast_body_reads_in_ever_larger_pieces_up_to_the_most() {
