@@ -135,23 +135,30 @@ impl RequestDecoder {
         matches!(self.state, State::Idle | State::Closed)
     }
 
-    /// The bytes a body of known length still has to come, once the buffer has none of them:
-    /// what may be moved past the decoder (the lobby's `splice` of a streamed body) and then
-    /// told with [`body_moved`](RequestDecoder::body_moved). None for a chunked body, between
-    /// requests, or while the buffer still holds body bytes to decode.
+    /// The bytes a body of known length, or the chunk being read of a chunked one, still has
+    /// to come, once the buffer has none of them: what may be moved past the decoder (the
+    /// lobby's `splice` of a streamed body) and then told with
+    /// [`body_moved`](RequestDecoder::body_moved). None between chunks, between requests, or
+    /// while the buffer still holds body bytes to decode.
     pub fn body_left(&self, buf: &BytesMut) -> Option<u64> {
         match self.state {
-            State::Body { remaining } if remaining > 0 && buf.is_empty() => Some(remaining),
+            State::Body { remaining } | State::ChunkData { remaining } if remaining > 0 && buf.is_empty() => {
+                Some(remaining)
+            }
             _ => None,
         }
     }
 
     /// `n` bytes of the body, at most [`body_left`](RequestDecoder::body_left), went past the
-    /// decoder; once none is left, the next `decode` says `End`.
+    /// decoder; once none is left, the next `decode` says `End` (or, of a chunk, reads the
+    /// chunk's end and the next chunk's size).
     pub fn body_moved(&mut self, n: u64) {
-        if let State::Body { remaining } = &mut self.state {
+        if let State::Body { remaining } | State::ChunkData { remaining } = &mut self.state {
             debug_assert!(n <= *remaining, "{n} bytes moved past a body with {remaining} left");
             *remaining -= n.min(*remaining);
+        }
+        if let State::ChunkData { remaining: 0 } = self.state {
+            self.state = State::ChunkEnd;
         }
     }
 

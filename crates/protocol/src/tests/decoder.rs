@@ -127,11 +127,26 @@ fn body_bytes_moved_past_the_decoder_are_counted_and_then_the_body_ends() {
     moved_whole.body_moved(3);
     assert_eq!(moved_whole.body_left(&buf), None);
     assert_eq!(moved_whole.decode(&mut buf), Ok(Some(Event::End { trailers: vec![] })));
-    // Chunked bodies are never moved past: their framing is the decoder's.
+    // A chunked body's framing is the decoder's; only a chunk's bytes are moved past it.
     let mut chunked = RequestDecoder::new(Limits::default());
     let mut buf = BytesMut::from(&b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"[..]);
     assert!(matches!(chunked.decode(&mut buf), Ok(Some(Event::Head(_)))));
     assert_eq!(chunked.body_left(&buf), None);
+    buf.extend_from_slice(b"b\r\nhe");
+    assert_eq!(chunked.decode(&mut buf), Ok(Some(Event::Data(Bytes::from_static(b"he")))));
+    assert_eq!(chunked.body_left(&buf), Some(9));
+    chunked.body_moved(4);
+    assert_eq!(chunked.body_left(&buf), Some(5));
+    chunked.body_moved(5);
+    // Between chunks: the next one's size is the decoder's to read.
+    assert_eq!(chunked.body_left(&buf), None);
+    buf.extend_from_slice(b"\r\n3\r\n");
+    assert_eq!(chunked.decode(&mut buf), Ok(None));
+    assert_eq!(chunked.body_left(&buf), Some(3));
+    chunked.body_moved(3);
+    buf.extend_from_slice(b"\r\n0\r\n\r\nGET");
+    assert_eq!(chunked.decode(&mut buf), Ok(Some(Event::End { trailers: vec![] })));
+    assert_eq!(buf.as_ref(), b"GET");
 }
 
 #[test]

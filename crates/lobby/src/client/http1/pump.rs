@@ -2,7 +2,9 @@
 //! client, through a pipe whose read end the worker reads (`client/body.rs` decides which
 //! bodies stream). On a plain connection, with no body bytes waiting in the read buffer, the
 //! bytes go by `splice(2)`: the socket's pages move into the pipe, never copied through the
-//! lobby. Over TLS they are read, decrypted, and written to the pipe.
+//! lobby. Over TLS they are read, decrypted, and written to the pipe. A chunked body goes in
+//! records (maitred_wire's `BodyRecords`): what a read brought is one, and the rest of a large
+//! chunk another, its header written first and its bytes spliced.
 //!
 //! The body keeps its pace (`exchange::BodyPace`) while the pipe has room: a client that stalls
 //! gets its 408, and the worker's read the end of a body cut short. While the pipe is full the
@@ -13,7 +15,8 @@ use std::io::{self, IoSlice};
 
 use bytes::{Buf, Bytes, BytesMut};
 use maitred_protocol::Event;
-use maitred_wire::{record_header, END_RECORD};
+use maitred_sys::pipe::BODY_PIPE_SIZE;
+use maitred_wire::{record_header, END_RECORD, RECORD_HEADER_LEN};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::time::sleep_until;
 
@@ -22,6 +25,11 @@ use super::Connection;
 use crate::client::body::Streamed;
 use crate::client::peer::ClientStream;
 use crate::client::Stop;
+
+/// The least of a chunk's rest that is spliced into its pipe rather than read: past it, a
+/// splice and a record header cost less than copying the bytes in and out of the lobby. A
+/// client's small chunks are read whole, many to a read, as before.
+const CHUNK_SPLICE_LEAST: u64 = 16 * 1024;
 
 impl<S: ClientStream> Connection<S> {
     /// Moves the rest of a streaming body into its pipe, to its end; the read buffer is left
@@ -36,10 +44,8 @@ impl<S: ClientStream> Connection<S> {
                     continue;
                 }
                 Some(Event::End { .. }) => {
-                    write_pending(&mut pumping.streamed).await.map_err(|_| worker_left())?;
-                    if pumping.streamed.records {
-                        pumping.streamed.pipe.write_all(&END_RECORD).await.map_err(|_| worker_left())?;
-                    }
+                    let end = pumping.streamed.records.then_some(END_RECORD);
+                    write_pending(&mut pumping.streamed, end).await.map_err(|_| worker_left())?;
                     if self.buf.is_empty() {
                         self.buf = BytesMut::new();
                     }
@@ -48,17 +54,38 @@ impl<S: ClientStream> Connection<S> {
                 Some(Event::Head(_)) => unreachable!("the decoder yields End before the next Head"),
                 None => {}
             }
-            if write_pending(&mut pumping.streamed).await.map_err(|_| worker_left())? {
+            let records = pumping.streamed.records;
+            // A chunk's rest is spliced when it is worth a call of its own; smaller ones are read.
+            let splice = self
+                .decoder
+                .body_left(&self.buf)
+                .filter(|&left| !S::ENCRYPTED && (!records || left >= CHUNK_SPLICE_LEAST));
+            // A spliced chunk goes as one record, whose header is written before its bytes, with
+            // what was read before it.
+            let record = splice.filter(|_| records).map(|left| left.min(BODY_PIPE_SIZE as u64));
+            let header = record.map(|len| record_header(len as u32));
+            if write_pending(&mut pumping.streamed, header).await.map_err(|_| worker_left())? {
                 // Waiting for the worker to make room is no gap of the client's.
                 pumping.pace.arrived();
             }
-            match self.decoder.body_left(&self.buf).filter(|_| !S::ENCRYPTED) {
-                Some(left) => {
+            match (splice, record) {
+                (Some(_), Some(mut todo)) => {
+                    while todo > 0 {
+                        let moved = self.splice_body(pumping, todo).await?;
+                        self.decoder.body_moved(moved);
+                        pumping.received += moved;
+                        todo -= moved;
+                    }
+                    // The next read takes the chunk's end and the next one's size, and as
+                    // little of its bytes as may be, so that they are spliced too.
+                    room = READ_CHUNK;
+                }
+                (Some(left), None) => {
                     let moved = self.splice_body(pumping, left).await?;
                     self.decoder.body_moved(moved);
                     pumping.received += moved;
                 }
-                None => {
+                (None, _) => {
                     tokio::select! {
                         read = self.read_body(room) => match read {
                             Ok(0) | Err(_) => return Err(Stop::Quietly),
@@ -122,18 +149,19 @@ impl<S: ClientStream> Connection<S> {
 }
 
 /// Writes what the connection has read of the body into its pipe, as bare bytes or, for a
-/// chunked body, as one record (`writev(2)`: its header and every piece, a read's worth);
-/// true when there was something to write.
-async fn write_pending(streamed: &mut Streamed) -> io::Result<bool> {
+/// chunked body, as one record, then `then` (a chunked body's next record header, or its end):
+/// one `writev(2)`, most often. True when there was something to write.
+async fn write_pending(streamed: &mut Streamed, then: Option<[u8; RECORD_HEADER_LEN]>) -> io::Result<bool> {
     let pending = &mut streamed.pending;
     pending.retain(|piece| !piece.is_empty());
-    if pending.is_empty() {
-        return Ok(false);
-    }
-    if streamed.records {
+    if streamed.records && !pending.is_empty() {
         // A read's pieces, with what memory held at the start: at most 512 KiB.
         let len = u32::try_from(pending.iter().map(Bytes::len).sum::<usize>()).expect("a record under 4 GiB");
         pending.push_front(Bytes::copy_from_slice(&record_header(len)));
+    }
+    pending.extend(then.map(|header| Bytes::copy_from_slice(&header)));
+    if pending.is_empty() {
+        return Ok(false);
     }
     while !pending.is_empty() {
         let slices: Vec<IoSlice<'_>> = pending.iter().map(|piece| IoSlice::new(piece)).collect();
