@@ -55,37 +55,33 @@ impl<S: ClientStream> Connection<S> {
                 None => {}
             }
             let records = pumping.streamed.records;
-            // A chunk's rest is spliced when it is worth a call of its own; smaller ones are read.
+            // What the socket has of the body goes by splice, a pipe's worth at most; a chunk's
+            // rest only when it is worth a call of its own (smaller ones are read).
             let splice = self
                 .decoder
                 .body_left(&self.buf)
-                .filter(|&left| !S::ENCRYPTED && (!records || left >= CHUNK_SPLICE_LEAST));
-            // A spliced chunk goes as one record, whose header is written before its bytes, with
+                .filter(|&left| !S::ENCRYPTED && (!records || left >= CHUNK_SPLICE_LEAST))
+                .map(|left| left.min(BODY_PIPE_SIZE as u64));
+            // A chunk's spliced rest is one record, whose header goes before its bytes, with
             // what was read before it.
-            let record = splice.filter(|_| records).map(|left| left.min(BODY_PIPE_SIZE as u64));
-            let header = record.map(|len| record_header(len as u32));
+            let header = splice.filter(|_| records).map(|len| record_header(len as u32));
             if write_pending(&mut pumping.streamed, header).await.map_err(|_| worker_left())? {
                 // Waiting for the worker to make room is no gap of the client's.
                 pumping.pace.arrived();
             }
-            match (splice, record) {
-                (Some(_), Some(mut todo)) => {
+            match splice {
+                Some(mut todo) => {
                     while todo > 0 {
                         let moved = self.splice_body(pumping, todo).await?;
                         self.decoder.body_moved(moved);
                         pumping.received += moved;
                         todo -= moved;
                     }
-                    // The next read takes the chunk's end and the next one's size, and as
-                    // little of its bytes as may be, so that they are spliced too.
+                    // A read after a chunk takes its end and the next one's size, and as little
+                    // of its bytes as may be, so that they are spliced too.
                     room = READ_CHUNK;
                 }
-                (Some(left), None) => {
-                    let moved = self.splice_body(pumping, left).await?;
-                    self.decoder.body_moved(moved);
-                    pumping.received += moved;
-                }
-                (None, _) => {
+                None => {
                     tokio::select! {
                         read = self.read_body(room) => match read {
                             Ok(0) | Err(_) => return Err(Stop::Quietly),
