@@ -31,18 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from procs import free_port
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 MAITRED = REPO / ".venv" / "bin" / "maitred"
 PEERS = BENCH / ".peers" / "bin"
 RESULTS = BENCH / "results" / "tls"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 def make_certificate(directory: Path) -> tuple[Path, Path]:

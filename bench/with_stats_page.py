@@ -11,22 +11,17 @@ when maitred does. The maitred run is the one in .venv, or STATS_PAGE_MAITRED.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from procs import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 MAITRED = os.environ.get("STATS_PAGE_MAITRED", str(REPO / ".venv" / "bin" / "maitred"))
 # The page polls once a second.
 INTERVAL = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def read_like_the_page(port: int, server: int) -> None:
