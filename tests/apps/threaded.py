@@ -2,7 +2,8 @@
 thread served it, and whether the environ says the worker is multithreaded.
 
     /who                  answers at once
-    /sleep?seconds=S      sleeps S seconds first
+    /sleep?seconds=S      sleeps S seconds first (with &entered=PATH: writes its pid to PATH
+                          once in the application, before the sleep)
     /spin?seconds=S       runs Python for S seconds first, holding the GIL but for its switches
     /exit?after=S         sleeps S seconds, then os._exit(1): the whole worker ends
 
@@ -36,6 +37,9 @@ def _answer(environ, start_response, in_app):
     path = environ["PATH_INFO"]
     query = parse_qs(environ["QUERY_STRING"])
     if path == "/sleep":
+        if "entered" in query:
+            with open(query["entered"][0], "w") as entered:
+                entered.write(str(os.getpid()))
         time.sleep(float(query["seconds"][0]))
     elif path == "/spin":
         deadline = time.monotonic() + float(query["seconds"][0])
