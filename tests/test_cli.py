@@ -295,6 +295,7 @@ def test_defaults_and_the_settings_dict_for_the_lobby(monkeypatch, tmp_path):
         "queue_policy": "adaptive",
         "request_deadline": None,
         "half_close": "abandon",
+        "wsgi_chunked_body": "stream",
         "max_connections": None,
         "stats": None,
         "forwarded_allow_ips": ["127.0.0.1", "::1"],

@@ -252,28 +252,88 @@ def test_a_missing_or_malformed_proxy_header_gets_400(maitred_server: Callable[.
 # A chunked body, as a framework sees it.
 
 
-def test_flask_sees_a_chunked_body_with_its_length_and_without_its_coding(
-    maitred_server: Callable[..., Server], tmp_path: Path
-) -> None:
-    server = maitred_server("flask_app:app", cwd=APPS, env={"FRAMEWORK_DATA_DIR": str(tmp_path)})
-    body = random.Random(3).randbytes(300_000)  # past the lobby's 256 KiB: through a file too
-    for data in (body, body[:1000], b""):
-        chunks = b"".join(
-            b"%x\r\n%s\r\n" % (len(part), part) for part in (data[i : i + 7000] for i in range(0, len(data), 7000))
+def send_chunked(port: int, target: bytes, data: bytes, content_type: bytes) -> Reply:
+    """POSTs `data` in 7,000-byte chunks, all at once: a body past 256 KiB comes fast enough
+    to stream (docs/LIMITS.md, "A fast upload streams")."""
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(part), part) for part in (data[i : i + 7000] for i in range(0, len(data), 7000))
+    )
+    with connect(port) as sock:
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: %s\r\n\r\n" % (target, content_type) + chunks + b"0\r\n\r\n"
         )
-        with connect(server.port) as sock:
-            sock.sendall(
-                b"POST /upload-length HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
-                b"Content-Type: application/octet-stream\r\n\r\n" + chunks + b"0\r\n\r\n"
-            )
-            reply = read_reply(sock)
+        return read_reply(sock)
+
+
+@pytest.mark.parametrize("how", ["stream", "whole"])
+def test_flask_sees_a_chunked_body_without_its_coding_and_with_its_length_once_whole(
+    maitred_server: Callable[..., Server], tmp_path: Path, how: str
+) -> None:
+    """A chunked body reaches Flask de-chunked, with no Transfer-Encoding. Its CONTENT_LENGTH is
+    there when the body is whole as its worker takes it: a small one (1,000 bytes, and an empty
+    one), and, under `--wsgi-chunked-body whole`, a large one too, through a temporary file. Under
+    `stream` (the default) a large one that comes fast streams without it, and Flask, told by
+    `wsgi.input_terminated`, reads it to its end, as under gunicorn."""
+    server = maitred_server(
+        "--wsgi-chunked-body",
+        how,
+        "--log-level",
+        "debug",
+        "flask_app:app",
+        cwd=APPS,
+        env={"FRAMEWORK_DATA_DIR": str(tmp_path)},
+    )
+    body = random.Random(3).randbytes(1 << 20)
+    for data in (body, body[:1000], b""):
+        reply = send_chunked(server.port, b"/upload-length", data, b"application/octet-stream")
         assert reply.status == 200, reply
+        streamed = how == "stream" and len(data) == len(body)
         assert json.loads(reply.body) == {
-            "content_length": len(data),
+            "content_length": None if streamed else len(data),
             "transfer_encoding": None,
             "received": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
         }
+    assert server.stderr().count("its body streams to its worker") == (how == "stream")
+
+
+def test_django_gets_a_fast_chunked_upload_whole_under_wsgi_chunked_body_whole(
+    maitred_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Django 5.2 takes a body without CONTENT_LENGTH as empty, so `--wsgi-chunked-body whole`
+    reads a chunked body whole first, as nginx does, however fast it comes: a 1 MiB file in a
+    chunked multipart form reaches `request.FILES` whole, with the form's field beside it."""
+    server = maitred_server(
+        "--wsgi-chunked-body",
+        "whole",
+        "--log-level",
+        "debug",
+        "django_app:application",
+        cwd=APPS,
+        env={"FRAMEWORK_DATA_DIR": str(tmp_path)},
+    )
+    data = random.Random(4).randbytes(1 << 20)
+    boundary = b"maitred-boundary"
+    form = (
+        b'--%s\r\nContent-Disposition: form-data; name="title"\r\n\r\nreport\r\n'
+        b'--%s\r\nContent-Disposition: form-data; name="upload"; filename="report.bin"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" % (boundary, boundary) + data + b"\r\n--%s--\r\n" % boundary
+    )
+    reply = send_chunked(server.port, b"/form", form, b"multipart/form-data; boundary=" + boundary)
+    assert reply.status == 200, reply
+    assert json.loads(reply.body) == {
+        "fields": {"title": ["report"]},
+        "files": {
+            "upload": {
+                "filename": "report.bin",
+                "content_type": "application/octet-stream",
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        },
+    }
+    assert "its body streams to its worker" not in server.stderr()
 
 
 def test_proxy_protocol_modes_as_gunicorn_takes_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -99,11 +99,11 @@ def test_a_spooled_body_is_written_by_the_spooler_thread_not_the_event_loop(mait
 def test_a_spilled_body_s_file_is_freed_off_the_event_loop(maitred_server):
     """Freeing a large body file's pages took the lobby's event loop 46-62 ms for 512 MiB, every
     connection waiting meanwhile; now the closer thread frees it (docs/LIMITS.md, "Request
-    bodies"), and says so at debug level once it has. (Chunked to WSGI, which is promised the
-    body's CONTENT_LENGTH, docs/PROXIES.md: so it is spooled, however fast. A body of known
-    length this fast would stream, and have no file.)"""
+    bodies"), and says so at debug level once it has. (Chunked to WSGI under
+    `--wsgi-chunked-body whole`, which promises the body's CONTENT_LENGTH, docs/PROXIES.md: so
+    it is spooled, however fast. Any other body this fast would stream, and have no file.)"""
     body = os.urandom(SIZE)
-    server = maitred_server("-w", "1", "--log-level", "debug", "hasher:app", cwd=APPS)
+    server = maitred_server("-w", "1", "--log-level", "debug", "--wsgi-chunked-body", "whole", "hasher:app", cwd=APPS)
     assert upload(server.port, body, chunked=True) == hashlib.sha256(body).hexdigest().encode()
     server.wait_for_log("closed a temporary file of 64.0 MiB off the event loop", timeout=30)
     assert "its body streams to its worker" not in server.stderr()
@@ -241,14 +241,15 @@ def chunked(body: bytes) -> bytes:
 CHUNKED_HEAD = b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-def test_a_fast_chunked_upload_streams_to_an_asgi_worker(maitred_server):
-    """A chunked body's length is not known, so the lobby streams it to an ASGI worker in
-    records (docs/PROTOCOL.md), the last one saying it has ended: the application reads its
-    first piece before the client has sent the rest, and its trailer and the next request on
-    the connection are the lobby's. Before, it was spooled whole first, and the upload never
-    ended."""
+@pytest.mark.parametrize("app", ["streamed:app", "streamed:asgi"], ids=["wsgi", "asgi"])
+def test_a_fast_chunked_upload_streams_to_its_worker(maitred_server, app):
+    """A chunked body's length is not known, so the lobby streams it to its worker in records
+    (docs/PROTOCOL.md), the last one saying it has ended: the application reads its first piece
+    before the client has sent the rest (a WSGI one's reads wait for theirs, and it has no
+    CONTENT_LENGTH: docs/PROXIES.md), and its trailer and the next request on the connection
+    are the lobby's. Before, it was spooled whole first, and the upload never ended."""
     body = os.urandom(SIZE)
-    server = maitred_server("-w", "1", "--log-level", "debug", "streamed:asgi", cwd=APPS)
+    server = maitred_server("-w", "1", "--log-level", "debug", app, cwd=APPS)
     with socket.create_connection((HOST, server.port), timeout=60) as client:
         client.sendall(CHUNKED_HEAD + chunked(body[: 1 << 20]))
         server.wait_for_log("streamed: the first piece is read", timeout=30)
@@ -262,16 +263,28 @@ def test_a_fast_chunked_upload_streams_to_an_asgi_worker(maitred_server):
     assert "of a chunked body's bytes came in" in server.stderr()
 
 
-def test_a_chunked_upload_cut_between_chunks_is_a_disconnect_not_an_end(maitred_server):
+@pytest.mark.parametrize(
+    ("app", "cut"),
+    [
+        (
+            "streamed:app",
+            r"\[Errno 32\] the request body ended at byte \d+ of a chunked body: its client stopped sending it",
+        ),
+        ("streamed:asgi", r"http.disconnect"),
+    ],
+    ids=["wsgi", "asgi"],
+)
+def test_a_chunked_upload_cut_between_chunks_is_a_disconnect_not_an_end(maitred_server, app, cut):
     """A client that goes after a whole chunk, before the last one: the body streamed so far
-    is not taken for all of it. The application gets `http.disconnect` (so its handler does not
-    act on half a body), and the worker serves the next request. A pipe of bare bytes would end
-    there as if the body had."""
-    server = maitred_server("-w", "1", "--log-level", "debug", "streamed:asgi", cwd=APPS)
+    is not taken for all of it. The application gets `http.disconnect` (ASGI) or
+    `ClientDisconnected`, an `OSError`, from its read (WSGI), so that its handler does not act
+    on half a body, and the worker serves the next request. A pipe of bare bytes would end there
+    as if the body had."""
+    server = maitred_server("-w", "1", "--log-level", "debug", app, cwd=APPS)
     with socket.create_connection((HOST, server.port), timeout=60) as client:
         client.sendall(CHUNKED_HEAD + chunked(os.urandom(1 << 20)))
         server.wait_for_log("streamed: the first piece is read", timeout=30)
-    server.wait_for_log(re.compile(r"streamed: the body ended short after \d+ bytes: http.disconnect"), timeout=30)
+    server.wait_for_log(re.compile(r"streamed: the body ended short after \d+ bytes: " + cut), timeout=30)
     with socket.create_connection((HOST, server.port), timeout=60) as client:
         client.sendall(post_head(4) + b"next")
         head, content = read_answer(client)

@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -36,7 +37,7 @@ import pytest
 # Frame kinds and flags (docs/PROTOCOL.md, section 2).
 READY, BOOT_FAILED, RESPONSE_HEAD, RESPONSE_BODY, RESPONSE_FILE, RESPONSE_ABORT = 1, 2, 3, 4, 5, 6
 REQUEST, CANCEL, REGION, BELL, ON_CHANNEL, LOBBY_BELL = 16, 17, 19, 20, 21, 22
-END, FD = 1, 2
+END, FD, RECORDS = 1, 2, 8
 
 # The shared region (crates/shm's tables): its layout, and the states of a request slot, in the
 # low two bits of its state word (the ticket, the low 30 bits of the request's sequence number,
@@ -812,6 +813,32 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         worker.kill()
 
 
+def records_pipe(pieces: Iterable[bytes], *, ended: bool = True) -> int:
+    """The read end of a pipe holding a chunked body as the lobby streams one (docs/PROTOCOL.md,
+    section 2): each piece a record, a `u32` length and its bytes, then the end record unless
+    the body is cut short; written a byte at a time from another thread, so that the worker's
+    reads find every record and header split at every offset. The write end closes after."""
+    stream = b"".join(struct.pack("<I", len(piece)) + piece for piece in pieces)
+    if ended:
+        stream += struct.pack("<I", 0)
+    reader, writer = os.pipe()
+
+    def trickle() -> None:
+        with os.fdopen(writer, "wb", buffering=0) as out:
+            for at in range(len(stream)):
+                out.write(stream[at : at + 1])
+
+    threading.Thread(target=trickle, daemon=True).start()
+    return reader
+
+
+def records_request(target: str, headers: list[tuple[str, bytes | str]] | None = None) -> bytes:
+    """A REQUEST frame whose body streams in records: the FD and RECORDS flags, body length 0."""
+    request = bytearray(request_frame("POST", target, headers, body_in_file=True))
+    request[1] |= RECORDS
+    return bytes(request)
+
+
 def body_file(content: bytes) -> int:
     """An unlinked temporary file holding `content`, positioned at its end (the worker must
     read it from offset 0 regardless)."""
@@ -1104,6 +1131,37 @@ def test_large_bodies_line_by_line(start_worker: Callable[..., Worker], in_file:
     assert response.json() == [[line.decode() for line in lines]]
     after = worker.request("POST", "/?read:5,read", body=b"next request")
     assert after.json() == ["next ", "request"]
+
+
+@pytest.mark.parametrize("operations", list(INPUT_CASES))
+def test_input_methods_on_a_body_in_records(start_worker: Callable[..., Worker], operations: str) -> None:
+    """A fast chunked upload streams to a WSGI application in records (docs/PROXIES.md): every
+    read waits for what it asked for, across records and split headers, as on a whole body."""
+    worker = start_worker("app_input")
+    pieces = [BODY[:1], BODY[1:5], BODY[5:13], BODY[13:14], BODY[14:]]
+    worker.queue(records_request(f"/?{operations}"), records_pipe(pieces))
+    assert worker.read_response().json() == INPUT_CASES[operations]
+
+
+def test_a_body_in_records_has_no_length_and_is_read_to_its_end(start_worker: Callable[..., Worker]) -> None:
+    """Its length is not known while it streams: no CONTENT_LENGTH (nor its coding), and the
+    application reads to the end record, a large read gathered past 1 MiB and a long line
+    across the 64 KiB read-ahead; a body cut short is `ClientDisconnected`, never an end."""
+    worker = start_worker("app_environ")
+    headers = [("Host", b"localhost:8000"), ("Transfer-Encoding", b"chunked")]
+    worker.queue(records_request("/", headers), records_pipe([b"12", b"345"]))
+    environ = worker.read_response().json()
+    assert "CONTENT_LENGTH" not in environ and "HTTP_TRANSFER_ENCODING" not in environ
+    assert (environ["body"], environ["wsgi"]["input_terminated"]) == ("12345", True)
+    reader = start_worker("app_input")
+    line = b"x" * 200_000 + b"\n"
+    big = bytes(range(256)) * 6000
+    pipe = records_pipe([line[:70_000], line[70_000:] + big[:1000], big[1000:]])
+    reader.queue(records_request(f"/?readline,read:{2 << 20},read"), pipe)
+    assert reader.read_response().json() == [line.decode(), big.decode("latin-1"), ""]
+    reader.queue(records_request("/?read"), records_pipe([b"half", b"way"], ended=False))
+    assert reader.read_response().status == 500
+    assert "client went away during POST /?read HTTP/1.1; response abandoned" in reader.stderr()
 
 
 def test_input_of_a_finished_request_is_released(start_worker: Callable[..., Worker]) -> None:

@@ -295,6 +295,7 @@ fn config(options: &Options) -> Config {
         queue_policy: QueuePolicy::Adaptive,
         request_deadline: None,
         half_close: HalfClose::Abandon,
+        wsgi_chunked_streams: true,
         max_connections: None,
         app: "maitred-stub (native stub workers)".into(),
         stats: options.stats_port.map(|port| BindAddress::Tcp { host: "127.0.0.1".into(), port }),

@@ -89,6 +89,9 @@ pub struct Config {
     pub request_deadline: Option<Duration>,
     /// `--half-close`: what a client that shuts its sending side while its request waits means.
     pub half_close: HalfClose,
+    /// `--wsgi-chunked-body stream`: a fast chunked upload streams to a WSGI application
+    /// without its length, as to an ASGI one; otherwise it is read whole first.
+    pub wsgi_chunked_streams: bool,
     /// None: as many as the file-descriptor limit allows.
     pub max_connections: Option<usize>,
     /// The application spec, for log lines.
@@ -177,6 +180,7 @@ impl Config {
             queue_timeout: self.queue_timeout,
             max_spill: self.max_spill,
             half_close_leaves: self.half_close == HalfClose::Abandon,
+            wsgi_chunked_streams: self.wsgi_chunked_streams,
             access_log_format: self.access_log_format.clone(),
             forwarding: self.forwarding.clone(),
             proxy_protocol: self.proxy_protocol,

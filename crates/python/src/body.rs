@@ -1,7 +1,8 @@
 //! `wsgi.input`: the request body, from the frame's bytes, from the file the lobby passed, or
 //! from the pipe it streams through while its client sends it (the lobby's
 //! `client/http1/pump.rs`): bare when its length is known, in records (maitred_wire's
-//! `BodyRecords`) when it is not, for an ASGI worker's `receive()`.
+//! `BodyRecords`) when it is not: an ASGI worker's `receive()` takes what has come, a WSGI
+//! application's reads wait for what they asked for.
 //!
 //! Imports `sys` of this crate, for `pread`, and the crate's `ClientDisconnected`.
 
@@ -17,6 +18,11 @@ use pyo3::types::{PyBytes, PyList};
 
 /// How much of a body file one refill reads ahead for `readline`.
 const READ_AHEAD: usize = 64 * 1024;
+
+/// The largest read of a body in records that goes straight into its bytes object: the
+/// bytes object is made before its length is known, so a larger read (or a read of all) is
+/// gathered first, rather than made whole at a size the body may never reach.
+const RECORDS_READ_AT_ONCE: usize = 1024 * 1024;
 
 /// The request body as PEP 3333's input stream: `read`, `readline`, `readlines`, iteration.
 /// Every method returns `b""` once the body is exhausted.
@@ -59,8 +65,8 @@ impl RequestBody {
         }
     }
 
-    /// A chunked body streaming in records through `pipe`, read by `read_ready` only (the
-    /// lobby streams such a body to an ASGI worker alone).
+    /// A chunked body streaming in records through `pipe`: read by `read_ready` (an ASGI
+    /// worker) or by the reads that wait (a WSGI one), whose length is known only at its end.
     pub fn in_records(pipe: OwnedFd) -> RequestBody {
         RequestBody { records: Some(BodyRecords::default()), ..RequestBody::in_file(pipe, 0) }
     }
@@ -109,9 +115,9 @@ impl RequestBody {
     }
 
     /// The number of bytes a read of `size` returns: all that is left when `size` is negative
-    /// or absent, as io streams do.
+    /// or absent, as io streams do. A body in records has no known rest: `size` or all of it.
     fn clamp(&self, size: Option<i64>) -> usize {
-        let remaining = self.remaining();
+        let remaining = if self.records.is_some() { u64::MAX } else { self.remaining() };
         let wanted = match size {
             Some(size) if size >= 0 => remaining.min(size as u64),
             _ => remaining,
@@ -154,25 +160,110 @@ impl RequestBody {
         Ok(())
     }
 
-    /// Reads more of the file into `buf` after the unread bytes; false when the file is done.
+    /// Reads more of the file into `buf` after the unread bytes (of a body in records, what
+    /// its next read brings); false when the file is done.
     fn refill(&mut self, py: Python<'_>) -> PyResult<bool> {
-        let from_file = (self.file_len - self.file_pos).min(READ_AHEAD as u64) as usize;
-        if from_file == 0 {
+        let room = if self.records.is_some() {
+            READ_AHEAD
+        } else {
+            (self.file_len - self.file_pos).min(READ_AHEAD as u64) as usize
+        };
+        if room == 0 || self.records.as_ref().is_some_and(BodyRecords::ended) {
             return Ok(false);
         }
         self.buf.drain(..self.pos);
         self.buf.truncate(self.end - self.pos);
         self.pos = 0;
         let start = self.buf.len();
-        self.buf.resize(start + from_file, 0);
+        self.buf.resize(start + room, 0);
         let mut buf = std::mem::take(&mut self.buf);
-        let result = self.read_file_into(py, &mut buf[start..]);
-        if result.is_err() {
-            buf.truncate(start);
-        }
+        let result = if self.records.is_some() {
+            self.record_bytes_into(py, &mut buf[start..]).map(|read| read.unwrap_or(0))
+        } else {
+            self.read_file_into(py, &mut buf[start..]).map(|()| room)
+        };
+        buf.truncate(start + *result.as_ref().unwrap_or(&0));
         self.buf = buf;
         self.end = self.buf.len();
-        result.map(|()| true)
+        result.map(|read| read > 0)
+    }
+
+    /// The next bytes of a body in records, into `dst` (not empty): how many, 0 once its end
+    /// record is read, None when its pipe, made not to wait, has nothing yet. A read takes a
+    /// record's bytes and the next header after them at once (a header alone, with no bytes
+    /// after it yet, takes another). Detached from the interpreter, for a read that waits.
+    fn record_bytes_into(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<Option<usize>> {
+        debug_assert!(!dst.is_empty(), "a read of records into no room would look like the end");
+        let file = self.file.as_ref().map(AsFd::as_fd).expect("a body in records has its pipe until it is released");
+        let records = self.records.as_mut().expect("only a body in records is read by its records");
+        loop {
+            let (data, header) = records.plan(dst.len());
+            if data + header == 0 {
+                return Ok(Some(0));
+            }
+            let read = {
+                let mut into =
+                    [io::IoSliceMut::new(&mut dst[..data]), io::IoSliceMut::new(records.header_room(header))];
+                py.detach(|| maitred_sys::pipe::read_vectored(file, &mut into))
+            };
+            match read {
+                Ok(0) => return Err(body_cut_short(self.file_pos, None)),
+                Ok(n) => {
+                    let body = records.read(data, n);
+                    // What has come so far is all that is known of the body's length.
+                    self.file_pos += body as u64;
+                    self.file_len = self.file_pos;
+                    if body > 0 {
+                        return Ok(Some(body));
+                    }
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Fills `dst` with a body in records: the bytes `readline` read ahead, then the pipe's,
+    /// waiting for them; short only where the body ends.
+    fn fill_from_records(&mut self, py: Python<'_>, dst: &mut [u8]) -> PyResult<usize> {
+        let mut filled = dst.len().min(self.buffered());
+        dst[..filled].copy_from_slice(&self.buf[self.pos..self.pos + filled]);
+        self.pos += filled;
+        while filled < dst.len() {
+            match self.record_bytes_into(py, &mut dst[filled..])? {
+                Some(0) => break,
+                Some(read) => filled += read,
+                None => unreachable!("a WSGI application's pipe is never made not to wait"),
+            }
+        }
+        Ok(filled)
+    }
+
+    /// Up to `count` bytes of a body in records, fewer only at its end: read into the bytes
+    /// object itself when `count` is one read's worth (a copy only for the last read, which
+    /// ends short), gathered first when it is more or all.
+    fn read_records<'py>(&mut self, py: Python<'py>, count: usize) -> PyResult<Bound<'py, PyBytes>> {
+        if count <= RECORDS_READ_AT_ONCE {
+            let mut filled = 0;
+            let bytes = PyBytes::new_with(py, count, |dst| {
+                filled = self.fill_from_records(py, dst)?;
+                Ok(())
+            })?;
+            return Ok(if filled == count { bytes } else { PyBytes::new(py, &bytes.as_bytes()[..filled]) });
+        }
+        let mut gathered = Vec::new();
+        while gathered.len() < count {
+            let start = gathered.len();
+            let room = (count - start).min(RECORDS_READ_AT_ONCE);
+            gathered.resize(start + room, 0);
+            let filled = self.fill_from_records(py, &mut gathered[start..])?;
+            gathered.truncate(start + filled);
+            if filled < room {
+                break;
+            }
+        }
+        Ok(PyBytes::new(py, &gathered))
     }
 
     fn take<'py>(&mut self, py: Python<'py>, count: usize) -> PyResult<Bound<'py, PyBytes>> {
@@ -201,54 +292,27 @@ impl RequestBody {
     /// yet. `ClientDisconnected` when the body ended short: its client went.
     fn read_ready<'py>(&mut self, py: Python<'py>, size: usize) -> PyResult<Option<Bound<'py, PyBytes>>> {
         self.check_open()?;
-        let count = if self.records.is_some() { size } else { self.clamp(Some(size as i64)) };
+        let count = self.clamp(Some(size as i64));
         if !self.pipe || count == 0 {
             return self.take(py, count).map(Some);
         }
-        let file = self.file.as_ref().expect("a pipe body has its pipe until it is released");
+        let file = self.file.as_ref().map(AsFd::as_fd).expect("a pipe body has its pipe until it is released");
         if !self.nonblocking {
-            maitred_sys::pipe::set_nonblocking(file.as_fd())?;
+            maitred_sys::pipe::set_nonblocking(file)?;
             self.nonblocking = true;
         }
         let mut piece = vec![0; count];
-        let Some(records) = self.records.as_mut() else {
-            return match maitred_sys::pipe::read(file.as_fd(), &mut piece) {
-                Ok(0) => Err(body_cut_short(self.file_pos, Some(self.file_len))),
-                Ok(n) => {
-                    self.file_pos += n as u64;
-                    Ok(Some(PyBytes::new(py, &piece[..n])))
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                Err(error) => Err(error.into()),
-            };
-        };
-        // The record's bytes, and the next header after them: one read for both (a header
-        // alone, with no bytes after it yet, takes another turn).
-        loop {
-            let (data, header) = records.plan(count);
-            if data + header == 0 {
-                return Ok(Some(PyBytes::new(py, b"")));
+        if self.records.is_some() {
+            return Ok(self.record_bytes_into(py, &mut piece)?.map(|read| PyBytes::new(py, &piece[..read])));
+        }
+        match maitred_sys::pipe::read(file, &mut piece) {
+            Ok(0) => Err(body_cut_short(self.file_pos, Some(self.file_len))),
+            Ok(n) => {
+                self.file_pos += n as u64;
+                Ok(Some(PyBytes::new(py, &piece[..n])))
             }
-            let read = {
-                let mut into =
-                    [io::IoSliceMut::new(&mut piece[..data]), io::IoSliceMut::new(records.header_room(header))];
-                maitred_sys::pipe::read_vectored(file.as_fd(), &mut into)
-            };
-            match read {
-                Ok(0) => return Err(body_cut_short(self.file_pos, None)),
-                Ok(n) => {
-                    let body = records.read(data, n);
-                    // What has come so far is all that is known of the body's length.
-                    self.file_pos += body as u64;
-                    self.file_len = self.file_pos;
-                    if body > 0 {
-                        return Ok(Some(PyBytes::new(py, &piece[..body])));
-                    }
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => py.check_signals()?,
-                Err(error) => return Err(error.into()),
-            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -263,6 +327,9 @@ impl RequestBody {
     fn read<'py>(&mut self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
         self.check_open()?;
         let count = self.clamp(size);
+        if self.records.is_some() {
+            return self.read_records(py, count);
+        }
         self.take(py, count)
     }
 

@@ -131,8 +131,15 @@ fn method_str<'py>(py: Python<'py>, method: &[u8]) -> PyResult<Bound<'py, PyStri
 }
 
 /// Fills `environ` (a copy of the base environ) with the request's CGI variables. The caller
-/// adds `wsgi.input`.
-pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Request<'_>) -> PyResult<()> {
+/// adds `wsgi.input`. `in_records`: the body is chunked and streams as it arrives, so its
+/// length is not known, and there is no `CONTENT_LENGTH` (`wsgi.input_terminated` says to read
+/// it to its end: docs/PROXIES.md).
+pub fn fill<'py>(
+    environ: &Bound<'py, PyDict>,
+    script_name: &[u8],
+    request: &Request<'_>,
+    in_records: bool,
+) -> PyResult<()> {
     let py = environ.py();
     let target = split_target(request.target);
     let path = percent_decode(target.path);
@@ -175,8 +182,8 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
         let key = if name.eq_ignore_ascii_case(b"content-type") {
             intern!(py, "CONTENT_TYPE").clone()
         } else if name.eq_ignore_ascii_case(b"content-length") || name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // The lobby has read the whole body and de-chunked it: the application sees its
-            // length, as behind nginx, and no coding it would have to undo.
+            // The lobby de-chunks the body: the application sees its length, as behind nginx
+            // (unless it streams in records), and no coding it would have to undo.
             body_framed = true;
             continue;
         } else {
@@ -194,7 +201,7 @@ pub fn fill<'py>(environ: &Bound<'py, PyDict>, script_name: &[u8], request: &Req
     if let Some(authority) = target.authority {
         environ.set_item(intern!(py, "HTTP_HOST"), latin1(py, authority)?)?;
     }
-    if request.body_len > 0 || body_framed {
+    if !in_records && (request.body_len > 0 || body_framed) {
         environ.set_item(intern!(py, "CONTENT_LENGTH"), request.body_len.to_string())?;
     }
     Ok(())

@@ -192,6 +192,11 @@ fn config_from(settings: &Settings<'_, '_>) -> PyResult<Config> {
             "serve" => HalfClose::Serve,
             other => return Err(PyValueError::new_err(format!("setting 'half_close': unknown action '{other}'"))),
         },
+        wsgi_chunked_streams: match settings.required::<String>("wsgi_chunked_body")?.as_str() {
+            "stream" => true,
+            "whole" => false,
+            other => return Err(PyValueError::new_err(format!("setting 'wsgi_chunked_body': unknown way '{other}'"))),
+        },
         max_connections: settings.optional("max_connections")?,
         app: settings.required("app")?,
         stats: settings.optional::<String>("stats")?.map(|text| bind_address(py, &text)).transpose()?,

@@ -371,6 +371,19 @@ ROWS: tuple[Setting, ...] = (
     ),
     Setting(
         "requests",
+        "wsgi_chunked_body",
+        ("--wsgi-chunked-body",),
+        "HOW",
+        one_of("stream", "whole"),
+        "stream",
+        "A large chunked upload to a WSGI application that arrives fast: stream passes it on as it arrives, "
+        "without CONTENT_LENGTH (wsgi.input_terminated: read it to its end), as gunicorn and granian do; whole "
+        "reads it whole first and passes its CONTENT_LENGTH, as behind nginx, for applications that take a body "
+        "without one as empty (Django 5.2). A chunked body that is whole when its worker takes it has its "
+        "CONTENT_LENGTH either way (docs/PROXIES.md).",
+    ),
+    Setting(
+        "requests",
         "max_body",
         ("--max-body",),
         "BYTES",

@@ -67,6 +67,8 @@ pub(crate) struct Settings {
     /// `--half-close abandon`: a client that shuts its sending side while its request waits
     /// has left.
     pub half_close_leaves: bool,
+    /// `--wsgi-chunked-body stream`: a fast chunked upload streams to a WSGI application too.
+    pub wsgi_chunked_streams: bool,
     pub access_log_format: AccessFormat,
     pub forwarding: Forwarding,
     pub proxy_protocol: Option<ProxyVersions>,

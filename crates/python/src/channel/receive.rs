@@ -409,23 +409,21 @@ impl WorkerChannel {
         self.target.extend_from_slice(request.target);
         self.http_version = request.http_version;
 
+        let records = frame.header.flags & FLAG_RECORDS != 0;
+        if records && body_file.is_none() {
+            return Err(ChannelError::new_err("the lobby sent a body in records without its pipe"));
+        }
         let wsgi = matches!(interface, Interface::Wsgi);
         let environ = match interface {
             Interface::Wsgi => {
                 let environ = self.base_environ.bind(py).copy()?;
-                environ::fill(&environ, &self.script_name, &request)?;
+                environ::fill(&environ, &self.script_name, &request, records)?;
                 environ
             }
             Interface::Asgi(state) => scope::build(py, &self.script_name, &request, self.websocket, state.as_ref())?,
         };
         let inline_len = request.inline_body.len();
         let body_len = request.body_len;
-        let records = frame.header.flags & FLAG_RECORDS != 0;
-        if records && (wsgi || body_file.is_none()) {
-            return Err(ChannelError::new_err(
-                "the lobby sent a body in records to a WSGI worker, or without its pipe",
-            ));
-        }
         let body = match body_file {
             Some(pipe) if records => RequestBody::in_records(pipe),
             Some(file) => RequestBody::in_file(file, body_len),

@@ -61,10 +61,11 @@ impl<S: ClientStream> Connection<S> {
         let config = self.context.settings();
         let mut pace = BodyPace::new(config.header_timeout, config.body_min_rate);
         let mut room = READ_CHUNK;
-        // A chunked body streams to an ASGI application, which reads it to its end record. A
-        // WSGI one is promised its CONTENT_LENGTH (docs/PROXIES.md), so it gets the body
-        // whole; and a WebSocket handshake's body is refused whole.
-        let chunked_streams = self.context.websockets.asgi() && !super::websocket::asks_websocket(&head);
+        // A chunked body streams to an ASGI application, which reads it to its end record, and
+        // to a WSGI one unless `--wsgi-chunked-body whole` promised it the CONTENT_LENGTH that
+        // only a whole body has (docs/PROXIES.md); a WebSocket handshake's body is refused whole.
+        let chunked_streams =
+            (config.wsgi_chunked_streams || self.context.websockets.asgi()) && !super::websocket::asks_websocket(&head);
         loop {
             match self.decoder.decode(&mut self.buf)? {
                 Some(Event::Data(data)) => {
