@@ -139,17 +139,21 @@ def test_a_fast_upload_streams_to_its_worker_as_it_arrives(maitred_server, app):
     server.wait_for_log("POST /upload: its body streams to its worker", timeout=30)
 
 
-def test_a_slow_upload_is_spooled_whole_before_its_worker_sees_it(maitred_server):
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_slow_upload_is_spooled_whole_before_its_worker_sees_it(maitred_server, framing):
     """A body whose first 256 KiB come slower than 32 MB/s costs no worker while it arrives
-    (S1): it is spooled, and the application reads it once it is whole."""
+    (S1): it is spooled, and the application reads it once it is whole, chunked or not."""
     body = os.urandom(512 * 1024)
     server = maitred_server("-w", "1", "--log-level", "debug", "streamed:app", cwd=APPS)
     with socket.create_connection((HOST, server.port), timeout=60) as client:
-        client.sendall(post_head(len(body)))
+        client.sendall(post_head(len(body)) if framing == "content-length" else CHUNKED_CLOSING_HEAD)
         # 64 KiB every 20 ms, about 3 MB/s: the client's pace, not a wait for an event.
         for start in range(0, len(body), 64 * 1024):
-            client.sendall(body[start : start + 64 * 1024])
+            piece = body[start : start + 64 * 1024]
+            client.sendall(piece if framing == "content-length" else chunked(piece))
             time.sleep(0.02)
+        if framing == "chunked":
+            client.sendall(b"0\r\n\r\n")
         head, content = read_answer(client)
     assert head.startswith(b"HTTP/1.1 200"), head
     assert content == hashlib.sha256(body).hexdigest().encode()
@@ -239,6 +243,7 @@ def chunked(body: bytes) -> bytes:
 
 
 CHUNKED_HEAD = b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNKED_CLOSING_HEAD = CHUNKED_HEAD.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
 
 
 @pytest.mark.parametrize("app", ["streamed:app", "streamed:asgi"], ids=["wsgi", "asgi"])
