@@ -317,9 +317,7 @@ def _pass(
         clients.append((procs.start(argv, log=log, cwd=workdir, env=dict(os.environ)), log))
     cut = False
     for client, log in clients:
-        try:
-            client.wait(timeout=max(0.1, limit + 5 - (time.monotonic() - began)))
-        except subprocess.TimeoutExpired:
+        if not procs.wait_exit(client, limit + 5 - (time.monotonic() - began)):
             cut = True
         procs.stop(client, grace=0.5)
         log.close()
