@@ -19,6 +19,8 @@ from test_lifecycle import wait_for_workers, worker_pids
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "health:app"  # tests/apps/health.py
+# What /proc/PID/task/TID/wchan says of a thread in nanosleep(2) (the name moved between kernels).
+NANOSLEEPS = ("do_nanosleep", "hrtimer_nanosleep")
 
 
 @pytest.mark.parametrize("main", ["sleep", "read"])
@@ -77,9 +79,12 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
     wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
     # Not a wait for the lobby's view: the scoreboard shows both idle a moment before the worker
     # itself is back in its wait for a request, and one stopped before that takes the first
-    # request for READ_WITHIN (2 s). Nothing outside the worker shows that moment yet.
-    time.sleep(0.1)
+    # request for READ_WITHIN (2 s). The worker's own thread shows that moment: it sleeps in
+    # poll(2) on its bell and its channel.
     stopped = min(before)
+    wait_until(
+        lambda: Path(f"/proc/{stopped}/wchan").read_text() == "poll_schedule_timeout", 10, "the worker back in poll(2)"
+    )
     os.kill(stopped, signal.SIGSTOP)
     wait_until(lambda: Path(f"/proc/{stopped}/stat").read_text().split(") ")[1][0] == "T", 5, "a stopped worker")
 
@@ -114,9 +119,13 @@ def test_a_wedged_idle_worker_is_killed_and_its_request_goes_to_another(maitred_
     before = wait_for_workers(server, 2)
     wedged = get(server.port, "/wedge").pid
     assert wedged in before
-    # The application wedges its worker 0.3 s after this answer (tests/apps/health.py), and
-    # nothing outside the worker shows the moment: a margin for the app's own timer.
-    time.sleep(0.6)
+    # The application wedges its worker 0.3 s after this answer (tests/apps/health.py): its
+    # thread says so, then sleeps in C with the GIL held.
+    line = server.wait_for_log(re.compile(r"health: thread (\d+) takes the GIL"), 10)
+    thread = re.search(r"health: thread (\d+) takes the GIL", line).group(1)
+    wait_until(
+        lambda: Path(f"/proc/{wedged}/task/{thread}/wchan").read_text() in NANOSLEEPS, 10, "the GIL held in a sleep"
+    )
     replies = []
     for _ in range(6):
         started = time.monotonic()

@@ -8,9 +8,10 @@
     /sleep?seconds=S      sleeps S seconds, then answers the worker's pid
     /exit?after=S         sleeps S seconds (0 if not given), then raises SystemExit: the worker
                           answers 500, then exits
-    /wedge                answers, and 0.3 s later a thread of its own takes the GIL and keeps
-                          it for a minute (a C call through ctypes.PyDLL, which does not let go
-                          of it): the worker is alive, idle, and cannot read a request
+    /wedge                answers, and 0.3 s later a thread of its own says on stderr that it
+                          takes the GIL, and keeps it for a minute (a C call through
+                          ctypes.PyDLL, which does not let go of it): the worker is alive, idle,
+                          and cannot read a request
 
 Every answer that succeeds is the pid followed by a newline. The functions the stuck threads
 are in have names of their own, for the test to find in the stack the worker writes.
@@ -19,6 +20,7 @@ are in have names of their own, for the test to find in the stack the worker wri
 import ctypes
 import os
 import select
+import sys
 import threading
 import time
 from urllib.parse import parse_qs
@@ -39,6 +41,8 @@ def stuck_reading_a_pipe() -> None:
 
 def holding_the_gil() -> None:
     time.sleep(0.3)
+    # The test waits for this thread to be in the C call's nanosleep, the GIL held.
+    print(f"health: thread {threading.get_native_id()} takes the GIL", file=sys.stderr, flush=True)
     ctypes.PyDLL(None).sleep(60)
 
 
