@@ -19,8 +19,12 @@ from test_lifecycle import wait_for_workers, worker_pids
 
 APPS = Path(__file__).resolve().parent / "apps"
 APP = "health:app"  # tests/apps/health.py
-# What /proc/PID/task/TID/wchan says of a thread in nanosleep(2) (the name moved between kernels).
+# What /proc/PID/task/TID/wchan begins with for a thread in nanosleep(2) (the name moved between
+# kernels), and for one in poll(2) ("poll_schedule_timeout.constprop.0" on 6.18).
 NANOSLEEPS = ("do_nanosleep", "hrtimer_nanosleep")
+IN_POLL = "poll_schedule_timeout"
+# crates/lobby/src/worker/health.rs's LOOK_AFTER_IDLE, in seconds.
+LOOK_AFTER_IDLE = 0.010
 
 
 @pytest.mark.parametrize("main", ["sleep", "read"])
@@ -77,13 +81,20 @@ def test_a_stopped_idle_worker_gets_no_request_and_is_replaced_then_killed(maitr
     # Both have loaded the application and answered: one stopped before that would hold up
     # the start instead.
     wait_until(lambda: {get(server.port, "/pid").pid for _ in range(4)} == before, 10, "both workers answering")
-    # Not a wait for the lobby's view: the scoreboard shows both idle a moment before the worker
-    # itself is back in its wait for a request, and one stopped before that takes the first
-    # request for READ_WITHIN (2 s). The worker's own thread shows that moment: it sleeps in
-    # poll(2) on its bell and its channel.
+    answered = time.monotonic()
+    # The lobby looks at a worker's state before seating a request only once the worker has been
+    # quiet for LOOK_AFTER_IDLE since its last answer: a request sooner is seated unlooked, and a
+    # worker stopped meanwhile holds it for READ_WITHIN (2 s). So the stop comes once the worker
+    # is back in its wait for a request (poll(2) on its bell and its channel) and that long
+    # after the answer reached this client, which is after the lobby read it.
     stopped = min(before)
     wait_until(
-        lambda: Path(f"/proc/{stopped}/wchan").read_text() == "poll_schedule_timeout", 10, "the worker back in poll(2)"
+        lambda: (
+            Path(f"/proc/{stopped}/wchan").read_text().startswith(IN_POLL)
+            and time.monotonic() - answered > LOOK_AFTER_IDLE
+        ),
+        10,
+        "the worker back in poll(2), quiet for LOOK_AFTER_IDLE",
     )
     os.kill(stopped, signal.SIGSTOP)
     wait_until(lambda: Path(f"/proc/{stopped}/stat").read_text().split(") ")[1][0] == "T", 5, "a stopped worker")
@@ -124,7 +135,9 @@ def test_a_wedged_idle_worker_is_killed_and_its_request_goes_to_another(maitred_
     line = server.wait_for_log(re.compile(r"health: thread (\d+) takes the GIL"), 10)
     thread = re.search(r"health: thread (\d+) takes the GIL", line).group(1)
     wait_until(
-        lambda: Path(f"/proc/{wedged}/task/{thread}/wchan").read_text() in NANOSLEEPS, 10, "the GIL held in a sleep"
+        lambda: Path(f"/proc/{wedged}/task/{thread}/wchan").read_text().startswith(NANOSLEEPS),
+        10,
+        "the GIL held in a sleep",
     )
     replies = []
     for _ in range(6):
