@@ -182,6 +182,26 @@ def test_a_streaming_body_that_stalls_gets_408_and_its_worker_goes_on(maitred_se
     assert content == hashlib.sha256(b"next").hexdigest().encode()
 
 
+def test_a_streaming_body_that_slows_down_keeps_its_pace_below_the_low_water_mark(maitred_server):
+    """The lobby splices a streaming body once 256 KiB of it have come, or its last bytes (the
+    socket's low-water mark, pump.rs's LOW_WATER); at each deadline of its pace it takes what
+    came below that mark as the client's. A client that sends its first MiB fast, then 4 KiB
+    every 0.3 s, at --header-timeout 1, is no stalled client: it is served. Without that look
+    at the deadline it got 408 once its first second passed."""
+    server = maitred_server("-w", "1", "--header-timeout", "1", "--log-level", "debug", "streamed:app", cwd=APPS)
+    body = os.urandom((1 << 20) + 10 * 4096)
+    with socket.create_connection((HOST, server.port), timeout=60) as client:
+        client.sendall(post_head(len(body)) + body[: 1 << 20])
+        server.wait_for_log("streamed: the first piece is read", timeout=30)
+        for start in range(1 << 20, len(body), 4096):
+            client.sendall(body[start : start + 4096])
+            time.sleep(0.3)  # the client's pace, not a wait for an event
+        head, content = read_answer(client)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert content == hashlib.sha256(body).hexdigest().encode()
+    server.wait_for_log("POST /upload: its body streams to its worker", timeout=30)
+
+
 def streamed_count(count: int) -> re.Pattern[str]:
     """The lobby's debug line for a streaming body, `count` times in the log."""
     return re.compile(r"(its body streams to its worker[\s\S]*)" + f"{{{count}}}")

@@ -40,6 +40,29 @@ pub fn unsent_bytes(socket: BorrowedFd<'_>) -> Option<u32> {
     }
 }
 
+/// Sets SO_RCVLOWAT: the socket polls readable only once `bytes` have come, or its peer has
+/// closed or failed.
+pub fn set_receive_low_water(socket: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the option's value is one c_int, passed by pointer with its size; the descriptor
+    // is borrowed, so open.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// How many connections wait in a TCP listener's accept queue (what `ss -l` shows as Recv-Q).
 pub fn listen_queue_depth(listener: BorrowedFd<'_>) -> io::Result<u32> {
     use std::os::fd::AsRawFd;

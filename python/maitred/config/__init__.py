@@ -8,8 +8,9 @@ listed before it:
 - usage.py: UsageError, and the application's notation in usage lines.
 - values.py: the value parsers (text -> value), the --bind grammar among them.
 - setting.py: the Setting class, one row of the table.
-- table_lobby.py, table_websockets.py, table_tls.py, table_process.py: the table's rows, those
-  the lobby receives (WebSockets' and TLS's apart) and the others.
+- table_listening.py, table_lobby.py, table_websockets.py, table_tls.py, table_process.py: the
+  table's rows, those the lobby receives (listening's, WebSockets' and TLS's apart) and the
+  others.
 - table.py: the whole table, SETTINGS and BY_NAME, and the README's flag table made from it.
 - command_line.py: the argument parser made from the table.
 - config_file.py: reading a config file or config module.

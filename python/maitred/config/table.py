@@ -6,18 +6,24 @@ command-line flags, the parser that turns text into a value (values.py), the def
 help. The argument parser (command_line.py), the config-file reader (config_file.py), --help
 and the README's flag table are all made from these rows, so they cannot disagree.
 
-May import: setting.py and the rows, table_lobby.py, table_websockets.py, table_tls.py and
-table_process.py.
+May import: setting.py and the rows, table_listening.py, table_lobby.py, table_websockets.py,
+table_tls.py and table_process.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from maitred.config import table_lobby, table_process, table_tls, table_websockets
+from maitred.config import table_listening, table_lobby, table_process, table_tls, table_websockets
 from maitred.config.setting import Setting
 
-SETTINGS: tuple[Setting, ...] = (*table_lobby.ROWS, *table_websockets.ROWS, *table_tls.ROWS, *table_process.ROWS)
+SETTINGS: tuple[Setting, ...] = (
+    *table_listening.ROWS,
+    *table_lobby.ROWS,
+    *table_websockets.ROWS,
+    *table_tls.ROWS,
+    *table_process.ROWS,
+)
 
 BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
 

@@ -1,6 +1,6 @@
-"""The settings table's rows whose values the lobby receives (`for_lobby`): listening, workers,
-requests, proxies and logging, in --help's order (WebSockets' are in table_websockets.py, TLS's in
-table_tls.py). table.py puts them first.
+"""The settings table's rows whose values the lobby receives (`for_lobby`): workers, requests,
+proxies and logging, in --help's order (listening's are in table_listening.py, WebSockets' in
+table_websockets.py, TLS's in table_tls.py). table.py puts them after listening's.
 
 May import: setting.py and values.py (and maitred.log, for the level names).
 """
@@ -15,7 +15,6 @@ from maitred.config.values import (
     _access_log_format,
     _address_list,
     _address_list_value,
-    _bind_address,
     _http_protocols,
     _http_protocols_value,
     _log_destination,
@@ -24,7 +23,6 @@ from maitred.config.values import (
     _proxy_protocol_value,
     _secure_scheme_headers,
     _secure_scheme_headers_value,
-    _stats_address,
     _whole_number,
     _workers,
     one_of,
@@ -38,51 +36,6 @@ from maitred.config.values import (
 WIRE_LIMIT = 65535
 
 ROWS: tuple[Setting, ...] = (
-    Setting(
-        "listening",
-        "bind",
-        ("-b", "--bind"),
-        "ADDRESS",
-        _bind_address,
-        ("127.0.0.1:8000",),
-        "Address to listen on: HOST:PORT, [IPV6]:PORT, unix:PATH or fd://N (an inherited listening socket); "
-        "with --certfile, http://ADDRESS speaks plain HTTP beside TLS (docs/TLS.md). Repeat the flag to listen "
-        "on several. Under socket activation (LISTEN_FDS, docs/SYSTEMD.md) the sockets passed are served instead.",
-        repeatable=True,
-    ),
-    Setting(
-        "listening",
-        "backlog",
-        ("--backlog",),
-        "INT",
-        _whole_number(1, 2**31 - 1),
-        None,
-        "Length of the listen queue. The kernel caps it at net.core.somaxconn; the log says what was granted.",
-        default_text="net.core.somaxconn",
-    ),
-    Setting(
-        "listening",
-        "max_connections",
-        ("--max-connections",),
-        "INT",
-        _whole_number(1),
-        None,
-        "Most client connections held open at once.",
-        default_text="as many as the file-descriptor limit allows",
-    ),
-    Setting(
-        "listening",
-        "stats",
-        ("--stats",),
-        "ADDRESS",
-        _stats_address,
-        None,
-        "Address of the stats listener, HOST:PORT or unix:PATH: Prometheus metrics at /metrics, the same "
-        "with the worker scoreboard and the diagnoses at /status.json, and a live page at / "
-        "(docs/METRICS.md), answered by the lobby without touching a worker. Keep it off the "
-        "public network.",
-        default_text="off",
-    ),
     Setting(
         "workers",
         "workers",

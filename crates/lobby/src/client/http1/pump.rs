@@ -8,7 +8,8 @@
 //!
 //! The body keeps its pace (`exchange::BodyPace`) while the pipe has room: a client that stalls
 //! gets its 408, and the worker's read the end of a body cut short. While the pipe is full the
-//! worker sets the pace, and no deadline runs.
+//! worker sets the pace, and no deadline runs. Bytes that came but are under the socket's
+//! low-water mark (`LOW_WATER`) are looked for at the deadline, and count as the client's.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -25,6 +26,13 @@ use super::Connection;
 use crate::client::body::Streamed;
 use crate::client::peer::ClientStream;
 use crate::client::Stop;
+
+/// How much of a body of known length must have come before its socket wakes the lobby to
+/// splice it (`SO_RCVLOWAT`; less for the body's last bytes). Woken at each arrival, the lobby
+/// spliced 19 KB at the mean (a 512 MiB upload: 21,534 splices, 1,027 of them finding nothing,
+/// 1,185 waits in epoll, under strace); with this mark, 33 KB (9,926, 96 and 296): the pipe's
+/// room, not the client's pace, sets the size. Not for a chunked body, whose rest is unknown.
+const LOW_WATER: u64 = 256 * 1024;
 
 /// The least of a chunk's rest that is spliced into its pipe rather than read: past it, a
 /// splice and a record header cost less than copying the bytes in and out of the lobby. A
@@ -44,6 +52,8 @@ impl<S: ClientStream> Connection<S> {
                     continue;
                 }
                 Some(Event::End { .. }) => {
+                    // The next request's head wakes the lobby at its first byte, as any does.
+                    self.set_low_water(pumping, 1);
                     let end = pumping.streamed.records.then_some(END_RECORD);
                     write_pending(&mut pumping.streamed, end).await.map_err(|_| worker_left())?;
                     if self.buf.is_empty() {
@@ -103,17 +113,19 @@ impl<S: ClientStream> Connection<S> {
     /// ready: the pipe's room is awaited without a deadline, the client's bytes within the
     /// body's pace. Returns how many moved (never 0: a client that closed is `Quietly`).
     async fn splice_body(&mut self, pumping: &mut Pumping, left: u64) -> Result<u64, Stop> {
+        if !pumping.streamed.records {
+            self.set_low_water(pumping, left.min(LOW_WATER) as u32);
+        }
         let pipe = &pumping.streamed.pipe;
         loop {
             pipe.writable().await.map_err(|_| worker_left())?;
-            tokio::select! {
+            let late = tokio::select! {
                 ready = poll_fn(|cx| self.stream.poll_read_ready(cx)) => {
                     ready.map_err(|_| Stop::Quietly)?;
+                    false
                 }
-                _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => {
-                    return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
-                }
-            }
+                _ = sleep_until(pumping.pace.deadline(pumping.received).into()) => true,
+            };
             let most = usize::try_from(left).unwrap_or(usize::MAX).min(maitred_sys::pipe::BODY_PIPE_SIZE);
             let socket = self.stream.as_fd();
             let pipe_fd = std::os::fd::AsFd::as_fd(pipe);
@@ -122,6 +134,9 @@ impl<S: ClientStream> Connection<S> {
                 Ok(moved) => {
                     pumping.pace.arrived();
                     return Ok(moved as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && late => {
+                    return Err(Stop::Refuse(408, pumping.pace.missed(pumping.received)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Either side may have been the one not ready: the one that is not is
@@ -140,6 +155,17 @@ impl<S: ClientStream> Connection<S> {
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(worker_left()),
                 Err(_) => return Err(Stop::Quietly),
             }
+        }
+    }
+}
+
+impl<S: ClientStream> Connection<S> {
+    /// Sets the socket's low-water mark to `bytes` if it is not that already (0 in `Pumping`:
+    /// never set, the kernel's 1). A socket that refuses it keeps waking at each arrival.
+    fn set_low_water(&mut self, pumping: &mut Pumping, bytes: u32) {
+        if pumping.low_water.max(1) != bytes {
+            let _ = maitred_sys::socket::set_receive_low_water(self.stream.as_fd(), bytes);
+            pumping.low_water = bytes;
         }
     }
 }

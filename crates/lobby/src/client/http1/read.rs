@@ -33,6 +33,8 @@ pub(super) struct Pumping {
     pub(super) streamed: Streamed,
     pub(super) pace: BodyPace,
     pub(super) received: u64,
+    /// The socket's `SO_RCVLOWAT` as the pump set it (0: not set; the kernel's is 1).
+    pub(super) low_water: u32,
 }
 
 impl<S: ClientStream> Connection<S> {
@@ -81,7 +83,12 @@ impl<S: ClientStream> Connection<S> {
                                 String::from_utf8_lossy(&head.target),
                                 pace.elapsed().as_secs_f64() * 1000.0
                             );
-                            return Ok((head, origin, body, Some(Box::new(Pumping { streamed, pace, received }))));
+                            return Ok((
+                                head,
+                                origin,
+                                body,
+                                Some(Box::new(Pumping { streamed, pace, received, low_water: 0 })),
+                            ));
                         }
                     }
                     body.push(data, BODY_MEMORY_LIMIT, &descriptors)?;
