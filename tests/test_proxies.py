@@ -266,6 +266,14 @@ def send_chunked(port: int, target: bytes, data: bytes, content_type: bytes) -> 
         return read_reply(sock)
 
 
+def framework_server(maitred_server: Callable[..., Server], app: str, how: str, data_dir: Path) -> Server:
+    """tests/apps' framework `app` under `--wsgi-chunked-body how`, at debug level, for the
+    lobby's line when a body streams."""
+    return maitred_server(
+        "--wsgi-chunked-body", how, "--log-level", "debug", app, cwd=APPS, env={"FRAMEWORK_DATA_DIR": str(data_dir)}
+    )
+
+
 @pytest.mark.parametrize("how", ["stream", "whole"])
 def test_flask_sees_a_chunked_body_without_its_coding_and_with_its_length_once_whole(
     maitred_server: Callable[..., Server], tmp_path: Path, how: str
@@ -275,15 +283,7 @@ def test_flask_sees_a_chunked_body_without_its_coding_and_with_its_length_once_w
     one), and, under `--wsgi-chunked-body whole`, a large one too, through a temporary file. Under
     `stream` (the default) a large one that comes fast streams without it, and Flask, told by
     `wsgi.input_terminated`, reads it to its end, as under gunicorn."""
-    server = maitred_server(
-        "--wsgi-chunked-body",
-        how,
-        "--log-level",
-        "debug",
-        "flask_app:app",
-        cwd=APPS,
-        env={"FRAMEWORK_DATA_DIR": str(tmp_path)},
-    )
+    server = framework_server(maitred_server, "flask_app:app", how, tmp_path)
     body = random.Random(3).randbytes(1 << 20)
     for data in (body, body[:1000], b""):
         reply = send_chunked(server.port, b"/upload-length", data, b"application/octet-stream")
@@ -304,15 +304,7 @@ def test_django_gets_a_fast_chunked_upload_whole_under_wsgi_chunked_body_whole(
     """Django 5.2 takes a body without CONTENT_LENGTH as empty, so `--wsgi-chunked-body whole`
     reads a chunked body whole first, as nginx does, however fast it comes: a 1 MiB file in a
     chunked multipart form reaches `request.FILES` whole, with the form's field beside it."""
-    server = maitred_server(
-        "--wsgi-chunked-body",
-        "whole",
-        "--log-level",
-        "debug",
-        "django_app:application",
-        cwd=APPS,
-        env={"FRAMEWORK_DATA_DIR": str(tmp_path)},
-    )
+    server = framework_server(maitred_server, "django_app:application", "whole", tmp_path)
     data = random.Random(4).randbytes(1 << 20)
     boundary = b"maitred-boundary"
     form = (

@@ -157,9 +157,7 @@ impl<S: ClientStream> Connection<S> {
             }
         }
     }
-}
 
-impl<S: ClientStream> Connection<S> {
     /// Sets the socket's low-water mark to `bytes` if it is not that already (0 in `Pumping`:
     /// never set, the kernel's 1). A socket that refuses it keeps waking at each arrival.
     fn set_low_water(&mut self, pumping: &mut Pumping, bytes: u32) {
